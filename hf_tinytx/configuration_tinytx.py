@@ -1,0 +1,209 @@
+# Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
+"""TinyTx model configuration.
+
+Field names follow `LlamaConfig` wherever the meaning is the same, so a Llama config and a TinyTx config describe
+the same network with the same words. Two switches go beyond Llama: `qk_norm` and `mlp_type`.
+
+Every value is checked when the config is built, so a mistake is reported where it was made (and names the fix),
+not as a shape error deep inside the first forward pass.
+"""
+
+from transformers.activations import ACT2FN
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+# Keys each RoPE scaling type cannot do without (the rest have defaults in transformers).
+_REQUIRED_ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+    "longrope": ("short_factor", "long_factor"),
+    "proportional": (),
+}
+MLP_TYPES = ("gated", "plain")
+
+
+class TinyTxConfig(PreTrainedConfig):
+    r"""
+    Configuration of a TinyTx model: a decoder-only ("writer stack") transformer with rotary positions.
+
+    Args:
+        vocab_size (`int`, defaults to 8192): number of token ids the embedding table holds.
+        hidden_size (`int`, defaults to 256): width of the residual stream.
+        intermediate_size (`int`, defaults to 688): width of the position-wise MLP.
+        num_hidden_layers (`int`, defaults to 4): number of residual blocks (attention + MLP).
+        num_attention_heads (`int`, defaults to 4): query heads that run side by side.
+        num_key_value_heads (`int`, *optional*): key/value heads (grouped-query attention). Defaults to
+            `num_attention_heads` (plain multi-head attention); 1 gives multi-query attention.
+        head_dim (`int`, *optional*): width of one head. Defaults to `hidden_size // num_attention_heads`.
+        hidden_act (`str`, defaults to `"silu"`): the MLP's non-linearity (any name in `transformers.activations`).
+        mlp_type (`str`, defaults to `"gated"`): `"gated"` is Llama's `down(act(gate(x)) * up(x))`; `"plain"` is the
+            two-layer "mix-clip-mix" MLP `down(act(up(x)))`, usually with `hidden_act="gelu"` or `"relu"`.
+        max_position_embeddings (`int`, defaults to 2048): longest sequence the model is meant to see.
+        rope_parameters (`dict`, *optional*): RoPE settings, `{"rope_type": ..., "rope_theta": ...}` plus what the
+            scaling type needs (`"linear"`, `"dynamic"`, `"yarn"`, `"llama3"`, ...), exactly as in `LlamaConfig`.
+        rms_norm_eps (`float`, defaults to 1e-6): epsilon of every RMSNorm.
+        initializer_range (`float`, defaults to 0.02): standard deviation of the normal weight initialisation.
+        tie_word_embeddings (`bool`, defaults to `False`): share the input embedding with the output head.
+        attention_bias (`bool`, defaults to `False`): biases on the q/k/v/o projections.
+        mlp_bias (`bool`, defaults to `False`): biases on the MLP projections.
+        attention_dropout (`float`, defaults to 0.0): dropout on the attention weights while training.
+        qk_norm (`bool`, defaults to `False`): RMSNorm on each head's queries and keys before RoPE (no Llama twin).
+        use_cache (`bool`, defaults to `True`): return the key/value cache for fast generation.
+        pad_token_id, bos_token_id, eos_token_id (`int`, *optional*): special token ids.
+
+    ```python
+    >>> from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+    >>> config = TinyTxConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    >>> model = TinyTxForCausalLM(config)
+    ```"""
+
+    model_type = "tinytx"
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
+    # Tensor-parallel plan: same module names as Llama, so the same plan shards it.
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
+
+    vocab_size: int = 8192
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    mlp_type: str = "gated"
+    max_position_embeddings: int = 2048
+    rope_parameters: dict | None = None
+    rms_norm_eps: float = 1e-6
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    attention_dropout: float = 0.0
+    qk_norm: bool = False
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and _is_positive_int(self.num_attention_heads) and _is_positive_int(self.hidden_size):
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.rope_parameters is None and "rope_scaling" not in kwargs:
+            self.rope_parameters = {"rope_type": "default", "rope_theta": kwargs.pop("rope_theta", 10000.0)}
+        self._validate_sizes()
+        super().__post_init__(**kwargs)  # standardises rope_parameters (legacy `rope_scaling`, `rope_theta`)
+        self._validate_rope()
+
+    def _validate_sizes(self):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not _is_positive_int(value):
+                raise ValueError(f"TinyTxConfig: `{name}` must be a positive integer, got {value!r}.")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"TinyTxConfig: `num_attention_heads` ({self.num_attention_heads}) must divide `hidden_size` "
+                f"({self.hidden_size}); pick a head count such as "
+                f"{_divisors_hint(self.hidden_size, self.num_attention_heads)}."
+            )
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"TinyTxConfig: `num_key_value_heads` ({self.num_key_value_heads}) must divide `num_attention_heads` "
+                f"({self.num_attention_heads}), since each key/value head serves a whole group of query heads; pick "
+                f"one of {[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}."
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(
+                f"TinyTxConfig: `head_dim` ({self.head_dim}) must be even, because rotary embeddings rotate pairs of "
+                f"dimensions; change `hidden_size`/`num_attention_heads` or set an even `head_dim`."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(
+                f"TinyTxConfig: unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)} "
+                f"(`silu` for the gated MLP, `gelu` or `relu` for the plain one)."
+            )
+        if self.mlp_type not in MLP_TYPES:
+            raise ValueError(f"TinyTxConfig: `mlp_type` must be one of {MLP_TYPES}, got {self.mlp_type!r}.")
+        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
+            raise ValueError(f"TinyTxConfig: `rms_norm_eps` must be a positive number, got {self.rms_norm_eps!r}.")
+        if not (isinstance(self.attention_dropout, (int, float)) and 0.0 <= self.attention_dropout < 1.0):
+            raise ValueError(
+                f"TinyTxConfig: `attention_dropout` must be in [0, 1), got {self.attention_dropout!r}."
+            )
+        if not (isinstance(self.initializer_range, (int, float)) and self.initializer_range >= 0):
+            raise ValueError(
+                f"TinyTxConfig: `initializer_range` must be a non-negative number, got {self.initializer_range!r}."
+            )
+        for name in ("pad_token_id", "bos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ValueError(
+                    f"TinyTxConfig: `{name}` ({value!r}) must be a token id in [0, vocab_size={self.vocab_size}) "
+                    f"or None."
+                )
+
+    def _validate_rope(self):
+        params = self.rope_parameters
+        if not isinstance(params, dict):
+            raise ValueError(f"TinyTxConfig: `rope_parameters` must be a dict, got {type(params).__name__}.")
+        rope_type = params.get("rope_type", "default")
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(
+                f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
+                f"{['default', *ROPE_INIT_FUNCTIONS]}."
+            )
+        missing = [key for key in _REQUIRED_ROPE_KEYS.get(rope_type, ()) if key not in params]
+        if missing:
+            raise ValueError(
+                f"TinyTxConfig: RoPE type {rope_type!r} needs {missing} in `rope_parameters`, e.g. "
+                f"rope_parameters={{'rope_type': {rope_type!r}, 'rope_theta': 10000.0, "
+                + ", ".join(f"'{key}': ..." for key in missing)
+                + "}."
+            )
+        theta = params.get("rope_theta")
+        if not (isinstance(theta, (int, float)) and theta > 0):
+            raise ValueError(f"TinyTxConfig: `rope_parameters['rope_theta']` must be a positive number, got {theta!r}.")
+        factor = params.get("factor")
+        if factor is not None and not (isinstance(factor, (int, float)) and factor >= 1.0):
+            raise ValueError(
+                f"TinyTxConfig: `rope_parameters['factor']` must be a number >= 1 (how many times longer than "
+                f"training the context may get), got {factor!r}."
+            )
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _divisors_hint(width: int, heads) -> list[int]:
+    return [d for d in range(1, min(width, 64) + 1) if width % d == 0][-4:]
+
+
+__all__ = ["TinyTxConfig"]
