@@ -24,6 +24,14 @@ _REQUIRED_ROPE_KEYS = {
     "proportional": (),
 }
 MLP_TYPES = ("gated", "plain")
+# Every Auto class a saved folder can be opened with as remote code. `save_pretrained` on its own only writes the
+# saving model's class, so a causal-LM checkpoint could not be opened with `AutoModel` where hf_tinytx is missing.
+DEFAULT_AUTO_MAP = {
+    "AutoConfig": "configuration_tinytx.TinyTxConfig",
+    "AutoModel": "modeling_tinytx.TinyTxModel",
+    "AutoModelForCausalLM": "modeling_tinytx.TinyTxForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_tinytx.TinyTxForSequenceClassification",
+}
 
 
 class TinyTxConfig(PreTrainedConfig):
@@ -112,6 +120,8 @@ class TinyTxConfig(PreTrainedConfig):
         self._validate_sizes()
         super().__post_init__(**kwargs)  # standardises rope_parameters (legacy `rope_scaling`, `rope_theta`)
         self._validate_rope()
+        if getattr(self, "auto_map", None) is None:
+            self.auto_map = dict(DEFAULT_AUTO_MAP)
 
     def _validate_sizes(self):
         for name in (

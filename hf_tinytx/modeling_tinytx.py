@@ -364,6 +364,11 @@ class TinyTxModel(TinyTxPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast:
+        r"""
+        cache (`Cache`, *optional*):
+            Keys and values of the tokens already seen, extended in place (before transformers 5.24 this argument was
+            called `past_key_values`; it is still accepted under that name).
+        """
         cache = _pop_cache(cache, kwargs)
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("TinyTxModel: pass exactly one of `input_ids` or `inputs_embeds`.")
@@ -375,11 +380,11 @@ class TinyTxModel(TinyTxPreTrainedModel):
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
 
-        past_seen_tokens = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
+            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
-        self._check_attention_mask(attention_mask, inputs_embeds, past_seen_tokens)
+        self._check_attention_mask(attention_mask, inputs_embeds, cache)
 
         causal_mask = create_causal_mask(
             config=self.config,
@@ -419,16 +424,32 @@ class TinyTxModel(TinyTxPreTrainedModel):
             )
 
     @staticmethod
-    def _check_attention_mask(attention_mask, inputs_embeds: torch.Tensor, past_seen_tokens: int) -> None:
-        if attention_mask is None or not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+    def _check_attention_mask(attention_mask, inputs_embeds: torch.Tensor, cache: Cache | None) -> None:
+        if attention_mask is None or not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4:
             return  # 4D masks and flex BlockMasks are the caller's own business
         batch_size, seq_len = inputs_embeds.shape[:2]
-        if attention_mask.shape[0] != batch_size or attention_mask.shape[1] < seq_len:
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"TinyTxModel: `attention_mask` must be 2D (batch, tokens) with 1 for real tokens and 0 for padding "
+                f"(or a prepared 4D mask), but it has shape {tuple(attention_mask.shape)}; a single sequence's 1D "
+                f"mask gets its batch dimension from `attention_mask[None]`."
+            )
+        # The cached length is unknown under torch.compile (a static cache's length is a tensor there) and for paged
+        # caches (no `get_seq_length`; continuous batching passes no 2D mask anyway): then check what shapes allow.
+        past_seen_tokens = None
+        if not torch.compiler.is_compiling() and (cache is None or hasattr(cache, "get_seq_length")):
+            past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+        if past_seen_tokens is None:
+            length_ok = attention_mask.shape[1] >= seq_len
+        else:
+            length_ok = attention_mask.shape[1] == past_seen_tokens + seq_len
+        if attention_mask.shape[0] != batch_size or not length_ok:
+            cached = "some" if past_seen_tokens is None else past_seen_tokens
+            expected = "cached + new tokens" if past_seen_tokens is None else past_seen_tokens + seq_len
             raise ValueError(
                 f"TinyTxModel: the 2D `attention_mask` has shape {tuple(attention_mask.shape)}, but the input is "
-                f"batch {batch_size} x {seq_len} tokens (plus {past_seen_tokens} cached). It must be "
-                f"(batch, cached + new tokens) = ({batch_size}, {past_seen_tokens + seq_len}): pass the mask the "
-                f"tokenizer returned with these `input_ids`."
+                f"batch {batch_size} x {seq_len} tokens (plus {cached} cached). It must be (batch, cached + new "
+                f"tokens) = ({batch_size}, {expected}): pass the mask the tokenizer returned with these `input_ids`."
             )
 
 
@@ -461,6 +482,10 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""
+        cache (`Cache`, *optional*):
+            Keys and values of the tokens already seen, extended in place (before transformers 5.24 this argument was
+            called `past_key_values`; it is still accepted under that name).
+
         Example:
 
         ```python

@@ -1,0 +1,66 @@
+"""What the benchmarks share: the model shapes they compare and a fair, interleaved timer.
+
+Fair means: both sides built from the same weights (TinyTx converted to Llama), run in the same process, one sample
+of each in turn (so a noisy neighbour slows both), reported as medians.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+from hf_tinytx.convert import tinytx_to_llama
+
+
+# name -> (TinyTx config fields, batch size, sequence length)
+SHAPES = {
+    # ~0.8M parameters: nanoGPT's Shakespeare-char scale (65 characters).
+    "0.8M": (
+        dict(vocab_size=65, hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4),
+        12,
+        64,
+    ),
+    # ~10M parameters with a small BPE vocabulary and tied embeddings.
+    "10M": (
+        dict(
+            vocab_size=4096,
+            hidden_size=384,
+            intermediate_size=1024,
+            num_hidden_layers=5,
+            num_attention_heads=6,
+            tie_word_embeddings=True,
+        ),
+        8,
+        256,
+    ),
+}
+
+
+def build_pair(shape: str, attn_implementation: str = "sdpa", seed: int = 0):
+    """A random TinyTx and the Llama model with the very same weights."""
+    fields, batch_size, seq_len = SHAPES[shape]
+    torch.manual_seed(seed)
+    config = TinyTxConfig(max_position_embeddings=2048, bos_token_id=0, eos_token_id=1, **fields)
+    tinytx = TinyTxForCausalLM._from_config(config, attn_implementation=attn_implementation)
+    llama = tinytx_to_llama(tinytx)
+    return {"tinytx": tinytx, "llama": llama}, batch_size, seq_len
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights are counted once by .parameters()
+
+
+def interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each function, sampling them in turn so drift hits all of them alike."""
+    for _ in range(warmup):
+        for run in runs.values():
+            run()
+    samples = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -1,0 +1,248 @@
+# Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
+"""Converts between Llama and TinyTx, in memory or folder to folder.
+
+A TinyTx model with `qk_norm=False` and `mlp_type="gated"` is the same network as a Llama model: the same layers
+under the same module names, so the state dicts have identical keys and shapes. Converting is therefore mostly
+config translation; the weights are copied as they are, in their dtype, onto the same device.
+
+    python -m hf_tinytx.convert --to tinytx path/to/llama path/to/tinytx
+    python -m hf_tinytx.convert --to llama path/to/tinytx path/to/llama [--overwrite]
+
+The command reads and writes safetensors only, copies the tokenizer files and `generation_config.json`, and builds
+the output in a temporary sibling folder that is renamed into place only once complete, so a failure leaves nothing
+half-written behind.
+"""
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig, PreTrainedModel
+from transformers.initialization import no_init_weights
+
+from .configuration_tinytx import TinyTxConfig
+from .modeling_tinytx import TinyTxForCausalLM
+
+
+# Fields with the same name and the same meaning in both configs: these describe the whole network.
+SHARED_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rope_parameters",
+    "rms_norm_eps",
+    "initializer_range",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "attention_dropout",
+    "use_cache",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "dtype",
+)
+
+# Files that travel with a checkpoint but not with the model object.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+def llama_config_to_tinytx(config: LlamaConfig) -> TinyTxConfig:
+    """The TinyTx config that describes the same network as a Llama config."""
+    _check_model_type(config, "llama", "llama_config_to_tinytx")
+    if getattr(config, "quantization_config", None) is not None:
+        raise ValueError(
+            "llama_config_to_tinytx: the Llama model is quantized (`quantization_config` is set); TinyTx converts "
+            "plain weights only. Load it without quantization (or dequantize it) first."
+        )
+    # `pretraining_tp` needs no check: it only split Llama's matmuls in old releases and no longer changes the output.
+    values = {name: copy.deepcopy(getattr(config, name)) for name in SHARED_FIELDS}
+    # Some Llama checkpoints store `pad_token_id=-1` to mean "no padding token"; TinyTx spells that None.
+    if isinstance(values["pad_token_id"], int) and not 0 <= values["pad_token_id"] < config.vocab_size:
+        values["pad_token_id"] = None
+    return TinyTxConfig(qk_norm=False, mlp_type="gated", **values)
+
+
+def tinytx_config_to_llama(config: TinyTxConfig) -> LlamaConfig:
+    """The Llama config that describes the same network as a TinyTx config; refuses the TinyTx-only features."""
+    _check_model_type(config, "tinytx", "tinytx_config_to_llama")
+    if config.qk_norm:
+        raise ValueError(
+            "tinytx_config_to_llama: `qk_norm=True` has no Llama equivalent: the model normalises each head's "
+            "queries and keys with learned weights (`q_norm`/`k_norm`) that Llama does not have, so a Llama model "
+            "would compute something else. Only TinyTx models built with qk_norm=False convert to Llama."
+        )
+    if config.mlp_type != "gated":
+        raise ValueError(
+            f"tinytx_config_to_llama: `mlp_type={config.mlp_type!r}` has no Llama equivalent: Llama's MLP is always "
+            "the gated down(act(gate(x)) * up(x)), and this model has no `gate_proj`. Only TinyTx models built with "
+            "mlp_type='gated' convert to Llama."
+        )
+    values = {name: copy.deepcopy(getattr(config, name)) for name in SHARED_FIELDS}
+    return LlamaConfig(**values)
+
+
+def llama_to_tinytx(model: LlamaForCausalLM) -> TinyTxForCausalLM:
+    """A TinyTx model that computes exactly what `model` computes (same weights, dtype and device)."""
+    if not isinstance(model, LlamaForCausalLM):
+        raise TypeError(f"llama_to_tinytx: expected a LlamaForCausalLM, got {type(model).__name__}.")
+    return _rebuild(model, TinyTxForCausalLM, llama_config_to_tinytx(model.config))
+
+
+def tinytx_to_llama(model: TinyTxForCausalLM) -> LlamaForCausalLM:
+    """A Llama model that computes exactly what `model` computes (same weights, dtype and device)."""
+    # Checked by model type, not class: a model loaded as remote code has its own copy of the class.
+    if getattr(model.config, "model_type", None) != "tinytx" or not isinstance(model, PreTrainedModel):
+        raise TypeError(f"tinytx_to_llama: expected a TinyTxForCausalLM, got {type(model).__name__}.")
+    return _rebuild(model, LlamaForCausalLM, tinytx_config_to_llama(model.config))
+
+
+def _rebuild(model: PreTrainedModel, target_class: type[PreTrainedModel], config: PreTrainedConfig):
+    # No random initialisation: every weight is overwritten by the source's right after.
+    with no_init_weights():
+        converted = target_class._from_config(
+            config, dtype=model.dtype, attn_implementation=model.config._attn_implementation
+        )
+    converted.load_state_dict(model.state_dict(), strict=True)
+    converted.tie_weights()  # skipped above along with the initialisation; shares lm_head with the embedding if tied
+    converted.to(model.device)
+    if model.generation_config is not None:
+        converted.generation_config = copy.deepcopy(model.generation_config)
+    converted.train(model.training)
+    return converted
+
+
+def _check_model_type(config: PreTrainedConfig, expected: str, caller: str) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type != expected:
+        raise ValueError(f"{caller}: expected a {expected!r} config, got model_type={model_type!r}.")
+
+
+def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to: str, overwrite: bool = False) -> Path:
+    """Converts the checkpoint folder `source` to `to` ("llama" or "tinytx") and saves it as `destination`."""
+    source, destination = Path(source), Path(destination)
+    if to not in ("llama", "tinytx"):
+        raise ValueError(f"convert: `to` must be 'llama' or 'tinytx', got {to!r}.")
+    expected_type = "tinytx" if to == "llama" else "llama"
+    _check_source_folder(source, expected_type)
+    _check_destination(destination, overwrite)
+    # Translate the config alone first, so a refusal comes before gigabytes of weights are read.
+    if to == "tinytx":
+        llama_config_to_tinytx(LlamaConfig.from_pretrained(source))
+    else:
+        tinytx_config_to_llama(TinyTxConfig.from_pretrained(source))
+
+    if to == "tinytx":
+        model = LlamaForCausalLM.from_pretrained(source, dtype="auto", use_safetensors=True)
+        converted = llama_to_tinytx(model)
+    else:
+        model = TinyTxForCausalLM.from_pretrained(source, dtype="auto", use_safetensors=True)
+        converted = tinytx_to_llama(model)
+    del model
+
+    # Build the whole result next to the destination (same filesystem, so the final rename is atomic).
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.converting-", dir=destination.parent))
+    try:
+        converted.save_pretrained(staging)
+        for name in (*TOKENIZER_FILES, GENERATION_CONFIG_FILE):
+            if (source / name).is_file():
+                shutil.copyfile(source / name, staging / name)
+        _move_into_place(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return destination
+
+
+def _check_source_folder(source: Path, expected_type: str) -> None:
+    if not source.is_dir():
+        raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
+    config_file = source / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"convert: {str(source)!r} has no config.json, so it is not a saved model folder; pass the folder that "
+            "`save_pretrained` wrote."
+        )
+    has_safetensors = (source / "model.safetensors").is_file() or (source / "model.safetensors.index.json").is_file()
+    if not has_safetensors:
+        pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (source / name).exists()]
+        hint = (
+            f" It only has pickled weights ({pickled[0]}), which this tool does not load because unpickling can run "
+            "code; re-save it with `save_pretrained` (safetensors) in a trusted environment first."
+            if pickled
+            else ""
+        )
+        raise FileNotFoundError(f"convert: {str(source)!r} has no model.safetensors weights.{hint}")
+    model_type = json.loads(config_file.read_text()).get("model_type")
+    if model_type != expected_type:
+        raise ValueError(
+            f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a {expected_type!r} "
+            f"one; use `--to {'tinytx' if model_type == 'llama' else 'llama'}` for the other direction."
+        )
+
+
+def _check_destination(destination: Path, overwrite: bool) -> None:
+    if destination.exists() and not destination.is_dir():
+        raise FileExistsError(f"convert: destination {str(destination)!r} is a file, not a folder.")
+    if destination.is_dir() and any(destination.iterdir()) and not overwrite:
+        raise FileExistsError(
+            f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace it, or choose "
+            "another folder."
+        )
+
+
+def _move_into_place(staging: Path, destination: Path) -> None:
+    if destination.is_dir() and any(destination.iterdir()):
+        # Keep the old folder until the new one is in place, then delete it.
+        retired = Path(tempfile.mkdtemp(prefix=f".{destination.name}.replaced-", dir=destination.parent))
+        os.replace(destination, retired / destination.name)
+        os.replace(staging, destination)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(staging, destination)  # rename(2) replaces an empty folder too
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_tinytx.convert",
+        description="Convert a saved Llama model folder to TinyTx, or a TinyTx folder to Llama (safetensors only).",
+    )
+    parser.add_argument("--to", required=True, choices=("llama", "tinytx"), help="the architecture to convert to")
+    parser.add_argument("source", help="folder written by save_pretrained (config.json + model.safetensors)")
+    parser.add_argument("destination", help="folder to write; must be absent or empty unless --overwrite")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty destination folder")
+    args = parser.parse_args(argv)
+    try:
+        destination = convert_folder(args.source, args.destination, to=args.to, overwrite=args.overwrite)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.to} model to {destination}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

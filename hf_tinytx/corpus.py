@@ -1,0 +1,474 @@
+# Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
+"""The project's built-in training corpus: English-like text whose next words can only be predicted by looking back.
+
+Three kinds of document, each built on the examples in the project's explainer texts:
+
+* ``coref`` (Winograd-style): "The animal didn't cross the street because it was too tired. The animal was too
+  tired." The adjective decides what "it" means, so the noun after "The" in the second sentence is predictable only
+  by resolving "it" against the first sentence.
+* ``recall``: facts stated early ("The code for the blue door is 4 7 1."), neutral filler sentences, then the fact's
+  opening again ("The code for the blue door is"), whose continuation must be fetched from far back. The amount of
+  filler sets the distance, in words, between the fact and the question.
+* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk."
+
+Everything is plain Python (``random.Random``), so the same seed gives the same text on every machine.
+
+Seed streams. Each use draws from its own generator, seeded with a string naming the stream and the seed:
+``"hf_tinytx.corpus/documents/{seed}"`` for :func:`generate_documents` (and the training split of
+:func:`default_corpus`), ``".../validation/{seed}"`` for the validation split, and ``".../probes/{kind}/{seed}"``
+for :func:`make_probes`. String seeds go through SHA-512 inside ``random``, so the streams are unrelated even for
+equal integer seeds, and do not depend on ``PYTHONHASHSEED``. Probes therefore use the training templates but are
+fresh draws. Coreference sentences come from a small grammar, so a probe sentence may also occur in training (that is
+learning the rule, not cheating); ``coref_new_nouns`` probes use :data:`HELD_OUT_NOUNS`, which no document contains.
+"""
+
+import math
+import random
+from dataclasses import dataclass
+
+
+KINDS = ("coref", "recall", "copy")
+PROBE_KINDS = ("coref", "coref_new_nouns", "recall", "copy")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Coreference
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorefTemplate:
+    """One sentence frame with two nouns, `a` and `b`. `a_adjectives` make "it" mean `a`, `b_adjectives` mean `b`."""
+
+    sentence: str  # uses {a}, {b} and {adjective}
+    a_nouns: tuple[str, ...]
+    a_adjectives: tuple[str, ...]
+    b_nouns: tuple[str, ...]
+    b_adjectives: tuple[str, ...]
+    held_out_a_nouns: tuple[str, ...]  # only ever used by "coref_new_nouns" probes
+    held_out_b_nouns: tuple[str, ...]
+
+
+COREF_TEMPLATES = (
+    CorefTemplate(
+        sentence="The {a} didn't cross the {b} because it was too {adjective}.",
+        a_nouns=("animal", "dog", "horse", "cow", "goat", "sheep", "cat", "child"),
+        a_adjectives=("tired", "scared", "weak", "sleepy", "slow"),
+        b_nouns=("street", "road", "river", "bridge", "field", "track"),
+        b_adjectives=("wide", "busy", "long", "muddy", "dangerous"),
+        held_out_a_nouns=("fox", "mule"),
+        held_out_b_nouns=("canal", "meadow"),
+    ),
+    CorefTemplate(
+        sentence="The {a} would not fit in the {b} because it was too {adjective}.",
+        a_nouns=("bandage", "book", "ball", "trophy", "lamp", "coat", "shoe", "bottle"),
+        a_adjectives=("large", "big", "tall", "thick"),
+        b_nouns=("case", "box", "bag", "drawer", "suitcase", "basket"),
+        b_adjectives=("small", "narrow", "tiny", "full", "shallow"),
+        held_out_a_nouns=("kettle", "helmet"),
+        held_out_b_nouns=("crate", "locker"),
+    ),
+    CorefTemplate(
+        sentence="The {a} could not cut the {b} because it was too {adjective}.",
+        a_nouns=("knife", "saw", "blade", "axe", "razor"),
+        a_adjectives=("dull", "blunt", "rusty", "short"),
+        b_nouns=("rope", "log", "wire", "branch", "bone", "cable"),
+        b_adjectives=("thick", "hard", "tough", "strong"),
+        held_out_a_nouns=("sickle", "chisel"),
+        held_out_b_nouns=("plank", "cord"),
+    ),
+    CorefTemplate(
+        sentence="The {a} could not go through the {b} because it was too {adjective}.",
+        a_nouns=("truck", "bus", "van", "cart", "car", "tractor"),
+        a_adjectives=("wide", "big", "tall", "long"),
+        b_nouns=("tunnel", "gate", "door", "gap", "arch"),
+        b_adjectives=("narrow", "low", "small", "tight"),
+        held_out_a_nouns=("wagon", "trailer"),
+        held_out_b_nouns=("doorway", "passage"),
+    ),
+    CorefTemplate(
+        sentence="The {a} did not eat the {b} because it was too {adjective}.",
+        a_nouns=("cat", "dog", "bird", "baby", "puppy", "rabbit"),
+        a_adjectives=("full", "sick", "sleepy", "shy"),
+        b_nouns=("soup", "bread", "meat", "cake", "rice", "fish"),
+        b_adjectives=("hot", "cold", "salty", "dry", "spicy"),
+        held_out_a_nouns=("hamster", "parrot"),
+        held_out_b_nouns=("porridge", "pudding"),
+    ),
+)
+
+HELD_OUT_NOUNS = frozenset(
+    noun for template in COREF_TEMPLATES for noun in template.held_out_a_nouns + template.held_out_b_nouns
+)
+
+
+@dataclass(frozen=True)
+class _CorefItem:
+    statement: str  # "The animal didn't cross the street because it was too tired."
+    referent: str  # "animal": what "it" means
+    other: str  # "street"
+    adjective: str
+
+
+def _coref_item(rng: random.Random, held_out: bool = False) -> _CorefItem:
+    template = rng.choice(COREF_TEMPLATES)
+    a_nouns = template.held_out_a_nouns if held_out else template.a_nouns
+    b_nouns = template.held_out_b_nouns if held_out else template.b_nouns
+    a, b = rng.choice(a_nouns), rng.choice(b_nouns)
+    # A fair coin for which noun "it" means, so the first-named noun is never a free guess.
+    if rng.random() < 0.5:
+        referent, other, adjective = a, b, rng.choice(template.a_adjectives)
+    else:
+        referent, other, adjective = b, a, rng.choice(template.b_adjectives)
+    statement = template.sentence.format(a=a, b=b, adjective=adjective)
+    return _CorefItem(statement, referent, other, adjective)
+
+
+def _coref_document(rng: random.Random) -> str:
+    sentences = []
+    for _ in range(rng.randint(1, 4)):
+        item = _coref_item(rng)
+        sentences += [item.statement, f"The {item.referent} was too {item.adjective}."]
+    return " ".join(sentences)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recall: facts, filler, question
+# ----------------------------------------------------------------------------------------------------------------
+
+NAMES = ("Mia", "Leo", "Ava", "Sam", "Noah", "Emma", "Omar", "Lily", "Jack", "Zoe",
+         "Ravi", "Nina", "Ben", "Sara", "Tom", "Ana", "Ivan", "Maya", "Eli", "Rosa")  # fmt: skip
+COLORS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "grey", "pink", "silver")
+CITIES = ("Paris", "Lima", "Oslo", "Cairo", "Delhi", "Rome", "Tokyo", "Dublin",
+          "Quito", "Accra", "Madrid", "Berlin", "Vienna", "Prague", "Lisbon", "Nairobi")  # fmt: skip
+MAX_FACTS_PER_DOCUMENT = 3
+_RECALL_DISTRACTORS = 3
+
+
+@dataclass(frozen=True)
+class _Fact:
+    """A fact sentence split where the question stops: `question + answer + ending` is the sentence."""
+
+    kind: str  # "code" | "box" | "city": facts of one kind are each other's natural distractors
+    question: str  # "The code for the blue door is"
+    answer: str  # " 4 7 1"
+    ending: str  # "."
+
+    @property
+    def sentence(self) -> str:
+        return self.question + self.answer + self.ending
+
+
+def _random_code(rng: random.Random) -> str:
+    return " " + " ".join(str(rng.randrange(10)) for _ in range(3))
+
+
+def _make_facts(rng: random.Random, count: int) -> list[_Fact]:
+    """`count` facts whose keys (door colour, person) differ and whose values differ within a kind."""
+    door_colors = rng.sample(COLORS, count)
+    people = rng.sample(NAMES, count)
+    box_colors = rng.sample(COLORS, count)
+    cities = rng.sample(CITIES, count)
+    codes: list[str] = []
+    facts = []
+    for i in range(count):
+        kind = rng.choice(("code", "box", "city"))
+        if kind == "code":
+            code = _random_code(rng)
+            while code in codes:
+                code = _random_code(rng)
+            codes.append(code)
+            facts.append(_Fact("code", f"The code for the {door_colors[i]} door is", code, "."))
+        elif kind == "box":
+            facts.append(_Fact("box", f"{people[i]} keeps the key in the", f" {box_colors[i]}", " box."))
+        else:
+            facts.append(_Fact("city", f"{people[i]} was born in", f" {cities[i]}", "."))
+    return facts
+
+
+def _recall_distractors(rng: random.Random, fact: _Fact, others: list[_Fact]) -> tuple[str, ...]:
+    """Wrong values of the same kind: first those the document states for other keys, then fresh ones."""
+    chosen = [other.answer for other in others if other.kind == fact.kind][:_RECALL_DISTRACTORS]
+    while len(chosen) < _RECALL_DISTRACTORS:
+        if fact.kind == "code":
+            candidate = _random_code(rng)
+        else:
+            candidate = " " + rng.choice(COLORS if fact.kind == "box" else CITIES)
+        if candidate != fact.answer and candidate not in chosen:
+            chosen.append(candidate)
+    return tuple(chosen)
+
+
+_FILLER_SUBJECTS = (
+    "The farmer", "A teacher", "The old man", "Her neighbour", "The children", "A young woman",
+    "The baker", "His sister", "The driver", "A tall stranger", "The students", "Our uncle",
+)  # fmt: skip
+_FILLER_VERBS = (
+    "walked to", "looked at", "talked about", "waited near", "cleaned", "painted",
+    "visited", "sat beside", "thought about", "drew a picture of", "wrote a letter about", "sang about",
+)  # fmt: skip
+_FILLER_PLACES = (
+    "the garden", "the market", "the old church", "the kitchen", "the quiet library", "the long hill",
+    "the village square", "the school", "the small farm", "the harbour", "the museum", "the train station",
+)  # fmt: skip
+_FILLER_TAILS = (
+    "", " in the morning", " after lunch", " before the rain", " for a while",
+    " on Sunday", " with a friend", " late at night", " once again",
+)  # fmt: skip
+_FILLER_SAYINGS = (
+    "It was a quiet day.", "The sky was calm.", "Nothing else happened.", "The wind was cold that evening.",
+    "Everyone was busy.", "The clock on the wall ticked slowly.", "A bell rang somewhere far away.",
+    "Later the rain stopped.", "The streets were empty at dawn.", "Somebody laughed in the next room.",
+    "The tea was still warm.", "Summer came early that year.",
+)  # fmt: skip
+# Short sentences, 1 to 3 words, so filler can hit any word count exactly.
+_FILLER_SHORT = ("Later.", "Silence.", "Time passed.", "It rained.", "All was quiet.", "Nobody spoke.")
+
+
+def _filler_sentence(rng: random.Random) -> str:
+    if rng.random() < 0.25:
+        return rng.choice(_FILLER_SAYINGS)
+    subject, verb, place = rng.choice(_FILLER_SUBJECTS), rng.choice(_FILLER_VERBS), rng.choice(_FILLER_PLACES)
+    return f"{subject} {verb} {place}{rng.choice(_FILLER_TAILS)}."
+
+
+def _filler(rng: random.Random, num_words: int) -> list[str]:
+    """Neutral sentences, exactly `num_words` words in all; none states a fact or uses a fact's words."""
+    sentences: list[str] = []
+    remaining = num_words
+    while remaining > 0:
+        sentence = _filler_sentence(rng) if remaining > 3 else rng.choice(_FILLER_SHORT)
+        if _count_words(sentence) <= remaining:
+            sentences.append(sentence)
+            remaining -= _count_words(sentence)
+    return sentences
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+@dataclass(frozen=True)
+class _RecallEpisode:
+    prompt: str  # the document up to and including the question
+    answer: str
+    ending: str
+    distractors: tuple[str, ...]
+    distance: int  # words between the end of the queried fact and the start of the question
+
+
+def _recall_episode(rng: random.Random, distance: int) -> _RecallEpisode:
+    facts = _make_facts(rng, rng.randint(1, MAX_FACTS_PER_DOCUMENT))
+    queried, others = facts[0], facts[1:]
+    # Other facts go before the queried one, or after it when they fit in the distance, so the queried fact is not
+    # always the last one stated; filler makes up the remaining words.
+    before, between = [], []
+    budget = distance
+    for other in others:
+        if rng.random() < 0.5 and _count_words(other.sentence) <= budget:
+            between.append(other.sentence)
+            budget -= _count_words(other.sentence)
+        else:
+            before.append(other.sentence)
+    between += _filler(rng, budget)
+    rng.shuffle(between)
+    opening = [_filler_sentence(rng) for _ in range(rng.randint(0, 2))]
+    rng.shuffle(before)
+    parts = opening + before + [queried.sentence] + between + [queried.question]
+    return _RecallEpisode(
+        prompt=" ".join(parts),
+        answer=queried.answer,
+        ending=queried.ending,
+        distractors=_recall_distractors(rng, queried, others),
+        distance=distance,
+    )
+
+
+def _recall_document(rng: random.Random, max_distance: int) -> str:
+    # Log-uniform distances in [0, max_distance]: short and long dependencies both get plenty of examples.
+    distance = round(math.exp(rng.uniform(0.0, math.log(max_distance + 1)))) - 1
+    episode = _recall_episode(rng, distance)
+    return episode.prompt + episode.answer + episode.ending
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Copying
+# ----------------------------------------------------------------------------------------------------------------
+
+COPY_WORDS = tuple(
+    """apple river stone cloud green quick happy window garden music paper silver winter summer candle forest
+    mountain ocean letter yellow orange purple little bright quiet gentle simple yesterday tomorrow morning evening
+    pencil button castle dragon finger hammer ladder mirror needle pillow rocket saddle ticket violin wallet
+    zebra anchor basket carpet desert engine feather guitar harbor island jacket kitten lemon magnet nest
+    onion pepper rabbit shadow tiger umbrella valley whistle yogurt bottle camera dinner eagle flower honey
+    jungle kingdom lantern notebook orbit planet puzzle rainbow spider tunnel velvet wizard
+    run jump swim read write sing dance climb build paint cook drive sleep laugh think open close carry
+    red blue black white brown warm cold soft loud slow fast tall short round sharp sweet""".split()
+)
+COPY_MIN_WORDS, COPY_MAX_WORDS = 3, 12
+
+
+def _copy_words(rng: random.Random) -> list[str]:
+    # Distinct words, so each word has exactly one successor to copy.
+    return rng.sample(COPY_WORDS, rng.randint(COPY_MIN_WORDS, COPY_MAX_WORDS))
+
+
+def _copy_document(rng: random.Random) -> str:
+    episodes = []
+    for _ in range(rng.randint(1, 3)):
+        sequence = " ".join(_copy_words(rng))
+        episodes.append(f"Repeat: {sequence}. Again: {sequence}.")
+    return " ".join(episodes)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Documents
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _rng(stream: str, seed: int) -> random.Random:
+    return random.Random(f"hf_tinytx.corpus/{stream}/{seed}")
+
+
+def _check_int(name: str, value, minimum: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+        wanted = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ValueError(f"`{name}` must be {wanted}, got {value!r}.")
+
+
+def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], max_recall_distance: int) -> list[str]:
+    makers = {
+        "coref": _coref_document,
+        "recall": lambda r: _recall_document(r, max_recall_distance),
+        "copy": _copy_document,
+    }
+    return [makers[rng.choice(kinds)](rng) for _ in range(num_documents)]
+
+
+def generate_documents(
+    num_documents: int,
+    seed: int = 0,
+    kinds: tuple[str, ...] = ("coref", "recall", "copy"),
+    max_recall_distance: int = 200,
+) -> list[str]:
+    """`num_documents` documents, each of a kind drawn uniformly from `kinds`; the same seed gives the same list.
+
+    `max_recall_distance` caps the words between a fact and its question in recall documents (drawn log-uniformly
+    from 0 to the cap). No document contains a word of :data:`HELD_OUT_NOUNS`.
+    """
+    _check_int("num_documents", num_documents, 0)
+    _check_int("seed", seed)
+    _check_int("max_recall_distance", max_recall_distance, 0)
+    kinds = tuple(kinds) if not isinstance(kinds, str) else (kinds,)
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if not kinds or unknown:
+        raise ValueError(f"`kinds` must be a non-empty tuple drawn from {KINDS}, got {kinds!r}.")
+    return _documents(_rng("documents", seed), num_documents, kinds, max_recall_distance)
+
+
+def default_corpus(num_documents: int = 20000, seed: int = 0) -> dict[str, list[str]]:
+    """The training corpus: `num_documents` training documents and a validation split one twentieth as large.
+
+    Validation comes from its own seed stream and drops any document that also occurs in training, so the two
+    splits are disjoint.
+    """
+    _check_int("num_documents", num_documents, 1)
+    train = generate_documents(num_documents, seed=seed)
+    seen = set(train)
+    rng = _rng("validation", seed)
+    validation: list[str] = []
+    num_validation = max(1, num_documents // 20)
+    while len(validation) < num_validation:
+        document = _documents(rng, 1, KINDS, 200)[0]
+        if document not in seen:
+            seen.add(document)
+            validation.append(document)
+    return {"train": train, "validation": validation}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Probes
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One multiple-choice question for a language model: which continuation of `prompt` is most likely?"""
+
+    kind: str  # "coref" | "coref_new_nouns" | "recall" | "copy"
+    prompt: str  # text up to (not including) the answer, e.g. "... because it was too tired. The"
+    answer: str  # the correct continuation, with its leading space, e.g. " animal"
+    distractors: tuple[str, ...]  # wrong continuations of the same form, e.g. (" street",)
+    distance: int  # words between the fact and the question (recall/copy), 0 for coref
+
+
+def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
+    item = _coref_item(rng, held_out=held_out)
+    return Probe(
+        kind="coref_new_nouns" if held_out else "coref",
+        prompt=f"{item.statement} The",
+        answer=f" {item.referent}",
+        distractors=(f" {item.other}",),
+        distance=0,
+    )
+
+
+def _recall_probe(rng: random.Random, distance: int) -> Probe:
+    episode = _recall_episode(rng, distance)
+    return Probe("recall", episode.prompt, episode.answer, episode.distractors, episode.distance)
+
+
+def _copy_probe(rng: random.Random) -> Probe:
+    """Asks for the word after the first `known` words of the repetition; the other listed words are distractors."""
+    words = _copy_words(rng)
+    known = rng.randrange(len(words))
+    answer = words[known]
+    others = [word for word in words if word != answer]
+    # From a word's first occurrence to its copy there are exactly len(words) words, "Again:" included.
+    prompt = f"Repeat: {' '.join(words)}. Again:" + "".join(f" {word}" for word in words[:known])
+    distractors = tuple(f" {word}" for word in rng.sample(others, min(3, len(others))))
+    return Probe("copy", prompt, f" {answer}", distractors, distance=len(words))
+
+
+def make_probes(
+    num_per_kind: int = 100,
+    seed: int = 12345,
+    recall_distances: tuple[int, ...] = (10, 50, 200, 400),
+) -> list[Probe]:
+    """Held-out test questions: `num_per_kind` each of coref, coref_new_nouns and copy, and `num_per_kind` recall
+    probes per distance in `recall_distances` (words between fact and question, exact).
+
+    Each kind has its own seed stream, so adding a distance does not change the other probes. The default 400
+    lies beyond the training documents' default cap of 200 on purpose: it asks whether recall carries to longer
+    distances than were trained.
+    """
+    _check_int("num_per_kind", num_per_kind, 1)
+    _check_int("seed", seed)
+    if isinstance(recall_distances, int):
+        raise ValueError(f"`recall_distances` must be a tuple of integers, e.g. ({recall_distances},).")
+    for distance in recall_distances:
+        _check_int("each of `recall_distances`", distance, 0)
+
+    probes: list[Probe] = []
+    for held_out, kind in ((False, "coref"), (True, "coref_new_nouns")):
+        rng = _rng(f"probes/{kind}", seed)
+        probes += [_coref_probe(rng, held_out) for _ in range(num_per_kind)]
+    for distance in recall_distances:
+        rng = _rng(f"probes/recall@{distance}", seed)
+        probes += [_recall_probe(rng, distance) for _ in range(num_per_kind)]
+    rng = _rng("probes/copy", seed)
+    probes += [_copy_probe(rng) for _ in range(num_per_kind)]
+    return probes
+
+
+__all__ = [
+    "COREF_TEMPLATES",
+    "HELD_OUT_NOUNS",
+    "KINDS",
+    "PROBE_KINDS",
+    "CorefTemplate",
+    "Probe",
+    "default_corpus",
+    "generate_documents",
+    "make_probes",
+]

@@ -1,0 +1,1 @@
+"""Test helpers that are not tests themselves (a local Hub server, ...)."""

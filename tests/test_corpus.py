@@ -1,0 +1,163 @@
+"""The built-in corpus: deterministic, built on the explainers' sentences, recall at the promised distance, held-out
+nouns kept out of every document, and probes that are well-formed multiple-choice questions."""
+
+import re
+
+import pytest
+
+from hf_tinytx.corpus import (
+    COREF_TEMPLATES,
+    HELD_OUT_NOUNS,
+    default_corpus,
+    generate_documents,
+    make_probes,
+)
+
+
+SENTENCE_END = re.compile(r"(?<=\.) ")
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z]+", text.lower()))
+
+
+def test_same_seed_same_documents_and_probes():
+    assert generate_documents(40, seed=3) == generate_documents(40, seed=3)
+    assert generate_documents(40, seed=3) != generate_documents(40, seed=4)
+    assert make_probes(5, seed=7) == make_probes(5, seed=7)
+    assert make_probes(5, seed=7) != make_probes(5, seed=8)
+
+
+@pytest.mark.parametrize(
+    "sentence, referent",
+    [
+        ("The animal didn't cross the street because it was too tired.", "animal"),
+        ("The animal didn't cross the street because it was too wide.", "street"),
+        ("The bandage would not fit in the case because it was too large.", "bandage"),
+        ("The bandage would not fit in the case because it was too small.", "case"),
+    ],
+)
+def test_the_explainers_sentences_belong_to_the_grammar(sentence, referent):
+    # Each seed sentence is produced by some template, and its adjective sends "it" to the noun the explainers say.
+    matches = []
+    for template in COREF_TEMPLATES:
+        pattern = re.escape(template.sentence).replace(r"\{a\}", "(?P<a>\\w+)").replace(r"\{b\}", "(?P<b>\\w+)")
+        pattern = pattern.replace(r"\{adjective\}", "(?P<adjective>\\w+)")
+        found = re.fullmatch(pattern, sentence)
+        if found and found["a"] in template.a_nouns and found["b"] in template.b_nouns:
+            role = "a" if found["adjective"] in template.a_adjectives else "b"
+            assert found["adjective"] in (template.a_adjectives if role == "a" else template.b_adjectives)
+            matches.append(found[role])
+    assert matches == [referent]
+
+
+def test_coref_documents_name_the_referent_of_it():
+    documents = generate_documents(300, seed=1, kinds=("coref",))
+    assert any("because it was too tired." in document for document in documents)
+    checked = 0
+    for document in documents:
+        sentences = SENTENCE_END.split(document)
+        assert len(sentences) % 2 == 0
+        for statement, follow_up in zip(sentences[::2], sentences[1::2]):
+            first, second, adjective = re.fullmatch(
+                r"The (\w+) .* the (\w+) because it was too (\w+)\.", statement
+            ).groups()
+            template = next(
+                t for t in COREF_TEMPLATES if t.sentence.format(a=first, b=second, adjective=adjective) == statement
+            )
+            referent = first if adjective in template.a_adjectives else second
+            assert follow_up == f"The {referent} was too {adjective}."
+            checked += 1
+    assert checked > 300
+
+
+@pytest.mark.parametrize("distance", [0, 10, 50, 200, 400])
+def test_recall_probes_ask_at_exactly_the_requested_distance(distance):
+    for probe in [p for p in make_probes(20, seed=5, recall_distances=(distance,)) if p.kind == "recall"]:
+        question = probe.prompt[probe.prompt.rindex(". ") + 2 :]
+        fact_start = probe.prompt.index(question + probe.answer)
+        fact_end = probe.prompt.index(".", fact_start + len(question + probe.answer)) + 1
+        between = probe.prompt[fact_end : len(probe.prompt) - len(question)]
+        assert len(between.split()) == distance == probe.distance
+        # The fact is stated once; the question is its opening, at the very end.
+        assert probe.prompt.count(question + probe.answer) == 1
+
+
+def test_recall_documents_restate_an_earlier_fact_within_the_cap():
+    cap = 30
+    gaps = []
+    for document in generate_documents(200, seed=2, kinds=("recall",), max_recall_distance=cap):
+        sentences = SENTENCE_END.split(document)
+        first = sentences.index(sentences[-1])
+        assert first < len(sentences) - 1, "the last sentence must restate a fact stated earlier"
+        gaps.append(sum(len(s.split()) for s in sentences[first + 1 : -1]))
+    assert max(gaps) <= cap
+    assert min(gaps) < cap // 3 and max(gaps) > cap // 2  # the distances spread over the range
+
+
+def test_copy_documents_repeat_their_words():
+    for document in generate_documents(100, seed=4, kinds=("copy",)):
+        episodes = re.findall(r"Repeat: ([^.]+)\. Again: ([^.]+)\.", document)
+        assert episodes and " ".join(f"Repeat: {a}. Again: {b}." for a, b in episodes) == document
+        assert all(first == second for first, second in episodes)
+
+
+def test_held_out_nouns_never_appear_in_documents():
+    corpus = default_corpus(num_documents=2000, seed=0)
+    documents = generate_documents(2000, seed=9) + corpus["train"] + corpus["validation"]
+    seen = set().union(*(_words(document) for document in documents))
+    assert HELD_OUT_NOUNS.isdisjoint(seen)
+    # ...while the probes that test generalisation are made of exactly those nouns.
+    new_noun_probes = [p for p in make_probes(30) if p.kind == "coref_new_nouns"]
+    for probe in new_noun_probes:
+        assert {probe.answer.strip(), probe.distractors[0].strip()} <= HELD_OUT_NOUNS
+
+
+def test_default_corpus_splits_are_disjoint():
+    corpus = default_corpus(num_documents=1000, seed=1)
+    assert len(corpus["train"]) == 1000 and len(corpus["validation"]) == 50
+    assert not set(corpus["train"]) & set(corpus["validation"])
+    assert corpus["train"] == generate_documents(1000, seed=1)
+
+
+def test_probes_are_well_formed_multiple_choice():
+    probes = make_probes(num_per_kind=10, seed=3, recall_distances=(10, 200))
+    counts = {}
+    for probe in probes:
+        key = (probe.kind, probe.distance) if probe.kind == "recall" else probe.kind
+        counts[key] = counts.get(key, 0) + 1
+        candidates = (probe.answer, *probe.distractors)
+        assert probe.distractors and probe.answer not in probe.distractors
+        assert len(set(candidates)) == len(candidates)
+        assert all(c.startswith(" ") and c.strip() for c in candidates)
+        if probe.kind.startswith("coref"):
+            assert probe.distance == 0 and probe.prompt.endswith(". The")
+            nouns = re.findall(r"the (\w+)", probe.prompt.lower())[:2]
+            assert {probe.answer, probe.distractors[0]} == {f" {noun}" for noun in nouns}
+    assert counts == {"coref": 10, "coref_new_nouns": 10, "copy": 10, ("recall", 10): 10, ("recall", 200): 10}
+
+
+def test_copy_probes_ask_for_the_next_repeated_word():
+    for probe in [p for p in make_probes(30, seed=6) if p.kind == "copy"]:
+        listed, copied = re.fullmatch(r"Repeat: ([^.]+)\. Again:(.*)", probe.prompt).groups()
+        listed, copied = listed.split(), copied.split()
+        assert listed[: len(copied)] == copied
+        assert probe.answer == f" {listed[len(copied)]}"
+        assert {d.strip() for d in probe.distractors} <= set(listed)
+        assert probe.distance == len(listed)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: generate_documents(5, kinds=("poetry",)), "kinds"),
+        (lambda: generate_documents(-1), "num_documents"),
+        (lambda: generate_documents(5, max_recall_distance=-3), "max_recall_distance"),
+        (lambda: make_probes(0), "num_per_kind"),
+        (lambda: make_probes(2, recall_distances=10), "recall_distances"),
+        (lambda: default_corpus(0), "num_documents"),
+    ],
+)
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -1,0 +1,174 @@
+"""training/finetune.py end to end, in subprocesses as a user runs it: full fine-tuning on prompt/response records,
+LoRA (+ merge, + Hub push) on chat records, and bad data refused before training with the file and line named.
+
+The four runs start together (module fixture) because each spends most of its time importing libraries; every test
+then checks one run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import hf_tinytx
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FINETUNE = REPO_ROOT / "training" / "finetune.py"
+QUICK = [
+    "--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps", "2",
+    "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",
+]
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+def prompt_records(n, offset=0):
+    return [{"prompt": f"Q: add {i} and {i + 1}\nA:", "response": f" {2 * i + 1}"} for i in range(offset, offset + n)]
+
+
+def chat_records(n):
+    records = []
+    for i in range(n):
+        messages = [{"role": "user", "content": f"Repeat {i}."}, {"role": "assistant", "content": f"{i} {i}"}]
+        if i % 2:  # some conversations have a system turn and a second exchange
+            messages = [{"role": "system", "content": "Be brief."}, *messages,
+                        {"role": "user", "content": "Again."}, {"role": "assistant", "content": f"{i}"}]
+        records.append({"messages": messages})
+    return records
+
+
+def save_base(folder: Path, **overrides) -> Path:
+    """A tiny TinyTx + tokenizer folder, the script's --model_name_or_path."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import build_byte_bpe_tokenizer, build_tiny_model
+
+    tokenizer = build_byte_bpe_tokenizer()
+    build_tiny_model(seed=0, vocab_size=len(tokenizer), **overrides).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from helpers.hub_server import LocalHub
+
+    root = tmp_path_factory.mktemp("finetune")
+    gated = save_base(root / "base-gated")
+    plain = save_base(root / "base-plain", mlp_type="plain", hidden_act="gelu")  # no gate_proj to adapt
+    data = {
+        "train": write_jsonl(root / "train.jsonl", prompt_records(24)),
+        "validation": write_jsonl(root / "validation.jsonl", prompt_records(4, offset=50)),
+        "chat": write_jsonl(root / "chat.jsonl", chat_records(12)),
+    }
+    malformed = root / "malformed.jsonl"
+    malformed.write_text(json.dumps(prompt_records(1)[0]) + "\n\n" + '{"prompt": "Q:", "response": "A"\n')
+    missing = write_jsonl(root / "missing.jsonl", [*prompt_records(1), {"question": "Q?", "answer": "A"}])
+
+    commands = {
+        "full": ["--model_name_or_path", str(gated), "--train_file", str(data["train"]),
+                 "--validation_file", str(data["validation"]), "--packing", "--max_seq_length", "48",
+                 "--output_dir", str(root / "full"), *QUICK],
+        "lora": ["--model_name_or_path", str(plain), "--train_file", str(data["chat"]), "--use_peft", "--merge",
+                 "--lora_r", "4", "--lora_alpha", "8", "--output_dir", str(root / "lora"),
+                 "--push_to_hub", "--hub_model_id", "tester/tiny-chat-lora", *QUICK],
+        "malformed": ["--model_name_or_path", str(gated), "--train_file", str(malformed), "--output_dir",
+                      str(root / "never-1")],
+        "missing": ["--model_name_or_path", str(gated), "--train_file", str(missing), "--output_dir",
+                    str(root / "never-2")],
+    }
+    with LocalHub(user="tester") as hub:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
+        env.update(hub.client_env(root / "hf_home"))
+        env["OMP_NUM_THREADS"] = "1"  # four processes on a small machine: no thread oversubscription
+        processes = {
+            name: subprocess.Popen([sys.executable, str(FINETUNE), *args], cwd=root, env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for name, args in commands.items()
+        }
+        results = {}
+        for name, process in processes.items():
+            stdout, stderr = process.communicate(timeout=600)
+            results[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        hub_files = hub.repo_files("tester/tiny-chat-lora") if hub.repo_is_private("tester/tiny-chat-lora") is not None else {}
+    return {"root": root, "results": results, "hub_files": hub_files, "gated": gated, "plain": plain,
+            "malformed": malformed, "missing": missing}
+
+
+def succeeded(result):
+    assert result.returncode == 0, f"finetune.py failed\nSTDOUT:\n{result.stdout}\nSTDERR:\n{result.stderr}"
+
+
+def test_full_finetune_on_prompt_response_data(runs):
+    succeeded(runs["results"]["full"])
+    out = runs["root"] / "full"
+    for name in ("model.safetensors", "config.json", "modeling_tinytx.py", "tokenizer.json", "finetune_args.json"):
+        assert (out / name).is_file(), name
+    assert not list(out.rglob("*.bin")), "weights only as safetensors"
+    metrics = json.loads((out / "finetune_metrics.json").read_text())
+    assert metrics["train_loss"] > 0 and metrics["eval_loss"] > 0
+
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    base = AutoModelForCausalLM.from_pretrained(runs["gated"]).eval()
+    assert type(model) is hf_tinytx.TinyTxForCausalLM
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    inputs = tokenizer("Q: add 3 and 4\nA:", return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    assert output.shape[1] > inputs["input_ids"].shape[1]
+
+
+def test_lora_finetune_on_chat_data_merges_and_pushes(runs):
+    from peft import AutoPeftModelForCausalLM
+
+    succeeded(runs["results"]["lora"])
+    out = runs["root"] / "lora"
+    assert (out / "adapter_model.safetensors").is_file()
+    assert not list(out.rglob("*.bin")), "weights only as safetensors"
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    # The default targets minus gate_proj, which a plain-MLP TinyTx does not have.
+    assert set(adapter_config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template, "chat data should have given the tokenizer a chat template"
+    messages = [{"role": "user", "content": "Repeat 3."}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+    adapted = AutoPeftModelForCausalLM.from_pretrained(out).eval()
+    merged_dir = out / "merged"
+    for name in ("model.safetensors", "config.json", "modeling_tinytx.py", "configuration_tinytx.py", "tokenizer.json"):
+        assert (merged_dir / name).is_file(), name
+    assert "auto_map" in json.loads((merged_dir / "config.json").read_text())
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    assert type(merged) is hf_tinytx.TinyTxForCausalLM
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**inputs).logits, adapted(**inputs).logits, rtol=0, atol=1e-5)
+        from_adapter = adapted.generate(**inputs, max_new_tokens=6, do_sample=False)
+        from_merged = merged.generate(**inputs, max_new_tokens=6, do_sample=False)
+    assert from_adapter.tolist() == from_merged.tolist()
+    assert AutoTokenizer.from_pretrained(merged_dir).chat_template == tokenizer.chat_template
+
+    # The merged folder went to the Hub, without the checkpoints.
+    hub_files = runs["hub_files"]
+    assert hub_files.get("model.safetensors") == (merged_dir / "model.safetensors").read_bytes()
+    assert "modeling_tinytx.py" in hub_files and not any(name.startswith("checkpoints/") for name in hub_files)
+
+
+@pytest.mark.parametrize(
+    "case, line, words",
+    [("malformed", 3, "not valid JSON"), ("missing", 2, "needs either")],
+)
+def test_bad_data_is_refused_before_training(runs, case, line, words):
+    result = runs["results"][case]
+    assert result.returncode != 0
+    assert f"{runs[case]}, line {line}" in result.stderr and words in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (runs["root"] / f"never-{1 if case == 'malformed' else 2}").exists(), "nothing may be written"

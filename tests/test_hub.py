@@ -1,0 +1,329 @@
+"""Pushing to the Hub (training/hub.py) against a local Hub server (tests/helpers/hub_server.py).
+
+`huggingface_hub` reads `HF_ENDPOINT` when first imported, so everything that talks to the server runs in a
+subprocess whose environment points at it, with a fresh `HF_HOME`.
+"""
+
+import base64
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TRAINING_DIR = REPO_ROOT / "training"
+
+
+def client_env(hub, home: Path, token="default", pythonpath=()) -> dict:
+    """os.environ without any Hub settings of the machine, plus the server's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
+    env.pop("PYTHONPATH", None)
+    env.update(hub.client_env(home, token=token))
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+    return env
+
+
+def run_python(*code_parts: str, env: dict, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    code = "\n".join(textwrap.dedent(part) for part in code_parts)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"subprocess failed:\nSTDOUT:\n{result.stdout}\nSTDERR:\n{result.stderr}"
+    return result
+
+
+def last_json_line(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+def assert_token_nowhere(token: str, roots, outputs) -> None:
+    """The token is in none of the files under `roots` and none of the captured outputs."""
+    needle = token.encode()
+    for root in roots:
+        for path in Path(root).rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert needle not in path.read_bytes(), f"token written to {path}"
+    for text in outputs:
+        assert token not in text, "token in captured output"
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A working folder outside the repository, with a fresh HF_HOME and a folder to push."""
+    (tmp_path / "cwd").mkdir()
+    folder = tmp_path / "cwd" / "checkpoint-1"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(os.urandom(4096))
+    (folder / "notes").mkdir()
+    (folder / "notes" / "step.txt").write_text("step 1\n")
+    return tmp_path
+
+
+# Loads training/hub.py the way the training scripts do (a sibling module named `hub`).
+PUSHER_PRELUDE = f"""
+import json, logging, os, sys, time
+sys.path.insert(0, {str(TRAINING_DIR)!r})
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)  # as chatty as possible: logs must stay token-free
+from hub import HubPusher
+"""
+
+
+def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    model_dir, home = cwd / "tiny-model", tmp_path / "hf_home"
+    repo_id = f"{local_hub.user}/tinytx-roundtrip"
+
+    push = run_python(
+        PUSHER_PRELUDE,
+        f"""
+        import torch
+        from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+
+        torch.manual_seed(0)
+        config = TinyTxConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        model = TinyTxForCausalLM(config).eval()
+        model.save_pretrained({str(model_dir)!r})
+        input_ids = torch.randint(0, config.vocab_size, (2, 11))
+        with torch.no_grad():
+            logits = model(input_ids).logits
+        torch.save({{"input_ids": input_ids, "logits": logits}}, {str(tmp_path / "original.pt")!r})
+
+        pusher = HubPusher({repo_id!r}, private=True)
+        pusher.push_async({str(model_dir)!r}, "checkpoint", path_in_repo="checkpoints/step-1")
+        ok = pusher.push({str(model_dir)!r}, "final model")  # queued after the checkpoint, so committed last
+        print(json.dumps({{"ok": ok, "failures": pusher.failures}}))
+        """,
+        env=client_env(local_hub, home, pythonpath=[REPO_ROOT]),
+        cwd=cwd,
+    )
+    assert last_json_line(push.stdout) == {"ok": True, "failures": []}
+
+    files = local_hub.repo_files(repo_id)
+    for name in ("config.json", "model.safetensors", "modeling_tinytx.py", "configuration_tinytx.py"):
+        assert files[name] == (model_dir / name).read_bytes()
+        assert files[f"checkpoints/step-1/{name}"] == (model_dir / name).read_bytes()
+    assert [c.message for c in local_hub.commits(repo_id)][:2] == ["final model", "checkpoint"]
+    assert local_hub.repo_is_private(repo_id) is True
+
+    # A fresh process, cache and working folder, where hf_tinytx cannot be imported: only the Hub has the code.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    load = run_python(
+        f"""
+        import importlib.abc, json, sys
+
+        class BlockPackage(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "hf_tinytx":
+                    raise ImportError("hf_tinytx is blocked in this test")
+
+        sys.meta_path.insert(0, BlockPackage())
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        original = torch.load({str(tmp_path / "original.pt")!r})
+        model = AutoModelForCausalLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
+        with torch.no_grad():
+            logits = model(original["input_ids"]).logits
+        print(json.dumps({{
+            "identical": torch.equal(logits, original["logits"]),
+            "class_module": type(model).__module__,
+            "package_imported": any(m.split(".")[0] == "hf_tinytx" for m in sys.modules),
+        }}))
+        """,
+        env=client_env(local_hub, tmp_path / "fresh_hf_home"),
+        cwd=elsewhere,
+    )
+    report = last_json_line(load.stdout)
+    assert report["identical"] is True
+    assert report["package_imported"] is False
+    assert report["class_module"].endswith("modeling_tinytx") and not report["class_module"].startswith("hf_tinytx")
+    assert local_hub.recorded("HEAD", f"/{repo_id}/resolve/"), "the model was not fetched from the local Hub"
+    assert_token_nowhere(local_hub.token, [tmp_path], [push.stdout, push.stderr, load.stdout, load.stderr])
+
+
+def test_failing_hub_never_blocks_or_breaks_training(local_hub, work):
+    local_hub.fail_commits(None, status=503, retry_after=0)  # every commit fails; Retry-After 0 keeps this short
+    repo_id = f"{local_hub.user}/always-down"
+    folder = work / "cwd" / "checkpoint-1"
+
+    result = run_python(
+        PUSHER_PRELUDE,
+        f"""
+        pusher = HubPusher({repo_id!r}, max_attempts=2, retry_wait_s=0.1)
+        start = time.monotonic()
+        pusher.push_async({str(folder)!r}, "checkpoint 1")
+        returned_after = time.monotonic() - start
+        steps = 0
+        while time.monotonic() - start < 0.5:  # "training" goes on while the push fails in the background
+            steps += 1
+        finished = pusher.wait(timeout=120)
+        print(json.dumps({{"returned_after": returned_after, "steps": steps, "finished": finished,
+                          "failures": pusher.failures}}))
+        """,
+        env=client_env(local_hub, work / "hf_home"),
+        cwd=work / "cwd",
+    )
+    report = last_json_line(result.stdout)
+    assert report["returned_after"] < 0.5
+    assert report["steps"] > 0 and report["finished"] is True
+    assert len(report["failures"]) == 1 and "checkpoint 1" in report["failures"][0]
+    assert "503" in report["failures"][0]
+    # Bounded retries: each of the pusher's 2 attempts is one upload_folder, which tries the commit 6 times.
+    assert len(local_hub.recorded("POST", f"/api/models/{repo_id}/commit/")) == 2 * 6
+    assert set(local_hub.repo_files(repo_id)) == {".gitattributes"}  # nothing but the repo's initial commit
+    assert sorted(p.name for p in (work / "cwd").iterdir()) == ["checkpoint-1"]  # the snapshot was cleaned up
+    assert_token_nowhere(local_hub.token, [work], [result.stdout, result.stderr])
+
+
+def test_token_stays_out_of_files_logs_and_errors(local_hub, work):
+    # A careless server that echoes the Authorization header in its error messages, failing the first
+    # upload_folder (6 commit tries); the pusher's second attempt gets through.
+    local_hub.echo_auth_in_errors = True
+    local_hub.fail_commits(6, status=500, retry_after=0)
+    repo_id = f"{local_hub.user}/token-hygiene"
+    folder = work / "cwd" / "checkpoint-1"
+    env = client_env(local_hub, work / "hf_home", token=None)
+    env["PUSH_TOKEN"] = local_hub.token  # passed explicitly (token=...), not through HF_TOKEN this time
+
+    result = run_python(
+        PUSHER_PRELUDE,
+        f"""
+        pusher = HubPusher({repo_id!r}, token=os.environ.pop("PUSH_TOKEN"), max_attempts=2, retry_wait_s=0.1)
+        print(repr(pusher), vars(pusher).keys())
+        pusher.push_async({str(folder)!r}, "checkpoint 1")
+        pusher.wait()
+        print(json.dumps({{"failures": pusher.failures}}))
+        """,
+        env=env,
+        cwd=work / "cwd",
+    )
+    assert last_json_line(result.stdout) == {"failures": []}
+    assert "failed (attempt 1 of 2)" in result.stderr  # the echoed header went through the scrubbed warning
+    assert local_hub.repo_files(repo_id)["notes/step.txt"] == b"step 1\n"
+    sent = local_hub.recorded("POST", "/commit/")
+    assert sent and all(r.headers.get("authorization") == f"Bearer {local_hub.token}" for r in sent)
+    assert_token_nowhere(local_hub.token, [work], [result.stdout, result.stderr])
+
+
+def test_wrong_token_is_a_clear_failure_not_a_crash(local_hub, work):
+    local_hub.echo_auth_in_errors = True  # the wrong token comes back in the error text: it must be scrubbed
+    wrong_token = "hf_wrong" + "x" * 30
+    repo_id = f"{local_hub.user}/wrong-token"
+
+    result = run_python(
+        PUSHER_PRELUDE,
+        f"""
+        pusher = HubPusher({repo_id!r}, max_attempts=3, retry_wait_s=5)
+        pusher.push_async({str(work / "cwd" / "checkpoint-1")!r}, "checkpoint 1")
+        final_ok = pusher.push({str(work / "cwd" / "checkpoint-1")!r}, "final model")
+        print(json.dumps({{"final_ok": final_ok, "failures": pusher.failures}}))
+        """,
+        env=client_env(local_hub, work / "hf_home", token=wrong_token),
+        cwd=work / "cwd",
+        timeout=60,
+    )
+    report = last_json_line(result.stdout)
+    assert report["final_ok"] is False
+    assert len(report["failures"]) == 2
+    assert all("401" in message and "token" in message for message in report["failures"])
+    # A 401 is not retried (retry_wait_s=5 would have shown up as slowness): one create_repo try per push.
+    assert len(local_hub.recorded("POST", "/api/repos/create")) == 2
+    assert local_hub.repo_is_private(repo_id) is None  # never created
+    assert_token_nowhere(wrong_token, [work], [result.stdout, result.stderr])
+
+
+def test_push_async_of_a_missing_folder_is_reported_not_raised(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("hub_under_test", TRAINING_DIR / "hub.py")
+    hub = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, hub)  # dataclasses look their module up there
+    spec.loader.exec_module(hub)
+
+    pusher = hub.HubPusher("tester/never-reached", token="hf_" + "z" * 30)
+    pusher.push_async(str(tmp_path / "no-such-checkpoint"), "checkpoint 9")
+    assert pusher.wait(timeout=5) is True
+    assert len(pusher.failures) == 1 and "checkpoint 9" in pusher.failures[0]
+    assert "z" * 30 not in repr(pusher)
+
+
+# ------------------------------------------------------------------------------------------- the server by itself
+
+
+def _request(hub, method, path, body=None, token=None, headers=None):
+    request = urllib.request.Request(hub.url + path, data=body, method=method, headers=dict(headers or {}))
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def _commit_body(message, files=(), deleted=()):
+    lines = [{"key": "header", "value": {"summary": message, "description": ""}}]
+    lines += [{"key": "file", "value": {"path": p, "content": base64.b64encode(c).decode(), "encoding": "base64"}}
+              for p, c in files]
+    lines += [{"key": "deletedFile", "value": {"path": p}} for p in deleted]
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def test_server_history_auth_and_errors(local_hub):
+    create = json.dumps({"name": "raw", "organization": local_hub.user}).encode()
+    assert _request(local_hub, "POST", "/api/repos/create", create)[0] == 401
+    assert _request(local_hub, "POST", "/api/repos/create", create, token="hf_not_the_one")[0] == 401
+    assert _request(local_hub, "POST", "/api/repos/create", create, token=local_hub.token)[0] == 200
+    status, _, body = _request(local_hub, "POST", "/api/repos/create", create, token=local_hub.token)
+    assert status == 409 and json.loads(body)["url"].endswith(f"/{local_hub.user}/raw")
+
+    commit_path = f"/api/models/{local_hub.user}/raw/commit/main"
+    content = os.urandom(100)
+    assert _request(local_hub, "POST", commit_path, _commit_body("anonymous", [("a.bin", content)]))[0] == 401
+    status, _, body = _request(local_hub, "POST", commit_path, _commit_body("add", [("a.bin", content)]),
+                               token=local_hub.token)
+    first = json.loads(body)["commitOid"]
+    assert status == 200 and len(first) == 40 and int(first, 16) >= 0
+    _request(local_hub, "POST", commit_path, _commit_body("remove", deleted=["a.bin"]), token=local_hub.token)
+
+    assert [c.message for c in local_hub.commits(f"{local_hub.user}/raw")] == ["remove", "add", "initial commit"]
+    assert "a.bin" not in local_hub.repo_files(f"{local_hub.user}/raw")
+    assert local_hub.repo_files(f"{local_hub.user}/raw", revision=first)["a.bin"] == content
+
+    # Downloads pinned to the old commit still work and carry what the client checks.
+    status, headers, _ = _request(local_hub, "HEAD", f"/{local_hub.user}/raw/resolve/{first}/a.bin")
+    assert status == 200 and headers["X-Repo-Commit"] == first and int(headers["Content-Length"]) == len(content)
+    if shutil.which("git"):  # the ETag is git's own blob id for the content
+        git_id = subprocess.run(["git", "hash-object", "--stdin"], input=content, capture_output=True).stdout
+        assert headers["ETag"].strip('"') == git_id.decode().strip()
+    for path, code in [
+        (f"/{local_hub.user}/raw/resolve/main/a.bin", "EntryNotFound"),
+        (f"/{local_hub.user}/raw/resolve/no-branch/a.bin", "RevisionNotFound"),
+        (f"/{local_hub.user}/nothing/resolve/main/a.bin", "RepoNotFound"),
+    ]:
+        status, headers, _ = _request(local_hub, "HEAD", path)
+        assert (status, headers.get("X-Error-Code")) == (404, code)
+
+    private = json.dumps({"name": "secret", "organization": local_hub.user, "visibility": "private"}).encode()
+    assert _request(local_hub, "POST", "/api/repos/create", private, token=local_hub.token)[0] == 200
+    status, headers, _ = _request(local_hub, "HEAD", f"/{local_hub.user}/secret/resolve/main/.gitattributes")
+    assert (status, headers.get("X-Error-Code")) == (401, "RepoNotFound")
+    status, _, _ = _request(local_hub, "HEAD", f"/{local_hub.user}/secret/resolve/main/.gitattributes",
+                            token=local_hub.token)
+    assert status == 200
+
+    local_hub.fail_commits(1, status=500)
+    failing = _commit_body("flaky", [("b.txt", b"b")])
+    assert _request(local_hub, "POST", commit_path, failing, token=local_hub.token)[0] == 500
+    assert _request(local_hub, "POST", commit_path, failing, token=local_hub.token)[0] == 200
+    assert all(r.status is not None for r in local_hub.requests)

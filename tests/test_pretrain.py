@@ -1,0 +1,126 @@
+"""training/pretrain.py end to end: a short run on the embedded corpus leaves a complete, loadable model folder."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained_folder(tmp_path_factory):
+    """One 40-step run shared by the tests below (the run is the expensive part)."""
+    from conftest import TINY_PRETRAIN_ARGS, _REPO_ROOT, pretrain_env
+
+    tmp_path = tmp_path_factory.mktemp("pretrain")
+    output_dir = tmp_path / "model"
+    command = [
+        sys.executable, os.path.join(_REPO_ROOT, "training", "pretrain.py"), *TINY_PRETRAIN_ARGS,
+        "--output_dir", str(output_dir), "--max_train_steps", "40", "--eval_steps", "20", "--learning_rate", "3e-3",
+    ]
+    result = subprocess.run(command, env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return output_dir, result
+
+
+def test_loss_falls_and_metrics_are_logged(trained_folder):
+    output_dir, result = trained_folder
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    train_losses = [row["loss"] for row in rows if "loss" in row]
+    eval_losses = [row["eval_loss"] for row in rows if "eval_loss" in row]
+    assert len(train_losses) == 40
+    # From ln(320) ~ 5.8 at initialisation; the average of the last 5 steps must be well below the first 5.
+    assert sum(train_losses[-5:]) / 5 < sum(train_losses[:5]) / 5 - 1.0
+    assert len(eval_losses) == 2 and eval_losses[-1] < eval_losses[0]
+    final = [row for row in rows if "bits_per_byte" in row][-1]
+    assert 0 < final["bits_per_byte"] < 8 and final["perplexity"] > 1
+    assert "probe accuracy: coref" in result.stdout
+    assert "sample:" in result.stdout
+
+
+def test_folder_is_a_complete_model_repo(trained_folder):
+    output_dir, _ = trained_folder
+    names = set(os.listdir(output_dir))
+    expected = {
+        "model.safetensors", "config.json", "generation_config.json", "configuration_tinytx.py", "modeling_tinytx.py",
+        "tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png", "training_args.json",
+        "metrics.jsonl",
+    }
+    assert expected <= names, expected - names
+    # Weights only as safetensors: no pickled files among the model files.
+    assert not [name for name in names if name.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_tinytx.TinyTxForCausalLM"
+    assert "hub_token" not in (output_dir / "training_args.json").read_text()
+    assert (output_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # No export leftovers next to the folder.
+    assert not [name for name in os.listdir(output_dir.parent) if "export-tmp" in name]
+
+
+def test_model_card_parses_with_metadata(trained_folder):
+    from huggingface_hub import ModelCard
+
+    output_dir, _ = trained_folder
+    card = ModelCard.load(output_dir / "README.md")
+    data = card.data.to_dict()
+    assert data["license"] == "apache-2.0"
+    assert data["library_name"] == "transformers"
+    assert data["pipeline_tag"] == "text-generation"
+    assert "tinytx" in data["tags"]
+    results = data["model-index"][0]["results"]
+    metric_types = {metric["type"] for result in results for metric in result["metrics"]}
+    assert {"loss", "perplexity", "bits_per_byte", "accuracy"} <= metric_types
+    assert "loss_curve.png" in card.text and "trust_remote_code=True" in card.text
+
+
+def test_folder_loads_natively_and_generates(trained_folder):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import hf_tinytx  # noqa: F401
+
+    output_dir, _ = trained_folder
+    model = AutoModelForCausalLM.from_pretrained(output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    assert type(model).__name__ == "TinyTxForCausalLM"
+    inputs = tokenizer("The dog didn't cross the street because it was too", return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=5, do_sample=False)
+    assert output.shape[1] == inputs["input_ids"].shape[1] + 5 or output[0, -1] == tokenizer.eos_token_id
+    assert torch.isfinite(model(**inputs).logits).all()
+
+
+def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_path):
+    output_dir, _ = trained_folder
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+
+        class BlockHfTinytx(importlib.abc.MetaPathFinder):  # as on a machine without the package installed
+            def find_spec(self, name, path=None, target=None):
+                if name == "hf_tinytx" or name.startswith("hf_tinytx."):
+                    raise ImportError("hf_tinytx is blocked in this test")
+
+        sys.meta_path.insert(0, BlockHfTinytx())
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model = AutoModelForCausalLM.from_pretrained({str(output_dir)!r}, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained({str(output_dir)!r}, trust_remote_code=True)
+        inputs = tokenizer("Repeat: red blue. Again:", return_tensors="pt")
+        output = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+        assert not any(name.startswith("hf_tinytx") for name in sys.modules)
+        print("REMOTE", type(model).__module__, output.shape[1] - inputs["input_ids"].shape[1])
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [line for line in result.stdout.splitlines() if line.startswith("REMOTE")][0]
+    module, new_tokens = line.split()[1:]
+    assert module.startswith("transformers_modules") and 1 <= int(new_tokens) <= 4

@@ -1,0 +1,58 @@
+"""Checkpoints: a run killed while saving keeps its previous checkpoint, and resuming from it continues exactly."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+
+pytestmark = pytest.mark.slow
+
+STEPS = 8
+
+
+def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain, tmp_path):
+    from conftest import pretrain_env
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_pretrain("--output_dir", straight, "--max_train_steps", STEPS)
+
+    # Checkpoints every 2 steps; the process dies (os._exit) while step 6's checkpoint is still under its temporary
+    # name, i.e. after accelerate wrote the state but before the rename that completes it.
+    crashed = run_pretrain(
+        "--output_dir", resumed, "--max_train_steps", STEPS, "--checkpointing_steps", 2,
+        env=pretrain_env(tmp_path, TINYTX_DEBUG_CRASH_IN_CHECKPOINT="6"), check=False,
+    )
+    assert crashed.returncode == 17, crashed.stderr[-3000:]
+    checkpoints = resumed / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == [".tmp_step_6", "step_2", "step_4", "tokenizer"]
+    assert not (resumed / "model.safetensors").exists()  # no final export from a crashed run
+    # The previous checkpoint is complete: its weights load, and its state says where it stopped.
+    weights = load_file(checkpoints / "step_4" / "model.safetensors")
+    assert weights and all(torch.isfinite(t).all() for t in weights.values())
+    assert json.loads((checkpoints / "step_4" / "trainer_state.json").read_text())["step"] == 4
+
+    result = run_pretrain("--output_dir", resumed, "--max_train_steps", STEPS, "--checkpointing_steps", 2,
+                          "--resume_from_checkpoint", "latest")
+    assert "Resumed from" in result.stdout and "at step 4" in result.stdout
+
+    straight_weights = load_file(straight / "model.safetensors")
+    resumed_weights = load_file(resumed / "model.safetensors")
+    assert straight_weights.keys() == resumed_weights.keys()
+    for name, tensor in straight_weights.items():
+        assert torch.equal(tensor, resumed_weights[name]), f"{name} differs after resuming"
+
+    # Old checkpoints pruned to the last two, the stale temporary one replaced, every step logged exactly once.
+    assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
+    steps = [json.loads(line)["step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == list(range(1, STEPS + 1))
+
+    # Resuming with another batch size could not replay the same data order: refused before any training.
+    refused = run_pretrain("--output_dir", resumed, "--max_train_steps", 12, "--resume_from_checkpoint", "latest",
+                           "--per_device_train_batch_size", 4, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "resume with the same arguments" in refused.stderr
+    assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]

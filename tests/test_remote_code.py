@@ -1,0 +1,127 @@
+"""A saved TinyTx folder loads with `trust_remote_code=True` in a Python where `import hf_tinytx` fails."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from safetensors.torch import save_file
+
+import hf_tinytx
+
+
+NEW_TOKENS = 16
+
+# Runs in the child. The import hook stands in for a machine without the package: even where hf_tinytx is installed
+# (editable, as in CI), every attempt to import it fails.
+CHILD_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, inspect, json, os, sys
+
+    class BlockHfTinytx:
+        def find_spec(self, name, path=None, target=None):
+            if name == "hf_tinytx" or name.startswith("hf_tinytx."):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, BlockHfTinytx())
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        import hf_tinytx
+        hf_tinytx_importable = True
+    except ImportError:
+        hf_tinytx_importable = False
+
+    folder, reference_file = sys.argv[1], sys.argv[2]
+    reference = load_file(reference_file)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    input_ids = reference["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
+    generated = model.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=%(new_tokens)d,
+        min_new_tokens=%(new_tokens)d, do_sample=False, pad_token_id=0,
+    )
+    print(json.dumps({
+        "hf_tinytx_importable": hf_tinytx_importable,
+        "loaded_modules": sorted(name for name in sys.modules if name.startswith("hf_tinytx")),
+        "model_module": type(model).__module__,
+        "config_module": type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__module__,
+        "model_file": inspect.getfile(type(model)),
+        "logits_identical": bool(torch.equal(logits, reference["logits"])),
+        "max_logit_difference": (logits - reference["logits"]).abs().max().item(),
+        "generated": generated.tolist(),
+    }))
+    """
+    % {"new_tokens": NEW_TOKENS}
+)
+
+
+def test_saved_folder_loads_as_remote_code_without_the_package(tmp_path):
+    torch.manual_seed(0)
+    # qk_norm and GQA exercise the code paths a Llama model lacks, so nothing can be borrowed from transformers.
+    config = hf_tinytx.TinyTxConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        qk_norm=True,
+        initializer_range=0.2,
+    )
+    model = hf_tinytx.TinyTxForCausalLM(config).eval()
+    folder = tmp_path / "tiny_tinytx"
+    model.save_pretrained(folder)
+    assert (folder / "modeling_tinytx.py").is_file() and (folder / "configuration_tinytx.py").is_file()
+    assert "auto_map" in json.loads((folder / "config.json").read_text())
+
+    input_ids = torch.randint(3, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
+    expected_tokens = model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    reference_file = tmp_path / "reference.safetensors"
+    save_file({"input_ids": input_ids, "logits": logits.contiguous()}, reference_file)
+    script = tmp_path / "load_as_remote_code.py"
+    script.write_text(CHILD_SCRIPT)
+
+    # Private caches, so the user's ~/.cache/huggingface is neither read nor written; no path to the repository.
+    modules_cache = tmp_path / "hf_modules"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_MODULES_CACHE=str(modules_cache), HF_HUB_OFFLINE="1")
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    result = subprocess.run(
+        [sys.executable, str(script), str(folder), str(reference_file)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert report["hf_tinytx_importable"] is False
+    assert report["loaded_modules"] == []
+    assert report["model_module"].startswith("transformers_modules.") and report["model_module"].endswith(
+        ".modeling_tinytx"
+    )
+    assert report["config_module"].startswith("transformers_modules.")
+    assert report["model_file"].startswith(str(modules_cache))
+    assert report["logits_identical"], f"max |difference| {report['max_logit_difference']}"
+    assert report["generated"] == expected_tokens.tolist()
+    assert len(report["generated"][0]) == input_ids.shape[1] + NEW_TOKENS

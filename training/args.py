@@ -1,0 +1,183 @@
+"""Command-line arguments of the training scripts, as dataclasses parsed by `HfArgumentParser`.
+
+Flags are named as in transformers' `run_clm_no_trainer.py` wherever they mean the same thing. Every argument can
+also come from a YAML or JSON file given as the first argument; flags after the file override it:
+
+    python training/pretrain.py training/configs/tiny.yaml --max_train_steps 50
+"""
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+
+class UserInputError(ValueError):
+    """Bad input found before training starts. The message says what is wrong and how to fix it."""
+
+
+@dataclass
+class ModelArguments:
+    model_preset: str = field(
+        default="tiny", metadata={"help": "A model size from training/configs/ (tiny ~1M, small ~10M, base ~124M)."}
+    )
+    model_config: str | None = field(
+        default=None, metadata={"help": "A TinyTxConfig as a .json/.yaml file; replaces --model_preset."}
+    )
+    init_from: str | None = field(
+        default=None, metadata={"help": "Continue training the model (and tokenizer) in this saved model folder."}
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "A tokenizer folder or Hub id. Default: train a byte-level BPE on the data."}
+    )
+    vocab_size: int = field(default=2048, metadata={"help": "Vocabulary size of the BPE trained when none is named."})
+    hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's width."})
+    intermediate_size: int | None = field(default=None, metadata={"help": "Override the preset's MLP width."})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "Override the preset's depth."})
+    num_attention_heads: int | None = field(default=None, metadata={"help": "Override the preset's head count."})
+    num_key_value_heads: int | None = field(default=None, metadata={"help": "Override the preset's kv heads."})
+    max_position_embeddings: int | None = field(default=None, metadata={"help": "Override the longest context."})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "eager, sdpa, flash_attention_2, ..."})
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations to save memory."})
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "A dataset on the Hub (datasets.load_dataset)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "The Hub dataset's configuration."})
+    train_file: str | None = field(
+        default=None, metadata={"help": "Local training text: .txt/.json/.jsonl/.parquet file or glob."}
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation text, same formats."})
+    text_column: str = field(default="text", metadata={"help": "The column holding the documents."})
+    streaming: bool = field(default=False, metadata={"help": "Stream the Hub dataset instead of downloading it."})
+    num_train_documents: int | None = field(
+        default=None,
+        metadata={"help": "Documents of the embedded default corpus (default 12000), or at most this many read."},
+    )
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Percent of the documents held out when no validation split is given."}
+    )
+    block_size: int = field(default=128, metadata={"help": "Tokens per training sequence (packed documents)."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+
+
+@dataclass
+class PretrainArguments:
+    output_dir: str = field(default="out/tinytx", metadata={"help": "Where the model folder and checkpoints go."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace a model already exported in --output_dir."}
+    )
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Sequences per device per micro-step."})
+    per_device_eval_batch_size: int = field(default=32, metadata={"help": "Sequences per device when evaluating."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-steps per optimizer step."})
+    learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate of AdamW."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (2-D weights only)."})
+    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the gradient norm to this (0 disables)."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Any transformers.get_scheduler name."})
+    num_warmup_steps: int = field(default=30, metadata={"help": "Linear warmup steps."})
+    max_train_steps: int | None = field(
+        default=None, metadata={"help": "Optimizer steps. Default: from --max_train_tokens, else 600."}
+    )
+    max_train_tokens: int | None = field(default=None, metadata={"help": "Token budget; sets --max_train_steps."})
+    max_train_seconds: float | None = field(default=None, metadata={"help": "Stop training after this wall time."})
+    seed: int = field(default=0, metadata={"help": "Seed for initialisation, data order and splits."})
+    mixed_precision: str = field(default="no", metadata={"help": "no or bf16."})
+    eval_steps: int = field(default=200, metadata={"help": "Evaluate every N optimizer steps (and at the end)."})
+    max_eval_batches: int | None = field(default=None, metadata={"help": "Evaluate on at most N batches."})
+    checkpointing_steps: int | None = field(default=None, metadata={"help": "Save a resumable checkpoint every N."})
+    checkpoints_total_limit: int | None = field(default=2, metadata={"help": "Keep only the last K checkpoints."})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "'latest' or a checkpoint folder to continue from exactly."}
+    )
+    report_to: str = field(default="none", metadata={"help": "tensorboard, trackio, wandb, all or none."})
+    num_probes_per_kind: int = field(default=100, metadata={"help": "Probe prompts per kind after training (0: off)."})
+    num_samples: int = field(default=3, metadata={"help": "Sample generations printed after training."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the final model folder to the Hub."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id; default: the output dir name."})
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token; default: HF_TOKEN / stored login."})
+    hub_private_repo: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
+
+
+ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, PretrainArguments]:
+    """Flags, or a .yaml/.json file first (its values become the defaults) followed by optional flags."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(ALL_ARGUMENTS)
+    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
+        parser.set_defaults(**_read_args_file(argv.pop(0), parser))
+    model_args, data_args, train_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    check_args(model_args, data_args, train_args)
+    return model_args, data_args, train_args
+
+
+def _read_args_file(path: str, parser: HfArgumentParser) -> dict:
+    if not os.path.isfile(path):
+        raise UserInputError(f"Arguments file {path!r} does not exist; give the path of a .yaml or .json file.")
+    with open(path, encoding="utf-8") as f:
+        if path.endswith(".json"):
+            values = json.load(f)
+        else:
+            import yaml
+
+            values = yaml.safe_load(f)
+    if not isinstance(values, dict):
+        raise UserInputError(f"Arguments file {path!r} must hold a mapping of argument names to values.")
+    known = {action.dest for action in parser._actions}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise UserInputError(f"Arguments file {path!r} has unknown arguments {unknown}; see --help for the names.")
+    return values
+
+
+def check_args(model_args: ModelArguments, data_args: DataArguments, train_args: PretrainArguments) -> None:
+    """Catch impossible settings now, not after the data is tokenized."""
+    positive = {
+        "block_size": data_args.block_size,
+        "per_device_train_batch_size": train_args.per_device_train_batch_size,
+        "per_device_eval_batch_size": train_args.per_device_eval_batch_size,
+        "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
+        "eval_steps": train_args.eval_steps,
+        "vocab_size": model_args.vocab_size,
+    }
+    if data_args.num_train_documents is not None:
+        positive["num_train_documents"] = data_args.num_train_documents
+    for name in ("max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit"):
+        if getattr(train_args, name) is not None:
+            positive[name] = getattr(train_args, name)
+    for name, value in positive.items():
+        if value <= 0:
+            raise UserInputError(f"--{name} must be a positive number, got {value}.")
+    if train_args.max_train_seconds is not None and train_args.max_train_seconds <= 0:
+        raise UserInputError(f"--max_train_seconds must be positive, got {train_args.max_train_seconds}.")
+    if not 0 < data_args.validation_split_percentage < 100:
+        raise UserInputError("--validation_split_percentage must lie between 1 and 99.")
+    if train_args.mixed_precision not in ("no", "bf16"):
+        raise UserInputError(f"--mixed_precision must be 'no' or 'bf16', got {train_args.mixed_precision!r}.")
+    if data_args.dataset_name and data_args.train_file:
+        raise UserInputError("Give either --dataset_name or --train_file, not both.")
+    if data_args.validation_file and not data_args.train_file:
+        raise UserInputError("--validation_file needs --train_file as well.")
+    if data_args.streaming and not data_args.dataset_name:
+        raise UserInputError("--streaming only applies to a Hub dataset (--dataset_name).")
+    if data_args.streaming and train_args.max_train_steps is None and train_args.max_train_tokens is None:
+        raise UserInputError("A streamed dataset has no length: set --max_train_steps or --max_train_tokens.")
+    if model_args.vocab_size < 260:
+        raise UserInputError(f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}.")
+    if train_args.push_to_hub and train_args.hub_model_id is None:
+        train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
+
+
+def args_to_dict(*dataclass_args) -> dict:
+    """All arguments as one JSON-ready dict, without the Hub token (it must never reach a file or a log)."""
+    values = {}
+    for args in dataclass_args:
+        values.update(vars(args))
+    values.pop("hub_token", None)
+    return values

@@ -1,0 +1,199 @@
+"""Training text in, fixed-length token blocks out.
+
+1. `load_text_datasets`: a Hub dataset, local files, or the embedded default corpus, as train/validation splits of
+   documents (a validation split is carved out when none is given). Every problem is reported here, before any
+   training starts.
+2. `tokenize_and_pack`: tokenize with a batched `map` (cached on disk when the text came from files), append EOS
+   to every document, concatenate, and cut into `block_size` blocks. No padding anywhere, so every block carries the
+   same number of targets, which keeps the mean loss of gradient accumulation and of data parallelism exact.
+"""
+
+import glob
+import os
+from dataclasses import dataclass
+
+import datasets
+import torch
+from datasets import Dataset, DatasetDict
+
+from args import DataArguments, UserInputError
+
+
+DEFAULT_CORPUS_DOCUMENTS = 12000
+# Documents read from a streamed dataset to make its validation split and to train the tokenizer.
+STREAMING_VALIDATION_DOCUMENTS = 1000
+FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def load_text_datasets(data_args: DataArguments, seed: int) -> DatasetDict:
+    """Returns {"train", "validation"} datasets of documents in `data_args.text_column`."""
+    if data_args.dataset_name:
+        raw = _load_hub_dataset(data_args)
+    elif data_args.train_file:
+        raw = _load_local_files(data_args)
+    else:
+        from hf_tinytx.corpus import default_corpus
+
+        splits = default_corpus(num_documents=data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS, seed=seed)
+        raw = DatasetDict({name: Dataset.from_dict({data_args.text_column: docs}) for name, docs in splits.items()})
+
+    if "validation" not in raw:
+        if data_args.streaming:
+            # A stream cannot be split at random: the first documents become the validation set.
+            validation = list(raw["train"].take(STREAMING_VALIDATION_DOCUMENTS))
+            raw["validation"] = Dataset.from_list(validation)
+            raw["train"] = raw["train"].skip(STREAMING_VALIDATION_DOCUMENTS)
+        else:
+            _check_documents(raw["train"], data_args.text_column, "training")
+            split = raw["train"].train_test_split(
+                test_size=data_args.validation_split_percentage / 100, seed=seed, shuffle=True
+            )
+            raw = DatasetDict({"train": split["train"], "validation": split["test"]})
+
+    if data_args.num_train_documents and data_args.train_file and len(raw["train"]) > data_args.num_train_documents:
+        raw["train"] = raw["train"].select(range(data_args.num_train_documents))
+    for name in ("train", "validation"):
+        _check_documents(raw[name], data_args.text_column, name)
+    return DatasetDict({"train": raw["train"], "validation": raw["validation"]})
+
+
+def _load_hub_dataset(data_args: DataArguments):
+    try:
+        raw = datasets.load_dataset(
+            data_args.dataset_name, data_args.dataset_config_name, streaming=data_args.streaming
+        )
+    except Exception as error:  # datasets raises many kinds (network, missing config, bad files)
+        raise UserInputError(
+            f"Could not load the dataset {data_args.dataset_name!r} (config {data_args.dataset_config_name!r}): "
+            f"{error}. Check the name and --dataset_config_name, or use --train_file for local text."
+        ) from error
+    if "train" not in raw:
+        raise UserInputError(f"The dataset {data_args.dataset_name!r} has no 'train' split (it has {list(raw)}).")
+    return raw
+
+
+def _load_local_files(data_args: DataArguments) -> DatasetDict:
+    data_files = {"train": _expand(data_args.train_file, "--train_file")}
+    if data_args.validation_file:
+        data_files["validation"] = _expand(data_args.validation_file, "--validation_file")
+    extensions = {os.path.splitext(path)[1].lower() for paths in data_files.values() for path in paths}
+    unknown = extensions - set(FILE_BUILDERS)
+    if unknown or len({FILE_BUILDERS[ext] for ext in extensions}) != 1:
+        raise UserInputError(
+            f"Data files must all be of one kind among {sorted(FILE_BUILDERS)}; got {sorted(extensions)}. Convert "
+            f"them, or pass training and validation files of the same format."
+        )
+    builder = FILE_BUILDERS[extensions.pop()]
+    # Plain text: one document per paragraph (blank-line separated), line breaks kept.
+    options = {"sample_by": "paragraph", "keep_linebreaks": True} if builder == "text" else {}
+    try:
+        return datasets.load_dataset(builder, data_files=data_files, **options)
+    except Exception as error:
+        raise UserInputError(
+            f"Could not read {data_files} as {builder}: {type(error).__name__}: {error}. Check that the files are "
+            f"valid {builder} (JSON Lines: one object per line with a {data_args.text_column!r} field)."
+        ) from error
+
+
+def _expand(pattern: str, flag: str) -> list[str]:
+    paths = sorted(path for path in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(path))
+    if not paths:
+        raise UserInputError(f"{flag} {pattern!r} matches no file. Check the path (globs like 'data/*.jsonl' work).")
+    if all(os.path.getsize(path) == 0 for path in paths):
+        raise UserInputError(f"{flag} {pattern!r}: the data is empty (0 bytes); give a file with text in it.")
+    return paths
+
+
+def _check_documents(split, text_column: str, name: str) -> None:
+    columns = split.column_names
+    if columns is not None and text_column not in columns:
+        raise UserInputError(
+            f"The {name} data has no column {text_column!r} (its columns are {columns}); pass --text_column with "
+            f"the column that holds the text."
+        )
+    if isinstance(split, Dataset):
+        if len(split) == 0:
+            raise UserInputError(f"The {name} data is empty (no documents); give a file or dataset with text in it.")
+        if not any(text for text in split[text_column]):
+            raise UserInputError(f"Every {name} document in column {text_column!r} is empty; there is nothing to learn.")
+
+
+def training_texts(train, text_column: str, max_documents: int = 50000, batch_size: int = 1000):
+    """Batches of training documents for the tokenizer trainer (at most `max_documents`: enough for the merges)."""
+    batch = []
+    for i, example in enumerate(train):
+        if i >= max_documents:
+            break
+        batch.append(example[text_column] or "")
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@dataclass
+class PackedData:
+    train: object  # Dataset (or IterableDataset when streaming) of {"input_ids": [block_size ints]}
+    validation: Dataset
+    bytes_per_token: float  # UTF-8 bytes of validation text per validation token: turns nats/token into bits/byte
+
+
+def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column: str, num_proc=None) -> PackedData:
+    eos = tokenizer.eos_token_id
+
+    def tokenize(batch):
+        texts = [text or "" for text in batch[text_column]]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return {
+            "input_ids": [doc + [eos] for doc in ids],
+            "num_bytes": [len(text.encode("utf-8")) for text in texts],
+        }
+
+    def pack(batch):
+        stream = [token for doc in batch["input_ids"] for token in doc]
+        usable = len(stream) // block_size * block_size  # the tail of each 1000-document batch is dropped
+        return {"input_ids": [stream[i : i + block_size] for i in range(0, usable, block_size)]}
+
+    packed = {}
+    bytes_per_token = None
+    for name in ("train", "validation"):
+        split = raw[name]
+        map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
+        tokens = split.map(tokenize, batched=True, remove_columns=split.column_names, **map_options)
+        if name == "validation":
+            num_tokens = sum(len(ids) for ids in tokens["input_ids"])
+            bytes_per_token = sum(tokens["num_bytes"]) / max(num_tokens, 1)
+        tokens = tokens.remove_columns(["num_bytes"])
+        map_options["desc"] = f"Packing {name} into blocks of {block_size}"
+        packed[name] = tokens.map(pack, batched=True, batch_size=1000, **map_options)
+        if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
+            raise UserInputError(
+                f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} tokens); "
+                f"lower --block_size or give more text."
+            )
+    return PackedData(train=packed["train"], validation=packed["validation"], bytes_per_token=bytes_per_token)
+
+
+def num_tokens_of(tokens: Dataset) -> int:
+    return sum(len(ids) for ids in tokens["input_ids"])
+
+
+class EpochShuffleSampler(torch.utils.data.Sampler):
+    """A fresh random order every epoch, fixed by (seed, epoch) alone, so a resumed run replays the same order and
+    can skip exactly the batches it already trained on. Every process computes the same order."""
+
+    def __init__(self, num_samples: int, seed: int):
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples

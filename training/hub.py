@@ -1,0 +1,240 @@
+"""Push checkpoints and the final model to the Hugging Face Hub without ever stopping training.
+
+`HubPusher.push_async` queues a folder and returns at once; one background thread uploads the queued folders in
+order (so an older checkpoint never lands after a newer one). Failures are retried a bounded number of times, then
+logged and kept in `failures`; they never raise into the training loop. `push` (for the final model) goes through
+the same queue, waits for its turn and returns whether it worked.
+
+Snapshots: `push_async` hard-links the folder's files into a hidden sibling folder before returning (copying where
+links are impossible), so the caller may delete or rotate the checkpoint, or save a new one under the same name by
+writing new files, while the upload runs. Rewriting a file in place (same inode) during an upload is not covered:
+save each checkpoint into a fresh folder. `push` blocks, so it uploads the folder as is.
+
+Token: `None` lets `huggingface_hub` find one (the `HF_TOKEN` variable or the `hf auth login` cache). It is kept in
+memory only, never logged, and scrubbed from every error message this module reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+logger = logging.getLogger(__name__)
+
+# Anything shaped like a Hub token or an Authorization header value, in case a message carries one we don't know.
+_TOKEN_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?i)(bearer\s+)[^\s'\")]+"))
+
+
+@dataclass
+class _Job:
+    folder: str
+    commit_message: str
+    path_in_repo: str | None
+    snapshot: str | None = None  # our private copy, removed once uploaded
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+
+
+class HubPusher:
+    """Uploads folders to one Hub repo from a background thread; see the module docstring."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        token: str | None = None,
+        private: bool = False,
+        max_attempts: int = 3,
+        retry_wait_s: float = 5.0,
+    ):
+        # Each attempt is a whole `upload_folder`, which already retries 5xx answers itself (about 23 s); these
+        # attempts cover longer outages and network errors. Waits double: 5 s, then 10 s.
+        self.repo_id = repo_id
+        self.private = private
+        self.max_attempts = max(1, max_attempts)
+        self.retry_wait_s = retry_wait_s
+        self._token = token
+        self._repo_ready = False
+        self._failures: list[str] = []
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Job] = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
+
+    def __repr__(self) -> str:  # the default one would show the token
+        return f"HubPusher(repo_id={self.repo_id!r}, private={self.private})"
+
+    # ------------------------------------------------------------------------------------------------ public API
+
+    def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> None:
+        """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises."""
+        try:
+            job = _Job(str(folder), commit_message, path_in_repo)
+            job.snapshot = _snapshot(job.folder)
+            self._enqueue(job)
+        except Exception as e:  # e.g. the folder vanished: report, don't stop training
+            self._record_failure(commit_message, e)
+
+    def push(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> bool:
+        """Upload `folder` after the queued uploads, wait for it, and return whether it reached the Hub."""
+        job = _Job(str(folder), commit_message, path_in_repo)
+        self._enqueue(job)
+        job.done.wait()
+        return job.ok
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every queued upload has finished (or failed); False if `timeout` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    @property
+    def failures(self) -> list[str]:
+        """Messages of the uploads that finally failed (tokens scrubbed)."""
+        with self._lock:
+            return list(self._failures)
+
+    # ------------------------------------------------------------------------------------------------ worker
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._worker is None or not self._worker.is_alive():
+                # A daemon thread: an interpreter exiting without `wait()` must not hang on a dead Hub.
+                self._worker = threading.Thread(target=self._run, name="hub-pusher", daemon=True)
+                self._worker.start()
+        self._queue.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                job.ok = self._upload_with_retries(job)
+            except BaseException as e:  # never let the worker die with jobs still queued
+                self._record_failure(job.commit_message, e)
+            finally:
+                if job.snapshot:
+                    shutil.rmtree(job.snapshot, ignore_errors=True)
+                job.done.set()
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _upload_with_retries(self, job: _Job) -> bool:
+        wait_s = self.retry_wait_s
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                self._upload(job)
+                logger.info("Pushed %r to the Hub repo %s.", job.commit_message, self.repo_id)
+                return True
+            except Exception as e:
+                final = attempt == self.max_attempts or _is_permanent(e)
+                if final:
+                    self._record_failure(job.commit_message, e)
+                    return False
+                logger.warning(
+                    "Hub push %r failed (attempt %d of %d), retrying in %.0f s: %s",
+                    job.commit_message, attempt, self.max_attempts, wait_s, self._scrub(_describe(e)),
+                )
+                time.sleep(wait_s)
+                wait_s *= 2
+        return False
+
+    def _upload(self, job: _Job) -> None:
+        # Imported here: the training script only needs huggingface_hub when it pushes.
+        from huggingface_hub import create_repo, upload_folder
+
+        if not self._repo_ready:
+            create_repo(self.repo_id, token=self._token, private=self.private, exist_ok=True)
+            self._repo_ready = True
+        upload_folder(
+            repo_id=self.repo_id,
+            folder_path=job.snapshot or job.folder,
+            path_in_repo=job.path_in_repo,
+            commit_message=job.commit_message,
+            token=self._token,
+        )
+
+    # ------------------------------------------------------------------------------------------------ reporting
+
+    def _record_failure(self, commit_message: str, error: BaseException) -> None:
+        message = self._scrub(f"Hub push {commit_message!r} to {self.repo_id} failed: {_describe(error)}")
+        logger.error("%s", message)
+        with self._lock:
+            self._failures.append(message)
+
+    def _scrub(self, text: str) -> str:
+        for token in {self._token, _token_from_client()} - {None, ""}:
+            text = text.replace(token, "***")
+        text = _TOKEN_PATTERNS[0].sub("***", text)
+        return _TOKEN_PATTERNS[1].sub(r"\1***", text)
+
+
+def _snapshot(folder: str) -> str:
+    """Hard-link (or copy) `folder` into a new hidden sibling folder, which lives on the same file system."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"No folder to push at {folder}")
+    parent, name = os.path.split(os.path.abspath(folder))
+    target = tempfile.mkdtemp(prefix=f".hub-push-{name}-", dir=parent)
+    try:
+        shutil.copytree(folder, target, copy_function=_link_or_copy, dirs_exist_ok=True)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _is_permanent(error: BaseException) -> bool:
+    """Errors another attempt cannot fix: 4xx answers (auth, not found, bad request), a missing folder, bad values."""
+    status = _http_status(error)
+    if status is not None:
+        return _is_permanent_status(status)
+    return isinstance(error, (FileNotFoundError, NotADirectoryError, ValueError))
+
+
+def _is_permanent_status(status: int) -> bool:
+    return 400 <= status < 500 and status not in (408, 429)  # timeout, rate limit: worth another try
+
+
+def _http_status(error: BaseException) -> int | None:
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _describe(error: BaseException) -> str:
+    status = _http_status(error)
+    head = f"{type(error).__name__}" + (f" (HTTP {status})" if status else "")
+    hint = " (check the token: it is missing, wrong, or lacks write access)" if status in (401, 403) else ""
+    # One line, so a training log stays one event per line.
+    text = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return f"{head}{hint}: {text}"
+
+
+def _token_from_client() -> str | None:
+    """The token `huggingface_hub` would use when none was given, so it can be scrubbed too."""
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except Exception:
+        return None

@@ -1,0 +1,228 @@
+"""Fine-tuning data: local files in, token ids with response-only labels out.
+
+Three kinds of records, read before anything is trained so a bad line stops the run at once (file and line named):
+
+- `.txt`: one training document per non-empty line; the loss covers every token.
+- `.jsonl` with `{"prompt": ..., "response": ...}`: the model reads the prompt and learns to write the response.
+- `.jsonl` with `{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]}`:
+  rendered with the tokenizer's chat template; the loss covers the assistant turns only.
+
+Labels are -100 (ignored by the loss) on every prompt token, so the model is never trained to write the prompt.
+Examples are then either padded one per row (the default) or packed end to end into rows of `max_seq_length`.
+"""
+
+import json
+import os
+
+import torch
+
+from args import UserInputError
+
+
+IGNORE_INDEX = -100  # the label value transformers' cross-entropy skips
+CHAT_ROLES = ("system", "user", "assistant")
+
+# Used only when the data is chat and the tokenizer has no template. Role markers are plain text (no new tokens, so
+# the vocabulary and the embedding table stay as they are); the EOS after each turn is what stops generation.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def read_records(path: str) -> list[dict]:
+    """Every record of a .txt or .jsonl file, checked. Each record gets a "kind": "text", "prompt" or "chat"."""
+    if not os.path.isfile(path):
+        raise UserInputError(f"Data file {path!r} does not exist; give the path of a .txt or .jsonl file.")
+    extension = os.path.splitext(path)[1].lower()
+    if extension == ".txt":
+        records = _read_text(path)
+    elif extension in (".jsonl", ".json"):
+        records = _read_jsonl(path)
+    else:
+        raise UserInputError(
+            f"Data file {path!r} has extension {extension!r}; use .txt (one document per line) or .jsonl "
+            f"(prompt/response or chat messages records)."
+        )
+    if not records:
+        raise UserInputError(f"Data file {path!r} holds no records; there is nothing to train on.")
+    return records
+
+
+def _read_text(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [{"kind": "text", "text": line.rstrip("\n")} for line in f if line.strip()]
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue  # blank lines (a trailing newline, spacing) carry no record
+            where = f"{path}, line {line_number}"
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UserInputError(
+                    f"{where}: not valid JSON ({error.msg} at column {error.colno}). Each line must be one JSON "
+                    f"object, e.g. {{\"prompt\": \"...\", \"response\": \"...\"}}."
+                ) from None
+            records.append(_check_record(value, where))
+    return records
+
+
+def _check_record(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise UserInputError(f"{where}: expected a JSON object, got {type(value).__name__}.")
+    if "messages" in value:
+        return {"kind": "chat", "messages": _check_messages(value["messages"], where)}
+    if "prompt" in value or "response" in value:
+        for field in ("prompt", "response"):
+            if not isinstance(value.get(field), str):
+                raise UserInputError(
+                    f"{where}: the record needs a string {field!r} field (it has {sorted(value)}); give both "
+                    f"\"prompt\" and \"response\" as strings."
+                )
+        if not value["response"]:
+            raise UserInputError(f"{where}: the \"response\" is empty, so there is nothing to learn from this record.")
+        return {"kind": "prompt", "prompt": value["prompt"], "response": value["response"]}
+    raise UserInputError(
+        f"{where}: the record has fields {sorted(value)}, but needs either \"prompt\" and \"response\" (strings) or "
+        f"\"messages\" (a list of {{\"role\", \"content\"}} objects)."
+    )
+
+
+def _check_messages(messages, where: str) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise UserInputError(f"{where}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} objects.")
+    for i, message in enumerate(messages):
+        if not (isinstance(message, dict) and isinstance(message.get("content"), str)):
+            raise UserInputError(f"{where}: message {i} must be an object with a string \"content\".")
+        if message.get("role") not in CHAT_ROLES:
+            raise UserInputError(
+                f"{where}: message {i} has role {message.get('role')!r}; use one of {list(CHAT_ROLES)}."
+            )
+    if not any(message["role"] == "assistant" for message in messages):
+        raise UserInputError(f"{where}: no \"assistant\" message, so there is nothing to learn from this record.")
+    return [{"role": message["role"], "content": message["content"]} for message in messages]
+
+
+def has_chat(records: list[dict]) -> bool:
+    return any(record["kind"] == "chat" for record in records)
+
+
+def ensure_chat_template(tokenizer) -> bool:
+    """Gives the tokenizer the default chat template if it has none; returns whether it did."""
+    if tokenizer.chat_template:
+        return False
+    if tokenizer.eos_token is None:
+        raise UserInputError("Chat data needs a tokenizer with an EOS token (it ends each turn); this one has none.")
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------- tokenizing
+
+
+def tokenize_record(record: dict, tokenizer) -> dict:
+    """{"input_ids", "labels"}: labels equal input_ids on the tokens to learn and -100 elsewhere."""
+    segments = _segments(record, tokenizer)  # (text, learn?) pieces in order
+    input_ids, labels = [], []
+    for text, learn in segments:
+        # Each piece on its own, so a token never straddles the prompt/response boundary.
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] if isinstance(text, str) else text
+        input_ids += ids
+        labels += ids if learn else [IGNORE_INDEX] * len(ids)
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def _segments(record: dict, tokenizer) -> list[tuple]:
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if record["kind"] == "text":
+        return [(_bos(tokenizer), False), (record["text"], True), (eos, True)]
+    if record["kind"] == "prompt":
+        return [(_bos(tokenizer), False), (record["prompt"], False), (record["response"], True), (eos, True)]
+    return _chat_segments(record["messages"], tokenizer)
+
+
+def _bos(tokenizer) -> list[int]:
+    """BOS only where the tokenizer itself adds it (Llama-style), so training sees what inference will see."""
+    bos = tokenizer.bos_token_id
+    adds_bos = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+    return [bos] if adds_bos else []
+
+
+def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:
+    """Splits the rendered conversation at each assistant turn by rendering its prefixes.
+
+    Turn i of the assistant is the text between `template(messages[:i], add_generation_prompt=True)` and
+    `template(messages[:i + 1])`; this works for every template that renders a conversation as the concatenation of
+    its turns (all common ones do).
+    """
+    full = _render(tokenizer, messages, add_generation_prompt=False)
+    segments, done = [], 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:i], add_generation_prompt=True)
+        upto_reply = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        start, end = len(prompt), len(upto_reply)
+        if not (done <= start <= end and upto_reply.startswith(prompt) and full.startswith(upto_reply)):
+            raise UserInputError(
+                "The tokenizer's chat template does not render a conversation as the concatenation of its turns, "
+                "so the assistant replies cannot be located for the loss; use a template that does (or remove the "
+                "tokenizer's chat_template to get the default one)."
+            )
+        segments += [(full[done:start], False), (full[start:end], True)]
+        done = end
+    segments.append((full[done:], False))
+    return [(text, learn) for text, learn in segments if text]
+
+
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    if not messages:
+        return ""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+# ---------------------------------------------------------------------------------------------------- batching
+
+
+def build_examples(records: list[dict], tokenizer, max_seq_length: int, packing: bool) -> list[dict]:
+    """Tokenized rows ready for `PadCollator`, each at most `max_seq_length` tokens, each with something to learn."""
+    tokenized = [tokenize_record(record, tokenizer) for record in records]
+    if packing:
+        # End to end, then cut: no padding is wasted; documents may attend to the one before them in the same row.
+        ids = [token for example in tokenized for token in example["input_ids"]]
+        labels = [label for example in tokenized for label in example["labels"]]
+        rows = [
+            {"input_ids": ids[i : i + max_seq_length], "labels": labels[i : i + max_seq_length]}
+            for i in range(0, len(ids), max_seq_length)
+        ]
+    else:
+        rows = [{key: values[:max_seq_length] for key, values in example.items()} for example in tokenized]
+    # A row whose learnable tokens were all cut off (a prompt longer than max_seq_length) would only add zero loss.
+    return [row for row in rows if any(label != IGNORE_INDEX for label in row["labels"][1:])]
+
+
+class PadCollator:
+    """Pads a batch on the right: input_ids with the pad id, labels with -100, attention_mask 0 on the padding."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, features: list[dict]) -> dict:
+        width = max(len(feature["input_ids"]) for feature in features)
+        batch = {"input_ids": [], "labels": [], "attention_mask": []}
+        for feature in features:
+            padding = width - len(feature["input_ids"])
+            batch["input_ids"].append(list(feature["input_ids"]) + [self.pad_token_id] * padding)
+            batch["labels"].append(list(feature["labels"]) + [IGNORE_INDEX] * padding)
+            batch["attention_mask"].append([1] * len(feature["input_ids"]) + [0] * padding)
+        return {key: torch.tensor(values, dtype=torch.long) for key, values in batch.items()}
