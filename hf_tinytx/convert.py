@@ -140,7 +140,9 @@ def _check_model_type(config: PreTrainedConfig, expected: str, caller: str) -> N
         raise ValueError(f"{caller}: expected a {expected!r} config, got model_type={model_type!r}.")
 
 
-def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to: str, overwrite: bool = False) -> Path:
+def convert_folder(
+    source: str | os.PathLike, destination: str | os.PathLike, to: str, overwrite: bool = False
+) -> Path:
     """Converts the checkpoint folder `source` to `to` ("llama" or "tinytx") and saves it as `destination`."""
     source, destination = Path(source), Path(destination)
     if to not in ("llama", "tinytx"):

@@ -117,6 +117,7 @@ TINY_PRETRAIN_ARGS = [
     "--num_train_documents", "300", "--vocab_size", "320", "--block_size", "64",
     "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--num_warmup_steps", "2",
     "--max_eval_batches", "4", "--num_probes_per_kind", "4", "--num_samples", "1",
+    "--max_train_seconds", "0",  # no wall-clock cut: a slow machine must not change what a test trains
 ]
 
 

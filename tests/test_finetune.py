@@ -75,7 +75,8 @@ def runs(tmp_path_factory):
     commands = {
         "full": ["--model_name_or_path", str(gated), "--train_file", str(data["train"]),
                  "--validation_file", str(data["validation"]), "--packing", "--max_seq_length", "48",
-                 "--output_dir", str(root / "full"), *QUICK],
+                 "--output_dir", str(root / "full"), "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
+                 "--save_strategy", "steps", "--save_steps", "4"],
         "lora": ["--model_name_or_path", str(plain), "--train_file", str(data["chat"]), "--use_peft", "--merge",
                  "--lora_r", "4", "--lora_alpha", "8", "--output_dir", str(root / "lora"),
                  "--push_to_hub", "--hub_model_id", "tester/tiny-chat-lora", *QUICK],
@@ -97,9 +98,17 @@ def runs(tmp_path_factory):
         for name, process in processes.items():
             stdout, stderr = process.communicate(timeout=600)
             results[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-        hub_files = hub.repo_files("tester/tiny-chat-lora") if hub.repo_is_private("tester/tiny-chat-lora") is not None else {}
-    return {"root": root, "results": results, "hub_files": hub_files, "gated": gated, "plain": plain,
-            "malformed": malformed, "missing": missing}
+        hub_files = {repo: hub.repo_files(f"tester/{repo}") for repo in ("tiny-sft", "tiny-chat-lora")}
+        token = hub.token
+    return {"root": root, "results": results, "hub_files": hub_files, "token": token, "gated": gated,
+            "plain": plain, "malformed": malformed, "missing": missing}
+
+
+def assert_token_nowhere(runs, result, folder: Path):
+    assert runs["token"] not in result.stdout + result.stderr, "the Hub token reached the output"
+    for path in folder.rglob("*"):
+        if path.is_file():
+            assert runs["token"].encode() not in path.read_bytes(), f"the Hub token was written to {path}"
 
 
 def succeeded(result):
@@ -111,7 +120,15 @@ def test_full_finetune_on_prompt_response_data(runs):
     out = runs["root"] / "full"
     for name in ("model.safetensors", "config.json", "modeling_tinytx.py", "tokenizer.json", "finetune_args.json"):
         assert (out / name).is_file(), name
-    assert not list(out.rglob("*.bin")), "weights only as safetensors"
+    assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
+    assert (out / "checkpoints" / "checkpoint-8" / "model.safetensors").is_file()
+    assert_token_nowhere(runs, runs["results"]["full"], out)
+
+    # The final model went to the Hub, without the checkpoints kept next to it.
+    hub_files = runs["hub_files"]["tiny-sft"]
+    assert hub_files.get("model.safetensors") == (out / "model.safetensors").read_bytes()
+    assert "modeling_tinytx.py" in hub_files and "tokenizer.json" in hub_files
+    assert not any(name.startswith("checkpoints/") for name in hub_files)
     metrics = json.loads((out / "finetune_metrics.json").read_text())
     assert metrics["train_loss"] > 0 and metrics["eval_loss"] > 0
 
@@ -132,7 +149,8 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs):
     succeeded(runs["results"]["lora"])
     out = runs["root"] / "lora"
     assert (out / "adapter_model.safetensors").is_file()
-    assert not list(out.rglob("*.bin")), "weights only as safetensors"
+    assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
+    assert_token_nowhere(runs, runs["results"]["lora"], out)
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     # The default targets minus gate_proj, which a plain-MLP TinyTx does not have.
     assert set(adapter_config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
@@ -144,7 +162,7 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs):
 
     adapted = AutoPeftModelForCausalLM.from_pretrained(out).eval()
     merged_dir = out / "merged"
-    for name in ("model.safetensors", "config.json", "modeling_tinytx.py", "configuration_tinytx.py", "tokenizer.json"):
+    for name in ("model.safetensors", "config.json", "modeling_tinytx.py", "configuration_tinytx.py"):
         assert (merged_dir / name).is_file(), name
     assert "auto_map" in json.loads((merged_dir / "config.json").read_text())
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
@@ -156,10 +174,10 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs):
     assert from_adapter.tolist() == from_merged.tolist()
     assert AutoTokenizer.from_pretrained(merged_dir).chat_template == tokenizer.chat_template
 
-    # The merged folder went to the Hub, without the checkpoints.
-    hub_files = runs["hub_files"]
+    # With --merge, the merged model is what goes to the Hub.
+    hub_files = runs["hub_files"]["tiny-chat-lora"]
     assert hub_files.get("model.safetensors") == (merged_dir / "model.safetensors").read_bytes()
-    assert "modeling_tinytx.py" in hub_files and not any(name.startswith("checkpoints/") for name in hub_files)
+    assert "modeling_tinytx.py" in hub_files and "adapter_model.safetensors" not in hub_files
 
 
 @pytest.mark.parametrize(
@@ -172,3 +190,34 @@ def test_bad_data_is_refused_before_training(runs, case, line, words):
     assert f"{runs[case]}, line {line}" in result.stderr and words in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert not (runs["root"] / f"never-{1 if case == 'malformed' else 2}").exists(), "nothing may be written"
+
+
+def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
+    """Labels are -100 on every prompt token: what remains to learn is exactly the replies (and their EOS)."""
+    sys.path.insert(0, str(REPO_ROOT / "training"))
+    from sft_data import IGNORE_INDEX, PadCollator, build_examples, ensure_chat_template, tokenize_record
+
+    tokenizer = byte_bpe_tokenizer()
+    assert ensure_chat_template(tokenizer)
+
+    def learned_text(record):
+        example = tokenize_record(record, tokenizer)
+        assert len(example["input_ids"]) == len(example["labels"])
+        return tokenizer.decode([label for label in example["labels"] if label != IGNORE_INDEX])
+
+    assert learned_text({"kind": "prompt", "prompt": "Q: 2+2?\nA:", "response": " 4"}) == " 4<|eos|>"
+    conversation = chat_records(2)[1]["messages"]  # system, user, assistant "1 1", user, assistant "1"
+    assert learned_text({"kind": "chat", "messages": conversation}) == "1 1<|eos|>1<|eos|>"
+
+    records = [{"kind": "prompt", **record} for record in prompt_records(6)]
+    padded = build_examples(records, tokenizer, max_seq_length=64, packing=False)
+    packed = build_examples(records, tokenizer, max_seq_length=8, packing=True)
+    assert len(padded) == 6 and all(row["input_ids"][-1] == tokenizer.eos_token_id for row in padded)  # whole
+    # Packed rows are consecutive 8-token cuts of all examples end to end; cuts holding only prompt tokens are dropped.
+    stream = [token for row in padded for token in row["input_ids"]]
+    cuts = [stream[i : i + 8] for i in range(0, len(stream), 8)]
+    assert packed and all(row["input_ids"] in cuts for row in packed)
+    assert all(any(label != IGNORE_INDEX for label in row["labels"][1:]) for row in packed)
+    assert len(packed) < len(cuts)
+    batch = PadCollator(tokenizer.pad_token_id)(padded[:2])
+    assert batch["labels"][batch["attention_mask"] == 0].eq(IGNORE_INDEX).all()

@@ -1,6 +1,7 @@
 """PEFT treats TinyTx like a built-in model: LoRA (named targets or "all-linear") trains, saves a safetensors adapter
 that reloads through `PeftModel` and `AutoPeftModelForCausalLM`, merges to the same logits; prompt and prefix tuning
-(which go through `inputs_embeds` and the key/value cache) train and generate; checkpointing works with a frozen base."""
+(which go through `inputs_embeds` and the key/value cache) train and generate as Llama does; checkpointing works
+with a frozen base."""
 
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def test_lora_trains_saves_reloads_and_merges(base_folder, tmp_path: Path, targe
     )
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable), "only the LoRA matrices may train"
-    adapted = {name.split(".")[-1] for name, _ in model.named_modules() if hasattr(_, "lora_A")}
+    adapted = {name.split(".")[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
     if target_modules == "all-linear":  # every projection, but never the output head
         assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     else:

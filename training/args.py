@@ -84,7 +84,11 @@ class PretrainArguments:
         default=None, metadata={"help": "Optimizer steps. Default: from --max_train_tokens, else 600."}
     )
     max_train_tokens: int | None = field(default=None, metadata={"help": "Token budget; sets --max_train_steps."})
-    max_train_seconds: float | None = field(default=None, metadata={"help": "Stop training after this wall time."})
+    max_train_seconds: float = field(
+        default=240.0,
+        metadata={"help": "Stop training after this many seconds even if steps remain (keeps the default CPU run "
+                  "within ~5 minutes on slow machines); 0 for no limit."},
+    )
     seed: int = field(default=0, metadata={"help": "Seed for initialisation, data order and splits."})
     mixed_precision: str = field(default="no", metadata={"help": "no or bf16."})
     eval_steps: int = field(default=200, metadata={"help": "Evaluate every N optimizer steps (and at the end)."})
@@ -154,8 +158,8 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     for name, value in positive.items():
         if value <= 0:
             raise UserInputError(f"--{name} must be a positive number, got {value}.")
-    if train_args.max_train_seconds is not None and train_args.max_train_seconds <= 0:
-        raise UserInputError(f"--max_train_seconds must be positive, got {train_args.max_train_seconds}.")
+    if train_args.max_train_seconds < 0:
+        raise UserInputError(f"--max_train_seconds must be >= 0 (0: no limit), got {train_args.max_train_seconds}.")
     if not 0 < data_args.validation_split_percentage < 100:
         raise UserInputError("--validation_split_percentage must lie between 1 and 99.")
     if train_args.mixed_precision not in ("no", "bf16"):

@@ -158,15 +158,16 @@ def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column:
     packed = {}
     bytes_per_token = None
     for name in ("train", "validation"):
-        split = raw[name]
+        split = raw[name].select_columns([text_column])  # other columns would not survive packing anyway
         map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
-        tokens = split.map(tokenize, batched=True, remove_columns=split.column_names, **map_options)
+        tokens = split.map(tokenize, batched=True, remove_columns=[text_column], **map_options)
         if name == "validation":
             num_tokens = sum(len(ids) for ids in tokens["input_ids"])
             bytes_per_token = sum(tokens["num_bytes"]) / max(num_tokens, 1)
         tokens = tokens.remove_columns(["num_bytes"])
-        map_options["desc"] = f"Packing {name} into blocks of {block_size}"
-        packed[name] = tokens.map(pack, batched=True, batch_size=1000, **map_options)
+        if map_options:
+            map_options["desc"] = f"Packing {name} into blocks of {block_size}"
+        packed[name] = tokens.map(pack, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
         if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
             raise UserInputError(
                 f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} tokens); "

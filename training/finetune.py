@@ -8,6 +8,7 @@
         --output_dir out/sft-lora --use_peft --merge --learning_rate 1e-3
 
 Every `TrainingArguments` flag works too (--num_train_epochs, --max_steps, --per_device_train_batch_size, ...).
+--push_to_hub uploads once, at the end: the merged folder with --merge, else output_dir without its sub-folders.
 
 What ends up where:
     output_dir/              the fine-tuned model (full) or the LoRA adapter, plus the tokenizer: load it from here
@@ -66,7 +67,9 @@ class FinetuneArguments:
     merge: bool = field(
         default=False, metadata={"help": "With --use_peft: also save base + adapter merged into one model folder."}
     )
-    merged_output_dir: str | None = field(default=None, metadata={"help": "Where --merge writes; default output_dir/merged."})
+    merged_output_dir: str | None = field(
+        default=None, metadata={"help": "Where --merge writes; default output_dir/merged."}
+    )
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa, ...; default: the model's."})
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow a checkpoint's own code (models transformers does not know)."}
@@ -112,8 +115,8 @@ def main(argv=None):
     train_dataset = to_dataset(train_records, tokenizer, max_seq_length, args.packing, args.train_file)
     eval_dataset = to_dataset(validation_records, tokenizer, max_seq_length, args.packing, args.validation_file) \
         if validation_records else None
-    print(f"{len(train_dataset)} training rows of at most {max_seq_length} tokens "
-          f"({'packed' if args.packing else 'padded'})" + (f", {len(eval_dataset)} validation rows" if eval_dataset else ""))
+    rows = f"{len(train_dataset)} training rows" + (f", {len(eval_dataset)} validation rows" if eval_dataset else "")
+    print(f"{rows} of at most {max_seq_length} tokens ({'packed' if args.packing else 'padded'})")
 
     # ---------------------------------------------------------------- LoRA
     if args.use_peft:
@@ -186,8 +189,6 @@ def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> Non
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise UserInputError(f"--lora_dropout must lie in [0, 1), got {args.lora_dropout}.")
-    if training_args.push_to_hub and training_args.hub_strategy != "end":
-        print("Note: the Hub push happens once, at the end (--hub_strategy is ignored).")
 
 
 def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str) -> Dataset:

@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
 
 import export
 from args import UserInputError, args_to_dict, parse_args
-from data import EpochShuffleSampler, load_text_datasets, tokenize_and_pack, training_texts
+from data import DEFAULT_CORPUS_DOCUMENTS, EpochShuffleSampler, load_text_datasets, tokenize_and_pack, training_texts
 from tokenizer import load_tokenizer, train_bpe_tokenizer
 
 
@@ -75,7 +75,8 @@ def main(argv=None):
     saved_tokenizer_dir = os.path.join(checkpoints_dir, "tokenizer")  # a resumed run must reuse the same tokenizer
     with accelerator.main_process_first():  # the main process fills the datasets cache and saves the tokenizer
         raw = load_text_datasets(data_args, seed=train_args.seed)
-        if os.path.isdir(saved_tokenizer_dir):  # resuming (or a non-main process after the main one saved it)
+        replacing = train_args.overwrite_output_dir and not resume_dir and accelerator.is_main_process
+        if os.path.isdir(saved_tokenizer_dir) and not replacing:  # resuming, or after the main process saved it
             tokenizer = load_tokenizer(saved_tokenizer_dir)
         elif model_args.tokenizer_name or model_args.init_from:
             tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.init_from)
@@ -86,8 +87,10 @@ def main(argv=None):
         packed = tokenize_and_pack(
             raw, tokenizer, data_args.block_size, data_args.text_column, data_args.preprocessing_num_workers
         )
+        if replacing:  # every input check has passed: only now may the earlier run's training files go
+            shutil.rmtree(checkpoints_dir, ignore_errors=True)
         if accelerator.is_main_process and not os.path.isdir(saved_tokenizer_dir):
-            tokenizer.save_pretrained(saved_tokenizer_dir)  # every input check has passed: start writing
+            tokenizer.save_pretrained(saved_tokenizer_dir)
     streaming = not hasattr(packed.train, "__len__")
     packed.validation.set_format("torch")
     if not streaming:
@@ -105,7 +108,13 @@ def main(argv=None):
     eval_dataloader = torch.utils.data.DataLoader(packed.validation, batch_size=train_args.per_device_eval_batch_size)
 
     # ---------------------------------------------------------------- model
-    model_config.vocab_size = max(model_config.vocab_size, len(tokenizer)) if model_args.init_from else len(tokenizer)
+    if not model_args.init_from:
+        model_config.vocab_size = len(tokenizer)
+    elif len(tokenizer) > model_config.vocab_size:
+        raise UserInputError(
+            f"The tokenizer has {len(tokenizer)} tokens but the --init_from model only {model_config.vocab_size}; "
+            f"use the tokenizer saved with that model (leave --tokenizer_name out)."
+        )
     model_config.bos_token_id = tokenizer.bos_token_id
     model_config.eos_token_id = tokenizer.eos_token_id
     model_config.pad_token_id = tokenizer.pad_token_id
@@ -341,10 +350,8 @@ def check_output_dir(output_dir: str, train_args) -> None:
             f"--output_dir {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
             f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new folder."
         )
-    if earlier_run:  # --overwrite_output_dir: only this script's own training files go; the export replaces the rest
-        shutil.rmtree(os.path.join(output_dir, "checkpoints"), ignore_errors=True)
-        if os.path.exists(os.path.join(output_dir, "metrics.jsonl")):
-            os.remove(os.path.join(output_dir, "metrics.jsonl"))
+    # With --overwrite_output_dir the old checkpoints go once the data has passed its checks, metrics.jsonl starts
+    # afresh with training, and the export replaces the old model files; anything else in the folder is kept.
 
 
 def load_model_config(model_args):
@@ -395,7 +402,7 @@ def describe_data(data_args) -> str:
         return f"local files `{data_args.train_file}`"
     return (
         "the embedded synthetic corpus of `hf_tinytx.corpus` (coreference, recall and copy documents), "
-        f"{data_args.num_train_documents or 'the default number of'} documents"
+        f"{data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS:,} documents"
     )
 
 

@@ -1,0 +1,75 @@
+# Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
+"""python -m hf_tinytx.interpret MODEL "text" --out DIR
+
+Draws the attention map of every layer and head for the text (DIR/layer{L}_head{H}.png), scores every head on the
+previous-token and first-token roles for that text and, with --coref_probes N, on resolving "it" in N held-out corpus
+sentences, and writes DIR/heads.json. MODEL is a local folder or a Hub id; add --trust_remote_code for a checkpoint
+that carries its own code.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .attention_maps import attention_maps, save_attention_maps
+from .head_roles import find_heads, uniform_baseline
+
+
+def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A causal LM with eager attention (the only kind that returns weights) and its tokenizer."""
+    import hf_tinytx  # noqa: F401  (registers "tinytx" so plain folders load without remote code)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, attn_implementation="eager", trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as error:
+        raise SystemExit(
+            f"Could not load a model and tokenizer from {name_or_path!r}: {error}\nGive a folder written by "
+            f"save_pretrained (e.g. training/pretrain.py's --output_dir) or a Hub id; add --trust_remote_code if "
+            f"the checkpoint ships its own modeling code."
+        ) from error
+    return model.eval(), tokenizer
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_tinytx.interpret", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", help="model folder or Hub id")
+    parser.add_argument("text", help="the text whose attention to draw")
+    parser.add_argument("--out", required=True, help="folder for the PNGs and heads.json")
+    parser.add_argument("--layers", type=int, nargs="*", help="only these layers (default: all)")
+    parser.add_argument("--heads", type=int, nargs="*", help="only these heads (default: all)")
+    parser.add_argument("--coref_probes", type=int, default=0, help="also score 'it' heads on N corpus sentences")
+    parser.add_argument("--trust_remote_code", action="store_true")
+    parser.add_argument("--dpi", type=int, default=100)
+    args = parser.parse_args(argv)
+
+    model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code)
+    maps = attention_maps(model, tokenizer, args.text)
+    paths = save_attention_maps(maps, args.out, args.layers, args.heads, dpi=args.dpi)
+    print(f"{len(paths)} attention maps of {len(maps.tokens)} tokens written to {args.out}")
+
+    report = {"tokens": maps.tokens, "maps": [str(p) for p in paths]}
+    if len(maps.tokens) >= 2:
+        probes = None
+        if args.coref_probes:
+            from ..corpus import make_probes
+
+            probes = [p for p in make_probes(args.coref_probes, recall_distances=()) if p.kind == "coref"]
+        found = find_heads(model, tokenizer, [args.text], probes)
+        report["uniform_baseline"] = uniform_baseline(len(maps.tokens))
+        report["heads"] = {role: [vars(h) for h in heads] for role, heads in found.items()}
+        print(f"{'role':<16} best heads (layer.head: score); an even spread scores {report['uniform_baseline']:.3f}")
+        for role, heads in found.items():
+            print(f"{role:<16} " + ", ".join(f"{h.layer}.{h.head}: {h.score:.3f}" for h in heads))
+    Path(args.out, "heads.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

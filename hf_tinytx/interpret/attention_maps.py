@@ -1,0 +1,175 @@
+# Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
+"""Attention you can see: the weight every token gives every earlier token, per layer and head, as labelled heatmaps.
+
+Only the eager attention path writes its weights out (fused kernels such as SDPA never build the n x n table), so
+the forward here always runs eagerly and the model's own setting is put back afterwards.
+"""
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of one text: `weights[layer, head, query, key]`, rows summing to one."""
+
+    tokens: list[str]  # one readable label per position, e.g. "The", "␣animal"
+    input_ids: list[int]
+    weights: torch.Tensor  # (num_layers, num_heads, n, n), float32, on CPU
+
+    @property
+    def num_layers(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.weights.shape[1]
+
+
+@contextlib.contextmanager
+def eager_attention(model):
+    """Runs the block with `attn_implementation="eager"` (the only path that returns weights), then restores it."""
+    previous = getattr(model.config, "_attn_implementation", None)
+    if previous == "eager":
+        yield model
+        return
+    if not hasattr(model, "set_attn_implementation"):
+        raise ValueError(
+            f"{type(model).__name__} cannot switch to eager attention; load it with "
+            f"`attn_implementation=\"eager\"` to read its attention weights."
+        )
+    model.set_attn_implementation("eager")
+    try:
+        yield model
+    finally:
+        if previous is not None:
+            model.set_attn_implementation(previous)
+
+
+def token_labels(tokenizer, input_ids: list[int]) -> list[str]:
+    """Each token decoded on its own, with a leading space shown as '␣' so that word starts stay visible."""
+    labels = []
+    for token_id in input_ids:
+        text = tokenizer.decode([token_id])
+        if text.startswith(" "):
+            text = "␣" + text[1:]
+        labels.append(text.replace("\n", "⏎") or repr(token_id))
+    return labels
+
+
+def _model_device(model) -> torch.device:
+    parameter = next(iter(model.parameters()), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def attention_weights(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """(num_layers, batch, heads, n, n) attention weights of a causal LM for a batch of `input_ids`."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"`input_ids` must be 2D (batch, tokens), got shape {tuple(input_ids.shape)}.")
+    was_training = model.training
+    model.eval()
+    try:
+        with eager_attention(model):
+            output = model(input_ids=input_ids.to(_model_device(model)), output_attentions=True, use_cache=False)
+    finally:
+        model.train(was_training)
+    attentions = getattr(output, "attentions", None)
+    if not attentions or any(a is None for a in attentions):
+        raise ValueError(
+            f"{type(model).__name__} returned no attention weights; it must support `output_attentions=True` "
+            f"with eager attention (TinyTx and Llama-style models do)."
+        )
+    return torch.stack([a.detach().float().cpu() for a in attentions])
+
+
+def attention_maps(model, tokenizer, text: str) -> AttentionMaps:
+    """The attention maps of `text`, tokenized as the model sees it (with the tokenizer's BOS if it adds one)."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"`text` must be a non-empty string, got {text!r}.")
+    input_ids = list(tokenizer(text)["input_ids"])
+    if not input_ids:
+        raise ValueError(f"The tokenizer turned {text!r} into no tokens at all.")
+    weights = attention_weights(model, torch.tensor([input_ids]))[:, 0]
+    return AttentionMaps(tokens=token_labels(tokenizer, input_ids), input_ids=input_ids, weights=weights)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError(
+            "Drawing attention maps needs matplotlib, which hf_tinytx does not install by itself: "
+            "`pip install matplotlib`."
+        ) from error
+    matplotlib.use("Agg")  # files only: works without a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def default_size_inches(num_tokens: int) -> tuple[float, float]:
+    """Room for every label: about a fifth of an inch per token, never smaller than 4 inches."""
+    side = max(4.0, 1.5 + 0.22 * num_tokens)
+    return (side + 1.0, side)  # the extra inch on the right is for the colour bar
+
+
+def render_attention_map(weights, tokens: list[str], title: str = "", size_inches=None, dpi: int = 100):
+    """A heatmap of one head: queries (the token looking) down the side, keys (the token looked at) along the
+    bottom, every token labelled. Returns the matplotlib Figure; save it with `fig.savefig(path, dpi=dpi)`."""
+    weights = torch.as_tensor(weights, dtype=torch.float32).cpu()
+    n = len(tokens)
+    if weights.shape != (n, n):
+        raise ValueError(f"`weights` must be ({n}, {n}) for {n} tokens, got {tuple(weights.shape)}.")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=size_inches or default_size_inches(n), dpi=dpi)
+    image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax.set_xticks(range(n), labels=tokens, rotation=90, fontsize=8)
+    ax.set_yticks(range(n), labels=tokens, fontsize=8)
+    ax.set_xlabel("looked at (key)")
+    ax.set_ylabel("looking (query)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    fig.tight_layout()
+    return fig
+
+
+def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, dpi: int = 100) -> list[Path]:
+    """One PNG per layer and head, `layer{L}_head{H}.png`, in `out_dir`; returns the paths written.
+
+    The figure size is fixed before drawing (no tight cropping on save), so each file is exactly
+    `default_size_inches(n) * dpi` pixels."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    layers = range(maps.num_layers) if layers is None else layers
+    heads = range(maps.num_heads) if heads is None else heads
+    plt = _pyplot()
+    paths = []
+    for layer in layers:
+        for head in heads:
+            if not (0 <= layer < maps.num_layers and 0 <= head < maps.num_heads):
+                raise ValueError(
+                    f"No layer {layer} head {head}: the model has {maps.num_layers} layers of {maps.num_heads} heads."
+                )
+            fig = render_attention_map(maps.weights[layer, head], maps.tokens, f"layer {layer}, head {head}", dpi=dpi)
+            path = out_dir / f"layer{layer}_head{head}.png"
+            fig.savefig(path, dpi=dpi)
+            plt.close(fig)
+            paths.append(path)
+    return paths
+
+
+__all__ = [
+    "AttentionMaps",
+    "attention_maps",
+    "attention_weights",
+    "default_size_inches",
+    "eager_attention",
+    "render_attention_map",
+    "save_attention_maps",
+    "token_labels",
+]
