@@ -85,7 +85,7 @@ class PretrainArguments:
     )
     max_train_tokens: int | None = field(default=None, metadata={"help": "Token budget; sets --max_train_steps."})
     max_train_seconds: float = field(
-        default=240.0,
+        default=180.0,
         metadata={"help": "Stop training after this many seconds even if steps remain (keeps the default CPU run "
                   "within ~5 minutes on slow machines); 0 for no limit."},
     )
