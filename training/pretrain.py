@@ -7,6 +7,10 @@
 
 Reads top to bottom: arguments -> data and tokenizer -> model -> optimizer -> training loop -> evaluation, probes
 and samples -> export (-> Hub).
+
+With --push_to_hub every checkpoint is also exported as a complete model folder and uploaded in the background to
+checkpoints/step_N/ of the Hub repo (training goes on meanwhile); the final model goes to the repo root at the end.
+A failed upload is retried, then reported: it never stops training or touches the local folder.
 """
 
 import json
@@ -30,16 +34,19 @@ import transformers
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
+from huggingface_hub import ModelCard, ModelCardData
 from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
 
 import export
 from args import UserInputError, args_to_dict, parse_args
 from data import DEFAULT_CORPUS_DOCUMENTS, EpochShuffleSampler, load_text_datasets, tokenize_and_pack, training_texts
+from hub import HubPusher
 from tokenizer import load_tokenizer, train_bpe_tokenizer
 
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+HUB_WAIT_SECONDS = 300  # at the end, how long to wait for checkpoint uploads before saying they are slow
 
 
 def main(argv=None):
@@ -191,6 +198,11 @@ def main(argv=None):
     history = start_metrics_log(output_dir, completed_steps, accelerator)
 
     accelerator.init_trackers("tinytx-pretrain", config=flat_scalars(args_to_dict(model_args, data_args, train_args)))
+    # One pusher, on the main process only: its thread uploads checkpoints while training goes on. A token of None
+    # lets huggingface_hub find HF_TOKEN or the login cache; the pusher keeps it in memory and out of every message.
+    pusher = None
+    if train_args.push_to_hub and accelerator.is_main_process:
+        pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo)
 
     # ---------------------------------------------------------------- training loop
     micro_batches_done = completed_steps * train_args.gradient_accumulation_steps
@@ -251,6 +263,13 @@ def main(argv=None):
                 progress.write(f"step {completed_steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             if train_args.checkpointing_steps and completed_steps % train_args.checkpointing_steps == 0:
                 save_checkpoint(accelerator, checkpoints_dir, completed_steps, run_signature, train_args)
+                if train_args.push_to_hub:
+                    state_dict = accelerator.get_state_dict(model)  # every process: FSDP / ZeRO-3 gather shards
+                    if pusher is not None:
+                        push_checkpoint(pusher, accelerator.unwrap_model(model), state_dict, tokenizer, history,
+                                        checkpoints_dir, completed_steps,
+                                        {**args_to_dict(model_args, data_args, train_args),
+                                         "transformers": transformers.__version__})
             if train_args.max_train_seconds and elapsed > train_args.max_train_seconds:
                 accelerator.set_trigger()  # every process stops at the same step
             if completed_steps >= max_train_steps or accelerator.check_trigger():
@@ -317,14 +336,17 @@ def main(argv=None):
             max_shard_size="2GB",
         )
         shutil.copy2(os.path.join(output_dir, "metrics.jsonl"), os.path.join(staged, "metrics.jsonl"))
-        if train_args.push_to_hub:
-            from hub import HubPusher
-
-            pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo)
+        pushed = False
+        if pusher is not None:
+            # The final upload queues behind the checkpoints' anyway; waiting first only lets us say why it is slow.
+            if not pusher.wait(timeout=HUB_WAIT_SECONDS):
+                accelerator.print("Checkpoint uploads are still running; the final model's upload follows them...")
+            # `staged` holds the model files only (checkpoints join it below): optimizer and RNG state stay local.
             pushed = pusher.push(staged, f"TinyTx pre-trained for {completed_steps} steps")
-            accelerator.print(f"Pushed to the Hub as {train_args.hub_model_id}" if pushed else "Hub push failed (see above); the local folder is complete.")
         export.swap_into_place(staged, output_dir)
         accelerator.print(f"Model folder: {output_dir}")
+        if pusher is not None:
+            report_hub_pushes(pusher, pushed, train_args.hub_model_id, output_dir, accelerator)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
@@ -479,6 +501,50 @@ def save_checkpoint(accelerator, checkpoints_dir: str, step: int, run_signature:
         for old in steps[: -train_args.checkpoints_total_limit] if train_args.checkpoints_total_limit else []:
             shutil.rmtree(os.path.join(checkpoints_dir, f"step_{old}"))
     accelerator.wait_for_everyone()
+
+
+def push_checkpoint(pusher, model, state_dict, tokenizer, history, checkpoints_dir, step, training_args) -> None:
+    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo, as a complete model folder (weights, config,
+    code, tokenizer, card) without the optimizer and RNG state. The pusher snapshots the folder by hard links before
+    returning, so our copy can go at once and pruning old checkpoints never pulls files from under an upload."""
+    folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
+    if os.path.exists(folder):
+        shutil.rmtree(folder)  # left by a run killed while exporting this step
+    last_loss = next((row["loss"] for row in reversed(history) if "loss" in row), None)
+    card_data = ModelCardData(
+        license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
+        tags=["tinytx", "causal-lm", "text-generation", "custom_code", "checkpoint"],
+    )
+    card = ModelCard(
+        f"---\n{card_data.to_yaml()}\n---\n\n# {pusher.repo_id}: checkpoint at step {step}\n\n"
+        f"An intermediate TinyTx pre-training checkpoint (training loss {last_loss}); the finished model, with its "
+        f"evaluation, is at the root of this repo. Load this one with "
+        f"`AutoModelForCausalLM.from_pretrained(\"{pusher.repo_id}\", subfolder=\"checkpoints/step_{step}\", "
+        f"trust_remote_code=True)`.\n"
+    )
+    try:
+        export.write_model_folder(folder, model, state_dict, tokenizer, card, history, training_args, "2GB")
+        pusher.push_async(folder, f"Checkpoint at step {step}", path_in_repo=f"checkpoints/step_{step}")
+    except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
+        print(f"Could not export checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report_hub_pushes(pusher, final_pushed: bool, repo_id: str, output_dir: str, accelerator) -> None:
+    """A summary at the very end, so a failed upload is not lost in the training log (never with the token)."""
+    failures = pusher.failures
+    if final_pushed and not failures:
+        accelerator.print(f"Pushed to the Hub as {repo_id} (final model at the root, checkpoints under checkpoints/).")
+        return
+    accelerator.print(f"Hub push to {repo_id}: {len(failures)} upload(s) failed:")
+    for message in failures:
+        accelerator.print(f"  - {message}")
+    accelerator.print(
+        f"{'The final model did reach the Hub' if final_pushed else 'The final model was NOT pushed'}; the local "
+        f"folder {output_dir} is complete: push it again with `hf upload {repo_id} {output_dir} "
+        f"--exclude 'checkpoints/*'`."
+    )
 
 
 def find_checkpoint(resume_from: str | None, checkpoints_dir: str) -> str | None:

@@ -1,0 +1,127 @@
+"""training/pretrain.py --push_to_hub against the local Hub server: checkpoints go up in the background under
+checkpoints/step_N/, the final model to the repo root, a failing Hub never fails training, and the token stays out
+of every file and output."""
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load, load_file
+
+from helpers.remote_code import BLOCK_HF_TINYTX
+from test_hub import assert_token_nowhere, client_env, last_json_line, run_python
+
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 4, 2  # checkpoints at steps 2 and 4
+FAST_RUN = ["--max_train_steps", STEPS, "--checkpointing_steps", EVERY, "--eval_steps", 100,
+            "--num_probes_per_kind", 0, "--num_samples", 0]
+MODEL_REPO_FILES = {
+    "config.json", "model.safetensors", "generation_config.json", "configuration_tinytx.py", "modeling_tinytx.py",
+    "tokenizer.json", "tokenizer_config.json", "README.md",
+}
+PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth", ".ckpt")
+
+
+def pretrain_hub_env(local_hub, tmp_path, token="default"):
+    """pretrain_env (offline datasets, own caches), but with the Hub pointed at the local server."""
+    from conftest import pretrain_env
+
+    env = {k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+    env.update(local_hub.client_env(tmp_path / "hf_home", token=token))
+    return env
+
+
+def test_checkpoints_and_final_model_reach_the_hub_and_load_by_repo_id(local_hub, run_pretrain, tmp_path):
+    repo_id = f"{local_hub.user}/tiny"
+    output_dir = tmp_path / "model"
+    result = run_pretrain("--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id,
+                          env=pretrain_hub_env(local_hub, tmp_path))
+    assert f"Pushed to the Hub as {repo_id}" in result.stdout
+
+    files = local_hub.repo_files(repo_id)
+    assert MODEL_REPO_FILES <= set(files), MODEL_REPO_FILES - set(files)
+    for name in MODEL_REPO_FILES:  # the root is the final local folder, byte for byte
+        assert files[name] == (output_dir / name).read_bytes(), name
+    checkpoint_steps = range(EVERY, STEPS + 1, EVERY)
+    for step in checkpoint_steps:
+        prefix = f"checkpoints/step_{step}/"
+        assert {prefix + name for name in MODEL_REPO_FILES} <= set(files)
+        # The checkpoint's weights are those of the resumable local checkpoint at that step.
+        pushed = load(files[prefix + "model.safetensors"])
+        saved = load_file(output_dir / "checkpoints" / f"step_{step}" / "model.safetensors")
+        assert set(pushed) == set(saved) and all(torch.equal(pushed[k], saved[k]) for k in pushed)
+    # Only model repos: no optimizer, scheduler or RNG state, no trainer state, no other checkpoint files.
+    assert not [path for path in files if path.endswith(PICKLE_SUFFIXES) or "trainer_state" in path]
+    assert {path.split("/")[1] for path in files if path.startswith("checkpoints/")} == {
+        f"step_{step}" for step in checkpoint_steps}
+    # Checkpoints in order while training ran, the final model last.
+    messages = [commit.message for commit in local_hub.commits(repo_id)]
+    assert messages[:-1] == [f"TinyTx pre-trained for {STEPS} steps",
+                             *(f"Checkpoint at step {step}" for step in reversed(checkpoint_steps))]
+    # The hub exports and the pusher's snapshots are gone; the resumable checkpoints are still there.
+    leftovers = [p for p in output_dir.rglob(".hub*")]
+    assert not leftovers and (output_dir / "checkpoints" / f"step_{STEPS}" / "optimizer.bin").is_file()
+
+    # A fresh process, cache and folder, without the package: the repo id alone must give the same model.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    load_run = run_python(
+        BLOCK_HF_TINYTX,
+        f"""
+        import json, torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        hub = AutoModelForCausalLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
+        local = AutoModelForCausalLM.from_pretrained({str(output_dir)!r}, trust_remote_code=True).eval()
+        checkpoint = AutoModelForCausalLM.from_pretrained(
+            {repo_id!r}, subfolder="checkpoints/step_{EVERY}", trust_remote_code=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained({repo_id!r})
+        input_ids = tokenizer("The dog didn't cross the street because it was too", return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits = hub(input_ids).logits
+            print()  # transformers' notice about custom code may leave its last line open
+            print(json.dumps({{
+                "identical": torch.equal(logits, local(input_ids).logits),
+                "checkpoint_finite": bool(torch.isfinite(checkpoint(input_ids).logits).all()),
+                "module": type(hub).__module__,
+                "package_imported": any(m.split(".")[0] == "hf_tinytx" for m in sys.modules),
+            }}))
+        """,
+        env=client_env(local_hub, tmp_path / "fresh_hf_home"),
+        cwd=elsewhere,
+    )
+    report = last_json_line(load_run.stdout)
+    assert report["identical"] is True and report["checkpoint_finite"] is True
+    assert report["package_imported"] is False and report["module"].startswith("transformers_modules")
+    assert local_hub.recorded("GET", f"/{repo_id}/resolve/"), "the model did not come from the local Hub"
+    assert_token_nowhere(local_hub.token, [tmp_path],
+                         [result.stdout, result.stderr, load_run.stdout, load_run.stderr])
+
+
+def test_failing_hub_does_not_fail_training_or_the_local_folder(local_hub, run_pretrain, tmp_path):
+    # Every commit is refused with a 4xx, which neither the client nor the pusher retries, so this stays fast.
+    local_hub.fail_commits(None, status=422)
+    repo_id = f"{local_hub.user}/tiny-down"
+    output_dir = tmp_path / "model"
+    env = pretrain_hub_env(local_hub, tmp_path, token=None)  # this time the token comes from --hub_token
+    result = run_pretrain("--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id,
+                          "--hub_token", local_hub.token, env=env)
+
+    assert result.returncode == 0
+    assert "The final model was NOT pushed" in result.stdout and "local folder" in result.stdout
+    for name in ("Checkpoint at step 2", f"TinyTx pre-trained for {STEPS} steps"):
+        assert any(name in line and "422" in line for line in result.stdout.splitlines()), name
+    assert set(local_hub.repo_files(repo_id)) == {".gitattributes"}  # created, but no commit went through
+    assert local_hub.recorded("POST", f"/api/models/{repo_id}/commit/"), "the pushes never reached the Hub"
+
+    assert MODEL_REPO_FILES <= set(os.listdir(output_dir))
+    from transformers import AutoModelForCausalLM
+
+    import hf_tinytx  # noqa: F401
+
+    model = AutoModelForCausalLM.from_pretrained(output_dir)
+    assert torch.isfinite(model(torch.tensor([[1, 5, 9]])).logits).all()
+    assert not list(output_dir.rglob(".hub*"))
+    assert_token_nowhere(local_hub.token, [tmp_path], [result.stdout, result.stderr])
