@@ -77,11 +77,10 @@ def test_checkpoints_and_final_model_reach_the_hub_and_load_by_repo_id(local_hub
         local = AutoModelForCausalLM.from_pretrained({str(output_dir)!r}, trust_remote_code=True).eval()
         checkpoint = AutoModelForCausalLM.from_pretrained(
             {repo_id!r}, subfolder="checkpoints/step_{EVERY}", trust_remote_code=True).eval()
-        tokenizer = AutoTokenizer.from_pretrained({repo_id!r})
+        tokenizer = AutoTokenizer.from_pretrained({repo_id!r}, trust_remote_code=True)
         input_ids = tokenizer("The dog didn't cross the street because it was too", return_tensors="pt").input_ids
         with torch.no_grad():
             logits = hub(input_ids).logits
-            print()  # transformers' notice about custom code may leave its last line open
             print(json.dumps({{
                 "identical": torch.equal(logits, local(input_ids).logits),
                 "checkpoint_finite": bool(torch.isfinite(checkpoint(input_ids).logits).all()),

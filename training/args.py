@@ -101,7 +101,7 @@ class PretrainArguments:
     report_to: str = field(default="none", metadata={"help": "tensorboard, trackio, wandb, all or none."})
     num_probes_per_kind: int = field(default=100, metadata={"help": "Probe prompts per kind after training (0: off)."})
     num_samples: int = field(default=3, metadata={"help": "Sample generations printed after training."})
-    push_to_hub: bool = field(default=False, metadata={"help": "Upload the final model folder to the Hub."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload each checkpoint (in the background) and the final model to the Hub."})
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id; default: the output dir name."})
     hub_token: str | None = field(default=None, metadata={"help": "Hub token; default: HF_TOKEN / stored login."})
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})

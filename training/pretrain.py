@@ -540,11 +540,13 @@ def report_hub_pushes(pusher, final_pushed: bool, repo_id: str, output_dir: str,
     accelerator.print(f"Hub push to {repo_id}: {len(failures)} upload(s) failed:")
     for message in failures:
         accelerator.print(f"  - {message}")
-    accelerator.print(
-        f"{'The final model did reach the Hub' if final_pushed else 'The final model was NOT pushed'}; the local "
-        f"folder {output_dir} is complete: push it again with `hf upload {repo_id} {output_dir} "
-        f"--exclude 'checkpoints/*'`."
-    )
+    if final_pushed:
+        accelerator.print(f"The final model did reach the Hub; the local folder {output_dir} is complete.")
+    else:
+        accelerator.print(
+            f"The final model was NOT pushed; the local folder {output_dir} is complete: push it again with "
+            f"`hf upload {repo_id} {output_dir} --exclude 'checkpoints/*'`."
+        )
 
 
 def find_checkpoint(resume_from: str | None, checkpoints_dir: str) -> str | None:
