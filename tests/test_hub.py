@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.remote_code import BLOCK_HF_TINYTX
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAINING_DIR = REPO_ROOT / "training"
@@ -87,6 +89,7 @@ def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
         PUSHER_PRELUDE,
         f"""
         import torch
+        from safetensors.torch import save_file
         from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
 
         torch.manual_seed(0)
@@ -97,7 +100,7 @@ def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
         input_ids = torch.randint(0, config.vocab_size, (2, 11))
         with torch.no_grad():
             logits = model(input_ids).logits
-        torch.save({{"input_ids": input_ids, "logits": logits}}, {str(tmp_path / "original.pt")!r})
+        save_file({{"input_ids": input_ids, "logits": logits}}, {str(tmp_path / "original.safetensors")!r})
 
         pusher = HubPusher({repo_id!r}, private=True)
         pusher.push_async({str(model_dir)!r}, "checkpoint", path_in_repo="checkpoints/step-1")
@@ -120,19 +123,14 @@ def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     load = run_python(
+        BLOCK_HF_TINYTX,
         f"""
-        import importlib.abc, json, sys
-
-        class BlockPackage(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "hf_tinytx":
-                    raise ImportError("hf_tinytx is blocked in this test")
-
-        sys.meta_path.insert(0, BlockPackage())
+        import json
         import torch
+        from safetensors.torch import load_file
         from transformers import AutoModelForCausalLM
 
-        original = torch.load({str(tmp_path / "original.pt")!r})
+        original = load_file({str(tmp_path / "original.safetensors")!r})
         model = AutoModelForCausalLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
         with torch.no_grad():
             logits = model(original["input_ids"]).logits

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from helpers.remote_code import BLOCK_HF_TINYTX
+
 
 pytestmark = pytest.mark.slow
 
@@ -97,16 +99,9 @@ def test_folder_loads_natively_and_generates(trained_folder):
 
 def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_path):
     output_dir, _ = trained_folder
-    script = textwrap.dedent(
+    script = BLOCK_HF_TINYTX + textwrap.dedent(
         f"""
-        import importlib.abc, sys
-
-        class BlockHfTinytx(importlib.abc.MetaPathFinder):  # as on a machine without the package installed
-            def find_spec(self, name, path=None, target=None):
-                if name == "hf_tinytx" or name.startswith("hf_tinytx."):
-                    raise ImportError("hf_tinytx is blocked in this test")
-
-        sys.meta_path.insert(0, BlockHfTinytx())
+        import sys
         from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({str(output_dir)!r}, trust_remote_code=True)
         tokenizer = AutoTokenizer.from_pretrained({str(output_dir)!r}, trust_remote_code=True)

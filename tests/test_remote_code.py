@@ -10,23 +10,16 @@ import torch
 from safetensors.torch import save_file
 
 import hf_tinytx
+from helpers.remote_code import BLOCK_HF_TINYTX
 
 
 NEW_TOKENS = 16
 
 # Runs in the child. The import hook stands in for a machine without the package: even where hf_tinytx is installed
 # (editable, as in CI), every attempt to import it fails.
-CHILD_SCRIPT = textwrap.dedent(
+CHILD_SCRIPT = BLOCK_HF_TINYTX + textwrap.dedent(
     """
     import hashlib, inspect, json, os, sys
-
-    class BlockHfTinytx:
-        def find_spec(self, name, path=None, target=None):
-            if name == "hf_tinytx" or name.startswith("hf_tinytx."):
-                raise ImportError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, BlockHfTinytx())
 
     import torch
     from safetensors.torch import load_file
