@@ -10,9 +10,10 @@ What happens:
    One document per line would put an EOS token after every verse line instead (a line is not a document).
 2. The step count is fitted to the budget. pretrain.py's cosine schedule is step-based (--max_train_steps) and
    --max_train_seconds only cuts the loop short, which would leave the learning rate high at the end. So we time a
-   few training steps of the very same model here first and pass --max_train_steps = budget / seconds-per-step, with
-   --max_train_seconds kept as the hard stop. Guessing a little long costs nearly nothing (the cosine is ~2% of its
-   peak at 90% of its length); guessing short would waste budget. Pass --max_train_steps yourself to skip the timing.
+   few training steps of the very same model here first and pass --max_train_steps = budget / seconds-per-step,
+   keeping --max_train_seconds as the hard stop (warm-up: a tenth of the steps, at most 30). Guessing a little
+   long costs nearly nothing (the cosine is down to ~2% of its peak at 90% of its length); guessing short would
+   waste budget. Pass --max_train_steps yourself to skip the timing.
 3. pretrain.py runs as a subprocess (exactly the user's script, any extra flag passed through), evaluating once at
    the end on the whole held-out text; we read its metrics.jsonl.
 
@@ -39,7 +40,7 @@ DEFAULT_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 DEFAULT_FLAGS = [
     "--model_preset", "tiny", "--vocab_size", "1024", "--block_size", "128",
     "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
-    "--learning_rate", "3e-3", "--num_warmup_steps", "30",
+    "--learning_rate", "3e-3",
     "--num_probes_per_kind", "0", "--num_samples", "0",  # probes and sample prompts are for the synthetic corpus
 ]
 
@@ -92,7 +93,8 @@ def seconds_per_step(pretrain_flags: list[str], repeats: int = 4) -> tuple[float
         start = time.perf_counter()
         step()
         samples.append(time.perf_counter() - start)
-    tokens_per_step = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps * data_args.block_size
+    sequences = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
+    tokens_per_step = sequences * data_args.block_size
     return statistics.median(samples), tokens_per_step
 
 
@@ -112,16 +114,19 @@ def main():
     )
     parser.add_argument("text", nargs="?", default=None,
                         help=f"A plain-text file (default: {DEFAULT_TEXT} when it exists).")
-    parser.add_argument("--max_train_seconds", type=float, default=160.0, help="Wall-clock budget of the training loop.")
+    parser.add_argument("--max_train_seconds", type=float, default=160.0,
+                        help="Wall-clock budget of the training loop.")
     parser.add_argument("--holdout", type=float, default=0.1, help="Fraction at the end of the text held out.")
-    parser.add_argument("--output_dir", default=None, help="Keep pretrain.py's model folder here (default: temporary).")
+    parser.add_argument("--output_dir", default=None,
+                        help="Keep pretrain.py's model folder here (default: temporary).")
     parser.add_argument("--max_train_steps", type=int, default=None, help="Skip the timing and train this many steps.")
     args, passthrough = parser.parse_known_args()
 
     text_path = Path(args.text) if args.text else DEFAULT_TEXT
     if not text_path.is_file():
         parser.error(f"no text file at {text_path}; give the path of a plain-text file "
-                     f"(Tiny Shakespeare: https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt)")
+                     "(Tiny Shakespeare: https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
+                     "tinyshakespeare/input.txt)")
     if not 0 < args.holdout < 1:
         parser.error("--holdout must lie between 0 and 1.")
     text = text_path.read_text(encoding="utf-8")
@@ -143,7 +148,10 @@ def main():
         else:
             max_train_steps = args.max_train_steps
         flags += ["--max_train_steps", str(max_train_steps), "--eval_steps", str(max_train_steps)]  # one final eval
-        print(f"text {text_path}: {len(train_text.encode()):,} training bytes, {len(validation_text.encode()):,} held out"
+        if "--num_warmup_steps" not in passthrough:  # warm up for a tenth of a short run, 30 steps at most
+            flags += ["--num_warmup_steps", str(min(30, max(1, max_train_steps // 10)))]
+        print(f"text {text_path}: {len(train_text.encode()):,} training bytes, "
+              f"{len(validation_text.encode()):,} held out"
               + (f"; {step_seconds * 1e3:.0f} ms/step measured -> {max_train_steps} steps" if step_seconds else ""),
               flush=True)
 
@@ -156,6 +164,8 @@ def main():
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
             raise SystemExit(f"shakespeare.py: error: pretrain.py failed with exit status {result.returncode}.")
         metrics = read_metrics(output_dir / "metrics.jsonl")
+
+    import torch  # only for the thread count the subprocess got too (set OMP_NUM_THREADS to change it)
 
     last_train, last_eval = metrics["last_train"], metrics["last_eval"]
     summary = {
@@ -172,8 +182,9 @@ def main():
         "tokens_per_second": last_train["tokens_per_second"],
         "wall_seconds": wall_seconds,  # tokenizer training, tokenization, evaluation and export included
         "budget_seconds": args.max_train_seconds,
+        "threads": torch.get_num_threads(),
         "measured_ms_per_step": step_seconds * 1e3 if step_seconds else None,
-        "pretrain_flags": [*DEFAULT_FLAGS, *passthrough, "--max_train_steps", str(max_train_steps)],
+        "pretrain_flags": [flag.replace(str(tmp), "$TMP") for flag in flags],
     }
     rows = [
         ("validation bits/byte", f"{summary['bits_per_byte']:.4f}"),

@@ -1,0 +1,189 @@
+"""The GPU-only checks that benchmarks/gpu_check.sh runs: flash-attention parity, and generation speed.
+
+    python benchmarks/gpu_check.py parity      # bf16 logits of a flash backend vs sdpa, both against an fp32 reference
+    python benchmarks/gpu_check.py generate    # greedy new tokens/s of the ~124M model, batch 1 and 8
+
+Flash backend: transformers' "flash_attention_2" when the flash-attn package imports, else "kernels-community/
+flash-attn" when the kernels package can load it (from its local cache: the GPU machine may be offline), else
+PyTorch's own flash kernel under sdpa (torch.nn.attention.sdpa_kernel(FLASH_ATTENTION)) against sdpa's math kernel.
+
+Parity means: the bf16 flash logits are as close to the fp32 result as bf16 sdpa's are (within 2x, plus a small
+absolute slack), and pick fp32's next token about as often (within 2 points) as bf16 sdpa does. A padded batch
+(left padding, as in batched generation) is checked too, on the real tokens only. Each prints a table and a final
+JSON line; parity exits 1 when it fails. `--device cpu` is a dry run of the code path (bf16 on CPU), no figures.
+"""
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+
+
+BASE_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "model-base.json"
+
+
+def config_from_file(vocab_size: int = 50304) -> TinyTxConfig:
+    if BASE_CONFIG.is_file():
+        values = {k: v for k, v in json.loads(BASE_CONFIG.read_text()).items() if not k.startswith("_")}
+    else:  # GPT-2 small's shape
+        values = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12)
+    special = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
+    return TinyTxConfig(**{**values, "vocab_size": vocab_size, **special})
+
+
+def flash_backend() -> tuple[str, str]:
+    """(attn_implementation, description) of the flash attention to test."""
+    if importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2", "flash-attn package (flash_attention_2)"
+    if importlib.util.find_spec("kernels") is not None:
+        try:
+            from kernels import get_kernel
+
+            get_kernel("kernels-community/flash-attn")  # offline: works only when it is already in the cache
+            return "kernels-community/flash-attn", "kernels-community/flash-attn (kernels package)"
+        except Exception as error:  # noqa: BLE001  (any failure means: not available here)
+            print(f"kernels-community/flash-attn not loadable ({type(error).__name__}); using sdpa's flash kernel")
+    return "sdpa-flash", "PyTorch sdpa, flash kernel only (SDPBackend.FLASH_ATTENTION)"
+
+
+def load(state_dict, config, attn_implementation, dtype, device) -> TinyTxForCausalLM:
+    implementation = "sdpa" if attn_implementation in ("sdpa-flash", "sdpa-math") else attn_implementation
+    model = TinyTxForCausalLM._from_config(config, attn_implementation=implementation, dtype=dtype)
+    model.load_state_dict(state_dict)
+    return model.to(device).eval()
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()  # the clock must wait for the kernels, not only for their launch
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else device
+
+
+def sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name == "sdpa-flash":
+        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    if name == "sdpa-math":
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def logits_of(model, name, input_ids, attention_mask):
+    with sdpa_backend(name):
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+
+
+def parity(args) -> int:
+    flash, description = flash_backend()
+    reference = "sdpa-math" if flash == "sdpa-flash" else "sdpa"
+    config = TinyTxConfig(vocab_size=4096, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                          num_attention_heads=8, max_position_embeddings=2048, bos_token_id=0, eos_token_id=1,
+                          pad_token_id=0)
+    torch.manual_seed(0)
+    state_dict = TinyTxForCausalLM._from_config(config).state_dict()
+    fp32 = load(state_dict, config, "sdpa-math", torch.float32, args.device)
+    models = {name: load(state_dict, config, name, torch.bfloat16, args.device) for name in (reference, flash)}
+
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(2, config.vocab_size, (4, 512), generator=generator).to(args.device)
+    full = torch.ones_like(input_ids)
+    padded = full.clone()
+    for row, pad in enumerate((0, 17, 100, 300)):  # left padding of different lengths
+        padded[row, :pad] = 0
+    cases = [("no padding", full), ("left padding", padded)]
+    if flash == "sdpa-flash":
+        cases = cases[:1]  # sdpa's flash kernel takes no mask: a padded batch would run another kernel
+    rows, ok = [], True
+    for case, mask in cases:
+        keep = mask.bool()  # compare real tokens only: what a padded position outputs is nobody's business
+        truth = logits_of(fp32, "sdpa-math", input_ids, mask)[keep]
+        bf16 = {name: logits_of(model, name, input_ids, mask)[keep] for name, model in models.items()}
+        ref_err = (bf16[reference] - truth).abs().max().item()
+        flash_err = (bf16[flash] - truth).abs().max().item()
+        between = (bf16[flash] - bf16[reference]).abs().max().item()
+        # Random weights give nearly flat logits, so bf16 alone flips a few near-ties: judge flash by sdpa's own rate.
+        top1 = {name: (logits.argmax(-1) == truth.argmax(-1)).float().mean().item() for name, logits in bf16.items()}
+        passed = flash_err <= 2 * ref_err + 1e-2 and top1[flash] >= top1[reference] - 0.02
+        ok &= passed
+        rows.append({"case": case, "bf16_sdpa_vs_fp32": ref_err, "bf16_flash_vs_fp32": flash_err,
+                     "flash_vs_sdpa": between, "sdpa_top1_vs_fp32": top1[reference],
+                     "flash_top1_vs_fp32": top1[flash], "passed": passed})
+    print(f"flash backend: {description}; reference: bf16 {reference}; truth: fp32 sdpa (math)")
+    print("max |logit difference| and top-1 agreement with fp32, on real tokens")
+    print(f"{'case':>12} | {'sdpa-fp32':>9} | {'flash-fp32':>10} | {'flash-sdpa':>10} | {'sdpa top-1':>10} | "
+          f"{'flash top-1':>11} | ok")
+    for r in rows:
+        print(f"{r['case']:>12} | {r['bf16_sdpa_vs_fp32']:>9.4f} | {r['bf16_flash_vs_fp32']:>10.4f} | "
+              f"{r['flash_vs_sdpa']:>10.4f} | {r['sdpa_top1_vs_fp32']:>10.4f} | {r['flash_top1_vs_fp32']:>11.4f} | "
+              f"{r['passed']}")
+    print(json.dumps({"check": "flash_parity", "flash_backend": flash, "reference": reference,
+                      "device": device_name(args.device), "torch": torch.__version__, "rows": rows, "passed": ok}))
+    return 0 if ok else 1
+
+
+def generate(args) -> int:
+    config = config_from_file()
+    torch.manual_seed(0)
+    model = TinyTxForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16).to(args.device)
+    model.eval()
+    results = []
+    for batch_size in args.batch_sizes:
+        prompt = torch.randint(2, config.vocab_size, (batch_size, 32), generator=torch.Generator().manual_seed(1))
+        prompt = prompt.to(args.device)
+        for cache in ("dynamic", "static"):
+            kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                          attention_mask=torch.ones_like(prompt), pad_token_id=0)
+            if cache != "dynamic":
+                kwargs["cache_implementation"] = cache
+            samples = []
+            for i in range(args.repeats + 1):  # the first run warms up (and compiles nothing: plain eager)
+                synchronize(args.device)
+                start = time.perf_counter()
+                with torch.no_grad():
+                    model.generate(prompt, **kwargs)
+                synchronize(args.device)
+                if i:
+                    samples.append(time.perf_counter() - start)
+            seconds = statistics.median(samples)
+            results.append({"batch_size": batch_size, "cache": cache,
+                            "tokens_per_s": batch_size * args.new_tokens / seconds,
+                            "ms_per_token_step": seconds / args.new_tokens * 1e3})
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"TinyTx {parameters / 1e6:.0f}M, bf16, sdpa, prompt 32, {args.new_tokens} new tokens, greedy")
+    print(f"{'batch':>5} | {'cache':>7} | {'tokens/s':>9} | {'ms/step':>7}")
+    for r in results:
+        print(f"{r['batch_size']:>5} | {r['cache']:>7} | {r['tokens_per_s']:>9.1f} | {r['ms_per_token_step']:>7.2f}")
+    print(json.dumps({"check": "generate", "parameters": parameters, "device": device_name(args.device),
+                      "torch": torch.__version__, "new_tokens": args.new_tokens, "results": results}))
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("check", choices=["parity", "generate"])
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--new_tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of the code path (bf16 on CPU), no figures")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check.py: no CUDA GPU here (torch.cuda.is_available() is False); nothing to check.")
+        return 0
+    return parity(args) if args.check == "parity" else generate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

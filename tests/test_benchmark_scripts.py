@@ -1,0 +1,120 @@
+"""The benchmark scripts run and end with one JSON line holding their figures. Smoke tests only: speed is what the
+benchmarks measure, never what a test asserts. Each script runs as a subprocess from benchmarks/, as a user runs it,
+at its smallest settings."""
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import pretrain_env
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run_script(args, tmp_path, timeout=120, check=True):
+    result = subprocess.run(
+        args, cwd=BENCHMARKS, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def final_json(stdout: str) -> dict:
+    """The last line must be the JSON summary (a table comes before it)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert len(lines) >= 2, f"expected a table and a JSON line, got:\n{stdout}"
+    return json.loads(lines[-1])
+
+
+def python(script, *flags):
+    return [sys.executable, script, *map(str, flags)]
+
+
+def test_train_step(tmp_path):
+    summary = final_json(run_script(python("train_step.py", "--quick", "--shapes", "0.8M"), tmp_path).stdout)
+    assert summary["benchmark"] == "train_step"
+    (row,) = summary["results"]
+    assert row["shape"] == "0.8M"
+    assert {"tinytx_ms_per_step", "llama_ms_per_step", "time_ratio_tinytx_over_llama"} <= set(row)
+
+
+def test_generate(tmp_path):
+    flags = ["--quick", "--shape", "0.8M", "--batch_sizes", "1", "--caches", "dynamic", "--new_tokens", "8"]
+    summary = final_json(run_script(python("generate.py", *flags), tmp_path).stdout)
+    assert summary["benchmark"] == "generate"
+    (row,) = summary["results"]
+    assert (row["batch_size"], row["cache"]) == (1, "dynamic")
+    assert {"tinytx_tokens_per_s", "llama_tokens_per_s", "speedup_tinytx_over_llama"} <= set(row)
+
+
+def test_attention_scaling(tmp_path):
+    flags = ["--lengths", "64", "128", "--repeats", "1", "--hidden_size", "64", "--out_dir", tmp_path / "results"]
+    summary = final_json(run_script(python("attention_scaling.py", *flags), tmp_path).stdout)
+    assert summary["benchmark"] == "attention_scaling"
+    assert [row["n"] for row in summary["rows"]] == [64, 128]
+    assert set(summary["median_growth_when_n_doubles"]) == {"eager", "sdpa"}
+    assert (tmp_path / "results" / "attention_scaling.png").is_file()
+    assert json.loads((tmp_path / "results" / "attention_scaling.json").read_text())["rows"] == summary["rows"]
+
+
+def test_mfu(tmp_path):
+    flags = ["--quick", "--shape", "0.8M", "--matmul_size", "512"]  # the 10M default is for measuring, not testing
+    summary = final_json(run_script(python("mfu.py", *flags), tmp_path).stdout)
+    assert summary["benchmark"] == "mfu"
+    assert {"mfu", "train_tflops_per_s", "matmul_tflops_per_s", "flops_per_token", "tokens_per_s"} <= set(summary)
+    assert summary["mfu"] > 0
+    # 6 N + 12 L T d for the 0.8M shape (untied: the input embedding is a lookup, not counted).
+    n = summary["matmul_parameters"]
+    assert summary["flops_per_token"] == 6 * n + 12 * 4 * 64 * 128
+    assert n == summary["parameters"] - 65 * 128
+
+
+def write_play(path: Path, num_bytes: int = 20_000) -> None:
+    """Shakespeare-shaped text: speeches (a speaker's name, a few lines) separated by blank lines."""
+    rng = random.Random(0)
+    words = "thou art my lord and I shall not go to the king good night sweet prince what say you".split()
+    speeches = []
+    while sum(map(len, speeches)) < num_bytes:
+        lines = [" ".join(rng.choices(words, k=rng.randint(4, 9))).capitalize() + "."
+                 for _ in range(rng.randint(1, 4))]
+        speeches.append(rng.choice(["HAMLET", "KING", "QUEEN", "HORATIO"]) + ":\n" + "\n".join(lines))
+    path.write_text("\n\n".join(speeches) + "\n", encoding="utf-8")
+
+
+def test_shakespeare(tmp_path):
+    text = tmp_path / "play.txt"
+    write_play(text)
+    flags = [
+        text, "--max_train_seconds", "5",
+        # a tiny model, so the short budget still fits several steps (these flags go to pretrain.py unchanged)
+        "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
+        "--vocab_size", "300", "--block_size", "64", "--per_device_train_batch_size", "8",
+    ]
+    summary = final_json(run_script(python("shakespeare.py", *flags), tmp_path, timeout=150).stdout)
+    assert summary["benchmark"] == "shakespeare"
+    assert {"bits_per_byte", "steps", "tokens", "train_seconds", "planned_steps", "final_lr"} <= set(summary)
+    assert 0 < summary["bits_per_byte"] < 20
+    assert summary["steps"] >= 1 and summary["tokens"] == summary["steps"] * 8 * 64
+
+
+def test_shakespeare_without_text_says_what_to_give(tmp_path):
+    result = run_script(python("shakespeare.py", tmp_path / "missing.txt"), tmp_path, check=False)
+    assert result.returncode == 2
+    assert "no text file at" in result.stderr and "missing.txt" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the script runs for minutes")
+def test_gpu_check_without_gpu_exits_cleanly(tmp_path):
+    result = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_check.sh")], env=pretrain_env(tmp_path, PYTHON=sys.executable),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA GPU" in result.stdout
