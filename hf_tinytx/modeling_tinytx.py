@@ -65,10 +65,11 @@ class TinyTxRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
-        # fp32 for the statistics: a bf16 mean of squares loses too many bits.
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        # fp32 for the statistics: a bf16 mean of squares loses too many bits. `rms_norm` is x * rsqrt(mean(x^2) + eps)
+        # in one call (bitwise the same in fp32), which matters when a decoding step is mostly per-op overhead.
+        hidden_states = nn.functional.rms_norm(
+            hidden_states.to(torch.float32), self.weight.shape, eps=self.variance_epsilon
+        )
         return self.weight * hidden_states.to(input_dtype)
 
     def extra_repr(self) -> str:
@@ -211,7 +212,8 @@ class TinyTxAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
-        if config.qk_norm:
+        self.qk_norm = config.qk_norm  # read once: config lookups are slow and this ran in every layer, every step
+        if self.qk_norm:
             # Normalising each head's queries and keys bounds the scores, which steadies training at high learning rates.
             self.q_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -231,7 +233,7 @@ class TinyTxAttention(nn.Module):
         query_states = self.q_proj(hidden_states).view(hidden_shape)
         key_states = self.k_proj(hidden_states).view(hidden_shape)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        if self.config.qk_norm:
+        if self.qk_norm:
             query_states = self.q_norm(query_states)
             key_states = self.k_norm(key_states)
         query_states = query_states.transpose(1, 2)
@@ -415,7 +417,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
         # An out-of-range id would index past the embedding table: a bare IndexError on CPU, a device assert on GPU.
         if torch.compiler.is_compiling() or input_ids.numel() == 0:
             return
-        low, high = int(input_ids.min()), int(input_ids.max())
+        low, high = (int(bound) for bound in torch.aminmax(input_ids))  # one pass over the ids, not two
         if low < 0 or high >= self.config.vocab_size:
             raise ValueError(
                 f"TinyTxModel: `input_ids` must lie in [0, vocab_size={self.config.vocab_size}), but they span "
