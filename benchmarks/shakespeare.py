@@ -10,7 +10,8 @@ What happens:
    One document per line would put an EOS token after every verse line instead (a line is not a document).
 2. The step count is fitted to the budget. pretrain.py's cosine schedule is step-based (--max_train_steps) and
    --max_train_seconds only cuts the loop short, which would leave the learning rate high at the end. So we time a
-   few training steps of the very same model here first and pass --max_train_steps = budget / seconds-per-step,
+   short calibration run of the script itself first (30 steps, its own metrics.jsonl gives the loop's true pace) and
+   pass --max_train_steps = budget / seconds-per-step,
    keeping --max_train_seconds as the hard stop (warm-up: a tenth of the steps, at most 30). Guessing a little
    long costs nearly nothing (the cosine is down to ~2% of its peak at 90% of its length); guessing short would
    waste budget. Pass --max_train_steps yourself to skip the timing.
@@ -55,47 +56,22 @@ def split_text(text: str, holdout: float) -> tuple[str, str]:
     return text[:cut], text[cut:].lstrip("\n")
 
 
-def seconds_per_step(pretrain_flags: list[str], repeats: int = 4) -> tuple[float, int]:
-    """Median seconds of one optimizer step of the model pretrain.py would build from these flags (random tokens)."""
-    import statistics
+def seconds_per_step(pretrain_flags: list[str], env: dict, workdir: Path, steps: int = 30) -> float:
+    """Seconds per step of pretrain.py's own loop with these flags, from a short calibration run of the script.
 
-    import torch
-
-    sys.path.insert(0, str(PRETRAIN.parent))
-    from args import parse_args  # the user's own argument parsing and model building: the same model, by construction
-    from pretrain import load_model_config
-
-    from transformers import AutoModelForCausalLM
-
-    model_args, data_args, train_args = parse_args(pretrain_flags)
-    config = load_model_config(model_args)
-    if not model_args.init_from:
-        config.vocab_size = model_args.vocab_size  # the trained tokenizer ends at (or just under) this size
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=model_args.attn_implementation).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    batch = torch.randint(
-        0, config.vocab_size, (train_args.per_device_train_batch_size, data_args.block_size),
-        generator=torch.Generator().manual_seed(0),
-    )
-
-    def step():
-        for _ in range(train_args.gradient_accumulation_steps):
-            loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), train_args.max_grad_norm)  # pretrain clips too
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss.item()  # pretrain logs the loss every step, which waits for it
-
-    step()  # warm-up: first-call allocations
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - start)
-    sequences = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
-    tokens_per_step = sequences * data_args.block_size
-    return statistics.median(samples), tokens_per_step
+    Timing the model alone in this process underestimates the loop (data loading, Accelerate, per-step logging) by
+    about a fifth, which ended the cosine schedule early; the script's own metrics.jsonl has the true pace."""
+    calibration_dir = workdir / "calibration"
+    flags = [*pretrain_flags, "--output_dir", str(calibration_dir), "--max_train_steps", str(steps),
+             "--eval_steps", str(10 * steps), "--num_warmup_steps", "1"]
+    result = subprocess.run([sys.executable, str(PRETRAIN), *flags], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
+        raise SystemExit(f"shakespeare.py: error: the calibration run of pretrain.py failed ({result.returncode}).")
+    rows = [json.loads(line) for line in (calibration_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    elapsed = [row["elapsed_seconds"] for row in rows if "loss" in row]
+    settled = len(elapsed) // 3  # the first steps pay for first-call allocations
+    return (elapsed[-1] - elapsed[settled]) / (len(elapsed) - 1 - settled)
 
 
 def read_metrics(path: Path) -> dict:
@@ -137,16 +113,19 @@ def main():
         (tmp / "train.txt").write_text(train_text, encoding="utf-8")
         (tmp / "validation.txt").write_text(validation_text, encoding="utf-8")
         output_dir = Path(args.output_dir).resolve() if args.output_dir else tmp / "model"
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+                   HF_DATASETS_CACHE=str(tmp / "datasets_cache"))  # the tokenized splits go with the temp folder
         flags = [*DEFAULT_FLAGS, *passthrough,
                  "--train_file", str(tmp / "train.txt"), "--validation_file", str(tmp / "validation.txt"),
-                 "--max_train_seconds", str(args.max_train_seconds), "--output_dir", str(output_dir)]
+                 "--max_train_seconds", str(args.max_train_seconds)]
 
-        step_seconds = tokens_per_step = None
+        step_seconds = None
         if args.max_train_steps is None:
-            step_seconds, tokens_per_step = seconds_per_step(flags)
-            max_train_steps = max(1, math.ceil(args.max_train_seconds / step_seconds))
+            step_seconds = seconds_per_step(flags, env, tmp)
+            max_train_steps = max(1, math.floor(args.max_train_seconds / step_seconds))
         else:
             max_train_steps = args.max_train_steps
+        flags += ["--output_dir", str(output_dir)]
         flags += ["--max_train_steps", str(max_train_steps), "--eval_steps", str(max_train_steps)]  # one final eval
         if "--num_warmup_steps" not in passthrough:  # warm up for a tenth of a short run, 30 steps at most
             flags += ["--num_warmup_steps", str(min(30, max(1, max_train_steps // 10)))]
@@ -155,8 +134,6 @@ def main():
               + (f"; {step_seconds * 1e3:.0f} ms/step measured -> {max_train_steps} steps" if step_seconds else ""),
               flush=True)
 
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-                   HF_DATASETS_CACHE=str(tmp / "datasets_cache"))  # the tokenized splits go with the temp folder
         start = time.perf_counter()
         result = subprocess.run([sys.executable, str(PRETRAIN), *flags], env=env, capture_output=True, text=True)
         wall_seconds = time.perf_counter() - start
