@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import hf_tinytx
+from conftest import build_tiny_config
 from helpers.remote_code import BLOCK_HF_TINYTX
 
 
@@ -59,16 +60,7 @@ CHILD_SCRIPT = BLOCK_HF_TINYTX + textwrap.dedent(
 def test_saved_folder_loads_as_remote_code_without_the_package(tmp_path):
     torch.manual_seed(0)
     # qk_norm and GQA exercise the code paths a Llama model lacks, so nothing can be borrowed from transformers.
-    config = hf_tinytx.TinyTxConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        qk_norm=True,
-        initializer_range=0.2,
-    )
+    config = build_tiny_config(qk_norm=True, initializer_range=0.2)
     model = hf_tinytx.TinyTxForCausalLM(config).eval()
     folder = tmp_path / "tiny_tinytx"
     model.save_pretrained(folder)
