@@ -52,8 +52,8 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # tied weights are counted once by .parameters()
 
 
-def interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each function, sampling them in turn so drift hits all of them alike."""
+def interleaved_samples(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds per call of each function, `repeats` rounds, each round sampling every function once in turn."""
     for _ in range(warmup):
         for run in runs.values():
             run()
@@ -66,4 +66,19 @@ def interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmu
             start = time.perf_counter()
             runs[name]()
             samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each function, sampling them in turn so drift hits all of them alike."""
+    samples = interleaved_samples(runs, repeats, warmup)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    """Median over rounds of numerator time / denominator time measured in the same round.
+
+    On a shared machine the load drifts over seconds; two samples taken back to back see the same load, so their
+    ratio is steadier than the ratio of two medians taken over the whole run.
+    """
+    return statistics.median(a / b for a, b in zip(samples[numerator], samples[denominator]))

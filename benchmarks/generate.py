@@ -12,10 +12,11 @@ Prints a table, then one JSON line with every figure.
 
 import argparse
 import json
+import statistics
 
 import torch
 
-from common import build_pair, count_parameters, interleaved_medians
+from common import build_pair, count_parameters, interleaved_samples, paired_ratio
 
 
 def make_generate(model, prompt, new_tokens, cache_implementation):
@@ -59,7 +60,8 @@ def main():
             outputs = {name: run() for name, run in runs.items()}
             if not torch.equal(outputs["tinytx"], outputs["llama"]):
                 raise RuntimeError(f"TinyTx and Llama generated different tokens (batch {batch_size}, {cache} cache)")
-            seconds = interleaved_medians(runs, repeats=repeats, warmup=1)
+            samples = interleaved_samples(runs, repeats=repeats, warmup=1)
+            seconds = {name: statistics.median(values) for name, values in samples.items()}
             new_tokens = batch_size * args.new_tokens
             results.append(
                 {
@@ -67,7 +69,8 @@ def main():
                     "cache": cache,
                     "tinytx_tokens_per_s": new_tokens / seconds["tinytx"],
                     "llama_tokens_per_s": new_tokens / seconds["llama"],
-                    "speedup_tinytx_over_llama": seconds["llama"] / seconds["tinytx"],
+                    # Median of the per-round ratios (each round times both models back to back).
+                    "speedup_tinytx_over_llama": paired_ratio(samples, "llama", "tinytx"),
                 }
             )
 

@@ -12,10 +12,11 @@ Prints a table, then one JSON line with every figure.
 
 import argparse
 import json
+import statistics
 
 import torch
 
-from common import SHAPES, build_pair, count_parameters, interleaved_medians
+from common import SHAPES, build_pair, count_parameters, interleaved_samples, paired_ratio
 
 
 def make_step(model: torch.nn.Module, batch: torch.Tensor):
@@ -45,7 +46,8 @@ def main():
         vocab_size = models["tinytx"].config.vocab_size
         batch = torch.randint(0, vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
         steps = {name: make_step(model, batch) for name, model in models.items()}
-        seconds = interleaved_medians(steps, repeats=repeats, warmup=3)
+        samples = interleaved_samples(steps, repeats=repeats, warmup=3)
+        seconds = {name: statistics.median(values) for name, values in samples.items()}
         tokens = batch_size * seq_len
         results.append(
             {
@@ -57,7 +59,8 @@ def main():
                 "llama_ms_per_step": seconds["llama"] * 1e3,
                 "tinytx_tokens_per_s": tokens / seconds["tinytx"],
                 "llama_tokens_per_s": tokens / seconds["llama"],
-                "time_ratio_tinytx_over_llama": seconds["tinytx"] / seconds["llama"],
+                # Median of the per-round ratios (each round times both models back to back).
+                "time_ratio_tinytx_over_llama": paired_ratio(samples, "tinytx", "llama"),
             }
         )
 

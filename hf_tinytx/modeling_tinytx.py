@@ -26,7 +26,7 @@ from torch import nn
 
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
@@ -55,6 +55,70 @@ def _pop_cache(cache: Cache | None, kwargs: dict) -> Cache | None:
     return cache if cache is not None else legacy
 
 
+class TinyTxDynamicLayer(DynamicLayer):
+    """A `DynamicLayer` that appends into spare room instead of concatenating.
+
+    `DynamicLayer` rebuilds its keys and values with `torch.cat` on every decoding step, copying the whole cache each
+    time (quadratic in the generated length). Here they live in a buffer with room to grow; a step writes only its new
+    tokens, and `keys`/`values` are views of the filled part. Whatever replaces those views (beam reordering, batch
+    selection, offloading) makes the next update adopt the new tensors into a fresh buffer; cropping keeps the views,
+    so the next update simply overwrites the dropped tokens.
+    """
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        old_len = self.keys.shape[-2] if self.keys.numel() > 0 else 0
+        new_len = old_len + key_states.shape[-2]
+        key_buffer = getattr(self, "_key_buffer", None)
+        if not (
+            self._is_prefix_of(self.keys, key_buffer, key_states)
+            and self._is_prefix_of(self.values, self._value_buffer, value_states)
+            and new_len <= key_buffer.shape[-2]
+        ):
+            # Grow geometrically (by a quarter, at least 256 tokens), so reallocations stay rare and the spare room small.
+            capacity = new_len + max(new_len // 4, 256)
+            self._key_buffer = self._grow(self.keys, key_states, old_len, capacity)
+            self._value_buffer = self._grow(self.values, value_states, old_len, capacity)
+        self._key_buffer[:, :, old_len:new_len] = key_states
+        self._value_buffer[:, :, old_len:new_len] = value_states
+        self.keys = self._key_buffer[:, :, :new_len]
+        self.values = self._value_buffer[:, :, :new_len]
+        return self.keys, self.values
+
+    @staticmethod
+    def _is_prefix_of(cached: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor) -> bool:
+        # True when `cached` is still buffer[:, :, :n] (not a copy someone made) and the new states fit its layout.
+        return (
+            buffer is not None
+            and cached.data_ptr() == buffer.data_ptr()
+            and cached.stride() == buffer.stride()
+            and cached.shape[:2] == buffer.shape[:2] == new.shape[:2]
+            and buffer.shape[-1] == new.shape[-1]
+            and buffer.dtype == new.dtype
+            and buffer.device == new.device
+        )
+
+    @staticmethod
+    def _grow(cached: torch.Tensor, new: torch.Tensor, old_len: int, capacity: int) -> torch.Tensor:
+        batch, heads, _, head_dim = new.shape
+        buffer = new.new_empty(batch, heads, capacity, head_dim)
+        if old_len > 0:
+            buffer[:, :, :old_len] = cached
+        return buffer
+
+
+def _with_growing_layers(cache: Cache) -> Cache:
+    """Gives a fresh, plain `DynamicCache` the appending `TinyTxDynamicLayer`s (other caches are left as they are)."""
+    if type(cache) is DynamicCache and not getattr(cache, "offloading", False):
+        for index, layer in enumerate(cache.layers):
+            if type(layer) is DynamicLayer and not layer.is_initialized:
+                cache.layers[index] = TinyTxDynamicLayer()
+    return cache
+
+
 class TinyTxRMSNorm(nn.Module):
     """Root-mean-square norm: rescale each vector to unit RMS, then by a learned gain (no mean, no bias)."""
 
@@ -64,9 +128,11 @@ class TinyTxRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype == self.weight.dtype == torch.float32:
+            # x * rsqrt(mean(x^2) + eps) * gain in one call: a decoding step is mostly per-op overhead.
+            return nn.functional.rms_norm(hidden_states, self.weight.shape, self.weight, eps=self.variance_epsilon)
+        # Half precision: the statistics in fp32 (a bf16 mean of squares loses too many bits), the gain after.
         input_dtype = hidden_states.dtype
-        # fp32 for the statistics: a bf16 mean of squares loses too many bits. `rms_norm` is x * rsqrt(mean(x^2) + eps)
-        # in one call (bitwise the same in fp32), which matters when a decoding step is mostly per-op overhead.
         hidden_states = nn.functional.rms_norm(
             hidden_states.to(torch.float32), self.weight.shape, eps=self.variance_epsilon
         )
@@ -77,7 +143,12 @@ class TinyTxRMSNorm(nn.Module):
 
 
 class TinyTxRotaryEmbedding(nn.Module):
-    """Turns position ids into the cos/sin tables that rotate queries and keys (RoPE)."""
+    """Turns position ids into the cos/sin tables that rotate queries and keys (RoPE).
+
+    Dimension i of a head is paired with dimension i + d/2, and each pair turns by its own angle. `sin` comes with the
+    rotation's sign folded in (-sin on the first half, +sin on the second), so that a rotation is two multiplies and
+    a roll: see `apply_rotary_pos_emb`.
+    """
 
     inv_freq: torch.Tensor
 
@@ -108,26 +179,26 @@ class TinyTxRotaryEmbedding(nn.Module):
         # angle[b, t, i] = position[b, t] * inv_freq[i], computed in fp32: bf16 positions lose whole tokens.
         inv_freq = self.inv_freq.to(device=x.device, dtype=torch.float32)
         angles = position_ids[..., None].to(torch.float32) * inv_freq
-        angles = torch.cat((angles, angles), dim=-1)
-        cos = angles.cos() * self.attention_scaling
+        cos = torch.cat((angles, angles), dim=-1).cos() * self.attention_scaling
         sin = angles.sin() * self.attention_scaling
-        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension: a 90-degree turn of every pair."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+        signed_sin = torch.cat((-sin, sin), dim=-1)  # built once per forward, shared by every layer
+        return cos.to(dtype=x.dtype), signed_sin.to(dtype=x.dtype)
 
 
 def apply_rotary_pos_emb(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, unsqueeze_dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotates queries and keys by their position's angle, so that q_m . k_n depends only on m - n."""
+    """Rotates queries and keys by their position's angle, so that q_m . k_n depends only on m - n.
+
+    Each pair (x1, x2) = (x[i], x[i + d/2]) turns into (x1 cos - x2 sin, x2 cos + x1 sin). Rolling x by d/2 puts x2
+    where x1 was and x1 where x2 was; `signed_sin` = (-sin, +sin) supplies the signs. That is Llama's
+    `x * cos + rotate_half(x) * sin`, bit for bit, with one op instead of three for the rotate-half.
+    """
     cos = cos.unsqueeze(unsqueeze_dim)  # broadcast over the heads dimension
-    sin = sin.unsqueeze(unsqueeze_dim)
-    q_rotated = (q * cos) + (rotate_half(q) * sin)
-    k_rotated = (k * cos) + (rotate_half(k) * sin)
+    signed_sin = signed_sin.unsqueeze(unsqueeze_dim)
+    half = q.shape[-1] // 2
+    q_rotated = (q * cos) + (q.roll(half, dims=-1) * signed_sin)
+    k_rotated = (k * cos) + (k.roll(half, dims=-1) * signed_sin)
     return q_rotated, k_rotated
 
 
@@ -380,7 +451,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
 
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = _with_growing_layers(DynamicCache(config=self.config))
 
         if position_ids is None:
             past_seen_tokens = cache.get_seq_length() if cache is not None else 0
@@ -499,6 +570,10 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
         >>> output_ids = model.generate(**inputs, max_new_tokens=20)
         ```"""
         cache = _pop_cache(cache, kwargs)
+        if use_cache is None and labels is not None and cache is None:
+            # A forward that computes a loss reads no cache: building one would copy every layer's keys and values
+            # for nothing (ask with `use_cache=True` to get one anyway).
+            use_cache = False
         outputs: BaseModelOutputWithPast = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -526,6 +601,15 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)},
         )
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        # `generate` builds a plain DynamicCache unless told otherwise: give that one the appending layers. A cache the
+        # caller passed in is theirs and stays as it is.
+        passed_in = model_kwargs.get("cache") is not None or model_kwargs.get("past_key_values") is not None
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        if not passed_in and isinstance(cache, Cache):
+            _with_growing_layers(cache)
 
 
 class TinyTxForSequenceClassification(GenericForSequenceClassification, TinyTxPreTrainedModel):
