@@ -9,7 +9,8 @@ Three kinds of document, each built on the examples in the project's explainer t
 * ``recall``: facts stated early ("The code for the blue door is 4 7 1."), neutral filler sentences, then the fact's
   opening again ("The code for the blue door is"), whose continuation must be fetched from far back. The amount of
   filler sets the distance, in words, between the fact and the question.
-* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk."
+* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", with neutral filler between the two (as many words as
+  a recall document's distance, often none): a list held over a distance, one word at a time.
 
 Everything is plain Python (``random.Random``), so the same seed gives the same text on every machine.
 
@@ -284,10 +285,13 @@ def _recall_episode(rng: random.Random, distance: int) -> _RecallEpisode:
     )
 
 
+def _log_uniform_distance(rng: random.Random, max_distance: int) -> int:
+    # Log-uniform in [0, max_distance]: short and long dependencies both get plenty of examples.
+    return round(math.exp(rng.uniform(0.0, math.log(max_distance + 1)))) - 1
+
+
 def _recall_document(rng: random.Random, max_distance: int) -> str:
-    # Log-uniform distances in [0, max_distance]: short and long dependencies both get plenty of examples.
-    distance = round(math.exp(rng.uniform(0.0, math.log(max_distance + 1)))) - 1
-    episode = _recall_episode(rng, distance)
+    episode = _recall_episode(rng, _log_uniform_distance(rng, max_distance))
     return episode.prompt + episode.answer + episode.ending
 
 
@@ -313,11 +317,17 @@ def _copy_words(rng: random.Random) -> list[str]:
     return rng.sample(COPY_WORDS, rng.randint(COPY_MIN_WORDS, COPY_MAX_WORDS))
 
 
-def _copy_document(rng: random.Random) -> str:
+def _copy_episode(rng: random.Random, words: list[str], gap: int) -> str:
+    """The list, `gap` words of filler, then the list again: "Repeat: a b c. <filler> Again: a b c."."""
+    sequence = " ".join(words)
+    filler = "".join(f" {sentence}" for sentence in _filler(rng, gap))
+    return f"Repeat: {sequence}.{filler} Again: {sequence}."
+
+
+def _copy_document(rng: random.Random, max_distance: int) -> str:
     episodes = []
     for _ in range(rng.randint(1, 3)):
-        sequence = " ".join(_copy_words(rng))
-        episodes.append(f"Repeat: {sequence}. Again: {sequence}.")
+        episodes.append(_copy_episode(rng, _copy_words(rng), _log_uniform_distance(rng, max_distance)))
     return " ".join(episodes)
 
 
@@ -340,7 +350,7 @@ def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], m
     makers = {
         "coref": _coref_document,
         "recall": lambda r: _recall_document(r, max_recall_distance),
-        "copy": _copy_document,
+        "copy": lambda r: _copy_document(r, max_recall_distance),
     }
     return [makers[rng.choice(kinds)](rng) for _ in range(num_documents)]
 
@@ -353,8 +363,8 @@ def generate_documents(
 ) -> list[str]:
     """`num_documents` documents, each of a kind drawn uniformly from `kinds`; the same seed gives the same list.
 
-    `max_recall_distance` caps the words between a fact and its question in recall documents (drawn log-uniformly
-    from 0 to the cap). No document contains a word of :data:`HELD_OUT_NOUNS`.
+    `max_recall_distance` caps the words between a fact and its question in recall documents, and the filler
+    between a list and its repetition in copy documents (both drawn log-uniformly from 0 to the cap). No document contains a word of :data:`HELD_OUT_NOUNS`.
     """
     _check_int("num_documents", num_documents, 0)
     _check_int("seed", seed)
@@ -399,7 +409,7 @@ class Probe:
     prompt: str  # text up to (not including) the answer, e.g. "... because it was too tired. The"
     answer: str  # the correct continuation, with its leading space, e.g. " animal"
     distractors: tuple[str, ...]  # wrong continuations of the same form, e.g. (" street",)
-    distance: int  # words between the fact and the question (recall/copy), 0 for coref
+    distance: int  # words between the fact and the question (recall), the list and its repetition (copy); 0: coref
 
 
 def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
@@ -418,25 +428,29 @@ def _recall_probe(rng: random.Random, distance: int) -> Probe:
     return Probe("recall", episode.prompt, episode.answer, episode.distractors, episode.distance)
 
 
-def _copy_probe(rng: random.Random) -> Probe:
-    """Asks for the word after the first `known` words of the repetition; the other listed words are distractors."""
+def _copy_probe(rng: random.Random, gap: int) -> Probe:
+    """Asks for the word after the first `known` words of the repetition; the other listed words are distractors.
+
+    `gap` words of filler separate the list from "Again:" (the probe's distance, as for recall)."""
     words = _copy_words(rng)
     known = rng.randrange(len(words))
     answer = words[known]
     others = [word for word in words if word != answer]
-    # From a word's first occurrence to its copy there are exactly len(words) words, "Again:" included.
-    prompt = f"Repeat: {' '.join(words)}. Again:" + "".join(f" {word}" for word in words[:known])
+    episode = _copy_episode(rng, words, gap)
+    prompt = episode[: episode.index(" Again:")] + " Again:" + "".join(f" {word}" for word in words[:known])
     distractors = tuple(f" {word}" for word in rng.sample(others, min(3, len(others))))
-    return Probe("copy", prompt, f" {answer}", distractors, distance=len(words))
+    return Probe("copy", prompt, f" {answer}", distractors, distance=gap)
 
 
 def make_probes(
     num_per_kind: int = 100,
     seed: int = 12345,
     recall_distances: tuple[int, ...] = (10, 50, 200, 400),
+    copy_distances: tuple[int, ...] = (0,),
 ) -> list[Probe]:
-    """Held-out test questions: `num_per_kind` each of coref, coref_new_nouns and copy, and `num_per_kind` recall
-    probes per distance in `recall_distances` (words between fact and question, exact).
+    """Held-out test questions: `num_per_kind` each of coref and coref_new_nouns, `num_per_kind` recall probes per
+    distance in `recall_distances` (words between fact and question, exact) and copy probes per distance in
+    `copy_distances` (words of filler between the list and its repetition; 0: none).
 
     Each kind has its own seed stream, so adding a distance does not change the other probes. The default 400
     lies beyond the training documents' default cap of 200 on purpose: it asks whether recall carries to longer
@@ -444,10 +458,11 @@ def make_probes(
     """
     _check_int("num_per_kind", num_per_kind, 1)
     _check_int("seed", seed)
-    if isinstance(recall_distances, int):
-        raise ValueError(f"`recall_distances` must be a tuple of integers, e.g. ({recall_distances},).")
-    for distance in recall_distances:
-        _check_int("each of `recall_distances`", distance, 0)
+    for name, distances in (("recall_distances", recall_distances), ("copy_distances", copy_distances)):
+        if isinstance(distances, int):
+            raise ValueError(f"`{name}` must be a tuple of integers, e.g. ({distances},).")
+        for distance in distances:
+            _check_int(f"each of `{name}`", distance, 0)
 
     probes: list[Probe] = []
     for held_out, kind in ((False, "coref"), (True, "coref_new_nouns")):
@@ -456,8 +471,9 @@ def make_probes(
     for distance in recall_distances:
         rng = _rng(f"probes/recall@{distance}", seed)
         probes += [_recall_probe(rng, distance) for _ in range(num_per_kind)]
-    rng = _rng("probes/copy", seed)
-    probes += [_copy_probe(rng) for _ in range(num_per_kind)]
+    for distance in copy_distances:
+        rng = _rng("probes/copy" if distance == 0 else f"probes/copy@{distance}", seed)
+        probes += [_copy_probe(rng, distance) for _ in range(num_per_kind)]
     return probes
 
 

@@ -185,14 +185,17 @@ def candidate_log_probs(model, tokenizer, probes: list[Probe], batch_size: int =
 
 
 def probe_key(probe: Probe) -> str:
-    """The result key a probe counts towards: its kind, with the distance for recall (`recall@200`)."""
-    return f"recall@{probe.distance}" if probe.kind == "recall" else probe.kind
+    """The result key a probe counts towards: its kind, with the distance for recall (`recall@200`) and for copying
+    over filler (`copy@200`; plain `copy` when the repetition follows the list at once)."""
+    if probe.kind == "recall" or (probe.kind == "copy" and probe.distance > 0):
+        return f"{probe.kind}@{probe.distance}"
+    return probe.kind
 
 
 def score_probes(model, tokenizer, probes: list[Probe], batch_size: int = 32) -> dict[str, float]:
     """Accuracy per probe kind: a probe counts as right when its answer beats every distractor (ties count wrong).
 
-    Keys: `coref`, `coref_new_nouns`, `copy` and `recall@{distance}` for each kind present, each with a matching
+    Keys: `coref`, `coref_new_nouns`, `copy`, `copy@{distance}` and `recall@{distance}` for each kind present, each with a matching
     `n_{key}` count (as a float, like every value).
     """
     if not probes:

@@ -97,9 +97,13 @@ def test_recall_documents_restate_an_earlier_fact_within_the_cap():
 
 def test_copy_documents_repeat_their_words():
     for document in generate_documents(100, seed=4, kinds=("copy",)):
-        episodes = re.findall(r"Repeat: ([^.]+)\. Again: ([^.]+)\.", document)
-        assert episodes and " ".join(f"Repeat: {a}. Again: {b}." for a, b in episodes) == document
-        assert all(first == second for first, second in episodes)
+        episodes = re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)
+        assert episodes and " ".join(f"Repeat: {a}.{gap} Again: {b}." for a, gap, b in episodes) == document
+        assert all(first == second for first, _, second in episodes)
+        assert all("Repeat" not in gap and "Again" not in gap for _, gap, _ in episodes)
+    gaps = [len(gap.split()) for document in generate_documents(300, seed=4, kinds=("copy",), max_recall_distance=60)
+            for _, gap, _ in re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)]  # fmt: skip
+    assert min(gaps) == 0 and 30 < max(gaps) <= 60  # from no filler at all to near the cap
 
 
 def test_held_out_nouns_never_appear_in_documents():
@@ -138,13 +142,15 @@ def test_probes_are_well_formed_multiple_choice():
 
 
 def test_copy_probes_ask_for_the_next_repeated_word():
-    for probe in [p for p in make_probes(30, seed=6) if p.kind == "copy"]:
-        listed, copied = re.fullmatch(r"Repeat: ([^.]+)\. Again:(.*)", probe.prompt).groups()
+    probes = [p for p in make_probes(30, seed=6, copy_distances=(0, 50)) if p.kind == "copy"]
+    assert sorted({p.distance for p in probes}) == [0, 50] and len(probes) == 60
+    for probe in probes:
+        listed, gap, copied = re.fullmatch(r"Repeat: ([^.]+)\.(.*) Again:(.*)", probe.prompt).groups()
         listed, copied = listed.split(), copied.split()
         assert listed[: len(copied)] == copied
         assert probe.answer == f" {listed[len(copied)]}"
         assert {d.strip() for d in probe.distractors} <= set(listed)
-        assert probe.distance == len(listed)
+        assert len(gap.split()) == probe.distance
 
 
 @pytest.mark.parametrize(

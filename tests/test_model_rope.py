@@ -43,3 +43,26 @@ def test_rope_scaling_types_build_and_change_positions(tiny_model, rope_type):
     assert scaled_logits.shape == (1, 24, scaled.config.vocab_size)
     assert torch.isfinite(scaled_logits).all()
     assert not torch.allclose(scaled_logits, plain_logits), f"{rope_type} scaling changed nothing"
+
+
+@pytest.mark.parametrize("rope_type", ["default", "llama3"])
+def test_rotation_is_bit_for_bit_llamas(rope_type):
+    """TinyTx folds the rotation's signs into its sin table and rolls instead of rotate_half: the same numbers."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply
+
+    from conftest import build_tiny_config
+    from hf_tinytx.modeling_tinytx import TinyTxRotaryEmbedding, apply_rotary_pos_emb
+
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0}
+    if rope_type == "llama3":
+        rope.update(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)
+    config = build_tiny_config(rope_parameters=rope)
+    llama_config = LlamaConfig(**{k: getattr(config, k) for k in ("hidden_size", "num_attention_heads",
+                               "num_key_value_heads", "max_position_embeddings")}, rope_parameters=rope)  # fmt: skip
+    positions = torch.arange(40)[None] * 3
+    q, k = torch.randn(2, 1, 4, 40, config.head_dim).unbind(0)
+    ours = apply_rotary_pos_emb(q, k, *TinyTxRotaryEmbedding(config)(q, positions))
+    theirs = llama_apply(q, k, *LlamaRotaryEmbedding(llama_config)(q, positions))
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])

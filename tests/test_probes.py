@@ -41,7 +41,7 @@ def tiny_model(tokenizer):
 
 @pytest.fixture(scope="module")
 def probes():
-    return make_probes(num_per_kind=4, seed=1, recall_distances=(10, 50))
+    return make_probes(num_per_kind=4, seed=1, recall_distances=(10, 50), copy_distances=(0, 20))
 
 
 class OracleLM(torch.nn.Module):
@@ -71,7 +71,7 @@ def _oracle(tokenizer, probes, pick) -> OracleLM:
 def test_scores_have_the_right_keys_and_ranges(tiny_model, tokenizer, probes):
     tiny_model.train()
     results = score_probes(tiny_model, tokenizer, probes, batch_size=8)
-    keys = ["coref", "coref_new_nouns", "recall@10", "recall@50", "copy"]
+    keys = ["coref", "coref_new_nouns", "recall@10", "recall@50", "copy", "copy@20"]
     assert set(results) == set(keys) | {f"n_{key}" for key in keys}
     for key in keys:
         assert isinstance(results[key], float) and 0.0 <= results[key] <= 1.0

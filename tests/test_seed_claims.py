@@ -70,6 +70,9 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     assert figures["benchmark"] == "seed_claims" and figures["mode"] == "quick"
     assert figures["quadratic"]["flop_growth_when_n_doubles"] == pytest.approx(4.0)
     assert figures["positions"]["permutation_max_error_without_rope"] < 1e-5
+    single = figures["sequential"]["single_sequence"]
+    assert set(single["speedup_from_all_cores"]) == {"tinytx", "lstm"}
+    assert all(speedup > 0 for speedup in single["speedup_from_all_cores"].values())
     training = figures["distance"]["training"]
     assert training["tinytx"]["steps"] > 0 and training["lstm"]["steps"] > 0
     assert {row["distance"] for row in figures["distance"]["rows"]} == {10, 50, 200, 400}
