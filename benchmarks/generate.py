@@ -38,6 +38,21 @@ def make_generate(model, prompt, new_tokens, cache_implementation):
     return generate
 
 
+def matmul_floor_seconds(model, repeats: int) -> float:
+    """Seconds per token spent in the decoding step's matrix-vector products alone: every projection and the LM head
+    applied once to one vector, in forward order. Each token streams all the weights from memory, so this is the
+    floor under any batch-1 decoder of these weights, before attention, norms, RoPE and `generate`'s own loop."""
+    weights = [module.weight.detach() for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    vectors = [torch.randn(1, 1, weight.shape[1]) for weight in weights]
+
+    def one_token():
+        for weight, vector in zip(weights, vectors):
+            torch.nn.functional.linear(vector, weight)
+
+    samples = interleaved_samples({"floor": lambda: [one_token() for _ in range(32)]}, repeats=repeats, warmup=1)
+    return statistics.median(samples["floor"]) / 32
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="10M")
@@ -74,6 +89,8 @@ def main():
                 }
             )
 
+    with torch.no_grad():
+        floor = matmul_floor_seconds(models["tinytx"], repeats)
     header = f"{'batch':>5} | {'cache':>7} | {'TinyTx tok/s':>12} | {'Llama tok/s':>11} | {'speed-up':>8}"
     print(f"shape {args.shape}: {count_parameters(models['tinytx']):,} parameters, prompt {args.prompt_len}, "
           f"{args.new_tokens} new tokens, greedy")
@@ -82,8 +99,14 @@ def main():
     for r in results:
         print(f"{r['batch_size']:>5} | {r['cache']:>7} | {r['tinytx_tokens_per_s']:>12.1f} | "
               f"{r['llama_tokens_per_s']:>11.1f} | {r['speedup_tinytx_over_llama']:>8.2f}")
+    weight_megabytes = sum(m.weight.numel() * m.weight.element_size() for m in models["tinytx"].modules()
+                           if isinstance(m, torch.nn.Linear)) / 1e6  # fmt: skip
+    print(f"batch-1 floor: the matrix-vector products alone take {floor * 1e3:.2f} ms/token "
+          f"({weight_megabytes:.1f} MB of weights streamed per token, {weight_megabytes / 1e3 / floor:.1f} GB/s), "
+          f"i.e. at most {1 / floor:.0f} tokens/s before attention, norms and generate's loop")
     print(json.dumps({"benchmark": "generate", "shape": args.shape, "torch": torch.__version__,
-                      "threads": torch.get_num_threads(), "repeats": repeats, "results": results}))
+                      "threads": torch.get_num_threads(), "repeats": repeats, "results": results,
+                      "batch1_matmul_floor_ms_per_token": floor * 1e3, "weights_mb_per_token": weight_megabytes}))
 
 
 if __name__ == "__main__":

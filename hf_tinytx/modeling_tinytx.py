@@ -68,6 +68,9 @@ class TinyTxDynamicLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if key_states.requires_grad or value_states.requires_grad:
+            # Writing in place into a buffer autograd has saved would break the backward pass: concatenate instead.
+            return super().update(key_states, value_states, *args, **kwargs)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         old_len = self.keys.shape[-2] if self.keys.numel() > 0 else 0

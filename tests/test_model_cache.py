@@ -110,3 +110,14 @@ def test_loss_forward_builds_no_cache_unless_asked(tiny_model):
     cache = getattr(asked, "cache", None) or getattr(asked, "past_key_values", None)
     assert cache.get_seq_length() == 4
     assert torch.equal(asked.logits, output.logits)
+
+
+def test_cache_built_with_gradients_still_backpropagates(tiny_model):
+    """Two forwards through one cache, then backward through both: in-place appends would break autograd here."""
+    model = tiny_model()
+    model.train()
+    first = model(torch.tensor([[5, 6, 7]]), use_cache=True)
+    cache = getattr(first, "cache", None) or getattr(first, "past_key_values", None)
+    second = model(torch.tensor([[8, 9]]), cache=cache, use_cache=True)
+    (first.logits.sum() + second.logits.sum()).backward()
+    assert model.model.layers[0].self_attn.k_proj.weight.grad is not None
