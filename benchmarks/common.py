@@ -69,10 +69,13 @@ def interleaved_samples(runs: dict[str, Callable[[], None]], repeats: int, warmu
     return samples
 
 
+def medians(samples: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
     """Median seconds per call of each function, sampling them in turn so drift hits all of them alike."""
-    samples = interleaved_samples(runs, repeats, warmup)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return medians(interleaved_samples(runs, repeats, warmup))
 
 
 def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> float:

@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-from common import build_pair, count_parameters, interleaved_samples, paired_ratio
+from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio
 
 
 def make_generate(model, prompt, new_tokens, cache_implementation):
@@ -38,11 +38,10 @@ def make_generate(model, prompt, new_tokens, cache_implementation):
     return generate
 
 
-def matmul_floor_seconds(model, repeats: int) -> float:
+def matmul_floor_seconds(weights: list[torch.Tensor], repeats: int) -> float:
     """Seconds per token spent in the decoding step's matrix-vector products alone: every projection and the LM head
     applied once to one vector, in forward order. Each token streams all the weights from memory, so this is the
     floor under any batch-1 decoder of these weights, before attention, norms, RoPE and `generate`'s own loop."""
-    weights = [module.weight.detach() for module in model.modules() if isinstance(module, torch.nn.Linear)]
     vectors = [torch.randn(1, 1, weight.shape[1]) for weight in weights]
 
     def one_token():
@@ -76,7 +75,7 @@ def main():
             if not torch.equal(outputs["tinytx"], outputs["llama"]):
                 raise RuntimeError(f"TinyTx and Llama generated different tokens (batch {batch_size}, {cache} cache)")
             samples = interleaved_samples(runs, repeats=repeats, warmup=1)
-            seconds = {name: statistics.median(values) for name, values in samples.items()}
+            seconds = medians(samples)
             new_tokens = batch_size * args.new_tokens
             results.append(
                 {
@@ -89,8 +88,10 @@ def main():
                 }
             )
 
+    weights = [module.weight.detach() for module in models["tinytx"].modules() if isinstance(module, torch.nn.Linear)]
+    weight_megabytes = sum(weight.numel() * weight.element_size() for weight in weights) / 1e6
     with torch.no_grad():
-        floor = matmul_floor_seconds(models["tinytx"], repeats)
+        floor = matmul_floor_seconds(weights, repeats)
     header = f"{'batch':>5} | {'cache':>7} | {'TinyTx tok/s':>12} | {'Llama tok/s':>11} | {'speed-up':>8}"
     print(f"shape {args.shape}: {count_parameters(models['tinytx']):,} parameters, prompt {args.prompt_len}, "
           f"{args.new_tokens} new tokens, greedy")
@@ -99,8 +100,6 @@ def main():
     for r in results:
         print(f"{r['batch_size']:>5} | {r['cache']:>7} | {r['tinytx_tokens_per_s']:>12.1f} | "
               f"{r['llama_tokens_per_s']:>11.1f} | {r['speedup_tinytx_over_llama']:>8.2f}")
-    weight_megabytes = sum(m.weight.numel() * m.weight.element_size() for m in models["tinytx"].modules()
-                           if isinstance(m, torch.nn.Linear)) / 1e6  # fmt: skip
     print(f"batch-1 floor: the matrix-vector products alone take {floor * 1e3:.2f} ms/token "
           f"({weight_megabytes:.1f} MB of weights streamed per token, {weight_megabytes / 1e3 / floor:.1f} GB/s), "
           f"i.e. at most {1 / floor:.0f} tokens/s before attention, norms and generate's loop")

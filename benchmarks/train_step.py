@@ -12,11 +12,10 @@ Prints a table, then one JSON line with every figure.
 
 import argparse
 import json
-import statistics
 
 import torch
 
-from common import SHAPES, build_pair, count_parameters, interleaved_samples, paired_ratio
+from common import SHAPES, build_pair, count_parameters, interleaved_samples, medians, paired_ratio
 
 
 def make_step(model: torch.nn.Module, batch: torch.Tensor):
@@ -47,7 +46,7 @@ def main():
         batch = torch.randint(0, vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
         steps = {name: make_step(model, batch) for name, model in models.items()}
         samples = interleaved_samples(steps, repeats=repeats, warmup=3)
-        seconds = {name: statistics.median(values) for name, values in samples.items()}
+        seconds = medians(samples)
         tokens = batch_size * seq_len
         results.append(
             {

@@ -364,7 +364,8 @@ def generate_documents(
     """`num_documents` documents, each of a kind drawn uniformly from `kinds`; the same seed gives the same list.
 
     `max_recall_distance` caps the words between a fact and its question in recall documents, and the filler
-    between a list and its repetition in copy documents (both drawn log-uniformly from 0 to the cap). No document contains a word of :data:`HELD_OUT_NOUNS`.
+    between a list and its repetition in copy documents (both drawn log-uniformly from 0 to the cap). No document
+    contains a word of :data:`HELD_OUT_NOUNS`.
     """
     _check_int("num_documents", num_documents, 0)
     _check_int("seed", seed)
