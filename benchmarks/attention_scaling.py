@@ -86,15 +86,17 @@ def peak_memory_mib(backend: str, n: int, hidden_size: int, num_heads: int) -> f
     Linux lets a process reset its own peak-RSS mark (`echo 5 > /proc/self/clear_refs`), so the peak of the forward
     is not hidden by the larger peak of importing torch."""
     code = (
-        "import sys; sys.path.insert(0, %r)\n"
         "from attention_scaling import build_layer, read_rss_kib\n"
         "forward = build_layer(%r, %d, %d, %d)\n"
         "open('/proc/self/clear_refs', 'w').write('5')\n"
         "before = read_rss_kib('VmRSS')\n"
         "forward()\n"
         "print((read_rss_kib('VmHWM') - before) / 1024)\n"
-    ) % (str(Path(__file__).parent), backend, n, hidden_size, num_heads)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    ) % (backend, n, hidden_size, num_heads)
+    # From benchmarks/, where `python -c` finds this module as a sibling.
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+    )
     return float(result.stdout.strip().splitlines()[-1])
 
 

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -33,12 +32,10 @@ import torch
 
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # attention_scaling, common, lstm_baseline
-sys.path.insert(0, str(HERE.parent / "training"))  # the BPE trainer the training scripts use
 
-from attention_scaling import attention_flops, time_interleaved  # noqa: E402
+from attention_scaling import attention_flops, time_interleaved  # noqa: E402  (siblings in benchmarks/)
 from common import count_parameters, interleaved_medians  # noqa: E402
-from lstm_baseline import LSTMLanguageModel, lstm_matching  # noqa: E402
+from lstm_baseline import lstm_matching  # noqa: E402
 
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.corpus import default_corpus, make_probes  # noqa: E402
@@ -84,7 +81,7 @@ EXAMPLE_SENTENCE = "The animal didn't cross the street because it was too tired.
 
 def build_data(settings: dict, seed: int):
     """A BPE trained on the corpus, and the training split cut into (blocks, block_size) token ids."""
-    from tokenizer import train_bpe_tokenizer  # training/tokenizer.py
+    from hf_tinytx.tokenization import train_bpe_tokenizer
 
     corpus = default_corpus(num_documents=settings["num_documents"], seed=seed)
     tokenizer = train_bpe_tokenizer([corpus["train"]], settings["vocab_size"], model_max_length=4096)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .corpus import Probe
+from .tokenization import adds_bos
 
 
 def _token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -23,11 +24,7 @@ def _token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
 def _leading_special_ids(tokenizer) -> list[int]:
     """The BOS id when this tokenizer puts one in front of every text (Llama-style), else nothing (GPT-2-style), so
     the model sees probes the way it saw its training text."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        return []
-    with_specials = list(tokenizer("x")["input_ids"])
-    return [bos] if with_specials[:1] == [bos] else []
+    return [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
 
 
 def _split_candidate(

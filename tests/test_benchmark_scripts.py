@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import pretrain_env
+from tests.helpers.tiny import pretrain_env
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

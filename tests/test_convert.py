@@ -1,14 +1,13 @@
 """Llama <-> TinyTx conversion: same logits, same greedy text, both ways; refusals; the folder-to-folder CLI."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_tiny_config
+from tests.helpers.tiny import build_tiny_config
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -196,12 +195,9 @@ def save_tiny_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    # Run from the repository so `python -m hf_tinytx.convert` finds the package even when it is not installed.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run(
         [sys.executable, "-m", "hf_tinytx.convert", *args],
         cwd=REPO_ROOT,
-        env=env,
         capture_output=True,
         text=True,
         timeout=300,

@@ -47,8 +47,7 @@ def chat_records(n):
 
 def save_base(folder: Path, **overrides) -> Path:
     """A tiny TinyTx + tokenizer folder, the script's --model_name_or_path."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import build_byte_bpe_tokenizer, build_tiny_model
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
     tokenizer = build_byte_bpe_tokenizer()
     build_tiny_model(seed=0, vocab_size=len(tokenizer), **overrides).save_pretrained(folder)
@@ -194,8 +193,7 @@ def test_bad_data_is_refused_before_training(runs, case, line, words):
 
 def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
     """Labels are -100 on every prompt token: what remains to learn is exactly the replies (and their EOS)."""
-    sys.path.insert(0, str(REPO_ROOT / "training"))
-    from sft_data import IGNORE_INDEX, PadCollator, build_examples, ensure_chat_template, tokenize_record
+    from training.sft_data import IGNORE_INDEX, PadCollator, build_examples, ensure_chat_template, tokenize_record
 
     tokenizer = byte_bpe_tokenizer()
     assert ensure_chat_template(tokenizer)
@@ -205,9 +203,9 @@ def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
         assert len(example["input_ids"]) == len(example["labels"])
         return tokenizer.decode([label for label in example["labels"] if label != IGNORE_INDEX])
 
-    assert learned_text({"kind": "prompt", "prompt": "Q: 2+2?\nA:", "response": " 4"}) == " 4<|eos|>"
+    assert learned_text({"kind": "prompt", "prompt": "Q: 2+2?\nA:", "response": " 4"}) == " 4</s>"
     conversation = chat_records(2)[1]["messages"]  # system, user, assistant "1 1", user, assistant "1"
-    assert learned_text({"kind": "chat", "messages": conversation}) == "1 1<|eos|>1<|eos|>"
+    assert learned_text({"kind": "chat", "messages": conversation}) == "1 1</s>1</s>"
 
     records = [{"kind": "prompt", **record} for record in prompt_records(6)]
     padded = build_examples(records, tokenizer, max_seq_length=64, packing=False)

@@ -5,7 +5,6 @@ subprocess whose environment points at it, with a fresh `HF_HOME`.
 """
 
 import base64
-import importlib.util
 import json
 import os
 import shutil
@@ -18,19 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers.remote_code import BLOCK_HF_TINYTX
+from tests.helpers.remote_code import BLOCK_HF_TINYTX
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TRAINING_DIR = REPO_ROOT / "training"
 
 
-def client_env(hub, home: Path, token="default", pythonpath=()) -> dict:
+def client_env(hub, home: Path, token="default") -> dict:
     """os.environ without any Hub settings of the machine, plus the server's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
     env.pop("PYTHONPATH", None)
     env.update(hub.client_env(home, token=token))
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     return env
 
 
@@ -70,12 +67,10 @@ def work(tmp_path):
     return tmp_path
 
 
-# Loads training/hub.py the way the training scripts do (a sibling module named `hub`).
-PUSHER_PRELUDE = f"""
+PUSHER_PRELUDE = """
 import json, logging, os, sys, time
-sys.path.insert(0, {str(TRAINING_DIR)!r})
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)  # as chatty as possible: logs must stay token-free
-from hub import HubPusher
+from training.hub import HubPusher
 """
 
 
@@ -107,7 +102,7 @@ def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
         ok = pusher.push({str(model_dir)!r}, "final model")  # queued after the checkpoint, so committed last
         print(json.dumps({{"ok": ok, "failures": pusher.failures}}))
         """,
-        env=client_env(local_hub, home, pythonpath=[REPO_ROOT]),
+        env=client_env(local_hub, home),
         cwd=cwd,
     )
     assert last_json_line(push.stdout) == {"ok": True, "failures": []}
@@ -243,10 +238,7 @@ def test_wrong_token_is_a_clear_failure_not_a_crash(local_hub, work):
 
 
 def test_push_async_of_a_missing_folder_is_reported_not_raised(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("hub_under_test", TRAINING_DIR / "hub.py")
-    hub = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, hub)  # dataclasses look their module up there
-    spec.loader.exec_module(hub)
+    from training import hub
 
     pusher = hub.HubPusher("tester/never-reached", token="hf_" + "z" * 30)
     pusher.push_async(str(tmp_path / "no-such-checkpoint"), "checkpoint 9")

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import build_byte_bpe_tokenizer, build_tiny_model
+from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 from hf_tinytx.corpus import make_probes
 from hf_tinytx.interpret import (
     attention_maps,

@@ -21,7 +21,7 @@ def test_text_generation_pipeline_from_a_folder(tiny_config, byte_bpe_tokenizer,
     hf_tinytx.TinyTxForCausalLM(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     assert (tmp_path / "tokenizer.json").is_file()
-    assert AutoTokenizer.from_pretrained(tmp_path).pad_token == "<|pad|>"
+    assert AutoTokenizer.from_pretrained(tmp_path).pad_token == "<pad>"
 
     generator = pipeline("text-generation", model=str(tmp_path), device="cpu")
     assert isinstance(generator.model, hf_tinytx.TinyTxForCausalLM)
@@ -30,4 +30,4 @@ def test_text_generation_pipeline_from_a_folder(tiny_config, byte_bpe_tokenizer,
     text = outputs[0]["generated_text"]
     assert isinstance(text, str)
     assert text.startswith(prompt)
-    assert len(text) > len(prompt)  # min_new_tokens keeps <|eos|> from ending the text at once
+    assert len(text) > len(prompt)  # min_new_tokens keeps </s> from ending the text at once

@@ -52,7 +52,7 @@ def test_rotation_is_bit_for_bit_llamas(rope_type):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply
 
-    from conftest import build_tiny_config
+    from tests.helpers.tiny import build_tiny_config
     from hf_tinytx.modeling_tinytx import TinyTxRotaryEmbedding, apply_rotary_pos_emb
 
     rope = {"rope_type": rope_type, "rope_theta": 10000.0}

@@ -83,7 +83,6 @@ def test_pipeline_from_a_hub_id(model_folder, local_hub, tmp_path: Path):
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
     env.update(local_hub.client_env(tmp_path / "hf_home"))
-    env["PYTHONPATH"] = str(REPO_ROOT)
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
     )

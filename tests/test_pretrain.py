@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from helpers.remote_code import BLOCK_HF_TINYTX
+from tests.helpers.remote_code import BLOCK_HF_TINYTX
 
 
 pytestmark = pytest.mark.slow
@@ -17,12 +17,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def trained_folder(tmp_path_factory):
     """One 40-step run shared by the tests below (the run is the expensive part)."""
-    from conftest import TINY_PRETRAIN_ARGS, _REPO_ROOT, pretrain_env
+    from tests.helpers.tiny import TINY_PRETRAIN_ARGS, REPO_ROOT, pretrain_env
 
     tmp_path = tmp_path_factory.mktemp("pretrain")
     output_dir = tmp_path / "model"
     command = [
-        sys.executable, os.path.join(_REPO_ROOT, "training", "pretrain.py"), *TINY_PRETRAIN_ARGS,
+        sys.executable, os.path.join(REPO_ROOT, "training", "pretrain.py"), *TINY_PRETRAIN_ARGS,
         "--output_dir", str(output_dir), "--max_train_steps", "40", "--eval_steps", "20", "--learning_rate", "3e-3",
     ]
     result = subprocess.run(command, env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,

@@ -17,7 +17,7 @@ TOLERANCE = 1e-5
 
 
 def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain, tmp_path):
-    from conftest import pretrain_env
+    from tests.helpers.tiny import pretrain_env
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load, load_file
 
-from helpers.remote_code import BLOCK_HF_TINYTX
-from test_hub import assert_token_nowhere, client_env, last_json_line, run_python
+from tests.helpers.remote_code import BLOCK_HF_TINYTX
+from tests.test_hub import assert_token_nowhere, client_env, last_json_line, run_python
 
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth", ".ckpt")
 
 def pretrain_hub_env(local_hub, tmp_path, token="default"):
     """pretrain_env (offline datasets, own caches), but with the Hub pointed at the local server."""
-    from conftest import pretrain_env
+    from tests.helpers.tiny import pretrain_env
 
     env = {k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
     env.update(local_hub.client_env(tmp_path / "hf_home", token=token))

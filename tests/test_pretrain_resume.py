@@ -14,7 +14,7 @@ STEPS = 8
 
 
 def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain, tmp_path):
-    from conftest import pretrain_env
+    from tests.helpers.tiny import pretrain_env
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_pretrain("--output_dir", straight, "--max_train_steps", STEPS)

@@ -4,21 +4,19 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import _REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 
 
-BENCHMARKS = Path(_REPO_ROOT) / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+from benchmarks.lstm_baseline import LSTMLanguageModel, lstm_matching, lstm_parameters
+from hf_tinytx.corpus import make_probes
+from hf_tinytx.probes import candidate_log_probs, score_probes
 
-from lstm_baseline import LSTMLanguageModel, lstm_matching, lstm_parameters  # noqa: E402
 
-from hf_tinytx.corpus import make_probes  # noqa: E402
-from hf_tinytx.probes import candidate_log_probs, score_probes  # noqa: E402
+BENCHMARKS = REPO_ROOT / "benchmarks"
 
 
 def test_lstm_parameter_count_formula_and_matching():

@@ -51,7 +51,7 @@ def quiet_args(output_dir, **overrides):
 
 
 def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokenizer, tmp_path: Path):
-    from conftest import TINY_SENTENCES
+    from tests.helpers.tiny import TINY_SENTENCES
 
     tokenizer = byte_bpe_tokenizer()
     model = tiny_model(vocab_size=len(tokenizer)).train()

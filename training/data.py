@@ -16,7 +16,7 @@ import datasets
 import torch
 from datasets import Dataset, DatasetDict
 
-from args import DataArguments, UserInputError
+from .args import DataArguments, UserInputError
 
 
 DEFAULT_CORPUS_DOCUMENTS = 12000

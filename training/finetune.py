@@ -19,6 +19,7 @@ Reads top to bottom: arguments -> data (checked before anything loads) -> tokeni
 -> save -> merge -> Hub.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,18 +27,19 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-try:
-    import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
-except ImportError:  # running from a checkout without `pip install -e .`: the package sits next to training/
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import hf_tinytx  # noqa: F401
+
+if __package__ in (None, ""):  # run as `python training/finetune.py`: import `training` from the checkout
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, Trainer, TrainingArguments, set_seed
 
-from args import UserInputError
-from sft_data import PadCollator, build_examples, ensure_chat_template, has_chat, read_records
+import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
+from hf_tinytx.folders import link_or_copy, regular_files
+from training.args import UserInputError
+from training.hub import HubPusher
+from training.sft_data import PadCollator, build_examples, ensure_chat_template, has_chat, read_records
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -168,8 +170,6 @@ def main(argv=None):
 
     # ---------------------------------------------------------------- Hub
     if push_to_hub:
-        from hub import HubPusher
-
         pusher = HubPusher(hub_model_id, token=training_args.hub_token, private=bool(training_args.hub_private_repo))
         what = "merged model" if push_folder else ("LoRA adapter" if args.use_peft else "model")
         with final_files_only(push_folder or output_dir) as folder:
@@ -219,26 +219,17 @@ def lora_targets(model, requested: str):
     return present
 
 
-class final_files_only:
+@contextlib.contextmanager
+def final_files_only(folder: str):
     """The folder's files without its sub-folders (checkpoints, merged), hard-linked into a temporary sibling."""
-
-    def __init__(self, folder: str):
-        self.folder = folder
-        self.staged = None
-
-    def __enter__(self) -> str:
-        parent, name = os.path.split(os.path.abspath(self.folder))
-        self.staged = tempfile.mkdtemp(prefix=f".{name}-push-", dir=parent)
-        for entry in os.scandir(self.folder):
-            if entry.is_file():
-                try:
-                    os.link(entry.path, os.path.join(self.staged, entry.name))
-                except OSError:
-                    shutil.copy2(entry.path, os.path.join(self.staged, entry.name))
-        return self.staged
-
-    def __exit__(self, *exc_info):
-        shutil.rmtree(self.staged, ignore_errors=True)
+    top_level = [name for name in regular_files(folder) if os.sep not in name]  # refuses links out of the folder
+    parent, name = os.path.split(os.path.abspath(folder))
+    staged = tempfile.mkdtemp(prefix=f".{name}-push-", dir=parent)
+    try:
+        link_or_copy(folder, staged, top_level)
+        yield staged
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def write_json(path: str, values: dict) -> None:

@@ -26,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from hf_tinytx.folders import link_or_copy
+
 
 logger = logging.getLogger(__name__)
 
@@ -190,18 +192,11 @@ def _snapshot(folder: str) -> str:
     parent, name = os.path.split(os.path.abspath(folder))
     target = tempfile.mkdtemp(prefix=f".hub-push-{name}-", dir=parent)
     try:
-        shutil.copytree(folder, target, copy_function=_link_or_copy, dirs_exist_ok=True)
+        link_or_copy(folder, target)  # refuses a link that leaves the folder
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
     return target
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _is_permanent(error: BaseException) -> bool:

@@ -21,15 +21,11 @@ import shutil
 import sys
 import time
 
+
+if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `training` from the checkout
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 import torch
-
-
-try:
-    import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
-except ImportError:  # running from a checkout without `pip install -e .`: the package sits next to training/
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import hf_tinytx  # noqa: F401
-
 import transformers
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
@@ -37,11 +33,13 @@ from tqdm.auto import tqdm
 from huggingface_hub import ModelCard, ModelCardData
 from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
 
-import export
-from args import UserInputError, args_to_dict, parse_args
-from data import DEFAULT_CORPUS_DOCUMENTS, EpochShuffleSampler, load_text_datasets, tokenize_and_pack, training_texts
-from hub import HubPusher
-from tokenizer import load_tokenizer, train_bpe_tokenizer
+import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
+from hf_tinytx.tokenization import train_bpe_tokenizer
+from training import export
+from training.args import UserInputError, args_to_dict, parse_args
+from training.data import DEFAULT_CORPUS_DOCUMENTS, EpochShuffleSampler, load_text_datasets, tokenize_and_pack, training_texts
+from training.hub import HubPusher
+from training.tokenizer import load_tokenizer
 
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")

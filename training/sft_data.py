@@ -16,7 +16,9 @@ import os
 
 import torch
 
-from args import UserInputError
+from hf_tinytx.tokenization import adds_bos
+
+from .args import UserInputError
 
 
 IGNORE_INDEX = -100  # the label value transformers' cross-entropy skips
@@ -153,9 +155,7 @@ def _segments(record: dict, tokenizer) -> list[tuple]:
 
 def _bos(tokenizer) -> list[int]:
     """BOS only where the tokenizer itself adds it (Llama-style), so training sees what inference will see."""
-    bos = tokenizer.bos_token_id
-    adds_bos = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
-    return [bos] if adds_bos else []
+    return [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
 
 
 def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:

@@ -1,34 +1,9 @@
-"""The tokenizer: a named one (`AutoTokenizer`), or a byte-level BPE trained here on the training text.
+"""Loading a named tokenizer (a folder or Hub id) for training; a new byte-level BPE is trained by
+`hf_tinytx.tokenization.train_bpe_tokenizer`."""
 
-Byte-level BPE starts from the 256 byte values, so every string encodes (nothing is ever "unknown"), then merges
-the most frequent neighbouring pairs until the vocabulary is full.
-"""
-
-from collections.abc import Iterable
-
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from args import UserInputError
-
-
-# Ids 0, 1, 2 match TinyTxConfig's defaults (pad unset, bos_token_id=1, eos_token_id=2).
-SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
-
-
-def train_bpe_tokenizer(texts: Iterable[list[str]], vocab_size: int, model_max_length: int) -> PreTrainedTokenizerFast:
-    """Trains a byte-level BPE on batches of documents and wraps it as a transformers tokenizer."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS.values()),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, model_max_length=model_max_length, **SPECIAL_TOKENS)
+from .args import UserInputError
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:

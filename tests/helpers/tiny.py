@@ -1,0 +1,79 @@
+"""Tiny models, tokenizers and training runs for the tests: small enough that each takes seconds on a CPU."""
+
+import os
+from pathlib import Path
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+TINY_SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A small model learns to write one token at a time.",
+    "Attention lets every position look back at the words before it.",
+    "Rotary embeddings turn queries and keys by their position.",
+    "The cat sat on the mat, and the dog sat on the log.",
+    "Hello world! Numbers like 12345 and symbols like #@% appear too.",
+]
+
+
+def build_tiny_config(**overrides):
+    """A TinyTxConfig small enough that a forward pass takes milliseconds on CPU; keyword arguments override."""
+    from hf_tinytx import TinyTxConfig
+
+    values = dict(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention, so repeat_kv is exercised too
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    values.update(overrides)
+    return TinyTxConfig(**values)
+
+
+def build_tiny_model(seed=0, attn_implementation="eager", **overrides):
+    """A seeded TinyTxForCausalLM in eval mode, fp32."""
+    import torch
+
+    from transformers import AutoModelForCausalLM
+
+    import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(build_tiny_config(**overrides), attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
+    """A byte-level BPE trained in memory by the library's trainer: <pad>=0, <s>=1, </s>=2, as in `build_tiny_config`."""
+    from hf_tinytx.tokenization import train_bpe_tokenizer
+
+    return train_bpe_tokenizer(sentences, vocab_size)
+
+
+# ---- training/pretrain.py in a subprocess ----
+
+# A model and corpus small enough that a few dozen steps take seconds; any of these can be overridden by a later flag.
+TINY_PRETRAIN_ARGS = [
+    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
+    "--num_train_documents", "300", "--vocab_size", "320", "--block_size", "64",
+    "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--num_warmup_steps", "2",
+    "--max_eval_batches", "4", "--num_probes_per_kind", "4", "--num_samples", "1",
+    "--max_train_seconds", "0",  # no wall-clock cut: a slow machine must not change what a test trains
+]
+
+
+def pretrain_env(tmp_path, **extra):
+    """Offline, with its own caches, so a run never touches the network or the user's ~/.cache."""
+    env = dict(os.environ)
+    env.update(
+        HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg",
+    )
+    env.update(extra)
+    return env

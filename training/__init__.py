@@ -1,0 +1,13 @@
+"""The training scripts and the pieces they share.
+
+Run the scripts as `python training/pretrain.py` or `python -m training.pretrain` (and `finetune` alike):
+
+    args.py        command-line arguments and their checks (everything is validated before anything is written)
+    data.py        datasets in, packed token blocks out
+    tokenizer.py   loading a named tokenizer (training one lives in hf_tinytx.tokenization)
+    checkpoints.py resumable checkpoints: save, verify, find, prune
+    export.py      the finished model folder: weights, code, tokenizer, card, record
+    hub.py         uploads to the Hugging Face Hub in the background
+    pretrain.py    pre-training on Accelerate: setup -> fit -> evaluate -> export
+    finetune.py    supervised fine-tuning with Trainer, optionally LoRA (sft_data.py: its data)
+"""
