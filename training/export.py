@@ -16,10 +16,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import ModelCard
 
 
-TEMPLATE = os.path.join(os.path.dirname(__file__), os.pardir, "model_cards", "tinytx_model_card.md")
 # Names an export writes; an output folder holding some of them already holds an exported model.
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 
@@ -72,49 +71,6 @@ def plot_loss_curve(history: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-
-
-def render_model_card(context: dict) -> ModelCard:
-    """`context` holds what the template uses: repo_id, config, eval metrics, probe accuracies, hyperparameters."""
-    eval_results = [
-        EvalResult(
-            task_type="text-generation",
-            dataset_type=context["dataset_id"],
-            dataset_name=context["dataset_id"],
-            dataset_split="validation",
-            metric_type=metric,
-            metric_name=label,
-            metric_value=round(float(context["eval"][metric]), 4),
-        )
-        for metric, label in (
-            ("loss", "Validation loss"),
-            ("perplexity", "Perplexity"),
-            ("bits_per_byte", "Bits per byte"),
-        )
-    ]
-    eval_results += [
-        EvalResult(
-            task_type="text-generation",
-            dataset_type="hf_tinytx-probes",
-            dataset_name="hf_tinytx probes",
-            metric_type="accuracy",
-            metric_name=f"Probe accuracy: {name}",
-            metric_value=round(float(value), 4),
-        )
-        for name, value in context.get("probes", {}).items()
-    ]
-    card_data = ModelCardData(
-        license="apache-2.0",
-        library_name="transformers",
-        pipeline_tag="text-generation",
-        tags=["tinytx", "causal-lm", "text-generation", "custom_code", "from-scratch"],
-        datasets=[context["dataset_id"]] if context.get("dataset_is_hub") else None,
-        model_name=context["model_name"],
-        eval_results=eval_results,
-    )
-    with open(TEMPLATE, encoding="utf-8") as f:
-        template = f.read()
-    return ModelCard.from_template(card_data, template_str=template, **context)
 
 
 def hardware_description(num_processes: int, device_type: str) -> str:

@@ -30,12 +30,11 @@ import transformers
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
-from huggingface_hub import ModelCard, ModelCardData
 from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.tokenization import train_bpe_tokenizer
-from training import export
+from training import cards, export
 from training.args import UserInputError, args_to_dict, parse_args
 from training.data import DEFAULT_CORPUS_DOCUMENTS, EpochShuffleSampler, load_text_datasets, tokenize_and_pack, training_texts
 from training.hub import HubPusher
@@ -324,7 +323,7 @@ def main(argv=None):
             "probes": probe_results,
             "example_prompt": "The dog didn't cross the street because it was too",
         }
-        card = export.render_model_card(card_context)
+        card = cards.pretrained_card(card_context)
         staged = export.staging_dir(output_dir)
         if os.path.exists(staged):
             shutil.rmtree(staged)  # left by an interrupted export; only ever written by this script
@@ -509,17 +508,7 @@ def push_checkpoint(pusher, model, state_dict, tokenizer, history, checkpoints_d
     if os.path.exists(folder):
         shutil.rmtree(folder)  # left by a run killed while exporting this step
     last_loss = next((row["loss"] for row in reversed(history) if "loss" in row), None)
-    card_data = ModelCardData(
-        license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
-        tags=["tinytx", "causal-lm", "text-generation", "custom_code", "checkpoint"],
-    )
-    card = ModelCard(
-        f"---\n{card_data.to_yaml()}\n---\n\n# {pusher.repo_id}: checkpoint at step {step}\n\n"
-        f"An intermediate TinyTx pre-training checkpoint (training loss {last_loss}); the finished model, with its "
-        f"evaluation, is at the root of this repo. Load this one with "
-        f"`AutoModelForCausalLM.from_pretrained(\"{pusher.repo_id}\", subfolder=\"checkpoints/step_{step}\", "
-        f"trust_remote_code=True)`.\n"
-    )
+    card = cards.checkpoint_card(pusher.repo_id, step, last_loss)
     try:
         export.write_model_folder(folder, model, state_dict, tokenizer, card, history, training_args, "2GB")
         pusher.push_async(folder, f"Checkpoint at step {step}", path_in_repo=f"checkpoints/step_{step}")

@@ -1,0 +1,70 @@
+"""Every model card the training scripts write, rendered in one place from the templates in model_cards/.
+
+- `pretrained_card`: the finished pre-trained model (metadata, `model-index` with evaluation results, architecture,
+  data, hyperparameters, hardware, how to use).
+- `checkpoint_card`: an intermediate checkpoint pushed to the Hub under checkpoints/step_N/.
+"""
+
+import os
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "model_cards")
+
+
+def _template(name: str) -> str:
+    with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def pretrained_card(context: dict) -> ModelCard:
+    """`context` holds what the template uses: repo_id, config, eval metrics, probe accuracies, hyperparameters."""
+    eval_results = [
+        EvalResult(
+            task_type="text-generation",
+            dataset_type=context["dataset_id"],
+            dataset_name=context["dataset_id"],
+            dataset_split="validation",
+            metric_type=metric,
+            metric_name=label,
+            metric_value=round(float(context["eval"][metric]), 4),
+        )
+        for metric, label in (
+            ("loss", "Validation loss"),
+            ("perplexity", "Perplexity"),
+            ("bits_per_byte", "Bits per byte"),
+        )
+    ]
+    eval_results += [
+        EvalResult(
+            task_type="text-generation",
+            dataset_type="hf_tinytx-probes",
+            dataset_name="hf_tinytx probes",
+            metric_type="accuracy",
+            metric_name=f"Probe accuracy: {name}",
+            metric_value=round(float(value), 4),
+        )
+        for name, value in context.get("probes", {}).items()
+    ]
+    card_data = ModelCardData(
+        license="apache-2.0",
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["tinytx", "causal-lm", "text-generation", "custom_code", "from-scratch"],
+        datasets=[context["dataset_id"]] if context.get("dataset_is_hub") else None,
+        model_name=context["model_name"],
+        eval_results=eval_results,
+    )
+    return ModelCard.from_template(card_data, template_str=_template("tinytx_model_card.md"), **context)
+
+
+def checkpoint_card(repo_id: str, step: int, training_loss: float | None) -> ModelCard:
+    card_data = ModelCardData(
+        license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
+        tags=["tinytx", "causal-lm", "text-generation", "custom_code", "checkpoint"],
+    )
+    return ModelCard.from_template(
+        card_data, template_str=_template("tinytx_checkpoint_card.md"), repo_id=repo_id, step=step,
+        training_loss=training_loss,
+    )
