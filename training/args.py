@@ -6,6 +6,7 @@ also come from a YAML or JSON file given as the first argument; flags after the 
     python training/pretrain.py training/configs/tiny.yaml --max_train_steps 50
 """
 
+import difflib
 import json
 import os
 import sys
@@ -113,7 +114,7 @@ ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, PretrainArguments]:
     """Flags, or a .yaml/.json file first (its values become the defaults) followed by optional flags."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(ALL_ARGUMENTS)
+    parser = build_parser(ALL_ARGUMENTS)
     if argv and argv[0].endswith((".yaml", ".yml", ".json")):
         parser.set_defaults(**_read_args_file(argv.pop(0), parser))
     model_args, data_args, train_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
@@ -185,3 +186,37 @@ def args_to_dict(*dataclass_args) -> dict:
         values.update(vars(args))
     values.pop("hub_token", None)
     return values
+
+
+def build_parser(dataclass_types, **defaults) -> HfArgumentParser:
+    """An `HfArgumentParser` for these dataclasses, `defaults` overriding theirs, that takes flags only as spelled in
+    full and reports every mistake on one line (`prog: error: ...`, exit 2): a typo is named with the nearest flag."""
+    parser = _OneLineErrorParser(dataclass_types, allow_abbrev=False)  # `--max_train_step` must not mean `..._steps`
+    parser.set_defaults(**defaults)
+    return parser
+
+
+class _OneLineErrorParser(HfArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")  # without argparse's usage block above it
+
+    def parse_args_into_dataclasses(self, args=None, return_remaining_strings=False, **kwargs):
+        # HfArgumentParser raises ValueError (a traceback) for leftover strings; they are named here instead.
+        try:
+            *outputs, remaining = super().parse_args_into_dataclasses(args, return_remaining_strings=True, **kwargs)
+        except ValueError as error:  # a dataclass's own check, e.g. TrainingArguments.__post_init__
+            self.error(" ".join(str(error).split()))
+        if return_remaining_strings:
+            return (*outputs, remaining)
+        if remaining:
+            self.error(self._unknown(remaining[0]))
+        return tuple(outputs)
+
+    def _unknown(self, text: str) -> str:
+        if not text.startswith("-"):
+            return f"unexpected value {text!r}: every value follows its flag (--name value); see --help."
+        flag = text.split("=", 1)[0]
+        known = [option for action in self._actions for option in action.option_strings if option.startswith("--")]
+        closest = difflib.get_close_matches(flag, known, n=1)
+        hint = f"did you mean {closest[0]}?" if closest else "run with --help to list the flags."
+        return f"unknown flag {flag}; {hint}"

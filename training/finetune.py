@@ -33,11 +33,11 @@ if __package__ in (None, ""):  # run as `python training/finetune.py`: import `t
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, Trainer, TrainingArguments, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.folders import link_or_copy, regular_files
-from training.args import UserInputError
+from training.args import UserInputError, build_parser
 from training.hub import HubPusher
 from training.sft_data import PadCollator, build_examples, ensure_chat_template, has_chat, read_records
 
@@ -80,8 +80,8 @@ class FinetuneArguments:
 
 def main(argv=None):
     # ---------------------------------------------------------------- arguments
-    parser = HfArgumentParser((FinetuneArguments, TrainingArguments))
-    parser.set_defaults(logging_steps=10, report_to="none", save_total_limit=2)
+    defaults = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}
+    parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)
     args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     check_args(args, training_args)
     output_dir = os.path.abspath(training_args.output_dir)

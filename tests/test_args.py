@@ -1,0 +1,71 @@
+"""Flags of both training scripts (training/args.py: build_parser): spelled in full or refused, and every mistake is
+one line on stderr with exit status 2, a typo named together with the flag it was probably meant to be."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.tiny import REPO_ROOT, pretrain_env
+from training.args import ALL_ARGUMENTS, build_parser
+
+
+FLAG_MISTAKES = {  # (script, flags) -> the one line the script must print
+    ("finetune", "typo"): (["--learnig_rate", "1e-3"], "unknown flag --learnig_rate; did you mean --learning_rate?"),
+    ("finetune", "abbreviation"): (["--max_step", "3"], "unknown flag --max_step; did you mean --max_steps?"),
+    ("pretrain", "typo"): (["--learnig_rate", "1e-3"], "unknown flag --learnig_rate; did you mean --learning_rate?"),
+    ("pretrain", "abbreviation"): (
+        ["--max_train_step", "3"], "unknown flag --max_train_step; did you mean --max_train_steps?"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def flag_runs(tmp_path_factory):
+    """Each mistake in its own process, all started together (each spends seconds importing torch)."""
+    processes = {}
+    for (script, case), (flags, _) in FLAG_MISTAKES.items():
+        cwd = tmp_path_factory.mktemp(f"{script}-{case}")
+        required = ["--model_name_or_path", "base", "--train_file", "data.jsonl"] if script == "finetune" else []
+        command = [sys.executable, str(REPO_ROOT / "training" / f"{script}.py"), *required, *flags]
+        env = pretrain_env(tmp_path_factory.mktemp("home"))  # caches outside cwd, which must stay empty
+        processes[script, case] = cwd, subprocess.Popen(
+            command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    results = {}
+    for key, (cwd, process) in processes.items():
+        stdout, stderr = process.communicate(timeout=300)
+        results[key] = cwd, subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return results
+
+
+@pytest.mark.parametrize("script, case", list(FLAG_MISTAKES))
+def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_closest_flag(flag_runs, script, case):
+    cwd, result = flag_runs[script, case]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [f"{script}.py: error: {FLAG_MISTAKES[script, case][1]}"]
+    assert not list(cwd.iterdir()), "nothing may be written"
+
+
+def parse_failure(capsys, flags) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser(ALL_ARGUMENTS).parse_args_into_dataclasses(flags, look_for_args_file=False)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_argparse_errors_and_stray_values_are_one_line_too(capsys):
+    assert "argument --max_train_steps/--max-train-steps: invalid int value: 'many'" in parse_failure(
+        capsys, ["--max_train_steps", "many"]
+    )
+    assert "unexpected value 'oops'" in parse_failure(capsys, ["--seed", "1", "oops"])
+    assert "unknown flag --zzz; run with --help" in parse_failure(capsys, ["--zzz=1"])
+
+
+def test_flags_in_full_and_defaults_still_parse():
+    parser = build_parser(ALL_ARGUMENTS, max_train_steps=7)
+    _, data_args, train_args = parser.parse_args_into_dataclasses(["--block-size", "32"], look_for_args_file=False)
+    assert (data_args.block_size, train_args.max_train_steps) == (32, 7)
