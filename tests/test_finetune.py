@@ -57,7 +57,7 @@ def save_base(folder: Path, **overrides) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from helpers.hub_server import LocalHub
+    from tests.helpers.hub_server import LocalHub
 
     root = tmp_path_factory.mktemp("finetune")
     gated = save_base(root / "base-gated")
@@ -193,7 +193,7 @@ def test_bad_data_is_refused_before_training(runs, case, line, words):
 
 def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
     """Labels are -100 on every prompt token: what remains to learn is exactly the replies (and their EOS)."""
-    from training.sft_data import IGNORE_INDEX, PadCollator, build_examples, ensure_chat_template, tokenize_record
+    from training.sft_data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
 
     tokenizer = byte_bpe_tokenizer()
     assert ensure_chat_template(tokenizer)
@@ -217,5 +217,24 @@ def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
     assert packed and all(row["input_ids"] in cuts for row in packed)
     assert all(any(label != IGNORE_INDEX for label in row["labels"][1:]) for row in packed)
     assert len(packed) < len(cuts)
-    batch = PadCollator(tokenizer.pad_token_id)(padded[:2])
-    assert batch["labels"][batch["attention_mask"] == 0].eq(IGNORE_INDEX).all()
+
+
+@pytest.mark.parametrize("tokenizer_side", ["right", "left"])
+def test_batches_are_padded_on_the_right_with_labels_ignored(byte_bpe_tokenizer, tokenizer_side):
+    """The library collator gives exactly the rows below, even for a tokenizer set to pad on the left (for batched
+    generation), which keeps that setting."""
+    from training.sft_data import IGNORE_INDEX, pad_collator
+
+    tokenizer = byte_bpe_tokenizer()
+    tokenizer.padding_side = tokenizer_side
+    pad = tokenizer.pad_token_id
+    rows = [{"input_ids": [5, 6, 7, 8], "labels": [IGNORE_INDEX, IGNORE_INDEX, 7, 8]},
+            {"input_ids": [9, 10], "labels": [IGNORE_INDEX, 10]}]
+    batch = pad_collator(tokenizer)(rows)
+    assert tokenizer.padding_side == tokenizer_side
+    assert set(batch) == {"input_ids", "labels", "attention_mask"}
+    assert all(tensor.dtype == torch.long for tensor in batch.values())
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8], [9, 10, pad, pad]]
+    ignored = IGNORE_INDEX
+    assert batch["labels"].tolist() == [[ignored, ignored, 7, 8], [ignored, 10, ignored, ignored]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]

@@ -5,29 +5,15 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
 
 
-IGNORE_INDEX = -100
 
-
-def pad_collator(pad_token_id):
-    """Right padding; padded positions are masked out of attention and of the loss."""
-
-    def collate(features):
-        width = max(len(feature["input_ids"]) for feature in features)
-        batch = {"input_ids": [], "attention_mask": [], "labels": []}
-        for feature in features:
-            ids = list(feature["input_ids"])
-            padding = width - len(ids)
-            batch["input_ids"].append(ids + [pad_token_id] * padding)
-            batch["attention_mask"].append([1] * len(ids) + [0] * padding)
-            batch["labels"].append(ids + [IGNORE_INDEX] * padding)
-        return {key: torch.tensor(value) for key, value in batch.items()}
-
-    return collate
+def pad_collator(tokenizer):
+    """Right padding; padded positions are masked out of attention and of the loss (labels -100)."""
+    return DataCollatorForLanguageModeling(tokenizer, mlm=False)
 
 
 def sentence_dataset(tokenizer, sentences):
@@ -62,7 +48,7 @@ def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokeniz
                         logging_steps=5, lr_scheduler_type="constant"),
         train_dataset=dataset,
         eval_dataset=dataset,
-        data_collator=pad_collator(tokenizer.pad_token_id),
+        data_collator=pad_collator(tokenizer),
         processing_class=tokenizer,
     )
     eval_before = trainer.evaluate()["eval_loss"]
@@ -81,7 +67,7 @@ def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokeniz
 
     reloaded = AutoModelForCausalLM.from_pretrained(saved, attn_implementation="eager").eval()
     assert type(reloaded) is type(model)
-    batch = pad_collator(tokenizer.pad_token_id)([dataset[0], dataset[1]])
+    batch = pad_collator(tokenizer)([dataset[0], dataset[1]])
     model.eval()
     with torch.no_grad():
         expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -89,7 +75,7 @@ def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokeniz
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)  # same weights, same kernels: bit-identical
 
 
-def one_step(tiny_model, dataset, pad_token_id, output_dir, batch_size, accumulation):
+def one_step(tiny_model, dataset, collator, output_dir, batch_size, accumulation):
     """One SGD step (learning rate 1: the weight change is exactly minus the gradient) over all four sequences.
 
     Weights are drawn wider than usual (std 0.2) so the per-token losses differ between sequences; at the default
@@ -101,28 +87,28 @@ def one_step(tiny_model, dataset, pad_token_id, output_dir, batch_size, accumula
                         gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=1.0,
                         lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0, logging_steps=1),
         train_dataset=dataset,
-        data_collator=pad_collator(pad_token_id),
+        data_collator=collator,
     )
     trainer.train()
     loss = next(row["loss"] for row in trainer.state.log_history if "loss" in row)
     return loss, {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def test_gradient_accumulation_matches_one_big_batch(tiny_model, tmp_path: Path):
-    pad = 0
+def test_gradient_accumulation_matches_one_big_batch(tiny_model, byte_bpe_tokenizer, tmp_path: Path):
+    collator = pad_collator(byte_bpe_tokenizer())  # pad id 0: no token drawn below is 0, so only padding leaves the loss
     generator = torch.Generator().manual_seed(1)
     # Different numbers of real tokens per sequence (3, 19, 6, 14), so a mean over micro-batches would be wrong.
     lengths = [3, 19, 6, 14]
     sequences = [torch.randint(3, 128, (n,), generator=generator).tolist() for n in lengths]
     dataset = Dataset.from_dict({"input_ids": sequences})
 
-    big_loss, big_weights = one_step(tiny_model, dataset, pad, tmp_path / "big", batch_size=4, accumulation=1)
-    acc_loss, acc_weights = one_step(tiny_model, dataset, pad, tmp_path / "acc", batch_size=2, accumulation=2)
+    big_loss, big_weights = one_step(tiny_model, dataset, collator, tmp_path / "big", batch_size=4, accumulation=1)
+    acc_loss, acc_weights = one_step(tiny_model, dataset, collator, tmp_path / "acc", batch_size=2, accumulation=2)
 
     # The naive answer (mean of the two micro-batch means) differs clearly, so the check below can tell them apart.
     model = tiny_model(seed=0, initializer_range=0.2)
     with torch.no_grad():
-        halves = [pad_collator(pad)([dataset[i] for i in pair]) for pair in ((0, 1), (2, 3))]
+        halves = [collator([dataset[i] for i in pair]) for pair in ((0, 1), (2, 3))]
         naive = sum(model(**half).loss.item() for half in halves) / 2
     assert abs(naive - big_loss) > 1e-3
 

@@ -39,7 +39,7 @@ import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto
 from hf_tinytx.folders import link_or_copy, regular_files
 from training.args import UserInputError, build_parser
 from training.hub import HubPusher
-from training.sft_data import PadCollator, build_examples, ensure_chat_template, has_chat, read_records
+from training.sft_data import build_examples, ensure_chat_template, has_chat, pad_collator, read_records
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -142,7 +142,7 @@ def main(argv=None):
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        data_collator=PadCollator(tokenizer.pad_token_id),
+        data_collator=pad_collator(tokenizer),
         processing_class=tokenizer,
     )
     result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

@@ -11,10 +11,11 @@ Labels are -100 (ignored by the loss) on every prompt token, so the model is nev
 Examples are then either padded one per row (the default) or packed end to end into rows of `max_seq_length`.
 """
 
+import copy
 import json
 import os
 
-import torch
+from transformers import DataCollatorForSeq2Seq
 
 from hf_tinytx.tokenization import adds_bos
 
@@ -195,7 +196,7 @@ def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str
 
 
 def build_examples(records: list[dict], tokenizer, max_seq_length: int, packing: bool) -> list[dict]:
-    """Tokenized rows ready for `PadCollator`, each at most `max_seq_length` tokens, each with something to learn."""
+    """Tokenized rows ready for `pad_collator`, each at most `max_seq_length` tokens, each with something to learn."""
     tokenized = [tokenize_record(record, tokenizer) for record in records]
     if packing:
         # End to end, then cut: no padding is wasted; documents may attend to the one before them in the same row.
@@ -211,18 +212,10 @@ def build_examples(records: list[dict], tokenizer, max_seq_length: int, packing:
     return [row for row in rows if any(label != IGNORE_INDEX for label in row["labels"][1:])]
 
 
-class PadCollator:
+def pad_collator(tokenizer) -> DataCollatorForSeq2Seq:
     """Pads a batch on the right: input_ids with the pad id, labels with -100, attention_mask 0 on the padding."""
-
-    def __init__(self, pad_token_id: int):
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, features: list[dict]) -> dict:
-        width = max(len(feature["input_ids"]) for feature in features)
-        batch = {"input_ids": [], "labels": [], "attention_mask": []}
-        for feature in features:
-            padding = width - len(feature["input_ids"])
-            batch["input_ids"].append(list(feature["input_ids"]) + [self.pad_token_id] * padding)
-            batch["labels"].append(list(feature["labels"]) + [IGNORE_INDEX] * padding)
-            batch["attention_mask"].append([1] * len(feature["input_ids"]) + [0] * padding)
-        return {key: torch.tensor(values, dtype=torch.long) for key, values in batch.items()}
+    if tokenizer.padding_side != "right":
+        # A copy: the saved tokenizer keeps the side its owner chose for batched generation.
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.padding_side = "right"
+    return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
