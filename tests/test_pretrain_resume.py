@@ -2,10 +2,13 @@
 
 import json
 import os
+import signal
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.helpers.tiny import kill_after_call
 
 
 pytestmark = pytest.mark.slow
@@ -14,18 +17,16 @@ STEPS = 8
 
 
 def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain, tmp_path):
-    from tests.helpers.tiny import pretrain_env
-
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_pretrain("--output_dir", straight, "--max_train_steps", STEPS)
 
-    # Checkpoints every 2 steps; the process dies (os._exit) while step 6's checkpoint is still under its temporary
-    # name, i.e. after accelerate wrote the state but before the rename that completes it.
+    # Checkpoints every 2 steps; the process is killed (SIGKILL, from a wrapper around Accelerate's save_state) right
+    # after the third save_state returns, while step 6's checkpoint is still under its temporary name.
     crashed = run_pretrain(
         "--output_dir", resumed, "--max_train_steps", STEPS, "--checkpointing_steps", 2,
-        env=pretrain_env(tmp_path, TINYTX_DEBUG_CRASH_IN_CHECKPOINT="6"), check=False,
+        launcher=kill_after_call("accelerate.Accelerator.save_state", nth=3), check=False,
     )
-    assert crashed.returncode == 17, crashed.stderr[-3000:]
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     checkpoints = resumed / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == [".tmp_step_6", "step_2", "step_4", "tokenizer"]
     assert not (resumed / "model.safetensors").exists()  # no final export from a crashed run

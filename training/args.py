@@ -8,6 +8,7 @@ also come from a YAML or JSON file given as the first argument; flags after the 
 
 import difflib
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -17,6 +18,10 @@ from transformers import HfArgumentParser
 
 class UserInputError(ValueError):
     """Bad input found before training starts. The message says what is wrong and how to fix it."""
+
+
+class RunError(RuntimeError):
+    """A fault met while training (a non-finite loss, a full disk). The message says what is intact and what to do."""
 
 
 @dataclass
@@ -86,15 +91,17 @@ class PretrainArguments:
     )
     max_train_tokens: int | None = field(default=None, metadata={"help": "Token budget; sets --max_train_steps."})
     max_train_seconds: float = field(
-        default=180.0,
-        metadata={"help": "Stop training after this many seconds even if steps remain (keeps the default CPU run "
-                  "within ~5 minutes on slow machines); 0 for no limit."},
+        default=0.0,
+        metadata={"help": "Stop training after this many seconds even if steps remain (the run then says so); "
+                  "0: no clock, the step count alone decides."},
     )
     seed: int = field(default=0, metadata={"help": "Seed for initialisation, data order and splits."})
     mixed_precision: str = field(default="no", metadata={"help": "no or bf16."})
     eval_steps: int = field(default=200, metadata={"help": "Evaluate every N optimizer steps (and at the end)."})
     max_eval_batches: int | None = field(default=None, metadata={"help": "Evaluate on at most N batches."})
-    checkpointing_steps: int | None = field(default=None, metadata={"help": "Save a resumable checkpoint every N."})
+    checkpointing_steps: int | None = field(
+        default=None, metadata={"help": "Save a resumable checkpoint every N steps (one is always saved at the end)."}
+    )
     checkpoints_total_limit: int | None = field(default=2, metadata={"help": "Keep only the last K checkpoints."})
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "'latest' or a checkpoint folder to continue from exactly."}
@@ -106,6 +113,9 @@ class PretrainArguments:
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id; default: the output dir name."})
     hub_token: str | None = field(default=None, metadata={"help": "Hub token; default: HF_TOKEN / stored login."})
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
+    hub_timeout: float = field(
+        default=600.0, metadata={"help": "At the end, wait at most this many seconds for the uploads to finish."}
+    )
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)
@@ -159,8 +169,9 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     for name, value in positive.items():
         if value <= 0:
             raise UserInputError(f"--{name} must be a positive number, got {value}.")
-    if train_args.max_train_seconds < 0:
+    if not 0 <= train_args.max_train_seconds < math.inf:
         raise UserInputError(f"--max_train_seconds must be >= 0 (0: no limit), got {train_args.max_train_seconds}.")
+    check_optimizer_args(train_args)
     if not 0 < data_args.validation_split_percentage < 100:
         raise UserInputError("--validation_split_percentage must lie between 1 and 99.")
     if train_args.mixed_precision not in ("no", "bf16"):
@@ -177,6 +188,62 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         raise UserInputError(f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}.")
     if train_args.push_to_hub and train_args.hub_model_id is None:
         train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
+    if train_args.push_to_hub:
+        check_hub_args(train_args)
+
+
+def check_optimizer_args(train_args: PretrainArguments) -> None:
+    """Non-finite or out-of-range optimizer values would train on NaN (or silently not clip): refuse them."""
+    ranges = {
+        "learning_rate": (train_args.learning_rate, 0, False, "a small positive number such as 3e-3"),
+        "weight_decay": (train_args.weight_decay, 0, True, "a number >= 0 such as 0.1"),
+        "max_grad_norm": (train_args.max_grad_norm, 0, True, "a number > 0 such as 1.0, or 0 to turn clipping off"),
+    }
+    for name, (value, low, low_ok, fix) in ranges.items():
+        if not (math.isfinite(value) and (value > low or (low_ok and value == low))):
+            raise UserInputError(f"--{name} must be {fix}, got {value}.")
+    if not (math.isfinite(train_args.adam_beta2) and 0 <= train_args.adam_beta2 < 1):
+        raise UserInputError(f"--adam_beta2 must lie in [0, 1), such as 0.95; got {train_args.adam_beta2}.")
+    if train_args.num_warmup_steps < 0:
+        raise UserInputError(f"--num_warmup_steps must be >= 0, got {train_args.num_warmup_steps}.")
+    _check_scheduler(train_args.lr_scheduler_type)
+
+
+def _check_scheduler(name: str) -> None:
+    """Builds and steps the schedule on a dummy optimizer: what fails here would fail at the first training step."""
+    import torch
+    from transformers import SchedulerType, get_scheduler
+
+    if name not in [kind.value for kind in SchedulerType]:
+        raise UserInputError(
+            f"--lr_scheduler_type {name!r} is not a transformers schedule; use cosine, linear, constant_with_warmup, "
+            f"warmup_stable_decay, ... (transformers.SchedulerType lists them)."
+        )
+    try:
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=1, num_training_steps=10)
+        optimizer.step()
+        scheduler.step()
+    except Exception as error:  # schedules that need extra arguments or a metric
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserInputError(
+            f"--lr_scheduler_type {name!r} cannot run on the step count alone ({reason}); use cosine, linear or "
+            f"constant_with_warmup."
+        ) from None
+
+
+def check_hub_args(train_args: PretrainArguments) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(train_args.hub_model_id)
+    except HFValidationError:
+        raise UserInputError(
+            f"--hub_model_id {train_args.hub_model_id!r} is not a valid Hub repo id; use 'name' or 'owner/name' "
+            f"(letters, digits, '-', '_', '.'; at most 96 characters)."
+        ) from None
+    if not (math.isfinite(train_args.hub_timeout) and train_args.hub_timeout > 0):
+        raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {train_args.hub_timeout}.")
 
 
 def args_to_dict(*dataclass_args) -> dict:

@@ -68,3 +68,22 @@ def checkpoint_card(repo_id: str, step: int, training_loss: float | None) -> Mod
         card_data, template_str=_template("tinytx_checkpoint_card.md"), repo_id=repo_id, step=step,
         training_loss=training_loss,
     )
+
+
+def finetuned_card(context: dict) -> ModelCard:
+    """What training/finetune.py saved: `context["kind"]` is "full" (every weight trained), "adapter" (a LoRA
+    adapter) or "merged" (base + adapter folded together); the rest is what tinytx_finetune_card.md uses."""
+    adapter = context["kind"] == "adapter"
+    tags = ["text-generation", "fine-tuned", "sft"] + (["lora"] if context.get("lora") else [])
+    if context["tinytx"] and not adapter:
+        tags += ["tinytx", "custom_code"]  # the folder holds the model's code
+    card_data = ModelCardData(
+        # The Hub only accepts repo ids as base_model; a local base is named in the text instead. The data are
+        # always local files (no `datasets` entry).
+        base_model=context["base_model"] if context["base_is_hub"] else None,
+        library_name="peft" if adapter else "transformers",
+        pipeline_tag="text-generation",
+        tags=tags,
+        model_name=context["model_name"],
+    )
+    return ModelCard.from_template(card_data, template_str=_template("tinytx_finetune_card.md"), **context)

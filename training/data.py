@@ -101,7 +101,28 @@ def _expand(pattern: str, flag: str) -> list[str]:
         raise UserInputError(f"{flag} {pattern!r} matches no file. Check the path (globs like 'data/*.jsonl' work).")
     if all(os.path.getsize(path) == 0 for path in paths):
         raise UserInputError(f"{flag} {pattern!r}: the data is empty (0 bytes); give a file with text in it.")
+    for path in paths:
+        _check_is_text(path, flag)
     return paths
+
+
+def _check_is_text(path: str, flag: str) -> None:
+    """Text formats must be UTF-8 text; a binary file would fail deep inside `datasets` with no file named."""
+    if path.lower().endswith(".parquet"):
+        return
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(head) - 4:  # not just a character cut at the end of the sample
+            line = head[: error.start].count(b"\n") + 1
+            raise UserInputError(
+                f"{flag} {path}, line {line}: not UTF-8 text (byte {head[error.start]:#04x}); save the file as "
+                f"UTF-8 text, or give a .parquet file."
+            ) from None
+    if b"\x00" in head:
+        raise UserInputError(f"{flag} {path} holds NUL bytes, so it is a binary file, not text; give a text file.")
 
 
 def _check_documents(split, text_column: str, name: str) -> None:
@@ -144,7 +165,8 @@ def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column:
 
     def tokenize(batch):
         texts = [text or "" for text in batch[text_column]]
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        # verbose=False: documents longer than the model's context are fine here, they are cut into blocks below.
+        ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         return {
             "input_ids": [doc + [eos] for doc in ids],
             "num_bytes": [len(text.encode("utf-8")) for text in texts],
@@ -180,9 +202,44 @@ def num_tokens_of(tokens: Dataset) -> int:
     return sum(len(ids) for ids in tokens["input_ids"])
 
 
+def make_dataloaders(packed: PackedData, train_args, seed: int):
+    """(sampler or None, training loader, validation loader).
+
+    Each loader draws from its own generator: building an iterator from one would otherwise take a number from the
+    global RNG, so a resumed run (which builds one more iterator) would drop out of step with an uninterrupted one.
+    The validation loader holds at most --max_eval_batches batches per process and is always read to the end (leaving
+    a prepared loader early leaves Accelerate's end-of-data flag stale, which breaks gradient accumulation)."""
+    streaming = not hasattr(packed.train, "__len__")
+    packed.validation.set_format("torch")
+    if not streaming:
+        packed.train.set_format("torch")
+    validation = packed.validation
+    if train_args.max_eval_batches:
+        limit = train_args.max_eval_batches * train_args.per_device_eval_batch_size * max(1, _num_processes())
+        validation = validation.select(range(min(limit, len(validation))))
+    sampler = None if streaming else EpochShuffleSampler(len(packed.train), seed=seed)
+    train = torch.utils.data.DataLoader(
+        packed.train.with_format("torch") if streaming else packed.train,
+        sampler=sampler,
+        batch_size=train_args.per_device_train_batch_size,
+        drop_last=True,  # full batches only: every micro-batch weighs the same in the averaged loss
+        generator=torch.Generator().manual_seed(seed),
+    )
+    evaluation = torch.utils.data.DataLoader(
+        validation, batch_size=train_args.per_device_eval_batch_size, generator=torch.Generator().manual_seed(seed)
+    )
+    return sampler, train, evaluation
+
+
+def _num_processes() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 class EpochShuffleSampler(torch.utils.data.Sampler):
     """A fresh random order every epoch, fixed by (seed, epoch) alone, so a resumed run replays the same order and
-    can skip exactly the batches it already trained on. Every process computes the same order."""
+    can skip exactly the batches it already trained on. Every process computes the same order.
+
+    Kept instead of Accelerate's seedable sampler: this one has no state, so a checkpoint needs no pickled sampler."""
 
     def __init__(self, num_samples: int, seed: int):
         self.num_samples = num_samples

@@ -1,15 +1,16 @@
-"""The final, shareable model folder: weights, config, code, tokenizer, model card, loss curve, arguments.
+"""The finished, shareable model folder: weights, config, code, tokenizer, model card, loss curve, arguments.
 
-It is assembled in a temporary sibling of the output folder and swapped in only when complete, so an interrupted
-export leaves the previous state untouched and never a half folder. Files already in the output folder (checkpoints,
-metrics.jsonl, anything of the user's) are moved into the new folder, never deleted.
+The files are written into a staging folder inside the output folder and then moved in one by one
+(`hf_tinytx.folders.publish`): nothing else in the output folder (checkpoints, metrics.jsonl, the user's own files)
+is ever moved or deleted, an interrupted export is simply redone by resuming, and a mount point works as --output_dir.
 """
 
 import json
 import math
 import os
 import platform
-import shutil
+
+import torch
 
 import matplotlib
 
@@ -18,19 +19,19 @@ matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
 from huggingface_hub import ModelCard
 
+from hf_tinytx.folders import STAGING_NAME, publish, regular_files, staging_folder
+
+from .args import RunError
+from .checkpoints import disk_space_guard
+
 
 # Names an export writes; an output folder holding some of them already holds an exported model.
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 
 
-def staging_dir(output_dir: str) -> str:
-    output_dir = os.path.abspath(output_dir)
-    return os.path.join(os.path.dirname(output_dir), f".{os.path.basename(output_dir)}.export-tmp")
-
-
 def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, history, training_args, max_shard_size):
-    """Writes every file of the model repository into `folder` (which must not exist yet)."""
-    os.makedirs(folder)
+    """Writes every file of the model repository into `folder` (created if needed)."""
+    os.makedirs(folder, exist_ok=True)
     # safetensors only; `state_dict` is the gathered full one (FSDP / ZeRO-3 shard it across processes otherwise).
     model.save_pretrained(folder, state_dict=state_dict, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(folder)
@@ -40,19 +41,21 @@ def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, hi
     card.save(os.path.join(folder, "README.md"))
 
 
-def swap_into_place(staged: str, output_dir: str) -> None:
-    """Moves what the output folder already holds into the staged folder (unless the export replaces it), then
-    makes the staged folder the output folder."""
-    if os.path.isdir(output_dir):
-        for name in os.listdir(output_dir):
-            if not os.path.exists(os.path.join(staged, name)):
-                os.replace(os.path.join(output_dir, name), os.path.join(staged, name))
-        retired = staged + "-old"
-        os.replace(output_dir, retired)  # now holds only the previous export's files, replaced by the new ones
-        os.replace(staged, output_dir)
-        shutil.rmtree(retired)
-    else:
-        os.replace(staged, output_dir)
+def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, tokenizer, card, history, training_args):
+    """Writes the model folder's files into `output_dir` (see the module docstring); returns their names."""
+    nonfinite = [name for name, tensor in state_dict.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if nonfinite:
+        raise RunError(
+            f"Not exporting: {len(nonfinite)} weight tensors hold NaN or inf (first: {nonfinite[0]}); the checkpoints "
+            f"in {checkpoints_dir} are kept. Lower --learning_rate or set --max_grad_norm, and train again."
+        )
+    staged = os.path.join(output_dir, STAGING_NAME)
+    with disk_space_guard(staged, checkpoints_dir):
+        staged = staging_folder(output_dir)
+        write_model_folder(staged, model, state_dict, tokenizer, card, history, training_args, "2GB")
+        names = regular_files(staged)
+        publish(staged, output_dir)
+    return names
 
 
 def plot_loss_curve(history: list[dict], path: str) -> None:

@@ -20,6 +20,7 @@ Reads top to bottom: arguments -> data (checked before anything loads) -> tokeni
 """
 
 import contextlib
+import difflib
 import json
 import os
 import shutil
@@ -33,16 +34,22 @@ if __package__ in (None, ""):  # run as `python training/finetune.py`: import `t
 
 import torch
 from datasets import Dataset
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
-from hf_tinytx.folders import link_or_copy, regular_files
+from hf_tinytx.folders import UnsafeLinkError, link_or_copy, regular_files
+from training import cards
 from training.args import UserInputError, build_parser
 from training.hub import HubPusher
 from training.sft_data import build_examples, ensure_chat_template, has_chat, pad_collator, read_records
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+# A folder holding any of these has a tokenizer that AutoTokenizer can load (fast, or slow from its vocabulary).
+RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_data's kinds, as the card says
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model"}
 
 
 @dataclass
@@ -80,35 +87,27 @@ class FinetuneArguments:
 
 def main(argv=None):
     # ---------------------------------------------------------------- arguments
-    defaults = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}
-    parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)
-    args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
-    check_args(args, training_args)
+    args, training_args = parse_args(argv)
+    hub_model_id = hub_repo_id(training_args)
     output_dir = os.path.abspath(training_args.output_dir)
+    merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
+    for folder in (output_dir, merged_dir):
+        if os.path.isdir(folder):
+            refuse_links_out(folder)  # saving would write through such a link, and the push would read it
     # The final model goes to output_dir, Trainer's checkpoints below it. The Hub push is ours (HubPusher, after
     # saving), so Trainer must not create or push a repo of its own.
     training_args.output_dir = os.path.join(output_dir, "checkpoints")
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
-    hub_model_id = training_args.hub_model_id or os.path.basename(output_dir)
+    pushed_dir = (merged_dir if args.merge else output_dir) if push_to_hub else None
     set_seed(training_args.seed)  # before the LoRA weights are drawn
 
     # ---------------------------------------------------------------- data (read and checked before any model loads)
     train_records = read_records(args.train_file)
-    validation_records = read_records(args.validation_file) if args.validation_file else None
+    validation_records = read_records(args.validation_file) if args.validation_file else []
 
     # ---------------------------------------------------------------- tokenizer and model
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise UserInputError("The tokenizer has neither a pad nor an EOS token; give it a pad token first.")
-        tokenizer.pad_token = tokenizer.eos_token  # padding positions carry label -100, so its id never matters
-    if has_chat(train_records + (validation_records or [])) and ensure_chat_template(tokenizer):
-        print("The tokenizer had no chat template: added the default one (saved with the model).")
-
-    model_options = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation:
-        model_options["attn_implementation"] = args.attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
+    tokenizer = load_tokenizer(args, chat=has_chat(train_records + validation_records))
+    model = load_model(args)
     context = getattr(model.config, "max_position_embeddings", None) or 1024
     max_seq_length = args.max_seq_length or min(1024, context)
     if max_seq_length > context:
@@ -119,22 +118,16 @@ def main(argv=None):
         if validation_records else None
     rows = f"{len(train_dataset)} training rows" + (f", {len(eval_dataset)} validation rows" if eval_dataset else "")
     print(f"{rows} of at most {max_seq_length} tokens ({'packed' if args.packing else 'padded'})")
+    facts = {  # for the model cards
+        "num_train_records": len(train_records), "num_train_rows": len(train_dataset),
+        "num_validation_records": len(validation_records), "num_validation_rows": len(eval_dataset or []),
+        "record_kinds": ", ".join(sorted({RECORD_KINDS[record["kind"]] for record in train_records})),
+        "max_seq_length": max_seq_length, "chat": bool(tokenizer.chat_template),
+    }
 
     # ---------------------------------------------------------------- LoRA
     if args.use_peft:
-        from peft import LoraConfig, get_peft_model
-
-        if training_args.gradient_checkpointing or training_args.activation_checkpointing:
-            model.enable_input_require_grads()  # a frozen embedding gives checkpointed layers no grad to pass on
-        lora_config = LoraConfig(
-            task_type="CAUSAL_LM",
-            r=args.lora_r,
-            lora_alpha=args.lora_alpha,
-            lora_dropout=args.lora_dropout,
-            target_modules=lora_targets(model, args.lora_target_modules),
-        )
-        model = get_peft_model(model, lora_config)
-        model.print_trainable_parameters()
+        model = add_lora(model, args, training_args)
 
     # ---------------------------------------------------------------- training
     trainer = Trainer(
@@ -150,34 +143,43 @@ def main(argv=None):
     if eval_dataset is not None:
         metrics.update(trainer.evaluate())
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    facts.update(training_facts(args, training_args, trainer, metrics))
 
     # ---------------------------------------------------------------- save (safetensors; an adapter with --use_peft)
     model = trainer.model
-    model.save_pretrained(output_dir)
+    model.save_pretrained(output_dir)  # PEFT writes a placeholder README.md, which write_card replaces
     tokenizer.save_pretrained(output_dir)
     write_json(os.path.join(output_dir, "finetune_args.json"), {**vars(args), "max_seq_length": max_seq_length})
     write_json(os.path.join(output_dir, "finetune_metrics.json"), metrics)
+    write_card(output_dir, "adapter" if args.use_peft else "full", facts, pushed_dir, hub_model_id)
     print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {output_dir}")
 
-    push_folder = None
     if args.merge:
-        merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
         merged = model.merge_and_unload()  # W + (alpha/r) * B @ A, in place: a plain transformers model again
         merged.save_pretrained(merged_dir)  # a TinyTx also gets its code files and auto_map here
         tokenizer.save_pretrained(merged_dir)
+        write_card(merged_dir, "merged", facts, pushed_dir, hub_model_id)
         print(f"Merged model saved to {merged_dir}")
-        push_folder = merged_dir
 
     # ---------------------------------------------------------------- Hub
     if push_to_hub:
         pusher = HubPusher(hub_model_id, token=training_args.hub_token, private=bool(training_args.hub_private_repo))
-        what = "merged model" if push_folder else ("LoRA adapter" if args.use_peft else "model")
-        with final_files_only(push_folder or output_dir) as folder:
+        what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
+        with final_files_only(pushed_dir) as folder:
             pushed = pusher.push(folder, f"Fine-tuned {what} ({trainer.state.global_step} steps)")
         print(f"Pushed the {what} to the Hub as {hub_model_id}" if pushed
               else "Hub push failed (see above); the local folders are complete.")
         if not pushed:
             sys.exit(1)
+
+
+def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
+    defaults = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}
+    parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)
+    args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    check_args(args, training_args)
+    args.model_name_or_path = model_source(args.model_name_or_path)  # a local base as an absolute path
+    return args, training_args
 
 
 def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> None:
@@ -189,6 +191,62 @@ def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> Non
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise UserInputError(f"--lora_dropout must lie in [0, 1), got {args.lora_dropout}.")
+    if training_args.push_to_hub and not is_repo_id(hub_repo_id(training_args)):
+        named = "--hub_model_id" if training_args.hub_model_id else "The Hub repo id from --output_dir's name,"
+        raise UserInputError(
+            f"{named} {hub_repo_id(training_args)!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
+            f"'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters)."
+        )
+
+
+def hub_repo_id(training_args: TrainingArguments) -> str:
+    return training_args.hub_model_id or os.path.basename(os.path.abspath(training_args.output_dir))
+
+
+def is_repo_id(text: str) -> bool:
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
+def model_source(name_or_path: str) -> str:
+    """A saved model folder (as an absolute path) or a Hub id, checked now rather than when it loads.
+
+    A missing path that looks local (./, /, ~, an existing parent folder, or no valid repo id) fails at once: as a
+    Hub id it would be looked up on the network first, which takes ~50 s to fail without one."""
+    path = os.path.abspath(os.path.expanduser(name_or_path))
+    if os.path.isdir(path):
+        check_model_folder(path, name_or_path)
+        return path
+    if os.path.exists(path):
+        raise UserInputError(f"--model_name_or_path {name_or_path!r} is a file; give a model folder or a Hub id.")
+    parent = os.path.dirname(path)
+    looks_local = name_or_path.startswith((".", "/", "~")) or not is_repo_id(name_or_path)
+    if looks_local or (os.path.dirname(name_or_path) and os.path.isdir(parent)):
+        siblings = os.listdir(parent) if os.path.isdir(parent) else []
+        closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
+        hint = f" (did you mean {os.path.join(os.path.dirname(name_or_path), closest[0])!r}?)" if closest else ""
+        raise UserInputError(
+            f"--model_name_or_path {name_or_path!r}: no such folder{hint}; give a saved model folder or a Hub id "
+            f"like 'owner/name'."
+        )
+    return name_or_path
+
+
+def check_model_folder(path: str, name: str) -> None:
+    names = set(os.listdir(path))
+    if "config.json" not in names:
+        raise UserInputError(
+            f"--model_name_or_path {name!r} has no config.json, so it holds no saved model; give the folder that "
+            f"save_pretrained wrote."
+        )
+    if not names & TOKENIZER_FILES:
+        raise UserInputError(
+            f"--model_name_or_path {name!r} has no tokenizer (no tokenizer.json or tokenizer_config.json); save the "
+            f"base model's tokenizer into it: AutoTokenizer.from_pretrained(base).save_pretrained(folder)."
+        )
 
 
 def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str) -> Dataset:
@@ -199,6 +257,43 @@ def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str
             f"fill the whole row); raise --max_seq_length or shorten the prompts."
         )
     return Dataset.from_list(examples)
+
+
+def load_tokenizer(args: FinetuneArguments, chat: bool):
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise UserInputError("The tokenizer has neither a pad nor an EOS token; give it a pad token first.")
+        tokenizer.pad_token = tokenizer.eos_token  # padding positions carry label -100, so its id never matters
+    if chat and ensure_chat_template(tokenizer):
+        print("The tokenizer had no chat template: added the default one (saved with the model).")
+    return tokenizer
+
+
+def load_model(args: FinetuneArguments):
+    model_options = {"trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation:
+        model_options["attn_implementation"] = args.attn_implementation
+    return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
+
+
+def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
+    from peft import LoraConfig, get_peft_model
+
+    if training_args.gradient_checkpointing or training_args.activation_checkpointing:
+        model.enable_input_require_grads()  # a frozen embedding gives checkpointed layers no grad to pass on
+    lora_config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=lora_targets(model, args.lora_target_modules),
+    )
+    # PEFT records the base as the model's name_or_path: the Hub id, or the absolute folder from model_source, so
+    # the adapter loads from any working directory.
+    model = get_peft_model(model, lora_config)
+    model.print_trainable_parameters()
+    return model
 
 
 def lora_targets(model, requested: str):
@@ -222,7 +317,7 @@ def lora_targets(model, requested: str):
 @contextlib.contextmanager
 def final_files_only(folder: str):
     """The folder's files without its sub-folders (checkpoints, merged), hard-linked into a temporary sibling."""
-    top_level = [name for name in regular_files(folder) if os.sep not in name]  # refuses links out of the folder
+    top_level = [name for name in refuse_links_out(folder) if os.sep not in name]
     parent, name = os.path.split(os.path.abspath(folder))
     staged = tempfile.mkdtemp(prefix=f".{name}-push-", dir=parent)
     try:
@@ -230,6 +325,49 @@ def final_files_only(folder: str):
         yield staged
     finally:
         shutil.rmtree(staged, ignore_errors=True)
+
+
+def training_facts(args: FinetuneArguments, training_args: TrainingArguments, trainer: Trainer, metrics) -> dict:
+    """What the model cards report about the run, read before a merge changes the model."""
+    model = trainer.model
+    lora = None
+    if args.use_peft:
+        config = model.peft_config["default"]
+        targets = config.target_modules  # a set of names, or "all-linear"
+        lora = {"r": config.r, "alpha": config.lora_alpha, "dropout": config.lora_dropout,
+                "target_modules": targets if isinstance(targets, str) else ", ".join(sorted(targets))}
+    return {
+        "base_model": args.model_name_or_path, "base_is_hub": not os.path.isdir(args.model_name_or_path),
+        "model_type": model.config.model_type, "tinytx": model.config.model_type == "tinytx",
+        "trust_remote_code": args.trust_remote_code,
+        "train_file": args.train_file, "validation_file": args.validation_file, "packing": args.packing,
+        "steps": trainer.state.global_step, "epochs": trainer.state.epoch or 0.0,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+        "num_devices": training_args.world_size, "learning_rate": training_args.learning_rate,
+        "lr_scheduler_type": getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type),
+        "warmup_steps": training_args.warmup_steps, "seed": training_args.seed,
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "total_parameters": sum(p.numel() for p in model.parameters()),
+        "train_loss": metrics["train_loss"], "eval_loss": metrics.get("eval_loss"),
+        "lora": lora,
+    }
+
+
+def write_card(folder: str, kind: str, facts: dict, pushed_dir: str | None, hub_model_id: str) -> None:
+    """README.md of a saved folder; the folder that goes to the Hub is named (and loaded) by its repo id."""
+    pushed = folder == pushed_dir
+    context = {**facts, "kind": kind, "load_from": hub_model_id if pushed else folder,
+               "model_name": hub_model_id if pushed else os.path.basename(folder)}
+    cards.finetuned_card(context).save(os.path.join(folder, "README.md"))
+
+
+def refuse_links_out(folder: str) -> list[str]:
+    """The folder's files (`regular_files`); a link in it that leads out of it is a one-line error."""
+    try:
+        return regular_files(folder)
+    except UnsafeLinkError as error:
+        raise UserInputError(str(error)) from None
 
 
 def write_json(path: str, values: dict) -> None:

@@ -3,7 +3,11 @@
 `HubPusher.push_async` queues a folder and returns at once; one background thread uploads the queued folders in
 order (so an older checkpoint never lands after a newer one). Failures are retried a bounded number of times, then
 logged and kept in `failures`; they never raise into the training loop. `push` (for the final model) goes through
-the same queue, waits for its turn and returns whether it worked.
+the same queue, waits for its turn (at most `timeout` seconds) and returns whether it worked.
+
+Why not `huggingface_hub`'s `run_as_future`: its executor's thread is joined when the interpreter exits, so a Hub
+that accepts a connection and never answers would hang the run's exit forever; this worker is a daemon thread, and
+every wait here is bounded.
 
 Snapshots: `push_async` hard-links the folder's files into a hidden sibling folder before returning (copying where
 links are impossible), so the caller may delete or rotate the checkpoint, or save a new one under the same name by
@@ -85,11 +89,17 @@ class HubPusher:
         except Exception as e:  # e.g. the folder vanished: report, don't stop training
             self._record_failure(commit_message, e)
 
-    def push(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> bool:
-        """Upload `folder` after the queued uploads, wait for it, and return whether it reached the Hub."""
+    def push(self, folder: str, commit_message: str, path_in_repo: str | None = None, timeout=None) -> bool:
+        """Upload `folder` after the queued uploads, wait for it (at most `timeout` s), return whether it got there."""
         job = _Job(str(folder), commit_message, path_in_repo)
         self._enqueue(job)
-        job.done.wait()
+        if not job.done.wait(timeout):
+            with self._lock:
+                self._failures.append(
+                    f"Hub push {commit_message!r} to {self.repo_id} did not finish within {timeout:.0f} s "
+                    f"(the Hub is slow or not answering)"
+                )
+            return False
         return job.ok
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -5,21 +5,23 @@
     accelerate launch --config_file training/configs/accelerate-ddp.yaml training/pretrain.py --model_preset small
     torchrun --nproc_per_node 2 training/pretrain.py              # CPU data parallelism
 
-Reads top to bottom: arguments -> data and tokenizer -> model -> optimizer -> training loop -> evaluation, probes
-and samples -> export (-> Hub).
+The story, one function each: `setup` (arguments, data and tokenizer, model, optimizer, resume) -> `fit` (the
+training loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and_push` (the model folder, the Hub).
 
-With --push_to_hub every checkpoint is also exported as a complete model folder and uploaded in the background to
-checkpoints/step_N/ of the Hub repo (training goes on meanwhile); the final model goes to the repo root at the end.
-A failed upload is retried, then reported: it never stops training or touches the local folder.
+Every input is checked before anything is written. A checkpoint is always saved at the end of training, before the
+export, so a run interrupted at any moment continues with `--resume_from_checkpoint latest`. With --push_to_hub every
+checkpoint is also exported as a complete model folder and uploaded in the background to checkpoints/step_N/ of the
+Hub repo; the final model goes to the repo root once it is complete on disk. Uploads never stop training, and every
+wait for them is bounded (--hub_timeout).
 """
 
-import json
 import math
 import os
-import re
 import shutil
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 
 
 if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `training` from the checkout
@@ -30,25 +32,65 @@ import transformers
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, get_scheduler
+from transformers import AutoModelForCausalLM, get_scheduler
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
+from hf_tinytx.folders import link_or_copy
 from hf_tinytx.tokenization import train_bpe_tokenizer
-from training import cards, export
-from training.args import UserInputError, args_to_dict, parse_args
-from training.data import DEFAULT_CORPUS_DOCUMENTS, EpochShuffleSampler, load_text_datasets, tokenize_and_pack, training_texts
+from training import cards, checkpoints, export
+from training.args import RunError, UserInputError, args_to_dict, parse_args
+from training.data import DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts
 from training.hub import HubPusher
+from training.model_config import check_model_builds, load_model_config
+from training.output_dir import check_output_dir, remove_checkpoints, take_lock
+from training.run_log import RunLog
 from training.tokenizer import load_tokenizer
 
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
-HUB_WAIT_SECONDS = 300  # at the end, how long to wait for checkpoint uploads before saying they are slow
+@dataclass
+class Run:
+    """What a training run holds: built by `setup`, advanced by `fit`, read by `finish` and `export_and_push`."""
+
+    model_args: object
+    data_args: object
+    train_args: object
+    accelerator: Accelerator
+    output_dir: str
+    checkpoints_dir: str
+    tokenizer: object
+    packed: object
+    sampler: object
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: object
+    train_dataloader: object
+    eval_dataloader: object
+    num_parameters: int
+    max_train_steps: int
+    tokens_per_step: int
+    signature: dict
+    log: RunLog
+    pusher: HubPusher | None
+    lock: object
+    completed_steps: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
+    saved_step: int | None = None
+    train_seconds: float = 0.0
+    stopped_by_clock: bool = False
 
 
-def main(argv=None):
-    # ---------------------------------------------------------------- arguments
-    model_args, data_args, train_args = parse_args(argv)
+def main(argv=None) -> None:
+    run = setup(*parse_args(argv))
+    fit(run)
+    final_metrics, probe_results = finish(run)
+    export_and_push(run, final_metrics, probe_results)
+
+
+# ---------------------------------------------------------------------------------------------------- setup
+
+
+def setup(model_args, data_args, train_args) -> Run:
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     check_output_dir(output_dir, train_args)
@@ -58,105 +100,22 @@ def main(argv=None):
             f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
             f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
         )
-
-    # Without a GPU, say so explicitly: under torchrun Accelerate would otherwise not set up CPU data parallelism.
-    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-    accelerator = Accelerator(
-        cpu=not has_gpu,
-        mixed_precision=train_args.mixed_precision,
-        gradient_accumulation_steps=train_args.gradient_accumulation_steps,
-        log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
-        project_config=ProjectConfiguration(project_dir=output_dir, logging_dir=os.path.join(output_dir, "runs")),
-    )
-    accelerator.print(f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})")
+    accelerator = make_accelerator(train_args, output_dir)
+    check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
     set_seed(train_args.seed)
 
-    resume_dir = find_checkpoint(train_args.resume_from_checkpoint, checkpoints_dir)
+    resume_dir = checkpoints.find_resumable(train_args.resume_from_checkpoint, checkpoints_dir, accelerator.print)
     if train_args.resume_from_checkpoint and resume_dir is None:
-        accelerator.print(f"No checkpoint in {checkpoints_dir} yet: starting from scratch.")
-
-    # ---------------------------------------------------------------- data and tokenizer
-    saved_tokenizer_dir = os.path.join(checkpoints_dir, "tokenizer")  # a resumed run must reuse the same tokenizer
-    with accelerator.main_process_first():  # the main process fills the datasets cache and saves the tokenizer
-        raw = load_text_datasets(data_args, seed=train_args.seed)
-        replacing = train_args.overwrite_output_dir and not resume_dir and accelerator.is_main_process
-        if os.path.isdir(saved_tokenizer_dir) and not replacing:  # resuming, or after the main process saved it
-            tokenizer = load_tokenizer(saved_tokenizer_dir)
-        elif model_args.tokenizer_name or model_args.init_from:
-            tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.init_from)
-        else:
-            accelerator.print(f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens) on the data...")
-            texts = training_texts(raw["train"], data_args.text_column)
-            tokenizer = train_bpe_tokenizer(texts, model_args.vocab_size, model_config.max_position_embeddings)
-        packed = tokenize_and_pack(
-            raw, tokenizer, data_args.block_size, data_args.text_column, data_args.preprocessing_num_workers
-        )
-        if replacing:  # every input check has passed: only now may the earlier run's training files go
-            shutil.rmtree(checkpoints_dir, ignore_errors=True)
-        if accelerator.is_main_process and not os.path.isdir(saved_tokenizer_dir):
-            tokenizer.save_pretrained(saved_tokenizer_dir)
-    streaming = not hasattr(packed.train, "__len__")
-    packed.validation.set_format("torch")
-    if not streaming:
-        packed.train.set_format("torch")
-        accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
-                          f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")
-
-    sampler = None if streaming else EpochShuffleSampler(len(packed.train), seed=train_args.seed)
-    train_dataloader = torch.utils.data.DataLoader(
-        packed.train.with_format("torch") if streaming else packed.train,
-        sampler=sampler,
-        batch_size=train_args.per_device_train_batch_size,
-        drop_last=True,  # full batches only: every micro-batch weighs the same in the averaged loss
-    )
-    eval_dataloader = torch.utils.data.DataLoader(packed.validation, batch_size=train_args.per_device_eval_batch_size)
-
-    # ---------------------------------------------------------------- model
-    if not model_args.init_from:
-        model_config.vocab_size = len(tokenizer)
-    elif len(tokenizer) > model_config.vocab_size:
-        raise UserInputError(
-            f"The tokenizer has {len(tokenizer)} tokens but the --init_from model only {model_config.vocab_size}; "
-            f"use the tokenizer saved with that model (leave --tokenizer_name out)."
-        )
-    model_config.bos_token_id = tokenizer.bos_token_id
-    model_config.eos_token_id = tokenizer.eos_token_id
-    model_config.pad_token_id = tokenizer.pad_token_id
-    if model_args.init_from:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_args.init_from, config=model_config, attn_implementation=model_args.attn_implementation
-        )
-    else:
-        model = AutoModelForCausalLM.from_config(model_config, attn_implementation=model_args.attn_implementation)
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+        accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
+    tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
+                                           model_config)
+    sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed)
+    model = build_model(model_args, model_config, tokenizer)
     num_parameters = sum(p.numel() for p in model.parameters())
     accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
-    if model_args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if model_args.torch_compile:
-        model = torch.compile(model)
 
-    # ---------------------------------------------------------------- optimizer and schedule
-    # Weight decay pulls matrices towards zero; norms' gains and biases (1-D) are left alone.
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in parameters if p.dim() >= 2], "weight_decay": train_args.weight_decay},
-        {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(
-        groups, lr=train_args.learning_rate, betas=(0.9, train_args.adam_beta2), fused=True
-    )
-    tokens_per_step = (
-        train_args.per_device_train_batch_size
-        * train_args.gradient_accumulation_steps
-        * accelerator.num_processes
-        * data_args.block_size
-    )
-    max_train_steps = train_args.max_train_steps
-    if max_train_steps is None:
-        max_train_steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 600
+    max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
+    optimizer = make_optimizer(model, train_args)
     # A prepared scheduler advances once per process per step (Accelerate's convention), hence the factor.
     lr_scheduler = get_scheduler(
         train_args.lr_scheduler_type,
@@ -167,284 +126,290 @@ def main(argv=None):
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
-    if not streaming and len(train_dataloader) == 0:
+    if sampler is not None and len(train_dataloader) == 0:
         raise UserInputError(
             f"Fewer training blocks ({len(packed.train)}) than one batch per process "
             f"({train_args.per_device_train_batch_size} x {accelerator.num_processes}); lower the batch size or add data."
         )
+    run = Run(
+        model_args, data_args, train_args, accelerator, output_dir, checkpoints_dir, tokenizer, packed, sampler, model,
+        optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_parameters, max_train_steps, tokens_per_step,
+        signature=run_signature(data_args, train_args, tokens_per_step, accelerator.num_processes),
+        log=RunLog(output_dir, accelerator), pusher=None, lock=lock,
+    )
+    if resume_dir:
+        resume(run, resume_dir)
+    run.log.start(run.completed_steps)
+    accelerator.init_trackers("tinytx-pretrain", config=flat_scalars(args_to_dict(model_args, data_args, train_args)))
+    if train_args.push_to_hub and accelerator.is_main_process:
+        # A token of None lets huggingface_hub find HF_TOKEN or the login cache; the pusher never shows it.
+        run.pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo)
+    return run
 
-    # ---------------------------------------------------------------- resume
-    run_signature = {  # what fixes the data order: resuming with other values could not continue exactly
+
+def make_accelerator(train_args, output_dir: str) -> Accelerator:
+    # Without a GPU, say so explicitly: under torchrun Accelerate would otherwise not set up CPU data parallelism.
+    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    accelerator = Accelerator(
+        cpu=not has_gpu,
+        mixed_precision=train_args.mixed_precision,
+        gradient_accumulation_steps=train_args.gradient_accumulation_steps,
+        log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
+        project_config=ProjectConfiguration(project_dir=output_dir, logging_dir=os.path.join(output_dir, "runs")),
+    )
+    accelerator.print(f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})")
+    return accelerator
+
+
+def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config):
+    """The tokenizer (the run's saved one, a named one, or a BPE trained now), the packed datasets, and the lock on
+    the output folder, taken once every input has passed its checks and before the run's first write."""
+    checkpoints_dir = os.path.join(output_dir, "checkpoints")
+    lock = None
+    saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
+    with accelerator.main_process_first():  # the main process fills the datasets cache and saves the tokenizer
+        raw = load_text_datasets(data_args, seed=train_args.seed)
+        replacing = train_args.overwrite_output_dir and not resume_dir and accelerator.is_main_process
+        if os.path.isdir(saved_tokenizer) and not replacing:
+            tokenizer = load_tokenizer(saved_tokenizer, what=f"The run's saved tokenizer {saved_tokenizer}")
+        elif model_args.tokenizer_name or model_args.init_from:
+            tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.init_from)
+        else:
+            accelerator.print(f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens asked) on the data...")
+            texts = training_texts(raw["train"], data_args.text_column)
+            tokenizer = train_bpe_tokenizer(texts, model_args.vocab_size, model_config.max_position_embeddings)
+            if len(tokenizer) < model_args.vocab_size:
+                accelerator.print(f"The text holds merges for {len(tokenizer)} tokens only: the vocabulary has "
+                                  f"{len(tokenizer)} of the {model_args.vocab_size} asked.")
+        packed = tokenize_and_pack(
+            raw, tokenizer, data_args.block_size, data_args.text_column, data_args.preprocessing_num_workers
+        )
+        if accelerator.is_main_process:
+            lock = take_lock(output_dir)
+        if replacing:  # every input check has passed: only now may the earlier run's training files go
+            remove_checkpoints(checkpoints_dir)
+        if accelerator.is_main_process and not os.path.isdir(saved_tokenizer):
+            checkpoints.save_tokenizer(tokenizer, checkpoints_dir)
+    if hasattr(packed.train, "__len__"):
+        accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
+                          f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")
+    return tokenizer, packed, lock
+
+
+def build_model(model_args, model_config, tokenizer):
+    if not model_args.init_from:
+        model_config.vocab_size = len(tokenizer)
+    elif len(tokenizer) > model_config.vocab_size:
+        raise UserInputError(
+            f"The tokenizer has {len(tokenizer)} tokens but the --init_from model only {model_config.vocab_size}; "
+            f"use the tokenizer saved with that model (leave --tokenizer_name out)."
+        )
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model_config, name, getattr(tokenizer, name))
+    options = {"config": model_config, "attn_implementation": model_args.attn_implementation}
+    if model_args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(model_args.init_from, **options)
+    else:
+        model = AutoModelForCausalLM.from_config(**options)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model.generation_config, name, getattr(tokenizer, name))
+    if model_args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if model_args.torch_compile:
+        model = torch.compile(model)
+    return model
+
+
+def make_optimizer(model, train_args) -> torch.optim.Optimizer:
+    # Weight decay pulls matrices towards zero; norms' gains and biases (1-D) are left alone.
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in parameters if p.dim() >= 2], "weight_decay": train_args.weight_decay},
+        {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=train_args.learning_rate, betas=(0.9, train_args.adam_beta2), fused=True)
+
+
+def plan_steps(data_args, train_args, num_processes: int) -> tuple[int, int]:
+    """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else 600."""
+    tokens_per_step = (train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
+                       * num_processes * data_args.block_size)
+    steps = train_args.max_train_steps
+    if steps is None:
+        steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 600
+    return steps, tokens_per_step
+
+
+def run_signature(data_args, train_args, tokens_per_step: int, num_processes: int) -> dict:
+    """What fixes the data order: resuming with other values could not continue exactly."""
+    return {
         "seed": train_args.seed,
         "block_size": data_args.block_size,
         "global_batch": tokens_per_step // data_args.block_size,
         "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
-        "num_processes": accelerator.num_processes,
+        "num_processes": num_processes,
     }
-    completed_steps = 0
-    if resume_dir:
-        state = read_json(os.path.join(resume_dir, "trainer_state.json"))
-        if state["run_signature"] != run_signature:
-            raise UserInputError(
-                f"{resume_dir} was written with {state['run_signature']}, but this run has {run_signature}; resume "
-                f"with the same arguments (and process count), or start a new run with --init_from."
-            )
-        accelerator.load_state(resume_dir)
-        completed_steps = state["step"]
-        accelerator.print(f"Resumed from {resume_dir} at step {completed_steps}")
-    history = start_metrics_log(output_dir, completed_steps, accelerator)
 
-    accelerator.init_trackers("tinytx-pretrain", config=flat_scalars(args_to_dict(model_args, data_args, train_args)))
-    # One pusher, on the main process only: its thread uploads checkpoints while training goes on. A token of None
-    # lets huggingface_hub find HF_TOKEN or the login cache; the pusher keeps it in memory and out of every message.
-    pusher = None
-    if train_args.push_to_hub and accelerator.is_main_process:
-        pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo)
 
-    # ---------------------------------------------------------------- training loop
-    micro_batches_done = completed_steps * train_args.gradient_accumulation_steps
-    batches_per_epoch = None if streaming else len(train_dataloader)
-    epoch, skip = (0, micro_batches_done) if streaming else divmod(micro_batches_done, batches_per_epoch)
-    accelerator.print(
-        f"Training for {max_train_steps} steps of {tokens_per_step:,} tokens "
-        f"({max_train_steps * tokens_per_step:,} tokens)"
-        + (f", at most {train_args.max_train_seconds:.0f} s" if train_args.max_train_seconds else "")
-    )
-    progress = tqdm(
-        total=max_train_steps, initial=completed_steps, disable=not accelerator.is_local_main_process, desc="train"
-    )
-    model.train()
-    start_time = time.perf_counter()
-    start_step = completed_steps
-    step_loss = 0.0
-    stop = completed_steps >= max_train_steps
-    while not stop:
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        elif hasattr(packed.train, "set_epoch"):
-            packed.train.set_epoch(epoch)
-        epoch_batches = accelerator.skip_first_batches(train_dataloader, skip) if skip else train_dataloader
-        for batch in epoch_batches:
-            with accelerator.accumulate(model):
-                # Labels are the inputs: the model shifts them by one position to score each next token.
-                loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and train_args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), train_args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            step_loss += loss.item() / train_args.gradient_accumulation_steps
+def resume(run: Run, folder: str) -> None:
+    state = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))
+    if state["run_signature"] != run.signature:
+        raise UserInputError(
+            f"{folder} was written with {state['run_signature']}, but this run has {run.signature}; resume with the "
+            f"same arguments (and process count), or start a new run with --init_from."
+        )
+    run.accelerator.load_state(folder)
+    run.completed_steps = run.saved_step = state["step"]
+    run.epoch, run.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+    if run.accelerator.is_main_process:
+        checkpoints.set_aside_after(run.checkpoints_dir, run.completed_steps, run.accelerator.print)
+    run.accelerator.wait_for_everyone()
+    run.accelerator.print(f"Resumed from {folder} at step {run.completed_steps}")
+
+
+# ---------------------------------------------------------------------------------------------------- fit
+
+
+def fit(run: Run) -> None:
+    """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
+    accelerator, args = run.accelerator, run.train_args
+    clock = f", at most {args.max_train_seconds:.0f} s" if args.max_train_seconds else ""
+    accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
+                      f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
+    progress = tqdm(total=run.max_train_steps, initial=run.completed_steps, desc="train",
+                    disable=not accelerator.is_local_main_process)
+    run.model.train()
+    start_time, start_step, step_loss = time.perf_counter(), run.completed_steps, 0.0
+    while run.completed_steps < run.max_train_steps and not run.stopped_by_clock:
+        if run.sampler is not None:
+            run.sampler.set_epoch(run.epoch)
+        elif hasattr(run.packed.train, "set_epoch"):
+            run.packed.train.set_epoch(run.epoch)
+        batches = run.train_dataloader
+        if run.batch_in_epoch:
+            batches = accelerator.skip_first_batches(run.train_dataloader, run.batch_in_epoch)
+        for batch in batches:
+            step_loss += train_micro_batch(run, batch) / args.gradient_accumulation_steps
+            run.batch_in_epoch += 1
             if not accelerator.sync_gradients:
                 continue
-
-            completed_steps += 1
+            run.completed_steps += 1
             elapsed = time.perf_counter() - start_time
-            tokens_per_second = (completed_steps - start_step) * tokens_per_step / elapsed
-            row = {
-                "step": completed_steps,
-                "loss": round(step_loss, 5),
-                "lr": lr_scheduler.get_last_lr()[0],
-                "tokens": completed_steps * tokens_per_step,
-                "tokens_per_second": round(tokens_per_second),
-                "elapsed_seconds": round(elapsed, 2),
-            }
-            log_metrics(row, history, output_dir, accelerator)
+            tokens_per_second = (run.completed_steps - start_step) * run.tokens_per_step / elapsed
+            run.log.log({"step": run.completed_steps, "loss": round(step_loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
+                         "tokens": run.completed_steps * run.tokens_per_step,
+                         "tokens_per_second": round(tokens_per_second), "elapsed_seconds": round(elapsed, 2)})
             progress.update(1)
             progress.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
             step_loss = 0.0
-
-            if completed_steps % train_args.eval_steps == 0 and completed_steps < max_train_steps:
-                metrics = evaluate(model, eval_dataloader, accelerator, packed.bytes_per_token, train_args)
-                log_metrics({"step": completed_steps, **metrics}, history, output_dir, accelerator)
-                progress.write(f"step {completed_steps}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-            if train_args.checkpointing_steps and completed_steps % train_args.checkpointing_steps == 0:
-                save_checkpoint(accelerator, checkpoints_dir, completed_steps, run_signature, train_args)
-                if train_args.push_to_hub:
-                    state_dict = accelerator.get_state_dict(model)  # every process: FSDP / ZeRO-3 gather shards
-                    if pusher is not None:
-                        push_checkpoint(pusher, accelerator.unwrap_model(model), state_dict, tokenizer, history,
-                                        checkpoints_dir, completed_steps,
-                                        {**args_to_dict(model_args, data_args, train_args),
-                                         "transformers": transformers.__version__})
-            if train_args.max_train_seconds and elapsed > train_args.max_train_seconds:
-                accelerator.set_trigger()  # every process stops at the same step
-            if completed_steps >= max_train_steps or accelerator.check_trigger():
-                stop = True
+            after_step(run, progress)
+            if args.max_train_seconds and elapsed > args.max_train_seconds:
+                accelerator.set_trigger()
+            run.stopped_by_clock = accelerator.check_trigger()  # every process stops at the same step
+            if run.completed_steps >= run.max_train_steps or run.stopped_by_clock:
                 break
-        epoch, skip = epoch + 1, 0
+        else:
+            run.epoch, run.batch_in_epoch = run.epoch + 1, 0
     progress.close()
-    train_seconds = time.perf_counter() - start_time
-    if completed_steps < max_train_steps:
-        accelerator.print(f"Stopped at step {completed_steps} after {train_seconds:.0f} s (--max_train_seconds).")
-    debug_write_parameter_checksum(accelerator, model, completed_steps)
+    run.train_seconds = time.perf_counter() - start_time
 
-    # ---------------------------------------------------------------- evaluation, probes, samples
-    final_metrics = evaluate(model, eval_dataloader, accelerator, packed.bytes_per_token, train_args)
-    log_metrics({"step": completed_steps, **final_metrics}, history, output_dir, accelerator)
+
+def train_micro_batch(run: Run, batch) -> float:
+    """Forward, backward and (on the last micro-batch of a step) the optimizer step; returns the loss."""
+    accelerator, args = run.accelerator, run.train_args
+    with accelerator.accumulate(run.model):
+        # Labels are the inputs: the model shifts them by one position to score each next token.
+        loss = run.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+        value = loss.item()
+        if not math.isfinite(value):
+            raise RunError(nonfinite_message(run, f"the training loss is {value}"))
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
+            norm = accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm or math.inf)
+            if not torch.isfinite(norm):
+                raise RunError(nonfinite_message(run, f"the gradient norm is {norm.item()}"))
+        run.optimizer.step()
+        run.lr_scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    return value
+
+
+def nonfinite_message(run: Run, what: str) -> str:
+    saved = checkpoints.steps_saved(run.checkpoints_dir)
+    intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
+    return (f"Stopped at step {run.completed_steps + 1}: {what}, so the weights would turn to NaN; nothing was exported "
+            f"and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep --max_grad_norm on.")
+
+
+def after_step(run: Run, progress) -> None:
+    args, step = run.train_args, run.completed_steps
+    if step % args.eval_steps == 0 and step < run.max_train_steps:
+        metrics = evaluate(run)
+        run.log.log({"step": step, **metrics})
+        progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if args.checkpointing_steps and step % args.checkpointing_steps == 0 and step < run.max_train_steps:
+        save_checkpoint(run)
+
+
+def save_checkpoint(run: Run) -> None:
+    state = {"run_signature": run.signature, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch,
+             "planned_steps": run.max_train_steps}
+    checkpoints.save(run.accelerator, run.checkpoints_dir, run.completed_steps, state,
+                     run.train_args.checkpoints_total_limit)
+    run.saved_step = run.completed_steps
+    if run.train_args.push_to_hub:
+        state_dict = run.accelerator.get_state_dict(run.model)  # every process: FSDP / ZeRO-3 gather shards
+        if run.pusher is not None:
+            checkpoints.push(run.pusher, run.accelerator.unwrap_model(run.model), state_dict, run.tokenizer,
+                             run.log, run.checkpoints_dir, run.completed_steps, training_record(run))
+
+
+# ---------------------------------------------------------------------------------------------------- finish
+
+
+def finish(run: Run) -> tuple[dict, dict]:
+    """The final checkpoint (so the export can always be redone), the final evaluation, probes and samples."""
+    accelerator = run.accelerator
+    if run.stopped_by_clock:
+        accelerator.print(f"Stopped by the clock at step {run.completed_steps} of {run.max_train_steps} planned "
+                          f"(--max_train_seconds {run.train_args.max_train_seconds:g}).")
+    if run.saved_step != run.completed_steps:
+        save_checkpoint(run)
+    metrics = evaluate(run)
+    clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if run.stopped_by_clock else {}
+    run.log.log({"step": run.completed_steps, **metrics, **clock, "final": True})
     accelerator.print(
-        f"validation: loss {final_metrics['eval_loss']:.4f}, perplexity {final_metrics['perplexity']:.2f}, "
-        f"{final_metrics['bits_per_byte']:.4f} bits/byte ({train_seconds:.1f} s of training)"
+        f"validation: loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
+        f"{metrics['bits_per_byte']:.4f} bits/byte ({run.train_seconds:.1f} s of training)"
     )
-    unwrapped = accelerator.unwrap_model(model)
     probe_results = {}
     if accelerator.is_main_process:
-        probe_results = run_probes_and_samples(unwrapped, tokenizer, train_args, accelerator)
+        probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer, run.train_args,
+                                               accelerator)
         if probe_results:
-            log_metrics({"step": completed_steps, **{f"probe_{k}": v for k, v in probe_results.items()}},
-                        history, output_dir, accelerator)
-
-    # ---------------------------------------------------------------- export
-    accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(model)  # every process takes part: FSDP / ZeRO-3 gather the shards
-    if accelerator.is_main_process:
-        card_context = {
-            "model_name": os.path.basename(output_dir),
-            "repo_id": train_args.hub_model_id or os.path.basename(output_dir),
-            "init_from": model_args.init_from,
-            "config": unwrapped.config,
-            "num_parameters": num_parameters,
-            "num_parameters_text": export.human_count(num_parameters),
-            "tokenizer_description": model_args.tokenizer_name or model_args.init_from or "byte-level BPE trained on the training text",
-            "data_description": describe_data(data_args),
-            "dataset_id": data_args.dataset_name or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
-            "dataset_is_hub": bool(data_args.dataset_name),
-            "synthetic_data": not (data_args.dataset_name or data_args.train_file),
-            "tokens_seen": completed_steps * tokens_per_step,
-            "steps": completed_steps,
-            "global_batch_size": tokens_per_step // data_args.block_size,
-            "block_size": data_args.block_size,
-            "hyperparameters": args_to_dict(train_args),
-            "hardware": export.hardware_description(accelerator.num_processes, accelerator.device.type),
-            "train_seconds": train_seconds,
-            "eval": {"loss": final_metrics["eval_loss"], "perplexity": final_metrics["perplexity"],
-                     "bits_per_byte": final_metrics["bits_per_byte"]},
-            "eval_tokens": final_metrics["eval_tokens"],
-            "probes": probe_results,
-            "example_prompt": "The dog didn't cross the street because it was too",
-        }
-        card = cards.pretrained_card(card_context)
-        staged = export.staging_dir(output_dir)
-        if os.path.exists(staged):
-            shutil.rmtree(staged)  # left by an interrupted export; only ever written by this script
-        export.write_model_folder(
-            staged, unwrapped, state_dict, tokenizer, card, history,
-            training_args={**args_to_dict(model_args, data_args, train_args), "transformers": transformers.__version__},
-            max_shard_size="2GB",
-        )
-        shutil.copy2(os.path.join(output_dir, "metrics.jsonl"), os.path.join(staged, "metrics.jsonl"))
-        pushed = False
-        if pusher is not None:
-            # The final upload queues behind the checkpoints' anyway; waiting first only lets us say why it is slow.
-            if not pusher.wait(timeout=HUB_WAIT_SECONDS):
-                accelerator.print("Checkpoint uploads are still running; the final model's upload follows them...")
-            # `staged` holds the model files only (checkpoints join it below): optimizer and RNG state stay local.
-            pushed = pusher.push(staged, f"TinyTx pre-trained for {completed_steps} steps")
-        export.swap_into_place(staged, output_dir)
-        accelerator.print(f"Model folder: {output_dir}")
-        if pusher is not None:
-            report_hub_pushes(pusher, pushed, train_args.hub_model_id, output_dir, accelerator)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-
-
-def check_output_dir(output_dir: str, train_args) -> None:
-    """Fails early (nothing written yet) when the output folder cannot be written or would lose a saved model."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise UserInputError(f"--output_dir {output_dir} is a file; choose a folder path.")
-    ancestor = output_dir
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK):
-        raise UserInputError(
-            f"--output_dir {output_dir} cannot be created: {ancestor} is "
-            f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another --output_dir."
-        )
-    if not os.path.isdir(output_dir) or train_args.resume_from_checkpoint:
-        return
-    existing = set(os.listdir(output_dir))
-    earlier_run = sorted(existing & {*export.MODEL_FILES, "checkpoints", "metrics.jsonl"})
-    if earlier_run and not train_args.overwrite_output_dir:
-        raise UserInputError(
-            f"--output_dir {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
-            f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new folder."
-        )
-    # With --overwrite_output_dir the old checkpoints go once the data has passed its checks, metrics.jsonl starts
-    # afresh with training, and the export replaces the old model files; anything else in the folder is kept.
-
-
-def load_model_config(model_args):
-    """The preset (or --model_config file, or --init_from model), with command-line overrides applied."""
-    if model_args.init_from:
-        try:
-            config = AutoConfig.from_pretrained(model_args.init_from)
-        except (OSError, ValueError) as error:
-            raise UserInputError(f"--init_from {model_args.init_from!r} is not a model folder: {error}") from error
-    else:
-        path = model_args.model_config or os.path.join(CONFIGS_DIR, f"model-{model_args.model_preset}.json")
-        if not os.path.isfile(path):
-            presets = sorted(name[6:-5] for name in os.listdir(CONFIGS_DIR) if re.match(r"model-.*\.json$", name))
-            raise UserInputError(
-                f"No model config at {path}; use --model_preset with one of {presets} or --model_config FILE."
-            )
-        with open(path, encoding="utf-8") as f:
-            if path.endswith((".yaml", ".yml")):
-                import yaml
-
-                values = yaml.safe_load(f)
-            else:
-                values = json.load(f)
-        values = {key: value for key, value in values.items() if not key.startswith("_")}
-        config = AutoConfig.for_model("tinytx", **values)
-    overrides = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "max_position_embeddings")
-    changes = {name: getattr(model_args, name) for name in overrides if getattr(model_args, name) is not None}
-    if changes:
-        if model_args.init_from:
-            raise UserInputError(f"--init_from keeps the saved architecture; drop {sorted(changes)}.")
-        if "hidden_size" in changes or "num_attention_heads" in changes:
-            config.head_dim = None  # let the config derive it again from the new width / head count
-        if "num_attention_heads" in changes and "num_key_value_heads" not in changes:
-            config.num_key_value_heads = None
-        values = {**config.to_dict(), **changes}
-        try:
-            config = AutoConfig.for_model("tinytx", **{k: v for k, v in values.items() if k != "model_type"})
-        except ValueError as error:
-            raise UserInputError(str(error)) from error
-    return config
-
-
-def describe_data(data_args) -> str:
-    if data_args.dataset_name:
-        return f"the Hub dataset `{data_args.dataset_name}` ({data_args.dataset_config_name or 'default config'})"
-    if data_args.train_file:
-        return f"local files `{data_args.train_file}`"
-    return (
-        "the embedded synthetic corpus of `hf_tinytx.corpus` (coreference, recall and copy documents), "
-        f"{data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS:,} documents"
-    )
+            run.log.log({"step": run.completed_steps, **{f"probe_{k}": v for k, v in probe_results.items()},
+                         "final": True})
+    return metrics, probe_results
 
 
 @torch.no_grad()
-def evaluate(model, dataloader, accelerator, bytes_per_token: float, train_args) -> dict:
+def evaluate(run: Run) -> dict:
     """Mean loss over the validation blocks; every block has the same number of targets, so the mean is exact."""
-    model.eval()
+    run.model.eval()
     losses = []
-    for i, batch in enumerate(dataloader):
-        if train_args.max_eval_batches and i >= train_args.max_eval_batches:
-            break
-        loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-        losses.append(accelerator.gather_for_metrics(loss.float().repeat(batch["input_ids"].shape[0])))
-    model.train()
+    for batch in run.eval_dataloader:  # always to the end (see make_dataloaders)
+        loss = run.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+        losses.append(run.accelerator.gather_for_metrics(loss.float().repeat(batch["input_ids"].shape[0])))
+    run.model.train()
     losses = torch.cat(losses)
     mean_loss = losses.mean().item()
-    block_size = batch["input_ids"].shape[1]
     return {
         "eval_loss": mean_loss,
         "perplexity": export.perplexity(mean_loss),
         # bits per byte = total nats / (ln 2 * total bytes), with bytes = tokens * (bytes per validation token)
-        "bits_per_byte": mean_loss / (math.log(2) * bytes_per_token),
-        "eval_tokens": len(losses) * (block_size - 1),
+        "bits_per_byte": mean_loss / (math.log(2) * run.packed.bytes_per_token),
+        "eval_tokens": len(losses) * (batch["input_ids"].shape[1] - 1),
     }
 
 
@@ -473,49 +438,41 @@ def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> dict:
     return results
 
 
-# ---------------------------------------------------------------- checkpoints and metrics
+# ---------------------------------------------------------------------------------------------------- export
 
 
-def save_checkpoint(accelerator, checkpoints_dir: str, step: int, run_signature: dict, train_args) -> None:
-    """Writes checkpoints/step_N via a temporary name: a run killed mid-save leaves the previous ones intact."""
-    final = os.path.join(checkpoints_dir, f"step_{step}")
-    temporary = os.path.join(checkpoints_dir, f".tmp_step_{step}")
-    if accelerator.is_main_process and os.path.exists(temporary):
-        shutil.rmtree(temporary)
+def export_and_push(run: Run, final_metrics: dict, probe_results: dict) -> None:
+    """The model folder first (complete on disk), then the Hub. A failed upload is reported, not raised: the run
+    itself succeeded and its folder is complete."""
+    accelerator = run.accelerator
     accelerator.wait_for_everyone()
-    accelerator.save_state(temporary)  # model (safetensors), optimizer, scheduler, RNG of every process
+    state_dict = accelerator.get_state_dict(run.model)  # every process takes part: FSDP / ZeRO-3 gather the shards
     if accelerator.is_main_process:
-        with open(os.path.join(temporary, "trainer_state.json"), "w", encoding="utf-8") as f:
-            json.dump({"step": step, "run_signature": run_signature}, f)
-    if os.environ.get("TINYTX_DEBUG_CRASH_IN_CHECKPOINT") == str(step):  # tests: die before the save is complete
-        os._exit(17)
+        card = cards.pretrained_card(card_context(run, final_metrics, probe_results))
+        names = export.export_final(run.output_dir, run.checkpoints_dir, accelerator.unwrap_model(run.model),
+                                    state_dict, run.tokenizer, card, run.log.rows, training_record(run))
+        accelerator.print(f"Model folder: {run.output_dir}")
+        if run.pusher is not None:
+            push_final(run, names)
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(temporary, final)
-        steps = sorted(int(m.group(1)) for m in map(CHECKPOINT_NAME.match, os.listdir(checkpoints_dir)) if m)
-        for old in steps[: -train_args.checkpoints_total_limit] if train_args.checkpoints_total_limit else []:
-            shutil.rmtree(os.path.join(checkpoints_dir, f"step_{old}"))
-    accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
-def push_checkpoint(pusher, model, state_dict, tokenizer, history, checkpoints_dir, step, training_args) -> None:
-    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo, as a complete model folder (weights, config,
-    code, tokenizer, card) without the optimizer and RNG state. The pusher snapshots the folder by hard links before
-    returning, so our copy can go at once and pruning old checkpoints never pulls files from under an upload."""
-    folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
-    if os.path.exists(folder):
-        shutil.rmtree(folder)  # left by a run killed while exporting this step
-    last_loss = next((row["loss"] for row in reversed(history) if "loss" in row), None)
-    card = cards.checkpoint_card(pusher.repo_id, step, last_loss)
+def push_final(run: Run, names: list[str]) -> bool:
+    """Uploads the exported files (not the checkpoints, nor anything else in the folder) within --hub_timeout."""
+    args, pusher = run.train_args, run.pusher
+    deadline = time.monotonic() + args.hub_timeout
+    snapshot = tempfile.mkdtemp(prefix=".hub-final-", dir=run.output_dir)
     try:
-        export.write_model_folder(folder, model, state_dict, tokenizer, card, history, training_args, "2GB")
-        pusher.push_async(folder, f"Checkpoint at step {step}", path_in_repo=f"checkpoints/step_{step}")
-    except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
-        print(f"Could not export checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
+        link_or_copy(run.output_dir, snapshot, [*names, "metrics.jsonl"])
+        if not pusher.wait(timeout=min(300, args.hub_timeout)):
+            run.accelerator.print("Checkpoint uploads are still running; the final model's upload follows them...")
+        left = max(1.0, deadline - time.monotonic())
+        pushed = pusher.push(snapshot, f"TinyTx pre-trained for {run.completed_steps} steps", timeout=left)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(snapshot, ignore_errors=True)
+    report_hub_pushes(pusher, pushed, args.hub_model_id, run.output_dir, run.accelerator)
+    return pushed
 
 
 def report_hub_pushes(pusher, final_pushed: bool, repo_id: str, output_dir: str, accelerator) -> None:
@@ -532,47 +489,58 @@ def report_hub_pushes(pusher, final_pushed: bool, repo_id: str, output_dir: str,
     else:
         accelerator.print(
             f"The final model was NOT pushed; the local folder {output_dir} is complete: push it again with "
-            f"`hf upload {repo_id} {output_dir} --exclude 'checkpoints/*'`."
+            f"`hf upload {repo_id} {output_dir} --exclude 'checkpoints/*' --exclude '.*'`."
         )
 
 
-def find_checkpoint(resume_from: str | None, checkpoints_dir: str) -> str | None:
-    if not resume_from:
-        return None
-    if resume_from != "latest":
-        if not os.path.isfile(os.path.join(resume_from, "trainer_state.json")):
-            raise UserInputError(
-                f"--resume_from_checkpoint {resume_from} is not a complete checkpoint (no trainer_state.json); "
-                f"give a checkpoints/step_N folder or 'latest'."
-            )
-        return os.path.abspath(resume_from)
-    if not os.path.isdir(checkpoints_dir):
-        return None
-    steps = sorted(int(m.group(1)) for m in map(CHECKPOINT_NAME.match, os.listdir(checkpoints_dir)) if m)
-    return os.path.join(checkpoints_dir, f"step_{steps[-1]}") if steps else None
+def card_context(run: Run, metrics: dict, probe_results: dict) -> dict:
+    """What model_cards/tinytx_model_card.md shows."""
+    model_args, data_args, train_args = run.model_args, run.data_args, run.train_args
+    name = os.path.basename(run.output_dir)
+    return {
+        "model_name": name,
+        "repo_id": train_args.hub_model_id or name,
+        "init_from": model_args.init_from,
+        "config": run.accelerator.unwrap_model(run.model).config,
+        "num_parameters": run.num_parameters,
+        "num_parameters_text": export.human_count(run.num_parameters),
+        "tokenizer_description": model_args.tokenizer_name or model_args.init_from
+        or f"byte-level BPE trained on the training text; {model_args.vocab_size} tokens asked",
+        "data_description": describe_data(data_args),
+        "dataset_id": data_args.dataset_name or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
+        "dataset_is_hub": bool(data_args.dataset_name),
+        "synthetic_data": not (data_args.dataset_name or data_args.train_file),
+        "tokens_seen": run.completed_steps * run.tokens_per_step,
+        "steps": run.completed_steps,
+        "planned_steps": run.max_train_steps,
+        "stopped_by_clock": run.stopped_by_clock,
+        "global_batch_size": run.tokens_per_step // data_args.block_size,
+        "block_size": data_args.block_size,
+        "hyperparameters": args_to_dict(train_args),
+        "hardware": export.hardware_description(run.accelerator.num_processes, run.accelerator.device.type),
+        "train_seconds": run.train_seconds,
+        "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
+                 "bits_per_byte": metrics["bits_per_byte"]},
+        "eval_tokens": metrics["eval_tokens"],
+        "probes": probe_results,
+        "example_prompt": "The dog didn't cross the street because it was too",
+    }
 
 
-def start_metrics_log(output_dir: str, completed_steps: int, accelerator) -> list[dict]:
-    """metrics.jsonl up to the resumed step (a crashed run may have logged beyond its last checkpoint)."""
-    path = os.path.join(output_dir, "metrics.jsonl")
-    history = []
-    if completed_steps and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            history = [row for row in map(json.loads, f) if row["step"] <= completed_steps]
-    if accelerator.is_main_process:
-        os.makedirs(output_dir, exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in history)
-        os.replace(path + ".tmp", path)
-    return history
+def describe_data(data_args) -> str:
+    if data_args.dataset_name:
+        return f"the Hub dataset `{data_args.dataset_name}` ({data_args.dataset_config_name or 'default config'})"
+    if data_args.train_file:
+        return f"local files `{data_args.train_file}`"
+    return (
+        "the embedded synthetic corpus of `hf_tinytx.corpus` (coreference, recall and copy documents), "
+        f"{data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS:,} documents"
+    )
 
 
-def log_metrics(row: dict, history: list, output_dir: str, accelerator) -> None:
-    history.append(row)
-    accelerator.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-    if accelerator.is_main_process:
-        with open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+def training_record(run: Run) -> dict:
+    """training_args.json: every argument (never the Hub token) and the transformers version."""
+    return {**args_to_dict(run.model_args, run.data_args, run.train_args), "transformers": transformers.__version__}
 
 
 def flat_scalars(values: dict) -> dict:
@@ -580,29 +548,16 @@ def flat_scalars(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
 
 
-def read_json(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def debug_write_parameter_checksum(accelerator, model, step: int) -> None:
-    """Tests of data parallelism: every process writes a hash of the weights it holds."""
-    prefix = os.environ.get("TINYTX_DEBUG_CHECKSUM_PREFIX")
-    if not prefix:
-        return
-    import hashlib
-
-    digest = hashlib.sha256()
-    for name, tensor in sorted(accelerator.unwrap_model(model).state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().float().cpu().numpy().tobytes())
-    with open(f"{prefix}.rank{accelerator.process_index}.json", "w", encoding="utf-8") as f:
-        json.dump({"step": step, "sha256": digest.hexdigest(), "num_processes": accelerator.num_processes}, f)
-
-
 if __name__ == "__main__":
     try:
         main()
-    except UserInputError as error:
+    except (UserInputError, RunError) as error:
         print(f"pretrain.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(2 if isinstance(error, UserInputError) else 1)
+    except Exception as error:
+        if not checkpoints.is_disk_full(error):
+            raise
+        where = getattr(error, "filename", None) or "the output folder"
+        print(f"pretrain.py: error: No space left on the device while writing {where}; the checkpoints saved so far "
+              f"are intact: free some space and rerun with --resume_from_checkpoint latest.", file=sys.stderr)
+        sys.exit(1)

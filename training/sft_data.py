@@ -40,11 +40,13 @@ DEFAULT_CHAT_TEMPLATE = (
 
 def read_records(path: str) -> list[dict]:
     """Every record of a .txt or .jsonl file, checked. Each record gets a "kind": "text", "prompt" or "chat"."""
+    if os.path.isdir(path):
+        raise UserInputError(f"Data file {path!r} is a folder; give the path of a .txt or .jsonl file in it.")
     if not os.path.isfile(path):
         raise UserInputError(f"Data file {path!r} does not exist; give the path of a .txt or .jsonl file.")
     extension = os.path.splitext(path)[1].lower()
     if extension == ".txt":
-        records = _read_text(path)
+        records = [{"kind": "text", "text": text.rstrip("\r\n")} for _, text in _lines(path) if text.strip()]
     elif extension in (".jsonl", ".json"):
         records = _read_jsonl(path)
     else:
@@ -57,26 +59,39 @@ def read_records(path: str) -> list[dict]:
     return records
 
 
-def _read_text(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [{"kind": "text", "text": line.rstrip("\n")} for line in f if line.strip()]
+def _lines(path: str):
+    """(line number, text) of every line, decoded strictly as UTF-8: a wrong byte is named, never replaced."""
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            where = f"{path}, line {line_number}"
+            if b"\0" in raw:  # UTF-8 text never holds a NUL byte; binary files and UTF-16 text do
+                raise UserInputError(
+                    f"{where}: a NUL byte, so this is a binary file (or UTF-16 text), not UTF-8 text; give a .txt "
+                    f"or .jsonl file saved as UTF-8."
+                )
+            try:
+                yield line_number, raw.decode("utf-8-sig" if line_number == 1 else "utf-8")  # a leading BOM is fine
+            except UnicodeDecodeError as error:
+                raise UserInputError(
+                    f"{where}: byte {error.start + 1} (0x{raw[error.start]:02x}) is not UTF-8; save the file as "
+                    f"UTF-8 (e.g. `iconv -f latin1 -t utf-8 old.txt > new.txt`)."
+                ) from None
 
 
 def _read_jsonl(path: str) -> list[dict]:
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue  # blank lines (a trailing newline, spacing) carry no record
-            where = f"{path}, line {line_number}"
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise UserInputError(
-                    f"{where}: not valid JSON ({error.msg} at column {error.colno}). Each line must be one JSON "
-                    f"object, e.g. {{\"prompt\": \"...\", \"response\": \"...\"}}."
-                ) from None
-            records.append(_check_record(value, where))
+    for line_number, line in _lines(path):
+        if not line.strip():
+            continue  # blank lines (a trailing newline, spacing) carry no record
+        where = f"{path}, line {line_number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UserInputError(
+                f"{where}: not valid JSON ({error.msg} at column {error.colno}). Each line must be one JSON "
+                f"object, e.g. {{\"prompt\": \"...\", \"response\": \"...\"}}."
+            ) from None
+        records.append(_check_record(value, where))
     return records
 
 

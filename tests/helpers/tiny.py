@@ -1,6 +1,7 @@
 """Tiny models, tokenizers and training runs for the tests: small enough that each takes seconds on a CPU."""
 
 import os
+import sys
 from pathlib import Path
 
 
@@ -77,3 +78,11 @@ def pretrain_env(tmp_path, **extra):
     )
     env.update(extra)
     return env
+
+
+LAUNCH = str(Path(__file__).with_name("launch.py"))
+
+
+def kill_after_call(target: str, nth: int) -> list[str]:
+    """A `run_pretrain` launcher that SIGKILLs the run right after the Nth call of `target` (see launch.py)."""
+    return [sys.executable, LAUNCH, "--kill-after", f"{target}:{nth}"]

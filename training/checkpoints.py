@@ -1,0 +1,220 @@
+"""Resumable checkpoints: save, verify, find, prune. One module owns `output_dir/checkpoints/`:
+
+    checkpoints/tokenizer/   the run's tokenizer, saved once (a resumed run must reuse it)
+    checkpoints/step_N/      Accelerate's `save_state` (model as safetensors, optimizer, scheduler, RNG of every
+                             process) + trainer_state.json (step, run signature) + checksums.json (sha256 of each file)
+
+A checkpoint is written under a temporary name, flushed to disk, checksummed, and only then renamed to step_N, so a
+run killed mid-save leaves the earlier checkpoints as they were. A resume verifies the checksums and falls back to the
+newest intact checkpoint, saying which it skipped and why; checkpoints it will not continue from are set aside (renamed,
+never deleted) so that `latest` cannot pick them after the next interruption.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+
+from hf_tinytx.folders import fsync_dir, fsync_tree
+
+from .args import RunError, UserInputError
+
+
+STEP_NAME = re.compile(r"^step_(\d+)$")
+STATE_FILE = "trainer_state.json"
+CHECKSUM_FILE = "checksums.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+def steps_saved(checkpoints_dir: str) -> list[int]:
+    if not os.path.isdir(checkpoints_dir):
+        return []
+    return sorted(int(m.group(1)) for m in map(STEP_NAME.match, os.listdir(checkpoints_dir)) if m)
+
+
+def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | None) -> str:
+    """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`."""
+    final = os.path.join(checkpoints_dir, f"step_{step}")
+    temporary = os.path.join(checkpoints_dir, f".tmp_step_{step}")
+    if accelerator.is_main_process and os.path.exists(temporary):
+        shutil.rmtree(temporary)  # left by a run killed while saving this step
+    accelerator.wait_for_everyone()
+    with disk_space_guard(temporary, checkpoints_dir):
+        accelerator.save_state(temporary)  # model (safetensors), optimizer, scheduler, RNG of every process
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_json(os.path.join(temporary, STATE_FILE), {"step": step, **state})
+            write_json(os.path.join(temporary, CHECKSUM_FILE), checksums(temporary))
+            fsync_tree(temporary)
+            if os.path.exists(final):  # an abandoned checkpoint of the same step: the new one replaces it
+                set_aside(final, "replaced")
+            os.replace(temporary, final)
+            fsync_dir(checkpoints_dir)
+            prune(checkpoints_dir, keep)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def checksums(folder: str) -> dict:
+    """{relative path: sha256} of every file in the folder."""
+    digests = {}
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            digests[os.path.relpath(path, folder)] = digest.hexdigest()
+    return digests
+
+
+def problem_with(folder: str) -> str | None:
+    """Why `folder` cannot be resumed from (missing, unreadable or changed files), or None when it is intact."""
+    try:
+        expected = read_json(os.path.join(folder, CHECKSUM_FILE))
+    except (OSError, ValueError):
+        return f"{CHECKSUM_FILE} is missing or unreadable"
+    if STATE_FILE not in expected or not any(name.endswith(".safetensors") for name in expected):
+        return f"{CHECKSUM_FILE} does not list the trainer state and the model weights"
+    try:
+        actual = checksums(folder)
+    except OSError as error:
+        return f"cannot read it ({error.strerror})"
+    for name, digest in expected.items():
+        if name not in actual:
+            return f"{name} is missing"
+        if actual[name] != digest:
+            return f"{name} does not match its checksum (damaged after it was written)"
+    return None
+
+
+def find_resumable(resume_from: str | None, checkpoints_dir: str, say) -> str | None:
+    """The checkpoint to continue from: the given folder, or with 'latest' the newest intact one (or None)."""
+    if not resume_from:
+        return None
+    if resume_from != "latest":
+        folder = os.path.abspath(resume_from)
+        problem = problem_with(folder) if os.path.isdir(folder) else "it is not a folder"
+        if problem:
+            raise UserInputError(
+                f"--resume_from_checkpoint {resume_from} cannot be resumed from: {problem}. Give an intact "
+                f"checkpoints/step_N folder, or 'latest' for the newest intact one."
+            )
+        return folder
+    for step in reversed(steps_saved(checkpoints_dir)):
+        folder = os.path.join(checkpoints_dir, f"step_{step}")
+        problem = problem_with(folder)
+        if problem is None:
+            return folder
+        say(f"Skipping checkpoint {folder}: {problem}.")
+    return None
+
+
+def set_aside_after(checkpoints_dir: str, step: int, say) -> None:
+    """Renames every step_N with N > step (newer but abandoned, or damaged) so `latest` never picks it again."""
+    for newer in steps_saved(checkpoints_dir):
+        if newer > step:
+            folder = set_aside(os.path.join(checkpoints_dir, f"step_{newer}"), "abandoned")
+            say(f"Set aside {os.path.basename(folder)}: this run continues from step {step}.")
+
+
+def set_aside(folder: str, reason: str) -> str:
+    parent, name = os.path.split(folder)
+    target, n = os.path.join(parent, f"{reason}_{name}"), 1
+    while os.path.exists(target):
+        target, n = os.path.join(parent, f"{reason}_{name}.{n}"), n + 1
+    os.replace(folder, target)
+    return target
+
+
+def prune(checkpoints_dir: str, keep: int | None) -> None:
+    for old in steps_saved(checkpoints_dir)[:-keep] if keep else []:
+        shutil.rmtree(os.path.join(checkpoints_dir, f"step_{old}"))
+
+
+def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
+    """checkpoints/tokenizer, written under a temporary name first: a kill never leaves half a tokenizer."""
+    os.makedirs(checkpoints_dir, exist_ok=True)
+    final = os.path.join(checkpoints_dir, TOKENIZER_DIR)
+    temporary = os.path.join(checkpoints_dir, f".tmp_{TOKENIZER_DIR}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    with disk_space_guard(temporary, checkpoints_dir):
+        tokenizer.save_pretrained(temporary)
+        fsync_tree(temporary)
+        os.replace(temporary, final)
+        fsync_dir(checkpoints_dir)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    # safetensors reports a full disk as its own error type, with the OS message inside.
+    return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error)
+
+
+class disk_space_guard:
+    """Turns "no space left" while writing `path` into a RunError that names the path, the space needed and free,
+    and the newest checkpoint that is still intact; the half-written `path` is removed to give the space back."""
+
+    def __init__(self, path: str, checkpoints_dir: str):
+        self.path, self.checkpoints_dir = path, checkpoints_dir
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if error is None or not is_disk_full(error):
+            return False
+        written = folder_size(self.path)
+        if os.path.isdir(self.path) and os.path.basename(self.path).startswith((".tmp_", ".tinytx-staging")):
+            shutil.rmtree(self.path, ignore_errors=True)
+        raise RunError(disk_full_message(self.path, written, self.checkpoints_dir)) from None
+
+
+def disk_full_message(path: str, needed_at_least: int, checkpoints_dir: str) -> str:
+    steps = steps_saved(checkpoints_dir)
+    previous = os.path.join(checkpoints_dir, f"step_{steps[-1]}") if steps else None
+    needed = max(needed_at_least, folder_size(previous) if previous else 0)
+    free = shutil.disk_usage(os.path.dirname(path)).free
+    intact = (f"the earlier checkpoint {previous} is intact: free some space and rerun with "
+              f"--resume_from_checkpoint latest" if previous else "no checkpoint was saved yet: free space and rerun")
+    return (f"No space left on the device while writing {path} (about {needed / 2**20:.1f} MiB needed, "
+            f"{free / 2**20:.1f} MiB free); {intact}.")
+
+
+def folder_size(path: str | None) -> int:
+    if not path or not os.path.exists(path):
+        return 0
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+
+
+def read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(path: str, values: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(values, f, indent=1, sort_keys=True)
+
+
+def push(pusher, model, state_dict, tokenizer, log, checkpoints_dir: str, step: int, training_record: dict) -> None:
+    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo, as a complete model folder (weights, config,
+    code, tokenizer, card) without the optimizer and RNG state. The pusher snapshots the folder by hard links before
+    returning, so our copy can go at once and pruning old checkpoints never pulls files from under an upload."""
+    from . import cards, export  # export writes through this module's disk guard: import it late
+
+    folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
+    shutil.rmtree(folder, ignore_errors=True)  # left by a run killed while exporting this step
+    card = cards.checkpoint_card(pusher.repo_id, step, log.last("loss"))
+    try:
+        export.write_model_folder(folder, model, state_dict, tokenizer, card, log.rows, training_record, "2GB")
+        pusher.push_async(folder, f"Checkpoint at step {step}", path_in_repo=f"checkpoints/step_{step}")
+    except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
+        print(f"Could not export checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,100 @@
+"""The model to train: a preset, a --model_config file or an --init_from folder, with command-line overrides, checked
+by building it on PyTorch's "meta" device (no memory) before anything is written."""
+
+import json
+import os
+import re
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .args import UserInputError
+
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+OVERRIDES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "max_position_embeddings")
+# fp32 weights + gradients + AdamW's two moments: what training needs per parameter before activations.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def load_model_config(model_args):
+    """The preset (or --model_config file, or --init_from model), with command-line overrides applied."""
+    if model_args.init_from:
+        try:
+            config = AutoConfig.from_pretrained(model_args.init_from)
+        except (OSError, ValueError) as error:
+            raise UserInputError(f"--init_from {model_args.init_from!r} is not a model folder: {error}") from error
+    else:
+        path = model_args.model_config or os.path.join(CONFIGS_DIR, f"model-{model_args.model_preset}.json")
+        values = {key: value for key, value in read_config_file(path).items() if not key.startswith("_")}
+        config = _build("tinytx", values, path)
+    changes = {name: getattr(model_args, name) for name in OVERRIDES if getattr(model_args, name) is not None}
+    if not changes:
+        return config
+    if model_args.init_from:
+        raise UserInputError(f"--init_from keeps the saved architecture; drop {sorted(changes)}.")
+    if "hidden_size" in changes or "num_attention_heads" in changes:
+        config.head_dim = None  # let the config derive it again from the new width / head count
+    if "num_attention_heads" in changes and "num_key_value_heads" not in changes:
+        config.num_key_value_heads = None
+    values = {k: v for k, v in {**config.to_dict(), **changes}.items() if k != "model_type"}
+    return _build("tinytx", values, "the command-line overrides")
+
+
+def read_config_file(path: str) -> dict:
+    if not os.path.isfile(path):
+        presets = sorted(name[6:-5] for name in os.listdir(CONFIGS_DIR) if re.match(r"model-.*\.json$", name))
+        raise UserInputError(f"No model config at {path}; use --model_preset with one of {presets} or --model_config FILE.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            if path.endswith((".yaml", ".yml")):
+                import yaml
+
+                values = yaml.safe_load(f)
+            else:
+                values = json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:  # JSON, YAML and decoding errors all derive from ValueError
+        reason = str(error).splitlines()[0]
+        raise UserInputError(f"--model_config {path} is not valid JSON/YAML ({reason}); fix the file.") from None
+    if not isinstance(values, dict):
+        raise UserInputError(
+            f"--model_config {path} holds a {type(values).__name__}, not a mapping of TinyTxConfig fields; write it as "
+            f'{{"hidden_size": 128, ...}} (see training/configs/model-tiny.json).'
+        )
+    return values
+
+
+def _build(model_type: str, values: dict, source: str):
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except (ValueError, TypeError) as error:
+        raise UserInputError(f"{source}: {error}") from None
+
+
+def check_model_builds(config, attn_implementation: str, num_processes: int) -> int:
+    """Builds the model without memory, so an unknown attention backend or a size this machine cannot train fails now,
+    not after data and tokenizer were prepared; returns the parameter count."""
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    except (ValueError, ImportError) as error:
+        reason = str(error).strip().splitlines()[0]
+        raise UserInputError(f"--attn_implementation {attn_implementation!r}: {reason}") from None
+    num_parameters = sum(p.numel() for p in model.parameters())
+    needed = num_parameters * TRAINING_BYTES_PER_PARAMETER
+    available = _memory_bytes() * num_processes
+    if needed > available:
+        raise UserInputError(
+            f"The model has {num_parameters:,} parameters: training needs about {needed / 2**30:,.0f} GiB for weights, "
+            f"gradients and optimizer state, more than the {available / 2**30:,.0f} GiB here; choose a smaller "
+            f"--model_preset / --model_config."
+        )
+    return num_parameters
+
+
+def _memory_bytes() -> int:
+    """Accelerator memory when there is one, else the machine's RAM."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,0 +1,74 @@
+"""The run's output folder: checked before anything is written, then held with a lock for the whole run.
+
+The lock is an `flock` on `output_dir/.lock`: the kernel releases it when the process ends however it ends, so a
+killed run never leaves the folder stuck, and a second run on the same folder is refused while the first lives.
+"""
+
+import fcntl
+import os
+import shutil
+
+from . import export
+from .args import UserInputError
+
+
+LOCK_FILE = ".lock"
+
+
+def check_output_dir(output_dir: str, train_args) -> None:
+    """Fails early (nothing written yet) when the output folder cannot be written, is in use, or would lose a run."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise UserInputError(f"--output_dir {output_dir} is a file; choose a folder path.")
+    ancestor = output_dir
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK):
+        raise UserInputError(
+            f"--output_dir {output_dir} cannot be created: {ancestor} is "
+            f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another --output_dir."
+        )
+    if not os.path.isdir(output_dir):
+        return
+    if os.path.exists(os.path.join(output_dir, LOCK_FILE)):
+        release(take_lock(output_dir))  # only to ask whether another run holds it
+    if train_args.resume_from_checkpoint:
+        return
+    earlier_run = sorted(set(os.listdir(output_dir)) & {*export.MODEL_FILES, "checkpoints", "metrics.jsonl"})
+    if earlier_run and not train_args.overwrite_output_dir:
+        raise UserInputError(
+            f"--output_dir {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
+            f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new folder."
+        )
+    # With --overwrite_output_dir the old checkpoints go once the data has passed its checks, metrics.jsonl starts
+    # afresh with training, and the export replaces the old model files; anything else in the folder is kept.
+
+
+def take_lock(output_dir: str):
+    """Creates the folder if needed and locks it for this process; refuses when another run holds it."""
+    os.makedirs(output_dir, exist_ok=True)
+    handle = open(os.path.join(output_dir, LOCK_FILE), "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise UserInputError(
+            f"--output_dir {output_dir} is in use by another training run (process {holder}); wait for it to finish, "
+            f"or choose another --output_dir."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def release(handle) -> None:
+    fcntl.flock(handle, fcntl.LOCK_UN)
+    handle.close()
+
+
+def remove_checkpoints(checkpoints_dir: str) -> None:
+    """--overwrite_output_dir: the earlier run's checkpoints go, once every input check has passed."""
+    shutil.rmtree(checkpoints_dir, ignore_errors=True)
