@@ -1,9 +1,11 @@
-"""training/finetune.py end to end, in subprocesses as a user runs it: full fine-tuning on prompt/response records,
-LoRA (+ merge, + Hub push) on chat records, and bad data refused before training with the file and line named.
+"""training/finetune.py end to end, in subprocesses as a user runs it: full fine-tuning of a Hub base on
+prompt/response records, LoRA (+ merge, + Hub push) on chat records, their model cards, and bad input (data, model
+folder, Hub repo id, a link out of the output folder) refused in one line before anything is written or uploaded.
 
-The four runs start together (module fixture) because each spends most of its time importing libraries; every test
-then checks one run."""
+All runs start together (module fixture) because each spends most of its time importing libraries; every test then
+checks one run."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -15,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
+from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +26,30 @@ QUICK = [
     "--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps", "2",
     "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",
 ]
+
+GOOD_INPUTS = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl"]  # each bad input replaces one
+UPLOAD = (  # a base model on the (local) Hub, uploaded in a child because the client reads HF_ENDPOINT on import
+    "import sys; from huggingface_hub import HfApi; api = HfApi(); api.create_repo(sys.argv[1]); "
+    "api.upload_folder(repo_id=sys.argv[1], folder_path=sys.argv[2])"
+)
+
+# Inputs refused before anything is trained, written or uploaded: name -> (flags that replace GOOD_INPUTS' or add
+# to them, words of the one-line message, a text no Hub request may contain or None).
+PUSH = ["--push_to_hub", "--hub_model_id"]
+FAILURES = {
+    "malformed": (["--train_file", "malformed.jsonl"], ["malformed.jsonl, line 3", "not valid JSON"], None),
+    "missing": (["--train_file", "missing.jsonl"], ["missing.jsonl, line 2", "needs either"], None),
+    "latin1_txt": (["--train_file", "latin1.txt"], ["latin1.txt, line 2", "not UTF-8", "save the file as UTF-8"],
+                   None),
+    "latin1_jsonl": (["--train_file", "latin1.jsonl"], ["latin1.jsonl, line 2", "not UTF-8", "as UTF-8"], None),
+    "binary": (["--train_file", "packed.jsonl"], ["packed.jsonl, line 1", "binary file"], None),
+    "no_tokenizer": (["--model_name_or_path", "bases/no-tokenizer"], ["'bases/no-tokenizer' has no tokenizer"], None),
+    "typo_path": (["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup
+                  ["'bases/gatedd': no such folder (did you mean 'bases/gated'?)"], "gatedd"),
+    "bad_hub_id": ([*PUSH, "tester/not a name"], ["'tester/not a name' is not a valid Hub repo id"], "tester/not"),
+    "link_out": ([*PUSH, "tester/linked", "--output_dir", "linked"],
+                 ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"], "tester/linked"),
+}
 
 
 def write_jsonl(path: Path, records) -> Path:
@@ -47,12 +74,24 @@ def chat_records(n):
 
 def save_base(folder: Path, **overrides) -> Path:
     """A tiny TinyTx + tokenizer folder, the script's --model_name_or_path."""
-    from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
-
     tokenizer = build_byte_bpe_tokenizer()
     build_tiny_model(seed=0, vocab_size=len(tokenizer), **overrides).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def write_bad_inputs(root: Path) -> None:
+    """The files behind FAILURES."""
+    malformed = root / "malformed.jsonl"
+    malformed.write_text(json.dumps(prompt_records(1)[0]) + "\n\n" + '{"prompt": "Q:", "response": "A"\n')
+    write_jsonl(root / "missing.jsonl", [*prompt_records(1), {"question": "Q?", "answer": "A"}])
+    (root / "latin1.txt").write_bytes("first document\ncaf\xe9 au lait\n".encode("latin-1"))
+    (root / "latin1.jsonl").write_bytes(b'{"prompt": "Q:", "response": "A"}\n{"prompt": "caf\xe9", "response": "A"}\n')
+    (root / "packed.jsonl").write_bytes(gzip.compress(b'{"prompt": "Q:", "response": "A"}\n' * 8))  # gzip, misnamed
+    build_tiny_model(seed=0).save_pretrained(root / "bases" / "no-tokenizer")
+    (root / "linked").mkdir()
+    (root / "secret.txt").write_text("not for the Hub")
+    (root / "linked" / "notes.txt").symlink_to(root / "secret.txt")  # a link out of the output folder
 
 
 @pytest.fixture(scope="module")
@@ -60,34 +99,28 @@ def runs(tmp_path_factory):
     from tests.helpers.hub_server import LocalHub
 
     root = tmp_path_factory.mktemp("finetune")
-    gated = save_base(root / "base-gated")
-    plain = save_base(root / "base-plain", mlp_type="plain", hidden_act="gelu")  # no gate_proj to adapt
-    data = {
-        "train": write_jsonl(root / "train.jsonl", prompt_records(24)),
-        "validation": write_jsonl(root / "validation.jsonl", prompt_records(4, offset=50)),
-        "chat": write_jsonl(root / "chat.jsonl", chat_records(12)),
-    }
-    malformed = root / "malformed.jsonl"
-    malformed.write_text(json.dumps(prompt_records(1)[0]) + "\n\n" + '{"prompt": "Q:", "response": "A"\n')
-    missing = write_jsonl(root / "missing.jsonl", [*prompt_records(1), {"question": "Q?", "answer": "A"}])
+    gated = save_base(root / "bases" / "gated")
+    plain = save_base(root / "bases" / "plain", mlp_type="plain", hidden_act="gelu")  # no gate_proj to adapt
+    write_jsonl(root / "train.jsonl", prompt_records(24))
+    write_jsonl(root / "validation.jsonl", prompt_records(4, offset=50))
+    write_jsonl(root / "chat.jsonl", chat_records(12))
+    write_bad_inputs(root)
 
-    commands = {
-        "full": ["--model_name_or_path", str(gated), "--train_file", str(data["train"]),
-                 "--validation_file", str(data["validation"]), "--packing", "--max_seq_length", "48",
-                 "--output_dir", str(root / "full"), "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
+    commands = {  # cwd is root: relative paths are as a user would type them
+        "full": ["--model_name_or_path", "tester/tiny-base", "--train_file", "train.jsonl",  # a base on the Hub
+                 "--validation_file", "validation.jsonl", "--packing", "--max_seq_length", "48",
+                 "--output_dir", "full", "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
                  "--save_strategy", "steps", "--save_steps", "4"],
-        "lora": ["--model_name_or_path", str(plain), "--train_file", str(data["chat"]), "--use_peft", "--merge",
-                 "--lora_r", "4", "--lora_alpha", "8", "--output_dir", str(root / "lora"),
+        "lora": ["--model_name_or_path", "bases/plain", "--train_file", "chat.jsonl", "--use_peft", "--merge",
+                 "--lora_r", "4", "--lora_alpha", "8", "--output_dir", "lora",
                  "--push_to_hub", "--hub_model_id", "tester/tiny-chat-lora", *QUICK],
-        "malformed": ["--model_name_or_path", str(gated), "--train_file", str(malformed), "--output_dir",
-                      str(root / "never-1")],
-        "missing": ["--model_name_or_path", str(gated), "--train_file", str(missing), "--output_dir",
-                    str(root / "never-2")],
+        **{name: [*GOOD_INPUTS, "--output_dir", f"never-{name}", *flags] for name, (flags, *_) in FAILURES.items()},
     }
     with LocalHub(user="tester") as hub:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
         env.update(hub.client_env(root / "hf_home"))
-        env["OMP_NUM_THREADS"] = "1"  # four processes on a small machine: no thread oversubscription
+        env["OMP_NUM_THREADS"] = "1"  # many processes on a small machine: no thread oversubscription
+        subprocess.run([sys.executable, "-c", UPLOAD, "tester/tiny-base", str(gated)], env=env, check=True)
         processes = {
             name: subprocess.Popen([sys.executable, str(FINETUNE), *args], cwd=root, env=env, text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -98,9 +131,10 @@ def runs(tmp_path_factory):
             stdout, stderr = process.communicate(timeout=600)
             results[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         hub_files = {repo: hub.repo_files(f"tester/{repo}") for repo in ("tiny-sft", "tiny-chat-lora")}
+        requested = [request.path for request in hub.recorded()]
         token = hub.token
-    return {"root": root, "results": results, "hub_files": hub_files, "token": token, "gated": gated,
-            "plain": plain, "malformed": malformed, "missing": missing}
+    return {"root": root, "results": results, "hub_files": hub_files, "requested": requested, "token": token,
+            "gated": gated, "plain": plain}
 
 
 def assert_token_nowhere(runs, result, folder: Path):
@@ -114,7 +148,7 @@ def succeeded(result):
     assert result.returncode == 0, f"finetune.py failed\nSTDOUT:\n{result.stdout}\nSTDERR:\n{result.stderr}"
 
 
-def test_full_finetune_on_prompt_response_data(runs):
+def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     succeeded(runs["results"]["full"])
     out = runs["root"] / "full"
     for name in ("model.safetensors", "config.json", "modeling_tinytx.py", "tokenizer.json", "finetune_args.json"):
@@ -132,9 +166,10 @@ def test_full_finetune_on_prompt_response_data(runs):
     assert metrics["train_loss"] > 0 and metrics["eval_loss"] > 0
 
     model = AutoModelForCausalLM.from_pretrained(out).eval()
-    base = AutoModelForCausalLM.from_pretrained(runs["gated"]).eval()
+    base = AutoModelForCausalLM.from_pretrained(runs["gated"]).eval()  # what tester/tiny-base holds
     assert type(model) is hf_tinytx.TinyTxForCausalLM
-    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
+    pairs = zip(model.state_dict().values(), base.state_dict().values(), strict=True)
+    assert any(not torch.equal(a, b) for a, b in pairs)
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     inputs = tokenizer("Q: add 3 and 4\nA:", return_tensors="pt")
@@ -142,7 +177,7 @@ def test_full_finetune_on_prompt_response_data(runs):
     assert output.shape[1] > inputs["input_ids"].shape[1]
 
 
-def test_lora_finetune_on_chat_data_merges_and_pushes(runs):
+def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatch):
     from peft import AutoPeftModelForCausalLM
 
     succeeded(runs["results"]["lora"])
@@ -153,6 +188,9 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs):
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     # The default targets minus gate_proj, which a plain-MLP TinyTx does not have.
     assert set(adapter_config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
+    # Given as bases/plain from the run's folder, stored absolute: the adapter loads from anywhere.
+    assert adapter_config["base_model_name_or_path"] == str(runs["plain"])
+    monkeypatch.chdir(tmp_path)
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template, "chat data should have given the tokenizer a chat template"
@@ -179,16 +217,55 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs):
     assert "modeling_tinytx.py" in hub_files and "adapter_model.safetensors" not in hub_files
 
 
-@pytest.mark.parametrize(
-    "case, line, words",
-    [("malformed", 3, "not valid JSON"), ("missing", 2, "needs either")],
-)
-def test_bad_data_is_refused_before_training(runs, case, line, words):
+@pytest.mark.parametrize("case", list(FAILURES))
+def test_bad_input_is_one_line_before_anything_is_written_or_uploaded(runs, case):
+    _, words, hub_mark = FAILURES[case]
     result = runs["results"][case]
-    assert result.returncode != 0
-    assert f"{runs[case]}, line {line}" in result.stderr and words in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    assert not (runs["root"] / f"never-{1 if case == 'malformed' else 2}").exists(), "nothing may be written"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("finetune.py: error: "), lines
+    assert all(word in lines[0] for word in words), lines[0]
+    assert not (runs["root"] / f"never-{case}").exists(), "nothing may be written"
+    assert [path.name for path in (runs["root"] / "linked").iterdir()] == ["notes.txt"]  # link_out's output_dir
+    if hub_mark:
+        assert not [path for path in runs["requested"] if hub_mark in path], "the Hub must not be asked"
+
+
+@pytest.mark.parametrize(
+    "folder, kind, repo_id",
+    [("full", "full", "tiny-sft"), ("lora", "adapter", None), ("lora/merged", "merged", "tiny-chat-lora")],
+)
+def test_model_cards_describe_the_run_and_how_to_load_it(runs, folder, kind, repo_id):
+    from huggingface_hub import ModelCard
+
+    path = runs["root"] / folder / "README.md"
+    text = path.read_text(encoding="utf-8")
+    assert "[More Information Needed]" not in text  # PEFT's placeholder card was replaced
+    card = ModelCard.load(path)
+    assert card.data.library_name == ("peft" if kind == "adapter" else "transformers")
+    assert card.data.pipeline_tag == "text-generation" and card.data.datasets is None  # local data files
+    # A Hub base is metadata too; a local base only in the text (the Hub accepts repo ids there, not paths).
+    base = "tester/tiny-base" if kind == "full" else str(runs["plain"])
+    assert f"| Base model | {'[`' if kind == 'full' else '`'}{base}`" in card.text
+    assert card.data.base_model == ("tester/tiny-base" if kind == "full" else None)
+
+    run_folder = runs["root"] / folder.split("/")[0]
+    metrics = json.loads((run_folder / "finetune_metrics.json").read_text())
+    assert "| Optimizer steps | 8 (" in card.text
+    assert ("24 prompt/response records" if kind == "full" else "12 chat records") in card.text
+    assert f"| Training loss, mean over the run | {metrics['train_loss']:.4f} |" in card.text
+    if kind == "full":
+        assert f"| Validation loss, at the end | {metrics['eval_loss']:.4f} |" in card.text
+    assert ("| LoRA | r 4, alpha 8" in card.text) == (kind != "full")
+
+    load_from = f"tester/{repo_id}" if repo_id else str(run_folder)  # the pushed folder names its repo
+    loader = "AutoPeftModelForCausalLM" if kind == "adapter" else "AutoModelForCausalLM"
+    assert f'{loader}.from_pretrained("{load_from}")' in card.text
+    assert ("PeftModel.from_pretrained(base" in card.text) == (kind == "adapter")
+    assert "trust_remote_code=True" in card.text  # how to load TinyTx without the package
+    if repo_id:
+        assert runs["hub_files"][repo_id]["README.md"] == path.read_bytes()
 
 
 def test_loss_covers_only_the_responses(byte_bpe_tokenizer):

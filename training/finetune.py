@@ -11,9 +11,12 @@ Every `TrainingArguments` flag works too (--num_train_epochs, --max_steps, --per
 --push_to_hub uploads once, at the end: the merged folder with --merge, else output_dir without its sub-folders.
 
 What ends up where:
-    output_dir/              the fine-tuned model (full) or the LoRA adapter, plus the tokenizer: load it from here
+    output_dir/              the fine-tuned model (full) or the LoRA adapter, plus the tokenizer: load it from here;
+                             README.md is its model card (training/cards.py), finetune_*.json the arguments and metrics
     output_dir/checkpoints/  Trainer's resumable checkpoints (--save_strategy, --resume_from_checkpoint)
-    output_dir/merged/       with --merge: base model + adapter folded into plain weights (safetensors)
+    output_dir/merged/       with --merge: base model + adapter folded into plain weights (safetensors), with a card
+
+An adapter records its base as an absolute folder (or the Hub id), so it loads from any working directory.
 
 Reads top to bottom: arguments -> data (checked before anything loads) -> tokenizer and model -> LoRA -> Trainer
 -> save -> merge -> Hub.
@@ -330,6 +333,7 @@ def final_files_only(folder: str):
 def training_facts(args: FinetuneArguments, training_args: TrainingArguments, trainer: Trainer, metrics) -> dict:
     """What the model cards report about the run, read before a merge changes the model."""
     model = trainer.model
+    logged = [row for row in trainer.state.log_history if "loss" in row]  # every --logging_steps steps
     lora = None
     if args.use_peft:
         config = model.peft_config["default"]
@@ -350,6 +354,8 @@ def training_facts(args: FinetuneArguments, training_args: TrainingArguments, tr
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "total_parameters": sum(p.numel() for p in model.parameters()),
         "train_loss": metrics["train_loss"], "eval_loss": metrics.get("eval_loss"),
+        "last_logged_step": logged[-1]["step"] if logged else None,
+        "last_logged_loss": logged[-1]["loss"] if logged else None,
         "lora": lora,
     }
 
