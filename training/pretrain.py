@@ -272,46 +272,60 @@ def resume(run: Run, folder: str) -> None:
 
 def fit(run: Run) -> None:
     """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
-    accelerator, args = run.accelerator, run.train_args
-    clock = f", at most {args.max_train_seconds:.0f} s" if args.max_train_seconds else ""
-    accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
-                      f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
+    args = run.train_args
+    clock = f", at most {args.max_train_seconds:g} s" if args.max_train_seconds else ""
+    run.accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
+                          f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
     progress = tqdm(total=run.max_train_steps, initial=run.completed_steps, desc="train",
-                    disable=not accelerator.is_local_main_process)
+                    disable=not run.accelerator.is_local_main_process)
     run.model.train()
-    start_time, start_step, step_loss = time.perf_counter(), run.completed_steps, 0.0
-    while run.completed_steps < run.max_train_steps and not run.stopped_by_clock:
-        if run.sampler is not None:
-            run.sampler.set_epoch(run.epoch)
-        elif hasattr(run.packed.train, "set_epoch"):
-            run.packed.train.set_epoch(run.epoch)
-        batches = run.train_dataloader
-        if run.batch_in_epoch:
-            batches = accelerator.skip_first_batches(run.train_dataloader, run.batch_in_epoch)
-        for batch in batches:
-            step_loss += train_micro_batch(run, batch) / args.gradient_accumulation_steps
-            run.batch_in_epoch += 1
-            if not accelerator.sync_gradients:
-                continue
-            run.completed_steps += 1
-            elapsed = time.perf_counter() - start_time
-            tokens_per_second = (run.completed_steps - start_step) * run.tokens_per_step / elapsed
-            run.log.log({"step": run.completed_steps, "loss": round(step_loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
-                         "tokens": run.completed_steps * run.tokens_per_step,
-                         "tokens_per_second": round(tokens_per_second), "elapsed_seconds": round(elapsed, 2)})
-            progress.update(1)
-            progress.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
-            step_loss = 0.0
-            after_step(run, progress)
-            if args.max_train_seconds and elapsed > args.max_train_seconds:
-                accelerator.set_trigger()
-            run.stopped_by_clock = accelerator.check_trigger()  # every process stops at the same step
-            if run.completed_steps >= run.max_train_steps or run.stopped_by_clock:
-                break
-        else:
-            run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-    progress.close()
-    run.train_seconds = time.perf_counter() - start_time
+    start, step_loss = (time.perf_counter(), run.completed_steps), 0.0
+    try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
+        while not training_done(run):
+            for batch in epoch_batches(run):
+                step_loss += train_micro_batch(run, batch) / args.gradient_accumulation_steps
+                run.batch_in_epoch += 1
+                if run.accelerator.sync_gradients:
+                    end_step(run, step_loss, start, progress)
+                    step_loss = 0.0
+                    if training_done(run):
+                        break
+            else:
+                run.epoch, run.batch_in_epoch = run.epoch + 1, 0
+    finally:
+        progress.close()
+    run.train_seconds = time.perf_counter() - start[0]
+
+
+def training_done(run: Run) -> bool:
+    return run.completed_steps >= run.max_train_steps or run.stopped_by_clock
+
+
+def epoch_batches(run: Run):
+    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on."""
+    if run.sampler is not None:
+        run.sampler.set_epoch(run.epoch)
+    elif hasattr(run.packed.train, "set_epoch"):
+        run.packed.train.set_epoch(run.epoch)
+    if run.batch_in_epoch:
+        return run.accelerator.skip_first_batches(run.train_dataloader, run.batch_in_epoch)
+    return run.train_dataloader
+
+
+def end_step(run: Run, step_loss: float, start: tuple[float, int], progress) -> None:
+    """After an optimizer step: log it, evaluate and checkpoint when due, and read the clock."""
+    run.completed_steps += 1
+    elapsed = time.perf_counter() - start[0]
+    tokens_per_second = (run.completed_steps - start[1]) * run.tokens_per_step / elapsed
+    run.log.log({"step": run.completed_steps, "loss": round(step_loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
+                 "tokens": run.completed_steps * run.tokens_per_step, "tokens_per_second": round(tokens_per_second),
+                 "elapsed_seconds": round(elapsed, 2)})
+    progress.update(1)
+    progress.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
+    after_step(run, progress)
+    if run.train_args.max_train_seconds and elapsed > run.train_args.max_train_seconds:
+        run.accelerator.set_trigger()
+    run.stopped_by_clock = run.accelerator.check_trigger()  # every process stops at the same step
 
 
 def train_micro_batch(run: Run, batch) -> float:

@@ -1,0 +1,185 @@
+"""A training run you can trust: nothing trains on wrong numbers, damage is found and routed around, bad input is
+refused before anything is written. Every fault comes from outside the script (a killed process, damaged files)."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers.tiny import REPO_ROOT, kill_after_call
+
+
+pytestmark = pytest.mark.slow
+
+QUIET = ["--num_probes_per_kind", 0, "--num_samples", 0]
+
+
+def weights(folder):
+    return load_file(os.path.join(folder, "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), f"{name} differs"
+
+
+def rows(folder):
+    with open(os.path.join(folder, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def one_line_error(result, *words):
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    for word in words:
+        assert word in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted 6-step run: what every interrupted or damaged run must end up equal to."""
+    import subprocess
+    import sys
+
+    from tests.helpers.tiny import TINY_PRETRAIN_ARGS, pretrain_env
+
+    tmp = tmp_path_factory.mktemp("straight")
+    command = [sys.executable, str(REPO_ROOT / "training" / "pretrain.py"), *TINY_PRETRAIN_ARGS,
+               "--output_dir", str(tmp / "out"), "--max_train_steps", "6", *map(str, QUIET)]
+    result = subprocess.run(command, env=pretrain_env(tmp), cwd=tmp, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp / "out"
+
+
+def test_damaged_checkpoints_are_skipped_and_the_run_still_ends_bit_for_bit(run_pretrain, tmp_path, straight):
+    out = tmp_path / "run"
+    first = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--checkpointing_steps", 2,
+                         "--checkpoints_total_limit", 10, *QUIET)
+    assert "Token indices sequence length" not in first.stderr  # packing makes long documents harmless: no warning
+    assert_same_weights(out, straight)  # checkpointing does not change training
+    checkpoints = out / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["step_2", "step_4", "step_6", "tokenizer"]
+
+    # Starting over into the same folder is refused, and the advice it gives works (followed below).
+    refused = run_pretrain("--output_dir", out, "--max_train_steps", 6, *QUIET, check=False)
+    assert "--resume_from_checkpoint latest" in one_line_error(refused, "already holds an earlier run")
+
+    # Bit rot in the newest checkpoint's weights, a missing optimizer state in the one before.
+    data = bytearray((checkpoints / "step_6" / "model.safetensors").read_bytes())
+    data[-8:-4] = bytes(255 - b for b in data[-8:-4])
+    (checkpoints / "step_6" / "model.safetensors").write_bytes(bytes(data))
+    (checkpoints / "step_4" / "optimizer.bin").unlink()
+    resumed = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--checkpointing_steps", 2,
+                           "--checkpoints_total_limit", 10, "--resume_from_checkpoint", "latest", *QUIET)
+    assert "step_6: model.safetensors does not match its checksum" in resumed.stdout
+    assert "step_4: optimizer.bin is missing" in resumed.stdout
+    assert "at step 2" in resumed.stdout
+    assert_same_weights(out, straight)
+    # The damaged ones are kept for inspection, out of `latest`'s way; every step and the final result logged once.
+    assert sorted(os.listdir(checkpoints)) == ["abandoned_step_4", "abandoned_step_6", "step_2", "step_4", "step_6",
+                                               "tokenizer"]
+    logged = rows(out)
+    assert [r["step"] for r in logged if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert len([r for r in logged if r.get("final") and "eval_loss" in r]) == 1
+
+    # Resuming a finished run re-exports the same model and logs its final evaluation once, not twice.
+    again = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--resume_from_checkpoint", "latest", *QUIET)
+    assert "at step 6" in again.stdout
+    assert_same_weights(out, straight)
+    assert len([r for r in rows(out) if r.get("final") and "eval_loss" in r]) == 1
+
+
+def test_resume_is_exact_with_dropout(run_pretrain, tmp_path):
+    config = json.loads((REPO_ROOT / "training" / "configs" / "model-tiny.json").read_text())
+    config["attention_dropout"] = 0.1
+    (tmp_path / "dropout.json").write_text(json.dumps(config))
+    flags = ["--model_config", tmp_path / "dropout.json", "--max_train_steps", 6, "--checkpointing_steps", 2, *QUIET]
+    run_pretrain("--output_dir", tmp_path / "straight", *flags)
+    killed = run_pretrain("--output_dir", tmp_path / "resumed", *flags, check=False,
+                          launcher=kill_after_call("accelerate.Accelerator.save_state", nth=2))
+    assert killed.returncode == -signal.SIGKILL
+    resumed = run_pretrain("--output_dir", tmp_path / "resumed", *flags, "--resume_from_checkpoint", "latest")
+    assert "at step 2" in resumed.stdout
+    assert_same_weights(tmp_path / "resumed", tmp_path / "straight")
+
+
+def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_pretrain, tmp_path):
+    """With gradient accumulation, evaluating on a few batches mid-run once left Accelerate stepping the optimizer on
+    every micro-batch. Evaluation must not change what is trained."""
+    flags = ["--gradient_accumulation_steps", 2, "--per_device_train_batch_size", 4, "--max_eval_batches", 2,
+             "--max_train_steps", 6, *QUIET]
+    run_pretrain("--output_dir", tmp_path / "often", *flags, "--eval_steps", 2)
+    run_pretrain("--output_dir", tmp_path / "never", *flags, "--eval_steps", 1000)
+    assert_same_weights(tmp_path / "often", tmp_path / "never")
+    steps = [r for r in rows(tmp_path / "often") if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows(tmp_path / "often") if "eval_loss" in r] == [2, 4, 6]  # 6: the final one
+    assert all(r["tokens"] == r["step"] * 8 * 64 for r in steps)  # 2 micro-batches of 4 blocks of 64 tokens a step
+
+
+def test_a_diverging_run_stops_before_its_weights_turn_to_nan(run_pretrain, tmp_path):
+    out = tmp_path / "run"
+    result = run_pretrain("--output_dir", out, "--learning_rate", 1e30, "--max_train_steps", 6,
+                          "--checkpointing_steps", 1, *QUIET, check=False)
+    error = one_line_error(result, "Stopped at step", "nothing was exported", "--learning_rate")
+    assert result.returncode == 1 and ("nan" in error or "inf" in error)
+    assert not (out / "model.safetensors").exists()
+    saved = sorted(os.listdir(out / "checkpoints"))
+    for name in saved:
+        if name.startswith("step_"):
+            assert all(torch.isfinite(t).all() for t in load_file(out / "checkpoints" / name / "model.safetensors").values())
+
+
+def test_a_clock_the_user_set_says_where_it_stopped(run_pretrain, tmp_path):
+    out = tmp_path / "run"
+    result = run_pretrain("--output_dir", out, "--max_train_steps", 500, "--max_train_seconds", 1, *QUIET)
+    final = [r for r in rows(out) if r.get("final") and "eval_loss" in r][0]
+    assert final["stopped_by_clock"] and final["planned_steps"] == 500 and final["step"] < 500
+    assert f"Stopped by the clock at step {final['step']} of 500 planned" in result.stdout
+    assert f"stopped by the clock at step {final['step']} of 500 planned" in (out / "README.md").read_text()
+
+
+BAD_INPUTS = {
+    "negative learning rate": (["--learning_rate", "-1"], "--learning_rate"),
+    "infinite learning rate": (["--learning_rate", "inf"], "--learning_rate"),
+    "nan weight decay": (["--weight_decay", "nan"], "--weight_decay"),
+    "nan clipping": (["--max_grad_norm", "nan"], "--max_grad_norm"),
+    "beta2 above one": (["--adam_beta2", "2"], "--adam_beta2"),
+    "unknown schedule": (["--lr_scheduler_type", "sideways"], "--lr_scheduler_type"),
+    "schedule needing a metric": (["--lr_scheduler_type", "reduce_lr_on_plateau"], "--lr_scheduler_type"),
+    "unknown attention": (["--attn_implementation", "magic"], "--attn_implementation"),
+    "invalid hub id": (["--push_to_hub", "--hub_model_id", "no spaces/in ids/here"], "--hub_model_id"),
+    "a model too large": (["--hidden_size", "65536", "--intermediate_size", "262144", "--num_hidden_layers", "64"],
+                          "smaller"),
+    "a config that is a list": (["--model_config", "{tmp}/list.json"], "list.json"),
+    "broken JSON": (["--model_config", "{tmp}/broken.json"], "broken.json"),
+    "a binary training file": (["--train_file", "{tmp}/binary.txt"], "binary.txt"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_refused_in_one_line_before_anything_is_written(run_pretrain, tmp_path, case):
+    (tmp_path / "list.json").write_text("[1, 2, 3]")
+    (tmp_path / "broken.json").write_text('{"hidden_size": 64,')
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 64)
+    flags, word = BAD_INPUTS[case]
+    flags = [flag.format(tmp=tmp_path) for flag in flags]
+    result = run_pretrain("--output_dir", tmp_path / "out", *flags, check=False)
+    assert result.returncode == 2
+    one_line_error(result, word)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_half_written_tokenizer_is_named(run_pretrain, tmp_path):
+    tokenizer_dir = tmp_path / "out" / "checkpoints" / "tokenizer"
+    tokenizer_dir.mkdir(parents=True)
+    (tokenizer_dir / "special_tokens_map.json").write_text("{}")
+    result = run_pretrain("--output_dir", tmp_path / "out", "--resume_from_checkpoint", "latest", check=False)
+    one_line_error(result, str(tokenizer_dir), "no tokenizer files")
