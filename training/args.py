@@ -109,7 +109,9 @@ class PretrainArguments:
     report_to: str = field(default="none", metadata={"help": "tensorboard, trackio, wandb, all or none."})
     num_probes_per_kind: int = field(default=100, metadata={"help": "Probe prompts per kind after training (0: off)."})
     num_samples: int = field(default=3, metadata={"help": "Sample generations printed after training."})
-    push_to_hub: bool = field(default=False, metadata={"help": "Upload each checkpoint (in the background) and the final model to the Hub."})
+    push_to_hub: bool = field(
+        default=False, metadata={"help": "Upload each checkpoint (in the background) and the final model to the Hub."}
+    )
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id; default: the output dir name."})
     hub_token: str | None = field(default=None, metadata={"help": "Hub token; default: HF_TOKEN / stored login."})
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
@@ -185,7 +187,9 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if data_args.streaming and train_args.max_train_steps is None and train_args.max_train_tokens is None:
         raise UserInputError("A streamed dataset has no length: set --max_train_steps or --max_train_tokens.")
     if model_args.vocab_size < 260:
-        raise UserInputError(f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}.")
+        raise UserInputError(
+            f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}."
+        )
     if train_args.push_to_hub and train_args.hub_model_id is None:
         train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
     if train_args.push_to_hub:

@@ -6,8 +6,8 @@
 
 A checkpoint is written under a temporary name, flushed to disk, checksummed, and only then renamed to step_N, so a
 run killed mid-save leaves the earlier checkpoints as they were. A resume verifies the checksums and falls back to the
-newest intact checkpoint, saying which it skipped and why; checkpoints it will not continue from are set aside (renamed,
-never deleted) so that `latest` cannot pick them after the next interruption.
+newest intact checkpoint, saying which it skipped and why; checkpoints it will not continue from are set aside
+(renamed, never deleted) so that `latest` cannot pick them after the next interruption.
 """
 
 import errno

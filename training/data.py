@@ -136,7 +136,9 @@ def _check_documents(split, text_column: str, name: str) -> None:
         if len(split) == 0:
             raise UserInputError(f"The {name} data is empty (no documents); give a file or dataset with text in it.")
         if not any(text for text in split[text_column]):
-            raise UserInputError(f"Every {name} document in column {text_column!r} is empty; there is nothing to learn.")
+            raise UserInputError(
+                f"Every {name} document in column {text_column!r} is empty; there is nothing to learn."
+            )
 
 
 def training_texts(train, text_column: str, max_documents: int = 50000, batch_size: int = 1000):

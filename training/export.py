@@ -43,7 +43,8 @@ def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, hi
 
 def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, tokenizer, card, history, training_args):
     """Writes the model folder's files into `output_dir` (see the module docstring); returns their names."""
-    nonfinite = [name for name, tensor in state_dict.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    nonfinite = [name for name, tensor in state_dict.items()
+                 if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if nonfinite:
         raise RunError(
             f"Not exporting: {len(nonfinite)} weight tensors hold NaN or inf (first: {nonfinite[0]}); the checkpoints "

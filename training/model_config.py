@@ -45,7 +45,9 @@ def load_model_config(model_args):
 def read_config_file(path: str) -> dict:
     if not os.path.isfile(path):
         presets = sorted(name[6:-5] for name in os.listdir(CONFIGS_DIR) if re.match(r"model-.*\.json$", name))
-        raise UserInputError(f"No model config at {path}; use --model_preset with one of {presets} or --model_config FILE.")
+        raise UserInputError(
+            f"No model config at {path}; use --model_preset with one of {presets} or --model_config FILE."
+        )
     try:
         with open(path, encoding="utf-8") as f:
             if path.endswith((".yaml", ".yml")):
@@ -59,8 +61,8 @@ def read_config_file(path: str) -> dict:
         raise UserInputError(f"--model_config {path} is not valid JSON/YAML ({reason}); fix the file.") from None
     if not isinstance(values, dict):
         raise UserInputError(
-            f"--model_config {path} holds a {type(values).__name__}, not a mapping of TinyTxConfig fields; write it as "
-            f'{{"hidden_size": 128, ...}} (see training/configs/model-tiny.json).'
+            f"--model_config {path} holds a {type(values).__name__}, not a mapping of TinyTxConfig fields; write "
+            f'it as {{"hidden_size": 128, ...}} (see training/configs/model-tiny.json).'
         )
     return values
 
@@ -86,9 +88,9 @@ def check_model_builds(config, attn_implementation: str, num_processes: int) -> 
     available = _memory_bytes() * num_processes
     if needed > available:
         raise UserInputError(
-            f"The model has {num_parameters:,} parameters: training needs about {needed / 2**30:,.0f} GiB for weights, "
-            f"gradients and optimizer state, more than the {available / 2**30:,.0f} GiB here; choose a smaller "
-            f"--model_preset / --model_config."
+            f"The model has {num_parameters:,} parameters: training needs about {needed / 2**30:,.0f} GiB for "
+            f"weights, gradients and optimizer state, more than the {available / 2**30:,.0f} GiB here; choose a "
+            f"smaller --model_preset / --model_config."
         )
     return num_parameters
 

@@ -29,18 +29,38 @@ def check_output_dir(output_dir: str, train_args) -> None:
         )
     if not os.path.isdir(output_dir):
         return
-    if os.path.exists(os.path.join(output_dir, LOCK_FILE)):
-        release(take_lock(output_dir))  # only to ask whether another run holds it
+    if os.environ.get("RANK", "0") == "0":  # one process asks; the others would only race with it
+        refuse_if_locked(output_dir)
     if train_args.resume_from_checkpoint:
         return
     earlier_run = sorted(set(os.listdir(output_dir)) & {*export.MODEL_FILES, "checkpoints", "metrics.jsonl"})
     if earlier_run and not train_args.overwrite_output_dir:
         raise UserInputError(
             f"--output_dir {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
-            f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new folder."
+            f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new "
+            f"folder."
         )
     # With --overwrite_output_dir the old checkpoints go once the data has passed its checks, metrics.jsonl starts
     # afresh with training, and the export replaces the old model files; anything else in the folder is kept.
+
+
+def refuse_if_locked(output_dir: str) -> None:
+    """Asks, without writing, whether a living run holds the folder (a shared lock fails only against its lock)."""
+    path = os.path.join(output_dir, LOCK_FILE)
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise in_use(output_dir, handle.read().strip()) from None
+
+
+def in_use(output_dir: str, holder: str) -> UserInputError:
+    return UserInputError(
+        f"--output_dir {output_dir} is in use by another training run (process {holder or 'unknown'}); wait for it "
+        f"to finish, or choose another --output_dir."
+    )
 
 
 def take_lock(output_dir: str):
@@ -51,22 +71,14 @@ def take_lock(output_dir: str):
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        holder = handle.read().strip() or "unknown"
+        holder = handle.read().strip()
         handle.close()
-        raise UserInputError(
-            f"--output_dir {output_dir} is in use by another training run (process {holder}); wait for it to finish, "
-            f"or choose another --output_dir."
-        ) from None
+        raise in_use(output_dir, holder) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
-
-
-def release(handle) -> None:
-    fcntl.flock(handle, fcntl.LOCK_UN)
-    handle.close()
 
 
 def remove_checkpoints(checkpoints_dir: str) -> None:

@@ -39,7 +39,9 @@ from hf_tinytx.folders import link_or_copy
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from training import cards, checkpoints, export
 from training.args import RunError, UserInputError, args_to_dict, parse_args
-from training.data import DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts
+from training.data import (
+    DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
+)
 from training.hub import HubPusher
 from training.model_config import check_model_builds, load_model_config
 from training.output_dir import check_output_dir, remove_checkpoints, take_lock
@@ -129,7 +131,8 @@ def setup(model_args, data_args, train_args) -> Run:
     if sampler is not None and len(train_dataloader) == 0:
         raise UserInputError(
             f"Fewer training blocks ({len(packed.train)}) than one batch per process "
-            f"({train_args.per_device_train_batch_size} x {accelerator.num_processes}); lower the batch size or add data."
+            f"({train_args.per_device_train_batch_size} x {accelerator.num_processes}); lower the batch size or add "
+            f"data."
         )
     run = Run(
         model_args, data_args, train_args, accelerator, output_dir, checkpoints_dir, tokenizer, packed, sampler, model,
@@ -143,7 +146,8 @@ def setup(model_args, data_args, train_args) -> Run:
     accelerator.init_trackers("tinytx-pretrain", config=flat_scalars(args_to_dict(model_args, data_args, train_args)))
     if train_args.push_to_hub and accelerator.is_main_process:
         # A token of None lets huggingface_hub find HF_TOKEN or the login cache; the pusher never shows it.
-        run.pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo)
+        run.pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token,
+                               private=train_args.hub_private_repo)
     return run
 
 
@@ -157,7 +161,9 @@ def make_accelerator(train_args, output_dir: str) -> Accelerator:
         log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
         project_config=ProjectConfiguration(project_dir=output_dir, logging_dir=os.path.join(output_dir, "runs")),
     )
-    accelerator.print(f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})")
+    accelerator.print(
+        f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})"
+    )
     return accelerator
 
 
@@ -175,7 +181,9 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         elif model_args.tokenizer_name or model_args.init_from:
             tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.init_from)
         else:
-            accelerator.print(f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens asked) on the data...")
+            accelerator.print(
+                f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens asked) on the data..."
+            )
             texts = training_texts(raw["train"], data_args.text_column)
             tokenizer = train_bpe_tokenizer(texts, model_args.vocab_size, model_config.max_position_embeddings)
             if len(tokenizer) < model_args.vocab_size:
@@ -352,8 +360,9 @@ def train_micro_batch(run: Run, batch) -> float:
 def nonfinite_message(run: Run, what: str) -> str:
     saved = checkpoints.steps_saved(run.checkpoints_dir)
     intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
-    return (f"Stopped at step {run.completed_steps + 1}: {what}, so the weights would turn to NaN; nothing was exported "
-            f"and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep --max_grad_norm on.")
+    return (f"Stopped at step {run.completed_steps + 1}: {what}, so the weights would turn to NaN; nothing was "
+            f"exported and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep "
+            f"--max_grad_norm on.")
 
 
 def after_step(run: Run, progress) -> None:
@@ -521,7 +530,8 @@ def card_context(run: Run, metrics: dict, probe_results: dict) -> dict:
         "tokenizer_description": model_args.tokenizer_name or model_args.init_from
         or f"byte-level BPE trained on the training text; {model_args.vocab_size} tokens asked",
         "data_description": describe_data(data_args),
-        "dataset_id": data_args.dataset_name or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
+        "dataset_id": data_args.dataset_name
+        or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
         "dataset_is_hub": bool(data_args.dataset_name),
         "synthetic_data": not (data_args.dataset_name or data_args.train_file),
         "tokens_seen": run.completed_steps * run.tokens_per_step,
