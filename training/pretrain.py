@@ -117,14 +117,7 @@ def setup(model_args, data_args, train_args) -> Run:
     accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
 
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
-    optimizer = make_optimizer(model, train_args)
-    # A prepared scheduler advances once per process per step (Accelerate's convention), hence the factor.
-    lr_scheduler = get_scheduler(
-        train_args.lr_scheduler_type,
-        optimizer=optimizer,
-        num_warmup_steps=min(train_args.num_warmup_steps, max_train_steps) * accelerator.num_processes,
-        num_training_steps=max_train_steps * accelerator.num_processes,
-    )
+    optimizer, lr_scheduler = make_optimizer(model, train_args, max_train_steps, accelerator.num_processes)
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
@@ -228,14 +221,23 @@ def build_model(model_args, model_config, tokenizer):
     return model
 
 
-def make_optimizer(model, train_args) -> torch.optim.Optimizer:
+def make_optimizer(model, train_args, max_train_steps: int, num_processes: int):
+    """AdamW and its learning-rate schedule."""
     # Weight decay pulls matrices towards zero; norms' gains and biases (1-D) are left alone.
     parameters = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in parameters if p.dim() >= 2], "weight_decay": train_args.weight_decay},
         {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=train_args.learning_rate, betas=(0.9, train_args.adam_beta2), fused=True)
+    optimizer = torch.optim.AdamW(groups, lr=train_args.learning_rate, betas=(0.9, train_args.adam_beta2), fused=True)
+    # A prepared scheduler advances once per process per step (Accelerate's convention), hence the factor.
+    lr_scheduler = get_scheduler(
+        train_args.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=min(train_args.num_warmup_steps, max_train_steps) * num_processes,
+        num_training_steps=max_train_steps * num_processes,
+    )
+    return optimizer, lr_scheduler
 
 
 def plan_steps(data_args, train_args, num_processes: int) -> tuple[int, int]:
