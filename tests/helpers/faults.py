@@ -1,0 +1,293 @@
+"""Faults injected from outside the product: a process killed at a chosen moment, a full disk, a Hub that never answers.
+
+Nothing here reaches into training/: every fault is something a real machine can do to a running script.
+
+- `run_killed_at`: the script runs in a child Python that wraps one or more library functions (`os.replace`,
+  `safetensors.torch.save_file`, `accelerate.Accelerator.save_state`, ...) so that the child SIGKILLs itself right
+  before or right after the Nth call whose arguments contain a given text, then runs the script with
+  `runpy.run_path(script, run_name="__main__")`. Exact moments: "after the second file moved out of the staging
+  folder".
+- `run_killed_after_line`: SIGKILL once the output shows a line matching a pattern (then `delay` seconds later).
+- `run_killed_after`: SIGKILL `seconds` after the start.
+- `tmpfs(size)`: a small RAM file system mounted on a folder (root only), always unmounted again.
+- `silent_server()`: a TCP server on 127.0.0.1 that accepts connections, reads what comes and never answers.
+
+A killed run's result is a `subprocess.CompletedProcess` with `returncode == -signal.SIGKILL` (-9). The child Python
+runs unbuffered, so the output printed before the kill is in the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PRETRAIN = REPO_ROOT / "training" / "pretrain.py"
+KILLED = -signal.SIGKILL
+KILL_MARK = "[faults] SIGKILL"  # the child's last words on stderr, naming the call it died at
+
+# The child: wrap the named functions, count the calls whose path-like arguments contain `match`, die at the Nth.
+# Wrapping happens before the script imports anything, so `from safetensors.torch import save_file` inside a library
+# binds the wrapper too.
+_KILLER = r"""
+import importlib, json, os, runpy, signal, sys, threading
+
+spec = json.loads(sys.argv[1])
+script = sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+lock, calls = threading.Lock(), [0]
+
+
+def _texts(args, kwargs):
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (str, bytes, os.PathLike)):
+            yield os.fsdecode(value)
+
+
+def _die(name, args, kwargs):
+    where = [text for text in _texts(args, kwargs)]
+    sys.stderr.write(f"[faults] SIGKILL {spec['when']} call {spec['nth']} of {name}{tuple(where)}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wrap(name, original):
+    def wrapper(*args, **kwargs):
+        hit = False
+        if any(spec["match"] in text for text in _texts(args, kwargs)):
+            with lock:
+                calls[0] += 1
+                hit = calls[0] == spec["nth"]
+        if hit and spec["when"] == "before":
+            _die(name, args, kwargs)
+        result = original(*args, **kwargs)
+        if hit:
+            _die(name, args, kwargs)
+        return result
+
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _owner(dotted):
+    # "accelerate.Accelerator.save_state" -> (the Accelerator class, "save_state"): the longest importable module
+    # prefix, then attributes.
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:-1]:
+            owner = getattr(owner, attribute)
+        return owner, parts[-1]
+    raise ImportError(f"cannot import any module of {dotted!r}")
+
+
+for name in spec["functions"]:
+    owner, attribute = _owner(name)
+    setattr(owner, attribute, _wrap(name, getattr(owner, attribute)))
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _unbuffered(env: dict | None) -> dict:
+    return {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+
+
+def run_killed_at(
+    args,
+    env: dict | None = None,
+    cwd=None,
+    function: str | tuple[str, ...] = "os.replace",
+    match: str = "",
+    nth: int = 1,
+    when: str = "before",
+    script=PRETRAIN,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """Runs `script args` in a child Python that SIGKILLs itself right `when` ("before" or "after") the `nth` call of
+    `function` (a dotted name, or several sharing one count) whose str/bytes/path arguments contain `match`.
+
+    Returns the CompletedProcess: returncode -9 if the call came, else whatever the script returned. The stderr of a
+    killed run ends with a line starting with KILL_MARK that names the call.
+    """
+    if when not in ("before", "after"):
+        raise ValueError(f"when must be 'before' or 'after', got {when!r}")
+    functions = [function] if isinstance(function, str) else list(function)
+    spec = json.dumps({"functions": functions, "match": match, "nth": nth, "when": when})
+    command = [sys.executable, "-c", _KILLER, spec, str(script), *map(str, args)]
+    return subprocess.run(command, env=_unbuffered(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def run_killed_after_line(
+    args,
+    pattern: str,
+    delay: float = 0.0,
+    env: dict | None = None,
+    cwd=None,
+    script=PRETRAIN,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """Runs `python script args` and SIGKILLs it `delay` seconds after a line of its stdout or stderr matches the
+    regular expression `pattern` (progress bars count: a line ends at "\\n" or "\\r"). Not killed if no line matches
+    or the process ends first; then the returncode is the script's own."""
+    return _run_and_kill([sys.executable, str(script), *map(str, args)], re.compile(pattern), delay, env, cwd, timeout)
+
+
+def run_killed_after(
+    args, seconds: float, env: dict | None = None, cwd=None, script=PRETRAIN, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Runs `python script args` and SIGKILLs it `seconds` after it started (unless it ended before)."""
+    return _run_and_kill([sys.executable, str(script), *map(str, args)], None, seconds, env, cwd, timeout)
+
+
+def _run_and_kill(command, pattern, delay, env, cwd, timeout) -> subprocess.CompletedProcess:
+    process = subprocess.Popen(
+        command, env=_unbuffered(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    outputs = {"stdout": [], "stderr": []}
+    matched = threading.Event()
+    start = time.monotonic()
+
+    def kill_later():
+        deadline = start + delay if pattern is None else time.monotonic() + delay
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+
+    def read(stream, name):
+        pending = b""
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            outputs[name].append(chunk)
+            if pattern is None or matched.is_set():
+                continue
+            pending += chunk
+            *lines, pending = re.split(rb"[\r\n]", pending)
+            if any(pattern.search(line.decode(errors="replace")) for line in lines) and not matched.is_set():
+                matched.set()
+                threading.Thread(target=kill_later, daemon=True).start()
+
+    readers = [threading.Thread(target=read, args=(process.stdout, "stdout"), daemon=True),
+               threading.Thread(target=read, args=(process.stderr, "stderr"), daemon=True)]
+    for reader in readers:
+        reader.start()
+    if pattern is None:
+        threading.Thread(target=kill_later, daemon=True).start()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        for reader in readers:
+            reader.join()
+    return subprocess.CompletedProcess(
+        command, process.returncode,
+        b"".join(outputs["stdout"]).decode(errors="replace"), b"".join(outputs["stderr"]).decode(errors="replace"),
+    )
+
+
+class TmpfsUnavailable(RuntimeError):
+    """Mounting needs root (or CAP_SYS_ADMIN); tests that need a tmpfs skip with this message."""
+
+
+@contextlib.contextmanager
+def tmpfs(path, size: str | int):
+    """Mounts a tmpfs of `size` ("4m", "1500k" or bytes) on the folder `path` (created if missing), yields the path,
+    and unmounts it on the way out, whatever happened inside (lazily if something still holds it open)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        raise TmpfsUnavailable("mounting a tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        raise TmpfsUnavailable(f"cannot mount a tmpfs on {path}: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+class SilentServer:
+    """Accepts TCP connections on 127.0.0.1 and reads what they send, but never answers and never closes them."""
+
+    def __init__(self):
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._received = 0
+        self._thread = threading.Thread(target=self._serve, name="silent-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._listener.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    @property
+    def bytes_received(self) -> int:
+        with self._lock:
+            return self._received
+
+    def _serve(self):
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(timeout=0.1):
+                if key.fileobj is self._listener:
+                    with contextlib.suppress(BlockingIOError):
+                        connection, _ = self._listener.accept()
+                        connection.setblocking(False)
+                        self._selector.register(connection, selectors.EVENT_READ)
+                        with self._lock:
+                            self._held.append(connection)
+                    continue
+                try:
+                    data = key.fileobj.recv(65536)
+                except BlockingIOError:
+                    continue
+                except ConnectionError:
+                    data = b""
+                if data:
+                    with self._lock:
+                        self._received += len(data)
+                else:  # the client gave up: stop watching, but keep our end open (never answer)
+                    self._selector.unregister(key.fileobj)
+
+    def __enter__(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._selector.close()
+        for connection in [self._listener, *self._held]:
+            connection.close()
+
+
+def silent_server() -> SilentServer:
+    """`with silent_server() as server:` point a client at `server.url`; it connects, sends, and waits forever."""
+    return SilentServer()
