@@ -12,18 +12,14 @@ Prints a table, then one JSON line with every figure.
 
 import argparse
 import json
-import os
 import statistics
 
 import torch
-import transformers
 
 from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio
 
-from hf_tinytx.modeling_tinytx import _CACHE_FIELD
 
-
-def make_generate(model, prompt, new_tokens, cache_implementation, cache_factory=None):
+def make_generate(model, prompt, new_tokens, cache_implementation):
     model.eval()
     kwargs = dict(
         max_new_tokens=new_tokens,
@@ -37,12 +33,7 @@ def make_generate(model, prompt, new_tokens, cache_implementation, cache_factory
 
     def generate():
         with torch.no_grad():
-            if cache_factory is not None:
-                kwargs[_CACHE_FIELD] = cache_factory()  # `cache` from transformers 5.24, `past_key_values` before
-            tokens = model.generate(prompt, **kwargs)
-        if tokens.is_cuda:
-            torch.cuda.synchronize()
-        return tokens
+            return model.generate(prompt, **kwargs)
 
     return generate
 
@@ -61,41 +52,6 @@ def matmul_floor_seconds(weights: list[torch.Tensor], repeats: int) -> float:
     return statistics.median(samples["floor"]) / 32
 
 
-def compare_cache_layers(model, prompt, lengths, repeats):
-    """TinyTx with its appending `TinyTxDynamicLayer` vs the same model with transformers' `DynamicLayer`.
-
-    Both sides get a fresh cache passed in, so `generate` takes the same path and only the layer class differs.
-    Returns one row per length with the median of the per-round ratios default / appending (above 1: appending wins).
-    """
-    from transformers import DynamicCache
-
-    from hf_tinytx.modeling_tinytx import _with_growing_layers
-
-    factories = {
-        "appending": lambda: _with_growing_layers(DynamicCache(config=model.config)),
-        "default": lambda: DynamicCache(config=model.config),
-    }
-    assert all(type(layer).__name__ == "TinyTxDynamicLayer" for layer in factories["appending"]().layers)
-    rows = []
-    for new_tokens in lengths:
-        runs = {name: make_generate(model, prompt, new_tokens, "dynamic", f) for name, f in factories.items()}
-        if not torch.equal(runs["appending"](), runs["default"]()):
-            raise RuntimeError(f"the two cache layers generated different tokens ({new_tokens} new tokens)")
-        samples = interleaved_samples(runs, repeats=repeats, warmup=1)
-        ratios = sorted(d / a for d, a in zip(samples["default"], samples["appending"]))
-        seconds = medians(samples)
-        rows.append(
-            {
-                "new_tokens": new_tokens,
-                "appending_tokens_per_s": new_tokens / seconds["appending"],
-                "default_tokens_per_s": new_tokens / seconds["default"],
-                "speedup_appending_over_default": paired_ratio(samples, "default", "appending"),
-                "paired_ratios": ratios,
-            }
-        )
-    return rows
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="10M")
@@ -105,30 +61,10 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--cache_layers", type=int, nargs="+", metavar="NEW_TOKENS",
-                        help="instead: TinyTx's appending cache layer vs DynamicLayer, batch 1, at these lengths")
-    parser.add_argument("--device", default="cpu", help="with --cache_layers: where the model runs")
     args = parser.parse_args()
     repeats = 2 if args.quick else args.repeats
 
     models, _, _ = build_pair(args.shape)
-    if args.cache_layers:
-        prompt = torch.randint(2, models["tinytx"].config.vocab_size, (1, args.prompt_len),
-                               generator=torch.Generator().manual_seed(1))
-        load_before = os.getloadavg()[0]
-        rows = compare_cache_layers(models["tinytx"].to(args.device), prompt.to(args.device), args.cache_layers, repeats)
-        print(f"shape {args.shape}, batch 1, prompt {args.prompt_len}, greedy, {repeats} paired rounds per length, "
-              f"{args.device}, {torch.get_num_threads()} threads, load average {load_before:.2f} -> "
-              f"{os.getloadavg()[0]:.2f}")
-        print(f"{'new tokens':>10} | {'appending tok/s':>15} | {'DynamicLayer tok/s':>18} | {'speed-up':>8} | paired ratios")
-        for r in rows:
-            print(f"{r['new_tokens']:>10} | {r['appending_tokens_per_s']:>15.1f} | {r['default_tokens_per_s']:>18.1f} | "
-                  f"{r['speedup_appending_over_default']:>8.3f} | {' '.join(f'{x:.3f}' for x in r['paired_ratios'])}")
-        print(json.dumps({"benchmark": "generate_cache_layers", "shape": args.shape, "device": args.device,
-                          "torch": torch.__version__, "transformers": transformers.__version__,
-                          "threads": torch.get_num_threads(), "repeats": repeats,
-                          "load_average_before_after": [load_before, os.getloadavg()[0]], "results": rows}))
-        return
     vocab_size = models["tinytx"].config.vocab_size
     results = []
     for batch_size in args.batch_sizes:

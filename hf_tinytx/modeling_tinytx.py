@@ -26,7 +26,7 @@ from torch import nn
 
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
@@ -53,73 +53,6 @@ def _pop_cache(cache: Cache | None, kwargs: dict) -> Cache | None:
     """Accepts the cache under its old name too (older `generate` and user code pass `past_key_values=`)."""
     legacy = kwargs.pop("past_key_values", None)
     return cache if cache is not None else legacy
-
-
-class TinyTxDynamicLayer(DynamicLayer):
-    """A `DynamicLayer` that appends into spare room instead of concatenating.
-
-    `DynamicLayer` rebuilds its keys and values with `torch.cat` on every decoding step, copying the whole cache each
-    time (quadratic in the generated length). Here they live in a buffer with room to grow; a step writes only its new
-    tokens, and `keys`/`values` are views of the filled part. Whatever replaces those views (beam reordering, batch
-    selection, offloading) makes the next update adopt the new tensors into a fresh buffer; cropping keeps the views,
-    so the next update simply overwrites the dropped tokens.
-    """
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if key_states.requires_grad or value_states.requires_grad:
-            # Writing in place into a buffer autograd has saved would break the backward pass: concatenate instead.
-            return super().update(key_states, value_states, *args, **kwargs)
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        old_len = self.keys.shape[-2] if self.keys.numel() > 0 else 0
-        new_len = old_len + key_states.shape[-2]
-        key_buffer = getattr(self, "_key_buffer", None)
-        if not (
-            self._is_prefix_of(self.keys, key_buffer, key_states)
-            and self._is_prefix_of(self.values, self._value_buffer, value_states)
-            and new_len <= key_buffer.shape[-2]
-        ):
-            # Grow geometrically (by a quarter, at least 256 tokens), so reallocations stay rare and the spare room small.
-            capacity = new_len + max(new_len // 4, 256)
-            self._key_buffer = self._grow(self.keys, key_states, old_len, capacity)
-            self._value_buffer = self._grow(self.values, value_states, old_len, capacity)
-        self._key_buffer[:, :, old_len:new_len] = key_states
-        self._value_buffer[:, :, old_len:new_len] = value_states
-        self.keys = self._key_buffer[:, :, :new_len]
-        self.values = self._value_buffer[:, :, :new_len]
-        return self.keys, self.values
-
-    @staticmethod
-    def _is_prefix_of(cached: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor) -> bool:
-        # True when `cached` is still buffer[:, :, :n] (not a copy someone made) and the new states fit its layout.
-        return (
-            buffer is not None
-            and cached.data_ptr() == buffer.data_ptr()
-            and cached.stride() == buffer.stride()
-            and cached.shape[:2] == buffer.shape[:2] == new.shape[:2]
-            and buffer.shape[-1] == new.shape[-1]
-            and buffer.dtype == new.dtype
-            and buffer.device == new.device
-        )
-
-    @staticmethod
-    def _grow(cached: torch.Tensor, new: torch.Tensor, old_len: int, capacity: int) -> torch.Tensor:
-        batch, heads, _, head_dim = new.shape
-        buffer = new.new_empty(batch, heads, capacity, head_dim)
-        if old_len > 0:
-            buffer[:, :, :old_len] = cached
-        return buffer
-
-
-def _with_growing_layers(cache: Cache) -> Cache:
-    """Gives a fresh, plain `DynamicCache` the appending `TinyTxDynamicLayer`s (other caches are left as they are)."""
-    if type(cache) is DynamicCache and not getattr(cache, "offloading", False):
-        for index, layer in enumerate(cache.layers):
-            if type(layer) is DynamicLayer and not layer.is_initialized:
-                cache.layers[index] = TinyTxDynamicLayer()
-    return cache
 
 
 class TinyTxRMSNorm(nn.Module):
@@ -454,7 +387,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
 
         if use_cache and cache is None:
-            cache = _with_growing_layers(DynamicCache(config=self.config))
+            cache = DynamicCache(config=self.config)
 
         if position_ids is None:
             past_seen_tokens = cache.get_seq_length() if cache is not None else 0
@@ -604,15 +537,6 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)},
         )
-
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
-        # `generate` builds a plain DynamicCache unless told otherwise: give that one the appending layers. A cache the
-        # caller passed in is theirs and stays as it is.
-        passed_in = model_kwargs.get("cache") is not None or model_kwargs.get("past_key_values") is not None
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-        if not passed_in and isinstance(cache, Cache):
-            _with_growing_layers(cache)
 
 
 class TinyTxForSequenceClassification(GenericForSequenceClassification, TinyTxPreTrainedModel):
