@@ -421,8 +421,10 @@ class TinyTxModel(TinyTxPreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{_CACHE_FIELD: cache})
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:
-        # An out-of-range id would index past the embedding table: a bare IndexError on CPU, a device assert on GPU.
-        if torch.compiler.is_compiling() or input_ids.numel() == 0:
+        # An out-of-range id would index past the embedding table: a bare IndexError on CPU, hence this check. On an
+        # accelerator, reading the bounds back would stall every training and decoding step: there the embedding's
+        # own device-side assert catches it.
+        if torch.compiler.is_compiling() or input_ids.numel() == 0 or input_ids.device.type != "cpu":
             return
         low, high = (int(bound) for bound in torch.aminmax(input_ids))  # one pass over the ids, not two
         if low < 0 or high >= self.config.vocab_size:

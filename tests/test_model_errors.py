@@ -49,6 +49,15 @@ def test_token_ids_outside_the_vocabulary(tiny_model, bad_id):
     model(input_ids.clamp(0, 127))  # the same call with valid ids runs
 
 
+def test_token_ids_off_the_cpu_are_not_read_back(tiny_model):
+    """Reading the ids' bounds back from an accelerator would stall every step; there the embedding's own device-side
+    assert catches a bad id. "meta" stands in for an accelerator: any read of its values raises."""
+    model = tiny_model()
+    model.model._check_token_ids(torch.tensor([[5, 1000]], device="meta"))
+    with pytest.raises(ValueError, match="vocab_size=128"):
+        model.model._check_token_ids(torch.tensor([[5, 1000]]))  # the same ids on the CPU are refused
+
+
 @pytest.mark.parametrize(
     "mask_shape",
     [(3, 8), (2, 5), (2, 11), (8,), (2, 8, 8)],
