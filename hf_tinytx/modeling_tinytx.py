@@ -382,6 +382,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("TinyTxModel: pass exactly one of `input_ids` or `inputs_embeds`.")
 
+        self._check_not_empty(input_ids if inputs_embeds is None else inputs_embeds)
         if inputs_embeds is None:
             self._check_token_ids(input_ids)
             inputs_embeds = self.embed_tokens(input_ids)
@@ -419,6 +420,16 @@ class TinyTxModel(TinyTxPreTrainedModel):
 
         hidden_states = self.norm(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{_CACHE_FIELD: cache})
+
+    def _check_not_empty(self, inputs: torch.Tensor) -> None:
+        # Zero tokens (e.g. an empty prompt tokenized without BOS) would fail deep in attention with a reshape error.
+        if inputs.shape[1] == 0:
+            bos = self.config.bos_token_id
+            example = f"`torch.tensor([[{bos}]])`" if bos is not None else "the tokenizer's BOS id"
+            raise ValueError(
+                f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is nothing to continue "
+                f"from; pass at least one token, e.g. the BOS id: {example}."
+            )
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:
         # An out-of-range id would index past the embedding table: a bare IndexError on CPU, hence this check. On an

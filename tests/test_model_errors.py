@@ -58,6 +58,16 @@ def test_token_ids_off_the_cpu_are_not_read_back(tiny_model):
         model.model._check_token_ids(torch.tensor([[5, 1000]]))  # the same ids on the CPU are refused
 
 
+def test_empty_input_ids_name_the_fix(tiny_model):
+    model = tiny_model()
+    kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"`input_ids` is empty \(shape \(1, 0\)\).*torch.tensor\(\[\[1\]\]\)"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), **kwargs)
+    with pytest.raises(ValueError, match="is empty"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+    assert model.generate(torch.tensor([[model.config.bos_token_id]]), **kwargs).shape == (1, 4)  # the fix runs
+
+
 @pytest.mark.parametrize(
     "mask_shape",
     [(3, 8), (2, 5), (2, 11), (8,), (2, 8, 8)],
