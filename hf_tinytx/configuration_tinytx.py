@@ -13,16 +13,6 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
-# Keys each RoPE scaling type cannot do without (the rest have defaults in transformers).
-_REQUIRED_ROPE_KEYS = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-    "longrope": ("short_factor", "long_factor"),
-    "proportional": (),
-}
 MLP_TYPES = ("gated", "plain")
 # Every Auto class a saved folder can be opened with as remote code. `save_pretrained` on its own only writes the
 # saving model's class, so a causal-LM checkpoint could not be opened with `AutoModel` where hf_tinytx is missing.
@@ -124,6 +114,7 @@ class TinyTxConfig(PreTrainedConfig):
             self.auto_map = dict(DEFAULT_AUTO_MAP)
 
     def _validate_sizes(self):
+        # Ours, not transformers' `validate_*` hooks (5.10.4 has them): those run after __post_init__, raise no ValueError.
         for name in (
             "vocab_size",
             "hidden_size",
@@ -184,19 +175,13 @@ class TinyTxConfig(PreTrainedConfig):
         if not isinstance(params, dict):
             raise ValueError(f"TinyTxConfig: `rope_parameters` must be a dict, got {type(params).__name__}.")
         rope_type = params.get("rope_type", "default")
+        # transformers only warns about an unknown type, then fails with a bare KeyError when the model is built.
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(
                 f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
                 f"{['default', *ROPE_INIT_FUNCTIONS]}."
             )
-        missing = [key for key in _REQUIRED_ROPE_KEYS.get(rope_type, ()) if key not in params]
-        if missing:
-            raise ValueError(
-                f"TinyTxConfig: RoPE type {rope_type!r} needs {missing} in `rope_parameters`, e.g. "
-                f"rope_parameters={{'rope_type': {rope_type!r}, 'rope_theta': 10000.0, "
-                + ", ".join(f"'{key}': ..." for key in missing)
-                + "}."
-            )
+        # transformers does not check theta and only warns about a factor below 1, then computes wrong angles.
         theta = params.get("rope_theta")
         if not (isinstance(theta, (int, float)) and theta > 0):
             raise ValueError(f"TinyTxConfig: `rope_parameters['rope_theta']` must be a positive number, got {theta!r}.")
@@ -206,6 +191,12 @@ class TinyTxConfig(PreTrainedConfig):
                 f"TinyTxConfig: `rope_parameters['factor']` must be a number >= 1 (how many times longer than "
                 f"training the context may get), got {factor!r}."
             )
+        try:
+            self.validate_rope()  # transformers' own check of the keys each RoPE type needs
+        except KeyError as error:
+            raise ValueError(
+                f"TinyTxConfig: {error.args[0]}; add the missing keys to `rope_parameters` (as for `LlamaConfig`)."
+            ) from None
 
 
 def _is_positive_int(value) -> bool:

@@ -25,6 +25,8 @@ BAD_CONFIGS = [
     ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0}}, "factor"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}}, "factor"),
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}}, "low_freq_factor"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0}}, "short_factor"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 0.5}}, "factor"),
 ]
 
 
