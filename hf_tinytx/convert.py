@@ -8,9 +8,10 @@ config translation; the weights are copied as they are, in their dtype, onto the
     python -m hf_tinytx.convert --to tinytx path/to/llama path/to/tinytx
     python -m hf_tinytx.convert --to llama path/to/tinytx path/to/llama [--overwrite]
 
-The command reads and writes safetensors only, copies the tokenizer files and `generation_config.json`, and builds
-the output in a temporary sibling folder that is renamed into place only once complete, so a failure leaves nothing
-half-written behind.
+The command reads and writes safetensors only, copies the tokenizer files and `generation_config.json`, refuses a
+source folder with a link that leads out of it, and writes the output into a staging folder inside the destination
+whose files are then moved in one by one (`hf_tinytx.folders.publish`): at every moment the destination holds a
+complete model or none, and a mount point works as the destination.
 """
 
 import argparse
@@ -19,13 +20,13 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from .configuration_tinytx import TinyTxConfig
+from .folders import STAGING_NAME, publish, regular_files, staging_folder
 from .modeling_tinytx import TinyTxForCausalLM
 
 
@@ -148,8 +149,8 @@ def convert_folder(
     if to not in ("llama", "tinytx"):
         raise ValueError(f"convert: `to` must be 'llama' or 'tinytx', got {to!r}.")
     expected_type = "tinytx" if to == "llama" else "llama"
-    _check_source_folder(source, expected_type)
-    _check_destination(destination, overwrite)
+    source_files = _check_source_folder(source, expected_type)
+    replaced = _check_destination(destination, overwrite)
     # Translate the config alone first, so a refusal comes before gigabytes of weights are read.
     if to == "tinytx":
         llama_config_to_tinytx(LlamaConfig.from_pretrained(source))
@@ -164,24 +165,30 @@ def convert_folder(
         converted = tinytx_to_llama(model)
     del model
 
-    # Build the whole result next to the destination (same filesystem, so the final rename is atomic).
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.converting-", dir=destination.parent))
+    created = not destination.exists()
+    staged = staging_folder(destination)
     try:
-        converted.save_pretrained(staging)
+        converted.save_pretrained(staged)
         for name in (*TOKENIZER_FILES, GENERATION_CONFIG_FILE):
-            if (source / name).is_file():
-                shutil.copyfile(source / name, staging / name)
-        _move_into_place(staging, destination)
+            if name in source_files:
+                shutil.copyfile(source / name, staged / name)
+        written = regular_files(staged)
+        publish(staged, destination)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
+        if created and not any(destination.iterdir()):
+            destination.rmdir()
         raise
+    if replaced:
+        _remove_all_but(destination, written)  # only once the new model is complete: a kill never loses both
     return destination
 
 
-def _check_source_folder(source: Path, expected_type: str) -> None:
+def _check_source_folder(source: Path, expected_type: str) -> list[str]:
+    """Refuses what cannot be converted; returns the folder's files (raises if a link leads out of it)."""
     if not source.is_dir():
         raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
+    files = regular_files(source)
     config_file = source / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(
@@ -204,27 +211,33 @@ def _check_source_folder(source: Path, expected_type: str) -> None:
             f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a {expected_type!r} "
             f"one; use `--to {'tinytx' if model_type == 'llama' else 'llama'}` for the other direction."
         )
+    return files
 
 
-def _check_destination(destination: Path, overwrite: bool) -> None:
+def _check_destination(destination: Path, overwrite: bool) -> bool:
+    """Refuses a file, or a non-empty folder without `overwrite`; returns whether old contents are to be replaced."""
     if destination.exists() and not destination.is_dir():
         raise FileExistsError(f"convert: destination {str(destination)!r} is a file, not a folder.")
-    if destination.is_dir() and any(destination.iterdir()) and not overwrite:
+    # A staging folder alone is what a killed conversion leaves: the next one may use the folder.
+    old = [path for path in destination.iterdir() if path.name != STAGING_NAME] if destination.is_dir() else []
+    if old and not overwrite:
         raise FileExistsError(
             f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace it, or choose "
             "another folder."
         )
+    return bool(old)
 
 
-def _move_into_place(staging: Path, destination: Path) -> None:
-    if destination.is_dir() and any(destination.iterdir()):
-        # Keep the old folder until the new one is in place, then delete it.
-        retired = Path(tempfile.mkdtemp(prefix=f".{destination.name}.replaced-", dir=destination.parent))
-        os.replace(destination, retired / destination.name)
-        os.replace(staging, destination)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        os.replace(staging, destination)  # rename(2) replaces an empty folder too
+def _remove_all_but(folder: Path, keep: list[str]) -> None:
+    """Deletes what `folder` held before (--overwrite), keeping the files named in `keep` and the folders above them."""
+    kept = {Path(name).parts[0] for name in keep}
+    for path in folder.iterdir():
+        if path.name in kept:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:

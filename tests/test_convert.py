@@ -313,3 +313,52 @@ def test_failure_while_saving_leaves_no_half_written_folder(tmp_path, monkeypatc
     with pytest.raises(OSError, match="No space left"):
         convert_folder(llama_dir, tmp_path / "out", to="tinytx")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama"]
+
+
+def test_a_link_out_of_the_source_folder_is_refused_before_anything_is_written(tmp_path, capsys):
+    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
+    tiny_llama().save_pretrained(llama_dir)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"not": "a tokenizer"}')
+    (llama_dir / "tokenizer.json").symlink_to(secret)
+    capsys.readouterr()  # drop what saving printed
+
+    assert convert_main(["--to", "tinytx", str(llama_dir), str(destination)]) == 1
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and str(llama_dir / "tokenizer.json") in message and "outside" in message
+    assert not destination.exists()
+
+
+def test_a_link_inside_the_source_folder_is_followed(tmp_path):
+    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
+    tiny_llama().save_pretrained(llama_dir)
+    save_tiny_tokenizer(llama_dir / "shared")
+    (llama_dir / "tokenizer.json").symlink_to(llama_dir / "shared" / "tokenizer.json")
+
+    convert_folder(llama_dir, destination, to="tinytx")
+    copied = destination / "tokenizer.json"
+    assert not copied.is_symlink() and copied.read_bytes() == (llama_dir / "shared" / "tokenizer.json").read_bytes()
+
+
+def test_overwrite_keeps_the_destination_folder_itself(tmp_path):
+    """The folder is never renamed or removed, only its files replaced: so a mount point works as the destination."""
+    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
+    tiny_llama().save_pretrained(llama_dir)
+    destination.mkdir()
+    (destination / "old-model.safetensors").write_text("old")
+    (destination / ".tinytx-staging").mkdir()  # what a killed conversion leaves behind
+    inode = destination.stat().st_ino
+
+    convert_folder(llama_dir, destination, to="tinytx", overwrite=True)
+    assert destination.stat().st_ino == inode
+    assert sorted(path.name for path in destination.iterdir()) == [
+        "config.json", "configuration_tinytx.py", "generation_config.json", "model.safetensors", "modeling_tinytx.py",
+    ]  # fmt: skip
+
+
+def test_a_leftover_staging_folder_does_not_count_as_content(tmp_path):
+    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
+    tiny_llama().save_pretrained(llama_dir)
+    (destination / ".tinytx-staging").mkdir(parents=True)
+    convert_folder(llama_dir, destination, to="tinytx")
+    assert (destination / "model.safetensors").is_file() and not (destination / ".tinytx-staging").exists()
