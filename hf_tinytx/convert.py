@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig, PreTra
 from transformers.initialization import no_init_weights
 
 from .configuration_tinytx import TinyTxConfig
-from .folders import STAGING_NAME, publish, regular_files, staging_folder
+from .folders import STAGING_NAME, local_folder_or_hub_id, publish, regular_files, staging_folder
 from .modeling_tinytx import TinyTxForCausalLM
 
 
@@ -186,6 +186,7 @@ def convert_folder(
 
 def _check_source_folder(source: Path, expected_type: str) -> list[str]:
     """Refuses what cannot be converted; returns the folder's files (raises if a link leads out of it)."""
+    local_folder_or_hub_id(str(source))  # a mistyped path: "no such folder", the same words as every command
     if not source.is_dir():
         raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
     files = regular_files(source)

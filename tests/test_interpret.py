@@ -3,12 +3,14 @@
 import json
 import math
 import sys
+import time
 
 import pytest
 import torch
 
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 from hf_tinytx.corpus import make_probes
+from hf_tinytx.folders import local_folder_or_hub_id
 from hf_tinytx.interpret import (
     attention_maps,
     coref_head_scores,
@@ -200,8 +202,34 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
     assert set(report["heads"]) == {"previous_token", "first_token", "coref@it", "coref@adjective", "coref@last"}
 
 
-def test_command_line_names_a_missing_model(tmp_path):
+def test_command_line_names_a_folder_that_holds_no_model(tmp_path):
     from hf_tinytx.interpret.__main__ import main
 
+    (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="save_pretrained"):
-        main([str(tmp_path / "nowhere"), TEXT, "--out", str(tmp_path / "maps")])
+        main([str(tmp_path / "empty"), TEXT, "--out", str(tmp_path / "maps")])
+
+
+@pytest.mark.parametrize("typo", ["out/tinytxx", "./tinytxx", "out/run1/final"])
+def test_a_mistyped_local_path_fails_at_once_without_the_network(tmp_path, monkeypatch, typo):
+    """Taken for a Hub id, such a path used to wait ~50 s on the network before failing."""
+    from hf_tinytx.interpret.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as raised:
+        main([typo, TEXT, "--out", str(tmp_path / "maps")])
+    assert time.perf_counter() - start < 5  # the check itself takes microseconds; 5 s leaves room for a busy CPU
+    assert str(raised.value) == f"error: no such folder: {typo} (check the path; a Hub id looks like owner/name)"
+
+
+def test_hub_ids_and_existing_folders_pass_through(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    assert local_folder_or_hub_id("model") == "model"
+    assert local_folder_or_hub_id(str(tmp_path / "model")) == str(tmp_path / "model")
+    assert local_folder_or_hub_id("owner/name") == "owner/name"  # no ./owner folder here: a Hub id
+    assert local_folder_or_hub_id("gpt2") == "gpt2"
+    with pytest.raises(FileNotFoundError, match="no such folder: model/missing"):
+        local_folder_or_hub_id("model/missing")  # ./model exists, so this is a path

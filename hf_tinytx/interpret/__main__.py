@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..folders import local_folder_or_hub_id
 from .attention_maps import attention_maps, save_attention_maps
 from .head_roles import find_heads, uniform_baseline
 
@@ -21,6 +22,10 @@ def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False)
     import hf_tinytx  # noqa: F401  (registers "tinytx" so plain folders load without remote code)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    try:
+        name_or_path = local_folder_or_hub_id(name_or_path)
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
