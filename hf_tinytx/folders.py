@@ -36,9 +36,11 @@ def regular_files(folder: str | os.PathLike) -> list[str]:
             if path.is_symlink():
                 target = path.resolve()
                 if not target.is_relative_to(root):
+                    cache = " (a Hub cache snapshot? `hf download REPO --local-dir DIR` gives real files)"
                     raise UnsafeLinkError(
                         f"{path} is a link to {target}, outside {root}; copy the file into the folder (or remove "
-                        f"the link) first: links out of a folder are never read or uploaded."
+                        f"the link) first: links out of a folder are never read or uploaded"
+                        f"{cache if '/blobs/' in str(target) else ''}."
                     )
                 if target.is_dir():
                     continue  # its files are listed where they really live

@@ -161,6 +161,7 @@ BAD_INPUTS = {
     "a config that is a list": (["--model_config", "{tmp}/list.json"], "list.json"),
     "broken JSON": (["--model_config", "{tmp}/broken.json"], "broken.json"),
     "a binary training file": (["--train_file", "{tmp}/binary.txt"], "binary.txt"),
+    "a typo in a local --init_from": (["--init_from", "{tmp}/modle"], "no such folder"),
 }
 
 

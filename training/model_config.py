@@ -8,6 +8,8 @@ import re
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from hf_tinytx.folders import local_folder_or_hub_id
+
 from .args import UserInputError
 
 
@@ -20,11 +22,18 @@ TRAINING_BYTES_PER_PARAMETER = 16
 
 def load_model_config(model_args):
     """The preset (or --model_config file, or --init_from model), with command-line overrides applied."""
+    for flag in ("init_from", "tokenizer_name"):
+        if getattr(model_args, flag):
+            try:  # a typo in a local path must not wait ~50 s on the network as a Hub id
+                local_folder_or_hub_id(getattr(model_args, flag))
+            except FileNotFoundError as error:
+                raise UserInputError(f"--{flag}: {error}") from None
     if model_args.init_from:
         try:
             config = AutoConfig.from_pretrained(model_args.init_from)
         except (OSError, ValueError) as error:
-            raise UserInputError(f"--init_from {model_args.init_from!r} is not a model folder: {error}") from error
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UserInputError(f"--init_from {model_args.init_from!r} is not a model folder: {reason}") from None
     else:
         path = model_args.model_config or os.path.join(CONFIGS_DIR, f"model-{model_args.model_preset}.json")
         values = {key: value for key, value in read_config_file(path).items() if not key.startswith("_")}
