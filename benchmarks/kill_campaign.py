@@ -15,6 +15,7 @@ and kills it with SIGKILL at a moment drawn from --seed:
 - export: uniformly over the export phase, counted from the output line that opens it (the final validation);
 - call: right before or after the Nth call of a file function (a checkpoint's weights or optimizer state, a rename in
   checkpoints/, a move out of the export's staging folder), through a child Python that patches that function.
+  Dropout trials are all of this kind, at a checkpoint in the middle of the run, so that the rerun trains again.
 
 Then it reruns the command with --resume_from_checkpoint latest until a run exits 0 (at most 3 reruns; outside
 --quick each rerun but the last may itself be killed once, at a random time), compares the final model.safetensors
@@ -106,6 +107,13 @@ def plan_trials(rng: random.Random, count: int, dropout_trials: int, steps: int,
         last = 4 if per_step is None else per_step * steps
         plan["call"] = {"function": list(functions), "match": match, "label": label,
                         "nth": rng.randint(1, last), "when": rng.choice(("before", "after"))}
+        if plan["config"] == "dropout":
+            # Dropout only matters when the rerun trains steps again: kill while a checkpoint in the middle of the
+            # run is being written, so that the rerun resumes from the one before it.
+            functions, match, _, label = CALLS[0]
+            plan["kind"] = "call"
+            plan["call"] = {"function": list(functions), "match": match, "label": label,
+                            "nth": rng.randint(2, max(2, steps - 1)), "when": rng.choice(("before", "after"))}
         plan["rerun_kills"] = [None if quick or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
                                else rng.random() for rerun in range(MAX_RERUNS)]
         plans.append(plan)

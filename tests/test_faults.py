@@ -134,6 +134,39 @@ def test_killed_during_export_keeps_user_files_and_resumes_bit_for_bit(reference
     assert not [name for name in os.listdir(output_dir) if name.startswith(STAGING)], "staging folder left behind"
 
 
+# ---------------------------------------------------------------- SIGKILL mid-run, with dropout
+
+
+@pytest.fixture(scope="module")
+def dropout_flags(tmp_path_factory) -> list:
+    """FLAGS with training/configs/model-tiny.json's attention_dropout set to 0.1 (FLAGS still set the sizes)."""
+    values = json.loads((REPO_ROOT / "training" / "configs" / "model-tiny.json").read_text())
+    values["attention_dropout"] = 0.1
+    path = tmp_path_factory.mktemp("dropout_config") / "model-tiny-dropout.json"
+    path.write_text(json.dumps(values))
+    return ["--model_config", path]
+
+
+def test_killed_mid_run_with_attention_dropout_resumes_bit_for_bit(dropout_flags, tmp_path):
+    """Dropout draws random numbers every step: a resumed run must draw exactly those the straight run drew."""
+    straight = tmp_path / "straight"
+    assert_completed(pretrain(straight, *dropout_flags, tmp_path=tmp_path))
+    output_dir = output_with_notes(tmp_path / "model")
+    # Killed right after step 4's checkpoint weights were written (before that checkpoint is complete): the run
+    # resumes from step 3 and trains steps 4 to 6 again, with dropout.
+    killed = run_killed_at([*FLAGS, *dropout_flags, "--output_dir", output_dir], env=pretrain_env(tmp_path),
+                           cwd=tmp_path, function="safetensors.torch.save_file", match="checkpoints", nth=4,
+                           when="after")
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    assert "step_3" in os.listdir(output_dir / "checkpoints") and "step_4" not in os.listdir(output_dir / "checkpoints")
+
+    resumed = pretrain(output_dir, *dropout_flags, *RESUME, tmp_path=tmp_path)
+    assert_completed(resumed)
+    assert re.search(r"Resumed from \S*step_3\b", resumed.stdout), describe(resumed)
+    assert_same_weights(straight, output_dir)
+    assert_notes_kept(output_dir)
+
+
 # ---------------------------------------------------------------- the output folder is a mount point
 
 
