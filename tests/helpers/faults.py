@@ -121,7 +121,9 @@ def run_killed_at(
     `function` (a dotted name, or several sharing one count) whose str/bytes/path arguments contain `match`.
 
     Returns the CompletedProcess: returncode -9 if the call came, else whatever the script returned. The stderr of a
-    killed run ends with a line starting with KILL_MARK that names the call.
+    killed run ends with a line starting with KILL_MARK that names the call. With "after", a call that raises counts
+    but kills nothing (the exception goes on as usual). A method is named through its class
+    ("accelerate.Accelerator.save_state"); static and class methods are not supported.
     """
     if when not in ("before", "after"):
         raise ValueError(f"when must be 'before' or 'after', got {when!r}")
