@@ -1,0 +1,281 @@
+"""`python -m hf_tinytx.serve`: transformers' OpenAI-compatible server (`transformers serve`) on a TinyTx folder or
+Hub id, in a subprocess on a free loopback port, queried through the `openai` client.
+
+`/v1/completions` and `/v1/chat/completions`, streamed or not, answer exactly the text greedy `generate` writes; a
+folder without a chat template gets HTTP 400 naming the fix on chat (and still completes text); `transformers chat`
+talks to the server. The negative control: plain `transformers serve --trust-remote-code` on the same folder still
+stops at start-up, so the launcher is what makes it work.
+"""
+
+import functools
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.helpers.hub_server import LocalHub
+from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
+
+
+MAX_TOKENS = 24  # pinned, for the server and for `generate`; the replies below end with EOS before that
+COMPLETION_PROMPT = "The quick brown fox"
+CHAT_MESSAGES = [{"role": "user", "content": "Attention lets every position"}]
+# A minimal ChatML-like template: role markers as plain text, EOS closes each turn.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+READY_TIMEOUT_S = 90  # start-up is imports plus a tiny model; a loaded 2-core machine needs ~15 s
+HUB_REPO = "tester/tinytx-serve"
+
+
+# ---- a trained-ish model, saved with and without a chat template ----
+
+
+def as_chat(sentence: str) -> list[dict]:
+    """A sentence split into a user turn (its first four words) and the assistant's reply (the rest)."""
+    words = sentence.split()
+    return [{"role": "user", "content": " ".join(words[:4])}, {"role": "assistant", "content": " ".join(words[4:])}]
+
+
+def train_tiny_chat_model():
+    """A tiny TinyTx and byte-level BPE that learned three of TINY_SENTENCES as text and as chats (~2 s on one
+    thread), so greedy replies are words that end with EOS instead of a random model's stray bytes."""
+    tokenizer = build_byte_bpe_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    sentences = TINY_SENTENCES[:3]  # the prompts below start the first and the third
+    texts = [tokenizer.bos_token + s + tokenizer.eos_token for s in sentences]
+    texts += [tokenizer.apply_chat_template(as_chat(s), tokenize=False) for s in sentences]
+    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    model = build_tiny_model(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains faster on one thread than on two busy ones
+    try:
+        model.train()
+        for _ in range(60):
+            model(**batch, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """{"chat": a folder whose tokenizer has the chat template, "plain": the same model without one}."""
+    model, tokenizer = train_tiny_chat_model()
+    root = tmp_path_factory.mktemp("serve_models")
+    folders = {"chat": root / "tinytx-chat", "plain": root / "tinytx-plain"}
+    model.save_pretrained(folders["chat"])
+    tokenizer.save_pretrained(folders["chat"])
+    tokenizer.chat_template = None
+    model.save_pretrained(folders["plain"])
+    tokenizer.save_pretrained(folders["plain"])
+    assert not any(p.name.startswith("chat_template") for p in folders["plain"].iterdir())
+    return folders
+
+
+@functools.cache
+def greedy_text(folder: Path, chat: bool) -> str:
+    """What greedy `generate` writes for the test's prompt, decoded as the server decodes it."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    if chat:
+        inputs = tokenizer.apply_chat_template(
+            CHAT_MESSAGES, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+    else:
+        inputs = tokenizer(COMPLETION_PROMPT, return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    new_tokens = output[0, inputs["input_ids"].shape[1] :]
+    assert new_tokens[-1] == tokenizer.eos_token_id, "the reply must end with EOS before the token limit"
+    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    assert len(set(text)) > 5, f"degenerate test: the model wrote {text!r}"
+    return text
+
+
+# ---- servers in subprocesses ----
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """A server command in a subprocess on a free loopback port, its output in a log file."""
+
+    def __init__(self, command: list[str], log: Path, env: dict):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [*command, "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, deadline: float) -> str:
+        """"ready" once `/health` answers 200 (a model named on the command line is loaded by then), or "exited"."""
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return "exited"
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return "ready"
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"the server did not answer /health within {READY_TIMEOUT_S} s:\n{self.output()[-5000:]}")
+
+    def wait_ready(self, deadline: float) -> None:
+        if self.wait(deadline) == "exited":
+            raise AssertionError(f"the server exited ({self.process.returncode}):\n{self.output()[-5000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def client(self) -> "openai.OpenAI":
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+LAUNCHER = [sys.executable, "-m", "hf_tinytx.serve"]
+TRANSFORMERS_CLI = str(Path(sys.executable).with_name("transformers"))
+
+
+@pytest.fixture(scope="module")
+def servers(folders, tmp_path_factory):
+    """Three servers, all stopped at the end whatever happened:
+
+    - "folder": the documented command on the folder with a chat template (loaded at start-up);
+    - "any": the launcher with no model, so each request names its own: the folder without a template, or a Hub id
+      (the chat folder uploaded to a local Hub);
+    - "plain": `transformers serve --trust-remote-code` on the same folder, without the launcher; started once the
+      others are ready, so that it does not slow them down.
+    """
+    root = tmp_path_factory.mktemp("serve_run")
+    env = pretrain_env(root, OMP_NUM_THREADS="1")  # offline, private caches; the servers share two cores
+    with LocalHub() as hub:
+        hub_env = {**env, **hub.client_env(root / "hf_home_hub")}
+        started = {}
+        try:
+            started["folder"] = Server([*LAUNCHER, str(folders["chat"])], root / "folder.log", env)
+            started["any"] = Server(LAUNCHER, root / "any.log", hub_env)
+            upload(hub, folders["chat"])
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            started["folder"].wait_ready(deadline)
+            started["any"].wait_ready(deadline)
+            started["plain"] = Server(
+                [TRANSFORMERS_CLI, "serve", str(folders["chat"]), "--trust-remote-code"], root / "plain.log", env
+            )
+            yield started
+        finally:
+            for server in started.values():
+                server.stop()
+
+
+def upload(hub: LocalHub, folder: Path) -> None:
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.url, token=hub.token)
+    api.create_repo(HUB_REPO)
+    api.upload_folder(repo_id=HUB_REPO, folder_path=str(folder))
+
+
+# ---- the tests ----
+
+
+def complete(client, model: str, stream: bool) -> str:
+    answer = client.completions.create(
+        model=model, prompt=COMPLETION_PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=stream
+    )
+    if stream:
+        return "".join(chunk.choices[0].text for chunk in answer if chunk.choices)
+    return answer.choices[0].text
+
+
+def chat(client, model: str, stream: bool) -> str:
+    answer = client.chat.completions.create(
+        model=model, messages=CHAT_MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=stream
+    )
+    if stream:
+        return "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices)
+    return answer.choices[0].message.content
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_completions_and_chat_match_generate(servers, folders, stream):
+    client, model = servers["folder"].client(), str(folders["chat"])
+    assert complete(client, model, stream) == greedy_text(folders["chat"], chat=False)
+    assert chat(client, model, stream) == greedy_text(folders["chat"], chat=True)
+
+
+@pytest.mark.slow
+def test_a_hub_id(servers, folders):
+    client = servers["any"].client()
+    assert complete(client, HUB_REPO, stream=False) == greedy_text(folders["chat"], chat=False)
+    assert chat(client, HUB_REPO, stream=True) == greedy_text(folders["chat"], chat=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_chat_without_a_template_is_a_400_that_names_the_fix(servers, folders, stream):
+    client, model = servers["any"].client(), str(folders["plain"])
+    with pytest.raises(openai.BadRequestError) as raised:
+        chat(client, model, stream)
+    assert raised.value.status_code == 400
+    message = str(raised.value)
+    assert f"{model} has no chat template" in message and "/v1/completions" in message and "chat_template" in message
+    assert "Traceback" not in servers["any"].output()
+    # the same folder still completes text
+    assert complete(client, model, stream) == greedy_text(folders["plain"], chat=False)
+
+
+@pytest.mark.slow
+def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
+    """`transformers chat MODEL URL` (the interactive client shipped with transformers), fed from stdin."""
+    model, server = str(folders["chat"]), servers["folder"]
+    flags = [f"max_new_tokens={MAX_TOKENS}", "do_sample=False", "eos_token_id=2", "pad_token_id=0"]
+    env = pretrain_env(tmp_path, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_UPDATE_CHECK="1", NO_PROXY="127.0.0.1")
+    result = subprocess.run(
+        [TRANSFORMERS_CLI, "chat", model, server.url, *flags], input=CHAT_MESSAGES[0]["content"] + "\n!exit\n",
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    reply = " ".join(greedy_text(folders["chat"], chat=True).split())
+    assert reply in " ".join(result.stdout.split()), result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_plain_transformers_serve_still_stops_at_start_up(servers):
+    """The negative control: without the launcher the same folder cannot be served, `--trust-remote-code` or not.
+    If this fails because it now starts, transformers learned to serve remote-code models: update the README."""
+    server = servers["plain"]
+    assert server.wait(time.monotonic() + READY_TIMEOUT_S) == "exited", "plain `transformers serve` serves TinyTx now"
+    assert server.process.returncode != 0
+    assert "has no attribute TinyTxForCausalLM" in server.output(), server.output()[-3000:]
