@@ -149,9 +149,18 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
         fsync_dir(checkpoints_dir)
 
 
-def is_disk_full(error: BaseException) -> bool:
-    # safetensors reports a full disk as its own error type, with the OS message inside.
-    return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error)
+def is_disk_full(error: BaseException, path: str | None = None) -> bool:
+    """Whether `error` comes from a full disk. safetensors reports one as its own error type with the OS message
+    inside, and torch.save as a bare stream error: for those, ask the file system being written to."""
+    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error):
+        return True
+    if path is None or not isinstance(error, (OSError, RuntimeError)):
+        return False
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
 
 
 class disk_space_guard:
@@ -165,7 +174,7 @@ class disk_space_guard:
         return self
 
     def __exit__(self, kind, error, traceback):
-        if error is None or not is_disk_full(error):
+        if error is None or not is_disk_full(error, self.path):
             return False
         written = folder_size(self.path)
         if os.path.isdir(self.path) and os.path.basename(self.path).startswith((".tmp_", ".tinytx-staging")):
