@@ -7,11 +7,13 @@ config translation; the weights are copied as they are, in their dtype, onto the
 
     python -m hf_tinytx.convert --to tinytx path/to/llama path/to/tinytx
     python -m hf_tinytx.convert --to llama path/to/tinytx path/to/llama [--overwrite]
+    python -m hf_tinytx.convert --to gguf path/to/tinytx model.gguf [--outtype f32|f16|q8_0] [--overwrite]
 
 The command reads and writes safetensors only, copies the tokenizer files and `generation_config.json`, refuses a
 source folder with a link that leads out of it, and writes the output into a staging folder inside the destination
 whose files are then moved in one by one (`hf_tinytx.folders.publish`): at every moment the destination holds a
-complete model or none, and a mount point works as the destination.
+complete model or none, and a mount point works as the destination. `--to gguf` (hf_tinytx/gguf_export.py, needs the
+`gguf` extra) writes one file for llama.cpp, with the tokenizer inside.
 """
 
 import argparse
@@ -89,20 +91,27 @@ def llama_config_to_tinytx(config: LlamaConfig) -> TinyTxConfig:
 def tinytx_config_to_llama(config: TinyTxConfig) -> LlamaConfig:
     """The Llama config that describes the same network as a TinyTx config; refuses the TinyTx-only features."""
     _check_model_type(config, "tinytx", "tinytx_config_to_llama")
-    if config.qk_norm:
-        raise ValueError(
-            "tinytx_config_to_llama: `qk_norm=True` has no Llama equivalent: the model normalises each head's "
-            "queries and keys with learned weights (`q_norm`/`k_norm`) that Llama does not have, so a Llama model "
-            "would compute something else. Only TinyTx models built with qk_norm=False convert to Llama."
-        )
-    if config.mlp_type != "gated":
-        raise ValueError(
-            f"tinytx_config_to_llama: `mlp_type={config.mlp_type!r}` has no Llama equivalent: Llama's MLP is always "
-            "the gated down(act(gate(x)) * up(x)), and this model has no `gate_proj`. Only TinyTx models built with "
-            "mlp_type='gated' convert to Llama."
-        )
+    if (reason := why_not_llama(config)) is not None:
+        raise ValueError(f"tinytx_config_to_llama: {reason}")
     values = {name: copy.deepcopy(getattr(config, name)) for name in SHARED_FIELDS}
     return LlamaConfig(**values)
+
+
+def why_not_llama(config: TinyTxConfig) -> str | None:
+    """Why this TinyTx config has no Llama twin (a TinyTx-only feature), or None when it has one."""
+    if config.qk_norm:
+        return (
+            "`qk_norm=True` has no Llama equivalent: the model normalises each head's queries and keys with learned "
+            "weights (`q_norm`/`k_norm`) that Llama does not have, so a Llama model would compute something else. "
+            "Only TinyTx models built with qk_norm=False convert to Llama."
+        )
+    if config.mlp_type != "gated":
+        return (
+            f"`mlp_type={config.mlp_type!r}` has no Llama equivalent: Llama's MLP is always the gated "
+            "down(act(gate(x)) * up(x)), and this model has no `gate_proj`. Only TinyTx models built with "
+            "mlp_type='gated' convert to Llama."
+        )
+    return None
 
 
 def llama_to_tinytx(model: LlamaForCausalLM) -> TinyTxForCausalLM:
@@ -149,7 +158,7 @@ def convert_folder(
     if to not in ("llama", "tinytx"):
         raise ValueError(f"convert: `to` must be 'llama' or 'tinytx', got {to!r}.")
     expected_type = "tinytx" if to == "llama" else "llama"
-    source_files = _check_source_folder(source, expected_type)
+    source_files = check_source_folder(source, expected_type)
     replaced = _check_destination(destination, overwrite)
     # Translate the config alone first, so a refusal comes before gigabytes of weights are read.
     if to == "tinytx":
@@ -184,7 +193,7 @@ def convert_folder(
     return destination
 
 
-def _check_source_folder(source: Path, expected_type: str) -> list[str]:
+def check_source_folder(source: Path, expected_type: str) -> list[str]:
     """Refuses what cannot be converted; returns the folder's files (raises if a link leads out of it)."""
     local_folder_or_hub_id(str(source))  # a mistyped path: "no such folder", the same words as every command
     if not source.is_dir():
@@ -244,16 +253,31 @@ def _remove_all_but(folder: Path, keep: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hf_tinytx.convert",
-        description="Convert a saved Llama model folder to TinyTx, or a TinyTx folder to Llama (safetensors only).",
+        description="Convert a saved Llama model folder to TinyTx, a TinyTx folder to Llama (safetensors only), or a "
+        "TinyTx folder to one GGUF file for llama.cpp / Ollama / LM Studio.",
     )
-    parser.add_argument("--to", required=True, choices=("llama", "tinytx"), help="the architecture to convert to")
+    parser.add_argument("--to", required=True, choices=("llama", "tinytx", "gguf"), help="the format to convert to")
     parser.add_argument("source", help="folder written by save_pretrained (config.json + model.safetensors)")
-    parser.add_argument("destination", help="folder to write; must be absent or empty unless --overwrite")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty destination folder")
+    parser.add_argument(
+        "destination", help="folder to write (a file ending in .gguf for --to gguf); must be absent or empty unless "
+        "--overwrite"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty destination folder or file")
+    parser.add_argument(
+        "--outtype", choices=("f32", "f16", "q8_0"), default=None,
+        help="--to gguf only: how the weight matrices are stored (default f32; norms and biases are always f32)",
+    )
     args = parser.parse_args(argv)
+    if args.outtype is not None and args.to != "gguf":
+        parser.error("--outtype applies to --to gguf only")
     try:
-        destination = convert_folder(args.source, args.destination, to=args.to, overwrite=args.overwrite)
-    except (ValueError, TypeError, OSError) as error:
+        if args.to == "gguf":
+            from .gguf_export import write_gguf  # needs the optional `gguf` package
+
+            destination = write_gguf(args.source, args.destination, args.outtype or "f32", overwrite=args.overwrite)
+        else:
+            destination = convert_folder(args.source, args.destination, to=args.to, overwrite=args.overwrite)
+    except (ValueError, TypeError, OSError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"wrote {args.to} model to {destination}")
