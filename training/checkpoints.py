@@ -3,6 +3,9 @@
     checkpoints/tokenizer/   the run's tokenizer, saved once (a resumed run must reuse it)
     checkpoints/step_N/      Accelerate's `save_state` (model as safetensors, optimizer, scheduler, RNG of every
                              process) + trainer_state.json (step, run signature) + checksums.json (sha256 of each file)
+                             A model sharded by training/distributed.py (FSDP2 on CPUs) keeps its model and optimizer
+                             state sharded: sharded/ (torch.distributed.checkpoint, one file per process + .metadata)
+                             and scheduler.bin, next to Accelerate's RNG files.
 
 A checkpoint is written under a temporary name, flushed to disk, checksummed, and only then renamed to step_N, so a
 run killed mid-save leaves the earlier checkpoints as they were. A resume verifies the checksums and falls back to the
@@ -27,6 +30,8 @@ STEP_NAME = re.compile(r"^step_(\d+)$")
 STATE_FILE = "trainer_state.json"
 CHECKSUM_FILE = "checksums.json"
 TOKENIZER_DIR = "tokenizer"
+SHARDED_DIR = "sharded"
+SCHEDULER_FILE = "scheduler.bin"
 
 
 def steps_saved(checkpoints_dir: str) -> list[int]:
@@ -35,8 +40,9 @@ def steps_saved(checkpoints_dir: str) -> list[int]:
     return sorted(int(m.group(1)) for m in map(STEP_NAME.match, os.listdir(checkpoints_dir)) if m)
 
 
-def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | None) -> str:
-    """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`."""
+def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | None, sharded=None) -> str:
+    """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`:
+    (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`."""
     final = os.path.join(checkpoints_dir, f"step_{step}")
     temporary = os.path.join(checkpoints_dir, f".tmp_step_{step}")
     if accelerator.is_main_process and os.path.exists(temporary):
@@ -44,6 +50,8 @@ def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | 
     accelerator.wait_for_everyone()
     with disk_space_guard(temporary, checkpoints_dir):
         accelerator.save_state(temporary)  # model (safetensors), optimizer, scheduler, RNG of every process
+        if sharded:
+            save_sharded(temporary, *sharded, is_main_process=accelerator.is_main_process)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             write_json(os.path.join(temporary, STATE_FILE), {"step": step, **state})
@@ -56,6 +64,33 @@ def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | 
             prune(checkpoints_dir, keep)
     accelerator.wait_for_everyone()
     return final
+
+
+def save_sharded(folder: str, model, optimizer, scheduler, is_main_process: bool) -> None:
+    """The model's and the optimizer's state as each process holds it (torch.distributed.checkpoint writes one file
+    per process into folder/sharded/, then .metadata), and the scheduler's (the same on every process)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, getattr(optimizer, "optimizer", optimizer))
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=os.path.join(folder, SHARDED_DIR))
+    if is_main_process:
+        torch.save(scheduler.state_dict(), os.path.join(folder, SCHEDULER_FILE))
+
+
+def load_sharded(folder: str, model, optimizer, scheduler) -> None:
+    """Reads what `save_sharded` wrote into the sharded model, optimizer and scheduler, in place."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=os.path.join(folder, SHARDED_DIR))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    scheduler.load_state_dict(torch.load(os.path.join(folder, SCHEDULER_FILE), weights_only=True))
 
 
 def checksums(folder: str) -> dict:
@@ -78,7 +113,7 @@ def problem_with(folder: str) -> str | None:
         expected = read_json(os.path.join(folder, CHECKSUM_FILE))
     except (OSError, ValueError):
         return f"{CHECKSUM_FILE} is missing or unreadable"
-    if STATE_FILE not in expected or not any(name.endswith(".safetensors") for name in expected):
+    if STATE_FILE not in expected or not any(map(holds_weights, expected)):
         return f"{CHECKSUM_FILE} does not list the trainer state and the model weights"
     try:
         actual = checksums(folder)
@@ -90,6 +125,12 @@ def problem_with(folder: str) -> str | None:
         if actual[name] != digest:
             return f"{name} does not match its checksum (damaged after it was written)"
     return None
+
+
+def holds_weights(name: str) -> bool:
+    """Whether a checkpoint file holds model weights: safetensors (one process, DDP), a distributed checkpoint's
+    .metadata (sharded/ here, Accelerate's FSDP2 with SHARDED_STATE_DICT), DeepSpeed's model states."""
+    return name.endswith(".safetensors") or os.path.basename(name) in (".metadata", "mp_rank_00_model_states.pt")
 
 
 def find_resumable(resume_from: str | None, checkpoints_dir: str, say) -> str | None:

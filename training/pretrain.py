@@ -4,6 +4,8 @@
     python training/pretrain.py training/configs/tiny.yaml        # the same arguments, from a file
     accelerate launch --config_file training/configs/accelerate-ddp.yaml training/pretrain.py --model_preset small
     torchrun --nproc_per_node 2 training/pretrain.py              # CPU data parallelism
+    accelerate launch --config_file training/configs/accelerate-fsdp2.yaml --num_processes 2 training/pretrain.py
+                                                                  # FSDP2 (GPUs, or CPUs: see training/distributed.py)
 
 The story, one function each: `setup` (arguments, data and tokenizer, model, optimizer, resume) -> `fit` (the
 training loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and_push` (the model folder, the Hub).
@@ -37,7 +39,7 @@ from transformers import AutoModelForCausalLM, get_scheduler
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.folders import link_or_copy
 from hf_tinytx.tokenization import train_bpe_tokenizer
-from training import cards, checkpoints, export
+from training import cards, checkpoints, distributed, export
 from training.args import RunError, UserInputError, args_to_dict, parse_args
 from training.data import (
     DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
@@ -80,6 +82,7 @@ class Run:
     saved_step: int | None = None
     train_seconds: float = 0.0
     stopped_by_clock: bool = False
+    own_fsdp2: bool = False  # sharded by training/distributed.py, not by Accelerate (FSDP2 on CPUs)
 
 
 def main(argv=None) -> None:
@@ -102,7 +105,9 @@ def setup(model_args, data_args, train_args) -> Run:
             f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
             f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
         )
-    accelerator = make_accelerator(train_args, output_dir)
+    sharding = distributed.asked_sharding()
+    accelerator = make_accelerator(train_args, output_dir, sharding)
+    own_fsdp2 = distributed.shards_itself(accelerator, sharding)
     check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
     set_seed(train_args.seed)
 
@@ -117,9 +122,13 @@ def setup(model_args, data_args, train_args) -> Run:
     accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
 
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
+    if own_fsdp2:
+        model = distributed.shard_model(model)
+        accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
+                          "shards on GPUs only")
     optimizer, lr_scheduler = make_optimizer(model, train_args, max_train_steps, accelerator.num_processes)
-    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
-        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = distributed.prepare(
+        accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
     if sampler is not None and len(train_dataloader) == 0:
         raise UserInputError(
@@ -131,7 +140,7 @@ def setup(model_args, data_args, train_args) -> Run:
         model_args, data_args, train_args, accelerator, output_dir, checkpoints_dir, tokenizer, packed, sampler, model,
         optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_parameters, max_train_steps, tokens_per_step,
         signature=run_signature(data_args, train_args, tokens_per_step, accelerator.num_processes),
-        log=RunLog(output_dir, accelerator), pusher=None, lock=lock,
+        log=RunLog(output_dir, accelerator), pusher=None, lock=lock, own_fsdp2=own_fsdp2,
     )
     if resume_dir:
         resume(run, resume_dir)
@@ -144,11 +153,9 @@ def setup(model_args, data_args, train_args) -> Run:
     return run
 
 
-def make_accelerator(train_args, output_dir: str) -> Accelerator:
-    # Without a GPU, say so explicitly: under torchrun Accelerate would otherwise not set up CPU data parallelism.
-    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+def make_accelerator(train_args, output_dir: str, sharding: str | None) -> Accelerator:
     accelerator = Accelerator(
-        cpu=not has_gpu,
+        **distributed.device_options(sharding),
         mixed_precision=train_args.mixed_precision,
         gradient_accumulation_steps=train_args.gradient_accumulation_steps,
         log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
@@ -269,6 +276,8 @@ def resume(run: Run, folder: str) -> None:
             f"same arguments (and process count), or start a new run with --init_from."
         )
     run.accelerator.load_state(folder)
+    if run.own_fsdp2:
+        checkpoints.load_sharded(folder, run.model, run.optimizer, run.lr_scheduler)
     run.completed_steps = run.saved_step = state["step"]
     run.epoch, run.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
     if run.accelerator.is_main_process:
@@ -305,6 +314,8 @@ def fit(run: Run) -> None:
     finally:
         progress.close()
     run.train_seconds = time.perf_counter() - start[0]
+    if run.own_fsdp2:  # every process says what it holds
+        print(distributed.shard_report(run.model, run.optimizer, run.accelerator), flush=True)
 
 
 def training_done(run: Run) -> bool:
@@ -351,6 +362,7 @@ def train_micro_batch(run: Run, batch) -> float:
         if accelerator.sync_gradients:
             # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
             norm = accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm or math.inf)
+            norm = torch.as_tensor(norm if norm is not None else 0.0)  # DeepSpeed: a float (None: not measured)
             if not torch.isfinite(norm):
                 raise RunError(nonfinite_message(run, f"the gradient norm is {norm.item()}"))
         run.optimizer.step()
@@ -380,13 +392,14 @@ def after_step(run: Run, progress) -> None:
 def save_checkpoint(run: Run) -> None:
     state = {"run_signature": run.signature, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch,
              "planned_steps": run.max_train_steps}
+    sharded = (run.model, run.optimizer, run.lr_scheduler) if run.own_fsdp2 else None
     checkpoints.save(run.accelerator, run.checkpoints_dir, run.completed_steps, state,
-                     run.train_args.checkpoints_total_limit)
+                     run.train_args.checkpoints_total_limit, sharded)
     run.saved_step = run.completed_steps
     if run.train_args.push_to_hub:
-        state_dict = run.accelerator.get_state_dict(run.model)  # every process: FSDP / ZeRO-3 gather shards
+        state_dict = gathered_state_dict(run)
         if run.pusher is not None:
-            checkpoints.push(run.pusher, run.accelerator.unwrap_model(run.model), state_dict, run.tokenizer,
+            checkpoints.push(run.pusher, *exportable(run, state_dict), run.tokenizer,
                              run.log, run.checkpoints_dir, run.completed_steps, training_record(run))
 
 
@@ -409,7 +422,7 @@ def finish(run: Run) -> tuple[dict, dict]:
         f"{metrics['bits_per_byte']:.4f} bits/byte ({run.train_seconds:.1f} s of training)"
     )
     probe_results = {}
-    if accelerator.is_main_process:
+    if accelerator.is_main_process or run.own_fsdp2:  # a sharded model's forward needs every process
         probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer, run.train_args,
                                                accelerator)
         if probe_results:
@@ -471,16 +484,28 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: dict) -> None:
     itself succeeded and its folder is complete."""
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(run.model)  # every process takes part: FSDP / ZeRO-3 gather the shards
+    state_dict = gathered_state_dict(run)
     if accelerator.is_main_process:
         card = cards.pretrained_card(card_context(run, final_metrics, probe_results))
-        names = export.export_final(run.output_dir, run.checkpoints_dir, accelerator.unwrap_model(run.model),
-                                    state_dict, run.tokenizer, card, run.log.rows, training_record(run))
+        names = export.export_final(run.output_dir, run.checkpoints_dir, *exportable(run, state_dict), run.tokenizer,
+                                    card, run.log.rows, training_record(run))
         accelerator.print(f"Model folder: {run.output_dir}")
         if run.pusher is not None:
             push_final(run, names)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+
+
+def gathered_state_dict(run: Run) -> dict:
+    """The full weights on the main process; every process takes part (FSDP / ZeRO-3 gather the shards)."""
+    if run.own_fsdp2:
+        return distributed.full_state_dict(run.model)
+    return run.accelerator.get_state_dict(run.model)
+
+
+def exportable(run: Run, state_dict: dict) -> tuple[torch.nn.Module, dict]:
+    """(model, state dict) for `save_pretrained` on the main process (see distributed.exportable)."""
+    return distributed.exportable(run.accelerator.unwrap_model(run.model), state_dict)
 
 
 def push_final(run: Run, names: list[str]) -> bool:

@@ -1,0 +1,154 @@
+"""Sharded training: what the launch asked for, and torch's FSDP2 where Accelerate cannot do it (on CPUs).
+
+`accelerate launch --config_file training/configs/accelerate-fsdp2.yaml` tells the script what the config asks for
+through the environment (ACCELERATE_USE_FSDP, FSDP_VERSION, FSDP_RESHARD_AFTER_FORWARD). On GPUs Accelerate shards
+the model itself in `prepare`. On CPUs it turns FSDP off (its CPU data parallelism is DDP only) and would silently
+train unsharded, so this module does what Accelerate's FSDP2 does:
+
+- `fully_shard` on each decoder layer, then on the root (embeddings, final norm, head: tied embeddings stay one
+  parameter, in one group), on a CPU device mesh over gloo; parameters, gradients and AdamW's state are DTensors
+  sharded on their first dimension.
+- The optimizer and scheduler get Accelerate's own wrappers (a step only at the end of an accumulation, the
+  scheduler advanced once per process as `prepare` does), but stay out of `accelerator.save_state`, which would
+  pickle rank 0's shards only: `checkpoints.save_sharded` writes them with torch.distributed.checkpoint instead.
+- Exporting gathers the full state dict on rank 0 (`full_state_dict`), so the model folder is ordinary safetensors.
+"""
+
+import os
+
+import torch
+from accelerate import Accelerator
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.scheduler import AcceleratedScheduler
+from accelerate.utils import DistributedType, InitProcessGroupKwargs
+
+from .args import UserInputError
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def asked_sharding() -> str | None:
+    """"fsdp2", "deepspeed" or None, from the environment Accelerate's launcher sets from its config; a config this
+    machine cannot run stops here, before any data is read."""
+    launched_for_gpus = "ACCELERATE_MIXED_PRECISION" in os.environ and not env_flag("ACCELERATE_USE_CPU")
+    plain_gpu_config = not (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED"))
+    if launched_for_gpus and plain_gpu_config and not has_gpu():
+        raise UserInputError(
+            "The Accelerate config asks for GPUs (distributed_type MULTI_GPU) but this machine has none; on CPUs "
+            "launch `torchrun --nproc_per_node N training/pretrain.py`, or use accelerate-fsdp2.yaml (sharded) or "
+            "accelerate-cpu.yaml (one process)."
+        )
+    if env_flag("ACCELERATE_USE_FSDP"):
+        version = os.environ.get("FSDP_VERSION", "1")
+        if version != "2":
+            raise UserInputError(f"The Accelerate config asks for FSDP version {version}; this script trains with "
+                                 f"FSDP2 only: set fsdp_version: 2 (see training/configs/accelerate-fsdp2.yaml).")
+        return "fsdp2"
+    if env_flag("ACCELERATE_USE_DEEPSPEED"):
+        return "deepspeed"
+    return None
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def device_options(sharding: str | None) -> dict:
+    """Accelerator arguments for the device. Without a GPU, say so explicitly: under torchrun Accelerate would
+    otherwise not set up CPU data parallelism. DeepSpeed is the exception: Accelerate turns it off when asked for the
+    CPU, but runs it on DeepSpeed's CPU accelerator when not asked, given gloo as the backend."""
+    if has_gpu():
+        return {}
+    if sharding == "deepspeed":
+        return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
+    return {"cpu": True}
+
+
+def shards_itself(accelerator: Accelerator, sharding: str | None) -> bool:
+    """Whether this module, not Accelerate, shards the model: FSDP2 asked for where Accelerate fell back to DDP."""
+    asked = sharding == "fsdp2" and accelerator.num_processes > 1  # one process has nothing to share
+    return asked and accelerator.distributed_type != DistributedType.FSDP
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """torch's FSDP2 on every decoder layer, then the root; call before the optimizer is built (it must hold the
+    sharded parameters)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    reshard = env_flag("FSDP_RESHARD_AFTER_FORWARD") if "FSDP_RESHARD_AFTER_FORWARD" in os.environ else True
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model
+
+
+def prepare(accelerator: Accelerator, own_fsdp2: bool, model, optimizer, train_dataloader, eval_dataloader,
+            lr_scheduler):
+    """`accelerator.prepare` for all five, or, for a model sharded here, for the loaders only (see the docstring)."""
+    if not own_fsdp2:
+        return accelerator.prepare(model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
+    train_dataloader, eval_dataloader = accelerator.prepare(train_dataloader, eval_dataloader)
+    optimizer = AcceleratedOptimizer(optimizer, device_placement=False)
+    lr_scheduler = AcceleratedScheduler(lr_scheduler, optimizer, step_with_optimizer=True, split_batches=False)
+    return model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+
+
+def local_and_full(tensors) -> tuple[int, int, int]:
+    """(values held by this process, values in all, bytes held by this process) of (possibly DTensor) tensors."""
+    local = full = size = 0
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            continue  # AdamW's step counters
+        shard = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        local, full, size = local + shard.numel(), full + tensor.numel(), size + shard.numel() * shard.element_size()
+    return local, full, size
+
+
+def shard_report(model, optimizer, accelerator: Accelerator) -> str:
+    """One line: what this process holds of the parameters and of the optimizer state."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    p_local, p_full, p_bytes = local_and_full(model.parameters())
+    states = [value for state in optimizer.state.values() for value in state.values()]
+    s_local, s_full, s_bytes = local_and_full(states)
+    return (f"rank {accelerator.process_index} of {accelerator.num_processes} holds {p_local:,} of {p_full:,} "
+            f"parameters ({p_local / max(p_full, 1):.1%}, {p_bytes:,} bytes) and {s_local:,} of {s_full:,} "
+            f"optimizer-state values ({s_local / max(s_full, 1):.1%}, {s_bytes:,} bytes)")
+
+
+def exportable(model, state_dict: dict) -> tuple[torch.nn.Module, dict]:
+    """(model, state dict) for `save_pretrained`. An FSDP-sharded model's class is a subclass made by torch (its
+    module is torch's, so transformers would copy torch's files as the model's code), hence an unsharded model of the
+    original class holding the gathered tensors (no copy), with a tied embedding tied again: the gathered state dict
+    holds it twice, as two tensors, and would be saved twice."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return model, without_tied_copies(model, state_dict)
+    original = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+    with torch.device("meta"):
+        plain = original(model.config)
+    plain.load_state_dict(state_dict, assign=True)
+    plain.tie_weights()
+    plain.generation_config = model.generation_config
+    return plain.eval(), plain.state_dict()
+
+
+def without_tied_copies(model, state_dict: dict) -> dict:
+    """DeepSpeed's gathered state dict clones every tensor, so a tied head is no longer the embedding's tensor and
+    would be saved as a second copy: leave it out, as save_pretrained does for a tie it can see."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return state_dict
+    tied = {target for target, source in (getattr(model, "_tied_weights_keys", None) or {}).items()
+            if target in state_dict and source in state_dict}
+    return {name: tensor for name, tensor in state_dict.items() if name not in tied}
+
+
+def full_state_dict(model) -> dict:
+    """The whole model's state dict on rank 0 (an empty dict elsewhere); every process must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
