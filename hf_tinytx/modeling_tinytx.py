@@ -343,10 +343,22 @@ class TinyTxPreTrainedModel(PreTrainedModel):
             init.normal_(projection.weight, mean=0.0, std=std)
 
 
+def _check_tensor_parallel_heads(config: TinyTxConfig) -> None:
+    """The TP plan splits q/k/v by columns, i.e. by whole heads: every rank needs the same number of key/value heads.
+    Without this check an uneven split fails later, in the first forward, as a reshape error."""
+    tp_size = getattr(getattr(config, "distributed_config", None), "tp_size", None) or 1
+    if tp_size > 1 and config.num_key_value_heads % tp_size:
+        raise ValueError(
+            f"Tensor parallelism over {tp_size} processes needs num_key_value_heads ({config.num_key_value_heads}) "
+            f"to be divisible by {tp_size}; run on a process count that divides it (or 1 process)."
+        )
+
+
 @auto_docstring
 class TinyTxModel(TinyTxPreTrainedModel):
     def __init__(self, config: TinyTxConfig):
         super().__init__(config)
+        _check_tensor_parallel_heads(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
 

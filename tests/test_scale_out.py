@@ -137,6 +137,56 @@ def test_fsdp2_killed_resumes_bit_for_bit_and_skips_a_damaged_shard(fsdp2, tmp_p
         assert torch.equal(tensor, actual[name]), f"{name} differs after resuming"
 
 
+# ---- tensor-parallel inference: transformers' tp_plan="auto" with the config's base_model_tp_plan
+
+TP_RUN = str(REPO_ROOT / "tests" / "helpers" / "tp_run.py")
+# How the plan shards each linear layer (weight placements of nn.Linear(in, out), weight shape (out, in)):
+# colwise = Shard(0), output features (whole heads) split; rowwise = Shard(1), input split, outputs all-reduced.
+EXPECTED_PLAN = {
+    "model.layers.0.self_attn.q_proj": "S(0)", "model.layers.0.self_attn.k_proj": "S(0)",
+    "model.layers.0.self_attn.v_proj": "S(0)", "model.layers.0.self_attn.o_proj": "S(1)",
+    "model.layers.0.mlp.gate_proj": "S(0)", "model.layers.0.mlp.up_proj": "S(0)",
+    "model.layers.0.mlp.down_proj": "S(1)", "lm_head": "S(0)",  # colwise_gather_output: vocab split, logits gathered
+}
+
+
+def tp_run(folder, prefix, ranks: int):
+    launcher = [*TORCHRUN[:-1], str(ranks)] if ranks > 1 else [sys.executable]
+    env = pretrain_env(prefix.parent, OMP_NUM_THREADS="1")
+    return subprocess.run([*launcher, TP_RUN, str(folder), str(prefix)], env=env, capture_output=True, text=True,
+                          timeout=180)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_tensor_parallel_matches_one_process(tiny_model, tmp_path, tied):
+    folder = tmp_path / "model"
+    tiny_model(tie_word_embeddings=tied, intermediate_size=96).save_pretrained(folder)
+    for ranks in (1, 2):
+        result = tp_run(folder, tmp_path / f"tp{ranks}", ranks)
+        assert result.returncode == 0, result.stderr[-3000:]
+    one = torch.load(tmp_path / "tp1.rank0.pt")
+    for rank in (0, 1):
+        sharded = torch.load(tmp_path / f"tp2.rank{rank}.pt")
+        assert {name: layer["placement"] for name, layer in sharded["layers"].items()} == EXPECTED_PLAN
+        for name, layer in sharded["layers"].items():  # each rank holds half of every linear layer
+            full = torch.Size(one["layers"][name]["local_shape"]).numel()
+            assert 2 * torch.Size(layer["local_shape"]).numel() == full
+        difference = (sharded["logits"] - one["logits"]).abs().max().item()
+        print(f"tied={tied} rank {rank}: max |tp - one process| logits {difference:.2e}")
+        assert difference < 1e-5
+        assert torch.equal(sharded["tokens"], one["tokens"])
+
+
+def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_model, tmp_path):
+    folder = tmp_path / "model"
+    tiny_model(hidden_size=48, num_attention_heads=6, num_key_value_heads=3).save_pretrained(folder)
+    result = tp_run(folder, tmp_path / "tp", 2)
+    assert result.returncode != 0
+    assert ("ValueError: Tensor parallelism over 2 processes needs num_key_value_heads (3) to be divisible by 2; "
+            "run on a process count that divides it (or 1 process).") in result.stderr
+    assert "is invalid for input of size" not in result.stderr  # refused while loading, not in the first forward
+
+
 # ---- setups this machine cannot run stop in one line, before any data is read
 
 def test_a_gpu_config_on_a_cpu_only_machine_stops_before_the_data(tmp_path):
