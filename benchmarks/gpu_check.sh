@@ -7,6 +7,10 @@
 #    kernels-community kernel, else sdpa's own flash kernel)
 # 2. bf16 training MFU at ~124M parameters (training/configs/model-base.json), batch 8 x seq 1024 (mfu.py)
 # 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic and static cache (gpu_check.py)
+# With 2 or more GPUs (all of them are used; written, not yet run: this project's CI has no GPU):
+# 4. DDP vs FSDP2 vs DeepSpeed ZeRO-3 pre-training at the `base` preset, bf16, flash attention when installed:
+#    tokens/s and peak memory per rank (memory_per_rank.py --device cuda; ZeRO-3 only with deepspeed installed)
+# 5. tensor-parallel inference: a `base`-shaped TinyTx loaded with tp_plan="auto" on 2 GPUs, logits vs 1 GPU
 # Each step prints a table and a JSON line; one failing step does not stop the others; the exit status is 1 if any
 # step failed.
 set -u
@@ -37,6 +41,47 @@ else
         --device cuda --dtype bf16 --repeats 10
 fi
 run "generation tokens/s, ~124M, bf16" 90 "$PYTHON" gpu_check.py generate
+
+NGPU=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+if [ "$NGPU" -ge 2 ]; then
+    ATTN=sdpa
+    "$PYTHON" -c 'import flash_attn' 2>/dev/null && ATTN=flash_attention_2
+    run "DDP vs FSDP2 vs ZeRO-3, base, bf16, $NGPU GPUs ($ATTN)" 600 "$PYTHON" memory_per_rank.py --device cuda \
+        --preset base --ranks "$NGPU" --steps 20 --block_size 1024 --batch_size 8 --attn_implementation "$ATTN" \
+        --modes ddp fsdp2 zero3 --output results/gpu_memory_per_rank
+    TP_SCRIPT=$(mktemp --suffix .py)
+    cat > "$TP_SCRIPT" <<'PY'
+import os, sys, tempfile, torch, torch.distributed as dist
+sys.path.insert(0, os.getcwd())
+from gpu_check import config_from_file
+from hf_tinytx import TinyTxForCausalLM
+folder = sys.argv[1]
+if not os.environ.get("WORLD_SIZE"):  # one process: build, save, and write the reference logits
+    torch.manual_seed(0)
+    model = TinyTxForCausalLM(config_from_file()).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    ids = torch.randint(3, 50000, (2, 256), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.save({"ids": ids, "logits": model.cuda()(input_ids=ids.cuda()).logits.float().cpu()}, folder + "/ref.pt")
+    sys.exit(0)
+model = TinyTxForCausalLM.from_pretrained(folder, tp_plan="auto", dtype=torch.bfloat16).eval()
+ref = torch.load(folder + "/ref.pt")
+with torch.no_grad():
+    logits = model(input_ids=ref["ids"].to(model.device)).logits.float().cpu()
+diff = (logits - ref["logits"]).abs().max().item()
+same = (logits.argmax(-1) == ref["logits"].argmax(-1)).float().mean().item()
+if dist.get_rank() == 0:
+    print(f"TP over {dist.get_world_size()} GPUs: max |logits - 1 GPU| {diff:.3e} (bf16), same argmax {same:.1%}")
+sys.exit(0 if same > 0.99 else 1)
+PY
+    TP_DIR=$(mktemp -d)
+    TORCHRUN="'$PYTHON' -m torch.distributed.run --standalone --nproc_per_node 2"
+    run "tensor-parallel inference, base, bf16, 2 GPUs" 300 bash -c \
+        "'$PYTHON' '$TP_SCRIPT' '$TP_DIR' && $TORCHRUN '$TP_SCRIPT' '$TP_DIR'"
+    rm -rf "$TP_SCRIPT" "$TP_DIR"
+else
+    echo; echo "== multi-GPU checks skipped: $NGPU GPU(s) here, they need 2 or more"
+fi
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then
