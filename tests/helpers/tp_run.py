@@ -1,12 +1,13 @@
 """Loads a TinyTx folder, with transformers' tensor-parallel plan when run under torchrun, and writes what it computed.
 
-    torchrun --nproc_per_node 2 tests/helpers/tp_run.py FOLDER OUT_PREFIX     # tp_plan="auto": weights sharded
+    torchrun --nproc_per_node 2 tests/helpers/tp_run.py FOLDER OUT_PREFIX     # TP plan "auto": weights sharded
     python tests/helpers/tp_run.py FOLDER OUT_PREFIX                          # one process, the reference
 
 Writes OUT_PREFIX.rankR.pt: the logits of a fixed batch, greedy new tokens, and for each linear layer of the first
 decoder layer and the head, its local weight shape and placement (so a test sees which are sharded how).
 """
 
+import os
 import sys
 
 import torch
@@ -17,8 +18,15 @@ import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
 
 
 def main(folder: str, prefix: str) -> None:
-    distributed = "WORLD_SIZE" in __import__("os").environ
-    options = {"tp_plan": "auto"} if distributed else {}
+    distributed = "WORLD_SIZE" in os.environ
+    options = {}
+    if distributed:
+        try:  # transformers >= 5.17; before it, the tp_plan argument alone
+            from transformers import DistributedConfig
+
+            options = {"distributed_config": DistributedConfig(tp_plan="auto")}
+        except ImportError:
+            options = {"tp_plan": "auto"}
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
     rank = dist.get_rank() if distributed else 0
     generator = torch.Generator().manual_seed(0)
@@ -36,6 +44,9 @@ def main(folder: str, prefix: str) -> None:
             layers[name] = {"local_shape": tuple(local.shape), "placement": placement}
     torch.save({"logits": logits.to_local() if hasattr(logits, "to_local") else logits, "tokens": tokens,
                 "layers": layers}, f"{prefix}.rank{rank}.pt")
+    if distributed:  # leaving with gloo's threads still running can abort the process at exit
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
