@@ -1,6 +1,7 @@
 """The model to train: a preset, a --model_config file or an --init_from folder, with command-line overrides, checked
 by building it on PyTorch's "meta" device (no memory) before anything is written."""
 
+import copy
 import json
 import os
 import re
@@ -86,9 +87,13 @@ def _build(model_type: str, values: dict, source: str):
 def check_model_builds(config, attn_implementation: str, num_processes: int) -> int:
     """Builds the model without memory, so an unknown attention backend or a size this machine cannot train fails now,
     not after data and tokenizer were prepared; returns the parameter count."""
+    config = copy.deepcopy(config)
+    config._attn_implementation = attn_implementation  # validated by the model's constructor
+    model_class = AutoModelForCausalLM._model_mapping[type(config)]
     try:
+        # The class itself, not from_config: under DeepSpeed ZeRO-3 from_config would partition the model at once.
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+            model = model_class(config)
     except (ValueError, ImportError) as error:
         reason = str(error).strip().splitlines()[0]
         raise UserInputError(f"--attn_implementation {attn_implementation!r}: {reason}") from None
