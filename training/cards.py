@@ -19,7 +19,8 @@ def _template(name: str) -> str:
 
 
 def pretrained_card(context: dict) -> ModelCard:
-    """`context` holds what the template uses: repo_id, config, eval metrics, probe accuracies, hyperparameters."""
+    """`context` holds what the template uses: local_path (absolute) and hub_id (None unless the run pushed), config,
+    eval metrics, probe accuracies, hyperparameters."""
     eval_results = [
         EvalResult(
             task_type="text-generation",

@@ -550,6 +550,8 @@ def card_context(run: Run, metrics: dict, probe_results: dict) -> dict:
     return {
         "model_name": name,
         "repo_id": train_args.hub_model_id or name,
+        "local_path": run.output_dir,  # absolute
+        "hub_id": train_args.hub_model_id if train_args.push_to_hub else None,
         "init_from": model_args.init_from,
         "config": run.accelerator.unwrap_model(run.model).config,
         "num_parameters": run.num_parameters,

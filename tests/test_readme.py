@@ -1,0 +1,212 @@
+"""README.md as a new user follows it: every ```python block, and the walkthrough's ```bash blocks, run as pasted,
+in order, in subprocesses in one fresh working folder; then the "How to use" snippets of a trained model's card (the
+model folder's own README.md), run from another folder.
+
+What the test adds to the README's text is all in BLOCKS: flags appended to a command (tiny sizes, few steps, so
+the walkthrough takes seconds), code run before a Python block (blocking `hf_tinytx` where the README says it is not
+installed) and asserts run after it. Besides, `python training/...` runs the checkout's file (`checkout_paths`) and
+`python` is this interpreter. A block added to or removed from the README fails
+`test_readme_blocks_are_all_accounted_for` until BLOCKS says what to do with it.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.remote_code import BLOCK_HF_TINYTX
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+
+
+README = REPO_ROOT / "README.md"
+FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    section: str  # the heading above the block
+    language: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the test does with one README block, in README order."""
+
+    section: str
+    language: str
+    skip: str = ""  # why the block is not run (empty: it runs)
+    append: dict | None = None  # {command prefix: extra flags} added to the end of each such command
+    prefix: str = ""  # Python code run before the block's own
+    check: str = ""  # Python code run after the block's own (asserts on what it defined)
+
+
+# Tiny sizes for the README's pre-training command; the rest of the walkthrough uses the model it writes.
+TINY_PRETRAIN = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "30", "--eval_steps", "30"]
+FEW_FINETUNE_STEPS = ["--max_steps", "4"]
+
+BLOCKS = [
+    Step("The two commands", "bash", skip="installs packages and runs the whole test suite, this test included"),
+    Step("Using the model in Python", "python", check="assert type(model).__name__ == 'TinyTxForCausalLM'"),
+    Step("Loading with and without the package", "python",
+         check="assert type(model).__module__ == 'hf_tinytx.modeling_tinytx'"),
+    Step("Loading with and without the package", "python", prefix=BLOCK_HF_TINYTX,
+         check="assert type(model).__module__.startswith('transformers_modules')\n"
+               "assert not any(name.startswith('hf_tinytx') for name in sys.modules)"),
+    Step("Training from scratch (`training/pretrain.py`)", "bash",
+         append={"python training/pretrain.py": TINY_PRETRAIN}),
+    Step("Fine-tuning (Trainer, LoRA, merge)", "bash", append={"python training/finetune.py": FEW_FINETUNE_STEPS}),
+    Step("Fine-tuning (Trainer, LoRA, merge)", "python",
+         check="assert 0 <= sft_right <= 29 and 0 <= chat_right <= 29\n"
+               "assert type(model).__name__ == 'PeftModelForCausalLM'"),
+    Step("What attention does, shown", "bash"),
+    Step("Converting to and from Llama", "bash"),
+    Step("Tests", "bash", skip="the whole test suite, this test included"),
+]
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The fenced code blocks of a markdown text, each with the nearest heading above it."""
+    blocks, section, language, lines = [], "", None, []
+    for line in text.splitlines():
+        fence = FENCE.match(line)
+        if language is None and line.startswith("#"):
+            section = line.lstrip("#").strip()
+        elif language is None and fence:
+            language, lines = fence.group(1), []
+        elif language is not None and line.strip() == "```":
+            blocks.append(Block(section, language, "\n".join(lines) + "\n"))
+            language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
+def append_flags(script: str, command: str, flags: list[str]) -> str:
+    """`flags` added to the end of every `command ...` line of a bash script (continuation lines joined first,
+    a trailing comment kept after them); fails if the script has no such command."""
+    lines = script.replace("\\\n", " ").splitlines()
+    hits = 0
+    for i, line in enumerate(lines):
+        if line.startswith(command):
+            code, hash_, comment = line.partition(" #")
+            lines[i] = f"{code.rstrip()} {' '.join(flags)}" + (f"  #{comment}" if hash_ else "")
+            hits += 1
+    assert hits, f"the README block no longer runs `{command}`:\n{script}"
+    return "\n".join(lines) + "\n"
+
+
+def checkout_paths(script: str) -> str:
+    """`python training/x.py` names a file of the checkout the README is read in: run the checkout's file."""
+    return re.sub(r"(?<=python )training/", f"{REPO_ROOT}/training/", script)
+
+
+def run_block(step: Step, block: Block, workdir: Path, env: dict, number: int) -> subprocess.CompletedProcess:
+    if block.language == "python":
+        path = workdir / f"readme_block_{number}.py"
+        path.write_text(f"{step.prefix}\n{block.text}\nimport sys\n{step.check}\n")
+        command = [sys.executable, str(path)]
+    else:
+        script = block.text
+        for prefix, flags in (step.append or {}).items():
+            script = append_flags(script, prefix, flags)
+        command = ["bash", "-e", "-o", "pipefail", "-c", checkout_paths(script)]
+    result = subprocess.run(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=600)  # no stdin: a prompt for input (e.g. to trust remote code) fails at once
+    assert result.returncode == 0, (
+        f"README block {number} ({block.section}, {block.language}) failed ({result.returncode}):\n{block.text}\n"
+        f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
+    return result
+
+
+def user_env(tmp_path: Path) -> dict:
+    """Offline with private caches (pretrain_env), and `python` on PATH is this interpreter, as in an activated
+    virtual environment."""
+    env = pretrain_env(tmp_path)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    return env
+
+
+def test_readme_blocks_are_all_accounted_for():
+    found = [(b.section, b.language) for b in readme_blocks(README.read_text(encoding="utf-8"))]
+    expected = [(s.section, s.language) for s in BLOCKS]
+    assert found == expected, (
+        "README.md's code blocks changed; say in tests/test_readme.py BLOCKS how each is run (or why not).\n"
+        f"README: {found}\nBLOCKS: {expected}"
+    )
+
+
+@pytest.mark.slow
+def test_readme_runs_top_to_bottom(tmp_path):
+    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    assert len(blocks) == len(BLOCKS), "see test_readme_blocks_are_all_accounted_for"
+    workdir = tmp_path / "user"
+    workdir.mkdir()
+    env = user_env(tmp_path)
+    outputs = {}
+    for number, (step, block) in enumerate(zip(BLOCKS, blocks)):
+        assert (block.section, block.language) == (step.section, step.language)
+        if not step.skip:
+            outputs[step.section, block.language] = run_block(step, block, workdir, env, number).stdout
+
+    out = workdir / "out"
+    # Using the model in Python: a saved folder with weights, config and code; greedy ids printed.
+    assert {"model.safetensors", "config.json", "modeling_tinytx.py"} <= set(os.listdir(out))
+    assert "tensor([[" in outputs["Using the model in Python", "python"]
+    # The walkthrough's pre-trained model, fine-tuned in full and with LoRA (adapter and merged model).
+    assert (out / "tinytx" / "model.safetensors").is_file()
+    assert (out / "sft" / "model.safetensors").is_file()
+    assert (out / "chat-lora" / "adapter_model.safetensors").is_file()
+    assert (out / "chat-lora" / "merged" / "model.safetensors").is_file()
+    # The interpret command ranks the head that resolves "it", at each of the three places it is read.
+    report = json.loads((workdir / "maps" / "heads.json").read_text())
+    assert {"previous_token", "first_token", "coref@it", "coref@adjective", "coref@last"} <= set(report["heads"])
+    # The converter's round trip: a Llama folder and a TinyTx folder again.
+    assert json.loads((out / "llama" / "config.json").read_text())["model_type"] == "llama"
+    assert json.loads((out / "tinytx-again" / "config.json").read_text())["model_type"] == "tinytx"
+
+
+# A short pre-training run: the card, not the model's quality, is under test.
+SHORT_RUN = ["--max_train_steps", "4", "--eval_steps", "100", "--num_probes_per_kind", "0", "--num_samples", "0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pushed", [False, True], ids=["local", "pushed"])
+def test_model_card_snippets_load_and_generate(pushed, run_pretrain, local_hub, tmp_path):
+    """The card's "How to use" code, run from a folder other than the model's, with the package and without it: it
+    names the absolute model folder, or the Hub id when the run pushed (then it loads from the Hub)."""
+    output_dir = tmp_path / "model"
+    repo_id = f"{local_hub.user}/tiny"
+    env = user_env(tmp_path)
+    if pushed:
+        env = {k: v for k, v in env.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+        env.update(local_hub.client_env(tmp_path / "hf_home"))
+        run_pretrain("--output_dir", output_dir, *SHORT_RUN, "--push_to_hub", "--hub_model_id", repo_id, env=env)
+    else:
+        run_pretrain("--output_dir", output_dir, *SHORT_RUN, env=env)
+    card = (output_dir / "README.md").read_text(encoding="utf-8")
+    assert "pip install -e ." in card and "pip install hf_tinytx" not in card
+    blocks = [b for b in readme_blocks(card) if b.section == "How to use" and b.language == "python"]
+    assert len(blocks) == 2, f"expected the card's two Python snippets (with and without hf_tinytx):\n{card}"
+    load_from = repr(repo_id if pushed else os.path.abspath(output_dir)).replace("'", '"')
+    assert all(f"from_pretrained({load_from}" in block.text for block in blocks)
+    if pushed:
+        shutil.rmtree(output_dir)  # only the Hub can serve the model now
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for number, (block, prefix, module) in enumerate(
+        [(blocks[0], "", "hf_tinytx."), (blocks[1], BLOCK_HF_TINYTX, "transformers_modules.")]
+    ):
+        step = Step("How to use", "python", prefix=prefix, check=(
+            f"assert type(model).__module__.startswith({module!r})\n"
+            "assert output.shape[1] > inputs['input_ids'].shape[1]"
+        ))
+        result = run_block(step, block, elsewhere, env, number)
+        assert result.stdout.strip(), "the snippet prints the generated text"
