@@ -315,3 +315,18 @@ def test_batches_are_padded_on_the_right_with_labels_ignored(byte_bpe_tokenizer,
     ignored = IGNORE_INDEX
     assert batch["labels"].tolist() == [[ignored, ignored, 7, 8], [ignored, 10, ignored, ignored]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+
+
+def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    from transformers import TrainingArguments
+
+    from training.args import UserInputError
+    from training.finetune import FinetuneArguments, check_args
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real_find_spec(name, *a))
+    args = FinetuneArguments(model_name_or_path="base", train_file="data.jsonl", use_peft=True)
+    with pytest.raises(UserInputError, match=r"pip install -e \"\.\[peft\]\""):
+        check_args(args, TrainingArguments(output_dir="unused"))

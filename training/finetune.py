@@ -23,6 +23,7 @@ Reads top to bottom: arguments -> data (checked before anything loads) -> tokeni
 """
 
 import contextlib
+import importlib.util
 import difflib
 import json
 import os
@@ -188,6 +189,8 @@ def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
 def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> None:
     if args.merge and not args.use_peft:
         raise UserInputError("--merge folds a LoRA adapter into the model, so it needs --use_peft.")
+    if args.use_peft and importlib.util.find_spec("peft") is None:
+        raise UserInputError('--use_peft needs the peft package: pip install -e ".[peft]" (or pip install peft).')
     if args.max_seq_length is not None and args.max_seq_length < 2:
         raise UserInputError(f"--max_seq_length must be at least 2 tokens, got {args.max_seq_length}.")
     if args.lora_r <= 0:
