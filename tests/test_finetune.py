@@ -326,7 +326,8 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
     from training.finetune import FinetuneArguments, check_args
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "peft" else real_find_spec(name, *rest))
     args = FinetuneArguments(model_name_or_path="base", train_file="data.jsonl", use_peft=True)
     with pytest.raises(UserInputError, match=r"pip install -e \"\.\[peft\]\""):
         check_args(args, TrainingArguments(output_dir="unused"))
