@@ -191,7 +191,7 @@ def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_mod
 
 def test_a_gpu_config_on_a_cpu_only_machine_stops_before_the_data(tmp_path):
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+        pytest.skip("needs a machine without a GPU: it checks the refusal of a GPU config on a CPU-only box")
     folder = tmp_path / "run"
     config = str(REPO_ROOT / "training" / "configs" / "accelerate-ddp.yaml")
     result = pretrain(folder, launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"], check=False)

@@ -112,16 +112,8 @@ def main(argv=None):
     # ---------------------------------------------------------------- tokenizer and model
     tokenizer = load_tokenizer(args, chat=has_chat(train_records + validation_records))
     model = load_model(args)
-    context = getattr(model.config, "max_position_embeddings", None) or 1024
-    max_seq_length = args.max_seq_length or min(1024, context)
-    if max_seq_length > context:
-        raise UserInputError(f"--max_seq_length {max_seq_length} exceeds the model's context ({context} tokens).")
-
-    train_dataset = to_dataset(train_records, tokenizer, max_seq_length, args.packing, args.train_file)
-    eval_dataset = to_dataset(validation_records, tokenizer, max_seq_length, args.packing, args.validation_file) \
-        if validation_records else None
-    rows = f"{len(train_dataset)} training rows" + (f", {len(eval_dataset)} validation rows" if eval_dataset else "")
-    print(f"{rows} of at most {max_seq_length} tokens ({'packed' if args.packing else 'padded'})")
+    train_dataset, eval_dataset, max_seq_length = build_datasets(args, tokenizer, model, train_records,
+                                                                 validation_records)
     facts = {  # for the model cards
         "num_train_records": len(train_records), "num_train_rows": len(train_dataset),
         "num_validation_records": len(validation_records), "num_validation_rows": len(eval_dataset or []),
@@ -166,15 +158,33 @@ def main(argv=None):
         print(f"Merged model saved to {merged_dir}")
 
     # ---------------------------------------------------------------- Hub
-    if push_to_hub:
-        pusher = HubPusher(hub_model_id, token=training_args.hub_token, private=bool(training_args.hub_private_repo))
-        what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
-        with final_files_only(pushed_dir) as folder:
-            pushed = pusher.push(folder, f"Fine-tuned {what} ({trainer.state.global_step} steps)")
-        print(f"Pushed the {what} to the Hub as {hub_model_id}" if pushed
-              else "Hub push failed (see above); the local folders are complete.")
-        if not pushed:
-            sys.exit(1)
+    if push_to_hub and not push_result(args, training_args, pushed_dir, hub_model_id, trainer.state.global_step):
+        sys.exit(1)
+
+
+def build_datasets(args, tokenizer, model, train_records, validation_records):
+    """(training rows, validation rows or None, row length), the length checked against the model's context."""
+    context = getattr(model.config, "max_position_embeddings", None) or 1024
+    max_seq_length = args.max_seq_length or min(1024, context)
+    if max_seq_length > context:
+        raise UserInputError(f"--max_seq_length {max_seq_length} exceeds the model's context ({context} tokens).")
+    train_dataset = to_dataset(train_records, tokenizer, max_seq_length, args.packing, args.train_file)
+    eval_dataset = to_dataset(validation_records, tokenizer, max_seq_length, args.packing, args.validation_file) \
+        if validation_records else None
+    rows = f"{len(train_dataset)} training rows" + (f", {len(eval_dataset)} validation rows" if eval_dataset else "")
+    print(f"{rows} of at most {max_seq_length} tokens ({'packed' if args.packing else 'padded'})")
+    return train_dataset, eval_dataset, max_seq_length
+
+
+def push_result(args, training_args, pushed_dir: str, hub_model_id: str, steps: int) -> bool:
+    """One upload at the end: the merged model with --merge, else output_dir without its sub-folders."""
+    pusher = HubPusher(hub_model_id, token=training_args.hub_token, private=bool(training_args.hub_private_repo))
+    what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
+    with final_files_only(pushed_dir) as folder:
+        pushed = pusher.push(folder, f"Fine-tuned {what} ({steps} steps)")
+    print(f"Pushed the {what} to the Hub as {hub_model_id}" if pushed
+          else "Hub push failed (see above); the local folders are complete.")
+    return pushed
 
 
 def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
