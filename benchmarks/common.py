@@ -53,7 +53,10 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def interleaved_samples(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
-    """Seconds per call of each function, `repeats` rounds, each round sampling every function once in turn."""
+    """Seconds per call of each function, `repeats` rounds, each round sampling every function once in turn.
+
+    A function that returns a number is taken to have timed itself (a worker in another process reports its own
+    seconds, without the round trip to it)."""
     for _ in range(warmup):
         for run in runs.values():
             run()
@@ -64,8 +67,9 @@ def interleaved_samples(runs: dict[str, Callable[[], None]], repeats: int, warmu
         # it left behind (measured here at about +-7%), so neither side may always go first.
         for name in order if repeat % 2 == 0 else reversed(order):
             start = time.perf_counter()
-            runs[name]()
-            samples[name].append(time.perf_counter() - start)
+            seconds = runs[name]()
+            elapsed = time.perf_counter() - start
+            samples[name].append(seconds if isinstance(seconds, float) else elapsed)
     return samples
 
 

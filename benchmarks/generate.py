@@ -1,11 +1,21 @@
-"""Generation speed: TinyTx vs LlamaForCausalLM (same shape, same weights), greedy, 128 new tokens.
+"""Decoding speed of the same weights where people run them: transformers' `generate` (TinyTx), llama.cpp, vLLM.
 
-A 32-token prompt, batch 1 and 8, with the default dynamic cache and with the static cache. Both models run in the
-same process, interleaved; we report median new tokens per second and the ratio TinyTx / Llama (above 1 means TinyTx
-is faster). Both must produce the same tokens, which is checked before timing.
+Greedy, a 32-token prompt, 128 new tokens, batch 1 and 8, fp32 unless the row says otherwise. Engines:
+- `tinytx`: `model.generate` with its default dynamic cache;
+- `tinytx-static`: `cache_implementation="static"`;
+- `tinytx-compiled`: static cache and a `CompileConfig`, so `generate` decodes with one compiled graph a step (TinyTx
+  does this on CPU as well; transformers alone compiles only on accelerators);
+- `llama.cpp-f32`, `llama.cpp-q8_0`: GGUF files of the same weights (`python -m hf_tinytx.convert --to gguf`)
+  decoded by llama.cpp's C API in .venv-llamacpp (benchmarks/llama_cpp_worker.py), B sequences in one context, f32
+  keys/values; rows appear when that environment exists (.ci/run builds it).
 
-    python benchmarks/generate.py            # ~10M parameters
-    python benchmarks/generate.py --quick    # fewer repeats
+All engines run in turn each round (llama.cpp in a worker process that times itself); the ratio column is the median
+over rounds of tokens/s over llama.cpp-f32's in the same round. The weights are random (speed does not depend on
+them); the arg-max tokens of the f32 engines are compared and how many agree is printed. The floor row is the
+batch-1 decoding step's matrix-vector products alone: every token streams all the weights once.
+
+    python benchmarks/generate.py                       # 1.1M and 25M, batch 1 and 8
+    python benchmarks/generate.py --shapes 1.1M --batch_sizes 1 --repeats 3
 
 Prints a table, then one JSON line with every figure.
 """
@@ -13,99 +23,213 @@ Prints a table, then one JSON line with every figure.
 import argparse
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
+from transformers import CompileConfig
 
-from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio
-
-
-def make_generate(model, prompt, new_tokens, cache_implementation):
-    model.eval()
-    kwargs = dict(
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,  # no early stop at an EOS: every run does the same work
-        do_sample=False,
-        attention_mask=torch.ones_like(prompt),
-        pad_token_id=0,
-    )
-    if cache_implementation != "dynamic":
-        kwargs["cache_implementation"] = cache_implementation
-
-    def generate():
-        with torch.no_grad():
-            return model.generate(prompt, **kwargs)
-
-    return generate
+from common import count_parameters, interleaved_samples, paired_ratio
+from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+from hf_tinytx.corpus import default_corpus
+from hf_tinytx.gguf_export import write_gguf
+from hf_tinytx.tokenization import train_bpe_tokenizer
 
 
-def matmul_floor_seconds(weights: list[torch.Tensor], repeats: int) -> float:
-    """Seconds per token spent in the decoding step's matrix-vector products alone: every projection and the LM head
-    applied once to one vector, in forward order. Each token streams all the weights from memory, so this is the
-    floor under any batch-1 decoder of these weights, before attention, norms, RoPE and `generate`'s own loop."""
+REPO = Path(__file__).resolve().parents[1]
+LLAMA_CPP_PYTHON = REPO / ".venv-llamacpp" / "bin" / "python"
+# Llama-compatible shapes (no qk_norm), so llama.cpp runs the very same model. 1.1M is the `tiny` preset that
+# training/pretrain.py trains by default; 25M is a larger model still small enough for a CPU.
+SHAPES = {
+    "1.1M": dict(vocab_size=1200, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4),
+    "25M": dict(vocab_size=6144, hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8),
+}
+REFERENCE = "llama.cpp-f32"
+
+
+def build_folder(shape: str, folder: Path, tokenizer) -> TinyTxForCausalLM:
+    torch.manual_seed(0)
+    # No end-of-sequence token: every engine decodes all the new tokens.
+    config = TinyTxConfig(max_position_embeddings=1024, bos_token_id=1, eos_token_id=None, **SHAPES[shape])
+    model = TinyTxForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+# engine -> the `generate` arguments it adds ("default" mode: "reduce-overhead" means CUDA graphs, which a CPU has not)
+TRANSFORMERS_ENGINES = {
+    "tinytx": {},
+    "tinytx-static": {"cache_implementation": "static"},
+    "tinytx-compiled": {
+        "cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True, mode="default")
+    },
+}
+LLAMA_CPP_ENGINES = {"llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}
+
+
+def transformers_runs(model, prompt, new_tokens: int, engines: list[str]) -> dict:
+    kwargs = dict(max_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
+
+    def run(extra):
+        def generate():
+            with torch.no_grad():
+                return model.generate(prompt, **kwargs, **extra)[:, prompt.shape[1]:]
+        return generate
+
+    return {name: run(TRANSFORMERS_ENGINES[name]) for name in engines if name in TRANSFORMERS_ENGINES}
+
+
+class LlamaCpp:
+    """The llama.cpp worker process: loads GGUF files once, then times greedy runs on request."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.process = subprocess.Popen([str(LLAMA_CPP_PYTHON), str(Path(__file__).with_name("llama_cpp_worker.py"))],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, request: dict) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the llama.cpp worker stopped (exit code {self.process.wait()})")
+        return json.loads(line)
+
+    def runs(self, ggufs: dict[str, Path], prompt: torch.Tensor, new_tokens: int) -> dict:
+        batch, n_ctx = prompt.shape[0], prompt.shape[1] + new_tokens
+        request = {"prompts": prompt.tolist(), "new_tokens": new_tokens}
+
+        def run(name):
+            def decode():
+                answer = self.ask({"run": name, **request})
+                return answer["seconds"], torch.tensor(answer["tokens"])
+            return decode
+
+        for name, path in ggufs.items():
+            self.ask({"load": name, "gguf": str(path), "batch": batch, "n_ctx": n_ctx, "threads": self.threads})
+        return {name: run(name) for name in ggufs}
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def agreeing_tokens(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens every sequence of `a` shares with `b` (the smallest over the batch)."""
+    same = (a == b).int().cumprod(dim=1).sum(dim=1)
+    return int(same.min())
+
+
+def measure(runs: dict, repeats: int) -> tuple[dict, dict]:
+    """Seconds of every run, interleaved, and each run's tokens. A run returns its tokens, or (seconds, tokens) when
+    it timed itself in another process."""
+    tokens = {}
+
+    def call(name, run):
+        def sample():
+            result = run()
+            seconds, tokens[name] = result if isinstance(result, tuple) else (None, result)
+            return seconds
+        return sample
+
+    samples = interleaved_samples({name: call(name, run) for name, run in runs.items()}, repeats=repeats, warmup=1)
+    return samples, tokens
+
+
+def matmul_floor_seconds(model: TinyTxForCausalLM, repeats: int) -> tuple[float, float]:
+    """Seconds per token spent in a batch-1 decoding step's matrix-vector products alone, every projection and the LM
+    head applied once in forward order, and the megabytes of weights they stream."""
+    weights = [module.weight.detach() for module in model.modules() if isinstance(module, torch.nn.Linear)]
     vectors = [torch.randn(1, 1, weight.shape[1]) for weight in weights]
 
-    def one_token():
-        for weight, vector in zip(weights, vectors):
-            torch.nn.functional.linear(vector, weight)
+    def tokens():
+        with torch.no_grad():
+            for _ in range(32):
+                for weight, vector in zip(weights, vectors):
+                    torch.nn.functional.linear(vector, weight)
 
-    samples = interleaved_samples({"floor": lambda: [one_token() for _ in range(32)]}, repeats=repeats, warmup=1)
-    return statistics.median(samples["floor"]) / 32
+    samples = interleaved_samples({"floor": tokens}, repeats=repeats, warmup=1)
+    megabytes = sum(weight.numel() * weight.element_size() for weight in weights) / 1e6
+    return statistics.median(samples["floor"]) / 32, megabytes
+
+
+def bench_shape(shape: str, args, llama_cpp: LlamaCpp | None, work: Path) -> tuple[list[dict], dict]:
+    corpus = default_corpus(num_documents=2000)["train"]
+    tokenizer = train_bpe_tokenizer(corpus, vocab_size=SHAPES[shape]["vocab_size"])
+    folder = work / shape
+    model = build_folder(shape, folder, tokenizer)
+    ggufs = {}
+    if llama_cpp:
+        ggufs = {name: write_gguf(folder, work / f"{shape}-{outtype}.gguf", outtype=outtype)
+                 for name, outtype in LLAMA_CPP_ENGINES.items() if name in args.engines}
+    rows = []
+    for batch_size in args.batch_sizes:
+        generator = torch.Generator().manual_seed(1)
+        prompt = torch.randint(3, len(tokenizer), (batch_size, args.prompt_len), generator=generator)
+        runs = transformers_runs(model, prompt, args.new_tokens, args.engines)
+        if ggufs:
+            runs |= llama_cpp.runs(ggufs, prompt, args.new_tokens)
+        samples, tokens = measure(runs, args.repeats)
+        for name in runs:
+            row = {"shape": shape, "batch_size": batch_size, "engine": name,
+                   "tokens_per_s": batch_size * args.new_tokens / statistics.median(samples[name]),
+                   "agreeing_tokens_with_tinytx": agreeing_tokens(tokens[name], tokens["tinytx"])}
+            if REFERENCE in samples:  # time ratio reference / engine = speed ratio engine / reference
+                row[f"speed_over_{REFERENCE}"] = paired_ratio(samples, REFERENCE, name)
+            rows.append(row)
+    floor, megabytes = matmul_floor_seconds(model, args.repeats)
+    return rows, {"shape": shape, "parameters": count_parameters(model), "floor_ms_per_token": floor * 1e3,
+                  "weights_mb_per_token": megabytes}
+
+
+def print_table(rows: list[dict], shapes: list[dict]) -> None:
+    header = f"{'shape':>5} | {'batch':>5} | {'engine':<16} | {'tokens/s':>9} | {'x llama.cpp f32':>15} | same tokens"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ratio = r.get(f"speed_over_{REFERENCE}")
+        print(f"{r['shape']:>5} | {r['batch_size']:>5} | {r['engine']:<16} | {r['tokens_per_s']:>9.1f} | "
+              f"{'' if ratio is None else f'{ratio:.2f}':>15} | {r['agreeing_tokens_with_tinytx']}")
+    for s in shapes:
+        print(f"{s['shape']} ({s['parameters']:,} parameters) batch-1 floor: the matrix-vector products alone take "
+              f"{s['floor_ms_per_token']:.2f} ms/token ({s['weights_mb_per_token']:.1f} MB streamed per token), "
+              f"at most {1e3 / s['floor_ms_per_token']:.0f} tokens/s")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="10M")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--caches", nargs="+", default=["dynamic", "static"])
     parser.add_argument("--prompt_len", type=int, default=32)
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for every engine")
+    parser.add_argument("--engines", nargs="+", default=[*TRANSFORMERS_ENGINES, *LLAMA_CPP_ENGINES],
+                        choices=[*TRANSFORMERS_ENGINES, *LLAMA_CPP_ENGINES], help="tinytx is always run")
     args = parser.parse_args()
-    repeats = 2 if args.quick else args.repeats
+    args.engines = ["tinytx", *(name for name in args.engines if name != "tinytx")]  # the tokens' reference
+    torch.set_num_threads(args.threads)
 
-    models, _, _ = build_pair(args.shape)
-    vocab_size = models["tinytx"].config.vocab_size
-    results = []
-    for batch_size in args.batch_sizes:
-        prompt = torch.randint(2, vocab_size, (batch_size, args.prompt_len), generator=torch.Generator().manual_seed(1))
-        for cache in args.caches:
-            runs = {name: make_generate(model, prompt, args.new_tokens, cache) for name, model in models.items()}
-            outputs = {name: run() for name, run in runs.items()}
-            if not torch.equal(outputs["tinytx"], outputs["llama"]):
-                raise RuntimeError(f"TinyTx and Llama generated different tokens (batch {batch_size}, {cache} cache)")
-            samples = interleaved_samples(runs, repeats=repeats, warmup=1)
-            seconds = medians(samples)
-            new_tokens = batch_size * args.new_tokens
-            results.append(
-                {
-                    "batch_size": batch_size,
-                    "cache": cache,
-                    "tinytx_tokens_per_s": new_tokens / seconds["tinytx"],
-                    "llama_tokens_per_s": new_tokens / seconds["llama"],
-                    # Median of the per-round ratios (each round times both models back to back).
-                    "speedup_tinytx_over_llama": paired_ratio(samples, "llama", "tinytx"),
-                }
-            )
-
-    weights = [module.weight.detach() for module in models["tinytx"].modules() if isinstance(module, torch.nn.Linear)]
-    weight_megabytes = sum(weight.numel() * weight.element_size() for weight in weights) / 1e6
-    with torch.no_grad():
-        floor = matmul_floor_seconds(weights, repeats)
-    header = f"{'batch':>5} | {'cache':>7} | {'TinyTx tok/s':>12} | {'Llama tok/s':>11} | {'speed-up':>8}"
-    print(f"shape {args.shape}: {count_parameters(models['tinytx']):,} parameters, prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, greedy")
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        print(f"{r['batch_size']:>5} | {r['cache']:>7} | {r['tinytx_tokens_per_s']:>12.1f} | "
-              f"{r['llama_tokens_per_s']:>11.1f} | {r['speedup_tinytx_over_llama']:>8.2f}")
-    print(f"batch-1 floor: the matrix-vector products alone take {floor * 1e3:.2f} ms/token "
-          f"({weight_megabytes:.1f} MB of weights streamed per token, {weight_megabytes / 1e3 / floor:.1f} GB/s), "
-          f"i.e. at most {1 / floor:.0f} tokens/s before attention, norms and generate's loop")
-    print(json.dumps({"benchmark": "generate", "shape": args.shape, "torch": torch.__version__,
-                      "threads": torch.get_num_threads(), "repeats": repeats, "results": results,
-                      "batch1_matmul_floor_ms_per_token": floor * 1e3, "weights_mb_per_token": weight_megabytes}))
+    llama_cpp = LlamaCpp(args.threads) if LLAMA_CPP_PYTHON.exists() else None
+    if llama_cpp is None:
+        print(f"no llama.cpp rows: {LLAMA_CPP_PYTHON} is missing (.ci/run builds it)", file=sys.stderr)
+    rows, shapes = [], []
+    with tempfile.TemporaryDirectory() as work:
+        try:
+            for shape in args.shapes:
+                shape_rows, shape_info = bench_shape(shape, args, llama_cpp, Path(work))
+                rows += shape_rows
+                shapes.append(shape_info)
+        finally:
+            if llama_cpp:
+                llama_cpp.close()
+    print(f"greedy, prompt {args.prompt_len}, {args.new_tokens} new tokens, {args.threads} threads, fp32 weights")
+    print_table(rows, shapes)
+    print(json.dumps({"benchmark": "generate", "torch": torch.__version__, "threads": args.threads,
+                      "repeats": args.repeats, "new_tokens": args.new_tokens, "results": rows, "shapes": shapes}))
 
 
 if __name__ == "__main__":

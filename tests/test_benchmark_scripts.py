@@ -46,12 +46,16 @@ def test_train_step(tmp_path):
 
 
 def test_generate(tmp_path):
-    flags = ["--quick", "--shape", "0.8M", "--batch_sizes", "1", "--caches", "dynamic", "--new_tokens", "8"]
-    summary = final_json(run_script(python("generate.py", *flags), tmp_path).stdout)
+    """TinyTx's generate beside llama.cpp on the same weights (the f32 GGUF), two new tokens, one round."""
+    flags = ["--shapes", "1.1M", "--batch_sizes", "2", "--new_tokens", "2", "--repeats", "1",
+             "--engines", "tinytx", "llama.cpp-f32"]
+    summary = final_json(run_script(python("generate.py", *flags), tmp_path, timeout=300).stdout)
     assert summary["benchmark"] == "generate"
-    (row,) = summary["results"]
-    assert (row["batch_size"], row["cache"]) == (1, "dynamic")
-    assert {"tinytx_tokens_per_s", "llama_tokens_per_s", "speedup_tinytx_over_llama"} <= set(row)
+    rows = {row["engine"]: row for row in summary["results"]}
+    assert set(rows) == {"tinytx", "llama.cpp-f32"}, "no llama.cpp row: .venv-llamacpp missing (see tests/test_gguf.py)"
+    assert rows["llama.cpp-f32"]["speed_over_llama.cpp-f32"] == 1.0
+    assert all(row["tokens_per_s"] > 0 and row["batch_size"] == 2 for row in rows.values())
+    assert summary["shapes"][0]["parameters"] == 1_111_168
 
 
 def test_attention_scaling(tmp_path):
