@@ -1,10 +1,14 @@
-"""Training step speed: TinyTx vs transformers' LlamaForCausalLM with identical shape and weights.
+"""Training step speed: TinyTx vs a GPT of nanoGPT's shape and transformers' Llama, same parameter count and batch.
 
-One step = forward + loss + backward + AdamW step, on random token ids, fp32 on CPU, sdpa attention for both.
-Both models run in the same process, interleaved, and we report the median ms/step, tokens/s and the ratio
-TinyTx / Llama (below 1 means TinyTx is faster).
+One step = forward + loss + backward + AdamW step, on random token ids, fp32 on CPU, sdpa attention everywhere.
+TinyTx and Llama share the very same weights (same math: Llama is the kernel-for-kernel reference); the GPT
+(benchmarks/gpt_baseline.py: learned positions, LayerNorm, fused qkv, GELU MLP, tied head) has as many parameters
+within a few percent. All run in the same process, interleaved; we report the median ms/step and tokens/s, and the
+ratios TinyTx / GPT and TinyTx / Llama (below 1 means TinyTx is faster) as medians of per-round ratios. With
+`--compile`, each model also runs under `torch.compile` (the same step, compiled forward and backward).
 
     python benchmarks/train_step.py                 # both shapes, 20 steps each side
+    python benchmarks/train_step.py --compile       # also compiled vs compiled
     python benchmarks/train_step.py --quick         # fewer steps
 
 Prints a table, then one JSON line with every figure.
@@ -16,6 +20,7 @@ import json
 import torch
 
 from common import SHAPES, build_pair, count_parameters, interleaved_samples, medians, paired_ratio
+from gpt_baseline import GPT
 
 
 def make_step(model: torch.nn.Module, batch: torch.Tensor):
@@ -31,48 +36,62 @@ def make_step(model: torch.nn.Module, batch: torch.Tensor):
     return step
 
 
+def build_models(shape: str, compile_too: bool) -> tuple[dict, int, int]:
+    models, batch_size, seq_len = build_pair(shape)
+    config = models["tinytx"].config
+    torch.manual_seed(0)
+    models["gpt"] = GPT(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                        max_length=seq_len)
+    if compile_too:
+        models |= {f"{name} compiled": torch.compile(model) for name, model in list(models.items())}
+    return models, batch_size, seq_len
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--compile", action="store_true", help="also time every model under torch.compile")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     repeats = 5 if args.quick else args.repeats
 
     results = []
     for shape in args.shapes:
-        models, batch_size, seq_len = build_pair(shape)
+        models, batch_size, seq_len = build_models(shape, args.compile)
         vocab_size = models["tinytx"].config.vocab_size
         batch = torch.randint(0, vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
         steps = {name: make_step(model, batch) for name, model in models.items()}
         samples = interleaved_samples(steps, repeats=repeats, warmup=3)
         seconds = medians(samples)
-        tokens = batch_size * seq_len
-        results.append(
-            {
-                "shape": shape,
-                "parameters": count_parameters(models["tinytx"]),
-                "batch_size": batch_size,
-                "seq_len": seq_len,
-                "tinytx_ms_per_step": seconds["tinytx"] * 1e3,
-                "llama_ms_per_step": seconds["llama"] * 1e3,
-                "tinytx_tokens_per_s": tokens / seconds["tinytx"],
-                "llama_tokens_per_s": tokens / seconds["llama"],
-                # Median of the per-round ratios (each round times both models back to back).
-                "time_ratio_tinytx_over_llama": paired_ratio(samples, "tinytx", "llama"),
-            }
-        )
+        for suffix in ("", " compiled") if args.compile else ("",):
+            tinytx, gpt, llama = (f"{name}{suffix}" for name in ("tinytx", "gpt", "llama"))
+            results.append({
+                "shape": shape, "compiled": bool(suffix), "batch_size": batch_size, "seq_len": seq_len,
+                "parameters": {name: count_parameters(models[name]) for name in ("tinytx", "gpt", "llama")},
+                "ms_per_step": {name: seconds[f"{name}{suffix}"] * 1e3 for name in ("tinytx", "gpt", "llama")},
+                "tokens_per_s": {name: batch_size * seq_len / seconds[f"{name}{suffix}"]
+                                 for name in ("tinytx", "gpt", "llama")},
+                # Medians of the per-round ratios (each round times every model back to back).
+                "time_ratio_tinytx_over_gpt": paired_ratio(samples, tinytx, gpt),
+                "time_ratio_tinytx_over_llama": paired_ratio(samples, tinytx, llama),
+            })
+    print_table(results)
+    print(json.dumps({"benchmark": "train_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "repeats": repeats, "results": results}))
 
-    header = f"{'shape':>6} | {'params':>9} | {'TinyTx ms':>9} | {'Llama ms':>8} | {'TinyTx tok/s':>12} | {'Llama tok/s':>11} | {'time ratio':>10}"
+
+def print_table(results: list[dict]) -> None:
+    header = (f"{'shape':>5} | {'mode':>8} | {'params TinyTx/GPT':>17} | {'TinyTx ms':>9} | {'GPT ms':>7} | "
+              f"{'Llama ms':>8} | {'TinyTx/GPT':>10} | {'TinyTx/Llama':>12}")
     print(header)
     print("-" * len(header))
     for r in results:
-        print(
-            f"{r['shape']:>6} | {r['parameters']:>9,} | {r['tinytx_ms_per_step']:>9.1f} | {r['llama_ms_per_step']:>8.1f} | "
-            f"{r['tinytx_tokens_per_s']:>12,.0f} | {r['llama_tokens_per_s']:>11,.0f} | {r['time_ratio_tinytx_over_llama']:>10.3f}"
-        )
-    print(json.dumps({"benchmark": "train_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
-                      "repeats": repeats, "results": results}))
+        ms, params = r["ms_per_step"], r["parameters"]
+        print(f"{r['shape']:>5} | {'compiled' if r['compiled'] else 'eager':>8} | "
+              f"{params['tinytx']:>8,}/{params['gpt']:>8,} | {ms['tinytx']:>9.1f} | {ms['gpt']:>7.1f} | "
+              f"{ms['llama']:>8.1f} | {r['time_ratio_tinytx_over_gpt']:>10.3f} | "
+              f"{r['time_ratio_tinytx_over_llama']:>12.3f}")
 
 
 if __name__ == "__main__":
