@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.helpers.tiny import REPO_ROOT, pretrain_env
-from training.args import ALL_ARGUMENTS, build_parser
+from training.args import ALL_ARGUMENTS, UserInputError, build_parser, parse_args
 
 
 FLAG_MISTAKES = {  # (script, flags) -> the one line the script must print
@@ -69,3 +69,9 @@ def test_flags_in_full_and_defaults_still_parse():
     parser = build_parser(ALL_ARGUMENTS, max_train_steps=7)
     _, data_args, train_args = parser.parse_args_into_dataclasses(["--block-size", "32"], look_for_args_file=False)
     assert (data_args.block_size, train_args.max_train_steps) == (32, 7)
+
+
+def test_total_batch_size_and_gradient_accumulation_are_one_or_the_other():
+    with pytest.raises(UserInputError, match="^--total_batch_size sets --gradient_accumulation_steps itself; give one"):
+        parse_args(["--total_batch_size", "32", "--gradient_accumulation_steps", "2"])
+    parse_args(["--total_batch_size", "32"])  # alone it parses; the process count is checked at launch

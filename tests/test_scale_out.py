@@ -1,11 +1,14 @@
-"""Scaling out on CPU ranks (2 processes, gloo): FSDP2 pre-training, sharded checkpoints, and the export.
+"""Scaling out on CPU ranks (2 processes, gloo): FSDP2 and DeepSpeed ZeRO-2/3 pre-training against 1 process, sharded
+checkpoints and resuming, the export, tensor-parallel inference, and the setups that must stop before the data.
 
 Every run is a real subprocess of training/pretrain.py under Accelerate's or torch's launcher, OMP_NUM_THREADS=1 per
 rank, on a 2-layer model with tied embeddings (so the test would see the tie broken by sharding or by the export).
 """
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 STEPS = 8
 # Sharded ranks reduce-scatter their gradients, one process sums the same 16 blocks: equal up to float32 rounding.
-# Measured: max |fsdp2 - single| 8.6e-08 after 8 steps (tied embeddings, lr 3e-3).
+# Measured after 8 steps (tied embeddings, lr 3e-3): max |fsdp2 - single| 8.6e-08, |zero2 - single| and
+# |zero3 - single| 1.2e-07.
 TOLERANCE = 1e-5
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -95,9 +99,15 @@ def test_fsdp2_checkpoints_are_sharded_and_checksummed(fsdp2):
 
 def test_fsdp2_export_loads_without_the_package(fsdp2, tmp_path):
     folder, _ = fsdp2
+    assert not list(folder.glob("_fsdp*.py"))
+    assert_loads_without_the_package(folder, tmp_path)
+
+
+def assert_loads_without_the_package(folder, tmp_path):
+    """The exported folder is an ordinary TinyTx model: it loads with transformers alone, its embeddings tied."""
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["TinyTxForCausalLM"] and config["tie_word_embeddings"]
-    assert (folder / "modeling_tinytx.py").is_file() and not list(folder.glob("_fsdp*.py"))
+    assert (folder / "modeling_tinytx.py").is_file()
     script = BLOCK_HF_TINYTX + textwrap.dedent(f"""
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
@@ -204,20 +214,76 @@ def test_a_gpu_config_on_a_cpu_only_machine_stops_before_the_data(tmp_path):
     assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
 
 
-# ---- DeepSpeed (the `deepspeed` extra; skipped without it): Accelerate's own DeepSpeed path on DeepSpeed's CPU
-# accelerator over gloo. The first run on a machine JIT-builds DeepSpeed's shared-memory comm op (about 2 minutes on
-# 2 cores, cached in ~/.cache/torch_extensions).
+# ---- a global batch the processes cannot share stops in one line, before any data is read
 
-def test_deepspeed_zero2_matches_one_process_and_exports_a_full_model(single, tmp_path):
-    pytest.importorskip("deepspeed")
+def test_a_total_batch_the_processes_cannot_share_stops_before_the_data(tmp_path):
+    folder = tmp_path / "run"
+    result = pretrain(folder, "--per_device_train_batch_size", 4, "--total_batch_size", 12, launcher=TORCHRUN,
+                      check=False)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
+    assert errors and errors[0] == (
+        "pretrain.py: error: --total_batch_size 12 cannot be split over 2 process(es) x --per_device_train_batch_size "
+        "4: it must be a multiple of 8; change the total, the per-device batch or the process count.")
+    assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
+
+
+# ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate's own DeepSpeed path, on DeepSpeed's CPU accelerator over gloo
+# (deepspeed is in the test extra; nothing is compiled: training/distributed.py keeps DeepSpeed from building its
+# shared-memory all-reduce).
+
+def deepspeed_run(folder, stage: int, *flags):
+    """The documented command with the ZeRO config of that stage, 2 processes x 8 blocks."""
+    assert importlib.util.find_spec("deepspeed"), "deepspeed is part of the test extra: pip install -e '.[test]'"
+    config = str(REPO_ROOT / "training" / "configs" / f"accelerate-deepspeed-zero{stage}.yaml")
+    return pretrain(folder, "--per_device_train_batch_size", 8, *flags,
+                    launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"])
+
+
+@pytest.fixture(scope="module")
+def zero3(tmp_path_factory):
+    """ZeRO-3 with checkpoints every 4 steps (step 4 is where the resume test starts)."""
+    folder = tmp_path_factory.mktemp("scale") / "zero3"
+    return folder, deepspeed_run(folder, 3, "--checkpointing_steps", 4)
+
+
+def assert_matches_one_process(folder, single, what: str):
+    weights, reference = load_file(folder / "model.safetensors"), load_file(single / "model.safetensors")
+    assert "lm_head.weight" not in weights  # tied: saved once, as in a one-process export
+    difference = max_diff(weights, reference)
+    print(f"max |{what} - single| after {STEPS} steps: {difference:.3e}")
+    assert difference < TOLERANCE
+
+
+def test_deepspeed_zero2_matches_one_process(single, tmp_path):
     folder = tmp_path / "zero2"
-    config = str(REPO_ROOT / "training" / "configs" / "accelerate-deepspeed-zero2.yaml")
-    result = pretrain(folder, "--per_device_train_batch_size", 8, "--checkpointing_steps", 4,
-                      launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"])
+    result = deepspeed_run(folder, 2, "--checkpointing_steps", 4)
     assert "2 process(es) on cpu (DistributedType.DEEPSPEED)" in result.stdout
     listed = json.loads((folder / "checkpoints" / f"step_{STEPS}" / "checksums.json").read_text())
     assert {f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)} <= listed.keys()
-    weights, reference = load_file(folder / "model.safetensors"), load_file(single / "model.safetensors")
-    difference = max_diff(weights, reference)
-    print(f"max |zero2 - single| after {STEPS} steps: {difference:.3e}")
-    assert difference < TOLERANCE
+    assert_matches_one_process(folder, single, "zero2")
+
+
+def test_deepspeed_zero3_matches_one_process_and_exports_a_full_model(zero3, single, tmp_path):
+    folder, result = zero3
+    assert "2 process(es) on cpu (DistributedType.DEEPSPEED)" in result.stdout
+    listed = json.loads((folder / "checkpoints" / f"step_{STEPS}" / "checksums.json").read_text())
+    for rank in (0, 1):  # ZeRO-3: parameters and optimizer state each in one file per process
+        assert {f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt" for kind in ("model", "optim")} \
+            <= listed.keys()
+    assert_matches_one_process(folder, single, "zero3")
+    assert_loads_without_the_package(folder, tmp_path)
+
+
+def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):
+    straight, _ = zero3
+    resumed = tmp_path / "resumed"
+    # The straight run as it stood after step 4: its tokenizer and its step_4 checkpoint, nothing after.
+    for name in ("tokenizer", "step_4"):
+        shutil.copytree(straight / "checkpoints" / name, resumed / "checkpoints" / name)
+    result = deepspeed_run(resumed, 3, "--checkpointing_steps", 4, "--resume_from_checkpoint", "latest")
+    assert "at step 4" in result.stdout
+    expected, actual = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, actual[name]), f"{name} differs after resuming"

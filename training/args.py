@@ -80,6 +80,11 @@ class PretrainArguments:
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Sequences per device per micro-step."})
     per_device_eval_batch_size: int = field(default=32, metadata={"help": "Sequences per device when evaluating."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-steps per optimizer step."})
+    total_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Sequences per optimizer step over all processes: sets --gradient_accumulation_steps to "
+                  "this / (--per_device_train_batch_size x processes), which must divide it exactly."},
+    )
     learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate of AdamW."})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (2-D weights only)."})
     adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
@@ -165,7 +170,8 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     }
     if data_args.num_train_documents is not None:
         positive["num_train_documents"] = data_args.num_train_documents
-    for name in ("max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit"):
+    for name in ("max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit",
+                 "total_batch_size"):
         if getattr(train_args, name) is not None:
             positive[name] = getattr(train_args, name)
     for name, value in positive.items():
@@ -173,6 +179,8 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
             raise UserInputError(f"--{name} must be a positive number, got {value}.")
     if not 0 <= train_args.max_train_seconds < math.inf:
         raise UserInputError(f"--max_train_seconds must be >= 0 (0: no limit), got {train_args.max_train_seconds}.")
+    if train_args.total_batch_size is not None and train_args.gradient_accumulation_steps != 1:
+        raise UserInputError("--total_batch_size sets --gradient_accumulation_steps itself; give one of the two.")
     check_optimizer_args(train_args)
     if not 0 < data_args.validation_split_percentage < 100:
         raise UserInputError("--validation_split_percentage must lie between 1 and 99.")
@@ -194,6 +202,22 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
     if train_args.push_to_hub:
         check_hub_args(train_args)
+
+
+def check_batch(train_args: PretrainArguments, num_processes: int) -> None:
+    """--total_batch_size against the processes launched (known only once they are): sets the accumulation it
+    implies, or stops before any data is read when the processes cannot share it in whole micro-batches."""
+    total = train_args.total_batch_size
+    if total is None:
+        return
+    per_micro_step = train_args.per_device_train_batch_size * num_processes
+    if total % per_micro_step:
+        raise UserInputError(
+            f"--total_batch_size {total} cannot be split over {num_processes} process(es) x "
+            f"--per_device_train_batch_size {train_args.per_device_train_batch_size}: it must be a multiple of "
+            f"{per_micro_step}; change the total, the per-device batch or the process count."
+        )
+    train_args.gradient_accumulation_steps = total // per_micro_step
 
 
 def check_optimizer_args(train_args: PretrainArguments) -> None:

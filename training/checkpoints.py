@@ -129,8 +129,10 @@ def problem_with(folder: str) -> str | None:
 
 def holds_weights(name: str) -> bool:
     """Whether a checkpoint file holds model weights: safetensors (one process, DDP), a distributed checkpoint's
-    .metadata (sharded/ here, Accelerate's FSDP2 with SHARDED_STATE_DICT), DeepSpeed's model states."""
-    return name.endswith(".safetensors") or os.path.basename(name) in (".metadata", "mp_rank_00_model_states.pt")
+    .metadata (sharded/ here, Accelerate's FSDP2 with SHARDED_STATE_DICT), DeepSpeed's model states (ZeRO-3: one
+    zero_pp_rank_R_mp_rank_00_model_states.pt per process)."""
+    return (name.endswith((".safetensors", "mp_rank_00_model_states.pt"))
+            or os.path.basename(name) == ".metadata")
 
 
 def find_resumable(resume_from: str | None, checkpoints_dir: str, say) -> str | None:

@@ -14,6 +14,7 @@ train unsharded, so this module does what Accelerate's FSDP2 does:
 - Exporting gathers the full state dict on rank 0 (`full_state_dict`), so the model folder is ordinary safetensors.
 """
 
+import contextlib
 import os
 
 import torch
@@ -62,8 +63,67 @@ def device_options(sharding: str | None) -> dict:
     if has_gpu():
         return {}
     if sharding == "deepspeed":
+        keep_deepspeed_from_compiling()
         return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
     return {"cpu": True}
+
+
+def keep_deepspeed_from_compiling() -> None:
+    """DeepSpeed's CPU accelerator JIT-builds a C++ shared-memory all-reduce (deepspeed_shm_comm: a compiler, ninja
+    and about 2 minutes on 2 cores) whenever its communication backend starts, though only its inference all-reduce
+    uses it; training talks over gloo. DeepSpeed keeps its probe of the ops this machine can build in one dict whose
+    edits persist: marked unbuildable, the op is skipped, as on machines that are not Linux."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def follow_the_flags(accelerator: Accelerator, train_args) -> None:
+    """DeepSpeed accumulates and clips as its own config says, not as the script asks (Accelerate only warns, then
+    uses DeepSpeed's value): "auto" or no value there takes the flag; another number stops the run now."""
+    if zero_stage(accelerator) is None:
+        return
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
+    for key, flag, value in (("gradient_accumulation_steps", "--gradient_accumulation_steps",
+                              train_args.gradient_accumulation_steps),
+                             ("gradient_clipping", "--max_grad_norm", train_args.max_grad_norm)):
+        setting = config.get(key, "auto")
+        if setting == "auto":
+            config[key] = value
+        elif float(setting) != value:
+            raise UserInputError(f"The DeepSpeed config sets {key}: {setting} but this run has {flag} {value}; "
+                                 f"remove it from the Accelerate config (the flag decides) or pass {flag} {setting}.")
+
+
+def zero_stage(accelerator: Accelerator) -> int | None:
+    """The DeepSpeed ZeRO stage of this run, None without DeepSpeed."""
+    plugin = accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    return plugin.zero_stage if plugin is not None else None
+
+
+@contextlib.contextmanager
+def building_model(accelerator: Accelerator):
+    """Where the model is built. Under ZeRO-3 transformers builds it partitioned (deepspeed.zero.Init) whenever
+    Accelerate's DeepSpeed config is stage 3, even with zero3_init_flag false, and then initializes the weights by
+    another path: the same seed gives other weights than on 1 process. With the flag false the model is built whole,
+    as on 1 process, and DeepSpeed partitions it in `prepare`."""
+    plugin = accelerator.state.deepspeed_plugin if zero_stage(accelerator) == 3 else None
+    if plugin is None or plugin.zero3_init_flag:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()  # generate and save_pretrained look for it
+
+
+def full_shape(parameter: torch.Tensor) -> torch.Size:
+    """A parameter's shape. ZeRO-3 partitions the model as it is built (zero3_init_flag): the tensor is then empty
+    and DeepSpeed keeps the shape in ds_shape."""
+    return getattr(parameter, "ds_shape", parameter.shape)
 
 
 def shards_itself(accelerator: Accelerator, sharding: str | None) -> bool:

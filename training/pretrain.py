@@ -40,7 +40,7 @@ import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.folders import link_or_copy
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from training import cards, checkpoints, distributed, export
-from training.args import RunError, UserInputError, args_to_dict, parse_args
+from training.args import RunError, UserInputError, args_to_dict, check_batch, parse_args
 from training.data import (
     DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
@@ -108,6 +108,9 @@ def setup(model_args, data_args, train_args) -> Run:
     sharding = distributed.asked_sharding()
     accelerator = make_accelerator(train_args, output_dir, sharding)
     own_fsdp2 = distributed.shards_itself(accelerator, sharding)
+    check_batch(train_args, accelerator.num_processes)
+    accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
+    distributed.follow_the_flags(accelerator, train_args)
     check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
     set_seed(train_args.seed)
 
@@ -117,8 +120,9 @@ def setup(model_args, data_args, train_args) -> Run:
     tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
                                            model_config)
     sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed)
-    model = build_model(model_args, model_config, tokenizer)
-    num_parameters = sum(p.numel() for p in model.parameters())
+    with distributed.building_model(accelerator):
+        model = build_model(model_args, model_config, tokenizer)
+    num_parameters = sum(distributed.full_shape(p).numel() for p in model.parameters())
     accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
 
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
@@ -233,8 +237,9 @@ def make_optimizer(model, train_args, max_train_steps: int, num_processes: int):
     # Weight decay pulls matrices towards zero; norms' gains and biases (1-D) are left alone.
     parameters = [p for p in model.parameters() if p.requires_grad]
     groups = [
-        {"params": [p for p in parameters if p.dim() >= 2], "weight_decay": train_args.weight_decay},
-        {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in parameters if len(distributed.full_shape(p)) >= 2],
+         "weight_decay": train_args.weight_decay},
+        {"params": [p for p in parameters if len(distributed.full_shape(p)) < 2], "weight_decay": 0.0},
     ]
     optimizer = torch.optim.AdamW(groups, lr=train_args.learning_rate, betas=(0.9, train_args.adam_beta2), fused=True)
     # A prepared scheduler advances once per process per step (Accelerate's convention), hence the factor.
@@ -422,7 +427,8 @@ def finish(run: Run) -> tuple[dict, dict]:
         f"{metrics['bits_per_byte']:.4f} bits/byte ({run.train_seconds:.1f} s of training)"
     )
     probe_results = {}
-    if accelerator.is_main_process or run.own_fsdp2:  # a sharded model's forward needs every process
+    sharded = run.own_fsdp2 or distributed.zero_stage(accelerator) == 3
+    if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process
         probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer, run.train_args,
                                                accelerator)
         if probe_results:
