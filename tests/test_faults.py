@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from tests.helpers.faults import (
     KILL_MARK, KILLED, PRETRAIN, TmpfsUnavailable, run_killed_after_line, run_killed_at, silent_server, tmpfs,
@@ -314,6 +315,37 @@ def test_silent_hub_ends_in_bounded_time_with_the_model_kept_locally(tmp_path):
     assert re.search(r"not pushed", result.stdout + result.stderr, re.IGNORECASE), describe(result)
     assert_notes_kept(output_dir)
     assert_token_nowhere(token, [tmp_path], [result.stdout, result.stderr])
+
+
+def test_silent_hub_bounds_the_finetune_upload_too(tmp_path):
+    """training/finetune.py's one upload at the end waits at most --hub_timeout; the fine-tuned model stays on disk."""
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+    from tests.test_finetune import FINETUNE, QUICK, prompt_records, write_jsonl
+
+    build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
+    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")
+    write_jsonl(tmp_path / "train.jsonl", prompt_records(16))
+    with silent_server() as server:
+        env = {k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+        env.update(HF_ENDPOINT=server.url, HF_TOKEN="hf_silent" + os.urandom(8).hex(), HF_HUB_OFFLINE="0",
+                   TRANSFORMERS_OFFLINE="0", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        command = [sys.executable, str(FINETUNE), "--model_name_or_path", "base", "--train_file", "train.jsonl",
+                   "--output_dir", "tuned", "--push_to_hub", "--hub_model_id", "me/tuned", "--hub_timeout", "5",
+                   *QUICK]
+        start = time.monotonic()
+        try:
+            result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+        except subprocess.TimeoutExpired:
+            pytest.fail("training/finetune.py still waited on a silent Hub after 150 s")
+        elapsed = time.monotonic() - start
+        connections = server.connections
+
+    assert result.returncode == 1, describe(result)  # the push was asked for and did not happen: not a success
+    assert connections >= 1, "the run never reached the (silent) Hub: HF_ENDPOINT was not used"
+    assert elapsed < 120, f"{elapsed:.0f} s on a Hub that never answers"
+    assert "did not finish within 5 s" in result.stderr and "was not pushed" in result.stdout, describe(result)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tuned")  # complete on disk
+    assert model.config.model_type == "tinytx"
 
 
 # ---------------------------------------------------------------- random kills

@@ -47,6 +47,8 @@ FAILURES = {
     "typo_path": (["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup
                   ["'bases/gatedd': no such folder (did you mean 'bases/gated'?)"], "gatedd"),
     "bad_hub_id": ([*PUSH, "tester/not a name"], ["'tester/not a name' is not a valid Hub repo id"], "tester/not"),
+    "hub_timeout": ([*PUSH, "tester/never", "--hub_timeout", "0"], ["--hub_timeout must be a positive number"],
+                    "tester/never"),
     "link_out": ([*PUSH, "tester/linked", "--output_dir", "linked"],
                  ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"], "tester/linked"),
 }

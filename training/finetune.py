@@ -26,6 +26,7 @@ import contextlib
 import importlib.util
 import difflib
 import json
+import math
 import os
 import shutil
 import sys
@@ -84,6 +85,9 @@ class FinetuneArguments:
         default=None, metadata={"help": "Where --merge writes; default output_dir/merged."}
     )
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa, ...; default: the model's."})
+    hub_timeout: float = field(
+        default=600.0, metadata={"help": "With --push_to_hub: wait at most this many seconds for the upload."}
+    )
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow a checkpoint's own code (models transformers does not know)."}
     )
@@ -181,9 +185,11 @@ def push_result(args, training_args, pushed_dir: str, hub_model_id: str, steps: 
     pusher = HubPusher(hub_model_id, token=training_args.hub_token, private=bool(training_args.hub_private_repo))
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
     with final_files_only(pushed_dir) as folder:
-        pushed = pusher.push(folder, f"Fine-tuned {what} ({steps} steps)")
+        pushed = pusher.push(folder, f"Fine-tuned {what} ({steps} steps)", timeout=args.hub_timeout)
+    for failure in pusher.failures:
+        print(failure, file=sys.stderr)
     print(f"Pushed the {what} to the Hub as {hub_model_id}" if pushed
-          else "Hub push failed (see above); the local folders are complete.")
+          else f"The {what} was not pushed to the Hub (see above); the local folders are complete.")
     return pushed
 
 
@@ -203,6 +209,8 @@ def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> Non
         raise UserInputError('--use_peft needs the peft package: pip install -e ".[peft]" (or pip install peft).')
     if args.max_seq_length is not None and args.max_seq_length < 2:
         raise UserInputError(f"--max_seq_length must be at least 2 tokens, got {args.max_seq_length}.")
+    if not (math.isfinite(args.hub_timeout) and args.hub_timeout > 0):
+        raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {args.hub_timeout}.")
     if args.lora_r <= 0:
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:
