@@ -4,11 +4,11 @@ import json
 import math
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 from hf_tinytx.corpus import make_probes
 from hf_tinytx.folders import local_folder_or_hub_id
 from hf_tinytx.interpret import (
@@ -17,6 +17,9 @@ from hf_tinytx.interpret import (
     eager_attention,
     find_heads,
     first_token_scores,
+    induction_baseline,
+    induction_scores,
+    induction_targets,
     permutation_check,
     positional_head_scores,
     previous_token_scores,
@@ -27,7 +30,7 @@ from hf_tinytx.interpret import (
 )
 from hf_tinytx.interpret.attention_maps import default_size_inches
 from hf_tinytx.interpret.head_roles import locate_coref_probe
-
+from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 TEXT = "The cat sat on the mat."
 TEXTS = [
@@ -94,6 +97,51 @@ def test_positional_scores_on_hand_made_weights():
     weights = torch.stack([previous, first, even])[None]  # (1 layer, 3 heads, n, n)
     torch.testing.assert_close(previous_token_scores(weights), torch.tensor([[1.0, 1 / (n - 1), uniform_baseline(n)]]))
     torch.testing.assert_close(first_token_scores(weights), torch.tensor([[1 / (n - 1), 1.0, uniform_baseline(n)]]))
+
+
+def test_induction_targets_are_the_tokens_after_single_earlier_occurrences():
+    queries, targets = induction_targets([5, 6, 7, 5, 6, 9, 5, 4, 4])
+    # 5 at 3 and 6 at 4 were each seen once before; 5 at 6 twice (ambiguous); 4 at 8 just before (nothing between).
+    assert queries.tolist() == [3, 4] and targets.tolist() == [1, 2]
+    assert induction_baseline([5, 6, 7, 5, 6, 9, 5, 4, 4]) == pytest.approx((1 / 4 + 1 / 5) / 2)
+    with pytest.raises(ValueError, match="occurs exactly twice"):
+        induction_scores(torch.ones(1, 1, 3, 3), [1, 2, 3])
+
+
+class HandBuiltAttention(torch.nn.Module):
+    """A stand-in causal LM whose attention is made by hand: 2 layers x 4 heads spreading evenly, except layer 1
+    head 2, an induction head (at a token seen once before, all weight on the token that followed it), and layer 0
+    head 1, a previous-token head."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = SimpleNamespace(_attn_implementation="eager")
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the model a device
+
+    def forward(self, input_ids, output_attentions=True, use_cache=False):
+        n = input_ids.shape[1]
+        weights = (torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]).repeat(1, 2, 4, 1, 1)
+        queries, targets = induction_targets(input_ids[0].tolist())
+        weights[0, 1, 2, queries] = 0.0
+        weights[0, 1, 2, queries, targets] = 1.0
+        weights[0, 0, 1, 1:] = torch.eye(n)[:-1]
+        return SimpleNamespace(attentions=[weights[:, layer] for layer in range(2)])
+
+
+def test_head_search_ranks_a_hand_built_induction_head_first_on_token_ids():
+    """Olsson et al.'s test: random tokens, then the same tokens again; no tokenizer needed for id lists."""
+    generator = torch.Generator().manual_seed(0)
+    sequences = [torch.randperm(50, generator=generator)[:20].tolist() * 2 for _ in range(3)]
+    found = find_heads(HandBuiltAttention(), None, sequences, top=8)
+    assert set(found) == {"previous_token", "first_token", "induction"}
+    best = found["induction"]
+    assert (best[0].layer, best[0].head) == (1, 2) and best[0].score == pytest.approx(1.0)
+    assert max(h.score for h in best[1:]) < 2 * induction_baseline(sequences[0])  # the even heads stay near even
+    assert (found["previous_token"][0].layer, found["previous_token"][0].head) == (0, 1)
+    no_repeats = find_heads(HandBuiltAttention(), None, [list(range(10))])
+    assert "induction" not in no_repeats  # nothing to look up: the role is left out, not scored as zero
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        find_heads(HandBuiltAttention(), None, ["a text"])
 
 
 def plant_previous_token_head(model, layer: int, head: int, strength: float = 9.0) -> None:
@@ -199,7 +247,9 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
     assert main(argv + (["--trust_remote_code"] if trust_remote_code else [])) == 0
     assert sorted(p.name for p in (tmp_path / "maps").glob("*.png")) == [f"layer1_head{h}.png" for h in range(4)]
     report = json.loads((tmp_path / "maps" / "heads.json").read_text())
-    assert set(report["heads"]) == {"previous_token", "first_token", "coref@it", "coref@adjective", "coref@last"}
+    roles = {"previous_token", "first_token", "induction", "coref@it", "coref@adjective", "coref@last"}
+    assert set(report["heads"]) == roles  # induction too: TEXT's tokenization repeats a token
+    assert 0 < report["induction_baseline"] < 1
 
 
 def test_command_line_names_a_folder_that_holds_no_model(tmp_path):

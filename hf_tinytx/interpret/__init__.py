@@ -2,7 +2,7 @@
 """Looking inside TinyTx (or any transformers causal LM with eager attention).
 
 * :mod:`.attention_maps`: attention weights of a text, drawn as labelled heatmaps per layer and head;
-* :mod:`.head_roles`: a score per head for previous-token, first-token and coreference roles;
+* :mod:`.head_roles`: a score per head for previous-token, first-token, induction (lookup) and coreference roles;
 * :mod:`.position_checks`: numerical checks of permutation invariance and of rotary relative positions.
 
 Command line: ``python -m hf_tinytx.interpret MODEL "text" --out DIR`` (see ``--help``). Drawing needs matplotlib,
@@ -23,6 +23,9 @@ from .head_roles import (
     coref_head_scores,
     find_heads,
     first_token_scores,
+    induction_baseline,
+    induction_scores,
+    induction_targets,
     positional_head_scores,
     previous_token_scores,
     rank_heads,
@@ -41,6 +44,9 @@ __all__ = [
     "eager_attention",
     "find_heads",
     "first_token_scores",
+    "induction_baseline",
+    "induction_scores",
+    "induction_targets",
     "permutation_check",
     "positional_head_scores",
     "previous_token_scores",

@@ -2,8 +2,8 @@
 """python -m hf_tinytx.interpret MODEL "text" --out DIR
 
 Draws the attention map of every layer and head for the text (DIR/layer{L}_head{H}.png), scores every head on the
-previous-token and first-token roles for that text and, with --coref_probes N, on resolving "it" in N held-out corpus
-sentences, and writes DIR/heads.json. MODEL is a local folder or a Hub id; add --trust_remote_code for a checkpoint
+previous-token, first-token and (if a token in it occurs twice) induction roles for that text and, with
+--coref_probes N, on resolving "it" in N held-out corpus sentences, and writes DIR/heads.json. MODEL is a local folder or a Hub id; add --trust_remote_code for a checkpoint
 that carries its own code.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..folders import local_folder_or_hub_id
 from .attention_maps import attention_maps, save_attention_maps
-from .head_roles import find_heads, uniform_baseline
+from .head_roles import find_heads, induction_baseline, uniform_baseline
 
 
 def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False):
@@ -70,6 +70,9 @@ def main(argv=None) -> int:
         report["uniform_baseline"] = uniform_baseline(len(maps.tokens))
         report["heads"] = {role: [vars(h) for h in heads] for role, heads in found.items()}
         print(f"{'role':<16} best heads (layer.head: score); an even spread scores {report['uniform_baseline']:.3f}")
+        if "induction" in found:  # its own bar: only the positions after a repeated token count
+            report["induction_baseline"] = induction_baseline(maps.input_ids)
+            print(f"{'':<16} (on induction an even spread scores {report['induction_baseline']:.3f})")
         for role, heads in found.items():
             print(f"{role:<16} " + ", ".join(f"{h.layer}.{h.head}: {h.score:.3f}" for h in heads))
     Path(args.out, "heads.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))

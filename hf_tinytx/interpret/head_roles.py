@@ -3,11 +3,15 @@
 
 * previous-token: mean weight a token puts on the token just before it (position i-1);
 * first-token: mean weight on position 0 (a "resting place" many trained heads fall back to);
+* induction (lookup): at a token seen once before, weight on the token that followed it then, the head that finds
+  the earlier mention and reads what came next ("Harry Potter ... Harry" -> "Potter"; a key asked again -> its
+  value). Olsson et al. (2022) describe it; two layers suffice, a previous-token head below feeding it;
 * coreference: in the corpus's Winograd sentences ("The animal didn't cross the street because it was too tired.
   The"), weight on the noun "it" refers to minus weight on the other noun, averaged over sentences.
 
 A head that spreads its weight evenly over the i+1 visible tokens scores `uniform_baseline(n)` on the first two
-roles and zero on coreference; that is the bar a specialised head has to clear.
+roles, `induction_baseline(ids)` on induction and zero on coreference; that is the bar a specialised head has to
+clear.
 
 Where the coreference score is read matters in a causal model. At the token "it" the model has not yet seen the
 adjective that decides the referent ("tired" -> the animal, "wide" -> the street), so no head can know the answer
@@ -22,10 +26,10 @@ import torch
 
 from .attention_maps import attention_weights
 
-
 ROLES = {
     "previous_token": "mean weight on position i-1",
     "first_token": "mean weight on position 0",
+    "induction": "at a token seen once before, mean weight on the token that followed it then",
     "coref": "weight on the referent noun minus weight on the other noun",
 }
 COREF_QUERIES = ("it", "adjective", "last")
@@ -57,6 +61,38 @@ def uniform_baseline(n: int) -> float:
     return sum(1.0 / (i + 1) for i in range(1, n)) / (n - 1)
 
 
+def induction_targets(input_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(queries, targets): each position i whose token occurred exactly once before, at j, with j + 1 < i, and j + 1.
+
+    Only single earlier occurrences count: with several, which one the model should read is ambiguous."""
+    seen: dict[int, list[int]] = {}
+    queries, targets = [], []
+    for i, token in enumerate(input_ids):
+        earlier = seen.setdefault(int(token), [])
+        if len(earlier) == 1 and earlier[0] + 1 < i:
+            queries.append(i)
+            targets.append(earlier[0] + 1)
+        earlier.append(i)
+    return torch.tensor(queries, dtype=torch.long), torch.tensor(targets, dtype=torch.long)
+
+
+def induction_scores(weights: torch.Tensor, input_ids: list[int]) -> torch.Tensor:
+    """(layers, heads) mean of w[i, j+1] over `induction_targets(input_ids)`, from weights (layers, heads, n, n)."""
+    _check_weights(weights)
+    queries, targets = induction_targets(input_ids)
+    if len(queries) == 0:
+        raise ValueError("No token occurs exactly twice, so there is nothing to look up; repeat part of the text.")
+    return weights[..., queries, targets].mean(-1)
+
+
+def induction_baseline(input_ids: list[int]) -> float:
+    """What a head attending evenly to everything visible scores on `induction` for these ids."""
+    queries, _ = induction_targets(input_ids)
+    if len(queries) == 0:
+        raise ValueError("No token occurs exactly twice, so there is no induction score to compare with.")
+    return float((1.0 / (queries + 1).double()).mean())
+
+
 def _check_weights(weights: torch.Tensor) -> None:
     if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2] or weights.shape[-1] < 2:
         raise ValueError(
@@ -64,19 +100,35 @@ def _check_weights(weights: torch.Tensor) -> None:
         )
 
 
-def positional_head_scores(model, tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
-    """`previous_token` and `first_token` scores, each (layers, heads), averaged over `texts`."""
+def _ids(tokenizer, text) -> list[int]:
+    """A text's token ids; a list of ids passes through (synthetic tasks have no tokenizer)."""
+    if isinstance(text, str):
+        if tokenizer is None:
+            raise ValueError("Texts given as strings need a tokenizer; pass token ids to go without one.")
+        return list(tokenizer(text)["input_ids"])
+    return [int(i) for i in text]
+
+
+def positional_head_scores(model, tokenizer, texts: list) -> dict[str, torch.Tensor]:
+    """`previous_token` and `first_token` scores, each (layers, heads), averaged over `texts` (strings or lists of
+    token ids); `induction` too, averaged over the texts where some token occurs exactly twice (absent if none)."""
     if isinstance(texts, str) or not texts:
-        raise ValueError("`texts` must be a non-empty list of strings.")
+        raise ValueError("`texts` must be a non-empty list of strings or of token-id lists.")
     totals = {"previous_token": 0.0, "first_token": 0.0}
+    induction, repeating = 0.0, 0
     for text in texts:
-        input_ids = list(tokenizer(text)["input_ids"])
+        input_ids = _ids(tokenizer, text)
         if len(input_ids) < 2:
             raise ValueError(f"{text!r} is a single token; positional roles need at least two.")
         weights = attention_weights(model, torch.tensor([input_ids]))[:, 0]
         totals["previous_token"] = totals["previous_token"] + previous_token_scores(weights)
         totals["first_token"] = totals["first_token"] + first_token_scores(weights)
-    return {role: total / len(texts) for role, total in totals.items()}
+        if len(induction_targets(input_ids)[0]):
+            induction, repeating = induction + induction_scores(weights, input_ids), repeating + 1
+    scores = {role: total / len(texts) for role, total in totals.items()}
+    if repeating:
+        scores["induction"] = induction / repeating
+    return scores
 
 
 @dataclass(frozen=True)
@@ -170,8 +222,9 @@ def rank_heads(scores: torch.Tensor, top: int = 3) -> list[RankedHead]:
     return [RankedHead(int(i) // num_heads, int(i) % num_heads, float(flat[i])) for i in order]
 
 
-def find_heads(model, tokenizer, texts: list[str], coref_probes=None, top: int = 3) -> dict[str, list[RankedHead]]:
-    """The best heads for each role: `previous_token` and `first_token` on `texts`, and, given coref probes,
+def find_heads(model, tokenizer, texts: list, coref_probes=None, top: int = 3) -> dict[str, list[RankedHead]]:
+    """The best heads for each role: `previous_token`, `first_token` and (where some token repeats) `induction` on
+    `texts` (strings, or token-id lists with `tokenizer=None`), and, given coref probes,
     `coref@it`, `coref@adjective` and `coref@last` (where the coreference score is read; see the module notes)."""
     scores = positional_head_scores(model, tokenizer, texts)
     found = {role: rank_heads(table, top) for role, table in scores.items()}
@@ -190,6 +243,9 @@ __all__ = [
     "coref_head_scores",
     "find_heads",
     "first_token_scores",
+    "induction_baseline",
+    "induction_scores",
+    "induction_targets",
     "locate_coref_probe",
     "positional_head_scores",
     "previous_token_scores",
