@@ -67,6 +67,11 @@ BLOCKS = [
                "assert type(model).__name__ == 'PeftModelForCausalLM'"),
     Step("What attention does, shown", "bash"),
     Step("Converting to and from Llama", "bash"),
+    Step("vLLM", "bash", skip="installs vLLM (3.5 GB) into .venv-vllm; .ci/run runs these commands"),
+    Step("vLLM", "bash", skip="the GPU install; no GPU here"),
+    Step("vLLM", "python", skip="needs .venv-vllm: tests/test_vllm.py runs it there, on a trained folder"),
+    Step("vLLM", "bash", skip="a server that runs until stopped: tests/test_vllm.py starts it in .venv-vllm"),
+    Step("vLLM", "python", skip="a client of that server: tests/test_vllm.py runs it against the server"),
     Step("Tests", "bash", skip="the whole test suite, this test included"),
 ]
 

