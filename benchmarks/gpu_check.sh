@@ -9,7 +9,8 @@
 # 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic and static cache (gpu_check.py)
 # With 2 or more GPUs (all of them are used; written, not yet run: this project's CI has no GPU):
 # 4. DDP vs FSDP2 vs DeepSpeed ZeRO-3 pre-training at the `base` preset, bf16, flash attention when installed:
-#    tokens/s and peak memory per rank (memory_per_rank.py --device cuda; ZeRO-3 only with deepspeed installed)
+#    tokens/s and peak memory per rank (memory_per_rank.py --device cuda; ZeRO-3 left out, saying so, without
+#    deepspeed)
 # 5. tensor-parallel inference: a `base`-shaped TinyTx loaded with tp_plan="auto" on 2 GPUs, logits vs 1 GPU
 # Each step prints a table and a JSON line; one failing step does not stop the others; the exit status is 1 if any
 # step failed.
@@ -46,9 +47,15 @@ NGPU=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 if [ "$NGPU" -ge 2 ]; then
     ATTN=sdpa
     "$PYTHON" -c 'import flash_attn' 2>/dev/null && ATTN=flash_attention_2
-    run "DDP vs FSDP2 vs ZeRO-3, base, bf16, $NGPU GPUs ($ATTN)" 600 "$PYTHON" memory_per_rank.py --device cuda \
-        --preset base --ranks "$NGPU" --steps 20 --block_size 1024 --batch_size 8 --attn_implementation "$ATTN" \
-        --modes ddp fsdp2 zero3 --output results/gpu_memory_per_rank
+    MODES="ddp fsdp2 zero3"
+    if ! "$PYTHON" -c 'import deepspeed' 2>/dev/null; then
+        MODES="ddp fsdp2"
+        echo "(ZeRO-3 left out: deepspeed is not installed; pip install -e '.[deepspeed]' to include it)"
+    fi
+    # shellcheck disable=SC2086
+    run "memory and tokens/s per rank ($MODES), base, bf16, $NGPU GPUs ($ATTN)" 600 "$PYTHON" memory_per_rank.py \
+        --device cuda --preset base --ranks "$NGPU" --steps 20 --block_size 1024 --batch_size 8 \
+        --attn_implementation "$ATTN" --modes $MODES --output results/gpu_memory_per_rank
     TP_SCRIPT=$(mktemp --suffix .py)
     cat > "$TP_SCRIPT" <<'PY'
 import os, sys, tempfile, torch, torch.distributed as dist

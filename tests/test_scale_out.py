@@ -247,6 +247,13 @@ def zero3(tmp_path_factory):
     return folder, deepspeed_run(folder, 3, "--checkpointing_steps", 4)
 
 
+def assert_holds(result, parameters: str, optimizer_state: str):
+    """Each rank's own line: the share of the parameters and of AdamW's moments it holds."""
+    for rank in (0, 1):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(f"rank {rank} of 2 holds"))
+        assert f"parameters ({parameters}," in line and f"optimizer-state values ({optimizer_state}," in line, line
+
+
 def assert_matches_one_process(folder, single, what: str):
     weights, reference = load_file(folder / "model.safetensors"), load_file(single / "model.safetensors")
     assert "lm_head.weight" not in weights  # tied: saved once, as in a one-process export
@@ -259,6 +266,7 @@ def test_deepspeed_zero2_matches_one_process(single, tmp_path):
     folder = tmp_path / "zero2"
     result = deepspeed_run(folder, 2, "--checkpointing_steps", 4)
     assert "2 process(es) on cpu (DistributedType.DEEPSPEED)" in result.stdout
+    assert_holds(result, parameters="100.0%", optimizer_state="50.0%")  # ZeRO-2 shards the optimizer state only
     listed = json.loads((folder / "checkpoints" / f"step_{STEPS}" / "checksums.json").read_text())
     assert {f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)} <= listed.keys()
     assert_matches_one_process(folder, single, "zero2")
@@ -267,12 +275,29 @@ def test_deepspeed_zero2_matches_one_process(single, tmp_path):
 def test_deepspeed_zero3_matches_one_process_and_exports_a_full_model(zero3, single, tmp_path):
     folder, result = zero3
     assert "2 process(es) on cpu (DistributedType.DEEPSPEED)" in result.stdout
+    assert_holds(result, parameters="50.0%", optimizer_state="50.0%")
     listed = json.loads((folder / "checkpoints" / f"step_{STEPS}" / "checksums.json").read_text())
     for rank in (0, 1):  # ZeRO-3: parameters and optimizer state each in one file per process
         assert {f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt" for kind in ("model", "optim")} \
             <= listed.keys()
     assert_matches_one_process(folder, single, "zero3")
     assert_loads_without_the_package(folder, tmp_path)
+
+
+def test_a_deepspeed_config_that_disagrees_with_the_flags_stops_before_the_data(tmp_path):
+    config = tmp_path / "zero3-accumulating.yaml"
+    original = (REPO_ROOT / "training" / "configs" / "accelerate-deepspeed-zero3.yaml").read_text()
+    config.write_text(original.replace("  zero_stage: 3\n", "  zero_stage: 3\n  gradient_accumulation_steps: 2\n"))
+    folder = tmp_path / "run"
+    result = pretrain(folder, launcher=[*ACCELERATE, "--config_file", str(config), "--num_processes", "1"],
+                      check=False)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
+    assert errors and errors[0] == (
+        "pretrain.py: error: The DeepSpeed config sets gradient_accumulation_steps: 2 but this run has "
+        "--gradient_accumulation_steps 1; remove it from the Accelerate config (the flag decides) or pass "
+        "--gradient_accumulation_steps 2.")
+    assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
 
 
 def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):

@@ -157,23 +157,36 @@ def prepare(accelerator: Accelerator, own_fsdp2: bool, model, optimizer, train_d
     return model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
 
 
+def held(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the part this process holds, the whole tensor's value count): an FSDP2 DTensor's local shard, a ZeRO-3
+    parameter's partition (ds_tensor), or a tensor held whole."""
+    if hasattr(tensor, "to_local"):
+        return tensor.to_local(), tensor.numel()
+    if hasattr(tensor, "ds_tensor"):
+        return tensor.ds_tensor, tensor.ds_numel
+    return tensor, tensor.numel()
+
+
 def local_and_full(tensors) -> tuple[int, int, int]:
-    """(values held by this process, values in all, bytes held by this process) of (possibly DTensor) tensors."""
+    """(values held by this process, values in all, bytes held by this process) of (possibly sharded) tensors."""
     local = full = size = 0
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             continue  # AdamW's step counters
-        shard = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        local, full, size = local + shard.numel(), full + tensor.numel(), size + shard.numel() * shard.element_size()
+        shard, numel = held(tensor)
+        local, full, size = local + shard.numel(), full + numel, size + shard.numel() * shard.element_size()
     return local, full, size
 
 
 def shard_report(model, optimizer, accelerator: Accelerator) -> str:
-    """One line: what this process holds of the parameters and of the optimizer state."""
-    optimizer = getattr(optimizer, "optimizer", optimizer)
+    """One line: what this process holds of the parameters and of the optimizer state. Every process must call it.
+    DeepSpeed's optimizer keeps its state on flat partitions that do not know the whole, hence the sum over ranks."""
+    while hasattr(optimizer, "optimizer"):  # Accelerate's wrapper, then DeepSpeed's ZeRO optimizer, then AdamW
+        optimizer = optimizer.optimizer
     p_local, p_full, p_bytes = local_and_full(model.parameters())
     states = [value for state in optimizer.state.values() for value in state.values()]
-    s_local, s_full, s_bytes = local_and_full(states)
+    s_local, _, s_bytes = local_and_full(states)
+    s_full = int(accelerator.reduce(torch.tensor(s_local, device=accelerator.device), reduction="sum").item())
     return (f"rank {accelerator.process_index} of {accelerator.num_processes} holds {p_local:,} of {p_full:,} "
             f"parameters ({p_local / max(p_full, 1):.1%}, {p_bytes:,} bytes) and {s_local:,} of {s_full:,} "
             f"optimizer-state values ({s_local / max(s_full, 1):.1%}, {s_bytes:,} bytes)")

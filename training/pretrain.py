@@ -319,8 +319,10 @@ def fit(run: Run) -> None:
     finally:
         progress.close()
     run.train_seconds = time.perf_counter() - start[0]
-    if run.own_fsdp2:  # every process says what it holds
-        print(distributed.shard_report(run.model, run.optimizer, run.accelerator), flush=True)
+    if run.own_fsdp2 or distributed.zero_stage(run.accelerator) is not None:  # every process says what it holds
+        line = distributed.shard_report(run.model, run.optimizer, run.accelerator)
+        sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
+        sys.stdout.flush()
 
 
 def training_done(run: Run) -> bool:
