@@ -1,4 +1,4 @@
-"""Peak resident memory per rank: DDP vs FSDP2 (vs DeepSpeed ZeRO-2 when installed), 2 CPU ranks, `small` preset.
+"""Peak resident memory per rank: DDP vs FSDP2 vs DeepSpeed ZeRO-2 and ZeRO-3, 2 CPU ranks, `small` preset.
 
     python benchmarks/memory_per_rank.py                      # writes benchmarks/results/memory_per_rank.{json,txt}
     python benchmarks/memory_per_rank.py --steps 3 --modes ddp fsdp2
@@ -7,11 +7,13 @@
 Each mode runs training/pretrain.py for a few steps on 2 processes (gloo, OMP_NUM_THREADS=1 each); every rank runs
 the script through this file's `--rank` mode, which records its own peak resident set size (getrusage ru_maxrss) when
 the script exits. The peak includes Python, torch and the data pipeline (the same in every mode), so the difference
-between modes is what sharding saves; the model-state bytes each rank holds are taken from the script's own line.
+between modes is what sharding saves; the model-state bytes each rank holds are taken from the script's own line
+(printed by the sharded modes). The ZeRO modes need deepspeed (`pip install -e ".[deepspeed]"`).
 """
 
 import argparse
 import atexit
+import importlib.util
 import json
 import os
 import re
@@ -88,7 +90,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--modes", nargs="+", default=["ddp", "fsdp2", "zero2"],
+    parser.add_argument("--modes", nargs="+", default=["ddp", "fsdp2", "zero2", "zero3"],
                         choices=["ddp", "fsdp2", "zero2", "zero3"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--preset", default="small")
@@ -98,8 +100,10 @@ def main() -> None:
     parser.add_argument("--attn_implementation", default="sdpa")
     parser.add_argument("--output", default=str(RESULTS / "memory_per_rank"), help="writes OUTPUT.txt and .json")
     args = parser.parse_args()
-    has_deepspeed = __import__("importlib.util").util.find_spec("deepspeed") is not None
-    modes = [m for m in args.modes if has_deepspeed or not m.startswith("zero")]
+    modes = args.modes
+    if any(m.startswith("zero") for m in modes) and importlib.util.find_spec("deepspeed") is None:
+        raise SystemExit("memory_per_rank.py: error: the zero modes need deepspeed: pip install -e '.[deepspeed]', "
+                         "or leave them out of --modes.")
     with tempfile.TemporaryDirectory() as tmp:
         rows = [run_mode(mode, args, Path(tmp)) for mode in modes]
     text = "\n".join(table(rows, args, modes))
@@ -121,9 +125,11 @@ def table(rows: list[dict], args, modes: list[str]) -> list[str]:
         lines.append(f"| {row['mode']} | {mib(row['peak_rss_bytes'])} | {mib(row['peak_cuda_bytes'])} | "
                      f"{mib(row['model_state_bytes_held'])} | {row['tokens_per_second']:,} |")
     options = f"--device {args.device} --preset {args.preset} --ranks {args.ranks} --steps {args.steps}"
-    lines += ["", "Model state held = parameters + AdamW moments as each rank holds them (printed by FSDP2 runs; "
-              "DDP and ZeRO-2 hold all parameters, DDP all moments). Peak RSS also counts Python, torch, the data "
-              "pipeline, the full model each rank builds before sharding, and rank 0's gathered export."]
+    lines += ["", "Model state held = parameters + AdamW moments as each rank holds them (printed by the sharded "
+              "runs; DDP holds all of both, ZeRO-2 all parameters; ZeRO keeps an fp32 master copy of its partition "
+              "besides, not counted here). Peak RSS also counts Python, torch, the data pipeline, the full model "
+              "each rank builds before sharding, and rank 0's gathered export.",
+              "", "tokens/s: measured on a machine shared with other work, under load: compare memory, not time."]
     return lines + ["", f"Command: python benchmarks/memory_per_rank.py {options} --modes {' '.join(modes)}"]
 
 
