@@ -7,7 +7,11 @@ Greedy, a 32-token prompt, 128 new tokens, batch 1 and 8, fp32 unless the row sa
   does this on CPU as well; transformers alone compiles only on accelerators);
 - `llama.cpp-f32`, `llama.cpp-q8_0`: GGUF files of the same weights (`python -m hf_tinytx.convert --to gguf`)
   decoded by llama.cpp's C API in .venv-llamacpp (benchmarks/llama_cpp_worker.py), B sequences in one context, f32
-  keys/values; rows appear when that environment exists (.ci/run builds it).
+  keys/values;
+- `vllm`: the TinyTx folder in vLLM's offline engine (its Transformers modeling backend, through the folder's remote
+  code), `vllm-llama`: the Llama export (`--to llama`) on vLLM's own Llama; .venv-vllm (benchmarks/vllm_worker.py),
+  all prompts handed over at once, 1 GiB of key/value cache.
+The llama.cpp and vLLM rows appear when their environments exist (.ci/run builds both).
 
 All engines run in turn each round (llama.cpp in a worker process that times itself); the ratio column is the median
 over rounds of tokens/s over llama.cpp-f32's in the same round. The weights are random (speed does not depend on
@@ -22,6 +26,7 @@ Prints a table, then one JSON line with every figure.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +38,7 @@ from transformers import CompileConfig
 
 from common import count_parameters, interleaved_samples, paired_ratio
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+from hf_tinytx.convert import convert_folder
 from hf_tinytx.corpus import default_corpus
 from hf_tinytx.gguf_export import write_gguf
 from hf_tinytx.tokenization import train_bpe_tokenizer
@@ -40,6 +46,7 @@ from hf_tinytx.tokenization import train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA_CPP_PYTHON = REPO / ".venv-llamacpp" / "bin" / "python"
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 # Llama-compatible shapes (no qk_norm), so llama.cpp runs the very same model. 1.1M is the `tiny` preset that
 # training/pretrain.py trains by default; 25M is a larger model still small enough for a CPU.
 SHAPES = {
@@ -67,7 +74,9 @@ TRANSFORMERS_ENGINES = {
         "cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True, mode="default")
     },
 }
-LLAMA_CPP_ENGINES = {"llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}
+LLAMA_CPP_ENGINES = {"llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}  # engine -> GGUF type
+VLLM_ENGINES = ("vllm", "vllm-llama")  # the TinyTx folder (Transformers backend), its Llama export (vLLM's Llama)
+ENGINES = [*TRANSFORMERS_ENGINES, *LLAMA_CPP_ENGINES, *VLLM_ENGINES]
 
 
 def transformers_runs(model, prompt, new_tokens: int, engines: list[str]) -> dict:
@@ -82,24 +91,23 @@ def transformers_runs(model, prompt, new_tokens: int, engines: list[str]) -> dic
     return {name: run(TRANSFORMERS_ENGINES[name]) for name in engines if name in TRANSFORMERS_ENGINES}
 
 
-class LlamaCpp:
-    """The llama.cpp worker process: loads GGUF files once, then times greedy runs on request."""
+class Worker:
+    """An engine in its own environment (llama_cpp_worker.py, vllm_worker.py): loads models on request, then times
+    greedy runs of them and answers with its own seconds and the tokens."""
 
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.process = subprocess.Popen([str(LLAMA_CPP_PYTHON), str(Path(__file__).with_name("llama_cpp_worker.py"))],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, python: Path, script: str, env: dict | None = None):
+        self.process = subprocess.Popen([str(python), str(Path(__file__).with_name(script))], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=env)
 
     def ask(self, request: dict) -> dict:
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"the llama.cpp worker stopped (exit code {self.process.wait()})")
+            raise RuntimeError(f"the {self.process.args[-1]} process stopped (exit code {self.process.wait()})")
         return json.loads(line)
 
-    def runs(self, ggufs: dict[str, Path], prompt: torch.Tensor, new_tokens: int) -> dict:
-        batch, n_ctx = prompt.shape[0], prompt.shape[1] + new_tokens
+    def runs(self, names: list[str], prompt: torch.Tensor, new_tokens: int) -> dict:
         request = {"prompts": prompt.tolist(), "new_tokens": new_tokens}
 
         def run(name):
@@ -108,13 +116,27 @@ class LlamaCpp:
                 return answer["seconds"], torch.tensor(answer["tokens"])
             return decode
 
-        for name, path in ggufs.items():
-            self.ask({"load": name, "gguf": str(path), "batch": batch, "n_ctx": n_ctx, "threads": self.threads})
-        return {name: run(name) for name in ggufs}
+        return {name: run(name) for name in names}
 
     def close(self):
         self.process.stdin.close()
         self.process.wait()
+
+
+def start_workers(threads: int) -> dict[str, Worker]:
+    """The engines whose environments exist; each missing one is named on stderr."""
+    workers = {}
+    if LLAMA_CPP_PYTHON.exists():
+        workers["llama.cpp"] = Worker(LLAMA_CPP_PYTHON, "llama_cpp_worker.py")
+    if VLLM_PYTHON.exists():
+        # Its cache in GiB and its threads: vLLM's CPU defaults (4 GiB, a thread bound to every core) are for servers.
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               "OMP_NUM_THREADS": str(threads), "VLLM_NO_USAGE_STATS": "1"}
+        workers["vllm"] = Worker(VLLM_PYTHON, "vllm_worker.py", env)
+    for name, python in (("llama.cpp", LLAMA_CPP_PYTHON), ("vllm", VLLM_PYTHON)):
+        if name not in workers:
+            print(f"no {name} rows: {python} is missing (.ci/run builds it)", file=sys.stderr)
+    return workers
 
 
 def agreeing_tokens(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -156,22 +178,40 @@ def matmul_floor_seconds(model: TinyTxForCausalLM, repeats: int) -> tuple[float,
     return statistics.median(samples["floor"]) / 32, megabytes
 
 
-def bench_shape(shape: str, args, llama_cpp: LlamaCpp | None, work: Path) -> tuple[list[dict], dict]:
+def load_engines(shape: str, folder: Path, workers: dict, engines: list[str], work: Path) -> dict[str, list[str]]:
+    """Loads what the chosen engines need once per shape: vLLM's models; llama.cpp's GGUF files (written here, loaded
+    per batch size, as its context is sized for the batch). Returns worker -> its engine names."""
+    names = {}
+    if "llama.cpp" in workers:
+        names["llama.cpp"] = [name for name in LLAMA_CPP_ENGINES if name in engines]
+        for name in names["llama.cpp"]:
+            write_gguf(folder, work / f"{shape}-{name}.gguf", outtype=LLAMA_CPP_ENGINES[name])
+    if "vllm" in workers:
+        names["vllm"] = [name for name in VLLM_ENGINES if name in engines]
+        if "vllm-llama" in names["vllm"]:
+            convert_folder(folder, work / f"{shape}-llama", to="llama")
+        for name in names["vllm"]:
+            model = folder if name == "vllm" else work / f"{shape}-llama"
+            workers["vllm"].ask({"load": name, "model": str(model)})
+    return names
+
+
+def bench_shape(shape: str, args, workers: dict, work: Path) -> tuple[list[dict], dict]:
     corpus = default_corpus(num_documents=2000)["train"]
     tokenizer = train_bpe_tokenizer(corpus, vocab_size=SHAPES[shape]["vocab_size"])
     folder = work / shape
     model = build_folder(shape, folder, tokenizer)
-    ggufs = {}
-    if llama_cpp:
-        ggufs = {name: write_gguf(folder, work / f"{shape}-{outtype}.gguf", outtype=outtype)
-                 for name, outtype in LLAMA_CPP_ENGINES.items() if name in args.engines}
+    names = load_engines(shape, folder, workers, args.engines, work)
     rows = []
     for batch_size in args.batch_sizes:
         generator = torch.Generator().manual_seed(1)
         prompt = torch.randint(3, len(tokenizer), (batch_size, args.prompt_len), generator=generator)
         runs = transformers_runs(model, prompt, args.new_tokens, args.engines)
-        if ggufs:
-            runs |= llama_cpp.runs(ggufs, prompt, args.new_tokens)
+        for name in names.get("llama.cpp", []):
+            workers["llama.cpp"].ask({"load": name, "gguf": str(work / f"{shape}-{name}.gguf"), "batch": batch_size,
+                                      "n_ctx": args.prompt_len + args.new_tokens, "threads": args.threads})
+        for worker, engine_names in names.items():
+            runs |= workers[worker].runs(engine_names, prompt, args.new_tokens)
         samples, tokens = measure(runs, args.repeats)
         for name in runs:
             row = {"shape": shape, "batch_size": batch_size, "engine": name,
@@ -207,25 +247,22 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for every engine")
-    parser.add_argument("--engines", nargs="+", default=[*TRANSFORMERS_ENGINES, *LLAMA_CPP_ENGINES],
-                        choices=[*TRANSFORMERS_ENGINES, *LLAMA_CPP_ENGINES], help="tinytx is always run")
+    parser.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES, help="tinytx is always run")
     args = parser.parse_args()
     args.engines = ["tinytx", *(name for name in args.engines if name != "tinytx")]  # the tokens' reference
     torch.set_num_threads(args.threads)
 
-    llama_cpp = LlamaCpp(args.threads) if LLAMA_CPP_PYTHON.exists() else None
-    if llama_cpp is None:
-        print(f"no llama.cpp rows: {LLAMA_CPP_PYTHON} is missing (.ci/run builds it)", file=sys.stderr)
+    workers = start_workers(args.threads)
     rows, shapes = [], []
     with tempfile.TemporaryDirectory() as work:
         try:
             for shape in args.shapes:
-                shape_rows, shape_info = bench_shape(shape, args, llama_cpp, Path(work))
+                shape_rows, shape_info = bench_shape(shape, args, workers, Path(work))
                 rows += shape_rows
                 shapes.append(shape_info)
         finally:
-            if llama_cpp:
-                llama_cpp.close()
+            for worker in workers.values():
+                worker.close()
     print(f"greedy, prompt {args.prompt_len}, {args.new_tokens} new tokens, {args.threads} threads, fp32 weights")
     print_table(rows, shapes)
     print(json.dumps({"benchmark": "generate", "torch": torch.__version__, "threads": args.threads,

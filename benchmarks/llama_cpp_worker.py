@@ -36,6 +36,11 @@ class Engine:
         self.vocab_size = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
         self.batch = ll.llama_batch_init(n_ctx * batch, 0, batch)
 
+    def close(self) -> None:
+        ll.llama_batch_free(self.batch)
+        ll.llama_free(self.context)
+        ll.llama_model_free(self.model)
+
     def decode(self, tokens: list[tuple[int, int, int, bool]]) -> None:
         """One llama_decode over (token, position, sequence, wants logits) entries."""
         self.batch.n_tokens = len(tokens)
@@ -72,6 +77,8 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if "load" in request:
+            if request["load"] in engines:  # the same model again, for another batch size
+                engines.pop(request["load"]).close()
             engines[request["load"]] = Engine(request["gguf"], request["batch"], request["n_ctx"], request["threads"])
             answer = {"loaded": request["load"]}
         else:
