@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.engines import require_llama_cpp
 from tests.helpers.tiny import pretrain_env
 
 
@@ -50,12 +51,13 @@ def test_train_step(tmp_path):
 
 def test_generate(tmp_path):
     """TinyTx's generate beside llama.cpp on the same weights (the f32 GGUF), two new tokens, one round."""
+    require_llama_cpp("benchmarks/generate.py's llama.cpp rows need llama.cpp")
     flags = ["--shapes", "1.1M", "--batch_sizes", "2", "--new_tokens", "2", "--repeats", "1",
              "--engines", "tinytx", "llama.cpp-f32"]
     summary = final_json(run_script(python("generate.py", *flags), tmp_path, timeout=300).stdout)
     assert summary["benchmark"] == "generate"
     rows = {row["engine"]: row for row in summary["results"]}
-    assert set(rows) == {"tinytx", "llama.cpp-f32"}, "no llama.cpp row: .venv-llamacpp missing (see tests/test_gguf.py)"
+    assert set(rows) == {"tinytx", "llama.cpp-f32"}
     assert rows["llama.cpp-f32"]["speed_over_llama.cpp-f32"] == 1.0
     assert all(row["tokens_per_s"] > 0 and row["batch_size"] == 2 for row in rows.values())
     assert summary["shapes"][0]["parameters"] == 1_111_168

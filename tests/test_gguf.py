@@ -1,7 +1,7 @@
 """GGUF export (`python -m hf_tinytx.convert --to gguf`): llama.cpp itself tokenizes like our tokenizer and computes
 what the model computes; refused configs and tokenizers write nothing; the file says what the config says.
 
-llama.cpp runs through llama-cpp-python in its own environment, .venv-llamacpp (see LLAMA_CPP_HINT), in a
+llama.cpp runs through llama-cpp-python in its own environment, .venv-llamacpp (see tests/helpers/engines.py), in a
 subprocess that gets the GGUF paths and prompts as JSON and answers with token ids and logits (no torch there).
 """
 
@@ -15,19 +15,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_tinytx
 from hf_tinytx.convert import main as convert_main
 from hf_tinytx.gguf_export import STAGING_SUFFIX, rotate_half_to_interleaved, write_gguf
+from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
+from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_config
 
-
-LLAMA_CPP_PYTHON = REPO_ROOT / ".venv-llamacpp" / "bin" / "python"
-LLAMA_CPP_HINT = (
-    "python3 -m venv .venv-llamacpp && CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-llamacpp/bin/pip install "
-    "'llama-cpp-python==0.3.36'   (compiles llama.cpp: ~30 min on 2 busy cores the first time; .ci/run does this)"
-)
 NEW_TOKENS = 32
 N_CTX = 256
 # The tiny model of every test; the llama.cpp comparisons use it trained for a few seconds (see `trained_weights`).
@@ -168,9 +163,7 @@ def exports(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def llama_cpp(exports):
     """{case: what llama.cpp computed}, from one subprocess in .venv-llamacpp."""
-    if not LLAMA_CPP_PYTHON.exists():
-        pytest.fail(f"llama.cpp is needed to check the GGUF export and {LLAMA_CPP_PYTHON} is missing; create it with: "
-                    f"{LLAMA_CPP_HINT}")
+    require_llama_cpp("llama.cpp is needed to check the GGUF export")
     request = {"cases": [
         {"gguf": str(path), "n_ctx": N_CTX, "texts": TRICKY_TEXTS, "prompts": expected["prompts"],
          "greedy_prompts": expected["greedy_prompts"], "new_tokens": NEW_TOKENS}

