@@ -66,13 +66,12 @@ def build_folder(shape: str, folder: Path, tokenizer) -> TinyTxForCausalLM:
     return model
 
 
-# engine -> the `generate` arguments it adds ("default" mode: "reduce-overhead" means CUDA graphs, which a CPU has not)
+# engine -> the `generate` arguments it adds (on a CPU, TinyTx compiles a default CompileConfig with inductor's C++
+# wrapper: see TinyTxForCausalLM._valid_auto_compile_criteria)
 TRANSFORMERS_ENGINES = {
     "tinytx": {},
     "tinytx-static": {"cache_implementation": "static"},
-    "tinytx-compiled": {
-        "cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True, mode="default")
-    },
+    "tinytx-compiled": {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)},
 }
 LLAMA_CPP_ENGINES = {"llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}  # engine -> GGUF type
 VLLM_ENGINES = ("vllm", "vllm-llama")  # the TinyTx folder (Transformers backend), its Llama export (vLLM's Llama)

@@ -61,9 +61,10 @@ def test_compiled_static_cache_decoding_equals_eager_decoding(tiny_model):
     input_ids = torch.tensor(prompts(model.config.vocab_size, [6]))
     reference = greedy(model, input_ids, max_new_tokens=6, cache_implementation="static")
     # `generate` compiles the decoding step itself when the cache is static; on accelerators by itself, on a CPU when
-    # given a compile config (TinyTx takes that as the request; transformers alone would warn and run eagerly).
-    # "default" mode: "reduce-overhead" means CUDA graphs, which CPU has not. fullgraph: a graph break is a model bug.
-    compile_config = CompileConfig(fullgraph=True, dynamic=False, mode="default")
+    # given a compile config (TinyTx takes that as the request; transformers alone would warn and run eagerly). The
+    # default mode, "reduce-overhead", means CUDA graphs: on a CPU TinyTx compiles with inductor's C++ wrapper instead.
+    # fullgraph: a graph break is a model bug.
+    compile_config = CompileConfig(fullgraph=True, dynamic=False)
     torch._dynamo.reset()
     try:
         compiled = greedy(
@@ -75,6 +76,8 @@ def test_compiled_static_cache_decoding_equals_eager_decoding(tiny_model):
         torch._dynamo.reset()
     assert torch.equal(compiled, reference)
     assert hasattr(model, "_compiled_call"), "generate did not compile the forward pass"
+    assert (model._last_compile_config.mode, model._last_compile_config.options) == (None, {"cpp_wrapper": True})
+    assert compile_config.mode == "reduce-overhead"  # the caller's config is left as it was
 
 
 def test_seeded_sampling_is_reproducible(tiny_model):
