@@ -1,9 +1,11 @@
-"""benchmarks/seed_claims.py end to end (--quick), and the LSTM baseline it compares against."""
+"""benchmarks/seed_claims.py: the lookup task and its curriculum, the cross-over, --quick end to end, and the LSTM
+baseline it compares against."""
 
 import json
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +19,124 @@ from hf_tinytx.probes import candidate_log_probs, score_probes
 
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))  # seed_claims imports its siblings as a script run from benchmarks/ does
+import seed_claims  # noqa: E402
+
+
+TASK = seed_claims.LookupTask(num_pairs=6, num_keys=10, num_values=10, num_fillers=4)
+
+
+def answers_with_their_questions(ids: torch.Tensor, labels: torch.Tensor):
+    """(row, position of the question, key asked, value expected) for every labelled token."""
+    for row, position in torch.nonzero(labels != -100).tolist():
+        yield row, position - 1, int(ids[row, position - 1]), int(labels[row, position])
+
+
+def pair_position(ids_row: torch.Tensor, key: int) -> int:
+    return int(torch.nonzero(ids_row[: TASK.pairs_end] == key).flatten()[0])
+
+
+def test_lookup_batch_asks_every_key_once_after_the_pairs_and_labels_only_its_value():
+    ids, labels = seed_claims.lookup_batch(TASK, 5, 40, torch.Generator().manual_seed(0))
+    assert ids.shape == labels.shape == (5, 40) and int(ids.max()) < TASK.vocab_size
+    asked = list(answers_with_their_questions(ids, labels))
+    assert len(asked) == 5 * TASK.num_pairs
+    for row, question, key, value in asked:
+        assert question >= TASK.pairs_end
+        assert int(ids[row, pair_position(ids[row], key) + 1]) == value  # the value paired with that key
+    for row in range(5):
+        assert sorted(k for r, _, k, _ in asked if r == row) == sorted(ids[row, 1 : TASK.pairs_end : 2].tolist())
+    with pytest.raises(ValueError, match="no room"):
+        seed_claims.lookup_batch(TASK, 1, TASK.pairs_end + 4, torch.Generator())
+
+
+@pytest.mark.parametrize("distance", [4, 9, 30])
+def test_lookup_probes_put_every_question_exactly_distance_after_its_key(distance):
+    ids, labels = seed_claims.lookup_probes(TASK, 3, distance, torch.Generator().manual_seed(1))
+    asked = list(answers_with_their_questions(ids, labels))
+    assert asked
+    for row, question, key, value in asked:
+        assert question - pair_position(ids[row], key) == distance and question >= TASK.pairs_end
+        assert int(ids[row, pair_position(ids[row], key) + 1]) == value
+        assert (ids[row, TASK.pairs_end : question] != key).all()  # no nearer copy of the key to cheat from
+
+
+def test_copy_batches_and_probes_repeat_the_list_and_label_the_repeat():
+    ids, labels = seed_claims.copy_batch(TASK, 4, 40, torch.Generator().manual_seed(2))
+    lists = ids[:, 1 : 1 + TASK.num_pairs]
+    for row in range(4):
+        repeat = labels[row][labels[row] != -100]
+        assert repeat.tolist() == lists[row, 1:].tolist()
+    ids, labels = seed_claims.copy_probes(TASK, 2, 20, torch.Generator().manual_seed(3), list_length=5)
+    assert ids.shape[1] == 1 + 20 + 5
+    assert torch.equal(ids[:, 1:6], ids[:, 21:26]) and torch.equal(labels[:, 22:], ids[:, 22:])
+    with pytest.raises(ValueError, match="overlap"):
+        seed_claims.copy_probes(TASK, 1, 5, torch.Generator(), list_length=5)
+
+
+class LookupOracle(torch.nn.Module):
+    """Predicts, at each token seen before, the token that followed it: the perfect lookup head, by hand."""
+
+    def forward(self, input_ids, labels=None):
+        logits = torch.zeros(*input_ids.shape, TASK.vocab_size)
+        for row, ids in enumerate(input_ids.tolist()):
+            for i, token in enumerate(ids):
+                earlier = [j for j in range(i) if ids[j] == token]
+                if earlier:
+                    logits[row, i, ids[earlier[0] + 1]] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_probe_accuracy_scores_a_perfect_lookup_one_and_a_blind_model_near_chance():
+    generator = torch.Generator().manual_seed(4)
+    for probes in (seed_claims.lookup_probes(TASK, 8, 25, generator), seed_claims.copy_probes(TASK, 8, 25, generator)):
+        assert seed_claims.probe_accuracy(LookupOracle(), *probes) == 1.0
+    ids, labels = seed_claims.lookup_probes(TASK, 64, 25, generator)
+    constant = lambda input_ids: SimpleNamespace(logits=torch.zeros(*input_ids.shape, TASK.vocab_size))  # noqa: E731
+    constant.eval = lambda: None
+    assert seed_claims.probe_accuracy(constant, ids, labels) < 0.3  # always the same id: right only by luck
+
+
+def test_curriculum_moves_up_on_mastery_and_anyway_as_the_budget_runs():
+    stages = (("copy", 8), ("copy+lookup", 8), ("copy+lookup", 16), ("copy+lookup", 32))
+    earned = seed_claims.Curriculum(stages)
+    for _ in range(20):
+        earned.record(0.95, fraction_done=0.01)
+    assert earned.stage(0.01) == 1  # 20 steps above 90%: next stage
+    for _ in range(10):
+        earned.record(0.95, fraction_done=0.02)
+    assert earned.stage(0.02) == 1  # the count starts again after each move
+    forced = seed_claims.Curriculum(stages)
+    for _ in range(40):
+        forced.record(0.0, fraction_done=0.1)
+    assert forced.stage(0.1) == 0 and forced.stage(0.5) == 1 and forced.stage(0.7) == len(stages) - 1
+
+
+def test_lookup_feed_follows_its_curriculum_and_logs_where_each_stage_began():
+    feed = seed_claims.LookupFeed(TASK, (("copy", 30), ("copy+lookup", 40)), batch_size=4, seed=0)
+    ids, labels = feed.batch(0.0)
+    assert ids.shape == (4, 30) and ((labels != -100).sum(1) == TASK.num_pairs - 1).all()  # copies only
+    for _ in range(20):
+        feed.record(1.0)
+    ids, labels = feed.batch(0.05)
+    assert ids.shape == (4, 40)
+    assert ((labels[2:] != -100).sum(1) == TASK.num_pairs).all()  # the second half: lookups, every key asked
+    assert feed.log == [(0, 0), (1, 1)]
+
+
+def test_crossover_is_where_tinytx_stays_ahead():
+    def row(threads, length, tinytx, lstm):
+        return {"threads": threads, "length": length, "tinytx_tokens_per_s": tinytx, "lstm_tokens_per_s": lstm}
+
+    rows = [row(1, 64, 1, 2), row(1, 128, 3, 2), row(1, 256, 1, 2), row(2, 64, 1, 2), row(2, 128, 3, 2),
+            row(2, 256, 4, 2)]  # fmt: skip
+    assert seed_claims.crossover_lengths(rows) == {1: None, 2: 128}
+
+
+def test_budget_in_steps_or_seconds():
+    assert seed_claims.Budget(steps=10).fraction(5, 99.0) == 0.5
+    assert seed_claims.Budget(seconds=10.0).fraction(99, 2.5) == 0.25
+    assert seed_claims.Budget(steps=10).describe() == "10 steps"
 
 
 def test_lstm_parameter_count_formula_and_matching():
@@ -48,7 +168,7 @@ def test_lstm_is_scored_by_score_probes_like_a_causal_lm():
 def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     out = tmp_path / "report"
     result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "seed_claims.py"), "--quick", "--out", str(out)],
+        [sys.executable, str(BENCHMARKS / "seed_claims.py"), "--quick", "--out", str(out), "--lookup_steps", "30"],
         env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -60,19 +180,24 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
         cells = [cell.strip() for cell in row.strip("|").split(" | ")]
         assert len(cells) == 3 and all(cells), row
         assert re.search(r"\d", cells[2]) and "nan" not in cells[2].lower(), row  # a measured number in each row
-    for png in ("step_time.png", "recall_by_distance.png", "coref_head_it.png", "coref_head_last.png"):
+    for png in ("step_time.png", "lookup_by_distance.png", "lookup_head.png", "coref_head_it.png",
+                "coref_head_last.png"):  # fmt: skip
         assert (out / png).stat().st_size > 0
         assert f"]({png})" in report
+    assert "load average" in report
 
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["benchmark"] == "seed_claims" and figures["mode"] == "quick"
     assert figures["quadratic"]["flop_growth_when_n_doubles"] == pytest.approx(4.0)
     assert figures["positions"]["permutation_max_error_without_rope"] < 1e-5
     single = figures["sequential"]["single_sequence"]
-    assert set(single["speedup_from_all_cores"]) == {"tinytx", "lstm"}
-    assert all(speedup > 0 for speedup in single["speedup_from_all_cores"].values())
-    training = figures["distance"]["training"]
-    assert training["tinytx"]["steps"] > 0 and training["lstm"]["steps"] > 0
-    assert {row["distance"] for row in figures["distance"]["rows"]} == {10, 50, 200, 400}
+    assert {(row["threads"], row["length"]) for row in single["rows"]} >= {(1, 32), (1, 64)}
+    assert all(row["tinytx_tokens_per_s"] > 0 and row["lstm_tokens_per_s"] > 0 for row in single["rows"])
+    lookup = figures["lookup"]
+    assert lookup["budget"] == "30 steps"
+    assert lookup["training"]["tinytx"]["steps"] == 30 and lookup["training"]["lstm"]["steps"] == 30
+    assert [row["distance"] for row in lookup["rows"]] == [12, 25, 50, 100, 200, 400]
+    assert all(0 <= row[key] <= 1 for row in lookup["rows"] for key in row if key != "distance")
+    roles = {row["role"] for row in figures["lookup_head"]["rows"]}
+    assert roles == {"previous_token", "first_token", "induction"}  # the lookup head is ranked among all roles
     assert json.loads((out / "results.json").read_text())["mode"] == "quick"
-
