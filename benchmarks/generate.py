@@ -122,19 +122,21 @@ class Worker:
         self.process.wait()
 
 
-def start_workers(threads: int) -> dict[str, Worker]:
-    """The engines whose environments exist; each missing one is named on stderr."""
+def start_workers(threads: int, engines: list[str]) -> dict[str, Worker]:
+    """A worker for each engine family asked for whose environment exists; a missing one is named on stderr."""
+    # Its cache in GiB and its threads: vLLM's CPU defaults (4 GiB, a thread bound to every core) are for servers.
+    vllm_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "OMP_NUM_THREADS": str(threads), "VLLM_NO_USAGE_STATS": "1"}
+    families = {"llama.cpp": (LLAMA_CPP_ENGINES, LLAMA_CPP_PYTHON, "llama_cpp_worker.py", None),
+                "vllm": (VLLM_ENGINES, VLLM_PYTHON, "vllm_worker.py", vllm_env)}
     workers = {}
-    if LLAMA_CPP_PYTHON.exists():
-        workers["llama.cpp"] = Worker(LLAMA_CPP_PYTHON, "llama_cpp_worker.py")
-    if VLLM_PYTHON.exists():
-        # Its cache in GiB and its threads: vLLM's CPU defaults (4 GiB, a thread bound to every core) are for servers.
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": str(threads), "VLLM_NO_USAGE_STATS": "1"}
-        workers["vllm"] = Worker(VLLM_PYTHON, "vllm_worker.py", env)
-    for name, python in (("llama.cpp", LLAMA_CPP_PYTHON), ("vllm", VLLM_PYTHON)):
-        if name not in workers:
-            print(f"no {name} rows: {python} is missing (.ci/run builds it)", file=sys.stderr)
+    for family, (names, python, script, env) in families.items():
+        if not any(name in engines for name in names):
+            continue
+        if python.exists():
+            workers[family] = Worker(python, script, env)
+        else:
+            print(f"no {family} rows: {python} is missing (.ci/run builds it)", file=sys.stderr)
     return workers
 
 
@@ -251,7 +253,7 @@ def main():
     args.engines = ["tinytx", *(name for name in args.engines if name != "tinytx")]  # the tokens' reference
     torch.set_num_threads(args.threads)
 
-    workers = start_workers(args.threads)
+    workers = start_workers(args.threads, args.engines)
     rows, shapes = [], []
     with tempfile.TemporaryDirectory() as work:
         try:
