@@ -640,6 +640,7 @@ def plot_lookup_curves(d: dict, path: Path) -> None:
                     label=f"{LABELS[name]} {kind}")  # fmt: skip
     ax.axhline(d["chance"], color="k", linestyle=":", label=f"chance (1 of {d['task']['num_pairs']} values)")
     ax.set_xscale("log")
+    ax.minorticks_off()  # the log axis's own minor labels would overprint the distances
     ax.set_xticks(distances, labels=[str(x) for x in distances])
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("tokens between the key (or list) and the question (or repeat)")
