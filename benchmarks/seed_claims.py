@@ -676,6 +676,18 @@ def render_lookup_map(weights: torch.Tensor, labels: torch.Tensor, distance: int
     return fig
 
 
+def cores_gain(single: dict, name: str) -> float:
+    """What all cores add to one model's tokens/s at the longest length (one sequence per step)."""
+    longest = [row for row in single["rows"] if row["length"] == single["rows"][-1]["length"]]
+    return longest[-1][f"{name}_tokens_per_s"] / longest[0][f"{name}_tokens_per_s"]
+
+
+def cores_spoiled(single: dict) -> bool:
+    """Threads that wait on partners preempted by other processes make both models slower on more cores: then the
+    core count says nothing about the models, and the report says so instead of naming a cross-over."""
+    return single["cores"] > 1 and cores_gain(single, "tinytx") < 1 and cores_gain(single, "lstm") < 1
+
+
 def claims_table(r: dict) -> list[tuple[str, str, str]]:
     """(claim, what the seeds say, what was measured here) for each claim."""
     q, s, d, c, p, h = (r[k] for k in ("quadratic", "sequential", "lookup", "coref", "positions", "heads"))
@@ -699,17 +711,13 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
         length = single["crossover"][threads]
         return f"from length {length}" if length else f"at no length up to {single['rows'][-1]['length']}"
 
-    def gain(name):  # what all cores add at the longest length
-        longest = [row for row in single["rows"] if row["length"] == single["rows"][-1]["length"]]
-        return longest[-1][f"{name}_tokens_per_s"] / longest[0][f"{name}_tokens_per_s"]
+    def gain(name):
+        return cores_gain(single, name)
 
     cores = single["cores"]
-    # Threads that wait on partners preempted by other processes make both models slower on more cores: then the
-    # core count says nothing about the models, and the row says so instead of naming a cross-over.
-    spoiled = cores > 1 and gain("tinytx") < 1 and gain("lstm") < 1
     scaling = (f"The {cores}-core measurement was spoiled by other processes (both models slower on {cores} cores "
                f"than on 1; load average {single['load_average'][0]:.1f} to {single['load_average'][1]:.1f})"
-               if spoiled else
+               if cores_spoiled(single) else
                f"TinyTx reads more tokens/s {crossing(1)} on 1 core, {crossing(cores)} on {cores} cores; at the "
                f"longest, {cores} cores speed TinyTx up ×{gain('tinytx'):.2f}, "
                f"the LSTM ×{gain('lstm'):.2f}")  # fmt: skip
@@ -823,7 +831,9 @@ def write_report(results: dict, out_dir: Path) -> str:
                          r["tinytx_tokens_per_s"] / r["lstm_tokens_per_s"]] for r in single["rows"]]),
         "Cross-over (TinyTx ahead at this and every longer length measured): "
         + ", ".join(f"{threads} thread(s): {length or 'none'}" for threads, length in single["crossover"].items())
-        + ". Load average (1 min) %.1f before these rows, %.1f after." % tuple(single["load_average"]),
+        + ". Load average (1 min) %.1f before these rows, %.1f after." % tuple(single["load_average"])
+        + (" Both models ran slower on more cores than on one: other processes spoiled those rows, and their "
+           "cross-over means nothing." if cores_spoiled(single) else ""),
         *lookup_sections(results["lookup"], results["lookup_head"]),
         "## 4. The head that resolves \"it\"",
         "At the token \"it\" a causal model has not yet read the adjective that decides the referent, so the "
