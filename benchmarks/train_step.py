@@ -82,14 +82,14 @@ def main():
 
 
 def print_table(results: list[dict]) -> None:
-    header = (f"{'shape':>5} | {'mode':>8} | {'params TinyTx/GPT':>17} | {'TinyTx ms':>9} | {'GPT ms':>7} | "
+    header = (f"{'shape':>5} | {'mode':>8} | {'params TinyTx/GPT':>21} | {'TinyTx ms':>9} | {'GPT ms':>7} | "
               f"{'Llama ms':>8} | {'TinyTx/GPT':>10} | {'TinyTx/Llama':>12}")
     print(header)
     print("-" * len(header))
     for r in results:
         ms, params = r["ms_per_step"], r["parameters"]
         print(f"{r['shape']:>5} | {'compiled' if r['compiled'] else 'eager':>8} | "
-              f"{params['tinytx']:>8,}/{params['gpt']:>8,} | {ms['tinytx']:>9.1f} | {ms['gpt']:>7.1f} | "
+              f"{params['tinytx']:>10,}/{params['gpt']:>10,} | {ms['tinytx']:>9.1f} | {ms['gpt']:>7.1f} | "
               f"{ms['llama']:>8.1f} | {r['time_ratio_tinytx_over_gpt']:>10.3f} | "
               f"{r['time_ratio_tinytx_over_llama']:>12.3f}")
 
