@@ -199,19 +199,25 @@ def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_mod
 
 # ---- setups this machine cannot run stop in one line, before any data is read
 
+def refusal(result, folder) -> str:
+    """The first `pretrain.py: error:` line of a run that stopped before reading data or creating its folder."""
+    assert result.returncode != 0
+    assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
+    assert errors, result.stderr[-3000:]
+    return errors[0]
+
+
 def test_a_gpu_config_on_a_cpu_only_machine_stops_before_the_data(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a GPU: it checks the refusal of a GPU config on a CPU-only box")
     folder = tmp_path / "run"
     config = str(REPO_ROOT / "training" / "configs" / "accelerate-ddp.yaml")
     result = pretrain(folder, launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"], check=False)
-    assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
-    assert errors and errors[0] == (
+    assert refusal(result, folder) == (
         "pretrain.py: error: The Accelerate config asks for GPUs (distributed_type MULTI_GPU) but this machine has "
         "none; on CPUs launch `torchrun --nproc_per_node N training/pretrain.py`, or use accelerate-fsdp2.yaml "
         "(sharded) or accelerate-cpu.yaml (one process).")
-    assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
 
 
 # ---- a global batch the processes cannot share stops in one line, before any data is read
@@ -220,12 +226,9 @@ def test_a_total_batch_the_processes_cannot_share_stops_before_the_data(tmp_path
     folder = tmp_path / "run"
     result = pretrain(folder, "--per_device_train_batch_size", 4, "--total_batch_size", 12, launcher=TORCHRUN,
                       check=False)
-    assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
-    assert errors and errors[0] == (
+    assert refusal(result, folder) == (
         "pretrain.py: error: --total_batch_size 12 cannot be split over 2 process(es) x --per_device_train_batch_size "
         "4: it must be a multiple of 8; change the total, the per-device batch or the process count.")
-    assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
 
 
 # ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate's own DeepSpeed path, on DeepSpeed's CPU accelerator over gloo
@@ -291,13 +294,10 @@ def test_a_deepspeed_config_that_disagrees_with_the_flags_stops_before_the_data(
     folder = tmp_path / "run"
     result = pretrain(folder, launcher=[*ACCELERATE, "--config_file", str(config), "--num_processes", "1"],
                       check=False)
-    assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
-    assert errors and errors[0] == (
+    assert refusal(result, folder) == (
         "pretrain.py: error: The DeepSpeed config sets gradient_accumulation_steps: 2 but this run has "
         "--gradient_accumulation_steps 1; remove it from the Accelerate config (the flag decides) or pass "
         "--gradient_accumulation_steps 2.")
-    assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
 
 
 def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):

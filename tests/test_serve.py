@@ -45,9 +45,10 @@ def as_chat(sentence: str) -> list[dict]:
     return [{"role": "user", "content": " ".join(words[:4])}, {"role": "assistant", "content": " ".join(words[4:])}]
 
 
-def train_tiny_chat_model():
-    """A tiny TinyTx and byte-level BPE that learned three of TINY_SENTENCES as text and as chats (~2 s on one
-    thread), so greedy replies are words that end with EOS instead of a random model's stray bytes."""
+def train_tiny_chat_model(steps: int = 60, **model_fields):
+    """A tiny TinyTx (width 64 unless `model_fields` say otherwise) and byte-level BPE that learned three of
+    TINY_SENTENCES as text and as chats (seconds on one thread), so greedy replies are words that end with EOS
+    instead of a random model's stray bytes."""
     tokenizer = build_byte_bpe_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     sentences = TINY_SENTENCES[:3]  # the prompts below start the first and the third
@@ -55,7 +56,8 @@ def train_tiny_chat_model():
     texts += [tokenizer.apply_chat_template(as_chat(s), tokenize=False) for s in sentences]
     batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    model = build_tiny_model(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128)
+    fields = {"hidden_size": 64, "intermediate_size": 128, **model_fields}
+    model = build_tiny_model(vocab_size=len(tokenizer), **fields)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -63,7 +65,7 @@ def train_tiny_chat_model():
     torch.set_num_threads(1)  # a model this small trains faster on one thread than on two busy ones
     try:
         model.train()
-        for _ in range(60):
+        for _ in range(steps):
             model(**batch, labels=labels).loss.backward()
             optimizer.step()
             optimizer.zero_grad()

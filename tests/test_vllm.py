@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_tinytx.convert import main as convert_main
 from tests.helpers.engines import VLLM_PYTHON, require_vllm
-from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, pretrain_env
 from tests.test_readme import README, readme_blocks
-from tests.test_serve import CHAT_MESSAGES, CHAT_TEMPLATE, COMPLETION_PROMPT, Server, as_chat
+from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, Server, train_tiny_chat_model
 
 README_SECTION = "vLLM"
 SERVED_MODEL = "out/tinytx"  # the README's --model, which the server answers to
@@ -36,38 +36,12 @@ MODEL = {
 READY_TIMEOUT_S = 300  # imports, an engine process and a compiled warm-up: ~90 s on 2 busy cores
 
 
-def train_chat_model():
-    """A tiny TinyTx that learned three of TINY_SENTENCES as text and as chats (seconds on one thread), so that greedy
-    replies are words, from confident logits, and a chat reply ends with EOS."""
-    tokenizer = build_byte_bpe_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    sentences = TINY_SENTENCES[:3]
-    texts = [tokenizer.bos_token + s + tokenizer.eos_token for s in sentences]
-    texts += [tokenizer.apply_chat_template(as_chat(s), tokenize=False) for s in sentences]
-    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    model = build_tiny_model(vocab_size=len(tokenizer), **MODEL)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small trains faster on one thread than on two busy ones
-    try:
-        model.train()
-        for _ in range(100):
-            model(**batch, labels=labels).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    finally:
-        torch.set_num_threads(threads)
-    return model.eval(), tokenizer
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A user's folder: out/tinytx (the trained model, as pretrain.py leaves it) and out/llama (its Llama export, by
     the converter's command line), the paths the README's vLLM section names."""
     root = tmp_path_factory.mktemp("vllm_user")
-    model, tokenizer = train_chat_model()
+    model, tokenizer = train_tiny_chat_model(steps=100, **MODEL)
     model.save_pretrained(root / "out" / "tinytx")
     tokenizer.save_pretrained(root / "out" / "tinytx")
     assert convert_main(["--to", "llama", str(root / "out" / "tinytx"), str(root / "out" / "llama")]) == 0
