@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py parity      # bf16 logits of a flash backend vs sdpa, both against an fp32 reference
     python benchmarks/gpu_check.py generate    # greedy new tokens/s of the ~124M model, batch 1 and 8
+    python benchmarks/gpu_check.py syncs       # does a training step or a decoding step wait on the GPU?
 
 Flash backend: transformers' "flash_attention_2" when the flash-attn package imports, else "kernels-community/
 flash-attn" when the kernels package can load it (from its local cache: the GPU machine may be offline), else
@@ -11,6 +12,12 @@ Parity means: the bf16 flash logits are as close to the fp32 result as bf16 sdpa
 absolute slack), and pick fp32's next token about as often (within 2 points) as bf16 sdpa does. A padded batch
 (left padding, as in batched generation) is checked too, on the real tokens only. Each prints a table and a final
 JSON line; parity exits 1 when it fails. `--device cpu` is a dry run of the code path (bf16 on CPU), no figures.
+
+Syncs: a training step (forward, backward, clipping, fused AdamW) and a decoding step (one token into a static cache,
+as compiled `generate` runs it) of the ~124M model in bf16, each run under torch.cuda.set_sync_debug_mode("error"),
+which turns any wait of the host for the GPU (`.item()`, a data-dependent shape, a blocking copy) into an error naming
+it. Exits 1 if either step synchronises. pretrain.py's loop adds one deliberate read per optimizer step on top (the
+loss and gradient norm together, so a non-finite step stops before it reaches the weights).
 """
 
 import argparse
@@ -30,9 +37,9 @@ from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
 BASE_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "model-base.json"
 
 
-def config_from_file(vocab_size: int = 50304) -> TinyTxConfig:
-    if BASE_CONFIG.is_file():
-        values = {k: v for k, v in json.loads(BASE_CONFIG.read_text()).items() if not k.startswith("_")}
+def config_from_file(vocab_size: int = 50304, path: Path = BASE_CONFIG) -> TinyTxConfig:
+    if path.is_file():
+        values = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     else:  # GPT-2 small's shape
         values = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12)
     special = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
@@ -171,18 +178,78 @@ def generate(args) -> int:
     return 0
 
 
+def syncs(args) -> int:
+    from transformers import StaticCache
+
+    config = config_from_file(path=Path(args.model_config))
+    torch.manual_seed(0)
+    model = TinyTxForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16).to(args.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    ids = torch.randint(2, config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(1)).to(args.device)
+
+    def train_step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    prompt = ids[:1, :32]
+    cache = StaticCache(config=config, max_cache_len=64)
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    token, position = prompt[:, -1:], torch.tensor([32], device=args.device)
+
+    @torch.no_grad()
+    def decode_step():
+        model(input_ids=token, past_key_values=cache, cache_position=position, position_ids=position[None],
+              use_cache=True)
+
+    results = {}
+    for name, step in (("training step", train_step), ("decoding step", decode_step)):
+        step()  # first calls allocate and set up lazily: not part of a steady step
+        synchronize(args.device)
+        error = None
+        with sync_debug_mode(args.device):
+            try:
+                step()
+            except RuntimeError as caught:
+                error = str(caught).strip().splitlines()[0]
+        synchronize(args.device)
+        results[name] = error
+    print(f"host-device synchronisations, TinyTx {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M, bf16, "
+          f"sdpa (torch.cuda.set_sync_debug_mode('error'))")
+    for name, error in results.items():
+        print(f"{name:>13} | {'none' if error is None else 'SYNCS: ' + error}")
+    print(json.dumps({"check": "syncs", "device": device_name(args.device), "torch": torch.__version__,
+                      "steps": {name: error or "none" for name, error in results.items()}}))
+    return 0 if all(error is None for error in results.values()) else 1
+
+
+@contextlib.contextmanager
+def sync_debug_mode(device: str):
+    if not device.startswith("cuda"):
+        yield  # a CPU never waits on itself: the dry run only runs the steps
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["parity", "generate"])
+    parser.add_argument("check", choices=["parity", "generate", "syncs"])
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model_config", default=str(BASE_CONFIG), help="syncs: the model's shape (a config file)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the code path (bf16 on CPU), no figures")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check.py: no CUDA GPU here (torch.cuda.is_available() is False); nothing to check.")
         return 0
-    return parity(args) if args.check == "parity" else generate(args)
+    return {"parity": parity, "generate": generate, "syncs": syncs}[args.check](args)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@
 #    kernels-community kernel, else sdpa's own flash kernel)
 # 2. bf16 training MFU at ~124M parameters (training/configs/model-base.json), batch 8 x seq 1024 (mfu.py)
 # 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic and static cache (gpu_check.py)
+# 4. no host-device synchronisation in a training step or a decoding step (gpu_check.py syncs,
+#    torch.cuda.set_sync_debug_mode("error"))
 # With 2 or more GPUs (all of them are used; written, not yet run: this project's CI has no GPU):
-# 4. DDP vs FSDP2 vs DeepSpeed ZeRO-3 pre-training at the `base` preset, bf16, flash attention when installed:
+# 5. DDP vs FSDP2 vs DeepSpeed ZeRO-3 pre-training at the `base` preset, bf16, flash attention when installed:
 #    tokens/s and peak memory per rank (memory_per_rank.py --device cuda; ZeRO-3 left out, saying so, without
 #    deepspeed)
-# 5. tensor-parallel inference: a `base`-shaped TinyTx loaded with tp_plan="auto" on 2 GPUs, logits vs 1 GPU
+# 6. tensor-parallel inference: a `base`-shaped TinyTx loaded with tp_plan="auto" on 2 GPUs, logits vs 1 GPU
 # Each step prints a table and a JSON line; one failing step does not stop the others; the exit status is 1 if any
 # step failed.
 set -u
@@ -42,6 +44,7 @@ else
         --device cuda --dtype bf16 --repeats 10
 fi
 run "generation tokens/s, ~124M, bf16" 90 "$PYTHON" gpu_check.py generate
+run "host-device syncs in a training and a decoding step, ~124M, bf16" 90 "$PYTHON" gpu_check.py syncs
 
 NGPU=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 if [ "$NGPU" -ge 2 ]; then

@@ -10,6 +10,7 @@ ratios TinyTx / GPT and TinyTx / Llama (below 1 means TinyTx is faster) as media
     python benchmarks/train_step.py                 # both shapes, 20 steps each side
     python benchmarks/train_step.py --compile       # also compiled vs compiled
     python benchmarks/train_step.py --quick         # fewer steps
+    python benchmarks/train_step.py --profile --shapes 0.8M   # where each eager step's time goes, by op
 
 Prints a table, then one JSON line with every figure.
 """
@@ -53,8 +54,12 @@ def main():
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--compile", action="store_true", help="also time every model under torch.compile")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of timing: torch.profiler's busiest ops of 10 eager steps per model")
     args = parser.parse_args()
     repeats = 5 if args.quick else args.repeats
+    if args.profile:
+        return profile_steps(args.shapes)
 
     results = []
     for shape in args.shapes:
@@ -79,6 +84,29 @@ def main():
     print_table(results)
     print(json.dumps({"benchmark": "train_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
                       "repeats": repeats, "results": results}))
+
+
+def profile_steps(shapes: list[str], steps: int = 10) -> None:
+    """Per op: self CPU milliseconds per step and calls per step, TinyTx and the GPT side by side."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for shape in shapes:
+        models, batch_size, seq_len = build_models(shape, compile_too=False)
+        batch = torch.randint(0, models["tinytx"].config.vocab_size, (batch_size, seq_len),
+                              generator=torch.Generator().manual_seed(0))
+        for name in ("tinytx", "gpt"):
+            step = make_step(models[name], batch)
+            for _ in range(3):
+                step()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(steps):
+                    step()
+            ops = sorted(prof.key_averages(), key=lambda op: op.self_cpu_time_total, reverse=True)
+            total = sum(op.self_cpu_time_total for op in ops) / steps / 1e3
+            print(f"\n{shape} {name}: {total:.1f} ms of self CPU time a step; the busiest ops")
+            print(f"{'op':>45} | {'ms/step':>7} | {'calls/step':>10}")
+            for op in ops[:12]:
+                print(f"{op.key[:45]:>45} | {op.self_cpu_time_total / steps / 1e3:>7.2f} | {op.count / steps:>10.0f}")
 
 
 def print_table(results: list[dict]) -> None:

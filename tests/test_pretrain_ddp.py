@@ -47,3 +47,20 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
     assert [r["tokens"] for r in rows(ddp_dir) if "loss" in r] == [r["tokens"] for r in rows(single_dir) if "loss" in r]
     ddp_losses = torch.tensor([r["loss"] for r in rows(ddp_dir) if "loss" in r])
     assert torch.isfinite(ddp_losses).all() and ddp_losses[-1] < ddp_losses[0]  # it trained, not just agreed
+
+
+def test_two_processes_on_one_clock_with_muon_stay_identical(run_pretrain, tmp_path):
+    """A run planned in seconds: each process's clock differs a little, so they must agree on one (else their learning
+    rates, and so their weights, would drift apart, and one could stop a step before the other and hang it)."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
+                "--hash-weights", str(tmp_path / "clock_checksum")]
+    out = tmp_path / "clock"
+    result = run_pretrain("--output_dir", out, "--optimizer", "muon", "--max_train_seconds", 4,
+                          "--eval_steps", 10**6, "--num_probes_per_kind", 0, "--num_samples", 0,
+                          env=pretrain_env(tmp_path, OMP_NUM_THREADS="1"), launcher=torchrun)
+    assert "runs on the clock" in result.stdout
+    ranks = [json.loads((tmp_path / f"clock_checksum.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["sha256"] == ranks[1]["sha256"], "the two processes hold different weights"
+    train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert len(train) >= 3 and train[-1]["loss"] < train[0]["loss"]
+    assert train[-1]["lr"] < 0.5 * 3e-3  # the schedule ran down on the clock

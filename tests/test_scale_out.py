@@ -231,6 +231,16 @@ def test_a_total_batch_the_processes_cannot_share_stops_before_the_data(tmp_path
         "4: it must be a multiple of 8; change the total, the per-device batch or the process count.")
 
 
+def test_muon_under_a_sharded_config_stops_before_the_data(tmp_path):
+    folder = tmp_path / "run"
+    config = str(REPO_ROOT / "training" / "configs" / "accelerate-fsdp2.yaml")
+    result = pretrain(folder, "--optimizer", "muon", check=False,
+                      launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"])
+    assert refusal(result, folder) == (
+        "pretrain.py: error: --optimizer muon needs whole weight matrices on every process, which fsdp2 does not "
+        "keep; use --optimizer adamw, or Muon with one process or DDP.")
+
+
 # ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate's own DeepSpeed path, on DeepSpeed's CPU accelerator over gloo
 # (deepspeed is in the test extra; nothing is compiled: training/distributed.py keeps DeepSpeed from building its
 # shared-memory all-reduce).

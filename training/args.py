@@ -86,7 +86,16 @@ class PretrainArguments:
                   "this / (--per_device_train_batch_size x processes), which must divide it exactly."},
     )
     learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate of AdamW."})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (2-D weights only)."})
+    optimizer: str = field(
+        default="adamw",
+        metadata={"help": "adamw, or muon: torch.optim.Muon for the matrices inside the blocks, AdamW for the "
+                  "embeddings, the output head and the norms (one process or DDP)."},
+    )
+    muon_learning_rate: float | None = field(
+        default=None, metadata={"help": "Peak learning rate of Muon (scaled to AdamW's update size); default: "
+                                "--learning_rate."}
+    )
+    weight_decay: float = field(default=0.1, metadata={"help": "Weight decay (2-D weights only)."})
     adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the gradient norm to this (0 disables)."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Any transformers.get_scheduler name."})
@@ -97,8 +106,9 @@ class PretrainArguments:
     max_train_tokens: int | None = field(default=None, metadata={"help": "Token budget; sets --max_train_steps."})
     max_train_seconds: float = field(
         default=0.0,
-        metadata={"help": "Stop training after this many seconds even if steps remain (the run then says so); "
-                  "0: no clock, the step count alone decides."},
+        metadata={"help": "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock "
+                  "and ends at this second. With --max_train_steps or --max_train_tokens it only cuts the run short "
+                  "(the run then says so). 0: no clock."},
     )
     seed: int = field(default=0, metadata={"help": "Seed for initialisation, data order and splits."})
     mixed_precision: str = field(default="no", metadata={"help": "no or bf16."})
@@ -192,8 +202,10 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         raise UserInputError("--validation_file needs --train_file as well.")
     if data_args.streaming and not data_args.dataset_name:
         raise UserInputError("--streaming only applies to a Hub dataset (--dataset_name).")
-    if data_args.streaming and train_args.max_train_steps is None and train_args.max_train_tokens is None:
-        raise UserInputError("A streamed dataset has no length: set --max_train_steps or --max_train_tokens.")
+    if data_args.streaming and train_args.max_train_steps is None and train_args.max_train_tokens is None \
+            and not train_args.max_train_seconds:
+        raise UserInputError("A streamed dataset has no length: set --max_train_steps, --max_train_tokens or "
+                             "--max_train_seconds.")
     if model_args.vocab_size < 260:
         raise UserInputError(
             f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}."
@@ -230,11 +242,30 @@ def check_optimizer_args(train_args: PretrainArguments) -> None:
     for name, (value, low, low_ok, fix) in ranges.items():
         if not (math.isfinite(value) and (value > low or (low_ok and value == low))):
             raise UserInputError(f"--{name} must be {fix}, got {value}.")
+    if train_args.optimizer not in ("adamw", "muon"):
+        raise UserInputError(f"--optimizer must be adamw or muon, got {train_args.optimizer!r}.")
+    muon_lr = train_args.muon_learning_rate
+    if muon_lr is not None and not (math.isfinite(muon_lr) and muon_lr > 0):
+        raise UserInputError(f"--muon_learning_rate must be a small positive number such as 3e-3, got {muon_lr}.")
     if not (math.isfinite(train_args.adam_beta2) and 0 <= train_args.adam_beta2 < 1):
         raise UserInputError(f"--adam_beta2 must lie in [0, 1), such as 0.95; got {train_args.adam_beta2}.")
     if train_args.num_warmup_steps < 0:
         raise UserInputError(f"--num_warmup_steps must be >= 0, got {train_args.num_warmup_steps}.")
-    _check_scheduler(train_args.lr_scheduler_type)
+    from training.optimization import CLOCK_SHAPES
+
+    if not planned_by_clock(train_args):
+        _check_scheduler(train_args.lr_scheduler_type)
+    elif train_args.lr_scheduler_type not in CLOCK_SHAPES:
+        raise UserInputError(
+            f"--lr_scheduler_type {train_args.lr_scheduler_type!r} has no form over the clock (--max_train_seconds "
+            f"without a step count); use one of {', '.join(CLOCK_SHAPES)}, or give --max_train_steps."
+        )
+
+
+def planned_by_clock(train_args: PretrainArguments) -> bool:
+    """--max_train_seconds alone: the schedule runs on the clock, not over a step count."""
+    return bool(train_args.max_train_seconds) and train_args.max_train_steps is None \
+        and train_args.max_train_tokens is None
 
 
 def _check_scheduler(name: str) -> None:

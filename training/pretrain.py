@@ -34,18 +34,19 @@ import transformers
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, get_scheduler
+from transformers import AutoModelForCausalLM
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.folders import link_or_copy
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from training import cards, checkpoints, distributed, export
-from training.args import RunError, UserInputError, args_to_dict, check_batch, parse_args
+from training.args import RunError, UserInputError, args_to_dict, check_batch, parse_args, planned_by_clock
 from training.data import (
     DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
 from training.hub import HubPusher
 from training.model_config import check_model_builds, load_model_config
+from training.optimization import Clock, make_optimizer, make_schedule
 from training.output_dir import check_output_dir, remove_checkpoints, take_lock
 from training.run_log import RunLog
 from training.tokenizer import load_tokenizer
@@ -70,16 +71,18 @@ class Run:
     train_dataloader: object
     eval_dataloader: object
     num_parameters: int
-    max_train_steps: int
+    max_train_steps: int | None  # None: planned in seconds (--max_train_seconds alone)
     tokens_per_step: int
     signature: dict
     log: RunLog
     pusher: HubPusher | None
     lock: object
+    clock: Clock
     completed_steps: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
     saved_step: int | None = None
+    seconds_before: float = 0.0  # trained by the runs this one resumes
     train_seconds: float = 0.0
     stopped_by_clock: bool = False
     own_fsdp2: bool = False  # sharded by training/distributed.py, not by Accelerate (FSDP2 on CPUs)
@@ -106,6 +109,9 @@ def setup(model_args, data_args, train_args) -> Run:
             f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
         )
     sharding = distributed.asked_sharding()
+    if train_args.optimizer == "muon" and sharding:
+        raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharding} does "
+                             f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
     accelerator = make_accelerator(train_args, output_dir, sharding)
     own_fsdp2 = distributed.shards_itself(accelerator, sharding)
     check_batch(train_args, accelerator.num_processes)
@@ -130,7 +136,9 @@ def setup(model_args, data_args, train_args) -> Run:
         model = distributed.shard_model(model)
         accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
                           "shards on GPUs only")
-    optimizer, lr_scheduler = make_optimizer(model, train_args, max_train_steps, accelerator.num_processes)
+    clock = Clock(train_args.max_train_seconds, accelerator)
+    optimizer = make_optimizer(model, train_args)
+    lr_scheduler = make_schedule(optimizer, train_args, max_train_steps, accelerator.num_processes, clock)
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = distributed.prepare(
         accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
@@ -144,7 +152,7 @@ def setup(model_args, data_args, train_args) -> Run:
         model_args, data_args, train_args, accelerator, output_dir, checkpoints_dir, tokenizer, packed, sampler, model,
         optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_parameters, max_train_steps, tokens_per_step,
         signature=run_signature(data_args, train_args, tokens_per_step, accelerator.num_processes),
-        log=RunLog(output_dir, accelerator), pusher=None, lock=lock, own_fsdp2=own_fsdp2,
+        log=RunLog(output_dir, accelerator), pusher=None, lock=lock, clock=clock, own_fsdp2=own_fsdp2,
     )
     if resume_dir:
         resume(run, resume_dir)
@@ -228,34 +236,17 @@ def build_model(model_args, model_config, tokenizer):
     if model_args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if model_args.torch_compile:
-        model = torch.compile(model)
+        model.compile()  # in place: a torch.compile wrapper would save every weight under "_orig_mod."
     return model
 
 
-def make_optimizer(model, train_args, max_train_steps: int, num_processes: int):
-    """AdamW and its learning-rate schedule."""
-    # Weight decay pulls matrices towards zero; norms' gains and biases (1-D) are left alone.
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in parameters if len(distributed.full_shape(p)) >= 2],
-         "weight_decay": train_args.weight_decay},
-        {"params": [p for p in parameters if len(distributed.full_shape(p)) < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=train_args.learning_rate, betas=(0.9, train_args.adam_beta2), fused=True)
-    # A prepared scheduler advances once per process per step (Accelerate's convention), hence the factor.
-    lr_scheduler = get_scheduler(
-        train_args.lr_scheduler_type,
-        optimizer=optimizer,
-        num_warmup_steps=min(train_args.num_warmup_steps, max_train_steps) * num_processes,
-        num_training_steps=max_train_steps * num_processes,
-    )
-    return optimizer, lr_scheduler
-
-
-def plan_steps(data_args, train_args, num_processes: int) -> tuple[int, int]:
-    """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else 600."""
+def plan_steps(data_args, train_args, num_processes: int) -> tuple[int | None, int]:
+    """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else None when
+    --max_train_seconds plans the run, else 600."""
     tokens_per_step = (train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
                        * num_processes * data_args.block_size)
+    if planned_by_clock(train_args):
+        return None, tokens_per_step
     steps = train_args.max_train_steps
     if steps is None:
         steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 600
@@ -284,6 +275,7 @@ def resume(run: Run, folder: str) -> None:
     if run.own_fsdp2:
         checkpoints.load_sharded(folder, run.model, run.optimizer, run.lr_scheduler)
     run.completed_steps = run.saved_step = state["step"]
+    run.seconds_before = run.clock.seconds = state.get("train_seconds", 0.0)
     run.epoch, run.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
     if run.accelerator.is_main_process:
         checkpoints.set_aside_after(run.checkpoints_dir, run.completed_steps, run.accelerator.print)
@@ -297,21 +289,26 @@ def resume(run: Run, folder: str) -> None:
 def fit(run: Run) -> None:
     """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
     args = run.train_args
-    clock = f", at most {args.max_train_seconds:g} s" if args.max_train_seconds else ""
-    run.accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
-                          f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
+    if run.max_train_steps is None:
+        run.accelerator.print(f"Training for {args.max_train_seconds:g} s in steps of {run.tokens_per_step:,} tokens "
+                              f"(the {args.lr_scheduler_type} learning-rate schedule runs on the clock)")
+    else:
+        clock = f", at most {args.max_train_seconds:g} s" if args.max_train_seconds else ""
+        run.accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
+                              f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
     progress = tqdm(total=run.max_train_steps, initial=run.completed_steps, desc="train",
                     disable=not run.accelerator.is_local_main_process)
     run.model.train()
-    start, step_loss = (time.perf_counter(), run.completed_steps), 0.0
+    start = (time.perf_counter(), run.completed_steps)
+    loss_sum = torch.zeros((), device=run.accelerator.device)
     try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
         while not training_done(run):
             for batch in epoch_batches(run):
-                step_loss += train_micro_batch(run, batch) / args.gradient_accumulation_steps
+                loss_sum, step_loss = train_micro_batch(run, batch, loss_sum)
                 run.batch_in_epoch += 1
-                if run.accelerator.sync_gradients:
+                if step_loss is not None:  # an optimizer step was taken
                     end_step(run, step_loss, start, progress)
-                    step_loss = 0.0
+                    loss_sum = torch.zeros_like(loss_sum)
                     if training_done(run):
                         break
             else:
@@ -326,7 +323,12 @@ def fit(run: Run) -> None:
 
 
 def training_done(run: Run) -> bool:
-    return run.completed_steps >= run.max_train_steps or run.stopped_by_clock
+    return run.clock.ran_out or steps_left(run) == 0
+
+
+def steps_left(run: Run) -> int | None:
+    """Optimizer steps still planned (None: the clock decides)."""
+    return None if run.max_train_steps is None else max(0, run.max_train_steps - run.completed_steps)
 
 
 def epoch_batches(run: Run):
@@ -351,31 +353,41 @@ def end_step(run: Run, step_loss: float, start: tuple[float, int], progress) -> 
     progress.update(1)
     progress.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
     after_step(run, progress)
-    if run.train_args.max_train_seconds and elapsed > run.train_args.max_train_seconds:
-        run.accelerator.set_trigger()
-    run.stopped_by_clock = run.accelerator.check_trigger()  # every process stops at the same step
+    if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
+        run.clock.read(time.perf_counter() - start[0], run.seconds_before)
+        run.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
 
 
-def train_micro_batch(run: Run, batch) -> float:
-    """Forward, backward and (on the last micro-batch of a step) the optimizer step; returns the loss."""
+def train_micro_batch(run: Run, batch, loss_sum: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+    """Forward and backward; on the last micro-batch of a step, the check and the optimizer step. Returns the step's
+    summed loss so far (on the device) and, after an optimizer step, its mean loss (read back, else None)."""
     accelerator, args = run.accelerator, run.train_args
+    step_loss = None
     with accelerator.accumulate(run.model):
         # Labels are the inputs: the model shifts them by one position to score each next token.
         loss = run.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-        value = loss.item()
-        if not math.isfinite(value):
-            raise RunError(nonfinite_message(run, f"the training loss is {value}"))
         accelerator.backward(loss)
+        loss_sum = loss_sum + loss.detach()
         if accelerator.sync_gradients:
             # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
             norm = accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm or math.inf)
-            norm = torch.as_tensor(norm if norm is not None else 0.0)  # DeepSpeed: a float (None: not measured)
-            if not torch.isfinite(norm):
-                raise RunError(nonfinite_message(run, f"the gradient norm is {norm.item()}"))
+            step_loss = read_finite(run, loss_sum / args.gradient_accumulation_steps, norm)
         run.optimizer.step()
         run.lr_scheduler.step()
         run.optimizer.zero_grad(set_to_none=True)
-    return value
+    return loss_sum, step_loss
+
+
+def read_finite(run: Run, loss: torch.Tensor, norm) -> float:
+    """The step's loss and gradient norm, read back from the device together (the step's one wait for it); either
+    one non-finite stops the run."""
+    norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+    loss_value, norm_value = torch.stack([loss.float(), torch.as_tensor(norm, device=loss.device).float()]).tolist()
+    for what, value in (("training loss", loss_value), ("gradient norm", norm_value)):
+        if not math.isfinite(value):
+            raise RunError(nonfinite_message(run, f"the {what} is {value}"))
+    return loss_value
 
 
 def nonfinite_message(run: Run, what: str) -> str:
@@ -388,17 +400,17 @@ def nonfinite_message(run: Run, what: str) -> str:
 
 def after_step(run: Run, progress) -> None:
     args, step = run.train_args, run.completed_steps
-    if step % args.eval_steps == 0 and step < run.max_train_steps:
+    if step % args.eval_steps == 0 and steps_left(run) != 0:
         metrics = evaluate(run)
         run.log.log({"step": step, **metrics})
         progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    if args.checkpointing_steps and step % args.checkpointing_steps == 0 and step < run.max_train_steps:
+    if args.checkpointing_steps and step % args.checkpointing_steps == 0 and steps_left(run) != 0:
         save_checkpoint(run)
 
 
 def save_checkpoint(run: Run) -> None:
     state = {"run_signature": run.signature, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch,
-             "planned_steps": run.max_train_steps}
+             "planned_steps": run.max_train_steps, "train_seconds": run.clock.seconds}
     sharded = (run.model, run.optimizer, run.lr_scheduler) if run.own_fsdp2 else None
     checkpoints.save(run.accelerator, run.checkpoints_dir, run.completed_steps, state,
                      run.train_args.checkpoints_total_limit, sharded)

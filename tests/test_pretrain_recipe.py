@@ -1,0 +1,170 @@
+"""The fast recipe in pretrain.py: Muon for the hidden matrices (--optimizer muon) and a run planned in seconds
+(--max_train_seconds alone), whose learning-rate schedule ends on the clock. Both resume exactly where they stopped."""
+
+import copy
+import json
+import math
+import signal
+
+import pytest
+import torch
+
+from hf_tinytx import TinyTxForCausalLM
+from tests.helpers.tiny import build_tiny_config, kill_after_call
+from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
+from training.args import PretrainArguments
+from training.optimization import MuonWithAdamW, make_optimizer
+
+
+def train_rows(folder):
+    return [row for row in rows(folder) if "loss" in row]
+
+
+# ---- Muon
+
+
+def muon_optimizer(seed=0):
+    torch.manual_seed(seed)
+    model = TinyTxForCausalLM(build_tiny_config(tie_word_embeddings=False))
+    return model, make_optimizer(model, PretrainArguments(optimizer="muon", learning_rate=1e-2))
+
+
+def test_muon_takes_the_block_matrices_and_adamw_the_rest():
+    model, optimizer = muon_optimizer()
+    assert isinstance(optimizer, MuonWithAdamW)
+    names = {id(p): name for name, p in model.named_parameters()}
+    on_muon = {names[id(p)] for group in optimizer.muon.param_groups for p in group["params"]}
+    on_adamw = {names[id(p)] for group in optimizer.adamw.param_groups for p in group["params"]}
+    assert on_muon == {name for name, p in model.named_parameters() if p.ndim == 2 and ".layers." in name}
+    assert on_adamw == set(names.values()) - on_muon
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"} <= on_adamw
+    # Every group is also the wrapper's, so a schedule setting group["lr"] reaches both optimizers.
+    assert len(optimizer.param_groups) == len(optimizer.muon.param_groups) + len(optimizer.adamw.param_groups)
+    optimizer.param_groups[0]["lr"] = 0.5
+    assert optimizer.muon.param_groups[0]["lr"] == 0.5
+
+
+def test_muon_state_round_trips_so_the_next_step_is_the_same():
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def step(model, optimizer):
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    model, optimizer = muon_optimizer()
+    step(model, optimizer)
+    saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_state = copy.deepcopy(optimizer.state_dict())  # what a checkpoint holds (the live one changes in place)
+    assert saved_state["muon"]["state"] and saved_state["adamw"]["state"]  # momentum buffers and Adam moments
+    step(model, optimizer)
+
+    fresh_model, fresh = muon_optimizer(seed=1)
+    fresh_model.load_state_dict(saved_weights)
+    fresh.load_state_dict(saved_state)  # as Accelerate does when it prepares an optimizer, and when it resumes
+    fresh.param_groups[0]["lr"] = fresh.param_groups[-1]["lr"] = 0.25  # what a schedule does to the wrapper's groups
+    assert fresh.muon.param_groups[0]["lr"] == fresh.adamw.param_groups[-1]["lr"] == 0.25
+    for group in fresh.param_groups:
+        group["lr"] = 1e-2
+    step(fresh_model, fresh)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, fresh_model.state_dict()[name]), name
+
+
+def test_a_muon_run_killed_while_checkpointing_resumes_bit_for_bit(run_pretrain, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    flags = ["--optimizer", "muon", "--max_train_steps", 6, "--checkpointing_steps", 2, *QUIET]
+    run_pretrain("--output_dir", straight, *flags)
+    assert json.loads((straight / "training_args.json").read_text())["optimizer"] == "muon"
+    crashed = run_pretrain("--output_dir", resumed, *flags, check=False,
+                           launcher=kill_after_call("accelerate.Accelerator.save_state", nth=2))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    run_pretrain("--output_dir", resumed, *flags, "--resume_from_checkpoint", "latest")
+    assert_same_weights(straight, resumed)
+    first = train_rows(straight)
+    assert first[-1]["loss"] < first[0]["loss"]
+
+
+# ---- a run planned in seconds
+
+BUDGET = 8.0
+PEAK_LR = 3e-3  # pretrain.py's default --learning_rate
+
+
+def cosine(progress):
+    return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def test_a_run_planned_in_seconds_ends_its_schedule_at_the_last_second(run_pretrain, tmp_path):
+    out = tmp_path / "run"
+    result = run_pretrain("--output_dir", out, "--max_train_seconds", BUDGET, "--eval_steps", 10**6, *QUIET)
+    assert f"Training for {BUDGET:g} s" in result.stdout and "runs on the clock" in result.stdout
+    assert "Stopped by the clock" not in result.stdout  # the clock is the plan here, not a cut
+    train = train_rows(out)
+    # It stopped at the first step past the budget (the log rounds seconds to 0.01).
+    assert train[-2]["elapsed_seconds"] <= BUDGET + 0.01 and BUDGET <= train[-1]["elapsed_seconds"] + 0.05
+    lrs = [row["lr"] for row in train]
+    warmup = 2  # TINY_PRETRAIN_ARGS
+    assert max(lrs) <= PEAK_LR and lrs[warmup] > 0.9 * PEAK_LR
+    assert all(later <= earlier for earlier, later in zip(lrs[warmup:], lrs[warmup + 1:]))
+    # Each step's rate is the cosine of the time spent before it, so the last one is the cosine near the end.
+    assert lrs[-1] <= PEAK_LR * cosine((train[-2]["elapsed_seconds"] - 0.005) / BUDGET) + 1e-12  # 0.005: rounding
+    assert lrs[-1] < 0.25 * PEAK_LR
+    final = [row for row in rows(out) if row.get("final") and "eval_loss" in row][0]
+    assert "stopped_by_clock" not in final and (out / "model.safetensors").exists()
+    assert f"the learning-rate schedule ran on the clock to `--max_train_seconds {BUDGET}`" in (out / "README.md").read_text()
+
+
+def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain, tmp_path):
+    out = tmp_path / "run"
+    flags = ["--output_dir", out, "--max_train_seconds", BUDGET, "--eval_steps", 10**6, "--checkpointing_steps", 4,
+             *QUIET]
+    # Killed right after the third save_state returns (step 12, still under its temporary name): step_8 is resumed.
+    crashed = run_pretrain(*flags, check=False, launcher=kill_after_call("accelerate.Accelerator.save_state", nth=3))
+    assert crashed.returncode == -signal.SIGKILL, "the budget ran out before step 12:\n" + crashed.stdout[-2000:]
+    state = json.loads((out / "checkpoints" / "step_8" / "trainer_state.json").read_text())
+    lr_at_checkpoint = train_rows(out)[7]["lr"]
+    assert 0 < state["train_seconds"] < BUDGET
+
+    result = run_pretrain(*flags, "--resume_from_checkpoint", "latest")
+    assert "Resumed from" in result.stdout and "at step 8" in result.stdout
+    after = [row for row in train_rows(out) if row["step"] > 8]
+    assert after[0]["step"] == 9 and after[0]["lr"] <= lr_at_checkpoint  # the decay goes on, no fresh warm-up
+    # This process trained for what the budget had left, not for the whole budget again.
+    assert after[-2]["elapsed_seconds"] + state["train_seconds"] <= BUDGET + 0.01
+    assert after[-1]["elapsed_seconds"] + state["train_seconds"] >= BUDGET - 0.05
+
+
+# ---- torch.compile
+
+
+def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
+    """--torch_compile compiles the forward in place: the folder holds the model's own weight names (a torch.compile
+    wrapper would have saved them all under "_orig_mod.", and from_pretrained would have started from random ones)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    run_pretrain("--output_dir", out, "--torch_compile", "--max_train_steps", 3, *QUIET)
+    saved = load_file(out / "model.safetensors")
+    assert not any(name.startswith("_orig_mod") for name in saved)
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    loaded = model.state_dict()
+    for name, tensor in saved.items():
+        assert torch.equal(loaded[name], tensor), name
+    assert len(train_rows(out)) == 3
+
+
+@pytest.mark.parametrize("flags, word", [
+    (["--optimizer", "sgd"], "--optimizer must be adamw or muon"),
+    (["--optimizer", "muon", "--muon_learning_rate", "-1"], "--muon_learning_rate"),
+    (["--max_train_seconds", "5", "--lr_scheduler_type", "polynomial"], "has no form over the clock"),
+])
+def test_bad_recipe_values_are_refused_in_one_line(run_pretrain, tmp_path, flags, word):
+    from tests.test_pretrain_trust import one_line_error
+
+    result = run_pretrain("--output_dir", tmp_path / "out", *flags, check=False)
+    assert result.returncode == 2
+    one_line_error(result, word)
+    assert not (tmp_path / "out").exists()
