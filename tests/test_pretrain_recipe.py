@@ -112,7 +112,8 @@ def test_a_run_planned_in_seconds_ends_its_schedule_at_the_last_second(run_pretr
     assert lrs[-1] < 0.25 * PEAK_LR
     final = [row for row in rows(out) if row.get("final") and "eval_loss" in row][0]
     assert "stopped_by_clock" not in final and (out / "model.safetensors").exists()
-    assert f"the learning-rate schedule ran on the clock to `--max_train_seconds {BUDGET}`" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert f"the learning-rate schedule ran on the clock to `--max_train_seconds {BUDGET}`" in card
 
 
 def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain, tmp_path):

@@ -38,7 +38,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         self.muon.load_state_dict(state_dict["muon"])
         self.adamw.load_state_dict(state_dict["adamw"])
-        # Loading builds new group dicts inside Muon and AdamW: share those, or the schedule would set rates nobody reads.
+        # Loading builds new group dicts inside Muon and AdamW: share those, or the schedule would set unread rates.
         self.param_groups = self.muon.param_groups + self.adamw.param_groups
 
 
