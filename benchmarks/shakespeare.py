@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "training" / "pretrain.py"
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
-# Our defaults for pretrain.py: the best recipe measured for 160 s on 2 cores (benchmarks/results/shakespeare_sweep.txt).
+# Our defaults for pretrain.py: the best recipe measured for 160 s on 2 cores (results/shakespeare_sweep.txt).
 # Any flag given on our command line comes later and so wins (argparse keeps the last).
 DEFAULT_FLAGS = [
     "--model_preset", "tiny", "--vocab_size", "1024", "--block_size", "128",
