@@ -625,12 +625,14 @@ if __name__ == "__main__":
     try:
         main()
     except (UserInputError, RunError) as error:
-        print(f"pretrain.py: error: {error}", file=sys.stderr)
+        # One write, newline included: every process of a launch may say it at once, and print() writes the newline
+        # separately, so two processes' lines could run together.
+        sys.stderr.write(f"pretrain.py: error: {error}\n")
         sys.exit(2 if isinstance(error, UserInputError) else 1)
     except Exception as error:
         if not checkpoints.is_disk_full(error):
             raise
         where = getattr(error, "filename", None) or "the output folder"
-        print(f"pretrain.py: error: No space left on the device while writing {where}; the checkpoints saved so far "
-              f"are intact: free some space and rerun with --resume_from_checkpoint latest.", file=sys.stderr)
+        sys.stderr.write(f"pretrain.py: error: No space left on the device while writing {where}; the checkpoints "
+                         f"saved so far are intact: free some space and rerun with --resume_from_checkpoint latest.\n")
         sys.exit(1)
