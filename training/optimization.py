@@ -76,10 +76,14 @@ class Clock:
     def __init__(self, budget_seconds: float, accelerator):
         self.budget = budget_seconds
         self.accelerator = accelerator
-        self.seconds = 0.0  # trained before this process started (a resumed run), then read at each step's end
+        self.before = 0.0  # trained by the runs this one resumes (set from the checkpoint)
+        self.seconds = 0.0
 
-    def read(self, seconds_this_process: float, seconds_before: float) -> float:
-        seconds = torch.tensor(seconds_before + seconds_this_process, dtype=torch.float64)
+    def resume_at(self, seconds: float) -> None:
+        self.before = self.seconds = seconds
+
+    def read(self, seconds_this_process: float) -> float:
+        seconds = torch.tensor(self.before + seconds_this_process, dtype=torch.float64)
         if self.accelerator.num_processes > 1:
             seconds = seconds.to(self.accelerator.device)
             torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)

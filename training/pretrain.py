@@ -82,7 +82,6 @@ class Run:
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
     saved_step: int | None = None
-    seconds_before: float = 0.0  # trained by the runs this one resumes
     train_seconds: float = 0.0
     stopped_by_clock: bool = False
     own_fsdp2: bool = False  # sharded by training/distributed.py, not by Accelerate (FSDP2 on CPUs)
@@ -275,7 +274,7 @@ def resume(run: Run, folder: str) -> None:
     if run.own_fsdp2:
         checkpoints.load_sharded(folder, run.model, run.optimizer, run.lr_scheduler)
     run.completed_steps = run.saved_step = state["step"]
-    run.seconds_before = run.clock.seconds = state.get("train_seconds", 0.0)
+    run.clock.resume_at(state.get("train_seconds", 0.0))
     run.epoch, run.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
     if run.accelerator.is_main_process:
         checkpoints.set_aside_after(run.checkpoints_dir, run.completed_steps, run.accelerator.print)
@@ -354,7 +353,7 @@ def end_step(run: Run, step_loss: float, start: tuple[float, int], progress) -> 
     progress.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
     after_step(run, progress)
     if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
-        run.clock.read(time.perf_counter() - start[0], run.seconds_before)
+        run.clock.read(time.perf_counter() - start[0])
         run.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
 
 
