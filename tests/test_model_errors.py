@@ -20,6 +20,7 @@ BAD_CONFIGS = [
     ({"max_position_embeddings": 0}, "max_position_embeddings"),
     ({"hidden_act": "swishy"}, "hidden_act"),
     ({"mlp_type": "mixture"}, "mlp_type"),
+    ({"attention_dropout": 1.0}, "attention_dropout"),
     ({"rope_parameters": {"rope_type": "spiral", "rope_theta": 10000.0}}, "spiral"),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0}}, "factor"),
     ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0}}, "factor"),

@@ -6,7 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from torch import nn
+from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hf_tinytx.modeling_tinytx import TinyTxRMSNorm, _CpuRMSNormFunction
 
 
 def random_batch(model, batch=2, seq_len=16, seed=0):
@@ -36,6 +40,30 @@ def test_adamw_overfits_a_tiny_batch(tiny_model, overrides):
     assert losses[-1] < 0.1 * losses[0], f"loss went from {losses[0]:.3f} to {losses[-1]:.3f}"
 
 
+def test_cpu_rmsnorm_gradient_is_the_formulas():
+    """Training on a CPU, RMSNorm runs its hand-written backward: it must be the derivative of torch's rms_norm."""
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    gain = (torch.rand(8, dtype=torch.float64) + 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, gain: _CpuRMSNormFunction.apply(x, gain, 1e-6), (x, gain))
+
+    norm = TinyTxRMSNorm(8)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 2, 5, 8, requires_grad=True)  # a qk_norm shape: (batch, seq, heads, head_dim)
+    grad = torch.randn(4, 2, 5, 8)
+    out = norm(x)
+    assert type(out.grad_fn).__name__ == "_CpuRMSNormFunctionBackward"
+    reference = nn.functional.rms_norm(x, (8,), norm.weight, eps=norm.variance_epsilon)
+    torch.testing.assert_close(out, reference)
+    expected = torch.autograd.grad(reference, (x, norm.weight), grad)
+    for ours, theirs in zip(torch.autograd.grad(out, (x, norm.weight), grad), expected):
+        torch.testing.assert_close(ours, theirs)
+    norm.weight.requires_grad_(False)  # a frozen gain (LoRA fine-tuning): the input's gradient only
+    torch.testing.assert_close(torch.autograd.grad(norm(x), (x,), grad)[0], expected[0])
+    with torch.no_grad():  # decoding keeps torch's one call
+        assert norm(x).grad_fn is None
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
     input_ids = random_batch(tiny_model())
 
@@ -62,12 +90,22 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
 
 
 def test_bf16_autocast_on_cpu_trains(tiny_model):
-    model = tiny_model(attn_implementation="sdpa").train()
+    seen = []  # what the attention backend received: CPU autocast leaves the attention itself in fp32
+
+    def recording_sdpa(module, query, key, value, *args, **kwargs):
+        seen.append(({query.dtype, key.dtype, value.dtype}, torch.is_autocast_enabled("cpu")))
+        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+    AttentionInterface.register("recording_sdpa", recording_sdpa)
+    model = tiny_model(attn_implementation="recording_sdpa").train()
     input_ids = random_batch(model)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         outputs = model(input_ids, labels=input_ids)
     assert outputs.logits.dtype == torch.bfloat16  # autocast really ran the matmuls in bf16
-    assert torch.isfinite(outputs.loss)
+    assert seen == [({torch.float32}, False)] * model.config.num_hidden_layers
+    with torch.no_grad():
+        fp32_loss = model(input_ids, labels=input_ids).loss
+    torch.testing.assert_close(outputs.loss.float(), fp32_loss, atol=0.05, rtol=0.01)  # bf16 rounding only
     outputs.loss.backward()
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)

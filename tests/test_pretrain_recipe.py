@@ -13,7 +13,7 @@ from hf_tinytx import TinyTxForCausalLM
 from tests.helpers.tiny import build_tiny_config, kill_after_call
 from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
 from training.args import PretrainArguments
-from training.optimization import MuonWithAdamW, make_optimizer
+from training.optimization import MuonWithAdamW, StackedMuon, make_optimizer
 
 
 def train_rows(folder):
@@ -42,6 +42,31 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     assert len(optimizer.param_groups) == len(optimizer.muon.param_groups) + len(optimizer.adamw.param_groups)
     optimizer.param_groups[0]["lr"] = 0.5
     assert optimizer.muon.param_groups[0]["lr"] == 0.5
+
+
+def test_stacked_muon_makes_torch_muons_update():
+    """Newton-Schulz on a stack of same-shaped matrices (tall ones transposed) is torch.optim.Muon's arithmetic."""
+    shapes = [(32, 32), (32, 32), (88, 32), (32, 88), (88, 32)]
+    generator = torch.Generator().manual_seed(0)
+    ours = [torch.nn.Parameter(0.05 * torch.randn(shape, generator=generator)) for shape in shapes]
+    torchs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    group = {"lr": 2e-2, "weight_decay": 0.5}
+    stacked = StackedMuon([{"params": ours, **group}], momentum=0.95)
+    reference = torch.optim.Muon([{"params": torchs, **group}], momentum=0.95, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):  # the momentum buffers carry over between steps
+        before = [p.detach().clone() for p in ours]
+        for a, b in zip(ours, torchs):
+            a.grad = torch.randn(a.shape, generator=generator)
+            b.grad = a.grad.clone()
+        stacked.step()
+        reference.step()
+        for a, b, old in zip(ours, torchs, before):
+            ours_step, torch_step = a.detach() - old, b.detach() - old
+            # bf16 inside both: equal to its rounding (a transposed or mis-scaled update would be off by ~100%)
+            assert (ours_step - torch_step).norm() <= 1e-2 * torch_step.norm()
+    assert stacked.state_dict()["state"].keys() == reference.state_dict()["state"].keys()
+    buffers = (stacked.state[ours[2]]["momentum_buffer"], reference.state[torchs[2]]["momentum_buffer"])
+    torch.testing.assert_close(*buffers)
 
 
 def test_muon_state_round_trips_so_the_next_step_is_the_same():
@@ -155,6 +180,24 @@ def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
     for name, tensor in saved.items():
         assert torch.equal(loaded[name], tensor), name
     assert len(train_rows(out)) == 3
+
+
+# ---- bf16 on a CPU
+
+
+def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path):
+    """--mixed_precision bf16 on a CPU: the matmuls run in bf16 (the losses differ from fp32 by rounding), the weights
+    and the export stay fp32."""
+    from safetensors.torch import load_file
+
+    fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
+    run_pretrain("--output_dir", fp32, "--max_train_steps", 3, *QUIET)
+    run_pretrain("--output_dir", bf16, "--mixed_precision", "bf16", "--max_train_steps", 3, *QUIET)
+    fp32_losses = [row["loss"] for row in train_rows(fp32)]
+    bf16_losses = [row["loss"] for row in train_rows(bf16)]
+    assert len(bf16_losses) == 3 and all(math.isfinite(loss) for loss in bf16_losses)
+    assert bf16_losses[0] != fp32_losses[0] and abs(bf16_losses[0] - fp32_losses[0]) < 0.05
+    assert {tensor.dtype for tensor in load_file(bf16 / "model.safetensors").values()} == {torch.float32}
 
 
 @pytest.mark.parametrize("flags, word", [

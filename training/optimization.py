@@ -7,11 +7,59 @@ AdamW, where Muon's argument does not apply (a lookup table and a classifier, no
 """
 
 import math
+from collections import defaultdict
 
 import torch
 from transformers import get_scheduler
 
 from training import distributed
+
+
+class StackedMuon(torch.optim.Muon):
+    """torch.optim.Muon's update, with its Newton-Schulz iteration run once per matrix shape on a stack of matrices
+    instead of once per matrix: the same state (a momentum buffer per matrix, so checkpoints are interchangeable) and
+    the same arithmetic up to bf16 rounding, in a few large matmuls instead of dozens of small ones, which are mostly
+    per-call overhead at this size (the tiny preset's 28 matrices on 2 CPU cores: 11 ms a step instead of 26)."""
+
+    def __init__(self, params, momentum: float):
+        super().__init__(params, momentum=momentum, adjust_lr_fn="match_rms_adamw")  # the scale _update applies
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            by_shape = defaultdict(list)  # a (m, n) matrix joins the (n, m) ones: it is orthogonalised transposed
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_shape[tuple(sorted(p.shape))].append(p)
+            for params in by_shape.values():
+                self._update(group, params)
+        return loss
+
+    def _update(self, group: dict, params: list) -> None:
+        grads = [p.grad for p in params]
+        buffers = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+        momentum = group["momentum"]
+        torch._foreach_lerp_(buffers, grads, 1 - momentum)
+        wide = [g.T if g.shape[0] > g.shape[1] else g for g in (  # Nesterov: look one momentum step ahead
+            torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers)]
+        ortho = newton_schulz(torch.stack(wide), group["ns_coefficients"], group["ns_steps"], group["eps"])
+        updates = [o.T if p.shape[0] > p.shape[1] else o for o, p in zip(ortho.unbind(0), params)]
+        torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        scale = group["lr"] * 0.2 * math.sqrt(max(params[0].shape))  # "match_rms_adamw": AdamW's update RMS
+        torch._foreach_add_(params, [u.to(p.dtype) for u, p in zip(updates, params)], alpha=-scale)
+
+
+def newton_schulz(stack: torch.Tensor, coefficients: tuple, steps: int, eps: float) -> torch.Tensor:
+    """Pushes every singular value of each (m <= n) matrix in the stack towards 1 (Muon's quintic iteration, in bf16):
+    the update keeps the gradient's directions and drops their scale."""
+    a, b, c = coefficients
+    x = stack.bfloat16()
+    x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -20,7 +68,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], adam_betas: tuple[float, float],
                  muon_momentum: float = 0.95):
-        self.muon = torch.optim.Muon(muon_groups, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw")
+        self.muon = StackedMuon(muon_groups, momentum=muon_momentum)
         self.adamw = torch.optim.AdamW(adamw_groups, betas=adam_betas, fused=True)
         # The same group dicts, so a schedule that sets group["lr"] here sets it in Muon and AdamW too.
         super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
