@@ -16,6 +16,7 @@ This file imports only torch, transformers and its own configuration, so a saved
 code (`trust_remote_code=True`) for machines where `hf_tinytx` is not installed.
 """
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -292,36 +293,32 @@ class TinyTxAttention(nn.Module):
             # Append this step's keys/values and get back everything seen so far.
             key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
 
-        if query_states.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        cpu_autocast = query_states.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+        if cpu_autocast:
             # Under bf16 autocast on a CPU the attention itself runs in fp32 (the projections around it stay bf16):
             # torch's CPU flash attention takes ~5x longer for its backward in bf16 than in fp32, which cancelled
             # everything the bf16 matmuls gained.
-            with torch.autocast("cpu", enabled=False):
-                states = (query_states.float(), key_states.float(), value_states.float())
-                attn_output, attn_weights = self._attend(*states, attention_mask, **kwargs)
-        else:
-            attn_output, attn_weights = self._attend(query_states, key_states, value_states, attention_mask, **kwargs)
+            query_states, key_states, value_states = query_states.float(), key_states.float(), value_states.float()
+        # The backend is called right here, in forward: vLLM's Transformers backend finds it by reading this source.
+        with torch.autocast("cpu", enabled=False) if cpu_autocast else contextlib.nullcontext():
+            attn_output, attn_weights = attention_interface(
+                self,
+                query_states,
+                key_states,
+                value_states,
+                attention_mask,
+                dropout=0.0 if not self.training else self.attention_dropout,
+                scaling=self.scaling,
+                **kwargs,
+            )
 
         # Concatenate the heads, then mix them back into the residual stream's width.
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         attn_output = self.o_proj(attn_output)
         return attn_output, attn_weights
-
-    def _attend(self, query_states, key_states, value_states, attention_mask, **kwargs):
-        """The configured attention backend (eager, sdpa, flash, flex, or a registered one) on heads-first tensors."""
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        return attention_interface(
-            self,
-            query_states,
-            key_states,
-            value_states,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            **kwargs,
-        )
 
 
 class TinyTxDecoderLayer(GradientCheckpointingLayer):
