@@ -97,6 +97,16 @@ def write_play(path: Path, num_bytes: int = 20_000) -> None:
     path.write_text("\n\n".join(speeches) + "\n", encoding="utf-8")
 
 
+def test_recipe_step(tmp_path):
+    flags = ["--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--vocab_size", "300",
+             "--batch_size", "2", "--seq_len", "32", "--repeats", "3"]
+    summary = final_json(run_script(python("recipe_step.py", *flags), tmp_path).stdout)
+    assert summary["benchmark"] == "recipe_step"
+    assert [(row["baseline"], row["ours"]) for row in summary["results"]] == [
+        ("torch Muon", "StackedMuon"), ("fp32 step", "bf16 step")]
+    assert all(row["baseline_ms"] > 0 and row["ours_ms"] > 0 and row["speedup"] > 0 for row in summary["results"])
+
+
 def test_shakespeare(tmp_path):
     text = tmp_path / "play.txt"
     write_play(text)

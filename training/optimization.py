@@ -19,7 +19,8 @@ class StackedMuon(torch.optim.Muon):
     """torch.optim.Muon's update, with its Newton-Schulz iteration run once per matrix shape on a stack of matrices
     instead of once per matrix: the same state (a momentum buffer per matrix, so checkpoints are interchangeable) and
     the same arithmetic up to bf16 rounding, in a few large matmuls instead of dozens of small ones, which are mostly
-    per-call overhead at this size (the tiny preset's 28 matrices on 2 CPU cores: 11 ms a step instead of 26)."""
+    per-call overhead at this size (the tiny preset's 28 matrices on 2 CPU cores: ~9 ms a step instead of ~27;
+    benchmarks/recipe_step.py)."""
 
     def __init__(self, params, momentum: float):
         super().__init__(params, momentum=momentum, adjust_lr_fn="match_rms_adamw")  # the scale _update applies
@@ -63,7 +64,7 @@ def newton_schulz(stack: torch.Tensor, coefficients: tuple, steps: int, eps: flo
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """torch.optim.Muon and torch.optim.AdamW as one optimizer: one object for the training loop, the learning-rate
+    """Muon (StackedMuon) and torch.optim.AdamW as one optimizer: one object for the training loop, the learning-rate
     schedule (which scales every group's own peak rate) and the checkpoints (one state dict holding both)."""
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], adam_betas: tuple[float, float],
