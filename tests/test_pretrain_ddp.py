@@ -19,9 +19,10 @@ TOLERANCE = 1e-5
 
 
 def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain, tmp_path):
-    # Each rank runs the script under tests/helpers/launch.py, which hashes the weights it holds at end_training.
+    # Each rank runs the script under tests/helpers/launch.py, which hashes the weights it holds at end_training and
+    # marks whether the interpreter's shutdown ran.
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
-                "--hash-weights", str(tmp_path / "ddp_checksum")]
+                "--hash-weights", str(tmp_path / "ddp_checksum"), "--mark-at-exit", str(tmp_path / "shutdown")]
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     common = ["--max_train_steps", STEPS, "--num_probes_per_kind", 0, "--num_samples", 0]
     # No ACCELERATE_USE_CPU in the environment: the script itself must ask Accelerate for CPU data parallelism.
@@ -36,6 +37,8 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
     ranks = [json.loads((tmp_path / f"ddp_checksum.rank{rank}.json").read_text()) for rank in (0, 1)]
     assert all(rank["num_processes"] == 2 for rank in ranks)
     assert ranks[0]["sha256"] == ranks[1]["sha256"], "the two processes hold different weights"
+    # A finished rank leaves without the interpreter's shutdown, where gloo's worker threads could abort it.
+    assert not list(tmp_path.glob("shutdown.rank*"))
 
     ddp_weights, single_weights = load_file(ddp_dir / "model.safetensors"), load_file(single_dir / "model.safetensors")
     assert ddp_weights.keys() == single_weights.keys()

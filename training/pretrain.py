@@ -623,6 +623,7 @@ def flat_scalars(values: dict) -> dict:
 if __name__ == "__main__":
     try:
         main()
+        distributed.exit_launched_process()
     except (UserInputError, RunError) as error:
         # One write, newline included: every process of a launch may say it at once, and print() writes the newline
         # separately, so two processes' lines could run together.

@@ -6,10 +6,12 @@
 --kill-after MODULE.QUALNAME:N  SIGKILLs the process right after the Nth call of that function returns.
 --hash-weights PREFIX           when Accelerator.end_training runs, writes PREFIX.rankR.json with a sha256 of the
                                 weights this process holds (so a test can compare data-parallel ranks).
+--mark-at-exit PREFIX           if the interpreter's shutdown runs (atexit handlers), writes PREFIX.rankR there.
 The script itself knows nothing of this: it is run with runpy as `__main__`.
 """
 
 import argparse
+import atexit
 import functools
 import hashlib
 import importlib
@@ -72,15 +74,26 @@ def hash_weights(prefix: str) -> None:
     wrap("accelerate.Accelerator.end_training", write_hash)
 
 
+def mark_at_exit(prefix: str) -> None:
+    def write_mark():
+        with open(f"{prefix}.rank{os.environ.get('RANK', '0')}", "w", encoding="utf-8") as f:
+            f.write("the interpreter shut down\n")
+
+    atexit.register(write_mark)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--kill-after")
     parser.add_argument("--hash-weights")
+    parser.add_argument("--mark-at-exit")
     parser.add_argument("script")
     options, script_args = parser.parse_known_args()
     if options.kill_after:
         kill_after(options.kill_after)
     if options.hash_weights:
         hash_weights(options.hash_weights)
+    if options.mark_at_exit:
+        mark_at_exit(options.mark_at_exit)
     sys.argv = [options.script, *script_args]
     runpy.run_path(options.script, run_name="__main__")
