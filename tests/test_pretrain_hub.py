@@ -2,7 +2,9 @@
 checkpoints/step_N/, the final model to the repo root, a failing Hub never fails training, and the token stays out
 of every file and output."""
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from safetensors.torch import load, load_file
 
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
 from tests.test_hub import assert_token_nowhere, client_env, last_json_line, run_python
+from tests.test_pretrain_trust import assert_same_weights, rows
 
 
 pytestmark = pytest.mark.slow
@@ -124,3 +127,41 @@ def test_failing_hub_does_not_fail_training_or_the_local_folder(local_hub, run_p
     assert torch.isfinite(model(torch.tensor([[1, 5, 9]])).logits).all()
     assert not list(output_dir.rglob(".hub*"))
     assert_token_nowhere(local_hub.token, [tmp_path], [result.stdout, result.stderr])
+
+
+def upload_text_dataset(local_hub, tmp_path, repo_id: str) -> Path:
+    """A dataset repo of train.jsonl and validation.jsonl (the embedded corpus's documents); returns the local copy."""
+    from hf_tinytx.corpus import default_corpus
+
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    for split, documents in default_corpus(num_documents=300, seed=0).items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents))
+    run_python(f"from huggingface_hub import HfApi; api = HfApi(); "
+               f"api.create_repo({repo_id!r}, repo_type='dataset'); "
+               f"api.upload_folder(folder_path={str(folder)!r}, repo_id={repo_id!r}, repo_type='dataset')",
+               env=pretrain_hub_env(local_hub, tmp_path / "uploader"), cwd=tmp_path)
+    return folder
+
+
+def test_a_hub_dataset_trains_the_same_model_as_its_files_read_locally(local_hub, run_pretrain, tmp_path):
+    repo_id = f"{local_hub.user}/tiny-text"
+    folder = upload_text_dataset(local_hub, tmp_path, repo_id)
+    flags = ["--max_train_steps", 4, "--num_probes_per_kind", 0, "--num_samples", 0]
+    env = {**pretrain_hub_env(local_hub, tmp_path), "HF_DATASETS_OFFLINE": "0"}
+    hub = run_pretrain("--output_dir", tmp_path / "hub", "--dataset_name", repo_id, *flags, env=env)
+    local = run_pretrain("--output_dir", tmp_path / "local", "--train_file", folder / "train.jsonl",
+                         "--validation_file", folder / "validation.jsonl", *flags)
+    assert local_hub.recorded("GET", f"/datasets/{repo_id}/resolve/"), "the run did not download the dataset"
+    blocks = lambda result: next(line for line in result.stdout.splitlines() if "training and" in line)  # noqa: E731
+    assert blocks(hub) == blocks(local)
+    assert_same_weights(tmp_path / "hub", tmp_path / "local")
+    assert f"the Hub dataset `{repo_id}`" in (tmp_path / "hub" / "README.md").read_text()
+
+    # --streaming reads the same repo as a stream; its validation split (streamed too) is read into memory for the
+    # evaluations (once failed: an IterableDataset has no set_format).
+    streamed = run_pretrain("--output_dir", tmp_path / "streamed", "--dataset_name", repo_id, "--streaming", *flags,
+                            env=env)
+    assert "Training for 4 steps" in streamed.stdout
+    assert [r["step"] for r in rows(tmp_path / "streamed") if "loss" in r] == [1, 2, 3, 4]
+    assert [r for r in rows(tmp_path / "streamed") if r.get("final") and "eval_loss" in r]

@@ -37,6 +37,9 @@ def load_text_datasets(data_args: DataArguments, seed: int) -> DatasetDict:
         splits = default_corpus(num_documents=data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS, seed=seed)
         raw = DatasetDict({name: Dataset.from_dict({data_args.text_column: docs}) for name, docs in splits.items()})
 
+    if "validation" in raw and data_args.streaming:
+        # Evaluation needs a finite, re-readable split: the stream's first documents of its own validation split.
+        raw["validation"] = Dataset.from_list(list(raw["validation"].take(STREAMING_VALIDATION_DOCUMENTS)))
     if "validation" not in raw:
         if data_args.streaming:
             # A stream cannot be split at random: the first documents become the validation set.
