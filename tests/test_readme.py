@@ -215,3 +215,17 @@ def test_model_card_snippets_load_and_generate(pushed, run_pretrain, local_hub, 
         ))
         result = run_block(step, block, elsewhere, env, number)
         assert result.stdout.strip(), "the snippet prints the generated text"
+
+
+BENCHMARK_COMMAND = re.compile(r"python (benchmarks/\w+\.py|-m benchmarks\.\w+)")
+
+
+def test_the_benchmark_commands_the_readme_names_start():
+    """Each `python benchmarks/X.py` or `python -m benchmarks.X` in the README, run from the repository root as
+    written, gets as far as its --help (one once said to be run another way and stopped)."""
+    commands = sorted(set(BENCHMARK_COMMAND.findall(README.read_text())))
+    assert len(commands) >= 5, commands
+    for command in commands:
+        result = subprocess.run([sys.executable, *command.split(), "--help"], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0 and "usage" in result.stdout.lower(), f"python {command}: {result.stderr[-500:]}"
