@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
 
@@ -119,3 +120,22 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
     line = [line for line in result.stdout.splitlines() if line.startswith("REMOTE")][0]
     module, new_tokens = line.split()[1:]
     assert module.startswith("transformers_modules") and 1 <= int(new_tokens) <= 4
+
+
+def test_report_to_tensorboard_writes_the_logged_rows(run_pretrain, tmp_path):
+    """--report_to hands the rows of metrics.jsonl to Accelerate's trackers: TensorBoard's event files get the same
+    losses at the same steps, and the run's arguments as hyperparameters."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    run_pretrain("--output_dir", out, "--max_train_steps", 4, "--eval_steps", 2, "--num_probes_per_kind", 0,
+                 "--num_samples", 0, "--report_to", "tensorboard")
+    events = EventAccumulator(str(out / "runs" / "tinytx-pretrain"))
+    events.Reload()
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [(row["step"], row["loss"]) for row in logged if "loss" in row]
+    assert len(losses) == 4
+    assert [(e.step, round(e.value, 5)) for e in events.Scalars("loss")] == losses
+    assert [e.step for e in events.Scalars("eval_loss")] == [row["step"] for row in logged if "eval_loss" in row]
+    hparams = yaml.safe_load(next((out / "runs").rglob("hparams.yml")).read_text())
+    assert hparams["max_train_steps"] == 4 and hparams["report_to"] == "tensorboard" and "hub_token" not in hparams

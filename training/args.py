@@ -121,7 +121,9 @@ class PretrainArguments:
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "'latest' or a checkpoint folder to continue from exactly."}
     )
-    report_to: str = field(default="none", metadata={"help": "tensorboard, trackio, wandb, all or none."})
+    report_to: str = field(
+        default="none", metadata={"help": "tensorboard, trackio, wandb (several joined by commas), all or none."}
+    )
     num_probes_per_kind: int = field(default=100, metadata={"help": "Probe prompts per kind after training (0: off)."})
     num_samples: int = field(default=3, metadata={"help": "Sample generations printed after training."})
     push_to_hub: bool = field(
@@ -210,10 +212,30 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         raise UserInputError(
             f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}."
         )
+    check_report_to(train_args.report_to)
     if train_args.push_to_hub and train_args.hub_model_id is None:
         train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
     if train_args.push_to_hub:
         check_hub_args(train_args)
+
+
+TRACKERS = ("tensorboard", "trackio", "wandb")
+
+
+def check_report_to(report_to: str) -> None:
+    """Each tracker named must be installed: Accelerate would only warn, and the run would log to nothing."""
+    from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
+
+    installed = {"tensorboard": is_tensorboard_available, "trackio": is_trackio_available, "wandb": is_wandb_available}
+    for name in report_to.split(","):
+        if name in ("all", "none") and report_to == name:
+            continue
+        if name not in TRACKERS:
+            raise UserInputError(f"--report_to {report_to!r}: use tensorboard, trackio or wandb (several joined by "
+                                 f"commas), all, or none.")
+        if not installed[name]():
+            raise UserInputError(f"--report_to {name} needs the {name} package, which is not installed: "
+                                 f"pip install {name}, or leave --report_to out.")
 
 
 def check_batch(train_args: PretrainArguments, num_processes: int) -> None:
