@@ -13,7 +13,7 @@ from hf_tinytx import TinyTxForCausalLM
 from tests.helpers.tiny import build_tiny_config, kill_after_call
 from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
 from training.args import PretrainArguments
-from training.optimization import MuonWithAdamW, StackedMuon, make_optimizer
+from training.optimization import Clock, MuonWithAdamW, StackedMuon, make_optimizer, make_schedule
 
 
 def train_rows(folder):
@@ -212,3 +212,28 @@ def test_bad_recipe_values_are_refused_in_one_line(run_pretrain, tmp_path, flags
     assert result.returncode == 2
     one_line_error(result, word)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("cosine", lambda p: 0.5 * (1 + math.cos(math.pi * p))),
+    ("linear", lambda p: 1 - p),
+    ("constant", lambda p: 1.0),
+    ("constant_with_warmup", lambda p: 1.0),
+    ("warmup_stable_decay", lambda p: min(1.0, (1 - p) / 0.3)),
+])
+def test_every_clock_shape_is_its_formula_of_the_time_spent_after_the_warmup(kind, expected):
+    """A run planned in seconds: the rate follows the clock's progress whatever the step count; warm-up is counted in
+    steps (none for `constant`)."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    args = PretrainArguments(lr_scheduler_type=kind, num_warmup_steps=4)
+    clock = Clock(budget_seconds=100.0, accelerator=None)
+    schedule = make_schedule(optimizer, args, max_train_steps=None, num_processes=1, clock=clock)
+    warmup = 0 if kind == "constant" else 4
+    for step, seconds in enumerate([0.0, 1.0, 2.0, 10.0, 35.0, 50.0, 69.0, 71.0, 85.0, 99.0, 100.0, 130.0]):
+        clock.seconds = seconds
+        optimizer.step()  # no gradients: nothing moves; the order torch expects
+        schedule.step()  # the rate of step `step + 1`, read after the clock says `seconds`
+        ramp = min(1.0, (step + 2) / warmup) if warmup else 1.0
+        assert math.isclose(optimizer.param_groups[0]["lr"], ramp * expected(min(1.0, seconds / 100.0)),
+                            abs_tol=1e-12), (kind, step, seconds)
