@@ -223,6 +223,7 @@ def main():
     trials, dropout_trials, steps = (3, 0, 4) if args.quick else (args.trials, min(args.dropout_trials, args.trials),
                                                                    args.steps)
 
+    source = source_version()  # again at the end: a commit landing meanwhile would change what later trials ran
     folder = Path(tempfile.mkdtemp(prefix="kill-campaign-"))
     env = {**pretrain_env(folder), "PYTHONUNBUFFERED": "1"}
     configs = {"plain": None}
@@ -251,7 +252,7 @@ def main():
         "tried": len(rows), "killed": sum(row["killed"] for row in rows),
         "bit_for_bit": sum(row["equal"] for row in rows), "lost": sum(row["lost"] for row in rows),
         "reference_seconds": {name: round(ref["seconds"], 2) for name, ref in references.items()},
-        "source": source_version(),
+        "source": source if source_version() == source else f"{source} .. {source_version()} (changed during the run)",
         "command": ["python", "training/pretrain.py", *command_flags(steps, None)],
         "trials": rows,
     }
