@@ -219,18 +219,15 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         check_hub_args(train_args)
 
 
-TRACKERS = ("tensorboard", "trackio", "wandb")
-
-
 def check_report_to(report_to: str) -> None:
     """Each tracker named must be installed: Accelerate would only warn, and the run would log to nothing."""
     from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
 
+    if report_to in ("all", "none"):
+        return
     installed = {"tensorboard": is_tensorboard_available, "trackio": is_trackio_available, "wandb": is_wandb_available}
     for name in report_to.split(","):
-        if name in ("all", "none") and report_to == name:
-            continue
-        if name not in TRACKERS:
+        if name not in installed:
             raise UserInputError(f"--report_to {report_to!r}: use tensorboard, trackio or wandb (several joined by "
                                  f"commas), all, or none.")
         if not installed[name]():
