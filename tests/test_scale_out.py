@@ -126,7 +126,7 @@ def test_fsdp2_killed_resumes_bit_for_bit_and_skips_a_damaged_shard(fsdp2, tmp_p
     straight, _ = fsdp2
     resumed = tmp_path / "resumed"
     # SIGKILL right after the third save_state returns: step 6 is still under its temporary name.
-    killer = [*TORCHRUN, LAUNCH, "--kill-after", "accelerate.Accelerator.save_state:3"]
+    killer = [*TORCHRUN, LAUNCH, "--kill-at", "after:accelerate.Accelerator.save_state:3"]
     crashed = pretrain(resumed, "--per_device_train_batch_size", 8, "--checkpointing_steps", 2, launcher=killer,
                        env=FSDP2_ENV, check=False)
     assert crashed.returncode != 0

@@ -1,12 +1,11 @@
-"""Faults injected from outside the product: a process killed at a chosen moment, a full disk, a Hub that never answers.
+"""Faults injected from outside the product: a process killed at a chosen moment, a full disk, a silent Hub.
 
 Nothing here reaches into training/: every fault is something a real machine can do to a running script.
 
-- `run_killed_at`: the script runs in a child Python that wraps one or more library functions (`os.replace`,
-  `safetensors.torch.save_file`, `accelerate.Accelerator.save_state`, ...) so that the child SIGKILLs itself right
-  before or right after the Nth call whose arguments contain a given text, then runs the script with
-  `runpy.run_path(script, run_name="__main__")`. Exact moments: "after the second file moved out of the staging
-  folder".
+- `run_killed_at`: the script runs under tests/helpers/launch.py, which wraps one or more library functions
+  (`os.replace`, `safetensors.torch.save_file`, `accelerate.Accelerator.save_state`, ...) so that the child SIGKILLs
+  itself right before or right after the Nth call whose arguments contain a given text. Exact moments: "after the
+  second file moved out of the staging folder".
 - `run_killed_after_line`: SIGKILL once the output shows a line matching a pattern (then `delay` seconds later).
 - `run_killed_after`: SIGKILL `seconds` after the start.
 - `tmpfs(size)`: a small RAM file system mounted on a folder (root only), always unmounted again.
@@ -19,7 +18,6 @@ runs unbuffered, so the output printed before the kill is in the result.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import selectors
@@ -31,75 +29,13 @@ import threading
 import time
 from pathlib import Path
 
+from .launch import KILL_MARK  # noqa: F401  (re-exported: callers read it here)
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = REPO_ROOT / "training" / "pretrain.py"
 KILLED = -signal.SIGKILL
-KILL_MARK = "[faults] SIGKILL"  # the child's last words on stderr, naming the call it died at
-
-# The child: wrap the named functions, count the calls whose path-like arguments contain `match`, die at the Nth.
-# Wrapping happens before the script imports anything, so `from safetensors.torch import save_file` inside a library
-# binds the wrapper too.
-_KILLER = r"""
-import importlib, json, os, runpy, signal, sys, threading
-
-spec = json.loads(sys.argv[1])
-script = sys.argv[2]
-sys.argv = [script, *sys.argv[3:]]
-lock, calls = threading.Lock(), [0]
-
-
-def _texts(args, kwargs):
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, (str, bytes, os.PathLike)):
-            yield os.fsdecode(value)
-
-
-def _die(name, args, kwargs):
-    where = [text for text in _texts(args, kwargs)]
-    sys.stderr.write(f"[faults] SIGKILL {spec['when']} call {spec['nth']} of {name}{tuple(where)}\n")
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _wrap(name, original):
-    def wrapper(*args, **kwargs):
-        hit = False
-        if any(spec["match"] in text for text in _texts(args, kwargs)):
-            with lock:
-                calls[0] += 1
-                hit = calls[0] == spec["nth"]
-        if hit and spec["when"] == "before":
-            _die(name, args, kwargs)
-        result = original(*args, **kwargs)
-        if hit:
-            _die(name, args, kwargs)
-        return result
-
-    wrapper.__wrapped__ = original
-    return wrapper
-
-
-def _owner(dotted):
-    # "accelerate.Accelerator.save_state" -> (the Accelerator class, "save_state"): the longest importable module
-    # prefix, then attributes.
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            owner = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for attribute in parts[cut:-1]:
-            owner = getattr(owner, attribute)
-        return owner, parts[-1]
-    raise ImportError(f"cannot import any module of {dotted!r}")
-
-
-for name in spec["functions"]:
-    owner, attribute = _owner(name)
-    setattr(owner, attribute, _wrap(name, getattr(owner, attribute)))
-runpy.run_path(script, run_name="__main__")
-"""
+LAUNCH = Path(__file__).with_name("launch.py")
 
 
 def _unbuffered(env: dict | None) -> dict:
@@ -127,9 +63,9 @@ def run_killed_at(
     """
     if when not in ("before", "after"):
         raise ValueError(f"when must be 'before' or 'after', got {when!r}")
-    functions = [function] if isinstance(function, str) else list(function)
-    spec = json.dumps({"functions": functions, "match": match, "nth": nth, "when": when})
-    command = [sys.executable, "-c", _KILLER, spec, str(script), *map(str, args)]
+    functions = ",".join([function] if isinstance(function, str) else function)
+    command = [sys.executable, str(LAUNCH), "--kill-at", f"{when}:{functions}:{nth}:{match}", str(script),
+               *map(str, args)]
     return subprocess.run(command, env=_unbuffered(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 

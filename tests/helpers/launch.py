@@ -1,13 +1,18 @@
-"""Runs a training script in this process with one library function wrapped, to act on it from outside the script.
+"""Runs a training script in this process with library functions wrapped, to act on it from outside the script.
 
-    python tests/helpers/launch.py --kill-after accelerate.Accelerator.save_state:3 training/pretrain.py ARGS...
+    python tests/helpers/launch.py --kill-at after:accelerate.Accelerator.save_state:3 training/pretrain.py ARGS...
     python tests/helpers/launch.py --hash-weights PREFIX training/pretrain.py ARGS...   (works under torchrun too)
 
---kill-after MODULE.QUALNAME:N  SIGKILLs the process right after the Nth call of that function returns.
---hash-weights PREFIX           when Accelerator.end_training runs, writes PREFIX.rankR.json with a sha256 of the
-                                weights this process holds (so a test can compare data-parallel ranks).
---mark-at-exit PREFIX           if the interpreter's shutdown runs (atexit handlers), writes PREFIX.rankR there.
-The script itself knows nothing of this: it is run with runpy as `__main__`.
+--kill-at WHEN:FUNCTIONS:N[:TEXT]  SIGKILLs the process right before or right after (WHEN) the Nth call of the
+                                   dotted FUNCTIONS (comma-separated, one count) whose str/bytes/path arguments contain
+                                   TEXT (every call when TEXT is left out). Its last words on stderr start with
+                                   KILL_MARK and name the call. A call that raises counts but kills nothing.
+--hash-weights PREFIX              when Accelerator.end_training runs, writes PREFIX.rankR.json with a sha256 of the
+                                   weights this process holds (so a test can compare data-parallel ranks).
+--mark-at-exit PREFIX              if the interpreter's shutdown runs (atexit handlers), writes PREFIX.rankR there.
+
+The script itself knows nothing of this: it is run with runpy as `__main__`, after the wrapping, so even a library's
+`from safetensors.torch import save_file` binds the wrapper. A method is named through its class.
 """
 
 import argparse
@@ -20,48 +25,79 @@ import os
 import runpy
 import signal
 import sys
+import threading
 
 
-def wrap(target: str, after):
-    """Replaces MODULE.CLASS.METHOD (or MODULE.FUNCTION) by a wrapper that calls `after(result_of_call, call_number)`."""
-    module_name, _, qualname = target.rpartition(".")
-    owner_path = []
-    while True:
+KILL_MARK = "[launch] SIGKILL"
+
+
+def _owner(dotted: str):
+    """"accelerate.Accelerator.save_state" -> (the Accelerator class, "save_state"): the longest importable module
+    prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
         try:
-            owner = importlib.import_module(module_name)
-            break
-        except ModuleNotFoundError:
-            module_name, _, attribute = module_name.rpartition(".")
-            owner_path.insert(0, attribute)
-    for attribute in owner_path:
-        owner = getattr(owner, attribute)
-    original = getattr(owner, qualname)
-    calls = [0]
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:-1]:
+            owner = getattr(owner, attribute)
+        return owner, parts[-1]
+    raise ImportError(f"cannot import any module of {dotted!r}")
+
+
+def wrap(target: str, around) -> None:
+    """Replaces the function `target` by one that returns `around(original, args, kwargs)`."""
+    owner, name = _owner(target)
+    original = getattr(owner, name)
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        result = original(*args, **kwargs)
-        calls[0] += 1
-        after(args, calls[0])
-        return result
+        return around(original, args, kwargs)
 
-    setattr(owner, qualname, wrapper)
+    setattr(owner, name, wrapper)
 
 
-def kill_after(spec: str) -> None:
-    target, _, nth = spec.rpartition(":")
+def _texts(args, kwargs):
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (str, bytes, os.PathLike)):
+            yield os.fsdecode(value)
 
-    def maybe_kill(args, call_number):
-        if call_number == int(nth):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
 
-    wrap(target, maybe_kill)
+def kill_at(spec: str) -> None:
+    when, functions, nth, text = (spec.split(":", 3) + [""])[:4]
+    if when not in ("before", "after"):
+        raise SystemExit(f"launch.py: --kill-at starts with before: or after:, got {spec!r}")
+    lock, calls = threading.Lock(), [0]
+
+    def die(name, args, kwargs):
+        sys.stdout.flush()
+        sys.stderr.write(f"{KILL_MARK} {when} call {nth} of {name}{tuple(_texts(args, kwargs))}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def counting(name):
+        def around(original, args, kwargs):
+            hit = False
+            if not text or any(text in value for value in _texts(args, kwargs)):
+                with lock:
+                    calls[0] += 1
+                    hit = calls[0] == int(nth)
+            if hit and when == "before":
+                die(name, args, kwargs)
+            result = original(*args, **kwargs)
+            if hit:
+                die(name, args, kwargs)
+            return result
+        return around
+
+    for name in functions.split(","):
+        wrap(name, counting(name))
 
 
 def hash_weights(prefix: str) -> None:
-    def write_hash(args, call_number):
+    def end_training(original, args, kwargs):
+        result = original(*args, **kwargs)
         accelerator = args[0]
         model = accelerator.unwrap_model(accelerator._models[0])
         digest = hashlib.sha256()
@@ -70,8 +106,9 @@ def hash_weights(prefix: str) -> None:
             digest.update(tensor.detach().float().cpu().numpy().tobytes())
         with open(f"{prefix}.rank{accelerator.process_index}.json", "w", encoding="utf-8") as f:
             json.dump({"sha256": digest.hexdigest(), "num_processes": accelerator.num_processes}, f)
+        return result
 
-    wrap("accelerate.Accelerator.end_training", write_hash)
+    wrap("accelerate.Accelerator.end_training", end_training)
 
 
 def mark_at_exit(prefix: str) -> None:
@@ -84,16 +121,18 @@ def mark_at_exit(prefix: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(allow_abbrev=False)
-    parser.add_argument("--kill-after")
+    parser.add_argument("--kill-at")
     parser.add_argument("--hash-weights")
     parser.add_argument("--mark-at-exit")
     parser.add_argument("script")
     options, script_args = parser.parse_known_args()
-    if options.kill_after:
-        kill_after(options.kill_after)
+    if options.kill_at:
+        kill_at(options.kill_at)
     if options.hash_weights:
         hash_weights(options.hash_weights)
     if options.mark_at_exit:
         mark_at_exit(options.mark_at_exit)
+    # As `python script` would: the script's folder first on sys.path, not this helper's.
+    sys.path[0] = os.path.dirname(os.path.abspath(options.script))
     sys.argv = [options.script, *script_args]
     runpy.run_path(options.script, run_name="__main__")

@@ -51,7 +51,7 @@ def build_tiny_model(seed=0, attn_implementation="eager", **overrides):
 
 
 def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
-    """A byte-level BPE trained in memory by the library's trainer: <pad>=0, <s>=1, </s>=2, as in `build_tiny_config`."""
+    """A byte-level BPE trained in memory by the library trainer: <pad>=0, <s>=1, </s>=2, as in `build_tiny_config`."""
     from hf_tinytx.tokenization import train_bpe_tokenizer
 
     return train_bpe_tokenizer(sentences, vocab_size)
@@ -85,4 +85,4 @@ LAUNCH = str(Path(__file__).with_name("launch.py"))
 
 def kill_after_call(target: str, nth: int) -> list[str]:
     """A `run_pretrain` launcher that SIGKILLs the run right after the Nth call of `target` (see launch.py)."""
-    return [sys.executable, LAUNCH, "--kill-after", f"{target}:{nth}"]
+    return [sys.executable, LAUNCH, "--kill-at", f"after:{target}:{nth}"]
