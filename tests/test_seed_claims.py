@@ -1,5 +1,6 @@
-"""benchmarks/seed_claims.py: the lookup task and its curriculum, the cross-over, --quick end to end, and the LSTM
-baseline it compares against."""
+"""benchmarks/seed_claims.py: the lookup task and its curriculum (benchmarks/lookup_task.py), the cross-over,
+--quick end to end (the report of benchmarks/seed_claims_report.py included), and the LSTM baseline it compares
+against."""
 
 import json
 import re
@@ -20,10 +21,11 @@ from hf_tinytx.probes import candidate_log_probs, score_probes
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # seed_claims imports its siblings as a script run from benchmarks/ does
+import lookup_task  # noqa: E402
 import seed_claims  # noqa: E402
 
 
-TASK = seed_claims.LookupTask(num_pairs=6, num_keys=10, num_values=10, num_fillers=4)
+TASK = lookup_task.LookupTask(num_pairs=6, num_keys=10, num_values=10, num_fillers=4)
 
 
 def answers_with_their_questions(ids: torch.Tensor, labels: torch.Tensor):
@@ -37,7 +39,7 @@ def pair_position(ids_row: torch.Tensor, key: int) -> int:
 
 
 def test_lookup_batch_asks_every_key_once_after_the_pairs_and_labels_only_its_value():
-    ids, labels = seed_claims.lookup_batch(TASK, 5, 40, torch.Generator().manual_seed(0))
+    ids, labels = lookup_task.lookup_batch(TASK, 5, 40, torch.Generator().manual_seed(0))
     assert ids.shape == labels.shape == (5, 40) and int(ids.max()) < TASK.vocab_size
     asked = list(answers_with_their_questions(ids, labels))
     assert len(asked) == 5 * TASK.num_pairs
@@ -47,12 +49,12 @@ def test_lookup_batch_asks_every_key_once_after_the_pairs_and_labels_only_its_va
     for row in range(5):
         assert sorted(k for r, _, k, _ in asked if r == row) == sorted(ids[row, 1 : TASK.pairs_end : 2].tolist())
     with pytest.raises(ValueError, match="no room"):
-        seed_claims.lookup_batch(TASK, 1, TASK.pairs_end + 4, torch.Generator())
+        lookup_task.lookup_batch(TASK, 1, TASK.pairs_end + 4, torch.Generator())
 
 
 @pytest.mark.parametrize("distance", [4, 9, 30])
 def test_lookup_probes_put_every_question_exactly_distance_after_its_key(distance):
-    ids, labels = seed_claims.lookup_probes(TASK, 3, distance, torch.Generator().manual_seed(1))
+    ids, labels = lookup_task.lookup_probes(TASK, 3, distance, torch.Generator().manual_seed(1))
     asked = list(answers_with_their_questions(ids, labels))
     assert asked
     for row, question, key, value in asked:
@@ -62,16 +64,16 @@ def test_lookup_probes_put_every_question_exactly_distance_after_its_key(distanc
 
 
 def test_copy_batches_and_probes_repeat_the_list_and_label_the_repeat():
-    ids, labels = seed_claims.copy_batch(TASK, 4, 40, torch.Generator().manual_seed(2))
+    ids, labels = lookup_task.copy_batch(TASK, 4, 40, torch.Generator().manual_seed(2))
     lists = ids[:, 1 : 1 + TASK.num_pairs]
     for row in range(4):
         repeat = labels[row][labels[row] != -100]
         assert repeat.tolist() == lists[row, 1:].tolist()
-    ids, labels = seed_claims.copy_probes(TASK, 2, 20, torch.Generator().manual_seed(3), list_length=5)
+    ids, labels = lookup_task.copy_probes(TASK, 2, 20, torch.Generator().manual_seed(3), list_length=5)
     assert ids.shape[1] == 1 + 20 + 5
     assert torch.equal(ids[:, 1:6], ids[:, 21:26]) and torch.equal(labels[:, 22:], ids[:, 22:])
     with pytest.raises(ValueError, match="overlap"):
-        seed_claims.copy_probes(TASK, 1, 5, torch.Generator(), list_length=5)
+        lookup_task.copy_probes(TASK, 1, 5, torch.Generator(), list_length=5)
 
 
 class LookupOracle(torch.nn.Module):
@@ -89,9 +91,9 @@ class LookupOracle(torch.nn.Module):
 
 def test_probe_accuracy_scores_a_perfect_lookup_one_and_a_blind_model_near_chance():
     generator = torch.Generator().manual_seed(4)
-    for probes in (seed_claims.lookup_probes(TASK, 8, 25, generator), seed_claims.copy_probes(TASK, 8, 25, generator)):
+    for probes in (lookup_task.lookup_probes(TASK, 8, 25, generator), lookup_task.copy_probes(TASK, 8, 25, generator)):
         assert seed_claims.probe_accuracy(LookupOracle(), *probes) == 1.0
-    ids, labels = seed_claims.lookup_probes(TASK, 64, 25, generator)
+    ids, labels = lookup_task.lookup_probes(TASK, 64, 25, generator)
     constant = lambda input_ids: SimpleNamespace(logits=torch.zeros(*input_ids.shape, TASK.vocab_size))  # noqa: E731
     constant.eval = lambda: None
     assert seed_claims.probe_accuracy(constant, ids, labels) < 0.3  # always the same id: right only by luck
@@ -99,21 +101,21 @@ def test_probe_accuracy_scores_a_perfect_lookup_one_and_a_blind_model_near_chanc
 
 def test_curriculum_moves_up_on_mastery_and_anyway_as_the_budget_runs():
     stages = (("copy", 8), ("copy+lookup", 8), ("copy+lookup", 16), ("copy+lookup", 32))
-    earned = seed_claims.Curriculum(stages)
+    earned = lookup_task.Curriculum(stages)
     for _ in range(20):
         earned.record(0.95, fraction_done=0.01)
     assert earned.stage(0.01) == 1  # 20 steps above 90%: next stage
     for _ in range(10):
         earned.record(0.95, fraction_done=0.02)
     assert earned.stage(0.02) == 1  # the count starts again after each move
-    forced = seed_claims.Curriculum(stages)
+    forced = lookup_task.Curriculum(stages)
     for _ in range(40):
         forced.record(0.0, fraction_done=0.1)
     assert forced.stage(0.1) == 0 and forced.stage(0.5) == 1 and forced.stage(0.7) == len(stages) - 1
 
 
 def test_lookup_feed_follows_its_curriculum_and_logs_where_each_stage_began():
-    feed = seed_claims.LookupFeed(TASK, (("copy", 30), ("copy+lookup", 40)), batch_size=4, seed=0)
+    feed = lookup_task.LookupFeed(TASK, (("copy", 30), ("copy+lookup", 40)), batch_size=4, seed=0)
     ids, labels = feed.batch(0.0)
     assert ids.shape == (4, 30) and ((labels != -100).sum(1) == TASK.num_pairs - 1).all()  # copies only
     for _ in range(20):
