@@ -114,7 +114,8 @@ class TinyTxConfig(PreTrainedConfig):
             self.auto_map = dict(DEFAULT_AUTO_MAP)
 
     def _validate_sizes(self):
-        # Ours, not transformers' `validate_*` hooks (5.10.4 has them): those run after __post_init__, raise no ValueError.
+        # Ours, not transformers' `validate_*` hooks (5.10.4 has them): those run after __post_init__ and raise no
+        # ValueError.
         for name in (
             "vocab_size",
             "hidden_size",
@@ -184,7 +185,9 @@ class TinyTxConfig(PreTrainedConfig):
         # transformers does not check theta and only warns about a factor below 1, then computes wrong angles.
         theta = params.get("rope_theta")
         if not (isinstance(theta, (int, float)) and theta > 0):
-            raise ValueError(f"TinyTxConfig: `rope_parameters['rope_theta']` must be a positive number, got {theta!r}.")
+            raise ValueError(
+                f"TinyTxConfig: `rope_parameters['rope_theta']` must be a positive number, got {theta!r}."
+            )
         factor = params.get("factor")
         if factor is not None and not (isinstance(factor, (int, float)) and factor >= 1.0):
             raise ValueError(

@@ -239,7 +239,8 @@ def _check_destination(destination: Path, overwrite: bool) -> bool:
 
 
 def _remove_all_but(folder: Path, keep: list[str]) -> None:
-    """Deletes what `folder` held before (--overwrite), keeping the files named in `keep` and the folders above them."""
+    """Deletes what `folder` held before (--overwrite), keeping the files named in `keep` and the folders above
+    them."""
     kept = {Path(name).parts[0] for name in keep}
     for path in folder.iterdir():
         if path.name in kept:

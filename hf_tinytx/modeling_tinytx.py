@@ -47,7 +47,8 @@ logger = logging.get_logger(__name__)
 
 # transformers 5.24 renamed the key/value cache argument and output field from `past_key_values` to `cache`. The
 # saved copy of this file also runs as remote code on older releases, so it speaks whichever name is installed.
-_CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} else "past_key_values"
+_OUTPUT_FIELDS = {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}
+_CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 _MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
@@ -143,7 +144,7 @@ class TinyTxRotaryEmbedding(nn.Module):
 
     @staticmethod
     def compute_default_rope_parameters(config: TinyTxConfig, *args, **kwargs) -> tuple[torch.Tensor, float]:
-        """Pair i of each head's dimensions turns at frequency theta^(-2i/d): fast pairs see near, slow pairs see far."""
+        """Pair i of each head's dimensions turns at frequency theta^(-2i/d): fast pairs see near, slow pairs far."""
         base = config.rope_parameters["rope_theta"]
         dim = config.head_dim
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
@@ -220,7 +221,8 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention written out step by step. Shapes: query (batch, heads, n_q, d), key/value (batch, kv_heads, n_k, d)."""
+    """Attention written out step by step. Shapes: query (batch, heads, n_q, d), key/value (batch, kv_heads, n_k,
+    d)."""
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
 
@@ -255,13 +257,15 @@ class TinyTxAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
 
-        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+        q_width, kv_width = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_width, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_width, config.hidden_size, bias=config.attention_bias)
         self.qk_norm = config.qk_norm  # read once: config lookups are slow and this ran in every layer, every step
         if self.qk_norm:
-            # Normalising each head's queries and keys bounds the scores, which steadies training at high learning rates.
+            # Normalising each head's queries and keys bounds the scores, which steadies training at high learning
+            # rates.
             self.q_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
@@ -487,8 +491,8 @@ class TinyTxModel(TinyTxPreTrainedModel):
             bos = self.config.bos_token_id
             example = f"`torch.tensor([[{bos}]])`" if bos is not None else "the tokenizer's BOS id"
             raise ValueError(
-                f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is nothing to continue "
-                f"from; pass at least one token, e.g. the BOS id: {example}."
+                f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is nothing to "
+                f"continue from; pass at least one token, e.g. the BOS id: {example}."
             )
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:

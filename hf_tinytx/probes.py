@@ -192,8 +192,8 @@ def probe_key(probe: Probe) -> str:
 def score_probes(model, tokenizer, probes: list[Probe], batch_size: int = 32) -> dict[str, float]:
     """Accuracy per probe kind: a probe counts as right when its answer beats every distractor (ties count wrong).
 
-    Keys: `coref`, `coref_new_nouns`, `copy`, `copy@{distance}` and `recall@{distance}` for each kind present, each with a matching
-    `n_{key}` count (as a float, like every value).
+    Keys: `coref`, `coref_new_nouns`, `copy`, `copy@{distance}` and `recall@{distance}` for each kind present, each
+    with a matching `n_{key}` count (as a float, like every value).
     """
     if not probes:
         raise ValueError("`probes` is empty; build some with `hf_tinytx.corpus.make_probes()`.")

@@ -3,8 +3,8 @@
 
 Draws the attention map of every layer and head for the text (DIR/layer{L}_head{H}.png), scores every head on the
 previous-token, first-token and (if a token in it occurs twice) induction roles for that text and, with
---coref_probes N, on resolving "it" in N held-out corpus sentences, and writes DIR/heads.json. MODEL is a local folder or a Hub id; add --trust_remote_code for a checkpoint
-that carries its own code.
+--coref_probes N, on resolving "it" in N held-out corpus sentences, and writes DIR/heads.json. MODEL is a local
+folder or a Hub id; add --trust_remote_code for a checkpoint that carries its own code.
 """
 
 import argparse
