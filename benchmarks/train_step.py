@@ -7,6 +7,10 @@ within a few percent. All run in the same process, interleaved; we report the me
 ratios TinyTx / GPT and TinyTx / Llama (below 1 means TinyTx is faster) as medians of per-round ratios. With
 `--compile`, each model also runs under `torch.compile` (the same step, compiled forward and backward).
 
+The process keeps freed memory for reuse as training/pretrain.py does on a CPU (training/cpu_memory.py), for every
+model alike; `--glibc_malloc` leaves glibc's defaults instead, under which TinyTx and Llama page-fault their
+activations back in every step and the GPT (by the sizes of its blocks) mostly does not.
+
     python benchmarks/train_step.py                 # both shapes, 20 steps each side
     python benchmarks/train_step.py --compile       # also compiled vs compiled
     python benchmarks/train_step.py --quick         # fewer steps
@@ -19,6 +23,8 @@ import argparse
 import json
 
 import torch
+
+from training.cpu_memory import keep_freed_memory
 
 from common import SHAPES, build_pair, count_parameters, interleaved_samples, medians, paired_ratio
 from gpt_baseline import GPT
@@ -56,7 +62,10 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="instead of timing: torch.profiler's busiest ops of 10 eager steps per model")
+    parser.add_argument("--glibc_malloc", action="store_true",
+                        help="leave glibc's malloc settings as they are (default: as training/pretrain.py sets them)")
     args = parser.parse_args()
+    malloc = "glibc defaults" if args.glibc_malloc or not keep_freed_memory() else "freed memory kept"
     repeats = 5 if args.quick else args.repeats
     if args.profile:
         return profile_steps(args.shapes)
@@ -81,9 +90,10 @@ def main():
                 "time_ratio_tinytx_over_gpt": paired_ratio(samples, tinytx, gpt),
                 "time_ratio_tinytx_over_llama": paired_ratio(samples, tinytx, llama),
             })
+    print(f"malloc: {malloc}")
     print_table(results)
     print(json.dumps({"benchmark": "train_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
-                      "repeats": repeats, "results": results}))
+                      "malloc": malloc, "repeats": repeats, "results": results}))
 
 
 def profile_steps(shapes: list[str], steps: int = 10) -> None:

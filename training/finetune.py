@@ -44,7 +44,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingA
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.folders import UnsafeLinkError, link_or_copy, regular_files
-from training import cards
+from training import cards, cpu_memory
 from training.args import UserInputError, build_parser
 from training.hub import HubPusher
 from training.sft_data import build_examples, ensure_chat_template, has_chat, pad_collator, read_records
@@ -108,6 +108,8 @@ def main(argv=None):
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     pushed_dir = (merged_dir if args.merge else output_dir) if push_to_hub else None
     set_seed(training_args.seed)  # before the LoRA weights are drawn
+    if training_args.device.type == "cpu" and cpu_memory.keep_freed_memory() and training_args.process_index == 0:
+        print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
 
     # ---------------------------------------------------------------- data (read and checked before any model loads)
     train_records = read_records(args.train_file)

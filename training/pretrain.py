@@ -39,7 +39,7 @@ from transformers import AutoModelForCausalLM
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.folders import link_or_copy
 from hf_tinytx.tokenization import train_bpe_tokenizer
-from training import cards, checkpoints, distributed, export
+from training import cards, checkpoints, cpu_memory, distributed, export
 from training.args import RunError, UserInputError, args_to_dict, check_batch, parse_args, planned_by_clock
 from training.data import (
     DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
@@ -175,6 +175,8 @@ def make_accelerator(train_args, output_dir: str, sharding: str | None) -> Accel
     accelerator.print(
         f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})"
     )
+    if accelerator.device.type == "cpu" and cpu_memory.keep_freed_memory():
+        accelerator.print(cpu_memory.ANNOUNCEMENT)
     return accelerator
 
 

@@ -1,0 +1,63 @@
+"""training/cpu_memory.py: a training step whose logits are 32 MiB (vocabulary 4,096, batch 8 x 256) page-faults them
+back in every step under glibc's defaults, and not once the process keeps freed memory. Each run is a child process:
+the settings are process-wide and one-way.
+"""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="the settings are glibc's (Linux)"
+)
+
+CHILD = """
+import json, resource, sys
+import torch
+from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+from training.cpu_memory import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+torch.manual_seed(0)
+config = TinyTxConfig(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, max_position_embeddings=256)
+model = TinyTxForCausalLM(config)
+optimizer = torch.optim.AdamW(model.parameters())
+batch = torch.randint(0, 4096, (8, 256))
+def step():
+    model(input_ids=batch, labels=batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+for _ in range(10):  # the heap settles into its peak (with the settings) during the first steps
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    step()
+print(json.dumps({"kept": kept, "faults_per_step": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5}))
+"""
+
+LOGITS_PAGES = 8 * 256 * 4096 * 4 // 4096  # 8,192 pages of 4 KiB
+
+
+def faults_per_step(mode: str, **env) -> dict:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    result = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True,
+                            env=environment | env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_freed_memory_is_not_faulted_back_in():
+    default, kept = faults_per_step("default"), faults_per_step("keep")
+    assert not default["kept"] and kept["kept"]
+    assert default["faults_per_step"] > LOGITS_PAGES  # glibc unmaps the logits (and more) when they are freed
+    assert kept["faults_per_step"] < LOGITS_PAGES / 100
+
+
+def test_an_allocator_the_user_chose_is_left_alone():
+    chosen = faults_per_step("keep", MALLOC_ARENA_MAX="4")
+    assert not chosen["kept"]
+    assert chosen["faults_per_step"] > LOGITS_PAGES
