@@ -9,7 +9,7 @@ ratios TinyTx / GPT and TinyTx / Llama (below 1 means TinyTx is faster) as media
 
 The process keeps freed memory for reuse as training/pretrain.py does on a CPU (training/cpu_memory.py), for every
 model alike; `--glibc_malloc` leaves glibc's defaults instead, under which TinyTx and Llama page-fault their
-activations back in every step and the GPT (by the sizes of its blocks) mostly does not.
+activations back in every step, and the GPT far fewer (benchmarks/results/train_step.txt).
 
     python benchmarks/train_step.py                 # both shapes, 20 steps each side
     python benchmarks/train_step.py --compile       # also compiled vs compiled

@@ -44,7 +44,8 @@ LOGITS_PAGES = 8 * 256 * 4096 * 4 // 4096  # 8,192 pages of 4 KiB
 
 
 def faults_per_step(mode: str, **env) -> dict:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    chosen = ("LD_PRELOAD", "GLIBC_TUNABLES")  # what the child would take as the user's own allocator settings
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in chosen}
     result = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True,
                             env=environment | env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -25,9 +25,8 @@ ANNOUNCEMENT = "Freed memory stays in the process for the next step (glibc mallo
 
 def user_chose_allocator() -> bool:
     """MALLOC_*_ variables are glibc's own tunables (read at start-up); LD_PRELOAD usually brings another malloc."""
-    return any(name.startswith("MALLOC_") for name in os.environ) or "GLIBC_TUNABLES" in os.environ or bool(
-        os.environ.get("LD_PRELOAD")
-    )
+    glibc_settings = any(name.startswith("MALLOC_") or name == "GLIBC_TUNABLES" for name in os.environ)
+    return glibc_settings or bool(os.environ.get("LD_PRELOAD"))
 
 
 def keep_freed_memory() -> bool:
