@@ -21,6 +21,8 @@ Prints a table, then one JSON line with every figure.
 
 import argparse
 import json
+import resource
+import statistics
 
 import torch
 
@@ -41,6 +43,17 @@ def make_step(model: torch.nn.Module, batch: torch.Tensor):
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def counting_faults(step, faults: list):
+    """The step, noting how many pages the kernel faulted in during each call (freed memory coming back)."""
+
+    def counted():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        step()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+    return counted
 
 
 def build_models(shape: str, compile_too: bool) -> tuple[dict, int, int]:
@@ -75,7 +88,8 @@ def main():
         models, batch_size, seq_len = build_models(shape, args.compile)
         vocab_size = models["tinytx"].config.vocab_size
         batch = torch.randint(0, vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
-        steps = {name: make_step(model, batch) for name, model in models.items()}
+        faults = {name: [] for name in models}
+        steps = {name: counting_faults(make_step(model, batch), faults[name]) for name, model in models.items()}
         samples = interleaved_samples(steps, repeats=repeats, warmup=3)
         seconds = medians(samples)
         for suffix in ("", " compiled") if args.compile else ("",):
@@ -89,6 +103,9 @@ def main():
                 # Medians of the per-round ratios (each round times every model back to back).
                 "time_ratio_tinytx_over_gpt": paired_ratio(samples, tinytx, gpt),
                 "time_ratio_tinytx_over_llama": paired_ratio(samples, tinytx, llama),
+                # Median over the timed rounds (not the warm-up): 0 once the process keeps its freed memory.
+                "page_faults_per_step": {name: statistics.median(faults[f"{name}{suffix}"][-repeats:])
+                                         for name in ("tinytx", "gpt", "llama")},
             })
     print(f"malloc: {malloc}")
     print_table(results)
@@ -121,15 +138,17 @@ def profile_steps(shapes: list[str], steps: int = 10) -> None:
 
 def print_table(results: list[dict]) -> None:
     header = (f"{'shape':>5} | {'mode':>8} | {'params TinyTx/GPT':>21} | {'TinyTx ms':>9} | {'GPT ms':>7} | "
-              f"{'Llama ms':>8} | {'TinyTx/GPT':>10} | {'TinyTx/Llama':>12}")
+              f"{'Llama ms':>8} | {'TinyTx/GPT':>10} | {'TinyTx/Llama':>12} | {'page faults a step T/G/L':>24}")
     print(header)
     print("-" * len(header))
     for r in results:
         ms, params = r["ms_per_step"], r["parameters"]
+        faults = "/".join(f"{r['page_faults_per_step'][name]:,.0f}" for name in ("tinytx", "gpt", "llama"))
         print(f"{r['shape']:>5} | {'compiled' if r['compiled'] else 'eager':>8} | "
               f"{params['tinytx']:>10,}/{params['gpt']:>10,} | {ms['tinytx']:>9.1f} | {ms['gpt']:>7.1f} | "
               f"{ms['llama']:>8.1f} | {r['time_ratio_tinytx_over_gpt']:>10.3f} | "
-              f"{r['time_ratio_tinytx_over_llama']:>12.3f}")
+              f"{r['time_ratio_tinytx_over_llama']:>12.3f} | "
+              f"{faults:>24}")
 
 
 if __name__ == "__main__":
