@@ -4,8 +4,8 @@ A training step allocates the same activations, gradients and logits every step 
 glibc's malloc returns big blocks to the kernel when they are freed: blocks above a size it adapts as it goes (at
 most 32 MiB) get a mapping of their own, unmapped on free, and free space at the top of the heap beyond twice that
 size is trimmed. The next step page-faults every one of those pages back in, and the kernel zeroes each of them
-first. Measured on 2 cores: ~46,000 page faults a step (180 MB zeroed) at the 10M shape of benchmarks/train_step.py,
-whose step then takes ~10% longer.
+first. Measured on 2 cores at the 10M shape of benchmarks/train_step.py: 16,000-46,000 page faults a step (64-180 MB
+zeroed), and a step 2-10% longer.
 
 Two `mallopt` settings stop it: blocks up to 1 GiB come from the heap, and up to 1 GiB of free space stays at its
 top. The process keeps its peak memory between steps, as PyTorch's caching allocator does on a GPU (at 10M: 1.2 GiB
