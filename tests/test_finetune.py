@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
-from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+from tests.helpers.tiny import LAUNCH, build_byte_bpe_tokenizer, build_tiny_model
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,11 @@ FAILURES = {
                     "tester/never"),
     "link_out": ([*PUSH, "tester/linked", "--output_dir", "linked"],
                  ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"], "tester/linked"),
+    "fsdp_launch": ([], ["saves the weights one process holds", "FSDP and DeepSpeed split up", "drop --fsdp"], None),
+    "deepspeed_launch": ([], ["saves the weights one process holds", "drop --fsdp/--deepspeed"], None),
 }
+# What `accelerate launch` with an FSDP or DeepSpeed config sets for the script (and Trainer) to read.
+LAUNCHED_WITH = {"fsdp_launch": "ACCELERATE_USE_FSDP=true", "deepspeed_launch": "ACCELERATE_USE_DEEPSPEED=true"}
 
 
 def write_jsonl(path: Path, records) -> Path:
@@ -114,30 +118,42 @@ def runs(tmp_path_factory):
                  "--validation_file", "validation.jsonl", "--packing", "--max_seq_length", "48",
                  "--output_dir", "full", "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
                  "--save_strategy", "steps", "--save_steps", "4"],
-        "lora": ["--model_name_or_path", "bases/plain", "--train_file", "chat.jsonl", "--use_peft", "--merge",
-                 "--lora_r", "4", "--lora_alpha", "8", "--output_dir", "lora",
-                 "--push_to_hub", "--hub_model_id", "tester/tiny-chat-lora", *QUICK],
+        "lora": lora_args("lora"),
         **{name: [*GOOD_INPUTS, "--output_dir", f"never-{name}", *flags] for name, (flags, *_) in FAILURES.items()},
     }
+    launchers = {name: ["env", setting] for name, setting in LAUNCHED_WITH.items()}
+    commands = {name: [*launchers.get(name, []), sys.executable, str(FINETUNE), *args]
+                for name, args in commands.items()}
+    # The LoRA run again as two data-parallel processes; the launcher marks a process whose interpreter shutdown ran.
+    commands["lora_ddp"] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                            LAUNCH, "--mark-at-exit", str(root / "shutdown"), str(FINETUNE), *lora_args("lora_ddp")]
     with LocalHub(user="tester") as hub:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
         env.update(hub.client_env(root / "hf_home"))
         env["OMP_NUM_THREADS"] = "1"  # many processes on a small machine: no thread oversubscription
         subprocess.run([sys.executable, "-c", UPLOAD, "tester/tiny-base", str(gated)], env=env, check=True)
         processes = {
-            name: subprocess.Popen([sys.executable, str(FINETUNE), *args], cwd=root, env=env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for name, args in commands.items()
+            name: subprocess.Popen(command, cwd=root, env=env, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+            for name, command in commands.items()
         }
         results = {}
         for name, process in processes.items():
             stdout, stderr = process.communicate(timeout=600)
             results[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-        hub_files = {repo: hub.repo_files(f"tester/{repo}") for repo in ("tiny-sft", "tiny-chat-lora")}
+        repos = ("tiny-sft", "tiny-chat-lora", "tiny-chat-lora_ddp")
+        hub_files = {repo: hub.repo_files(f"tester/{repo}") for repo in repos}
+        hub_commits = {repo: len(hub.commits(f"tester/{repo}")) for repo in repos}
         requested = [request.path for request in hub.recorded()]
         token = hub.token
-    return {"root": root, "results": results, "hub_files": hub_files, "requested": requested, "token": token,
-            "gated": gated, "plain": plain}
+    return {"root": root, "results": results, "hub_files": hub_files, "hub_commits": hub_commits,
+            "requested": requested, "token": token, "gated": gated, "plain": plain}
+
+
+def lora_args(name: str) -> list[str]:
+    return ["--model_name_or_path", "bases/plain", "--train_file", "chat.jsonl", "--use_peft", "--merge",
+            "--lora_r", "4", "--lora_alpha", "8", "--output_dir", name,
+            "--push_to_hub", "--hub_model_id", f"tester/tiny-chat-{name}", *QUICK]
 
 
 def assert_token_nowhere(runs, result, folder: Path):
@@ -221,6 +237,26 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
     hub_files = runs["hub_files"]["tiny-chat-lora"]
     assert hub_files.get("model.safetensors") == (merged_dir / "model.safetensors").read_bytes()
     assert "modeling_tinytx.py" in hub_files and "adapter_model.safetensors" not in hub_files
+
+
+def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
+    """Under torchrun both processes train; one of them writes the folders and pushes, and neither runs the
+    interpreter's shutdown beside gloo's threads (training/distributed.exit_launched_process)."""
+    from safetensors.torch import load_file
+
+    result = runs["results"]["lora_ddp"]
+    succeeded(result)
+    for line in ("LoRA adapter saved to", "Merged model saved to", "Pushed the merged model to the Hub"):
+        assert result.stdout.count(line) == 1, result.stdout
+    assert not list(runs["root"].glob("shutdown.rank*")), "a process ran the interpreter's shutdown"
+    out = runs["root"] / "lora_ddp"
+    assert "x 2 device(s)" in (out / "README.md").read_text()
+    lora_b = [tensor for name, tensor in load_file(out / "adapter_model.safetensors").items() if "lora_B" in name]
+    assert lora_b and all(tensor.abs().sum() > 0 for tensor in lora_b), "LoRA's B starts at zero: it never trained"
+    # One push, as from one process: the same number of commits as the single-process run's repo.
+    assert runs["hub_commits"]["tiny-chat-lora_ddp"] == runs["hub_commits"]["tiny-chat-lora"]
+    pushed = runs["hub_files"]["tiny-chat-lora_ddp"]
+    assert pushed.get("model.safetensors") == (out / "merged" / "model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("case", list(FAILURES))

@@ -229,7 +229,7 @@ def full_state_dict(model) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def exit_launched_process() -> None:
+def exit_launched_process(code: int = 0) -> None:
     """Ends a process of a multi-process launch at once, once its run has finished: every file is written and closed,
     the trackers are finished and the process groups destroyed, but a gloo group's worker threads live on while
     anything still references the group (DeepSpeed and FSDP2 keep references past `destroy_process_group`). The
@@ -240,4 +240,4 @@ def exit_launched_process() -> None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)

@@ -44,7 +44,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingA
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.folders import UnsafeLinkError, link_or_copy, regular_files
-from training import cards, cpu_memory
+from training import cards, cpu_memory, distributed
 from training.args import UserInputError, build_parser
 from training.hub import HubPusher
 from training.sft_data import build_examples, ensure_chat_template, has_chat, pad_collator, read_records
@@ -144,6 +144,8 @@ def main(argv=None):
     metrics = dict(result.metrics)
     if eval_dataset is not None:
         metrics.update(trainer.evaluate())
+    if not trainer.is_world_process_zero():
+        return  # under torchrun every process holds the same weights: one writes them, and pushes
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     facts.update(training_facts(args, training_args, trainer, metrics))
 
@@ -165,7 +167,7 @@ def main(argv=None):
 
     # ---------------------------------------------------------------- Hub
     if push_to_hub and not push_result(args, training_args, pushed_dir, hub_model_id, trainer.state.global_step):
-        sys.exit(1)
+        raise PushFailed
 
 
 def build_datasets(args, tokenizer, model, train_records, validation_records):
@@ -217,12 +219,23 @@ def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> Non
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise UserInputError(f"--lora_dropout must lie in [0, 1), got {args.lora_dropout}.")
+    if training_args.fsdp or training_args.deepspeed or launched_sharded():
+        raise UserInputError(
+            "finetune.py runs on one process or data-parallel (torchrun) and saves the weights one process holds, "
+            "which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the accelerate config that sets them)."
+        )
     if training_args.push_to_hub and not is_repo_id(hub_repo_id(training_args)):
         named = "--hub_model_id" if training_args.hub_model_id else "The Hub repo id from --output_dir's name,"
         raise UserInputError(
             f"{named} {hub_repo_id(training_args)!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
             f"'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters)."
         )
+
+
+def launched_sharded() -> bool:
+    """`accelerate launch` with an FSDP or DeepSpeed config tells Trainer so through these variables."""
+    return any(os.environ.get(f"ACCELERATE_USE_{name}", "").lower() in ("1", "true", "yes")
+               for name in ("FSDP", "DEEPSPEED"))
 
 
 def hub_repo_id(training_args: TrainingArguments) -> str:
@@ -405,9 +418,17 @@ def write_json(path: str, values: dict) -> None:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
 
 
+class PushFailed(Exception):
+    """The upload failed after everything was saved locally (push_result said why)."""
+
+
 if __name__ == "__main__":
     try:
         main()
     except UserInputError as error:
         print(f"finetune.py: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except PushFailed:
+        distributed.exit_launched_process(code=1)
+        sys.exit(1)
+    distributed.exit_launched_process()
