@@ -125,8 +125,10 @@ def runs(tmp_path_factory):
     commands = {name: [*launchers.get(name, []), sys.executable, str(FINETUNE), *args]
                 for name, args in commands.items()}
     # The LoRA run again as two data-parallel processes; the launcher marks a process whose interpreter shutdown ran.
+    # No --use_cpu: on a machine without a GPU the script must set up CPU data parallelism itself.
+    ddp_args = [arg for arg in lora_args("lora_ddp") if arg != "--use_cpu"]
     commands["lora_ddp"] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                            LAUNCH, "--mark-at-exit", str(root / "shutdown"), str(FINETUNE), *lora_args("lora_ddp")]
+                            LAUNCH, "--mark-at-exit", str(root / "shutdown"), str(FINETUNE), *ddp_args]
     with LocalHub(user="tester") as hub:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
         env.update(hub.client_env(root / "hf_home"))
@@ -250,7 +252,7 @@ def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
         assert result.stdout.count(line) == 1, result.stdout
     assert not list(runs["root"].glob("shutdown.rank*")), "a process ran the interpreter's shutdown"
     out = runs["root"] / "lora_ddp"
-    assert "x 2 device(s)" in (out / "README.md").read_text()
+    assert "x 2 device(s)" in (out / "README.md").read_text()  # one data-parallel run, not two runs side by side
     lora_b = [tensor for name, tensor in load_file(out / "adapter_model.safetensors").items() if "lora_B" in name]
     assert lora_b and all(tensor.abs().sum() > 0 for tensor in lora_b), "LoRA's B starts at zero: it never trained"
     # One push, as from one process: the same number of commits as the single-process run's repo.

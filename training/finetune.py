@@ -199,6 +199,9 @@ def push_result(args, training_args, pushed_dir: str, hub_model_id: str, steps: 
 
 def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
     defaults = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not distributed.has_gpu():
+        # Without it Trainer runs each process of a CPU launch as a run of its own, all writing the same folder.
+        defaults["use_cpu"] = True
     parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)
     args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     check_args(args, training_args)
@@ -219,7 +222,9 @@ def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> Non
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise UserInputError(f"--lora_dropout must lie in [0, 1), got {args.lora_dropout}.")
-    if training_args.fsdp or training_args.deepspeed or launched_sharded():
+    # `accelerate launch` with an FSDP or DeepSpeed config tells Trainer so through the environment.
+    launched_sharded = distributed.env_flag("ACCELERATE_USE_FSDP") or distributed.env_flag("ACCELERATE_USE_DEEPSPEED")
+    if training_args.fsdp or training_args.deepspeed or launched_sharded:
         raise UserInputError(
             "finetune.py runs on one process or data-parallel (torchrun) and saves the weights one process holds, "
             "which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the accelerate config that sets them)."
@@ -230,12 +235,6 @@ def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> Non
             f"{named} {hub_repo_id(training_args)!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
             f"'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters)."
         )
-
-
-def launched_sharded() -> bool:
-    """`accelerate launch` with an FSDP or DeepSpeed config tells Trainer so through these variables."""
-    return any(os.environ.get(f"ACCELERATE_USE_{name}", "").lower() in ("1", "true", "yes")
-               for name in ("FSDP", "DEEPSPEED"))
 
 
 def hub_repo_id(training_args: TrainingArguments) -> str:
