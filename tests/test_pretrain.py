@@ -125,20 +125,41 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
     assert module.startswith("transformers_modules") and 1 <= int(new_tokens) <= 4
 
 
-def test_report_to_tensorboard_writes_the_logged_rows(run_pretrain, tmp_path):
-    """--report_to hands the rows of metrics.jsonl to Accelerate's trackers: TensorBoard's event files get the same
-    losses at the same steps, and the run's arguments as hyperparameters."""
+def test_report_to_every_tracker_writes_the_logged_rows(run_pretrain, tmp_path):
+    """--report_to hands the rows of metrics.jsonl to Accelerate's trackers: TensorBoard's event files, trackio's
+    database and wandb's offline run get the same losses at the same steps, the evaluations at theirs, and the run's
+    arguments (never the Hub token) as hyperparameters."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from tests.helpers.tiny import pretrain_env
+    from tests.helpers.trackers import trackio_rows, wandb_rows
+
     out = tmp_path / "run"
+    offline = {"TRACKIO_DIR": tmp_path / "trackio", "WANDB_MODE": "offline", "WANDB_DIR": tmp_path / "wandb",
+               "WANDB_CONFIG_DIR": tmp_path / "wandb_config", "WANDB_CACHE_DIR": tmp_path / "wandb_cache"}
     run_pretrain("--output_dir", out, "--max_train_steps", 4, "--eval_steps", 2, "--num_probes_per_kind", 0,
-                 "--num_samples", 0, "--report_to", "tensorboard")
-    events = EventAccumulator(str(out / "runs" / "tinytx-pretrain"))
-    events.Reload()
+                 "--num_samples", 0, "--report_to", "tensorboard,trackio,wandb",
+                 env=pretrain_env(tmp_path, **{name: str(value) for name, value in offline.items()}))
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [(row["step"], row["loss"]) for row in logged if "loss" in row]
-    assert len(losses) == 4
+    evaluated = [(row["step"], row["eval_loss"]) for row in logged if "eval_loss" in row]
+    assert len(losses) == 4 and len(evaluated) == 2
+
+    events = EventAccumulator(str(out / "runs" / "tinytx-pretrain"))
+    events.Reload()
     assert [(e.step, round(e.value, 5)) for e in events.Scalars("loss")] == losses
-    assert [e.step for e in events.Scalars("eval_loss")] == [row["step"] for row in logged if "eval_loss" in row]
+    assert [e.step for e in events.Scalars("eval_loss")] == [step for step, _ in evaluated]
     hparams = yaml.safe_load(next((out / "runs").rglob("hparams.yml")).read_text())
-    assert hparams["max_train_steps"] == 4 and hparams["report_to"] == "tensorboard" and "hub_token" not in hparams
+
+    trackio, trackio_config = trackio_rows(tmp_path / "trackio" / "tinytx-pretrain.db")
+    assert [(step, row["loss"]) for step, row in trackio if "loss" in row] == losses
+    assert [(step, row["eval_loss"]) for step, row in trackio if "eval_loss" in row] == evaluated
+
+    (wandb_file,) = (tmp_path / "wandb").rglob("offline-run-*/*.wandb")
+    wandb, wandb_config = wandb_rows(wandb_file)
+    assert [(step, row["loss"]) for step, row in wandb if "loss" in row] == losses
+    assert [(step, row["eval_loss"]) for step, row in wandb if "eval_loss" in row] == evaluated
+
+    for config in (hparams, trackio_config, wandb_config):
+        assert config["max_train_steps"] == 4 and config["report_to"] == "tensorboard,trackio,wandb"
+        assert "hub_token" not in config
