@@ -39,9 +39,20 @@ DEFAULT_FLAGS = [
     "--vocab_size", "1024", "--block_size", "128",
     "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
     "--learning_rate", "3e-3", "--optimizer", "muon", "--muon_learning_rate", "2e-2", "--weight_decay", "1.0",
-    "--mixed_precision", "bf16",  # bf16 matmuls: ~1.3x the steps on this CPU (it has AMX); attention stays fp32
+    "--mixed_precision", "bf16",  # bf16 matmuls: ~1.3x the steps on a CPU with AMX (fp32 without: see fast_bf16)
     "--num_probes_per_kind", "0", "--num_samples", "0",  # probes and sample prompts are for the synthetic corpus
 ]
+
+
+def default_flags() -> list[str]:
+    """DEFAULT_FLAGS, in fp32 where bf16 would be slow: a CPU without AVX-512 or AMX has no fast bf16 matmul."""
+    from training.distributed import cpu_runs_bf16_fast, has_gpu
+
+    if has_gpu() or cpu_runs_bf16_fast():
+        return DEFAULT_FLAGS
+    at = DEFAULT_FLAGS.index("--mixed_precision")
+    print("this CPU has no fast bf16 matmul: training in fp32 (--mixed_precision no)", flush=True)
+    return [*DEFAULT_FLAGS[:at + 1], "no", *DEFAULT_FLAGS[at + 2:]]
 
 
 def split_text(text: str, holdout: float) -> tuple[str, str]:
@@ -98,7 +109,7 @@ def main():
         # compiles from scratch inside its budget, as a user's first run does.
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(tmp / "datasets_cache"),
                    TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor_cache"))
-        flags = [*DEFAULT_FLAGS, *passthrough,
+        flags = [*default_flags(), *passthrough,
                  "--train_file", str(tmp / "train.txt"), "--validation_file", str(tmp / "validation.txt"),
                  "--max_train_seconds", str(args.max_train_seconds)]
 

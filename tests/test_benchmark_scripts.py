@@ -13,6 +13,7 @@ import torch
 
 from tests.helpers.engines import require_llama_cpp
 from tests.helpers.tiny import pretrain_env
+from training.distributed import cpu_runs_bf16_fast
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -122,6 +123,9 @@ def test_shakespeare(tmp_path):
     assert summary["final_lr"] < 3e-3  # the schedule ran on the clock, down from its peak
     assert 0 < summary["bits_per_byte"] < 20
     assert summary["steps"] >= 1 and summary["tokens"] == summary["steps"] * 8 * 64
+    # bf16, the recipe's default, only where the CPU has fast bf16 matmuls
+    precision = summary["pretrain_flags"][summary["pretrain_flags"].index("--mixed_precision") + 1]
+    assert precision == ("bf16" if cpu_runs_bf16_fast() else "no")
 
 
 def test_shakespeare_without_text_says_what_to_give(tmp_path):

@@ -112,8 +112,11 @@ def setup(model_args, data_args, train_args) -> Run:
         raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharding} does "
                              f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
     accelerator = make_accelerator(train_args, output_dir, sharding)
-    if accelerator.device.type == "cpu" and cpu_memory.keep_freed_memory():
-        accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
+    if accelerator.device.type == "cpu":
+        if cpu_memory.keep_freed_memory():
+            accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
+        if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():
+            accelerator.print(distributed.SLOW_BF16)  # a valid choice, but every matmul pays for it
     own_fsdp2 = distributed.shards_itself(accelerator, sharding)
     check_batch(train_args, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
