@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
+from training import distributed
 from tests.helpers.tiny import LAUNCH, build_byte_bpe_tokenizer, build_tiny_model
 
 
@@ -117,7 +118,7 @@ def runs(tmp_path_factory):
         "full": ["--model_name_or_path", "tester/tiny-base", "--train_file", "train.jsonl",  # a base on the Hub
                  "--validation_file", "validation.jsonl", "--packing", "--max_seq_length", "48",
                  "--output_dir", "full", "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
-                 "--save_strategy", "steps", "--save_steps", "4"],
+                 "--save_strategy", "steps", "--save_steps", "4", "--bf16"],
         "lora": lora_args("lora"),
         **{name: [*GOOD_INPUTS, "--output_dir", f"never-{name}", *flags] for name, (flags, *_) in FAILURES.items()},
     }
@@ -180,6 +181,9 @@ def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     # On a CPU under glibc the run keeps freed memory for the next step (tests/test_cpu_memory.py: what that does).
     announced = "Freed memory stays in the process" in runs["results"]["full"].stdout
     assert announced == (platform.libc_ver()[0] == "glibc")
+    # --bf16 on a CPU whose oneDNN has no bf16 kernels (AVX2 only): one line says it is slow there
+    warned = distributed.slow_bf16("--bf16") in runs["results"]["full"].stdout
+    assert warned == (not distributed.cpu_runs_bf16_fast())
 
     # The final model went to the Hub, without the checkpoints kept next to it.
     hub_files = runs["hub_files"]["tiny-sft"]

@@ -195,7 +195,7 @@ def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path)
     run_pretrain("--output_dir", fp32, "--max_train_steps", 3, *QUIET)
     result = run_pretrain("--output_dir", bf16, "--mixed_precision", "bf16", "--max_train_steps", 3, *QUIET)
     # Where oneDNN has no bf16 kernels (an AVX2-only CPU) the run says bf16 is slow here and how to train faster.
-    assert (distributed.SLOW_BF16 in result.stdout) == (not distributed.cpu_runs_bf16_fast())
+    assert (distributed.slow_bf16("--mixed_precision bf16") in result.stdout) == (not distributed.cpu_runs_bf16_fast())
     fp32_losses = [row["loss"] for row in train_rows(fp32)]
     bf16_losses = [row["loss"] for row in train_rows(bf16)]
     assert len(bf16_losses) == 3 and all(math.isfinite(loss) for loss in bf16_losses)

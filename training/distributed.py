@@ -64,8 +64,9 @@ def cpu_runs_bf16_fast() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-SLOW_BF16 = ("--mixed_precision bf16: this CPU has no bf16 matrix instructions (AVX-512 or AMX), so bf16 matmuls run "
-             "many times slower than fp32 here; --mixed_precision no will train faster.")
+def slow_bf16(flag: str) -> str:
+    return (f"{flag}: this CPU has no bf16 matrix instructions (AVX-512 or AMX), so bf16 matmuls run many times "
+            f"slower than fp32 here; training without {flag} will be faster.")
 
 
 def device_options(sharding: str | None) -> dict:

@@ -108,8 +108,11 @@ def main(argv=None):
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     pushed_dir = (merged_dir if args.merge else output_dir) if push_to_hub else None
     set_seed(training_args.seed)  # before the LoRA weights are drawn
-    if training_args.device.type == "cpu" and cpu_memory.keep_freed_memory() and training_args.process_index == 0:
-        print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
+    if training_args.device.type == "cpu" and training_args.process_index == 0:
+        if cpu_memory.keep_freed_memory():
+            print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
+        if training_args.bf16 and not distributed.cpu_runs_bf16_fast():
+            print(distributed.slow_bf16("--bf16"))
 
     # ---------------------------------------------------------------- data (read and checked before any model loads)
     train_records = read_records(args.train_file)

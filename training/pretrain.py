@@ -115,8 +115,8 @@ def setup(model_args, data_args, train_args) -> Run:
     if accelerator.device.type == "cpu":
         if cpu_memory.keep_freed_memory():
             accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
-        if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():
-            accelerator.print(distributed.SLOW_BF16)  # a valid choice, but every matmul pays for it
+        if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():  # valid, but slow
+            accelerator.print(distributed.slow_bf16("--mixed_precision bf16"))
     own_fsdp2 = distributed.shards_itself(accelerator, sharding)
     check_batch(train_args, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
