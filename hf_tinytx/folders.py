@@ -6,9 +6,9 @@
 - `local_folder_or_hub_id(name)`: a command-line model argument, checked: a path that does not exist fails at once
   instead of being sent to the Hub as an id.
 - `publish(staged, destination)`: moves freshly written files into a folder one `os.replace` each, after `fsync`,
-  with `config.json` last: at every moment the folder holds either no config or a complete model, files that are
-  not the model's are never touched, and it works when `destination` is a mount point (the staging folder lives
-  inside it, on the same file system).
+  with `config.json` (a PEFT adapter's `adapter_config.json`) last: at every moment the folder holds either no config
+  or a complete model, files that are not the model's are never touched, and it works when `destination` is a mount
+  point (the staging folder lives inside it, on the same file system).
 """
 
 import os
@@ -18,6 +18,7 @@ from pathlib import Path
 
 
 STAGING_NAME = ".tinytx-staging"  # inside the destination; only ever written by `staging_folder`
+CONFIG_NAMES = ("config.json", "adapter_config.json")  # a model's, a LoRA adapter's: what loading looks for first
 # The weight files `save_pretrained` names; a new save removes older ones it does not replace (other shard counts).
 WEIGHT_FILE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
 
@@ -92,13 +93,13 @@ def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
     staged, destination = Path(staged), Path(destination)
     names = regular_files(staged)
     fsync_tree(staged)
-    if "config.json" in names:  # no config while the files change: nothing loads a half-replaced model
-        (destination / "config.json").unlink(missing_ok=True)
+    for config in set(CONFIG_NAMES) & set(names):  # no config while the files change: nothing loads a half-new model
+        (destination / config).unlink(missing_ok=True)
     new = set(names)
     for old in os.listdir(destination):
         if WEIGHT_FILE.match(old) and old not in new and (destination / old).is_file():
             (destination / old).unlink()  # an older save's shards, which the new index no longer names
-    for name in sorted(names, key=lambda name: name == "config.json"):
+    for name in sorted(names, key=lambda name: name in CONFIG_NAMES):
         (destination / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged / name, destination / name)
     fsync_dir(destination)

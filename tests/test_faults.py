@@ -159,7 +159,8 @@ def test_killed_mid_run_with_attention_dropout_resumes_bit_for_bit(dropout_flags
                            cwd=tmp_path, function="safetensors.torch.save_file", match="checkpoints", nth=4,
                            when="after")
     assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
-    assert "step_3" in os.listdir(output_dir / "checkpoints") and "step_4" not in os.listdir(output_dir / "checkpoints")
+    saved_steps = os.listdir(output_dir / "checkpoints")
+    assert "step_3" in saved_steps and "step_4" not in saved_steps
 
     resumed = pretrain(output_dir, *dropout_flags, *RESUME, tmp_path=tmp_path)
     assert_completed(resumed)
@@ -315,6 +316,45 @@ def test_silent_hub_ends_in_bounded_time_with_the_model_kept_locally(tmp_path):
     assert re.search(r"not pushed", result.stdout + result.stderr, re.IGNORECASE), describe(result)
     assert_notes_kept(output_dir)
     assert_token_nowhere(token, [tmp_path], [result.stdout, result.stderr])
+
+
+def test_finetune_killed_while_saving_leaves_the_previous_model_whole(tmp_path):
+    """A second fine-tune into the same folder, killed while it saves: first when its weights are written (the folder
+    still holds the first run's files, byte for byte), then after two of its files were moved in (the folder holds no
+    config, so nothing loads a mix of two runs); a third run then saves completely, leaving no staging folder."""
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+    from tests.test_finetune import FINETUNE, QUICK, prompt_records, write_jsonl
+
+    build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
+    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")
+    write_jsonl(tmp_path / "train.jsonl", prompt_records(16))
+    tuned = tmp_path / "tuned"
+    command = ["--model_name_or_path", "base", "--train_file", "train.jsonl", "--output_dir", "tuned", *QUICK]
+    again = [*command, "--learning_rate", "1e-3"]  # the second run's weights differ from the first's
+    files = lambda: {path.name: path.read_bytes() for path in tuned.iterdir() if path.is_file()}  # noqa: E731
+
+    first = subprocess.run([sys.executable, str(FINETUNE), *command], cwd=tmp_path, env=pretrain_env(tmp_path),
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, describe(first)
+    saved = files()
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(saved)
+
+    killed = run_killed_at(again, env=pretrain_env(tmp_path), cwd=tmp_path, function="safetensors.torch.save_file",
+                           match="model.safetensors", when="after", script=FINETUNE)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    assert files() == saved, "the killed save changed the folder's model"
+
+    killed = run_killed_at(again, env=pretrain_env(tmp_path), cwd=tmp_path, function=MOVES, match=STAGING, nth=2,
+                           when="after", script=FINETUNE)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    assert "config.json" not in files(), "a config beside a half-moved model"
+
+    last = subprocess.run([sys.executable, str(FINETUNE), *again], cwd=tmp_path, env=pretrain_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert last.returncode == 0, describe(last)
+    assert files()["model.safetensors"] != saved["model.safetensors"]
+    assert AutoModelForCausalLM.from_pretrained(tuned).config.model_type == "tinytx"
+    assert not (tuned / STAGING).exists(), "staging folder left behind"
 
 
 def test_silent_hub_bounds_the_finetune_upload_too(tmp_path):

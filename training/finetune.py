@@ -43,7 +43,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
-from hf_tinytx.folders import UnsafeLinkError, link_or_copy, regular_files
+from hf_tinytx.folders import UnsafeLinkError, link_or_copy, publish, regular_files, staging_folder
 from training import cards, cpu_memory, distributed
 from training.args import UserInputError, build_parser
 from training.hub import HubPusher
@@ -153,19 +153,23 @@ def main(argv=None):
     facts.update(training_facts(args, training_args, trainer, metrics))
 
     # ---------------------------------------------------------------- save (safetensors; an adapter with --use_peft)
+    # Each folder is written into a staging folder inside it, then moved in (hf_tinytx.folders.publish): a run killed
+    # while saving leaves the folder's previous model whole, never a new config beside half-written weights.
     model = trainer.model
-    model.save_pretrained(output_dir)  # PEFT writes a placeholder README.md, which write_card replaces
-    tokenizer.save_pretrained(output_dir)
-    write_json(os.path.join(output_dir, "finetune_args.json"), {**vars(args), "max_seq_length": max_seq_length})
-    write_json(os.path.join(output_dir, "finetune_metrics.json"), metrics)
-    write_card(output_dir, "adapter" if args.use_peft else "full", facts, pushed_dir, hub_model_id)
+    with staged_into(output_dir) as staged:
+        model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
+        tokenizer.save_pretrained(staged)
+        write_json(os.path.join(staged, "finetune_args.json"), {**vars(args), "max_seq_length": max_seq_length})
+        write_json(os.path.join(staged, "finetune_metrics.json"), metrics)
+        write_card(output_dir, staged, "adapter" if args.use_peft else "full", facts, pushed_dir, hub_model_id)
     print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {output_dir}")
 
     if args.merge:
         merged = model.merge_and_unload()  # W + (alpha/r) * B @ A, in place: a plain transformers model again
-        merged.save_pretrained(merged_dir)  # a TinyTx also gets its code files and auto_map here
-        tokenizer.save_pretrained(merged_dir)
-        write_card(merged_dir, "merged", facts, pushed_dir, hub_model_id)
+        with staged_into(merged_dir) as staged:
+            merged.save_pretrained(staged)  # a TinyTx also gets its code files and auto_map here
+            tokenizer.save_pretrained(staged)
+            write_card(merged_dir, staged, "merged", facts, pushed_dir, hub_model_id)
         print(f"Merged model saved to {merged_dir}")
 
     # ---------------------------------------------------------------- Hub
@@ -398,12 +402,21 @@ def training_facts(args: FinetuneArguments, training_args: TrainingArguments, tr
     }
 
 
-def write_card(folder: str, kind: str, facts: dict, pushed_dir: str | None, hub_model_id: str) -> None:
-    """README.md of a saved folder; the folder that goes to the Hub is named (and loaded) by its repo id."""
+@contextlib.contextmanager
+def staged_into(folder: str):
+    """A fresh staging folder inside `folder` to write into; its files move into `folder` when the block ends."""
+    staged = staging_folder(folder)
+    yield str(staged)
+    publish(staged, folder)
+
+
+def write_card(folder: str, staged: str, kind: str, facts: dict, pushed_dir: str | None, hub_model_id: str):
+    """README.md of a saved folder, written into its staging folder; the folder that goes to the Hub is named (and
+    loaded) by its repo id."""
     pushed = folder == pushed_dir
     context = {**facts, "kind": kind, "load_from": hub_model_id if pushed else folder,
                "model_name": hub_model_id if pushed else os.path.basename(folder)}
-    cards.finetuned_card(context).save(os.path.join(folder, "README.md"))
+    cards.finetuned_card(context).save(os.path.join(staged, "README.md"))
 
 
 def refuse_links_out(folder: str) -> list[str]:
