@@ -39,7 +39,7 @@ DEFAULT_FLAGS = [
     "--vocab_size", "1024", "--block_size", "128",
     "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
     "--learning_rate", "3e-3", "--optimizer", "muon", "--muon_learning_rate", "2e-2", "--weight_decay", "1.0",
-    "--mixed_precision", "bf16",  # bf16 matmuls: ~1.3x the steps on a CPU with AMX (fp32 without: see fast_bf16)
+    "--mixed_precision", "bf16",  # bf16 matmuls: ~1.3x the steps on a CPU with AMX (fp32 without: default_flags)
     "--num_probes_per_kind", "0", "--num_samples", "0",  # probes and sample prompts are for the synthetic corpus
 ]
 

@@ -5,12 +5,15 @@
 - `link_or_copy(folder, target)`: a snapshot of those files (hard links where possible, copies elsewhere).
 - `local_folder_or_hub_id(name)`: a command-line model argument, checked: a path that does not exist fails at once
   instead of being sent to the Hub as an id.
+- `writing_into(destination)`: a staging folder to write a model into, published when the block ends (removed if
+  it raises).
 - `publish(staged, destination)`: moves freshly written files into a folder one `os.replace` each, after `fsync`,
   with `config.json` (a PEFT adapter's `adapter_config.json`) last: at every moment the folder holds either no config
   or a complete model, files that are not the model's are never touched, and it works when `destination` is a mount
   point (the staging folder lives inside it, on the same file system).
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -69,6 +72,19 @@ def staging_folder(destination: str | os.PathLike) -> Path:
         shutil.rmtree(staged)
     staged.mkdir(parents=True)
     return staged
+
+
+@contextlib.contextmanager
+def writing_into(destination: str | os.PathLike):
+    """Yields a fresh `staging_folder(destination)` to write into; its files are published into `destination` when
+    the block ends, and the staging folder is removed if the block raises."""
+    staged = staging_folder(destination)
+    try:
+        yield staged
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    publish(staged, destination)
 
 
 def fsync_tree(folder: str | os.PathLike) -> None:

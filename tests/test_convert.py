@@ -362,3 +362,17 @@ def test_a_leftover_staging_folder_does_not_count_as_content(tmp_path):
     (destination / ".tinytx-staging").mkdir(parents=True)
     convert_folder(llama_dir, destination, to="tinytx")
     assert (destination / "model.safetensors").is_file() and not (destination / ".tinytx-staging").exists()
+
+
+def test_writing_into_publishes_at_the_end_and_leaves_nothing_when_the_block_fails(tmp_path):
+    from hf_tinytx.folders import STAGING_NAME, writing_into
+
+    destination = tmp_path / "out"
+    with writing_into(destination) as staged:
+        (staged / "config.json").write_text("{}")
+        assert not (destination / "config.json").exists()  # nothing in place before the block ends
+    assert (destination / "config.json").read_text() == "{}"
+    with pytest.raises(RuntimeError), writing_into(destination) as staged:
+        (staged / "config.json").write_text('{"half": true}')
+        raise RuntimeError("disk full")
+    assert (destination / "config.json").read_text() == "{}" and not (destination / STAGING_NAME).exists()

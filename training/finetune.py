@@ -43,7 +43,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
-from hf_tinytx.folders import UnsafeLinkError, link_or_copy, publish, regular_files, staging_folder
+from hf_tinytx.folders import UnsafeLinkError, link_or_copy, regular_files, writing_into
 from training import cards, cpu_memory, distributed
 from training.args import UserInputError, build_parser
 from training.hub import HubPusher
@@ -96,17 +96,7 @@ class FinetuneArguments:
 def main(argv=None):
     # ---------------------------------------------------------------- arguments
     args, training_args = parse_args(argv)
-    hub_model_id = hub_repo_id(training_args)
-    output_dir = os.path.abspath(training_args.output_dir)
-    merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
-    for folder in (output_dir, merged_dir):
-        if os.path.isdir(folder):
-            refuse_links_out(folder)  # saving would write through such a link, and the push would read it
-    # The final model goes to output_dir, Trainer's checkpoints below it. The Hub push is ours (HubPusher, after
-    # saving), so Trainer must not create or push a repo of its own.
-    training_args.output_dir = os.path.join(output_dir, "checkpoints")
-    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
-    pushed_dir = (merged_dir if args.merge else output_dir) if push_to_hub else None
+    where = destinations(args, training_args)
     set_seed(training_args.seed)  # before the LoRA weights are drawn
     if training_args.device.type == "cpu" and training_args.process_index == 0:
         if cpu_memory.keep_freed_memory():
@@ -152,29 +142,54 @@ def main(argv=None):
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     facts.update(training_facts(args, training_args, trainer, metrics))
 
-    # ---------------------------------------------------------------- save (safetensors; an adapter with --use_peft)
-    # Each folder is written into a staging folder inside it, then moved in (hf_tinytx.folders.publish): a run killed
-    # while saving leaves the folder's previous model whole, never a new config beside half-written weights.
-    model = trainer.model
-    with staged_into(output_dir) as staged:
+    # ---------------------------------------------------------------- save, merge, Hub
+    save_folders(trainer.model, tokenizer, args, where, metrics, facts)
+    if where.pushed_dir and not push_result(args, training_args, where, trainer.state.global_step):
+        raise PushFailed
+
+
+@dataclass
+class Destinations:
+    output_dir: str  # the fine-tuned model or the adapter; Trainer's checkpoints in its checkpoints/
+    merged_dir: str  # with --merge
+    pushed_dir: str | None  # the folder --push_to_hub uploads (None: no push)
+    hub_model_id: str
+
+
+def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
+    """Where the run writes, checked for links out; Trainer is pointed at checkpoints/ and kept from the Hub."""
+    output_dir = os.path.abspath(training_args.output_dir)
+    merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
+    for folder in (output_dir, merged_dir):
+        if os.path.isdir(folder):
+            refuse_links_out(folder)  # saving would write through such a link, and the push would read it
+    # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
+    hub_model_id = hub_repo_id(training_args)
+    training_args.output_dir = os.path.join(output_dir, "checkpoints")
+    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
+    pushed_dir = (merged_dir if args.merge else output_dir) if push_to_hub else None
+    return Destinations(output_dir, merged_dir, pushed_dir, hub_model_id)
+
+
+def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict) -> None:
+    """The model (or adapter) folder, then with --merge the merged one (safetensors). Each is written into a staging
+    folder inside it and then moved in (hf_tinytx.folders.writing_into): a run killed while saving leaves the folder's
+    previous model whole, never a new config beside half-written weights."""
+    with writing_into(where.output_dir) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
-        write_json(os.path.join(staged, "finetune_args.json"), {**vars(args), "max_seq_length": max_seq_length})
-        write_json(os.path.join(staged, "finetune_metrics.json"), metrics)
-        write_card(output_dir, staged, "adapter" if args.use_peft else "full", facts, pushed_dir, hub_model_id)
-    print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {output_dir}")
+        write_json(staged / "finetune_args.json", {**vars(args), "max_seq_length": facts["max_seq_length"]})
+        write_json(staged / "finetune_metrics.json", metrics)
+        write_card(where.output_dir, staged, "adapter" if args.use_peft else "full", facts, where)
+    print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {where.output_dir}")
 
     if args.merge:
         merged = model.merge_and_unload()  # W + (alpha/r) * B @ A, in place: a plain transformers model again
-        with staged_into(merged_dir) as staged:
+        with writing_into(where.merged_dir) as staged:
             merged.save_pretrained(staged)  # a TinyTx also gets its code files and auto_map here
             tokenizer.save_pretrained(staged)
-            write_card(merged_dir, staged, "merged", facts, pushed_dir, hub_model_id)
-        print(f"Merged model saved to {merged_dir}")
-
-    # ---------------------------------------------------------------- Hub
-    if push_to_hub and not push_result(args, training_args, pushed_dir, hub_model_id, trainer.state.global_step):
-        raise PushFailed
+            write_card(where.merged_dir, staged, "merged", facts, where)
+        print(f"Merged model saved to {where.merged_dir}")
 
 
 def build_datasets(args, tokenizer, model, train_records, validation_records):
@@ -191,11 +206,12 @@ def build_datasets(args, tokenizer, model, train_records, validation_records):
     return train_dataset, eval_dataset, max_seq_length
 
 
-def push_result(args, training_args, pushed_dir: str, hub_model_id: str, steps: int) -> bool:
+def push_result(args, training_args, where: Destinations, steps: int) -> bool:
     """One upload at the end: the merged model with --merge, else output_dir without its sub-folders."""
+    hub_model_id = where.hub_model_id
     pusher = HubPusher(hub_model_id, token=training_args.hub_token, private=bool(training_args.hub_private_repo))
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
-    with final_files_only(pushed_dir) as folder:
+    with final_files_only(where.pushed_dir) as folder:
         pushed = pusher.push(folder, f"Fine-tuned {what} ({steps} steps)", timeout=args.hub_timeout)
     for failure in pusher.failures:
         print(failure, file=sys.stderr)
@@ -402,20 +418,12 @@ def training_facts(args: FinetuneArguments, training_args: TrainingArguments, tr
     }
 
 
-@contextlib.contextmanager
-def staged_into(folder: str):
-    """A fresh staging folder inside `folder` to write into; its files move into `folder` when the block ends."""
-    staged = staging_folder(folder)
-    yield str(staged)
-    publish(staged, folder)
-
-
-def write_card(folder: str, staged: str, kind: str, facts: dict, pushed_dir: str | None, hub_model_id: str):
+def write_card(folder: str, staged, kind: str, facts: dict, where: Destinations) -> None:
     """README.md of a saved folder, written into its staging folder; the folder that goes to the Hub is named (and
     loaded) by its repo id."""
-    pushed = folder == pushed_dir
-    context = {**facts, "kind": kind, "load_from": hub_model_id if pushed else folder,
-               "model_name": hub_model_id if pushed else os.path.basename(folder)}
+    pushed = folder == where.pushed_dir
+    context = {**facts, "kind": kind, "load_from": where.hub_model_id if pushed else folder,
+               "model_name": where.hub_model_id if pushed else os.path.basename(folder)}
     cards.finetuned_card(context).save(os.path.join(staged, "README.md"))
 
 
@@ -427,7 +435,7 @@ def refuse_links_out(folder: str) -> list[str]:
         raise UserInputError(str(error)) from None
 
 
-def write_json(path: str, values: dict) -> None:
+def write_json(path: str | os.PathLike, values: dict) -> None:
     values = {k: v for k, v in values.items() if k != "hub_token"}  # a Hub token must never reach a file
     with open(path, "w", encoding="utf-8") as f:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
