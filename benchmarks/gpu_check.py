@@ -181,11 +181,12 @@ def generate(args) -> int:
 def syncs(args) -> int:
     from transformers import StaticCache
 
-    config = config_from_file(path=Path(args.model_config))
+    config = config_from_file(args.vocab_size, Path(args.model_config))
     torch.manual_seed(0)
     model = TinyTxForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    ids = torch.randint(2, config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(1)).to(args.device)
+    rows = torch.randint(2, config.vocab_size, (4, args.seq_len), generator=torch.Generator().manual_seed(1))
+    ids = rows.to(args.device)
 
     def train_step():
         model(input_ids=ids, labels=ids).loss.backward()
@@ -244,6 +245,8 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model_config", default=str(BASE_CONFIG), help="syncs: the model's shape (a config file)")
+    parser.add_argument("--seq_len", type=int, default=512, help="syncs: the training step's sequence length (>= 32)")
+    parser.add_argument("--vocab_size", type=int, default=50304, help="syncs: the model's vocabulary")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the code path (bf16 on CPU), no figures")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -136,9 +136,11 @@ def test_shakespeare_without_text_says_what_to_give(tmp_path):
 
 def test_gpu_sync_check_runs_its_steps_on_cpu(tmp_path):
     """The dry run of `gpu_check.py syncs` (a CPU has nothing to wait for, so only the code path is checked here; on a
-    GPU the same steps run under torch.cuda.set_sync_debug_mode("error"))."""
+    GPU the same steps run under torch.cuda.set_sync_debug_mode("error")). Short rows and a small vocabulary: a CPU
+    without AVX-512 or AMX runs bf16 matmuls ~65x slower than fp32 (the full-size step took 80 s there)."""
     config = BENCHMARKS.parent / "training" / "configs" / "model-tiny.json"
-    result = run_script(python("gpu_check.py", "syncs", "--device", "cpu", "--model_config", config), tmp_path)
+    flags = ["--device", "cpu", "--model_config", config, "--seq_len", "64", "--vocab_size", "1024"]
+    result = run_script(python("gpu_check.py", "syncs", *flags), tmp_path)
     summary = final_json(result.stdout)
     assert summary["check"] == "syncs" and summary["steps"] == {"training step": "none", "decoding step": "none"}
 
