@@ -29,6 +29,18 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `training` from the checkout
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from training.args import RunError, UserInputError, args_to_dict, check_batch, parse_args, planned_by_clock
+
+
+if __name__ == "__main__":
+    # The flags first, before torch and transformers load (~7 s on a small CPU): a typo or --help is answered at once.
+    # main() parses them again, which costs nothing.
+    try:
+        parse_args()
+    except UserInputError as early_error:
+        sys.stderr.write(f"pretrain.py: error: {early_error}\n")
+        sys.exit(2)
+
 import torch
 import transformers
 from accelerate import Accelerator
@@ -40,7 +52,6 @@ import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.folders import link_or_copy
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from training import cards, checkpoints, cpu_memory, distributed, export
-from training.args import RunError, UserInputError, args_to_dict, check_batch, parse_args, planned_by_clock
 from training.data import (
     DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
