@@ -51,7 +51,9 @@ def run_pretrain(tmp_path):
             command, env=env or pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout
         )
         if check and result.returncode != 0:
-            raise AssertionError(f"{command} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+            raise AssertionError(
+                f"{command} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+            )
         return result
 
     return run

@@ -72,7 +72,8 @@ def test_flags_in_full_and_defaults_still_parse():
 
 
 def test_total_batch_size_and_gradient_accumulation_are_one_or_the_other():
-    with pytest.raises(UserInputError, match="^--total_batch_size sets --gradient_accumulation_steps itself; give one"):
+    one_or_other = "^--total_batch_size sets --gradient_accumulation_steps itself; give one"
+    with pytest.raises(UserInputError, match=one_or_other):
         parse_args(["--total_batch_size", "32", "--gradient_accumulation_steps", "2"])
     parse_args(["--total_batch_size", "32"])  # alone it parses; the process count is checked at launch
 

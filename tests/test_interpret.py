@@ -70,7 +70,7 @@ def test_heatmaps_have_labelled_axes_and_the_promised_pixel_size(tokenizer, tmp_
     assert Image.open(tmp_path / "one.png").size == (250, 200)
 
     paths = save_attention_maps(maps, tmp_path / "all", dpi=40)
-    assert sorted(p.name for p in paths) == sorted(f"layer{l}_head{h}.png" for l in range(2) for h in range(4))
+    assert sorted(p.name for p in paths) == sorted(f"layer{i}_head{h}.png" for i in range(2) for h in range(4))
     width, height = default_size_inches(len(maps.tokens))
     assert Image.open(paths[0]).size == (round(width * 40), round(height * 40))
 

@@ -46,9 +46,12 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
     print(f"max |ddp - single| after {STEPS} steps: {max_diff:.3e}")
     assert max_diff < TOLERANCE
     # Same global batch: both runs logged the same number of tokens per step.
-    rows = lambda folder: [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
-    assert [r["tokens"] for r in rows(ddp_dir) if "loss" in r] == [r["tokens"] for r in rows(single_dir) if "loss" in r]
-    ddp_losses = torch.tensor([r["loss"] for r in rows(ddp_dir) if "loss" in r])
+    ddp_rows, single_rows = (
+        [row for row in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if "loss" in row]
+        for folder in (ddp_dir, single_dir)
+    )
+    assert [r["tokens"] for r in ddp_rows] == [r["tokens"] for r in single_rows]
+    ddp_losses = torch.tensor([r["loss"] for r in ddp_rows])
     assert torch.isfinite(ddp_losses).all() and ddp_losses[-1] < ddp_losses[0]  # it trained, not just agreed
 
 

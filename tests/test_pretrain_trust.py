@@ -134,7 +134,8 @@ def test_a_diverging_run_stops_before_its_weights_turn_to_nan(run_pretrain, tmp_
     saved = sorted(os.listdir(out / "checkpoints"))
     for name in saved:
         if name.startswith("step_"):
-            assert all(torch.isfinite(t).all() for t in load_file(out / "checkpoints" / name / "model.safetensors").values())
+            weights = load_file(out / "checkpoints" / name / "model.safetensors")
+            assert all(torch.isfinite(t).all() for t in weights.values())
 
 
 def test_a_clock_the_user_set_says_where_it_stopped(run_pretrain, tmp_path):

@@ -95,7 +95,8 @@ def one_step(tiny_model, dataset, collator, output_dir, batch_size, accumulation
 
 
 def test_gradient_accumulation_matches_one_big_batch(tiny_model, byte_bpe_tokenizer, tmp_path: Path):
-    collator = pad_collator(byte_bpe_tokenizer())  # pad id 0: no token drawn below is 0, so only padding leaves the loss
+    # Pad id 0: no token drawn below is 0, so only padding leaves the loss.
+    collator = pad_collator(byte_bpe_tokenizer())
     generator = torch.Generator().manual_seed(1)
     # Different numbers of real tokens per sequence (3, 19, 6, 14), so a mean over micro-batches would be wrong.
     lengths = [3, 19, 6, 14]
