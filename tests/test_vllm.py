@@ -4,7 +4,8 @@ offline (`vllm.LLM`) and from the OpenAI-compatible server through the `openai` 
 completions and chat. The server command and the README's Python snippets are taken from the README's vLLM section.
 
 vLLM runs in its own environment, .venv-vllm (see tests/helpers/engines.py), in subprocesses: one offline run
-(tests/helpers/vllm_run.py) that loads the two folders in turn, one README snippet, one server.
+(tests/helpers/vllm_run.py) that loads the two folders in turn, one README snippet, one server. The three start
+together, once the folders exist: each spends most of its minute or two importing and compiling on one core.
 """
 
 import json
@@ -79,20 +80,22 @@ def expected(workdir) -> dict:
     return result
 
 
-def vllm_env(root):
-    """Offline, private caches (compiled graphs included), and a small footprint on a shared machine: a 1 GiB key/value
-    cache (vLLM's CPU default is 4) and one unpinned OpenMP thread."""
+def vllm_env(root, name: str):
+    """Offline, private caches (compiled graphs included; one per process `name`, as the processes run side by side),
+    and a small footprint on a shared machine: a 1 GiB key/value cache (vLLM's CPU default is 4) and one unpinned
+    OpenMP thread."""
     require_vllm("vLLM is needed to check serving")
     return pretrain_env(
-        root, VLLM_CACHE_ROOT=str(root / "vllm_cache"), VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-        OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
+        root, VLLM_CACHE_ROOT=str(root / f"vllm_cache_{name}"), VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
     )
 
 
 @pytest.fixture(scope="module")
-def offline(workdir) -> dict:
-    """{"tinytx" | "llama": what vLLM's offline engine computed}, from one subprocess in .venv-vllm."""
-    env = vllm_env(workdir)
+def offline(workdir, started_server, started_readme_snippet) -> dict:
+    """{"tinytx" | "llama": what vLLM's offline engine computed}, from one subprocess in .venv-vllm (the server and
+    the README snippet start first, to load beside it)."""
+    env = vllm_env(workdir, "offline")
     names = ["tinytx", "llama"]
     request = {"cases": [
         {"model": str(workdir / "out" / name), "prompts": PROMPTS, "messages": CHAT_MESSAGES, "max_tokens": MAX_TOKENS}
@@ -115,17 +118,42 @@ def readme_block(language: str, containing: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(workdir):
+def started_server(workdir):
     """The README's server command, run in the user's folder (.venv-vllm's python), on a free loopback port."""
     line = next(line for line in readme_block("bash", SERVE_COMMAND).splitlines() if line.startswith(SERVE_COMMAND))
     # `env -C`: the command's relative paths are the user's folder's; argparse keeps Server's --host/--port (the last).
     command = ["env", "-C", str(workdir), str(VLLM_PYTHON), *shlex.split(line)[1:]]
-    started = Server(command, workdir / "server.log", vllm_env(workdir))
+    started = Server(command, workdir / "server.log", vllm_env(workdir, "server"))
     try:
-        started.wait_ready(time.monotonic() + READY_TIMEOUT_S)
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(scope="module")
+def server(started_server):
+    started_server.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+    return started_server
+
+
+@pytest.fixture(scope="module")
+def started_readme_snippet(workdir):
+    """The README's offline snippet (`LLM(...)`), as pasted, running in the user's folder; output in files (a pipe
+    nobody reads yet would fill and stop it)."""
+    snippet = readme_block("python", "LLM(")
+    assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
+    path = workdir / "readme_vllm_offline.py"
+    path.write_text(snippet)
+    logs = workdir / "readme_vllm_offline.out", workdir / "readme_vllm_offline.err"
+    with open(logs[0], "wb") as out, open(logs[1], "wb") as err:
+        process = subprocess.Popen([str(VLLM_PYTHON), str(path)], env=vllm_env(workdir, "readme"), cwd=workdir,
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 # ---- offline: vllm.LLM ----
@@ -155,17 +183,12 @@ def readme_text(workdir) -> str:
 
 
 @pytest.mark.slow
-def test_readme_offline_snippet_prints_generates_text(workdir):
-    snippet = readme_block("python", "LLM(")
-    assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
-    path = workdir / "readme_vllm_offline.py"
-    path.write_text(snippet)
-    result = subprocess.run([str(VLLM_PYTHON), str(path)], env=vllm_env(workdir), cwd=workdir,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, (
-        f"the README's vLLM snippet failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    )
-    assert readme_text(workdir) + "\n" in result.stdout, result.stdout[-3000:]
+def test_readme_offline_snippet_prints_generates_text(workdir, started_readme_snippet):
+    returncode = started_readme_snippet.wait(timeout=600)
+    stdout = (workdir / "readme_vllm_offline.out").read_text(errors="replace")
+    stderr = (workdir / "readme_vllm_offline.err").read_text(errors="replace")
+    assert returncode == 0, f"the README's vLLM snippet failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    assert readme_text(workdir) + "\n" in stdout, stdout[-3000:]
 
 
 # ---- the OpenAI-compatible server ----
