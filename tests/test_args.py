@@ -1,12 +1,11 @@
 """Flags of both training scripts (training/args.py: build_parser): spelled in full or refused, and every mistake is
 one line on stderr with exit status 2, a typo named together with the flag it was probably meant to be."""
 
-import subprocess
 import sys
 
 import pytest
 
-from tests.helpers.tiny import REPO_ROOT, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, pretrain_env, run_side_by_side
 from training.args import ALL_ARGUMENTS, UserInputError, build_parser, parse_args
 
 
@@ -23,20 +22,15 @@ FLAG_MISTAKES = {  # (script, flags) -> the one line the script must print
 @pytest.fixture(scope="module")
 def flag_runs(tmp_path_factory):
     """Each mistake in its own process, all started together (each spends seconds importing torch)."""
-    processes = {}
+    runs = {}
     for (script, case), (flags, _) in FLAG_MISTAKES.items():
         cwd = tmp_path_factory.mktemp(f"{script}-{case}")
         required = ["--model_name_or_path", "base", "--train_file", "data.jsonl"] if script == "finetune" else []
         command = [sys.executable, str(REPO_ROOT / "training" / f"{script}.py"), *required, *flags]
         env = pretrain_env(tmp_path_factory.mktemp("home"))  # caches outside cwd, which must stay empty
-        processes[script, case] = cwd, subprocess.Popen(
-            command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-    results = {}
-    for key, (cwd, process) in processes.items():
-        stdout, stderr = process.communicate(timeout=300)
-        results[key] = cwd, subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    return results
+        runs[script, case] = command, cwd, env
+    finished = run_side_by_side(runs)
+    return {key: (cwd, finished[key]) for key, (_, cwd, _) in runs.items()}
 
 
 @pytest.mark.parametrize("script, case", list(FLAG_MISTAKES))

@@ -4,16 +4,18 @@ refused before anything is written. Every fault comes from outside the script (a
 import json
 import os
 import signal
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.tiny import REPO_ROOT, kill_after_call
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, kill_after_call, pretrain_env, run_side_by_side
 
 
 pytestmark = pytest.mark.slow
 
+PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
 QUIET = ["--num_probes_per_kind", 0, "--num_samples", 0]
 
 
@@ -46,13 +48,10 @@ def one_line_error(result, *words):
 def straight(tmp_path_factory):
     """An uninterrupted 6-step run: what every interrupted or damaged run must end up equal to."""
     import subprocess
-    import sys
-
-    from tests.helpers.tiny import TINY_PRETRAIN_ARGS, pretrain_env
 
     tmp = tmp_path_factory.mktemp("straight")
-    command = [sys.executable, str(REPO_ROOT / "training" / "pretrain.py"), *TINY_PRETRAIN_ARGS,
-               "--output_dir", str(tmp / "out"), "--max_train_steps", "6", *map(str, QUIET)]
+    command = [sys.executable, PRETRAIN, *TINY_PRETRAIN_ARGS, "--output_dir", str(tmp / "out"), "--max_train_steps",
+               "6", *map(str, QUIET)]
     result = subprocess.run(command, env=pretrain_env(tmp), cwd=tmp, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp / "out"
@@ -166,17 +165,29 @@ BAD_INPUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory) -> dict:
+    """{case: (its folder, its run)}: each case of BAD_INPUTS in a folder and process of its own, all started
+    together."""
+    runs = {}
+    for case, (flags, _) in BAD_INPUTS.items():
+        folder = tmp_path_factory.mktemp("bad_input")
+        (folder / "list.json").write_text("[1, 2, 3]")
+        (folder / "broken.json").write_text('{"hidden_size": 64,')
+        (folder / "binary.txt").write_bytes(bytes(range(256)) * 64)
+        flags = [flag.format(tmp=folder) for flag in flags]
+        command = [sys.executable, PRETRAIN, *TINY_PRETRAIN_ARGS, "--output_dir", str(folder / "out"), *flags]
+        runs[case] = command, folder, pretrain_env(folder)
+    finished = run_side_by_side(runs)
+    return {case: (folder, finished[case]) for case, (_, folder, _) in runs.items()}
+
+
 @pytest.mark.parametrize("case", BAD_INPUTS)
-def test_bad_input_is_refused_in_one_line_before_anything_is_written(run_pretrain, tmp_path, case):
-    (tmp_path / "list.json").write_text("[1, 2, 3]")
-    (tmp_path / "broken.json").write_text('{"hidden_size": 64,')
-    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 64)
-    flags, word = BAD_INPUTS[case]
-    flags = [flag.format(tmp=tmp_path) for flag in flags]
-    result = run_pretrain("--output_dir", tmp_path / "out", *flags, check=False)
+def test_bad_input_is_refused_in_one_line_before_anything_is_written(bad_input_runs, case):
+    folder, result = bad_input_runs[case]
     assert result.returncode == 2
-    one_line_error(result, word)
-    assert not (tmp_path / "out").exists()
+    one_line_error(result, BAD_INPUTS[case][1])
+    assert not (folder / "out").exists()
 
 
 def test_a_half_written_tokenizer_is_named(run_pretrain, tmp_path):
