@@ -12,9 +12,9 @@ import torch
 from hf_tinytx import TinyTxForCausalLM
 from tests.helpers.tiny import build_tiny_config, kill_after_call
 from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
-from training import distributed
+from training import distributed, optimization
 from training.args import PretrainArguments
-from training.optimization import Clock, MuonWithAdamW, StackedMuon, make_optimizer, make_schedule
+from training.optimization import Clock, MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
 
 
 def train_rows(folder):
@@ -45,8 +45,10 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     assert optimizer.muon.param_groups[0]["lr"] == 0.5
 
 
-def test_stacked_muon_makes_torch_muons_update():
-    """Newton-Schulz on a stack of same-shaped matrices (tall ones transposed) is torch.optim.Muon's arithmetic."""
+def test_stacked_muon_makes_torch_muons_update(monkeypatch):
+    """Newton-Schulz on a stack of same-shaped matrices (tall ones transposed) is torch.optim.Muon's arithmetic.
+    Both in bf16, as torch's always is (ours is fp32 on a CPU without fast bf16: the next test)."""
+    monkeypatch.setattr(optimization, "iteration_dtype", lambda device_type: torch.bfloat16)
     shapes = [(32, 32), (32, 32), (88, 32), (32, 88), (88, 32)]
     generator = torch.Generator().manual_seed(0)
     ours = [torch.nn.Parameter(0.05 * torch.randn(shape, generator=generator)) for shape in shapes]
@@ -68,6 +70,12 @@ def test_stacked_muon_makes_torch_muons_update():
     assert stacked.state_dict()["state"].keys() == reference.state_dict()["state"].keys()
     buffers = (stacked.state[ours[2]]["momentum_buffer"], reference.state[torchs[2]]["momentum_buffer"])
     torch.testing.assert_close(*buffers)
+
+
+def test_newton_schulz_runs_in_bf16_only_where_bf16_is_fast():
+    """On a CPU without AVX-512 or AMX a bf16 matmul takes a slow path (~40x fp32's): there the iteration is fp32."""
+    expected = torch.bfloat16 if distributed.cpu_runs_bf16_fast() else torch.float32
+    assert newton_schulz(torch.randn(3, 8, 16), (3.4445, -4.775, 2.0315), 5, 1e-7).dtype == expected
 
 
 def test_muon_state_round_trips_so_the_next_step_is_the_same():

@@ -6,6 +6,7 @@ nanochat do for the matrices inside the blocks; the token embeddings, the output
 AdamW, where Muon's argument does not apply (a lookup table and a classifier, not a linear map between hidden states).
 """
 
+import functools
 import math
 from collections import defaultdict
 
@@ -18,7 +19,7 @@ from training import distributed
 class StackedMuon(torch.optim.Muon):
     """torch.optim.Muon's update, with its Newton-Schulz iteration run once per matrix shape on a stack of matrices
     instead of once per matrix: the same state (a momentum buffer per matrix, so checkpoints are interchangeable) and
-    the same arithmetic up to bf16 rounding, in a few large matmuls instead of dozens of small ones, which are mostly
+    the same arithmetic up to rounding, in a few large matmuls instead of dozens of small ones, which are mostly
     per-call overhead at this size (the tiny preset's 28 matrices on 2 CPU cores: ~9 ms a step instead of ~27;
     benchmarks/recipe_step.py)."""
 
@@ -52,15 +53,24 @@ class StackedMuon(torch.optim.Muon):
 
 
 def newton_schulz(stack: torch.Tensor, coefficients: tuple, steps: int, eps: float) -> torch.Tensor:
-    """Pushes every singular value of each (m <= n) matrix in the stack towards 1 (Muon's quintic iteration, in bf16):
-    the update keeps the gradient's directions and drops their scale."""
+    """Pushes every singular value of each (m <= n) matrix in the stack towards 1 (Muon's quintic iteration, in bf16
+    where bf16 is fast): the update keeps the gradient's directions and drops their scale."""
     a, b, c = coefficients
-    x = stack.bfloat16()
+    x = stack.to(iteration_dtype(stack.device.type))
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x
+
+
+@functools.cache
+def iteration_dtype(device_type: str) -> torch.dtype:
+    """bf16, as torch.optim.Muon, except on a CPU without bf16 matrix instructions (AVX-512 or AMX), where it is the
+    slow path: the 2.2M recipe's Newton-Schulz took 3.3 s a step in bf16 there, 76 ms in fp32 (AVX2 AMD EPYC)."""
+    if device_type == "cpu" and not distributed.cpu_runs_bf16_fast():
+        return torch.float32
+    return torch.bfloat16
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
