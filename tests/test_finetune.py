@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
 from training import distributed
-from tests.helpers.tiny import LAUNCH, build_byte_bpe_tokenizer, build_tiny_model
+from tests.helpers.tiny import LAUNCH, build_byte_bpe_tokenizer, build_tiny_model, run_side_by_side
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -135,15 +135,7 @@ def runs(tmp_path_factory):
         env.update(hub.client_env(root / "hf_home"))
         env["OMP_NUM_THREADS"] = "1"  # many processes on a small machine: no thread oversubscription
         subprocess.run([sys.executable, "-c", UPLOAD, "tester/tiny-base", str(gated)], env=env, check=True)
-        processes = {
-            name: subprocess.Popen(command, cwd=root, env=env, text=True, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
-            for name, command in commands.items()
-        }
-        results = {}
-        for name, process in processes.items():
-            stdout, stderr = process.communicate(timeout=600)
-            results[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        results = run_side_by_side({name: (command, root, env) for name, command in commands.items()}, timeout=600)
         repos = ("tiny-sft", "tiny-chat-lora", "tiny-chat-lora_ddp")
         hub_files = {repo: hub.repo_files(f"tester/{repo}") for repo in repos}
         hub_commits = {repo: len(hub.commits(f"tester/{repo}")) for repo in repos}

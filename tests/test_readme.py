@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
 
 README = REPO_ROOT / "README.md"
@@ -226,11 +226,8 @@ def test_the_benchmark_commands_the_readme_names_start():
     its seconds importing, on one core."""
     commands = sorted(set(BENCHMARK_COMMAND.findall(README.read_text())))
     assert len(commands) >= 5, commands
-    running = {
-        command: subprocess.Popen([sys.executable, *command.split(), "--help"], cwd=REPO_ROOT, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for command in commands
-    }
-    for command, process in running.items():
-        stdout, stderr = process.communicate(timeout=240)
-        assert process.returncode == 0 and "usage" in stdout.lower(), f"python {command}: {stderr[-500:]}"
+    results = run_side_by_side(
+        {command: ([sys.executable, *command.split(), "--help"], REPO_ROOT, None) for command in commands}, timeout=240
+    )
+    for command, result in results.items():
+        assert result.returncode == 0 and "usage" in result.stdout.lower(), f"python {command}: {result.stderr[-500:]}"
