@@ -135,7 +135,10 @@ def test_killed_during_export_keeps_user_files_and_resumes_bit_for_bit(reference
     assert not [name for name in os.listdir(output_dir) if name.startswith(STAGING)], "staging folder left behind"
 
 
-# ---------------------------------------------------------------- SIGKILL mid-run, with dropout
+# ---------------------------------------------------------------- SIGKILL mid-run, with dropout, in a later epoch
+
+# 40 documents make 144-191 blocks of 64 tokens: three batches of 48 an epoch, so the 6 steps run two epochs.
+EPOCHS_OF_THREE = ["--num_train_documents", 40, "--per_device_train_batch_size", 48]
 
 
 @pytest.fixture(scope="module")
@@ -145,26 +148,31 @@ def dropout_flags(tmp_path_factory) -> list:
     values["attention_dropout"] = 0.1
     path = tmp_path_factory.mktemp("dropout_config") / "model-tiny-dropout.json"
     path.write_text(json.dumps(values))
-    return ["--model_config", path]
+    return ["--model_config", path, *EPOCHS_OF_THREE]
 
 
-def test_killed_mid_run_with_attention_dropout_resumes_bit_for_bit(dropout_flags, tmp_path):
-    """Dropout draws random numbers every step: a resumed run must draw exactly those the straight run drew."""
+def test_killed_mid_run_with_attention_dropout_resumes_bit_for_bit_in_a_later_epoch(dropout_flags, tmp_path):
+    """Dropout draws random numbers every step: a resumed run must draw exactly those the straight run drew. And the
+    resume lands inside the second epoch: it must read that epoch's blocks as the straight run did (not epoch 0's
+    order again, as resumed runs once did) and skip the batch it had trained on."""
     straight = tmp_path / "straight"
-    assert_completed(pretrain(straight, *dropout_flags, tmp_path=tmp_path))
+    ran = pretrain(straight, *dropout_flags, tmp_path=tmp_path)
+    assert_completed(ran)
+    blocks = int(re.search(r"([\d,]+) training and", ran.stdout).group(1).replace(",", ""))
+    assert blocks // 48 == 3, f"{blocks} blocks: not three batches an epoch any more; change EPOCHS_OF_THREE"
     output_dir = output_with_notes(tmp_path / "model")
-    # Killed right after step 4's checkpoint weights were written (before that checkpoint is complete): the run
-    # resumes from step 3 and trains steps 4 to 6 again, with dropout.
+    # Killed right after step 5's checkpoint weights were written (before that checkpoint is complete): the run
+    # resumes from step 4, one batch into the second epoch, and trains steps 5 and 6 again, with dropout.
     killed = run_killed_at([*FLAGS, *dropout_flags, "--output_dir", output_dir], env=pretrain_env(tmp_path),
-                           cwd=tmp_path, function="safetensors.torch.save_file", match="checkpoints", nth=4,
+                           cwd=tmp_path, function="safetensors.torch.save_file", match="checkpoints", nth=5,
                            when="after")
     assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
     saved_steps = os.listdir(output_dir / "checkpoints")
-    assert "step_3" in saved_steps and "step_4" not in saved_steps
+    assert "step_4" in saved_steps and "step_5" not in saved_steps
 
     resumed = pretrain(output_dir, *dropout_flags, *RESUME, tmp_path=tmp_path)
     assert_completed(resumed)
-    assert re.search(r"Resumed from \S*step_3\b", resumed.stdout), describe(resumed)
+    assert re.search(r"Resumed from \S*step_4\b", resumed.stdout), describe(resumed)
     assert_same_weights(straight, output_dir)
     assert_notes_kept(output_dir)
 

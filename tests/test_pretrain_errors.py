@@ -2,11 +2,65 @@
 
 import json
 import os
+import sys
 
 import pytest
 
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
+
 
 pytestmark = pytest.mark.slow
+
+
+def empty_dataset_file(folder):
+    (folder / "empty.jsonl").write_text("")
+    return ["--train_file", folder / "empty.jsonl"]
+
+
+def missing_file(folder):
+    return ["--train_file", folder / "nope" / "*.jsonl"]
+
+
+def missing_text_column(folder):
+    rows = [{"content": f"document number {i} is about the quick brown fox"} for i in range(50)]
+    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "out").mkdir()
+    (folder / "out" / "notes.txt").write_text("mine")
+    return ["--train_file", folder / "data.jsonl"]
+
+
+def block_size_beyond_the_context(folder):
+    return ["--block_size", 4096]
+
+
+def output_dir_under_a_file(folder):
+    # CI runs as root, which ignores permission bits: a path under a regular file cannot be created by anyone.
+    (folder / "a_file").write_text("not a folder")
+    return ["--output_dir", folder / "a_file" / "model"]
+
+
+def output_dir_holding_an_earlier_run(folder):
+    (folder / "out").mkdir()
+    (folder / "out" / "config.json").write_text("{}")
+    return []
+
+
+CASES = [empty_dataset_file, missing_file, missing_text_column, block_size_beyond_the_context,
+         output_dir_under_a_file, output_dir_holding_an_earlier_run]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict:
+    """{case name: (its folder, its run)}: each case's files in a folder of its own, the runs started together
+    (each spends most of its time importing, on one core)."""
+    runs = {}
+    for case in CASES:
+        folder = tmp_path_factory.mktemp(case.__name__)
+        flags = ["--output_dir", folder / "out", *case(folder)]  # a case's own --output_dir comes later and wins
+        command = [sys.executable, str(REPO_ROOT / "training" / "pretrain.py"), *TINY_PRETRAIN_ARGS, *map(str, flags)]
+        runs[case.__name__] = command, folder, pretrain_env(folder)
+    finished = run_side_by_side(runs)
+    return {name: (folder, finished[name]) for name, (_, folder, _) in runs.items()}
 
 
 def assert_clean_failure(result, *phrases):
@@ -18,48 +72,37 @@ def assert_clean_failure(result, *phrases):
         assert phrase in message, message
 
 
-def test_empty_dataset_file(run_pretrain, tmp_path):
-    (tmp_path / "empty.jsonl").write_text("")
-    result = run_pretrain("--train_file", tmp_path / "empty.jsonl", "--output_dir", tmp_path / "out", check=False)
+def test_empty_dataset_file(refusals):
+    folder, result = refusals["empty_dataset_file"]
     assert_clean_failure(result, "empty", "--train_file")
-    assert not (tmp_path / "out").exists()
+    assert not (folder / "out").exists()
 
 
-def test_missing_file(run_pretrain, tmp_path):
-    result = run_pretrain("--train_file", tmp_path / "nope" / "*.jsonl", "--output_dir", tmp_path / "out", check=False)
+def test_missing_file(refusals):
+    folder, result = refusals["missing_file"]
     assert_clean_failure(result, "matches no file", "Check the path")
-    assert not (tmp_path / "out").exists()
+    assert not (folder / "out").exists()
 
 
-def test_missing_text_column_keeps_the_users_files(run_pretrain, tmp_path):
-    rows = [{"content": f"document number {i} is about the quick brown fox"} for i in range(50)]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    output_dir = tmp_path / "out"
-    output_dir.mkdir()
-    (output_dir / "notes.txt").write_text("mine")
-    result = run_pretrain("--train_file", tmp_path / "data.jsonl", "--output_dir", output_dir, check=False)
+def test_missing_text_column_keeps_the_users_files(refusals):
+    folder, result = refusals["missing_text_column"]
     assert_clean_failure(result, "no column 'text'", "['content']", "--text_column")
-    assert os.listdir(output_dir) == ["notes.txt"] and (output_dir / "notes.txt").read_text() == "mine"
+    assert os.listdir(folder / "out") == ["notes.txt"] and (folder / "out" / "notes.txt").read_text() == "mine"
 
 
-def test_block_size_longer_than_the_model_context(run_pretrain, tmp_path):
-    result = run_pretrain("--block_size", 4096, "--output_dir", tmp_path / "out", check=False)
+def test_block_size_longer_than_the_model_context(refusals):
+    folder, result = refusals["block_size_beyond_the_context"]
     assert_clean_failure(result, "--block_size 4096", "max_position_embeddings (512)")
-    assert not (tmp_path / "out").exists()
+    assert not (folder / "out").exists()
 
 
-def test_output_dir_that_cannot_be_created(run_pretrain, tmp_path):
-    # CI runs as root, which ignores permission bits: a path under a regular file cannot be created by anyone.
-    (tmp_path / "a_file").write_text("not a folder")
-    result = run_pretrain("--output_dir", tmp_path / "a_file" / "model", check=False)
+def test_output_dir_that_cannot_be_created(refusals):
+    folder, result = refusals["output_dir_under_a_file"]
     assert_clean_failure(result, "cannot be created", "not a folder", "--output_dir")
-    assert (tmp_path / "a_file").read_text() == "not a folder"
+    assert (folder / "a_file").read_text() == "not a folder"
 
 
-def test_output_dir_holding_an_earlier_run(run_pretrain, tmp_path):
-    output_dir = tmp_path / "out"
-    output_dir.mkdir()
-    (output_dir / "config.json").write_text("{}")
-    result = run_pretrain("--output_dir", output_dir, check=False)
+def test_output_dir_holding_an_earlier_run(refusals):
+    folder, result = refusals["output_dir_holding_an_earlier_run"]
     assert_clean_failure(result, "already holds an earlier run", "--overwrite_output_dir")
-    assert os.listdir(output_dir) == ["config.json"]
+    assert os.listdir(folder / "out") == ["config.json"]

@@ -3,14 +3,13 @@ refused before anything is written. Every fault comes from outside the script (a
 
 import json
 import os
-import signal
 import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, kill_after_call, pretrain_env, run_side_by_side
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
 
 pytestmark = pytest.mark.slow
@@ -93,20 +92,6 @@ def test_damaged_checkpoints_are_skipped_and_the_run_still_ends_bit_for_bit(run_
     assert "at step 6" in again.stdout
     assert_same_weights(out, straight)
     assert len([r for r in rows(out) if r.get("final") and "eval_loss" in r]) == 1
-
-
-def test_resume_is_exact_with_dropout(run_pretrain, tmp_path):
-    config = json.loads((REPO_ROOT / "training" / "configs" / "model-tiny.json").read_text())
-    config["attention_dropout"] = 0.1
-    (tmp_path / "dropout.json").write_text(json.dumps(config))
-    flags = ["--model_config", tmp_path / "dropout.json", "--max_train_steps", 6, "--checkpointing_steps", 2, *QUIET]
-    run_pretrain("--output_dir", tmp_path / "straight", *flags)
-    killed = run_pretrain("--output_dir", tmp_path / "resumed", *flags, check=False,
-                          launcher=kill_after_call("accelerate.Accelerator.save_state", nth=2))
-    assert killed.returncode == -signal.SIGKILL
-    resumed = run_pretrain("--output_dir", tmp_path / "resumed", *flags, "--resume_from_checkpoint", "latest")
-    assert "at step 2" in resumed.stdout
-    assert_same_weights(tmp_path / "resumed", tmp_path / "straight")
 
 
 def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_pretrain, tmp_path):

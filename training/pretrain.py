@@ -75,7 +75,6 @@ class Run:
     checkpoints_dir: str
     tokenizer: object
     packed: object
-    sampler: object
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     lr_scheduler: object
@@ -164,7 +163,7 @@ def setup(model_args, data_args, train_args) -> Run:
             f"data."
         )
     run = Run(
-        model_args, data_args, train_args, accelerator, output_dir, checkpoints_dir, tokenizer, packed, sampler, model,
+        model_args, data_args, train_args, accelerator, output_dir, checkpoints_dir, tokenizer, packed, model,
         optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_parameters, max_train_steps, tokens_per_step,
         signature=run_signature(data_args, train_args, tokens_per_step, accelerator.num_processes),
         log=RunLog(output_dir, accelerator), pusher=None, lock=lock, clock=clock, own_fsdp2=own_fsdp2,
@@ -347,11 +346,12 @@ def steps_left(run: Run) -> int | None:
 
 
 def epoch_batches(run: Run):
-    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on."""
-    if run.sampler is not None:
-        run.sampler.set_epoch(run.epoch)
-    elif hasattr(run.packed.train, "set_epoch"):
-        run.packed.train.set_epoch(run.epoch)
+    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on.
+
+    Accelerate's loader tells the sampler (or a streamed dataset) its own count of passes each time it is iterated,
+    and that count starts at 0 in every process: set to the run's epoch here, a resumed run reads every later epoch
+    as the uninterrupted run did, instead of epoch 0's order again."""
+    run.train_dataloader.set_epoch(run.epoch)  # skip_first_batches copies it
     if run.batch_in_epoch:
         return run.accelerator.skip_first_batches(run.train_dataloader, run.batch_in_epoch)
     return run.train_dataloader
