@@ -1,0 +1,57 @@
+"""The training blocks: each epoch a new random order and new cuts through the same token stream."""
+
+import torch
+from datasets import Dataset
+
+from training.data import EpochShuffleSampler, ShiftingBlocks
+
+
+def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
+    stream = list(range(5 * 8))  # five packed blocks of 8 tokens
+    packed = Dataset.from_dict({"input_ids": [stream[i : i + 8] for i in range(0, len(stream), 8)]})
+    blocks = ShiftingBlocks(packed, seed=0)
+    sampler = EpochShuffleSampler(len(blocks), seed=0, blocks=blocks)
+
+    sampler.set_epoch(0)  # the first pass reads the blocks as packed
+    assert [blocks[i]["input_ids"].tolist() for i in range(5)] == packed["input_ids"]
+
+    shifts = set()
+    for epoch in range(1, 6):
+        sampler.set_epoch(epoch)
+        shift = blocks.shift
+        assert 1 <= shift < 8
+        shifts.add(shift)
+        expected = [(stream + stream)[i * 8 + shift : i * 8 + shift + 8] for i in range(5)]  # the last wraps around
+        batch = torch.utils.data.default_collate(blocks.__getitems__([3, 0, 4]))["input_ids"]
+        assert batch.tolist() == [expected[3], expected[0], expected[4]]
+        assert blocks[4]["input_ids"].tolist() == expected[4]
+        again = ShiftingBlocks(packed, seed=0)
+        again.set_epoch(epoch)  # a resumed run: the shift is a function of (seed, epoch) alone
+        assert again.shift == shift
+    assert len(shifts) > 1
+
+
+def test_the_prepared_training_loader_reads_each_epoch_shifted(tmp_path):
+    """Wired as pretrain.py wires it: Accelerate's loader, told the epoch (see epoch_batches), cuts that epoch's blocks
+    at its shift, in that epoch's order."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from training.data import PackedData, make_dataloaders
+
+    stream = list(range(6 * 4))  # six packed blocks of 4 tokens
+    train = Dataset.from_dict({"input_ids": [stream[i : i + 4] for i in range(0, len(stream), 4)]})
+    packed = PackedData(train=train, validation=train, bytes_per_token=1.0)
+    args = SimpleNamespace(per_device_train_batch_size=2, per_device_eval_batch_size=2, max_eval_batches=None)
+    sampler, loader, _ = make_dataloaders(packed, args, seed=3)
+    loader = Accelerator(cpu=True).prepare(loader)
+    for epoch in (0, 1, 2):
+        loader.set_epoch(epoch)
+        rows = [row for batch in loader for row in batch["input_ids"].tolist()]
+        shift = sampler.blocks.shift
+        assert (shift == 0) == (epoch == 0)
+        expected = [(stream + stream)[i * 4 + shift : i * 4 + shift + 4] for i in range(6)]
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        assert rows == [expected[i] for i in order]
