@@ -1,9 +1,12 @@
 """The training blocks: each epoch a new random order and new cuts through the same token stream."""
 
+from types import SimpleNamespace
+
 import torch
+from accelerate import Accelerator
 from datasets import Dataset
 
-from training.data import EpochShuffleSampler, ShiftingBlocks
+from training.data import EpochShuffleSampler, PackedData, ShiftingBlocks, make_dataloaders
 
 
 def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
@@ -31,15 +34,9 @@ def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
     assert len(shifts) > 1
 
 
-def test_the_prepared_training_loader_reads_each_epoch_shifted(tmp_path):
+def test_the_prepared_training_loader_reads_each_epoch_shifted():
     """Wired as pretrain.py wires it: Accelerate's loader, told the epoch (see epoch_batches), cuts that epoch's blocks
     at its shift, in that epoch's order."""
-    from types import SimpleNamespace
-
-    from accelerate import Accelerator
-
-    from training.data import PackedData, make_dataloaders
-
     stream = list(range(6 * 4))  # six packed blocks of 4 tokens
     train = Dataset.from_dict({"input_ids": [stream[i : i + 4] for i in range(0, len(stream), 4)]})
     packed = PackedData(train=train, validation=train, bytes_per_token=1.0)

@@ -218,14 +218,15 @@ def make_dataloaders(packed: PackedData, train_args, seed: int):
     a prepared loader early leaves Accelerate's end-of-data flag stale, which breaks gradient accumulation)."""
     streaming = not hasattr(packed.train, "__len__")
     packed.validation.set_format("torch")
-    if not streaming:
-        packed.train.set_format("torch")
     validation = packed.validation
     if train_args.max_eval_batches:
         limit = train_args.max_eval_batches * train_args.per_device_eval_batch_size * max(1, _num_processes())
         validation = validation.select(range(min(limit, len(validation))))
-    blocks = packed.train.with_format("torch") if streaming else ShiftingBlocks(packed.train, seed=seed)
-    sampler = None if streaming else EpochShuffleSampler(len(blocks), seed=seed, blocks=blocks)
+    if streaming:
+        blocks, sampler = packed.train.with_format("torch"), None
+    else:
+        blocks = ShiftingBlocks(packed.train, seed=seed)
+        sampler = EpochShuffleSampler(len(blocks), seed=seed, blocks=blocks)
     train = torch.utils.data.DataLoader(
         blocks,
         sampler=sampler,
