@@ -1,13 +1,26 @@
 """Fixtures shared by the test files; the builders behind them live in tests/helpers/tiny.py."""
 
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.helpers.tiny import (
     REPO_ROOT, TINY_PRETRAIN_ARGS, build_byte_bpe_tokenizer, build_tiny_config, build_tiny_model, pretrain_env,
 )
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n 2`) the workers share the cores: each gets its share of threads, and so does every
+    process a test starts (their environments copy this one), because a 2-thread OpenMP kernel on a core another
+    process is using waits on it and runs ~10x slower."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        threads = str(max(1, (os.cpu_count() or 1) // int(workers)))
+        os.environ.setdefault("OMP_NUM_THREADS", threads)
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture

@@ -4,8 +4,9 @@ offline (`vllm.LLM`) and from the OpenAI-compatible server through the `openai` 
 completions and chat. The server command and the README's Python snippets are taken from the README's vLLM section.
 
 vLLM runs in its own environment, .venv-vllm (see tests/helpers/engines.py), in subprocesses: one offline run
-(tests/helpers/vllm_run.py) that loads the two folders in turn, one README snippet, one server. The three start
-together, once the folders exist: each spends most of its minute or two importing and compiling on one core.
+(tests/helpers/vllm_run.py) that loads the two folders in turn, eagerly, and one README snippet and one server, which
+run vLLM's default compiled path. The three start together, once the folders exist: each spends most of its minute or
+two importing (and compiling) on one core.
 """
 
 import json

@@ -11,12 +11,6 @@ import os
 import platform
 
 import torch
-
-import matplotlib
-
-
-matplotlib.use("Agg")  # no display needed
-import matplotlib.pyplot as plt
 from huggingface_hub import ModelCard
 
 from hf_tinytx.folders import STAGING_NAME, publish, regular_files, staging_folder
@@ -62,7 +56,12 @@ def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, token
 def plot_loss_curve(history: list[dict], path: str) -> None:
     train = [(row["step"], row["loss"]) for row in history if "loss" in row]
     evals = [(row["step"], row["eval_loss"]) for row in history if "eval_loss" in row]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    # A bare Figure draws to a file with no display and no pyplot: neither the process's backend nor pyplot's global
+    # figures change, and a run that stops before exporting never imports matplotlib (~0.4 s).
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=100)
+    ax = fig.subplots()
     if train:
         ax.plot(*zip(*train), label="train loss", linewidth=1)
     if evals:
@@ -74,7 +73,6 @@ def plot_loss_curve(history: list[dict], path: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def hardware_description(num_processes: int, device_type: str) -> str:
