@@ -56,9 +56,12 @@ def test_attention_maps_are_causal_distributions_and_restore_the_backend(tokeniz
     assert model.config._attn_implementation == "sdpa"  # the eager switch was undone
 
 
-def test_heatmaps_have_labelled_axes_and_the_promised_pixel_size(tokenizer, tmp_path):
+def test_heatmaps_have_labelled_axes_and_the_promised_pixel_size_and_leave_pyplot_alone(tokenizer, tmp_path,
+                                                                                          monkeypatch):
+    import matplotlib
     from PIL import Image
 
+    monkeypatch.setitem(matplotlib.rcParams, "backend", "svg")  # a user's own choice, which drawing must not change
     model = build_tiny_model(vocab_size=len(tokenizer))
     maps = attention_maps(model, tokenizer, TEXT)
     fig = render_attention_map(maps.weights[1, 3], maps.tokens, "layer 1, head 3", size_inches=(5, 4), dpi=50)
@@ -73,6 +76,7 @@ def test_heatmaps_have_labelled_axes_and_the_promised_pixel_size(tokenizer, tmp_
     assert sorted(p.name for p in paths) == sorted(f"layer{i}_head{h}.png" for i in range(2) for h in range(4))
     width, height = default_size_inches(len(maps.tokens))
     assert Image.open(paths[0]).size == (round(width * 40), round(height * 40))
+    assert matplotlib.rcParams["backend"] == "svg"
 
 
 def test_heatmap_rejects_weights_of_the_wrong_size():

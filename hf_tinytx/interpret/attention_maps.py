@@ -97,18 +97,18 @@ def attention_maps(model, tokenizer, text: str) -> AttentionMaps:
     return AttentionMaps(tokens=token_labels(tokenizer, input_ids), input_ids=input_ids, weights=weights)
 
 
-def _pyplot():
+def _new_figure(size_inches, dpi: int):
+    """A bare matplotlib Figure: it draws to files without a display, and leaves pyplot alone (no backend switch, no
+    figure kept open in the user's session)."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401  (the package first: its submodule may be cached while it is missing)
+        from matplotlib.figure import Figure
     except ImportError as error:
         raise ImportError(
             "Drawing attention maps needs matplotlib, which hf_tinytx does not install by itself: "
             "`pip install matplotlib`."
         ) from error
-    matplotlib.use("Agg")  # files only: works without a display
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(figsize=size_inches, dpi=dpi)
 
 
 def default_size_inches(num_tokens: int) -> tuple[float, float]:
@@ -124,8 +124,8 @@ def render_attention_map(weights, tokens: list[str], title: str = "", size_inche
     n = len(tokens)
     if weights.shape != (n, n):
         raise ValueError(f"`weights` must be ({n}, {n}) for {n} tokens, got {tuple(weights.shape)}.")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=size_inches or default_size_inches(n), dpi=dpi)
+    fig = _new_figure(size_inches or default_size_inches(n), dpi)
+    ax = fig.subplots()
     image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_xticks(range(n), labels=tokens, rotation=90, fontsize=8)
     ax.set_yticks(range(n), labels=tokens, fontsize=8)
@@ -147,7 +147,6 @@ def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, d
     out_dir.mkdir(parents=True, exist_ok=True)
     layers = range(maps.num_layers) if layers is None else layers
     heads = range(maps.num_heads) if heads is None else heads
-    plt = _pyplot()
     paths = []
     for layer in layers:
         for head in heads:
@@ -158,7 +157,6 @@ def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, d
             fig = render_attention_map(maps.weights[layer, head], maps.tokens, f"layer {layer}, head {head}", dpi=dpi)
             path = out_dir / f"layer{layer}_head{head}.png"
             fig.savefig(path, dpi=dpi)
-            plt.close(fig)
             paths.append(path)
     return paths
 
