@@ -56,8 +56,7 @@ def test_attention_maps_are_causal_distributions_and_restore_the_backend(tokeniz
     assert model.config._attn_implementation == "sdpa"  # the eager switch was undone
 
 
-def test_heatmaps_have_labelled_axes_and_the_promised_pixel_size_and_leave_pyplot_alone(tokenizer, tmp_path,
-                                                                                          monkeypatch):
+def test_heatmaps_have_labelled_axes_the_promised_pixel_size_and_leave_the_backend(tokenizer, tmp_path, monkeypatch):
     import matplotlib
     from PIL import Image
 
