@@ -50,6 +50,7 @@ def test_train_step(tmp_path):
     assert {"time_ratio_tinytx_over_gpt", "time_ratio_tinytx_over_llama"} <= set(row)
 
 
+@pytest.mark.engine
 def test_generate(tmp_path):
     """TinyTx's generate beside llama.cpp on the same weights (the f32 GGUF), two new tokens, one round."""
     require_llama_cpp("benchmarks/generate.py's llama.cpp rows need llama.cpp")

@@ -3,6 +3,7 @@ what the model computes; refused configs and tokenizers write nothing; the file 
 
 llama.cpp runs through llama-cpp-python in its own environment, .venv-llamacpp (see tests/helpers/engines.py), in a
 subprocess that gets the GGUF paths and prompts as JSON and answers with token ids and logits (no torch there).
+The tests that run it are marked `engine`: a stage of their own (`python -m pytest -q -m engine tests`).
 """
 
 import ast
@@ -184,7 +185,7 @@ def relative_logit_error(actual, expected) -> float:
 # ---- llama.cpp runs the file ----
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_llama_cpp_tokenizes_exactly_like_our_tokenizer(llama_cpp, tokenizer):
     expected = [tokenizer(text)["input_ids"] for text in TRICKY_TEXTS]
     assert all(len(ids) > 0 for ids in expected)
@@ -192,7 +193,7 @@ def test_llama_cpp_tokenizes_exactly_like_our_tokenizer(llama_cpp, tokenizer):
         assert computed["ids"] == expected, case
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.parametrize("case", [f"{name}-f32" for name in VARIANTS] + ["gqa-f16", "gqa-q8_0"])
 def test_llama_cpp_computes_the_models_logits(llama_cpp, exports, case):
     _, outtype, expected = exports[case]
@@ -200,7 +201,7 @@ def test_llama_cpp_computes_the_models_logits(llama_cpp, exports, case):
     assert error < LOGIT_TOLERANCE[outtype], f"{case}: logits differ by {error:.2e} of their range"
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
 def test_llama_cpp_greedy_tokens_equal_generate(llama_cpp, exports, outtype):
     _, _, expected = exports[f"gqa-{outtype}"]
@@ -212,7 +213,7 @@ def test_llama_cpp_greedy_tokens_equal_generate(llama_cpp, exports, outtype):
         assert tokens[:agree] == want[:agree], f"{outtype}: greedy tokens differ after prompt {prompt}"
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_the_qk_permutation_is_what_makes_llama_cpp_agree(llama_cpp, exports):
     """Negative control: the same weights without the rotate-half -> interleaved permutation compute something else,
     far outside the tolerance, so the comparisons above would catch a wrong RoPE layout."""

@@ -6,7 +6,8 @@ completions and chat. The server command and the README's Python snippets are ta
 vLLM runs in its own environment, .venv-vllm (see tests/helpers/engines.py), in subprocesses: one offline run
 (tests/helpers/vllm_run.py) that loads the two folders in turn, eagerly, and one README snippet and one server, which
 run vLLM's default compiled path. The three start together, once the folders exist: each spends most of its minute or
-two importing (and compiling) on one core.
+two importing (and compiling) on one core. Every test here is marked `engine`: a stage of its own
+(`python -m pytest -q -m engine tests`).
 """
 
 import json
@@ -24,6 +25,8 @@ from tests.helpers.engines import VLLM_PYTHON, require_vllm
 from tests.helpers.tiny import REPO_ROOT, pretrain_env
 from tests.test_readme import README, readme_blocks
 from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, Server, train_tiny_chat_model
+
+pytestmark = pytest.mark.engine
 
 README_SECTION = "vLLM"
 SERVED_MODEL = "out/tinytx"  # the README's --model, which the server answers to

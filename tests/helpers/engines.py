@@ -1,8 +1,9 @@
 """The serving engines that run in environments of their own (llama.cpp, vLLM), and what a test does without one.
 
-`.ci/run` builds both environments beside .venv and sets TINYTX_CI=1: there a missing one fails the test that needs
-it, with the command that builds it. Elsewhere (`python -m pytest -q tests` on a fresh checkout, the README's second
-command) such a test skips with that same command as its reason, so the rest of the suite still says what it says.
+The tests that use them are marked `engine` and run as a stage of their own: `python -m pytest -q -m engine tests`
+(the README's test command leaves them out). `.ci/run` builds both environments beside .venv, runs that stage after
+the README's command, and sets TINYTX_CI=1: there a missing environment fails the test that needs it, with the
+command that builds it. Elsewhere such a test skips with that same command as its reason.
 """
 
 import os
