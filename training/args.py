@@ -217,6 +217,7 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
     if train_args.push_to_hub:
         check_hub_args(train_args)
+    check_schedule(train_args)  # last: it loads torch and transformers, which the checks above do not need
 
 
 def check_report_to(report_to: str) -> None:
@@ -270,6 +271,10 @@ def check_optimizer_args(train_args: PretrainArguments) -> None:
         raise UserInputError(f"--adam_beta2 must lie in [0, 1), such as 0.95; got {train_args.adam_beta2}.")
     if train_args.num_warmup_steps < 0:
         raise UserInputError(f"--num_warmup_steps must be >= 0, got {train_args.num_warmup_steps}.")
+
+
+def check_schedule(train_args: PretrainArguments) -> None:
+    """--lr_scheduler_type must name a schedule that runs on the plan: a step count, or the clock."""
     from training.optimization import CLOCK_SHAPES
 
     if not planned_by_clock(train_args):
