@@ -217,7 +217,8 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
     if train_args.push_to_hub:
         check_hub_args(train_args)
-    check_schedule(train_args)  # last: it loads torch and transformers, which the checks above do not need
+    check_schedule(train_args)  # last: it loads transformers' schedules (with peft and the model code), the
+    # heaviest import of all, which no check above needs
 
 
 def check_report_to(report_to: str) -> None:
