@@ -1,6 +1,7 @@
 """Flags of both training scripts (training/args.py: build_parser): spelled in full or refused, and every mistake is
 one line on stderr with exit status 2, a typo named together with the flag it was probably meant to be."""
 
+import subprocess
 import sys
 
 import pytest
@@ -9,6 +10,7 @@ from tests.helpers.tiny import REPO_ROOT, pretrain_env, run_side_by_side
 from training.args import ALL_ARGUMENTS, UserInputError, build_parser, parse_args
 
 
+RECORD = '{"prompt": "Q:", "response": " A"}\n'
 FLAG_MISTAKES = {  # (script, flags) -> the one line the script must print
     ("finetune", "typo"): (["--learnig_rate", "1e-3"], "unknown flag --learnig_rate; did you mean --learning_rate?"),
     ("finetune", "abbreviation"): (["--max_step", "3"], "unknown flag --max_step; did you mean --max_steps?"),
@@ -22,10 +24,15 @@ FLAG_MISTAKES = {  # (script, flags) -> the one line the script must print
 @pytest.fixture(scope="module")
 def flag_runs(tmp_path_factory):
     """Each mistake in its own process, all started together (each spends seconds importing torch)."""
+    inputs = tmp_path_factory.mktemp("inputs")  # what finetune.py checks before it parses Trainer's flags
+    for name, text in {"base/config.json": "{}", "base/tokenizer.json": "{}", "data.jsonl": RECORD}.items():
+        (inputs / name).parent.mkdir(exist_ok=True)
+        (inputs / name).write_text(text)
     runs = {}
     for (script, case), (flags, _) in FLAG_MISTAKES.items():
         cwd = tmp_path_factory.mktemp(f"{script}-{case}")
-        required = ["--model_name_or_path", "base", "--train_file", "data.jsonl"] if script == "finetune" else []
+        required = ["--model_name_or_path", str(inputs / "base"), "--train_file", str(inputs / "data.jsonl")] \
+            if script == "finetune" else []
         command = [sys.executable, str(REPO_ROOT / "training" / f"{script}.py"), *required, *flags]
         env = pretrain_env(tmp_path_factory.mktemp("home"))  # caches outside cwd, which must stay empty
         runs[script, case] = command, cwd, env
@@ -40,6 +47,25 @@ def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_closest_flag(flag_r
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [f"{script}.py: error: {FLAG_MISTAKES[script, case][1]}"]
     assert not list(cwd.iterdir()), "nothing may be written"
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("pretrain", ["--validation_split_percentage", "0"], "--validation_split_percentage must lie"),
+    ("finetune", ["--model_name_or_path", "base", "--train_file", "data.jsonl"], "data.jsonl, line 2: not valid JSON"),
+])
+def test_bad_input_is_refused_before_torch_loads(tmp_path, script, flags, message):
+    """Refused in about a second, not after ~8 s of imports: Python's import log (-X importtime) names no torch."""
+    (tmp_path / "base").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / "base" / name).write_text("{}")
+    (tmp_path / "data.jsonl").write_text(RECORD + '{"prompt": "Q:"\n')
+    command = [sys.executable, "-X", "importtime", str(REPO_ROOT / "training" / f"{script}.py"), *flags]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    *imports, error = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and error.startswith(f"{script}.py: error: ") and message in error, error
+    imported = {line.split("|")[-1].strip() for line in imports}
+    assert "json" in imported, "the import log was read"
+    assert "torch" not in imported and "transformers.training_args" not in imported
 
 
 def parse_failure(capsys, flags) -> str:

@@ -363,7 +363,7 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
     from transformers import TrainingArguments
 
     from training.args import UserInputError
-    from training.finetune import FinetuneArguments, check_args
+    from training.finetune_args import FinetuneArguments, check_args
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

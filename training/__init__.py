@@ -9,5 +9,6 @@ Run the scripts as `python training/pretrain.py` or `python -m training.pretrain
     export.py      the finished model folder: weights, code, tokenizer, card, record
     hub.py         uploads to the Hugging Face Hub in the background
     pretrain.py    pre-training on Accelerate: setup -> fit -> evaluate -> export
-    finetune.py    supervised fine-tuning with Trainer, optionally LoRA (sft_data.py: its data)
+    finetune.py    supervised fine-tuning with Trainer, optionally LoRA (finetune_args.py: its flags and the checks
+                   run before torch loads; sft_records.py: its data files read and checked; sft_data.py: tokenized)
 """

@@ -330,6 +330,11 @@ def check_hub_args(train_args: PretrainArguments) -> None:
         raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {train_args.hub_timeout}.")
 
 
+def env_flag(name: str) -> bool:
+    """A yes/no setting from the environment, as `accelerate launch` writes its config there (ACCELERATE_USE_FSDP)."""
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
 def args_to_dict(*dataclass_args) -> dict:
     """All arguments as one JSON-ready dict, without the Hub token (it must never reach a file or a log)."""
     values = {}

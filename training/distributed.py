@@ -25,11 +25,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-from .args import UserInputError
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+from .args import UserInputError, env_flag
 
 
 def asked_sharding() -> str | None:

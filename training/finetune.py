@@ -23,74 +23,43 @@ Reads top to bottom: arguments -> data (checked before anything loads) -> tokeni
 """
 
 import contextlib
-import importlib.util
-import difflib
 import json
-import math
 import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 if __package__ in (None, ""):  # run as `python training/finetune.py`: import `training` from the checkout
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from training.args import UserInputError, build_parser
+from training.finetune_args import FinetuneArguments, check_args, hub_repo_id, model_source, preflight
+from training.sft_records import has_chat, read_records
+
+
+if __name__ == "__main__":
+    # Flags, model folder and data first, before torch and transformers load (~8 s on a small CPU): bad input is
+    # refused at once. parse_args checks them again, with Trainer's flags parsed too.
+    try:
+        preflight()
+    except UserInputError as early_error:
+        sys.stderr.write(f"finetune.py: error: {early_error}\n")
+        sys.exit(2)
+
 import torch
 from datasets import Dataset
-from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.folders import UnsafeLinkError, link_or_copy, regular_files, writing_into
 from training import cards, cpu_memory, distributed
-from training.args import UserInputError, build_parser
 from training.hub import HubPusher
-from training.sft_data import build_examples, ensure_chat_template, has_chat, pad_collator, read_records
+from training.sft_data import build_examples, ensure_chat_template, pad_collator
 
 
-LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-# A folder holding any of these has a tokenizer that AutoTokenizer can load (fast, or slow from its vocabulary).
-RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_data's kinds, as the card says
-TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model"}
-
-
-@dataclass
-class FinetuneArguments:
-    model_name_or_path: str = field(metadata={"help": "The model to fine-tune: a saved model folder or a Hub id."})
-    train_file: str = field(
-        metadata={"help": ".jsonl of {prompt, response} or {messages} records, or .txt with one document per line."}
-    )
-    validation_file: str | None = field(default=None, metadata={"help": "Held-out data in the same format."})
-    max_seq_length: int | None = field(
-        default=None, metadata={"help": "Longest training row in tokens. Default: min(1024, the model's context)."}
-    )
-    packing: bool = field(
-        default=False, metadata={"help": "Pack examples end to end into full rows instead of padding each one."}
-    )
-    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of every weight."})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (the update is scaled by alpha/r)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
-    lora_target_modules: str = field(
-        default=LLAMA_LINEAR_NAMES,
-        metadata={"help": "Comma-separated module names to adapt (those the model lacks are skipped), or all-linear."},
-    )
-    merge: bool = field(
-        default=False, metadata={"help": "With --use_peft: also save base + adapter merged into one model folder."}
-    )
-    merged_output_dir: str | None = field(
-        default=None, metadata={"help": "Where --merge writes; default output_dir/merged."}
-    )
-    attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa, ...; default: the model's."})
-    hub_timeout: float = field(
-        default=600.0, metadata={"help": "With --push_to_hub: wait at most this many seconds for the upload."}
-    )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow a checkpoint's own code (models transformers does not know)."}
-    )
+RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
 
 
 def main(argv=None):
@@ -230,84 +199,6 @@ def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
     check_args(args, training_args)
     args.model_name_or_path = model_source(args.model_name_or_path)  # a local base as an absolute path
     return args, training_args
-
-
-def check_args(args: FinetuneArguments, training_args: TrainingArguments) -> None:
-    if args.merge and not args.use_peft:
-        raise UserInputError("--merge folds a LoRA adapter into the model, so it needs --use_peft.")
-    if args.use_peft and importlib.util.find_spec("peft") is None:
-        raise UserInputError('--use_peft needs the peft package: pip install -e ".[peft]" (or pip install peft).')
-    if args.max_seq_length is not None and args.max_seq_length < 2:
-        raise UserInputError(f"--max_seq_length must be at least 2 tokens, got {args.max_seq_length}.")
-    if not (math.isfinite(args.hub_timeout) and args.hub_timeout > 0):
-        raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {args.hub_timeout}.")
-    if args.lora_r <= 0:
-        raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
-    if not 0.0 <= args.lora_dropout < 1.0:
-        raise UserInputError(f"--lora_dropout must lie in [0, 1), got {args.lora_dropout}.")
-    # `accelerate launch` with an FSDP or DeepSpeed config tells Trainer so through the environment.
-    launched_sharded = distributed.env_flag("ACCELERATE_USE_FSDP") or distributed.env_flag("ACCELERATE_USE_DEEPSPEED")
-    if training_args.fsdp or training_args.deepspeed or launched_sharded:
-        raise UserInputError(
-            "finetune.py runs on one process or data-parallel (torchrun) and saves the weights one process holds, "
-            "which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the accelerate config that sets them)."
-        )
-    if training_args.push_to_hub and not is_repo_id(hub_repo_id(training_args)):
-        named = "--hub_model_id" if training_args.hub_model_id else "The Hub repo id from --output_dir's name,"
-        raise UserInputError(
-            f"{named} {hub_repo_id(training_args)!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
-            f"'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters)."
-        )
-
-
-def hub_repo_id(training_args: TrainingArguments) -> str:
-    return training_args.hub_model_id or os.path.basename(os.path.abspath(training_args.output_dir))
-
-
-def is_repo_id(text: str) -> bool:
-    try:
-        validate_repo_id(text)
-    except HFValidationError:
-        return False
-    return True
-
-
-def model_source(name_or_path: str) -> str:
-    """A saved model folder (as an absolute path) or a Hub id, checked now rather than when it loads.
-
-    A missing path that looks local (./, /, ~, an existing parent folder, or no valid repo id) fails at once: as a
-    Hub id it would be looked up on the network first, which takes ~50 s to fail without one."""
-    path = os.path.abspath(os.path.expanduser(name_or_path))
-    if os.path.isdir(path):
-        check_model_folder(path, name_or_path)
-        return path
-    if os.path.exists(path):
-        raise UserInputError(f"--model_name_or_path {name_or_path!r} is a file; give a model folder or a Hub id.")
-    parent = os.path.dirname(path)
-    looks_local = name_or_path.startswith((".", "/", "~")) or not is_repo_id(name_or_path)
-    if looks_local or (os.path.dirname(name_or_path) and os.path.isdir(parent)):
-        siblings = os.listdir(parent) if os.path.isdir(parent) else []
-        closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
-        hint = f" (did you mean {os.path.join(os.path.dirname(name_or_path), closest[0])!r}?)" if closest else ""
-        raise UserInputError(
-            f"--model_name_or_path {name_or_path!r}: no such folder{hint}; give a saved model folder or a Hub id "
-            f"like 'owner/name'."
-        )
-    return name_or_path
-
-
-def check_model_folder(path: str, name: str) -> None:
-    names = set(os.listdir(path))
-    if "config.json" not in names:
-        raise UserInputError(
-            f"--model_name_or_path {name!r} has no config.json, so it holds no saved model; give the folder that "
-            f"save_pretrained wrote."
-        )
-    if not names & TOKENIZER_FILES:
-        raise UserInputError(
-            f"--model_name_or_path {name!r} has no tokenizer (no tokenizer.json or tokenizer_config.json); save the "
-            f"base model's tokenizer into it: AutoTokenizer.from_pretrained(base).save_pretrained(folder)."
-        )
 
 
 def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str) -> Dataset:

@@ -1,19 +1,12 @@
-"""Fine-tuning data: local files in, token ids with response-only labels out.
+"""Fine-tuning data: checked records (training/sft_records.py) in, token ids with response-only labels out.
 
-Three kinds of records, read before anything is trained so a bad line stops the run at once (file and line named):
-
-- `.txt`: one training document per non-empty line; the loss covers every token.
-- `.jsonl` with `{"prompt": ..., "response": ...}`: the model reads the prompt and learns to write the response.
-- `.jsonl` with `{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]}`:
-  rendered with the tokenizer's chat template; the loss covers the assistant turns only.
-
-Labels are -100 (ignored by the loss) on every prompt token, so the model is never trained to write the prompt.
-Examples are then either padded one per row (the default) or packed end to end into rows of `max_seq_length`.
+Text records learn every token, prompt/response records the response, chat records the assistant turns (rendered with
+the tokenizer's chat template). Labels are -100 (ignored by the loss) on every prompt token, so the model is never
+trained to write the prompt. Examples are then either padded one per row (the default) or packed end to end into rows
+of `max_seq_length`.
 """
 
 import copy
-import json
-import os
 
 from transformers import DataCollatorForSeq2Seq
 
@@ -23,7 +16,6 @@ from .args import UserInputError
 
 
 IGNORE_INDEX = -100  # the label value transformers' cross-entropy skips
-CHAT_ROLES = ("system", "user", "assistant")
 
 # Used only when the data is chat and the tokenizer has no template. Role markers are plain text (no new tokens, so
 # the vocabulary and the embedding table stay as they are); the EOS after each turn is what stops generation.
@@ -33,106 +25,6 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
-
-
-# ---------------------------------------------------------------------------------------------------- reading
-
-
-def read_records(path: str) -> list[dict]:
-    """Every record of a .txt or .jsonl file, checked. Each record gets a "kind": "text", "prompt" or "chat"."""
-    if os.path.isdir(path):
-        raise UserInputError(f"Data file {path!r} is a folder; give the path of a .txt or .jsonl file in it.")
-    if not os.path.isfile(path):
-        raise UserInputError(f"Data file {path!r} does not exist; give the path of a .txt or .jsonl file.")
-    extension = os.path.splitext(path)[1].lower()
-    if extension == ".txt":
-        records = [{"kind": "text", "text": text.rstrip("\r\n")} for _, text in _lines(path) if text.strip()]
-    elif extension in (".jsonl", ".json"):
-        records = _read_jsonl(path)
-    else:
-        raise UserInputError(
-            f"Data file {path!r} has extension {extension!r}; use .txt (one document per line) or .jsonl "
-            f"(prompt/response or chat messages records)."
-        )
-    if not records:
-        raise UserInputError(f"Data file {path!r} holds no records; there is nothing to train on.")
-    return records
-
-
-def _lines(path: str):
-    """(line number, text) of every line, decoded strictly as UTF-8: a wrong byte is named, never replaced."""
-    with open(path, "rb") as f:
-        for line_number, raw in enumerate(f, start=1):
-            where = f"{path}, line {line_number}"
-            if b"\0" in raw:  # UTF-8 text never holds a NUL byte; binary files and UTF-16 text do
-                raise UserInputError(
-                    f"{where}: a NUL byte, so this is a binary file (or UTF-16 text), not UTF-8 text; give a .txt "
-                    f"or .jsonl file saved as UTF-8."
-                )
-            try:
-                yield line_number, raw.decode("utf-8-sig" if line_number == 1 else "utf-8")  # a leading BOM is fine
-            except UnicodeDecodeError as error:
-                raise UserInputError(
-                    f"{where}: byte {error.start + 1} (0x{raw[error.start]:02x}) is not UTF-8; save the file as "
-                    f"UTF-8 (e.g. `iconv -f latin1 -t utf-8 old.txt > new.txt`)."
-                ) from None
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    records = []
-    for line_number, line in _lines(path):
-        if not line.strip():
-            continue  # blank lines (a trailing newline, spacing) carry no record
-        where = f"{path}, line {line_number}"
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UserInputError(
-                f"{where}: not valid JSON ({error.msg} at column {error.colno}). Each line must be one JSON "
-                f"object, e.g. {{\"prompt\": \"...\", \"response\": \"...\"}}."
-            ) from None
-        records.append(_check_record(value, where))
-    return records
-
-
-def _check_record(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise UserInputError(f"{where}: expected a JSON object, got {type(value).__name__}.")
-    if "messages" in value:
-        return {"kind": "chat", "messages": _check_messages(value["messages"], where)}
-    if "prompt" in value or "response" in value:
-        for field in ("prompt", "response"):
-            if not isinstance(value.get(field), str):
-                raise UserInputError(
-                    f"{where}: the record needs a string {field!r} field (it has {sorted(value)}); give both "
-                    f"\"prompt\" and \"response\" as strings."
-                )
-        if not value["response"]:
-            raise UserInputError(f"{where}: the \"response\" is empty, so there is nothing to learn from this record.")
-        return {"kind": "prompt", "prompt": value["prompt"], "response": value["response"]}
-    raise UserInputError(
-        f"{where}: the record has fields {sorted(value)}, but needs either \"prompt\" and \"response\" (strings) or "
-        f"\"messages\" (a list of {{\"role\", \"content\"}} objects)."
-    )
-
-
-def _check_messages(messages, where: str) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise UserInputError(f"{where}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} objects.")
-    for i, message in enumerate(messages):
-        if not (isinstance(message, dict) and isinstance(message.get("content"), str)):
-            raise UserInputError(f"{where}: message {i} must be an object with a string \"content\".")
-        if message.get("role") not in CHAT_ROLES:
-            raise UserInputError(
-                f"{where}: message {i} has role {message.get('role')!r}; use one of {list(CHAT_ROLES)}."
-            )
-    if not any(message["role"] == "assistant" for message in messages):
-        raise UserInputError(f"{where}: no \"assistant\" message, so there is nothing to learn from this record.")
-    return [{"role": message["role"], "content": message["content"]} for message in messages]
-
-
-def has_chat(records: list[dict]) -> bool:
-    return any(record["kind"] == "chat" for record in records)
 
 
 def ensure_chat_template(tokenizer) -> bool:
