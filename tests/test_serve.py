@@ -45,10 +45,12 @@ def as_chat(sentence: str) -> list[dict]:
     return [{"role": "user", "content": " ".join(words[:4])}, {"role": "assistant", "content": " ".join(words[4:])}]
 
 
-def train_tiny_chat_model(steps: int = 60, **model_fields):
+def train_tiny_chat_model(min_steps: int = 60, max_steps: int = 400, stopping=("completion", "chat"), **model_fields):
     """A tiny TinyTx (width 64 unless `model_fields` say otherwise) and byte-level BPE that learned three of
     TINY_SENTENCES as text and as chats (seconds on one thread), so greedy replies are words that end with EOS
-    instead of a random model's stray bytes."""
+    instead of a random model's stray bytes. It trains until the greedy replies named in `stopping` (to
+    COMPLETION_PROMPT, to CHAT_MESSAGES) end with EOS within MAX_TOKENS, checked every 20 steps from `min_steps` on:
+    a fixed step count made the tests depend on the exact rounding of every kernel along the way."""
     tokenizer = build_byte_bpe_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     sentences = TINY_SENTENCES[:3]  # the prompts below start the first and the third
@@ -64,14 +66,28 @@ def train_tiny_chat_model(steps: int = 60, **model_fields):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small trains faster on one thread than on two busy ones
     try:
-        model.train()
-        for _ in range(steps):
+        for step in range(1, max_steps + 1):
+            model.train()
             model(**batch, labels=labels).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+            if step >= min_steps and step % 20 == 0 and replies_end_with_eos(model.eval(), tokenizer, stopping):
+                return model, tokenizer
     finally:
         torch.set_num_threads(threads)
-    return model.eval(), tokenizer
+    raise AssertionError(f"the tiny chat model did not learn to end its replies with EOS in {max_steps} steps")
+
+
+def replies_end_with_eos(model, tokenizer, which) -> bool:
+    prompts = {
+        "completion": tokenizer(COMPLETION_PROMPT, return_tensors="pt"),
+        "chat": tokenizer.apply_chat_template(
+            CHAT_MESSAGES, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        ),
+    }
+    with torch.no_grad():
+        last = [model.generate(**prompts[name], max_new_tokens=MAX_TOKENS, do_sample=False)[0, -1] for name in which]
+    return all(token == tokenizer.eos_token_id for token in last)
 
 
 @pytest.fixture(scope="module")

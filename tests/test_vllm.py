@@ -46,7 +46,7 @@ def workdir(tmp_path_factory):
     """A user's folder: out/tinytx (the trained model, as pretrain.py leaves it) and out/llama (its Llama export, by
     the converter's command line), the paths the README's vLLM section names."""
     root = tmp_path_factory.mktemp("vllm_user")
-    model, tokenizer = train_tiny_chat_model(steps=100, **MODEL)
+    model, tokenizer = train_tiny_chat_model(min_steps=100, stopping=["chat"], **MODEL)
     model.save_pretrained(root / "out" / "tinytx")
     tokenizer.save_pretrained(root / "out" / "tinytx")
     assert convert_main(["--to", "llama", str(root / "out" / "tinytx"), str(root / "out" / "llama")]) == 0
