@@ -110,8 +110,9 @@ def test_eager_attention_weights_are_causal_and_normalised(tiny_model):
         assert (weights[..., ~upper] > 0).all()
 
 
-def test_continuous_batching_equals_generate(tiny_model):
-    model = tiny_model(attn_implementation="paged|sdpa")
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])  # eager: generate_batch switches to paged|eager
+def test_continuous_batching_equals_generate(tiny_model, attn_implementation):
+    model = tiny_model(attn_implementation=attn_implementation)
     batch_prompts = prompts(model.config.vocab_size, [4, 3, 7])
     config = GenerationConfig(max_new_tokens=10, do_sample=False, eos_token_id=-1, pad_token_id=0)
     # Sized for this toy workload: left to itself the manager sizes its page pool from free GPU memory, which on CPU

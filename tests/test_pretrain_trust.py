@@ -108,6 +108,14 @@ def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_
     assert all(r["tokens"] == r["step"] * 8 * 64 for r in steps)  # 2 micro-batches of 4 blocks of 64 tokens a step
 
 
+def test_gradient_checkpointing_trains_the_same_model(run_pretrain, tmp_path, straight):
+    """--gradient_checkpointing recomputes each layer's activations in the backward pass: the same arithmetic, so the
+    same weights bit for bit, with no deprecation warning from transformers (the switch was renamed in 5.2x)."""
+    result = run_pretrain("--output_dir", tmp_path / "run", "--max_train_steps", 6, "--gradient_checkpointing", *QUIET)
+    assert "checkpointing_enable` is deprecated" not in result.stderr
+    assert_same_weights(tmp_path / "run", straight)
+
+
 def test_a_diverging_run_stops_before_its_weights_turn_to_nan(run_pretrain, tmp_path):
     out = tmp_path / "run"
     result = run_pretrain("--output_dir", out, "--learning_rate", 1e30, "--max_train_steps", 6,

@@ -247,8 +247,12 @@ def build_model(model_args, model_config, tokenizer):
         model = AutoModelForCausalLM.from_config(**options)
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(model.generation_config, name, getattr(tokenizer, name))
-    if model_args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if model_args.gradient_checkpointing:  # each layer's activations recomputed in the backward pass
+        # The switch's name since transformers 5.2x (the old one warns there); 5.10.4 has only the old one.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if model_args.torch_compile:
         model.compile()  # in place: a torch.compile wrapper would save every weight under "_orig_mod."
     return model
