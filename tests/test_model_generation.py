@@ -110,7 +110,10 @@ def test_eager_attention_weights_are_causal_and_normalised(tiny_model):
         assert (weights[..., ~upper] > 0).all()
 
 
-@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])  # eager: generate_batch switches to paged|eager
+@pytest.mark.parametrize("attn_implementation", [
+    "sdpa", "eager",  # generate_batch switches an eager model to paged|eager
+    pytest.param("paged|sdpa", marks=pytest.mark.filterwarnings("ignore::FutureWarning")),  # before 5.19; warns now
+])
 def test_continuous_batching_equals_generate(tiny_model, attn_implementation):
     model = tiny_model(attn_implementation=attn_implementation)
     batch_prompts = prompts(model.config.vocab_size, [4, 3, 7])
