@@ -163,3 +163,52 @@ def test_report_to_every_tracker_writes_the_logged_rows(run_pretrain, tmp_path):
     for config in (hparams, trackio_config, wandb_config):
         assert config["max_train_steps"] == 4 and config["report_to"] == "tensorboard,trackio,wandb"
         assert "hub_token" not in config
+
+
+SIZE_FLAGS = ("--hidden_size", "--intermediate_size", "--num_hidden_layers", "--num_attention_heads")
+
+
+def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder, tmp_path):
+    """--init_from a finished run's folder: its architecture, weights and tokenizer, not a new model. At a learning
+    rate of 1e-9 two steps move no weight by more than ~2e-9, so the new folder's weights are the old ones."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+
+    source, _ = trained_folder
+    # Without the size overrides: --init_from keeps the saved architecture and refuses them.
+    flags = [arg for i, arg in enumerate(TINY_PRETRAIN_ARGS)
+             if arg not in SIZE_FLAGS and (i == 0 or TINY_PRETRAIN_ARGS[i - 1] not in SIZE_FLAGS)]
+    command = [sys.executable, os.path.join(REPO_ROOT, "training", "pretrain.py"), *flags, "--init_from", str(source),
+               "--output_dir", str(tmp_path / "more"), "--max_train_steps", "2", "--learning_rate", "1e-9",
+               "--num_probes_per_kind", "0", "--num_samples", "0"]
+    result = subprocess.run(command, env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training a byte-level BPE tokenizer" not in result.stdout
+    before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "more" / "model.safetensors")
+    assert before.keys() == after.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=1e-7, msg=name)
+    assert (tmp_path / "more" / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()
+
+
+def test_a_named_tokenizer_a_text_column_and_a_token_budget(run_pretrain, trained_folder, tmp_path):
+    """--tokenizer_name uses that tokenizer instead of training a BPE (the model's vocabulary is its size),
+    --text_column reads documents from another field, and --max_train_tokens plans the steps (3 x 8 x 64 tokens)."""
+    from transformers import AutoTokenizer
+
+    source, _ = trained_folder
+    rows = [{"content": f"Document {i}: the animal did not cross the street because it was tired."}
+            for i in range(200)]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    result = run_pretrain("--output_dir", out, "--tokenizer_name", source, "--train_file", tmp_path / "docs.jsonl",
+                          "--text_column", "content", "--max_train_tokens", 3 * 8 * 64, "--num_probes_per_kind", 0,
+                          "--num_samples", 0)
+    assert "Training a byte-level BPE tokenizer" not in result.stdout
+    assert (out / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == len(AutoTokenizer.from_pretrained(source))
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged if "loss" in row] == [1, 2, 3]

@@ -109,13 +109,14 @@ def test_failing_hub_does_not_fail_training_or_the_local_folder(local_hub, run_p
     output_dir = tmp_path / "model"
     env = pretrain_hub_env(local_hub, tmp_path, token=None)  # this time the token comes from --hub_token
     result = run_pretrain("--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id,
-                          "--hub_token", local_hub.token, env=env)
+                          "--hub_token", local_hub.token, "--hub_private_repo", env=env)
 
     assert result.returncode == 0
     assert "The final model was NOT pushed" in result.stdout and "local folder" in result.stdout
     for name in ("Checkpoint at step 2", f"TinyTx pre-trained for {STEPS} steps"):
         assert any(name in line and "422" in line for line in result.stdout.splitlines()), name
     assert set(local_hub.repo_files(repo_id)) == {".gitattributes"}  # created, but no commit went through
+    assert local_hub.repo_is_private(repo_id) is True  # --hub_private_repo
     assert local_hub.recorded("POST", f"/api/models/{repo_id}/commit/"), "the pushes never reached the Hub"
 
     assert MODEL_REPO_FILES <= set(os.listdir(output_dir))
