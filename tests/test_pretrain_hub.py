@@ -130,14 +130,31 @@ def test_failing_hub_does_not_fail_training_or_the_local_folder(local_hub, run_p
     assert_token_nowhere(local_hub.token, [tmp_path], [result.stdout, result.stderr])
 
 
+# Two configurations, as a dataset card declares them: so a run must name one (--dataset_config_name).
+DATASET_CARD = """---
+configs:
+- config_name: tiny
+  data_files:
+  - {split: train, path: train.jsonl}
+  - {split: validation, path: validation.jsonl}
+- config_name: other
+  data_files:
+  - {split: train, path: other/train.jsonl}
+---
+"""
+
+
 def upload_text_dataset(local_hub, tmp_path, repo_id: str) -> Path:
-    """A dataset repo of train.jsonl and validation.jsonl (the embedded corpus's documents); returns the local copy."""
+    """A dataset repo whose configuration "tiny" is train.jsonl and validation.jsonl (the embedded corpus's documents),
+    beside a configuration "other"; returns the local copy."""
     from hf_tinytx.corpus import default_corpus
 
     folder = tmp_path / "dataset"
-    folder.mkdir()
+    (folder / "other").mkdir(parents=True)
     for split, documents in default_corpus(num_documents=300, seed=0).items():
         (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents))
+    (folder / "other" / "train.jsonl").write_text(json.dumps({"text": "another dataset altogether"}) + "\n")
+    (folder / "README.md").write_text(DATASET_CARD)
     run_python(f"from huggingface_hub import HfApi; api = HfApi(); "
                f"api.create_repo({repo_id!r}, repo_type='dataset'); "
                f"api.upload_folder(folder_path={str(folder)!r}, repo_id={repo_id!r}, repo_type='dataset')",
@@ -150,7 +167,8 @@ def test_a_hub_dataset_trains_the_same_model_as_its_files_read_locally(local_hub
     folder = upload_text_dataset(local_hub, tmp_path, repo_id)
     flags = ["--max_train_steps", 4, "--num_probes_per_kind", 0, "--num_samples", 0]
     env = {**pretrain_hub_env(local_hub, tmp_path), "HF_DATASETS_OFFLINE": "0"}
-    hub = run_pretrain("--output_dir", tmp_path / "hub", "--dataset_name", repo_id, *flags, env=env)
+    hub = run_pretrain("--output_dir", tmp_path / "hub", "--dataset_name", repo_id, "--dataset_config_name", "tiny",
+                       *flags, env=env)
     local = run_pretrain("--output_dir", tmp_path / "local", "--train_file", folder / "train.jsonl",
                          "--validation_file", folder / "validation.jsonl", *flags)
     assert local_hub.recorded("GET", f"/datasets/{repo_id}/resolve/"), "the run did not download the dataset"
@@ -161,8 +179,8 @@ def test_a_hub_dataset_trains_the_same_model_as_its_files_read_locally(local_hub
 
     # --streaming reads the same repo as a stream; its validation split (streamed too) is read into memory for the
     # evaluations (once failed: an IterableDataset has no set_format).
-    streamed = run_pretrain("--output_dir", tmp_path / "streamed", "--dataset_name", repo_id, "--streaming", *flags,
-                            env=env)
+    streamed = run_pretrain("--output_dir", tmp_path / "streamed", "--dataset_name", repo_id, "--dataset_config_name",
+                            "tiny", "--streaming", *flags, env=env)
     assert "Training for 4 steps" in streamed.stdout
     assert [r["step"] for r in rows(tmp_path / "streamed") if "loss" in r] == [1, 2, 3, 4]
     assert [r for r in rows(tmp_path / "streamed") if r.get("final") and "eval_loss" in r]
