@@ -41,7 +41,8 @@ from training.sft_records import has_chat, read_records
 
 if __name__ == "__main__":
     # Flags, model folder and data first, before torch and transformers load (~8 s on a small CPU): bad input is
-    # refused at once. parse_args checks them again, with Trainer's flags parsed too.
+    # refused at once. main() checks them again with Trainer's flags parsed too, and reads the data files again
+    # (a second's work for a file of ~100k records, small next to fine-tuning on them).
     try:
         preflight()
     except UserInputError as early_error:
