@@ -107,3 +107,40 @@ def test_a_tracker_that_is_not_installed_or_not_known_is_refused(monkeypatch):
         parse_args(["--report_to", "tensorboard,wandb"])
     parse_args(["--report_to", "tensorboard"])  # installed with the test extra
     parse_args(["--report_to", "all"])
+
+
+def test_an_arguments_file_then_flags_that_override_it():
+    """`pretrain.py training/configs/tiny.yaml --max_train_steps 100`: the file's values, then the flags after it."""
+    model_args, data_args, train_args = parse_args([str(REPO_ROOT / "training/configs/tiny.yaml"),
+                                                    "--max_train_steps", "100", "--block_size", "64"])
+    assert (train_args.max_train_steps, data_args.block_size) == (100, 64)  # the flags win
+    assert (model_args.model_preset, model_args.vocab_size, train_args.eval_steps) == ("tiny", 2048, 200)  # the file
+
+
+def test_total_batch_size_sets_the_accumulation_the_processes_need():
+    """--total_batch_size 64 with 8 sequences per device: 4 micro-batches on 2 processes, 8 on one."""
+    from training.args import check_batch
+
+    for processes, accumulation in ((1, 8), (2, 4), (8, 1)):
+        *_, train_args = parse_args(["--total_batch_size", "64", "--per_device_train_batch_size", "8"])
+        check_batch(train_args, processes)
+        assert train_args.gradient_accumulation_steps == accumulation
+
+
+@pytest.mark.parametrize("preset, vocab_size, parameters, qk_norm", [
+    ("tiny", 2048, 1.3e6, False), ("small", 8192, 10e6, True), ("base", 50304, 124e6, True),
+])
+def test_each_model_preset_is_the_size_its_file_says(preset, vocab_size, parameters, qk_norm):
+    """--model_preset tiny|small|base: ~1.3M (at a 2,048-token vocabulary), ~10M, ~124M, built on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.model_config import load_model_config
+
+    model_args, _, _ = parse_args(["--model_preset", preset])
+    config = load_model_config(model_args)
+    config.vocab_size = vocab_size  # pretrain.py sets it from the tokenizer
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert abs(sum(p.numel() for p in model.parameters()) / parameters - 1) < 0.1
+    assert config.qk_norm == qk_norm  # the README: small and base use qk_norm, which GGUF export refuses

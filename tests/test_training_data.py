@@ -1,5 +1,6 @@
 """The training blocks: each epoch a new random order and new cuts through the same token stream."""
 
+import json
 from types import SimpleNamespace
 
 import torch
@@ -52,3 +53,29 @@ def test_the_prepared_training_loader_reads_each_epoch_shifted():
         sampler.set_epoch(epoch)
         order = list(sampler)
         assert rows == [expected[i] for i in order]
+
+
+def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
+    """--train_file takes .txt (one document per paragraph), .json, .jsonl and .parquet, and a glob over several
+    files; --validation_file the same. Each reads the same documents."""
+    from training.args import DataArguments
+    from training.data import load_text_datasets
+
+    documents = [f"Document {i} says one thing.\nAnd then another." for i in range(6)]
+    train, validation = documents[:4], documents[4:]
+    for split, docs in (("train", train), ("validation", validation)):
+        (tmp_path / f"{split}.txt").write_text("\n\n".join(docs))  # a trailing newline would end the last one
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
+        (tmp_path / f"{split}.json").write_text(json.dumps([{"text": doc} for doc in docs]))
+        Dataset.from_dict({"text": docs}).to_parquet(tmp_path / f"{split}.parquet")
+    (tmp_path / "parts").mkdir()
+    for i, doc in enumerate(train):  # one document a file, matched by a glob
+        (tmp_path / "parts" / f"part-{i}.jsonl").write_text(json.dumps({"text": doc}) + "\n")
+
+    for train_file in ("train.txt", "train.jsonl", "train.json", "train.parquet", "parts/part-*.jsonl"):
+        validation_file = train_file.replace("parts/part-*", "validation")
+        data_args = DataArguments(train_file=str(tmp_path / train_file),
+                                  validation_file=str(tmp_path / validation_file.replace("train", "validation")))
+        raw = load_text_datasets(data_args, seed=0)
+        assert raw["train"]["text"] == train, train_file
+        assert raw["validation"]["text"] == validation, train_file
