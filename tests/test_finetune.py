@@ -46,6 +46,7 @@ FAILURES = {
     "latin1_jsonl": (["--train_file", "latin1.jsonl"], ["latin1.jsonl, line 2", "not UTF-8", "as UTF-8"], None),
     "binary": (["--train_file", "packed.jsonl"], ["packed.jsonl, line 1", "binary file"], None),
     "no_tokenizer": (["--model_name_or_path", "bases/no-tokenizer"], ["'bases/no-tokenizer' has no tokenizer"], None),
+    "no_config": (["--model_name_or_path", "bases/no-config"], ["'bases/no-config' has no config.json"], None),
     "typo_path": (["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup
                   ["'bases/gatedd': no such folder (did you mean 'bases/gated'?)"], "gatedd"),
     "bad_hub_id": ([*PUSH, "tester/not a name"], ["'tester/not a name' is not a valid Hub repo id"], "tester/not"),
@@ -97,6 +98,7 @@ def write_bad_inputs(root: Path) -> None:
     (root / "latin1.jsonl").write_bytes(b'{"prompt": "Q:", "response": "A"}\n{"prompt": "caf\xe9", "response": "A"}\n')
     (root / "packed.jsonl").write_bytes(gzip.compress(b'{"prompt": "Q:", "response": "A"}\n' * 8))  # gzip, misnamed
     build_tiny_model(seed=0).save_pretrained(root / "bases" / "no-tokenizer")
+    build_byte_bpe_tokenizer().save_pretrained(root / "bases" / "no-config")
     (root / "linked").mkdir()
     (root / "secret.txt").write_text("not for the Hub")
     (root / "linked" / "notes.txt").symlink_to(root / "secret.txt")  # a link out of the output folder
@@ -112,6 +114,7 @@ def runs(tmp_path_factory):
     write_jsonl(root / "train.jsonl", prompt_records(24))
     write_jsonl(root / "validation.jsonl", prompt_records(4, offset=50))
     write_jsonl(root / "chat.jsonl", chat_records(12))
+    (root / "documents.txt").write_text("".join(f"Document {i} counts to {i + 1}.\n" for i in range(16)))
     write_bad_inputs(root)
 
     commands = {  # cwd is root: relative paths are as a user would type them
@@ -126,8 +129,11 @@ def runs(tmp_path_factory):
     commands = {name: [*launchers.get(name, []), sys.executable, str(FINETUNE), *args]
                 for name, args in commands.items()}
     # The LoRA run again as two data-parallel processes; the launcher marks a process whose interpreter shutdown ran.
-    # No --use_cpu: on a machine without a GPU the script must set up CPU data parallelism itself.
+    # No --use_cpu: on a machine without a GPU the script must set up CPU data parallelism itself. This one reads a
+    # .txt file (one document per line) and adapts only the classic pair, with its own dropout.
     ddp_args = [arg for arg in lora_args("lora_ddp") if arg != "--use_cpu"]
+    ddp_args[ddp_args.index("chat.jsonl")] = "documents.txt"
+    ddp_args += ["--lora_target_modules", "q_proj,v_proj", "--lora_dropout", "0.1"]
     commands["lora_ddp"] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                             LAUNCH, "--mark-at-exit", str(root / "shutdown"), str(FINETUNE), *ddp_args]
     with LocalHub(user="tester") as hub:
@@ -248,7 +254,11 @@ def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
         assert result.stdout.count(line) == 1, result.stdout
     assert not list(runs["root"].glob("shutdown.rank*")), "a process ran the interpreter's shutdown"
     out = runs["root"] / "lora_ddp"
-    assert "x 2 device(s)" in (out / "README.md").read_text()  # one data-parallel run, not two runs side by side
+    card = (out / "README.md").read_text()
+    assert "x 2 device(s)" in card  # one data-parallel run, not two runs side by side
+    assert "16 text records" in card
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    assert set(adapter_config["target_modules"]) == {"q_proj", "v_proj"} and adapter_config["lora_dropout"] == 0.1
     lora_b = [tensor for name, tensor in load_file(out / "adapter_model.safetensors").items() if "lora_B" in name]
     assert lora_b and all(tensor.abs().sum() > 0 for tensor in lora_b), "LoRA's B starts at zero: it never trained"
     # One push, as from one process: the same number of commits as the single-process run's repo.
