@@ -130,13 +130,26 @@ def test_a_diverging_run_stops_before_its_weights_turn_to_nan(run_pretrain, tmp_
             assert all(torch.isfinite(t).all() for t in weights.values())
 
 
-def test_a_clock_the_user_set_says_where_it_stopped(run_pretrain, tmp_path):
+def test_a_clock_the_user_set_says_where_it_stopped_and_resuming_goes_on(run_pretrain, tmp_path):
+    """A clock next to a step count bounds each launch: the same command with --resume_from_checkpoint latest trains
+    on from where the clock stopped it (once, a resumed run started with its seconds already spent, took no step and
+    exported the model as if finished)."""
     out = tmp_path / "run"
-    result = run_pretrain("--output_dir", out, "--max_train_steps", 500, "--max_train_seconds", 1, *QUIET)
+    flags = ["--output_dir", out, "--max_train_steps", 500, "--max_train_seconds", 1, *QUIET]
+    result = run_pretrain(*flags)
     final = [r for r in rows(out) if r.get("final") and "eval_loss" in r][0]
     assert final["stopped_by_clock"] and final["planned_steps"] == 500 and final["step"] < 500
     assert f"Stopped by the clock at step {final['step']} of 500 planned" in result.stdout
     assert f"stopped by the clock at step {final['step']} of 500 planned" in (out / "README.md").read_text()
+
+    resumed = run_pretrain(*flags, "--resume_from_checkpoint", "latest")
+    steps = [r["step"] for r in rows(out) if "loss" in r]
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > final["step"]  # on from the step it stopped at
+    again = [r for r in rows(out) if r.get("final") and "eval_loss" in r][-1]
+    assert again["step"] == steps[-1]
+    if again["step"] < 500:  # cut by the clock again: it says so again
+        assert again["stopped_by_clock"]
+        assert f"Stopped by the clock at step {again['step']} of 500 planned" in resumed.stdout
 
 
 BAD_INPUTS = {

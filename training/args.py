@@ -108,7 +108,8 @@ class PretrainArguments:
         default=0.0,
         metadata={"help": "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock "
                   "and ends at this second. With --max_train_steps or --max_train_tokens it only cuts the run short "
-                  "(the run then says so). 0: no clock."},
+                  "(the run then says so; --resume_from_checkpoint latest continues it for as long again). "
+                  "0: no clock."},
     )
     seed: int = field(default=0, metadata={"help": "Seed for initialisation, data order and splits."})
     mixed_precision: str = field(default="no", metadata={"help": "no or bf16."})

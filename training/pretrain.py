@@ -293,7 +293,10 @@ def resume(run: Run, folder: str) -> None:
     if run.own_fsdp2:
         checkpoints.load_sharded(folder, run.model, run.optimizer, run.lr_scheduler)
     run.completed_steps = run.saved_step = state["step"]
-    run.clock.resume_at(state.get("train_seconds", 0.0))
+    if run.max_train_steps is None:  # planned in seconds: the schedule goes on with the seconds the run had left
+        run.clock.resume_at(state.get("train_seconds", 0.0))
+    # Next to a step count the clock bounds each launch, like a job's time slot: resumed, the run gets its
+    # --max_train_seconds again and goes on towards the planned step count.
     run.epoch, run.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
     if run.accelerator.is_main_process:
         checkpoints.set_aside_after(run.checkpoints_dir, run.completed_steps, run.accelerator.print)
@@ -334,6 +337,7 @@ def fit(run: Run) -> None:
     finally:
         progress.close()
     run.train_seconds = time.perf_counter() - start[0]
+    run.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
     if run.own_fsdp2 or distributed.zero_stage(run.accelerator) is not None:  # every process says what it holds
         line = distributed.shard_report(run.model, run.optimizer, run.accelerator)
         sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
@@ -374,7 +378,6 @@ def end_step(run: Run, step_loss: float, start: tuple[float, int], progress) -> 
     after_step(run, progress)
     if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
         run.clock.read(time.perf_counter() - start[0])
-        run.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
 
 
 def train_micro_batch(run: Run, batch, loss_sum: torch.Tensor) -> tuple[torch.Tensor, float | None]:
