@@ -93,6 +93,16 @@ def test_damaged_checkpoints_are_skipped_and_the_run_still_ends_bit_for_bit(run_
     assert_same_weights(out, straight)
     assert len([r for r in rows(out) if r.get("final") and "eval_loss" in r]) == 1
 
+    # Resuming from an older checkpoint by its path: the newer ones are set aside (a later `latest` must not pick a
+    # step this run abandoned), and training from step 2 again ends where it did.
+    older = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--checkpointing_steps", 2,
+                         "--checkpoints_total_limit", 10, "--resume_from_checkpoint", checkpoints / "step_2", *QUIET)
+    assert "at step 2" in older.stdout
+    for step in (4, 6):
+        assert f"Set aside abandoned_step_{step}.1: this run continues from step 2." in older.stdout
+    assert_same_weights(out, straight)
+    assert {"abandoned_step_4.1", "abandoned_step_6.1", "step_2", "step_4", "step_6"} <= set(os.listdir(checkpoints))
+
 
 def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_pretrain, tmp_path):
     """With gradient accumulation, evaluating on a few batches mid-run once left Accelerate stepping the optimizer on
