@@ -174,13 +174,14 @@ def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder
     import torch
     from safetensors.torch import load_file
 
-    from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+    from tests.helpers.tiny import TINY_PRETRAIN_ARGS, pretrain_env
 
     source, _ = trained_folder
     # Without the size overrides: --init_from keeps the saved architecture and refuses them.
     flags = [arg for i, arg in enumerate(TINY_PRETRAIN_ARGS)
              if arg not in SIZE_FLAGS and (i == 0 or TINY_PRETRAIN_ARGS[i - 1] not in SIZE_FLAGS)]
-    command = [sys.executable, os.path.join(REPO_ROOT, "training", "pretrain.py"), *flags, "--init_from", str(source),
+    # Started as the README's other spelling, `python -m training.pretrain`, from a folder outside the checkout.
+    command = [sys.executable, "-m", "training.pretrain", *flags, "--init_from", str(source),
                "--output_dir", str(tmp_path / "more"), "--max_train_steps", "2", "--learning_rate", "1e-9",
                "--num_probes_per_kind", "0", "--num_samples", "0"]
     result = subprocess.run(command, env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
@@ -199,14 +200,20 @@ def test_a_named_tokenizer_a_text_column_and_a_token_budget(run_pretrain, traine
     --text_column reads documents from another field, and --max_train_tokens plans the steps (3 x 8 x 64 tokens)."""
     from transformers import AutoTokenizer
 
+    from tests.helpers.tiny import REPO_ROOT
+
     source, _ = trained_folder
     rows = [{"content": f"Document {i}: the animal did not cross the street because it was tired."}
             for i in range(200)]
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "run"
+    # Launched as the README's one-process Accelerate command.
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(REPO_ROOT / "training" / "configs" / "accelerate-cpu.yaml")]
     result = run_pretrain("--output_dir", out, "--tokenizer_name", source, "--train_file", tmp_path / "docs.jsonl",
                           "--text_column", "content", "--max_train_tokens", 3 * 8 * 64, "--num_probes_per_kind", 0,
-                          "--num_samples", 0)
+                          "--num_samples", 0, launcher=launcher)
+    assert "1 process(es) on cpu" in result.stdout
     assert "Training a byte-level BPE tokenizer" not in result.stdout
     assert (out / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()
     assert json.loads((out / "config.json").read_text())["vocab_size"] == len(AutoTokenizer.from_pretrained(source))

@@ -39,9 +39,13 @@ def pretrain_hub_env(local_hub, tmp_path, token="default"):
 def test_checkpoints_and_final_model_reach_the_hub_and_load_by_repo_id(local_hub, run_pretrain, tmp_path):
     repo_id = f"{local_hub.user}/tiny"
     output_dir = tmp_path / "model"
-    result = run_pretrain("--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id,
-                          env=pretrain_hub_env(local_hub, tmp_path))
+    env = pretrain_hub_env(local_hub, tmp_path, token=None)  # no HF_TOKEN: the token `hf auth login` stored
+    login = tmp_path / "hf_home" / "token"
+    login.parent.mkdir(parents=True, exist_ok=True)
+    login.write_text(local_hub.token)
+    result = run_pretrain("--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id, env=env)
     assert f"Pushed to the Hub as {repo_id}" in result.stdout
+    login.unlink()  # the user's own login file; no other file may hold the token (checked at the end)
 
     files = local_hub.repo_files(repo_id)
     assert MODEL_REPO_FILES <= set(files), MODEL_REPO_FILES - set(files)
