@@ -62,6 +62,7 @@ def test_damaged_checkpoints_are_skipped_and_the_run_still_ends_bit_for_bit(run_
                          "--checkpoints_total_limit", 10, *QUIET)
     assert "Token indices sequence length" not in first.stderr  # packing makes long documents harmless: no warning
     assert_same_weights(out, straight)  # checkpointing does not change training
+    assert sorted(os.listdir(straight / "checkpoints")) == ["step_6", "tokenizer"]  # without the flag: one, at the end
     checkpoints = out / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["step_2", "step_4", "step_6", "tokenizer"]
 
