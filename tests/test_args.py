@@ -51,6 +51,8 @@ def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_closest_flag(flag_r
 
 @pytest.mark.parametrize("script, flags, message", [
     ("pretrain", ["--validation_split_percentage", "0"], "--validation_split_percentage must lie"),
+    ("pretrain", ["--output_dir", "base"], "already holds an earlier run"),  # the commonest refusal of all
+    ("pretrain", ["--train_file", "data.txt"], "'data.txt' matches no file"),
     ("finetune", ["--model_name_or_path", "base", "--train_file", "data.jsonl"], "data.jsonl, line 2: not valid JSON"),
 ])
 def test_bad_input_is_refused_before_torch_loads(tmp_path, script, flags, message):

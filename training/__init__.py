@@ -3,7 +3,7 @@
 Run the scripts as `python training/pretrain.py` or `python -m training.pretrain` (and `finetune` alike):
 
     args.py        command-line arguments and their checks (everything is validated before anything is written)
-    data.py        datasets in, packed token blocks out
+    data.py        datasets in, packed token blocks out (data_files.py: local files found and checked first)
     tokenizer.py   loading a named tokenizer (training one lives in hf_tinytx.tokenization)
     checkpoints.py resumable checkpoints: save, verify, find, prune
     export.py      the finished model folder: weights, code, tokenizer, card, record

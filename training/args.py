@@ -218,16 +218,16 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
     if train_args.push_to_hub:
         check_hub_args(train_args)
-    check_schedule(train_args)  # last: it loads transformers' schedules (with peft and the model code), the
-    # heaviest import of all, which no check above needs
+    # The schedule is checked by pretrain.py's setup (check_schedule): it loads transformers' schedules, with peft
+    # and the model code, the heaviest import of all, and everything checked here must be answered before that.
 
 
 def check_report_to(report_to: str) -> None:
     """Each tracker named must be installed: Accelerate would only warn, and the run would log to nothing."""
-    from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
-
     if report_to in ("all", "none"):
         return
+    from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available  # loads torch
+
     installed = {"tensorboard": is_tensorboard_available, "trackio": is_trackio_available, "wandb": is_wandb_available}
     for name in report_to.split(","):
         if name not in installed:

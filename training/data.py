@@ -10,7 +10,6 @@
    through the same token stream (`ShiftingBlocks`).
 """
 
-import glob
 import os
 from dataclasses import dataclass
 
@@ -19,12 +18,12 @@ import torch
 from datasets import Dataset, DatasetDict
 
 from .args import DataArguments, UserInputError
+from .data_files import local_data_files
 
 
 DEFAULT_CORPUS_DOCUMENTS = 12000
 # Documents read from a streamed dataset to make its validation split and to train the tokenizer.
 STREAMING_VALIDATION_DOCUMENTS = 1000
-FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def load_text_datasets(data_args: DataArguments, seed: int) -> DatasetDict:
@@ -78,17 +77,7 @@ def _load_hub_dataset(data_args: DataArguments):
 
 
 def _load_local_files(data_args: DataArguments) -> DatasetDict:
-    data_files = {"train": _expand(data_args.train_file, "--train_file")}
-    if data_args.validation_file:
-        data_files["validation"] = _expand(data_args.validation_file, "--validation_file")
-    extensions = {os.path.splitext(path)[1].lower() for paths in data_files.values() for path in paths}
-    unknown = extensions - set(FILE_BUILDERS)
-    if unknown or len({FILE_BUILDERS[ext] for ext in extensions}) != 1:
-        raise UserInputError(
-            f"Data files must all be of one kind among {sorted(FILE_BUILDERS)}; got {sorted(extensions)}. Convert "
-            f"them, or pass training and validation files of the same format."
-        )
-    builder = FILE_BUILDERS[extensions.pop()]
+    data_files, builder = local_data_files(data_args)
     # Plain text: one document per paragraph (blank-line separated), line breaks kept.
     options = {"sample_by": "paragraph", "keep_linebreaks": True} if builder == "text" else {}
     try:
@@ -98,36 +87,6 @@ def _load_local_files(data_args: DataArguments) -> DatasetDict:
             f"Could not read {data_files} as {builder}: {type(error).__name__}: {error}. Check that the files are "
             f"valid {builder} (JSON Lines: one object per line with a {data_args.text_column!r} field)."
         ) from error
-
-
-def _expand(pattern: str, flag: str) -> list[str]:
-    paths = sorted(path for path in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(path))
-    if not paths:
-        raise UserInputError(f"{flag} {pattern!r} matches no file. Check the path (globs like 'data/*.jsonl' work).")
-    if all(os.path.getsize(path) == 0 for path in paths):
-        raise UserInputError(f"{flag} {pattern!r}: the data is empty (0 bytes); give a file with text in it.")
-    for path in paths:
-        _check_is_text(path, flag)
-    return paths
-
-
-def _check_is_text(path: str, flag: str) -> None:
-    """Text formats must be UTF-8 text; a binary file would fail deep inside `datasets` with no file named."""
-    if path.lower().endswith(".parquet"):
-        return
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as error:
-        if error.start < len(head) - 4:  # not just a character cut at the end of the sample
-            line = head[: error.start].count(b"\n") + 1
-            raise UserInputError(
-                f"{flag} {path}, line {line}: not UTF-8 text (byte {head[error.start]:#04x}); save the file as "
-                f"UTF-8 text, or give a .parquet file."
-            ) from None
-    if b"\x00" in head:
-        raise UserInputError(f"{flag} {path} holds NUL bytes, so it is a binary file, not text; give a text file.")
 
 
 def _check_documents(split, text_column: str, name: str) -> None:

@@ -19,10 +19,6 @@ from .args import RunError
 from .checkpoints import disk_space_guard
 
 
-# Names an export writes; an output folder holding some of them already holds an exported model.
-MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
-
-
 def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, history, training_args, max_shard_size):
     """Writes every file of the model repository into `folder` (created if needed)."""
     os.makedirs(folder, exist_ok=True)

@@ -8,11 +8,12 @@ import fcntl
 import os
 import shutil
 
-from . import export
 from .args import UserInputError
 
 
 LOCK_FILE = ".lock"
+# Names an export writes; an output folder holding some of them already holds an exported model.
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 
 
 def check_output_dir(output_dir: str, train_args) -> None:
@@ -33,7 +34,7 @@ def check_output_dir(output_dir: str, train_args) -> None:
         refuse_if_locked(output_dir)
     if train_args.resume_from_checkpoint:
         return
-    earlier_run = sorted(set(os.listdir(output_dir)) & {*export.MODEL_FILES, "checkpoints", "metrics.jsonl"})
+    earlier_run = sorted(set(os.listdir(output_dir)) & {*MODEL_FILES, "checkpoints", "metrics.jsonl"})
     if earlier_run and not train_args.overwrite_output_dir:
         raise UserInputError(
             f"--output_dir {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "

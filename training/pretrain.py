@@ -29,14 +29,22 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `training` from the checkout
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from training.args import RunError, UserInputError, args_to_dict, check_batch, parse_args, planned_by_clock
+from training.args import (
+    RunError, UserInputError, args_to_dict, check_batch, check_schedule, parse_args, planned_by_clock,
+)
+from training.data_files import local_data_files
+from training.output_dir import check_output_dir, remove_checkpoints, take_lock
 
 
 if __name__ == "__main__":
-    # The flags first, before torch and transformers load (~7 s on a small CPU): a typo or --help is answered at once.
-    # main() parses them again, which costs nothing.
+    # The flags, the output folder and the data files first, before torch and transformers load (~7 s on a small
+    # CPU): a typo, --help, a folder holding an earlier run or a wrong path is answered at once. main() checks them
+    # again, which costs nothing.
     try:
-        parse_args()
+        _, early_data_args, early_train_args = parse_args()
+        check_output_dir(os.path.abspath(early_train_args.output_dir), early_train_args)
+        if early_data_args.train_file:
+            local_data_files(early_data_args)
     except UserInputError as early_error:
         sys.stderr.write(f"pretrain.py: error: {early_error}\n")
         sys.exit(2)
@@ -58,7 +66,6 @@ from training.data import (
 from training.hub import HubPusher
 from training.model_config import check_model_builds, load_model_config
 from training.optimization import Clock, make_optimizer, make_schedule
-from training.output_dir import check_output_dir, remove_checkpoints, take_lock
 from training.run_log import RunLog
 from training.tokenizer import load_tokenizer
 
@@ -108,6 +115,7 @@ def main(argv=None) -> None:
 
 
 def setup(model_args, data_args, train_args) -> Run:
+    check_schedule(train_args)  # the one flag check that needs transformers loaded
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     check_output_dir(output_dir, train_args)
