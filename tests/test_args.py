@@ -146,3 +146,22 @@ def test_each_model_preset_is_the_size_its_file_says(preset, vocab_size, paramet
         model = AutoModelForCausalLM.from_config(config)
     assert abs(sum(p.numel() for p in model.parameters()) / parameters - 1) < 0.1
     assert config.qk_norm == qk_norm  # the README: small and base use qk_norm, which GGUF export refuses
+
+
+def test_a_model_config_file_in_yaml_reads_like_json(tmp_path):
+    """--model_config takes .yaml as well as .json: the same fields give the same config."""
+    import json
+
+    import yaml
+
+    from training.model_config import load_model_config
+
+    fields = {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4,
+              "qk_norm": True, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(fields))
+    (tmp_path / "model.json").write_text(json.dumps(fields))
+    configs = [load_model_config(parse_args(["--model_config", str(tmp_path / name)])[0])
+               for name in ("model.yaml", "model.json")]
+    assert configs[0].to_dict() == configs[1].to_dict()
+    assert (configs[0].hidden_size, configs[0].num_hidden_layers, configs[0].qk_norm) == (96, 3, True)
+    assert configs[0].rope_parameters["rope_theta"] == 500.0
