@@ -21,13 +21,19 @@ FLAG_MISTAKES = {  # (script, flags) -> the one line the script must print
 }
 
 
+def write_finetune_inputs(folder, records: str):
+    """base/ (a config and a tokenizer file, the names finetune.py checks for) and data.jsonl holding `records`."""
+    (folder / "base").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (folder / "base" / name).write_text("{}")
+    (folder / "data.jsonl").write_text(records)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def flag_runs(tmp_path_factory):
     """Each mistake in its own process, all started together (each spends seconds importing torch)."""
-    inputs = tmp_path_factory.mktemp("inputs")  # what finetune.py checks before it parses Trainer's flags
-    for name, text in {"base/config.json": "{}", "base/tokenizer.json": "{}", "data.jsonl": RECORD}.items():
-        (inputs / name).parent.mkdir(exist_ok=True)
-        (inputs / name).write_text(text)
+    inputs = write_finetune_inputs(tmp_path_factory.mktemp("inputs"), RECORD)  # all finetune.py checks early
     runs = {}
     for (script, case), (flags, _) in FLAG_MISTAKES.items():
         cwd = tmp_path_factory.mktemp(f"{script}-{case}")
@@ -57,10 +63,7 @@ def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_closest_flag(flag_r
 ])
 def test_bad_input_is_refused_before_torch_loads(tmp_path, script, flags, message):
     """Refused in about a second, not after ~8 s of imports: Python's import log (-X importtime) names no torch."""
-    (tmp_path / "base").mkdir()
-    for name in ("config.json", "tokenizer.json"):
-        (tmp_path / "base" / name).write_text("{}")
-    (tmp_path / "data.jsonl").write_text(RECORD + '{"prompt": "Q:"\n')
+    write_finetune_inputs(tmp_path, RECORD + '{"prompt": "Q:"\n')
     command = [sys.executable, "-X", "importtime", str(REPO_ROOT / "training" / f"{script}.py"), *flags]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     *imports, error = result.stderr.strip().splitlines()
