@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_tinytx import TinyTxForCausalLM
-from tests.helpers.tiny import build_tiny_config, kill_after_call
+from tests.helpers.tiny import build_tiny_config, kill_after_call, pretrain_env
 from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
 from training import distributed, optimization
 from training.args import PretrainArguments
@@ -180,7 +180,12 @@ def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    run_pretrain("--output_dir", out, "--torch_compile", "--max_train_steps", 3, *QUIET)
+    # torch's own log of each recompile: training compiles once, evaluation (no gradients) once more; the probes and
+    # the sample, in many lengths, must not compile again (they did: eight graphs, ~2 minutes on a cold cache).
+    result = run_pretrain("--output_dir", out, "--torch_compile", "--max_train_steps", 3,
+                          env={**pretrain_env(tmp_path), "TORCH_LOGS": "recompiles"})
+    assert result.stderr.count("Recompiling function") == 1, result.stderr[-3000:]
+    assert "sample: " in result.stdout
     saved = load_file(out / "model.safetensors")
     assert not any(name.startswith("_orig_mod") for name in saved)
     model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)

@@ -46,7 +46,9 @@ class ModelArguments:
     num_key_value_heads: int | None = field(default=None, metadata={"help": "Override the preset's kv heads."})
     max_position_embeddings: int | None = field(default=None, metadata={"help": "Override the longest context."})
     attn_implementation: str = field(default="sdpa", metadata={"help": "eager, sdpa, flash_attention_2, ..."})
-    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    torch_compile: bool = field(default=False, metadata={
+        "help": "Compile the model with torch.compile for training and evaluation (the final probes and samples run "
+                "eagerly: their many shapes would each compile again)."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations to save memory."})
 
 

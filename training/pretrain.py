@@ -473,8 +473,11 @@ def finish(run: Run) -> tuple[dict, dict]:
     probe_results = {}
     sharded = run.own_fsdp2 or distributed.zero_stage(accelerator) == 3
     if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process
-        probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer, run.train_args,
-                                               accelerator)
+        # Eagerly, under --torch_compile too: probes and samples come in many shapes, and each new one would compile
+        # the model again (about two minutes on a small CPU) to save milliseconds.
+        with torch.compiler.set_stance("force_eager"):
+            probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer,
+                                                   run.train_args, accelerator)
         if probe_results:
             run.log.log({"step": run.completed_steps, **{f"probe_{k}": v for k, v in probe_results.items()},
                          "final": True})
