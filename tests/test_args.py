@@ -59,11 +59,13 @@ def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_closest_flag(flag_r
     ("pretrain", ["--validation_split_percentage", "0"], "--validation_split_percentage must lie"),
     ("pretrain", ["--output_dir", "base"], "already holds an earlier run"),  # the commonest refusal of all
     ("pretrain", ["--train_file", "data.txt"], "'data.txt' matches no file"),
+    ("pretrain", ["--model_config", "broken.json"], "broken.json is not valid JSON/YAML"),
     ("finetune", ["--model_name_or_path", "base", "--train_file", "data.jsonl"], "data.jsonl, line 2: not valid JSON"),
 ])
 def test_bad_input_is_refused_before_torch_loads(tmp_path, script, flags, message):
     """Refused in about a second, not after ~8 s of imports: Python's import log (-X importtime) names no torch."""
     write_finetune_inputs(tmp_path, RECORD + '{"prompt": "Q:"\n')
+    (tmp_path / "broken.json").write_text('{"hidden_size": 64,')
     command = [sys.executable, "-X", "importtime", str(REPO_ROOT / "training" / f"{script}.py"), *flags]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     *imports, error = result.stderr.strip().splitlines()

@@ -2,9 +2,7 @@
 by building it on PyTorch's "meta" device (no memory) before anything is written."""
 
 import copy
-import json
 import os
-import re
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -12,9 +10,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from hf_tinytx.folders import local_folder_or_hub_id
 
 from .args import UserInputError
+from .config_file import config_file_path, read_config_file
 
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 OVERRIDES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
              "max_position_embeddings")
 # fp32 weights + gradients + AdamW's two moments: what training needs per parameter before activations.
@@ -36,7 +34,7 @@ def load_model_config(model_args):
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise UserInputError(f"--init_from {model_args.init_from!r} is not a model folder: {reason}") from None
     else:
-        path = model_args.model_config or os.path.join(CONFIGS_DIR, f"model-{model_args.model_preset}.json")
+        path = config_file_path(model_args)
         values = {key: value for key, value in read_config_file(path).items() if not key.startswith("_")}
         config = _build("tinytx", values, path)
     changes = {name: getattr(model_args, name) for name in OVERRIDES if getattr(model_args, name) is not None}
@@ -50,31 +48,6 @@ def load_model_config(model_args):
         config.num_key_value_heads = None
     values = {k: v for k, v in {**config.to_dict(), **changes}.items() if k != "model_type"}
     return _build("tinytx", values, "the command-line overrides")
-
-
-def read_config_file(path: str) -> dict:
-    if not os.path.isfile(path):
-        presets = sorted(name[6:-5] for name in os.listdir(CONFIGS_DIR) if re.match(r"model-.*\.json$", name))
-        raise UserInputError(
-            f"No model config at {path}; use --model_preset with one of {presets} or --model_config FILE."
-        )
-    try:
-        with open(path, encoding="utf-8") as f:
-            if path.endswith((".yaml", ".yml")):
-                import yaml
-
-                values = yaml.safe_load(f)
-            else:
-                values = json.load(f)
-    except (ValueError, UnicodeDecodeError) as error:  # JSON, YAML and decoding errors all derive from ValueError
-        reason = str(error).splitlines()[0]
-        raise UserInputError(f"--model_config {path} is not valid JSON/YAML ({reason}); fix the file.") from None
-    if not isinstance(values, dict):
-        raise UserInputError(
-            f"--model_config {path} holds a {type(values).__name__}, not a mapping of TinyTxConfig fields; write "
-            f'it as {{"hidden_size": 128, ...}} (see training/configs/model-tiny.json).'
-        )
-    return values
 
 
 def _build(model_type: str, values: dict, source: str):

@@ -32,17 +32,20 @@ if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `t
 from training.args import (
     RunError, UserInputError, args_to_dict, check_batch, check_schedule, parse_args, planned_by_clock,
 )
+from training.config_file import config_file_path, read_config_file
 from training.data_files import local_data_files
 from training.output_dir import check_output_dir, remove_checkpoints, take_lock
 
 
 if __name__ == "__main__":
-    # The flags, the output folder and the data files first, before torch and transformers load (~7 s on a small
-    # CPU): a typo, --help, a folder holding an earlier run or a wrong path is answered at once. main() checks them
-    # again, which costs nothing.
+    # The flags, the output folder, the model's config file and the data files first, before torch and transformers
+    # load (~7 s on a small CPU): a typo, --help, a folder holding an earlier run, a broken config or a wrong path is
+    # answered at once. main() checks them again, which costs nothing.
     try:
-        _, early_data_args, early_train_args = parse_args()
+        early_model_args, early_data_args, early_train_args = parse_args()
         check_output_dir(os.path.abspath(early_train_args.output_dir), early_train_args)
+        if not early_model_args.init_from:
+            read_config_file(config_file_path(early_model_args))
         if early_data_args.train_file:
             local_data_files(early_data_args)
     except UserInputError as early_error:
