@@ -21,11 +21,29 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
 
-from hf_tinytx import TinyTxConfig
-from hf_tinytx.modeling_tinytx import TinyTxAttention, TinyTxRotaryEmbedding
-from transformers.masking_utils import create_causal_mask
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--hidden_size", type=int, default=256)
+    parser.add_argument("--num_heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out_dir", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--quick", action="store_true", help="n = 128 ... 1024, 3 repeats")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.lengths, args.repeats = [128, 256, 512, 1024], 3
+    return args
+
+
+if __name__ == "__main__":  # --help and a mistyped flag are answered before torch loads (~7 s on a small CPU)
+    ARGS = parse_args()
+
+import torch  # noqa: E402
+
+from hf_tinytx import TinyTxConfig  # noqa: E402
+from hf_tinytx.modeling_tinytx import TinyTxAttention, TinyTxRotaryEmbedding  # noqa: E402
+from transformers.masking_utils import create_causal_mask  # noqa: E402
 
 
 BACKENDS = ("eager", "sdpa")
@@ -144,18 +162,7 @@ def plot(lengths, times, memory, path: Path) -> None:
     plt.close(fig)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
-    parser.add_argument("--hidden_size", type=int, default=256)
-    parser.add_argument("--num_heads", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out_dir", default=str(Path(__file__).parent / "results"))
-    parser.add_argument("--quick", action="store_true", help="n = 128 ... 1024, 3 repeats")
-    args = parser.parse_args()
-    if args.quick:
-        args.lengths, args.repeats = [128, 256, 512, 1024], 3
-
+def main(args):
     lengths = sorted(args.lengths)
     times = time_interleaved(lengths, args.hidden_size, args.num_heads, args.repeats)
     memory = peak_memories(lengths, args.hidden_size, args.num_heads)
@@ -215,4 +222,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -1,4 +1,4 @@
-"""What the benchmarks share: the model shapes they compare and a fair, interleaved timer.
+"""What the benchmarks share: a model pair of each shape they compare (shapes.py) and a fair, interleaved timer.
 
 Fair means: both sides built from the same weights (TinyTx converted to Llama), run in the same process, one sample
 of each in turn (so a noisy neighbour slows both), reported as medians.
@@ -13,29 +13,7 @@ import torch
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
 from hf_tinytx.convert import tinytx_to_llama
 
-
-# name -> (TinyTx config fields, batch size, sequence length)
-SHAPES = {
-    # ~0.8M parameters: nanoGPT's Shakespeare-char scale (65 characters).
-    "0.8M": (
-        dict(vocab_size=65, hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4),
-        12,
-        64,
-    ),
-    # ~10M parameters with a small BPE vocabulary and tied embeddings.
-    "10M": (
-        dict(
-            vocab_size=4096,
-            hidden_size=384,
-            intermediate_size=1024,
-            num_hidden_layers=5,
-            num_attention_heads=6,
-            tie_word_embeddings=True,
-        ),
-        8,
-        256,
-    ),
-}
+from shapes import SHAPES
 
 
 def build_pair(shape: str, attn_implementation: str = "sdpa", seed: int = 0):

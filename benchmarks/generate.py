@@ -33,16 +33,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-from transformers import CompileConfig
-
-from common import count_parameters, interleaved_samples, paired_ratio
-from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
-from hf_tinytx.convert import convert_folder
-from hf_tinytx.corpus import default_corpus
-from hf_tinytx.gguf_export import write_gguf
-from hf_tinytx.tokenization import train_bpe_tokenizer
-
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA_CPP_PYTHON = REPO / ".venv-llamacpp" / "bin" / "python"
@@ -53,6 +43,41 @@ SHAPES = {
     "1.1M": dict(vocab_size=1200, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4),
     "25M": dict(vocab_size=6144, hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8),
 }
+LLAMA_CPP_ENGINES = {"llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}  # engine -> GGUF type
+VLLM_ENGINES = ("vllm", "vllm-llama")  # the TinyTx folder (Transformers backend), its Llama export (vLLM's Llama)
+# The flags' engine names: TRANSFORMERS_ENGINES' first (spelt out here: their settings, below, need transformers).
+ENGINES = ["tinytx", "tinytx-static", "tinytx-compiled", *LLAMA_CPP_ENGINES, *VLLM_ENGINES]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompt_len", type=int, default=32)
+    parser.add_argument("--new_tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="for every engine (default None: torch's own, torch.get_num_threads())")
+    parser.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES, help="tinytx is always run")
+    args = parser.parse_args(argv)
+    args.engines = ["tinytx", *(name for name in args.engines if name != "tinytx")]  # the tokens' reference
+    return args
+
+
+if __name__ == "__main__":  # --help and a mistyped flag are answered before torch loads (~7 s on a small CPU)
+    ARGS = parse_args()
+
+import torch  # noqa: E402
+from transformers import CompileConfig  # noqa: E402
+
+from common import count_parameters, interleaved_samples, paired_ratio  # noqa: E402
+from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
+from hf_tinytx.convert import convert_folder  # noqa: E402
+from hf_tinytx.corpus import default_corpus  # noqa: E402
+from hf_tinytx.gguf_export import write_gguf  # noqa: E402
+from hf_tinytx.tokenization import train_bpe_tokenizer  # noqa: E402
+
+
 REFERENCE = "llama.cpp-f32"
 
 
@@ -73,9 +98,7 @@ TRANSFORMERS_ENGINES = {
     "tinytx-static": {"cache_implementation": "static"},
     "tinytx-compiled": {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)},
 }
-LLAMA_CPP_ENGINES = {"llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}  # engine -> GGUF type
-VLLM_ENGINES = ("vllm", "vllm-llama")  # the TinyTx folder (Transformers backend), its Llama export (vLLM's Llama)
-ENGINES = [*TRANSFORMERS_ENGINES, *LLAMA_CPP_ENGINES, *VLLM_ENGINES]
+assert [*TRANSFORMERS_ENGINES] == ENGINES[:len(TRANSFORMERS_ENGINES)], "the --engines names above must match"
 
 
 def transformers_runs(model, prompt, new_tokens: int, engines: list[str]) -> dict:
@@ -240,17 +263,9 @@ def print_table(rows: list[dict], shapes: list[dict]) -> None:
               f"at most {1e3 / s['floor_ms_per_token']:.0f} tokens/s")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--prompt_len", type=int, default=32)
-    parser.add_argument("--new_tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for every engine")
-    parser.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES, help="tinytx is always run")
-    args = parser.parse_args()
-    args.engines = ["tinytx", *(name for name in args.engines if name != "tinytx")]  # the tokens' reference
+def main(args):
+    if args.threads is None:
+        args.threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
 
     workers = start_workers(args.threads, args.engines)
@@ -271,4 +286,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -14,7 +14,7 @@ The AdamW update, norms, activations and the softmax are not counted: they are o
 The roof is measured, not looked up: the median FLOP/s of an n x n @ n x n matmul (fp32 2048 on CPU, bf16 8192 on
 GPU by default) sampled in turn with the training steps, so both see the same machine state.
 
-    python benchmarks/mfu.py                   # the 10M shape of common.SHAPES, fp32 on CPU
+    python benchmarks/mfu.py                   # the 10M shape of shapes.SHAPES, fp32 on CPU
     python benchmarks/mfu.py --quick
     python benchmarks/mfu.py --config training/configs/model-base.json --batch_size 8 --seq_len 1024 \\
         --device cuda --dtype bf16             # ~124M on a GPU (what benchmarks/gpu_check.sh runs)
@@ -27,10 +27,34 @@ import contextlib
 import json
 from pathlib import Path
 
-import torch
+from shapes import SHAPES
 
-from common import SHAPES, count_parameters, interleaved_medians
-from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="10M", choices=list(SHAPES))
+    parser.add_argument("--config", default=None, help="A TinyTxConfig .json (e.g. training/configs/model-base.json); "
+                        "replaces --shape.")
+    parser.add_argument("--vocab_size", type=int, default=50304, help="With --config: the vocabulary size.")
+    parser.add_argument("--batch_size", type=int, default=None, help="Default: the shape's.")
+    parser.add_argument("--seq_len", type=int, default=None, help="Default: the shape's.")
+    parser.add_argument("--device", default=None, help="Default: cuda when torch sees a GPU, else cpu.")
+    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16"],  # DTYPES' keys
+                        help="Default: bf16 on a GPU, fp32 on CPU.")
+    parser.add_argument("--attn_implementation", default="sdpa")
+    parser.add_argument("--matmul_size", type=int, default=None, help="Default: 8192 on a GPU, 2048 on CPU.")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="3 samples of each, one warm-up")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help and a mistyped flag are answered before torch loads (~7 s on a small CPU)
+    ARGS = parse_args()
+
+import torch  # noqa: E402
+
+from common import count_parameters, interleaved_medians  # noqa: E402
+from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -102,21 +126,9 @@ def make_matmul(size: int, dtype, device: str):
     return matmul
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="10M", choices=list(SHAPES))
-    parser.add_argument("--config", default=None, help="A TinyTxConfig .json (e.g. training/configs/model-base.json); "
-                        "replaces --shape.")
-    parser.add_argument("--vocab_size", type=int, default=50304, help="With --config: the vocabulary size.")
-    parser.add_argument("--batch_size", type=int, default=None, help="Default: the shape's.")
-    parser.add_argument("--seq_len", type=int, default=None, help="Default: the shape's.")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, choices=list(DTYPES), help="Default: bf16 on a GPU, fp32 on CPU.")
-    parser.add_argument("--attn_implementation", default="sdpa")
-    parser.add_argument("--matmul_size", type=int, default=None, help="Default: 8192 on a GPU, 2048 on CPU.")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--quick", action="store_true", help="3 samples of each, one warm-up")
-    args = parser.parse_args()
+def main(args):
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     on_gpu = args.device.startswith("cuda")
     dtype = DTYPES[args.dtype or ("bf16" if on_gpu else "fp32")]
     matmul_size = args.matmul_size or (8192 if on_gpu else 2048)
@@ -180,4 +192,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -34,33 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 
 HERE = Path(__file__).resolve().parent
-
-from attention_scaling import attention_flops, time_interleaved  # noqa: E402  (siblings in benchmarks/)
-from common import count_parameters, interleaved_medians  # noqa: E402
-from lstm_baseline import lstm_matching  # noqa: E402
-from lookup_task import LookupFeed, LookupTask, copy_probes, lookup_probes  # noqa: E402
-from seed_claims_report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
-
-from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
-from hf_tinytx.corpus import default_corpus, make_probes  # noqa: E402
-from hf_tinytx.interpret import (  # noqa: E402
-    attention_maps,
-    attention_weights,
-    coref_head_scores,
-    find_heads,
-    induction_baseline,
-    induction_targets,
-    permutation_check,
-    render_attention_map,
-    rotary_separation_check,
-    uniform_baseline,
-)
-from hf_tinytx.probes import score_probes  # noqa: E402
-
 
 # Everything that differs between --quick and the full run.
 SETTINGS = {
@@ -96,6 +71,87 @@ SETTINGS = {
         lookup_distances=(12, 25, 50, 100, 200, 400), lookup_probes=4, map_distance=200,
     ),
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long each model trains: seconds of its own step time, or a number of steps (reproducible on a busy
+    machine, where seconds buy fewer steps)."""
+
+    seconds: float | None = None
+    steps: int | None = None
+
+    def fraction(self, steps_done: int, seconds_done: float) -> float:
+        return steps_done / self.steps if self.steps else seconds_done / self.seconds
+
+    def describe(self) -> str:
+        return f"{self.steps} steps" if self.steps else f"{self.seconds:.0f} s"
+
+
+def budget_from(parser, seconds: float | None, steps: int | None, default_seconds: float, flag: str) -> Budget:
+    """--X_steps wins over --X_seconds, which wins over the mode's default seconds."""
+    if steps is not None:
+        if steps < 1:
+            parser.error(f"--{flag}_steps must be at least 1, got {steps}.")
+        return Budget(steps=steps)
+    if seconds is not None and seconds <= 0:
+        parser.error(f"--{flag}_seconds must be positive, got {seconds}.")
+    return Budget(seconds=seconds if seconds is not None else default_seconds)
+
+
+def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(HERE / "results" / "seed_claims"), help="folder for the report")
+    parser.add_argument("--quick", action="store_true", help="toy scale, end to end in under two minutes")
+    parser.add_argument("--model", help="a trained TinyTx folder for claims 4 and 6 (default: the one trained here)")
+    parser.add_argument("--lookup_seconds", type=float, help="claim 3: training time per model (full run: 200)")
+    parser.add_argument("--lookup_steps", type=int, help="claim 3: training steps per model instead of seconds")
+    parser.add_argument("--train_seconds", type=float, help="claims 4 and 6: corpus training time (full run: 150)")
+    parser.add_argument("--train_steps", type=int, help="claims 4 and 6: corpus training steps instead of seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="CPU threads for torch (default 1: on a shared machine, threads that wait on each other's preempted "
+        "partners make small kernels many times slower, and the comparison noisy; claim 2 also measures on all "
+        "cores, whatever this says)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}.")
+    settings = SETTINGS["quick" if args.quick else "full"]
+    lookup = budget_from(parser, args.lookup_seconds, args.lookup_steps, settings["lookup_seconds"], "lookup")
+    corpus = budget_from(parser, args.train_seconds, args.train_steps, settings["train_seconds"], "train")
+    return args, settings, lookup, corpus
+
+
+if __name__ == "__main__":  # --help, a mistyped flag or a bad budget are answered before torch loads (~7 s)
+    parse_arguments(None)
+
+import torch  # noqa: E402
+
+from attention_scaling import attention_flops, time_interleaved  # noqa: E402  (siblings in benchmarks/)
+from common import count_parameters, interleaved_medians  # noqa: E402
+from lstm_baseline import lstm_matching  # noqa: E402
+from lookup_task import LookupFeed, LookupTask, copy_probes, lookup_probes  # noqa: E402
+from seed_claims_report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
+
+from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
+from hf_tinytx.corpus import default_corpus, make_probes  # noqa: E402
+from hf_tinytx.interpret import (  # noqa: E402
+    attention_maps,
+    attention_weights,
+    coref_head_scores,
+    find_heads,
+    induction_baseline,
+    induction_targets,
+    permutation_check,
+    render_attention_map,
+    rotary_separation_check,
+    uniform_baseline,
+)
+from hf_tinytx.probes import score_probes  # noqa: E402
+
+
 EXAMPLE_SENTENCE = "The animal didn't cross the street because it was too tired. The"
 
 
@@ -169,21 +225,6 @@ def scheduled_lr(peak: float, step: int, fraction_done: float, warmup_steps: int
     A budget in seconds makes the decay follow each model's own clock: both end their training at the same low
     rate however many steps their speed allowed."""
     return peak * min(1.0, (step + 1) / warmup_steps) * (1.0 - 0.9 * min(1.0, fraction_done))
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How long each model trains: seconds of its own step time, or a number of steps (reproducible on a busy
-    machine, where seconds buy fewer steps)."""
-
-    seconds: float | None = None
-    steps: int | None = None
-
-    def fraction(self, steps_done: int, seconds_done: float) -> float:
-        return steps_done / self.steps if self.steps else seconds_done / self.seconds
-
-    def describe(self) -> str:
-        return f"{self.steps} steps" if self.steps else f"{self.seconds:.0f} s"
 
 
 class CorpusFeed:
@@ -438,42 +479,6 @@ def claim_heads(settings: dict, model, untrained, tokenizer, texts: list[str]) -
         rows.append({"role": role, "layer": best.layer, "head": best.head, "score": best.score,
                      "untrained_best": random_best.score, "even_spread": even.get(role, 0.0)})  # fmt: skip
     return {"rows": rows, "texts": len(texts)}
-
-
-def budget_from(parser, seconds: float | None, steps: int | None, default_seconds: float, flag: str) -> Budget:
-    """--X_steps wins over --X_seconds, which wins over the mode's default seconds."""
-    if steps is not None:
-        if steps < 1:
-            parser.error(f"--{flag}_steps must be at least 1, got {steps}.")
-        return Budget(steps=steps)
-    if seconds is not None and seconds <= 0:
-        parser.error(f"--{flag}_seconds must be positive, got {seconds}.")
-    return Budget(seconds=seconds if seconds is not None else default_seconds)
-
-
-def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(HERE / "results" / "seed_claims"), help="folder for the report")
-    parser.add_argument("--quick", action="store_true", help="toy scale, end to end in under two minutes")
-    parser.add_argument("--model", help="a trained TinyTx folder for claims 4 and 6 (default: the one trained here)")
-    parser.add_argument("--lookup_seconds", type=float, help="claim 3: training time per model (full run: 200)")
-    parser.add_argument("--lookup_steps", type=int, help="claim 3: training steps per model instead of seconds")
-    parser.add_argument("--train_seconds", type=float, help="claims 4 and 6: corpus training time (full run: 150)")
-    parser.add_argument("--train_steps", type=int, help="claims 4 and 6: corpus training steps instead of seconds")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads", type=int, default=1,
-        help="CPU threads for torch (default 1: on a shared machine, threads that wait on each other's preempted "
-        "partners make small kernels many times slower, and the comparison noisy; claim 2 also measures on all "
-        "cores, whatever this says)",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}.")
-    settings = SETTINGS["quick" if args.quick else "full"]
-    lookup = budget_from(parser, args.lookup_seconds, args.lookup_steps, settings["lookup_seconds"], "lookup")
-    corpus = budget_from(parser, args.train_seconds, args.train_steps, settings["train_seconds"], "train")
-    return args, settings, lookup, corpus
 
 
 def corpus_model(args, settings: dict, budget: Budget, log) -> tuple:

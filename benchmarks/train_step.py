@@ -24,12 +24,31 @@ import json
 import resource
 import statistics
 
-import torch
+from shapes import SHAPES
 
-from training.cpu_memory import keep_freed_memory
 
-from common import SHAPES, build_pair, count_parameters, interleaved_samples, medians, paired_ratio
-from gpt_baseline import GPT
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--compile", action="store_true", help="also time every model under torch.compile")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of timing: torch.profiler's busiest ops of 10 eager steps per model")
+    parser.add_argument("--glibc_malloc", action="store_true",
+                        help="leave glibc's malloc settings as they are (default: as training/pretrain.py sets them)")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help and a mistyped flag are answered before torch loads (~7 s on a small CPU)
+    ARGS = parse_args()
+
+import torch  # noqa: E402
+
+from training.cpu_memory import keep_freed_memory  # noqa: E402
+
+from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
+from gpt_baseline import GPT  # noqa: E402
 
 
 def make_step(model: torch.nn.Module, batch: torch.Tensor):
@@ -67,17 +86,7 @@ def build_models(shape: str, compile_too: bool) -> tuple[dict, int, int]:
     return models, batch_size, seq_len
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--compile", action="store_true", help="also time every model under torch.compile")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--profile", action="store_true",
-                        help="instead of timing: torch.profiler's busiest ops of 10 eager steps per model")
-    parser.add_argument("--glibc_malloc", action="store_true",
-                        help="leave glibc's malloc settings as they are (default: as training/pretrain.py sets them)")
-    args = parser.parse_args()
+def main(args):
     malloc = "glibc defaults" if args.glibc_malloc or not keep_freed_memory() else "freed memory kept"
     repeats = 5 if args.quick else args.repeats
     if args.profile:
@@ -152,4 +161,4 @@ def print_table(results: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)
