@@ -363,6 +363,11 @@ def test_rope_scaling_is_written_the_way_llama_cpp_reads_it(folder, tmp_path):
         ({"hidden_act": "gelu"}, "`hidden_act='gelu'` has no llama.cpp equivalent"),
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE type 'dynamic'"),
         (
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+                                 "long_factor": [2.0] * 8, "original_max_position_embeddings": 32}},
+            "RoPE type 'longrope'",
+        ),
+        (
             {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
                                  "original_max_position_embeddings": 32, "attention_factor": 1.5}},
             "YaRN with ['attention_factor']",
