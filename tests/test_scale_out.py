@@ -310,6 +310,32 @@ def test_a_deepspeed_config_that_disagrees_with_the_flags_stops_before_the_data(
         "--gradient_accumulation_steps 2.")
 
 
+def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_auto_takes_the_flag():
+    """The same rule for gradient_clipping, checked in-process on the config Accelerate hands over (the launch above
+    covers the path from an Accelerate config file)."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from training.args import UserInputError
+    from training.distributed import follow_the_flags
+
+    def accelerator(settings: dict):
+        state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2, deepspeed_config=settings))
+        return SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, state=state)
+
+    flags = SimpleNamespace(gradient_accumulation_steps=2, max_grad_norm=1.0)
+    with pytest.raises(UserInputError) as refusal:
+        follow_the_flags(accelerator({"gradient_clipping": 0.5}), flags)
+    assert str(refusal.value) == (
+        "The DeepSpeed config sets gradient_clipping: 0.5 but this run has --max_grad_norm 1.0; remove it from the "
+        "Accelerate config (the flag decides) or pass --max_grad_norm 0.5.")
+    settings = {"gradient_clipping": "auto"}  # and gradient_accumulation_steps left out
+    follow_the_flags(accelerator(settings), flags)
+    assert settings == {"gradient_clipping": 1.0, "gradient_accumulation_steps": 2}
+    follow_the_flags(accelerator({"gradient_clipping": 1}), flags)  # the same value, spelt as an int: accepted
+
+
 def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):
     straight, _ = zero3
     resumed = tmp_path / "resumed"
