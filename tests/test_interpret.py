@@ -240,7 +240,7 @@ def test_eager_attention_context_restores_sdpa():
 
 
 @pytest.mark.parametrize("trust_remote_code", [False, True])
-def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_remote_code):
+def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_remote_code, capsys):
     from hf_tinytx.interpret.__main__ import main
 
     model = build_tiny_model(vocab_size=len(tokenizer))
@@ -253,6 +253,17 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
     roles = {"previous_token", "first_token", "induction", "coref@it", "coref@adjective", "coref@last"}
     assert set(report["heads"]) == roles  # induction too: TEXT's tokenization repeats a token
     assert 0 < report["induction_baseline"] < 1
+    # What it prints: the maps, both even-spread bars, then one line per role with its three best heads, as saved.
+    lines = capsys.readouterr().out.strip().splitlines()
+    # From the first line of its own: an import may have printed before it (deepspeed announces its CPU accelerator).
+    lines = lines[next(i for i, line in enumerate(lines) if " attention maps of " in line):]
+    assert lines[0] == f"4 attention maps of {len(report['tokens'])} tokens written to {tmp_path / 'maps'}"
+    assert lines[1].endswith(f"an even spread scores {report['uniform_baseline']:.3f}")
+    assert lines[2].endswith(f"(on induction an even spread scores {report['induction_baseline']:.3f})")
+    printed = {line.split()[0]: line.split(maxsplit=1)[1] for line in lines[3:]}
+    assert printed == {role: ", ".join(f"{h['layer']}.{h['head']}: {h['score']:.3f}" for h in heads)
+                       for role, heads in report["heads"].items()}
+    assert all(len(heads) == 3 for heads in report["heads"].values())
 
 
 def test_command_line_names_a_folder_that_holds_no_model(tmp_path):
