@@ -4,6 +4,7 @@ at its smallest settings."""
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,14 @@ def test_train_step(tmp_path):
     assert abs(row["parameters"]["gpt"] / row["parameters"]["tinytx"] - 1) < 0.01
     assert set(row["ms_per_step"]) == {"tinytx", "gpt", "llama"}
     assert {"time_ratio_tinytx_over_gpt", "time_ratio_tinytx_over_llama"} <= set(row)
+
+
+def test_train_step_profile_lists_each_models_busiest_ops(tmp_path):
+    stdout = run_script(python("train_step.py", "--profile", "--shapes", "0.8M"), tmp_path).stdout
+    headers = re.findall(r"^0\.8M (\w+): ([\d.]+) ms of self CPU time a step; the busiest ops$", stdout, re.MULTILINE)
+    assert [name for name, _ in headers] == ["tinytx", "gpt"] and all(float(ms) > 0 for _, ms in headers)
+    rows = re.findall(r"^ +(aten::\w+) \| +([\d.]+) \| +(\d+)$", stdout, re.MULTILINE)
+    assert ("aten::mm" in {op for op, _, _ in rows}) and len(rows) >= 12, stdout  # the matmuls, 12 ops a model
 
 
 @pytest.mark.engine
