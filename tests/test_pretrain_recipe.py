@@ -45,6 +45,26 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     assert optimizer.muon.param_groups[0]["lr"] == 0.5
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_weight_decay_and_muon_learning_rate_reach_their_groups(optimizer):
+    """--weight_decay decays the matrices and never the norms' gains; --muon_learning_rate is Muon's own rate, and
+    without it Muon runs at --learning_rate."""
+    model = TinyTxForCausalLM(build_tiny_config(tie_word_embeddings=False))
+    names = {id(p): name for name, p in model.named_parameters()}
+    for muon_lr, expected_muon_lr in ((None, 3e-3), (0.02, 0.02)):
+        args = PretrainArguments(optimizer=optimizer, learning_rate=3e-3, weight_decay=0.25,
+                                 muon_learning_rate=muon_lr)
+        built = make_optimizer(model, args)
+        muon_groups = built.muon.param_groups if optimizer == "muon" else []
+        for group in built.param_groups:
+            params = {names[id(p)] for p in group["params"]}
+            matrices = all(model.get_parameter(name).ndim == 2 for name in params)
+            assert group["weight_decay"] == (0.25 if matrices else 0.0), params
+            on_muon = any(group is muon_group for muon_group in muon_groups)
+            assert group["lr"] == (expected_muon_lr if on_muon else 3e-3), params
+        assert sum(len(group["params"]) for group in built.param_groups) == len(names)
+
+
 def test_stacked_muon_makes_torch_muons_update(monkeypatch):
     """Newton-Schulz on a stack of same-shaped matrices (tall ones transposed) is torch.optim.Muon's arithmetic.
     Both in bf16, as torch's always is (ours is fp32 on a CPU without fast bf16: the next test)."""
