@@ -201,7 +201,8 @@ def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
 
     out = tmp_path / "run"
     # torch's own log of each recompile: training compiles once, evaluation (no gradients) once more; the probes and
-    # the sample, in many lengths, must not compile again (they did: eight graphs, ~2 minutes on a cold cache).
+    # the sample, in many lengths, must not compile again (they did: eight graphs, and the 2-layer run took 137 s on a
+    # cold cache instead of 69 s).
     # One layer: the C++ compiles of a cold cache are most of this test's minute, and a second layer adds ~20% to them.
     result = run_pretrain("--output_dir", out, "--torch_compile", "--max_train_steps", 3, "--num_hidden_layers", 1,
                           env={**pretrain_env(tmp_path), "TORCH_LOGS": "recompiles"})
