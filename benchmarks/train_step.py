@@ -15,14 +15,17 @@ activations back in every step, and the GPT far fewer (benchmarks/results/train_
     python benchmarks/train_step.py --compile       # also compiled vs compiled
     python benchmarks/train_step.py --quick         # fewer steps
     python benchmarks/train_step.py --profile --shapes 0.8M   # where each eager step's time goes, by op
+    python benchmarks/train_step.py --attribute     # TinyTx with its design choices swapped for the GPT's
 
 Prints a table, then one JSON line with every figure.
 """
 
 import argparse
+import copy
 import json
 import resource
 import statistics
+from unittest import mock
 
 from shapes import SHAPES
 
@@ -35,6 +38,9 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="instead of timing: torch.profiler's busiest ops of 10 eager steps per model")
+    parser.add_argument("--attribute", action="store_true",
+                        help="instead: eager TinyTx with LayerNorm for RMSNorm, without RoPE, with the GPT's GELU "
+                             "MLP, and all three, timed beside TinyTx and the GPT (what each choice costs)")
     parser.add_argument("--glibc_malloc", action="store_true",
                         help="leave glibc's malloc settings as they are (default: as training/pretrain.py sets them)")
     return parser.parse_args(argv)
@@ -45,6 +51,7 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
 
 import torch  # noqa: E402
 
+from hf_tinytx import TinyTxForCausalLM, modeling_tinytx  # noqa: E402
 from training.cpu_memory import keep_freed_memory  # noqa: E402
 
 from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
@@ -91,6 +98,8 @@ def main(args):
     repeats = 5 if args.quick else args.repeats
     if args.profile:
         return profile_steps(args.shapes)
+    if args.attribute:
+        return attribute_steps(args.shapes, repeats, malloc)
 
     results = []
     for shape in args.shapes:
@@ -143,6 +152,67 @@ def profile_steps(shapes: list[str], steps: int = 10) -> None:
             print(f"{'op':>45} | {'ms/step':>7} | {'calls/step':>10}")
             for op in ops[:12]:
                 print(f"{op.key[:45]:>45} | {op.self_cpu_time_total / steps / 1e3:>7.2f} | {op.count / steps:>10.0f}")
+
+
+def with_layernorm(model: TinyTxForCausalLM) -> TinyTxForCausalLM:
+    """The model with each RMSNorm replaced by a LayerNorm (without bias), which has a native CPU kernel each way."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, modeling_tinytx.TinyTxRMSNorm):
+                setattr(module, name, torch.nn.LayerNorm(child.weight.shape[0], bias=False))
+    return model
+
+
+def with_gelu_mlp(model: TinyTxForCausalLM) -> TinyTxForCausalLM:
+    """A TinyTx of the same shape whose MLP is the GPT's: one GELU between two matmuls, 4x the width."""
+    config = copy.deepcopy(model.config)
+    config.mlp_type, config.hidden_act, config.intermediate_size = "plain", "gelu", 4 * config.hidden_size
+    torch.manual_seed(0)
+    return TinyTxForCausalLM._from_config(config, attn_implementation="sdpa")
+
+
+def without_rope(step):
+    """The step with queries and keys left unrotated (positions then enter nowhere: a timing ablation only)."""
+
+    def unrotated():
+        with mock.patch.object(modeling_tinytx, "apply_rotary_pos_emb", lambda q, k, cos, sin: (q, k)):
+            step()
+
+    return unrotated
+
+
+def attribute_steps(shapes: list[str], repeats: int, malloc: str) -> None:
+    """TinyTx with each design choice in turn swapped for the GPT's, and all three at once, beside TinyTx and the
+    GPT: what each choice costs an eager step. What is left between "all three" and the GPT is transformers'
+    plumbing around the same ops, q/k/v as three matmuls, and the learned positions' one add."""
+    results = []
+    for shape in shapes:
+        models, batch_size, seq_len = build_models(shape, compile_too=False)
+        tinytx = models["tinytx"]
+        variants = {"TinyTx": tinytx, "LayerNorm": with_layernorm(copy.deepcopy(tinytx)),
+                    "no RoPE": copy.deepcopy(tinytx), "GELU MLP": with_gelu_mlp(tinytx),
+                    "all three": with_layernorm(with_gelu_mlp(tinytx)), "GPT": models["gpt"]}
+        batch = torch.randint(0, tinytx.config.vocab_size, (batch_size, seq_len),
+                              generator=torch.Generator().manual_seed(0))
+        steps = {name: make_step(model, batch) for name, model in variants.items()}
+        for name in ("no RoPE", "all three"):
+            steps[name] = without_rope(steps[name])
+        samples = interleaved_samples(steps, repeats=repeats, warmup=3)
+        seconds = medians(samples)
+        for name, model in variants.items():
+            results.append({"shape": shape, "variant": name, "parameters": count_parameters(model),
+                            "ms_per_step": seconds[name] * 1e3,
+                            "time_ratio_over_gpt": paired_ratio(samples, name, "GPT"),
+                            "time_ratio_over_tinytx": paired_ratio(samples, name, "TinyTx")})
+    print(f"malloc: {malloc}")
+    header = f"{'shape':>5} | {'TinyTx with':>11} | {'params':>10} | {'ms':>7} | {'/ GPT':>6} | {'/ TinyTx':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(f"{r['shape']:>5} | {r['variant']:>11} | {r['parameters']:>10,} | {r['ms_per_step']:>7.1f} | "
+              f"{r['time_ratio_over_gpt']:>6.3f} | {r['time_ratio_over_tinytx']:>8.3f}")
+    print(json.dumps({"benchmark": "train_step_attribution", "torch": torch.__version__,
+                      "threads": torch.get_num_threads(), "malloc": malloc, "repeats": repeats, "results": results}))
 
 
 def print_table(results: list[dict]) -> None:

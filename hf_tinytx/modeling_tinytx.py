@@ -92,7 +92,7 @@ def _wants_cpu_gradient(hidden_states: torch.Tensor, weight: torch.Tensor) -> bo
 
 class _CpuRMSNormFunction(torch.autograd.Function):
     """RMSNorm with its gradient written out. On a CPU torch runs `rms_norm` as ~6 elementwise kernels forward and
-    ~10 backward; these are 3 passes over the activations forward and 5 backward, which makes the norm ~1.5x faster in
+    ~10 backward; these are 3 passes over the activations forward and 7 backward, which makes the norm ~1.5x faster in
     a training step (benchmarks/train_step.py)."""
 
     @staticmethod

@@ -2,6 +2,7 @@
 benchmarks measure, never what a test asserts. Each script runs as a subprocess from benchmarks/, as a user runs it,
 at its smallest settings."""
 
+import copy
 import json
 import random
 import re
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.activations import GELUActivation
 
+from hf_tinytx import modeling_tinytx
+from hf_tinytx.modeling_tinytx import TinyTxRMSNorm
 from tests.helpers.engines import require_llama_cpp
 from tests.helpers.tiny import pretrain_env
 from training.distributed import cpu_runs_bf16_fast
@@ -57,6 +61,39 @@ def test_train_step_profile_lists_each_models_busiest_ops(tmp_path):
     assert [name for name, _ in headers] == ["tinytx", "gpt"] and all(float(ms) > 0 for _, ms in headers)
     rows = re.findall(r"^ +(aten::\w+) \| +([\d.]+) \| +(\d+)$", stdout, re.MULTILINE)
     assert ("aten::mm" in {op for op, _, _ in rows}) and len(rows) >= 12, stdout  # the matmuls, 12 ops a model
+
+
+def test_train_step_attribution_times_each_swap_beside_tinytx_and_the_gpt(tmp_path):
+    args = python("train_step.py", "--attribute", "--quick", "--shapes", "0.8M")
+    summary = final_json(run_script(args, tmp_path).stdout)
+    assert summary["benchmark"] == "train_step_attribution"
+    rows = {row["variant"]: row for row in summary["results"]}
+    assert list(rows) == ["TinyTx", "LayerNorm", "no RoPE", "GELU MLP", "all three", "GPT"]
+    # Every variant is TinyTx's size within 1% (the GELU MLP: two matmuls 4x wide for SwiGLU's three 2.7x wide).
+    assert all(abs(row["parameters"] / rows["TinyTx"]["parameters"] - 1) < 0.01 for row in rows.values())
+    assert all(row["ms_per_step"] > 0 for row in rows.values())
+    assert rows["TinyTx"]["time_ratio_over_tinytx"] == rows["GPT"]["time_ratio_over_gpt"] == 1.0
+
+
+def test_the_attribution_variants_swap_what_they_say(tiny_model):
+    sys.path.insert(0, str(BENCHMARKS))  # train_step imports its siblings as a script run from benchmarks/ does
+    import train_step
+
+    model = tiny_model(attn_implementation="sdpa")
+    layers = model.config.num_hidden_layers
+    layernorm = train_step.with_layernorm(copy.deepcopy(model))
+    assert not any(isinstance(module, TinyTxRMSNorm) for module in layernorm.modules())
+    assert sum(isinstance(module, torch.nn.LayerNorm) for module in layernorm.modules()) == 2 * layers + 1
+    mlp = train_step.with_gelu_mlp(model).model.layers[0].mlp
+    assert not mlp.gated and mlp.up_proj.out_features == 4 * model.config.hidden_size
+    assert isinstance(mlp.act_fn, GELUActivation)
+
+    # Unrotated for the length of the step only: the logits change inside it, and the rotation is back after it.
+    ids = torch.arange(8)[None] % model.config.vocab_size
+    inside = []
+    train_step.without_rope(lambda: inside.append(model(ids).logits))()
+    assert not torch.allclose(inside[0], model(ids).logits)
+    assert modeling_tinytx.apply_rotary_pos_emb.__name__ == "apply_rotary_pos_emb"
 
 
 @pytest.mark.engine
