@@ -51,9 +51,21 @@ def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain
              if "loss" in json.loads(line)]
     assert steps == list(range(1, STEPS + 1))
 
+    # The two runs agree because they are seeded alike (--seed, default 42): the resumed one logged the same first
+    # loss, and a run with another seed starts from other weights on other batches, so its first loss is another.
+    reseeded = tmp_path / "reseeded"
+    run_pretrain("--output_dir", reseeded, "--max_train_steps", 1, "--seed", 7)
+    first_losses = [first_loss(folder) for folder in (straight, resumed, reseeded)]
+    assert first_losses[0] == first_losses[1] != first_losses[2], first_losses
+
     # Resuming with another batch size could not replay the same data order: refused before any training.
     refused = run_pretrain("--output_dir", resumed, "--max_train_steps", 12, "--resume_from_checkpoint", "latest",
                            "--per_device_train_batch_size", 4, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "resume with the same arguments" in refused.stderr
     assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
+
+
+def first_loss(output_dir) -> float:
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return next(row["loss"] for row in rows if "loss" in row)
