@@ -47,15 +47,13 @@ def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain
 
     # Old checkpoints pruned to the last two, the stale temporary one replaced, every step logged exactly once.
     assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
-    steps = [json.loads(line)["step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
-             if "loss" in json.loads(line)]
-    assert steps == list(range(1, STEPS + 1))
+    assert [row["step"] for row in train_rows(resumed)] == list(range(1, STEPS + 1))
 
     # The two runs agree because they are seeded alike (--seed, default 42): the resumed one logged the same first
     # loss, and a run with another seed starts from other weights on other batches, so its first loss is another.
     reseeded = tmp_path / "reseeded"
     run_pretrain("--output_dir", reseeded, "--max_train_steps", 1, "--seed", 7)
-    first_losses = [first_loss(folder) for folder in (straight, resumed, reseeded)]
+    first_losses = [train_rows(folder)[0]["loss"] for folder in (straight, resumed, reseeded)]
     assert first_losses[0] == first_losses[1] != first_losses[2], first_losses
 
     # Resuming with another batch size could not replay the same data order: refused before any training.
@@ -66,6 +64,7 @@ def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain
     assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
 
 
-def first_loss(output_dir) -> float:
+def train_rows(output_dir) -> list[dict]:
+    """The run's logged training steps (metrics.jsonl also holds evaluation rows)."""
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-    return next(row["loss"] for row in rows if "loss" in row)
+    return [row for row in rows if "loss" in row]
