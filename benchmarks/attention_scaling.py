@@ -7,7 +7,7 @@ Peak memory is the rise of the process's peak resident set during one forward, m
 (backend, n) so that earlier allocations cannot hide it.
 
     python benchmarks/attention_scaling.py            # n = 256 ... 8192, writes benchmarks/results/attention_scaling.*
-    python benchmarks/attention_scaling.py --quick    # n = 128 ... 1024, a few seconds
+    python benchmarks/attention_scaling.py --quick    # n = 128 ... 1024, a few seconds, into benchmarks/results/quick/
 
 Prints a table, then one JSON line with every figure.
 """
@@ -28,11 +28,15 @@ def parse_args(argv=None):
     parser.add_argument("--hidden_size", type=int, default=256)
     parser.add_argument("--num_heads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out_dir", default=str(Path(__file__).parent / "results"))
+    parser.add_argument(
+        "--out_dir", help="default benchmarks/results, or with --quick the scratch folder benchmarks/results/quick"
+    )
     parser.add_argument("--quick", action="store_true", help="n = 128 ... 1024, 3 repeats")
     args = parser.parse_args(argv)
     if args.quick:
         args.lengths, args.repeats = [128, 256, 512, 1024], 3
+    # A toy run never replaces the committed figures: it writes into a folder git ignores.
+    args.out_dir = args.out_dir or str(Path(__file__).parent / "results" / ("quick" if args.quick else ""))
     return args
 
 

@@ -5,8 +5,8 @@ machine and writes a report: a table of claims (what the seeds say, what was mea
 and the figures.
 
     python benchmarks/seed_claims.py                    # ~10 minutes on a quiet 2-core CPU
-    python benchmarks/seed_claims.py --quick            # everything at toy scale, under two minutes
-    python benchmarks/seed_claims.py --model out/tiny   # claims 4 and 6 on a model trained by training/pretrain.py
+    python benchmarks/seed_claims.py --quick            # everything at toy scale, into benchmarks/results/quick/
+    python benchmarks/seed_claims.py --model out/tinytx # claims 4 and 6 on a model trained by training/pretrain.py
     python benchmarks/seed_claims.py --lookup_steps 1500 --train_steps 500   # budgets in steps, not seconds
 
 1. Twice the window, about four times the looking work: one attention layer timed at n and 2n (attention_scaling).
@@ -21,7 +21,9 @@ and the figures.
 6. Different heads specialise: the best heads per role in the trained models (the lookup head of claim 3's model
    among them, with its map), against the same models untrained.
 
-Writes REPORT.md, results.json and PNGs to --out (default benchmarks/results/seed_claims/). Prints the claims table,
+Writes REPORT.md, results.json and PNGs to --out (default benchmarks/results/seed_claims/; with --quick
+benchmarks/results/quick/seed_claims/, a scratch folder git ignores, so a toy run never replaces the committed
+report). Prints the claims table,
 then, last, one JSON line with the figures. The lookup task lives in lookup_task.py, the report and figures in
 seed_claims_report.py.
 """
@@ -101,8 +103,11 @@ def budget_from(parser, seconds: float | None, steps: int | None, default_second
 
 def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(HERE / "results" / "seed_claims"), help="folder for the report")
-    parser.add_argument("--quick", action="store_true", help="toy scale, end to end in under two minutes")
+    parser.add_argument(
+        "--out", help="folder for the report (default benchmarks/results/seed_claims, or with --quick the scratch "
+        "folder benchmarks/results/quick/seed_claims)",
+    )
+    parser.add_argument("--quick", action="store_true", help="toy scale, end to end in a few minutes")
     parser.add_argument("--model", help="a trained TinyTx folder for claims 4 and 6 (default: the one trained here)")
     parser.add_argument("--lookup_seconds", type=float, help="claim 3: training time per model (full run: 200)")
     parser.add_argument("--lookup_steps", type=int, help="claim 3: training steps per model instead of seconds")
@@ -119,6 +124,7 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}.")
     settings = SETTINGS["quick" if args.quick else "full"]
+    args.out = args.out or str(HERE / "results" / ("quick" if args.quick else "") / "seed_claims")
     lookup = budget_from(parser, args.lookup_seconds, args.lookup_steps, settings["lookup_seconds"], "lookup")
     corpus = budget_from(parser, args.train_seconds, args.train_steps, settings["train_seconds"], "train")
     return args, settings, lookup, corpus

@@ -4,6 +4,7 @@ against."""
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -168,12 +169,17 @@ def test_lstm_is_scored_by_score_probes_like_a_causal_lm():
 
 @pytest.mark.slow
 def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
-    out = tmp_path / "report"
+    # No --out: a quick run writes into the scratch folder git ignores, never over the committed report.
+    out, committed = BENCHMARKS / "results" / "quick" / "seed_claims", BENCHMARKS / "results" / "seed_claims"
+    before = {path: path.read_bytes() for path in committed.rglob("*") if path.is_file()}
+    shutil.rmtree(out, ignore_errors=True)
     result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "seed_claims.py"), "--quick", "--out", str(out), "--lookup_steps", "30"],
+        [sys.executable, str(BENCHMARKS / "seed_claims.py"), "--quick", "--lookup_steps", "30"],
         env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
+    assert before and {path: path.read_bytes() for path in committed.rglob("*") if path.is_file()} == before
+    assert subprocess.run(["git", "check-ignore", "-q", str(out / "REPORT.md")], cwd=BENCHMARKS).returncode == 0
 
     report = (out / "REPORT.md").read_text()
     claim_rows = [line for line in report.splitlines() if re.match(r"\| [1-6]\. ", line)]
