@@ -11,14 +11,15 @@ config translation; the weights are copied as they are, in their dtype, onto the
 
 The command reads and writes safetensors only, copies the tokenizer files and `generation_config.json`, refuses a
 source folder with a link that leads out of it, and writes the output into a staging folder inside the destination
-whose files are then moved in one by one (`hf_tinytx.folders.publish`): at every moment the destination holds a
-complete model or none, and a mount point works as the destination. `--to gguf` (hf_tinytx/gguf_export.py, needs the
-`gguf` extra) writes one file for llama.cpp, with the tokenizer inside.
+whose files are then moved in one by one (`hf_tinytx.folders.publish`), and a mount point works as the destination.
+Before it writes anything it refuses a destination that overlaps the source or goes through a link, and weights whose
+names and shapes (read from the safetensors headers) differ from what the config describes (`saved_folder.py`). It
+records the files it wrote (`.tinytx-written.json`): `--overwrite` replaces those and no others. `--to gguf`
+(hf_tinytx/gguf_export.py, needs the `gguf` extra) writes one file for llama.cpp, with the tokenizer inside.
 """
 
 import argparse
 import copy
-import json
 import os
 import shutil
 import sys
@@ -28,8 +29,23 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig, PreTra
 from transformers.initialization import no_init_weights
 
 from .configuration_tinytx import TinyTxConfig
-from .folders import STAGING_NAME, local_folder_or_hub_id, publish, regular_files, staging_folder
+from .folders import (
+    MANIFEST_NAME,
+    STAGING_NAME,
+    is_disk_full,
+    local_folder_or_hub_id,
+    others_files,
+    publish,
+    record_written,
+    refuse_overlap,
+    regular_files,
+    remove_written,
+    staging_folder,
+    would_replace,
+    written_before,
+)
 from .modeling_tinytx import TinyTxForCausalLM
+from .saved_folder import check_stored_weights, load_config, read_config_json
 
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
@@ -70,6 +86,9 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 GENERATION_CONFIG_FILE = "generation_config.json"
+MAY_WRITE = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE)  # besides the config, the weights and the model's code (.py)
+WRITER = "hf_tinytx.convert"  # the name in the record of what a conversion wrote (folders.record_written)
+SHOWN = 3  # file names quoted in a refusal
 
 
 def llama_config_to_tinytx(config: LlamaConfig) -> TinyTxConfig:
@@ -157,40 +176,71 @@ def convert_folder(
     source, destination = Path(source), Path(destination)
     if to not in ("llama", "tinytx"):
         raise ValueError(f"convert: `to` must be 'llama' or 'tinytx', got {to!r}.")
-    expected_type = "tinytx" if to == "llama" else "llama"
-    source_files = check_source_folder(source, expected_type)
-    replaced = _check_destination(destination, overwrite)
-    # Translate the config alone first, so a refusal comes before gigabytes of weights are read.
-    if to == "tinytx":
-        llama_config_to_tinytx(LlamaConfig.from_pretrained(source))
-    else:
-        tinytx_config_to_llama(TinyTxConfig.from_pretrained(source))
+    refuse_overlap(source, destination, ("source", "destination"), who="convert")
+    source_class, config_class, translate = (
+        (TinyTxForCausalLM, TinyTxConfig, tinytx_config_to_llama) if to == "llama"
+        else (LlamaForCausalLM, LlamaConfig, llama_config_to_tinytx)
+    )
+    source_files = check_source_folder(source, config_class.model_type)
+    ours = _check_destination(destination, overwrite)
+    # The config and the weights' headers first, so a refusal comes before gigabytes of weights are read.
+    config = load_config(source, config_class, "convert")
+    translate(config)
+    check_stored_weights(source, source_class, config, "convert")
 
-    if to == "tinytx":
-        model = LlamaForCausalLM.from_pretrained(source, dtype="auto", use_safetensors=True)
-        converted = llama_to_tinytx(model)
-    else:
-        model = TinyTxForCausalLM.from_pretrained(source, dtype="auto", use_safetensors=True)
-        converted = tinytx_to_llama(model)
+    model = source_class.from_pretrained(source, dtype="auto", use_safetensors=True)
+    converted = tinytx_to_llama(model) if to == "llama" else llama_to_tinytx(model)
     del model
+    _save(converted, source, source_files, destination, ours)
+    return destination
 
+
+def _save(converted: PreTrainedModel, source: Path, source_files: list[str], destination: Path, ours: set[str]):
+    """Stages the converted folder inside `destination` and publishes it; the files of an earlier conversion that
+    this one does not write are removed only once the new model is complete (a kill never loses both)."""
     created = not destination.exists()
-    staged = staging_folder(destination)
+    staged = destination / STAGING_NAME
+    publishing = False
     try:
+        staging_folder(destination)
         converted.save_pretrained(staged)
         for name in (*TOKENIZER_FILES, GENERATION_CONFIG_FILE):
             if name in source_files:
                 shutil.copyfile(source / name, staged / name)
         written = regular_files(staged)
+        _refuse_others_files(destination, lambda name: would_replace(name, written))
+        # Recorded before any file moves, so a killed publish leaves a record of every file of ours in the folder.
+        record_written(destination, WRITER, ours | set(written))
+        publishing = True
         publish(staged, destination)
+    except Exception as error:
+        full = is_disk_full(error, staged)
+        needed = sum((source / name).stat().st_size for name in source_files)
+        shutil.rmtree(staged, ignore_errors=True)
+        if created and not publishing:  # once files move in, the record must stay: it names them as ours
+            (destination / MANIFEST_NAME).unlink(missing_ok=True)
+            if destination.is_dir() and not any(destination.iterdir()):
+                destination.rmdir()
+        if full:
+            raise OSError(_disk_full_message(destination, needed, publishing)) from None
+        raise
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
-        if created and not any(destination.iterdir()):
-            destination.rmdir()
         raise
-    if replaced:
-        _remove_all_but(destination, written)  # only once the new model is complete: a kill never loses both
-    return destination
+    remove_written(destination, ours - set(written))
+    record_written(destination, WRITER, written)
+
+
+def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
+    free = shutil.disk_usage(next(path for path in (destination, *destination.parents) if path.exists())).free
+    outcome = (
+        "some of its files were already replaced" if publishing
+        else "nothing in it was changed and the partial output was removed"
+    )
+    return (
+        f"convert: the disk is full while writing {destination} (about {needed / 2**20:.1f} MiB needed, "
+        f"{free / 2**20:.1f} MiB free); {outcome}: free some space and run the same command again."
+    )
 
 
 def check_source_folder(source: Path, expected_type: str) -> list[str]:
@@ -215,7 +265,7 @@ def check_source_folder(source: Path, expected_type: str) -> list[str]:
             else ""
         )
         raise FileNotFoundError(f"convert: {str(source)!r} has no model.safetensors weights.{hint}")
-    model_type = json.loads(config_file.read_text()).get("model_type")
+    model_type = read_config_json(source, expected_type, "convert")["model_type"]
     if model_type != expected_type:
         raise ValueError(
             f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a {expected_type!r} "
@@ -224,31 +274,38 @@ def check_source_folder(source: Path, expected_type: str) -> list[str]:
     return files
 
 
-def _check_destination(destination: Path, overwrite: bool) -> bool:
-    """Refuses a file, or a non-empty folder without `overwrite`; returns whether old contents are to be replaced."""
+def _check_destination(destination: Path, overwrite: bool) -> set[str]:
+    """Refuses a file, a non-empty folder without `overwrite`, and files of others that a conversion would replace;
+    returns the files an earlier conversion recorded writing there (what `overwrite` may replace)."""
     if destination.exists() and not destination.is_dir():
         raise FileExistsError(f"convert: destination {str(destination)!r} is a file, not a folder.")
-    # A staging folder alone is what a killed conversion leaves: the next one may use the folder.
-    old = [path for path in destination.iterdir() if path.name != STAGING_NAME] if destination.is_dir() else []
+    if not destination.is_dir():
+        return set()
+    # A staging folder or a record alone is what a killed conversion leaves: the next one may use the folder.
+    old = [path for path in destination.iterdir() if path.name not in (STAGING_NAME, MANIFEST_NAME)]
     if old and not overwrite:
         raise FileExistsError(
-            f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace it, or choose "
-            "another folder."
+            f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace what an earlier "
+            "conversion wrote there, or choose another folder."
         )
-    return bool(old)
+    # Before anything is written: every name a conversion can write (the exact list is checked again once staged).
+    _refuse_others_files(
+        destination, lambda name: would_replace(name, MAY_WRITE) or (name.endswith(".py") and "/" not in name)
+    )
+    return written_before(destination, WRITER)
 
 
-def _remove_all_but(folder: Path, keep: list[str]) -> None:
-    """Deletes what `folder` held before (--overwrite), keeping the files named in `keep` and the folders above
-    them."""
-    kept = {Path(name).parts[0] for name in keep}
-    for path in folder.iterdir():
-        if path.name in kept:
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+def _refuse_others_files(destination: Path, replaced) -> None:
+    # The model's own files first: they say best what the folder holds.
+    others = sorted((name for name in others_files(destination, WRITER) if replaced(name)),
+                    key=lambda name: (name not in ("config.json", "model.safetensors"), name))
+    if others:
+        shown = ", ".join(others[:SHOWN]) + (f" and {len(others) - SHOWN} more" if len(others) > SHOWN else "")
+        raise FileExistsError(
+            f"convert: destination {str(destination)!r} holds files that convert did not write ({shown}) and this "
+            "conversion would replace them; --overwrite only replaces an earlier conversion's files: choose another "
+            "folder, or move those files away first."
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         "destination", help="folder to write (a file ending in .gguf for --to gguf); must be absent or empty unless "
         "--overwrite"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty destination folder or file")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace what an earlier conversion wrote into the destination folder (other files are kept, or the "
+        "command refuses if it would replace them), or replace the destination .gguf file",
+    )
     parser.add_argument(
         "--outtype", choices=("f32", "f16", "q8_0"), default=None,
         help="--to gguf only: how the weight matrices are stored (default f32; norms and biases are always f32)",

@@ -8,12 +8,19 @@
 - `writing_into(destination)`: a staging folder to write a model into, published when the block ends (removed if
   it raises).
 - `publish(staged, destination)`: moves freshly written files into a folder one `os.replace` each, after `fsync`,
-  with `config.json` (a PEFT adapter's `adapter_config.json`) last: at every moment the folder holds either no config
-  or a complete model, files that are not the model's are never touched, and it works when `destination` is a mount
-  point (the staging folder lives inside it, on the same file system).
+  weights first and `config.json` (a PEFT adapter's `adapter_config.json`) last, deleting nothing before its
+  replacement is in: at every moment the folder holds a config beside weights that load (the previous model, or the
+  new one), files that are not the model's are never touched, and it works when `destination` is a mount point.
+- `refuse_overlap(source, destination, flag_names)`: a destination equal to, inside or above the source, or reached
+  through a link, refused (OverlapError) before anything is written: no command writes where it reads.
+- `record_written` / `written_before` / `others_files` / `remove_written`: the record a command keeps of the files it
+  wrote into a destination, so that replacing its output later touches those files and no others.
+- `is_disk_full(error, folder)`: whether a write failed for lack of space (some writers say so without an errno).
 """
 
 import contextlib
+import errno
+import json
 import os
 import re
 import shutil
@@ -105,17 +112,27 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 
 
 def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
-    """Moves every file of `staged` (a `staging_folder(destination)`) into `destination`, then removes `staged`."""
+    """Moves every file of `staged` (a `staging_folder(destination)`) into `destination`, then removes `staged`.
+
+    Each file is flushed, then moved in with one `os.replace`: the weights first, then the earlier save's weight
+    files the new ones do not replace, then the rest (tokenizer, code, card), and the config (`config.json`, an
+    adapter's `adapter_config.json`) last. Nothing is deleted before its replacement is in place, so a reader (or a
+    kill) mid-way finds the previous model, or the new weights beside the previous config and files, which for a
+    fine-tune or a re-export of the same architecture load as the new model; once the config has moved, the new
+    model whole. Files that are not the model's are never touched, and it works when `destination` is a mount point
+    (the staging folder lives inside it, on the same file system).
+    """
     staged, destination = Path(staged), Path(destination)
     names = regular_files(staged)
     fsync_tree(staged)
-    for config in set(CONFIG_NAMES) & set(names):  # no config while the files change: nothing loads a half-new model
-        (destination / config).unlink(missing_ok=True)
-    new = set(names)
+    weights = sorted((name for name in names if WEIGHT_FILE.match(name)), key=lambda name: name.endswith(".json"))
+    rest = sorted(set(names) - set(weights), key=lambda name: name in CONFIG_NAMES)
+    for name in weights:  # shards before their index: an index never names a shard not yet in place
+        os.replace(staged / name, destination / name)
     for old in os.listdir(destination):
-        if WEIGHT_FILE.match(old) and old not in new and (destination / old).is_file():
+        if WEIGHT_FILE.match(old) and old not in weights and (destination / old).is_file():
             (destination / old).unlink()  # an older save's shards, which the new index no longer names
-    for name in sorted(names, key=lambda name: name in CONFIG_NAMES):
+    for name in rest:
         (destination / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged / name, destination / name)
     fsync_dir(destination)
@@ -135,3 +152,145 @@ def local_folder_or_hub_id(name: str) -> str:
     if looks_local:
         raise FileNotFoundError(f"no such folder: {name} (check the path; a Hub id looks like owner/name)")
     return name
+
+
+# ---- what a command may write where: shared by convert, finetune and pretrain ----
+
+
+class OverlapError(ValueError):
+    """A destination that would write into, over or through the folder a command reads."""
+
+
+def refuse_overlap(
+    source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None
+) -> None:
+    """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
+    (links resolved), or a destination reached through a link (its own name or a folder on its way). `flag_names`
+    are how the command's user spells the two (e.g. "--model_name_or_path", "--output_dir"); `who` starts the line."""
+    try:
+        _refuse_overlap(Path(source), Path(destination), *flag_names)
+    except OverlapError as error:
+        raise OverlapError(f"{who}: {error}" if who else str(error)) from None
+
+
+def _refuse_overlap(source: Path, destination: Path, source_name: str, destination_name: str) -> None:
+    link = _first_link(destination)
+    if link is not None:
+        raise OverlapError(
+            f"{destination_name} {os.fspath(destination)!r} goes through the link {str(link)!r} (to "
+            f"{str(link.resolve())!r}); a command never writes through a link, so that it cannot empty or replace the "
+            f"folder it leads to: name the real path instead."
+        )
+    real_source, real_destination = source.resolve(), destination.resolve()
+    if real_source == real_destination:
+        relation = "is the same folder as"
+    elif real_destination.is_relative_to(real_source):
+        relation = "is inside"
+    elif real_source.is_relative_to(real_destination):
+        relation = "holds"
+    else:
+        return
+    raise OverlapError(
+        f"{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; a command "
+        f"never writes where it reads, --overwrite included: choose a {destination_name} outside {source_name}."
+    )
+
+
+def _first_link(path: Path) -> Path | None:
+    """The first symbolic link among the existing components of `path` (the working directory is already real)."""
+    current = Path(path.anchor) if path.is_absolute() else Path()
+    for part in path.parts[len(current.parts):]:
+        current = current / part
+        if current.is_symlink():
+            return current
+        if not current.exists():
+            return None
+    return None
+
+
+def is_disk_full(error: BaseException, folder: str | os.PathLike) -> bool:
+    """Whether `error` comes from a full disk. Some writers (numpy's tofile, safetensors) report it without an errno,
+    so ask the file system itself while the partial file still holds its space."""
+    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error):
+        return True
+    # Only the bare error types such writers raise: a refusal (FileExistsError, ...) on a nearly full disk is no
+    # full disk.
+    if type(error) not in (OSError, RuntimeError) and type(error).__name__ != "SafetensorError":
+        return False
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
+
+
+# A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.
+MANIFEST_NAME = ".tinytx-written.json"
+
+
+def written_before(destination: str | os.PathLike, writer: str) -> set[str]:
+    """The files `writer` recorded writing into `destination` (empty when no record, a damaged one, or another's).
+    Only plain relative names inside the folder count: a record can never point a deletion elsewhere."""
+    try:
+        record = json.loads((Path(destination) / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(record, dict) or record.get("writer") != writer or not isinstance(record.get("files"), list):
+        return set()
+    return {name for name in record["files"] if isinstance(name, str) and _plain_relative(name)}
+
+
+def _plain_relative(name: str) -> bool:
+    path = Path(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts and path.parts[0] != STAGING_NAME
+
+
+def record_written(destination: str | os.PathLike, writer: str, files) -> None:
+    """Replaces the record of what `writer` wrote into `destination`, in one rename (never a half-written record)."""
+    path = Path(destination) / MANIFEST_NAME
+    temporary = path.with_name(f"{MANIFEST_NAME}.new")
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump({"writer": writer, "files": sorted(files)}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk leaves the old record, whole
+        raise
+    os.replace(temporary, path)
+    fsync_dir(destination)
+
+
+def others_files(destination: str | os.PathLike, writer: str) -> list[str]:
+    """Files in `destination` that `writer` did not write there (its record and staging folder aside)."""
+    if not Path(destination).is_dir():
+        return []
+    ours = written_before(destination, writer) | {MANIFEST_NAME, f"{MANIFEST_NAME}.new"}
+    found = []
+    for directory, subdirectories, names in os.walk(destination, followlinks=False):
+        subdirectories[:] = [name for name in subdirectories if name != STAGING_NAME or directory != str(destination)]
+        for name in names + [name for name in subdirectories if os.path.islink(os.path.join(directory, name))]:
+            relative = os.path.relpath(os.path.join(directory, name), destination)
+            if relative not in ours:
+                found.append(relative)
+    return sorted(found)
+
+
+def would_replace(name: str, new_files) -> bool:
+    """Whether `publish` of `new_files` replaces or removes the file `name` of the destination."""
+    return name in set(new_files) or name in CONFIG_NAMES or bool(WEIGHT_FILE.match(name))
+
+
+def remove_written(destination: str | os.PathLike, names) -> None:
+    """Removes files an earlier run recorded writing (links themselves, never what they lead to), then the folders
+    this leaves empty."""
+    root = Path(destination)
+    for name in sorted(names):
+        path = root / name
+        if not path.parent.resolve().is_relative_to(root.resolve()):
+            continue  # a folder on the way became a link out of the destination: not ours to touch
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        parent = path.parent
+        while parent != root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent

@@ -23,6 +23,7 @@ Design choices, in the order a reader meets them:
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +34,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_tinytx import TinyTxConfig
 from .convert import check_source_folder, why_not_llama
-from .folders import fsync_dir
+from .folders import fsync_dir, is_disk_full, refuse_overlap
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
+from .saved_folder import check_stored_weights, load_config
 from .tokenization import adds_bos
 
 
@@ -66,11 +68,13 @@ def write_gguf(
     source, destination = Path(source), Path(destination)
     if outtype not in OUTTYPES:
         raise ValueError(f"gguf: `outtype` must be one of {list(OUTTYPES)}, got {outtype!r}.")
+    refuse_overlap(source, destination, ("source", "destination"), who="gguf")
     _check_destination_file(destination, overwrite)
     files = check_source_folder(source, "tinytx")
     # Everything that can refuse runs before the weights are read and before anything is written.
-    config = TinyTxConfig.from_pretrained(source)
+    config = load_config(source, TinyTxConfig, "gguf")
     check_gguf_config(config)
+    check_stored_weights(source, TinyTxForCausalLM, config, "gguf")
     vocabulary = gguf_vocabulary(_load_tokenizer(source, files), config)
 
     model = TinyTxForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
@@ -337,6 +341,8 @@ def _check_destination_file(destination: Path, overwrite: bool) -> None:
         raise ValueError(f"gguf: the destination must be a file name ending in .gguf, got {str(destination)!r}.")
     if destination.is_dir():
         raise IsADirectoryError(f"gguf: destination {str(destination)!r} is a folder; name a file ending in .gguf.")
+    if destination.exists() and not destination.is_file():
+        raise FileExistsError(f"gguf: destination {str(destination)!r} is not a regular file; name a file instead.")
     if destination.exists() and not overwrite:
         raise FileExistsError(f"gguf: destination {str(destination)!r} exists; pass --overwrite to replace it.")
 
@@ -355,9 +361,18 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
             os.fsync(f.fileno())
         os.replace(staged, destination)
         fsync_dir(destination.parent)
-    except BaseException:
+    except BaseException as error:
+        # Asked before the partial file gives its space back: numpy reports a full disk without an errno.
+        full = isinstance(error, Exception) and is_disk_full(error, staged.parent)
         writer.close()
         staged.unlink(missing_ok=True)
         if created and not any(destination.parent.iterdir()):
             destination.parent.rmdir()
+        if full:
+            existing = next(folder for folder in destination.parents if folder.exists())
+            free = shutil.disk_usage(existing).free
+            raise OSError(
+                f"gguf: the disk is full while writing {destination} ({free / 2**20:.1f} MiB free once the partial "
+                "file was removed); nothing was changed: free some space and run the same command again."
+            ) from None
         raise

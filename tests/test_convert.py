@@ -258,8 +258,9 @@ def test_cli_refuses_to_overwrite_without_flag(tmp_path, capsys):
     assert "not empty" in message and "--overwrite" in message
     assert [path.name for path in destination.iterdir()] == ["notes.txt"]
 
+    # --overwrite replaces what a conversion writes; the user's own file is not convert's to delete.
     assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(destination)]) == 0
-    assert not (destination / "notes.txt").exists() and (destination / "model.safetensors").is_file()
+    assert (destination / "notes.txt").read_text() == "keep me" and (destination / "model.safetensors").is_file()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama", "out"]
 
 
@@ -344,15 +345,15 @@ def test_overwrite_keeps_the_destination_folder_itself(tmp_path):
     """The folder is never renamed or removed, only its files replaced: so a mount point works as the destination."""
     llama_dir, destination = tmp_path / "llama", tmp_path / "out"
     tiny_llama().save_pretrained(llama_dir)
-    destination.mkdir()
-    (destination / "old-model.safetensors").write_text("old")
+    convert_folder(llama_dir, destination, to="tinytx")
     (destination / ".tinytx-staging").mkdir()  # what a killed conversion leaves behind
     inode = destination.stat().st_ino
 
     convert_folder(llama_dir, destination, to="tinytx", overwrite=True)
     assert destination.stat().st_ino == inode
     assert sorted(path.name for path in destination.iterdir()) == [
-        "config.json", "configuration_tinytx.py", "generation_config.json", "model.safetensors", "modeling_tinytx.py",
+        ".tinytx-written.json", "config.json", "configuration_tinytx.py", "generation_config.json",
+        "model.safetensors", "modeling_tinytx.py",
     ]  # fmt: skip
 
 
@@ -376,3 +377,297 @@ def test_writing_into_publishes_at_the_end_and_leaves_nothing_when_the_block_fai
         (staged / "config.json").write_text('{"half": true}')
         raise RuntimeError("disk full")
     assert (destination / "config.json").read_text() == "{}" and not (destination / STAGING_NAME).exists()
+
+
+# ---------------------------------------------------------------- the source is sacred; --overwrite; faults (issue 31)
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under `folder` (links not followed) with its bytes: what must not change."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def tinytx_run_folder(folder: Path) -> Path:
+    """A folder as training/pretrain.py leaves it: the model, checkpoints, metrics, a card, and a user's notes."""
+    tiny_tinytx().save_pretrained(folder)
+    (folder / "checkpoints" / "step_4").mkdir(parents=True)
+    (folder / "checkpoints" / "step_4" / "optimizer.pt").write_bytes(b"optimizer state")
+    (folder / "metrics.jsonl").write_text('{"step": 4, "loss": 3.2}\n')
+    (folder / "README.md").write_text("# a model card\n")
+    (folder / "notes.txt").write_text("the user's own notes")
+    return folder
+
+
+def one_line_error(result_or_err) -> str:
+    """The error line (a subprocess may print progress bars before it); no traceback anywhere."""
+    stderr = result_or_err if isinstance(result_or_err, str) else result_or_err.stderr
+    assert "Traceback" not in stderr, stderr
+    message = stderr.strip() if isinstance(result_or_err, str) else stderr.strip().splitlines()[-1]
+    assert message.startswith("error: ") and "\n" not in message, stderr
+    return message
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "parent", "link", "through-link"])
+def test_a_destination_overlapping_the_source_is_refused_overwrite_included(tmp_path, capsys, where):
+    source = tinytx_run_folder(tmp_path / "runs" / "tinytx")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("not convert's")
+    (tmp_path / "link").symlink_to(elsewhere if where == "link" else tmp_path / "runs", target_is_directory=True)
+    destination = {
+        "same": source, "inside": source / "llama", "parent": source.parent, "link": tmp_path / "link",
+        "through-link": tmp_path / "link" / "tinytx",  # the source itself, reached through a link
+    }[where]
+    before, other = snapshot(tmp_path / "runs"), snapshot(elsewhere)
+    capsys.readouterr()
+
+    assert convert_main(["--to", "llama", "--overwrite", str(source), str(destination)]) == 1
+    message = one_line_error(capsys.readouterr().err)
+    assert str(destination) in message and ("link" in message if "link" in where else "source" in message)
+    assert snapshot(tmp_path / "runs") == before and snapshot(elsewhere) == other
+
+
+def test_a_gguf_destination_inside_the_source_or_through_a_link_is_refused(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    source = tinytx_run_folder(tmp_path / "tinytx")
+    before = snapshot(source)
+    target = tmp_path / "kept.gguf"
+    target.write_bytes(b"someone else's file")
+    (tmp_path / "link.gguf").symlink_to(target)
+    capsys.readouterr()
+    for destination in (source / "m.gguf", tmp_path / "link.gguf"):
+        assert convert_main(["--to", "gguf", "--overwrite", str(source), str(destination)]) == 1
+        assert str(destination) in one_line_error(capsys.readouterr().err)
+    assert snapshot(source) == before and target.read_bytes() == b"someone else's file"
+    assert not (source / "m.gguf").exists()
+    (tmp_path / "folder.gguf").mkdir()  # --overwrite replaces a file, never a folder
+    assert convert_main(["--to", "gguf", "--overwrite", str(source), str(tmp_path / "folder.gguf")]) == 1
+    assert "is a folder" in one_line_error(capsys.readouterr().err)
+
+
+def test_overwrite_replaces_only_what_convert_wrote(tmp_path):
+    first, second, destination = tmp_path / "first", tmp_path / "second", tmp_path / "out"
+    tiny_llama(seed=0).save_pretrained(first)
+    save_tiny_tokenizer(first)
+    tiny_llama(seed=1).save_pretrained(second)  # no tokenizer: the first conversion's tokenizer files must go
+    assert convert_main(["--to", "tinytx", str(first), str(destination)]) == 0
+    assert (destination / "tokenizer.json").is_file()
+    (destination / "notes.txt").write_text("keep me")
+    (destination / "runs").mkdir()
+    (destination / "runs" / "log.txt").write_text("mine too")
+
+    assert convert_main(["--to", "tinytx", "--overwrite", str(second), str(destination)]) == 0
+    assert (destination / "notes.txt").read_text() == "keep me"
+    assert (destination / "runs" / "log.txt").read_text() == "mine too"
+    assert not (destination / "tokenizer.json").exists()  # written by the first conversion only
+    record = json.loads((destination / ".tinytx-written.json").read_text())
+    assert record["files"] == sorted(path.name for path in destination.iterdir() if path.is_file()
+                                     and path.name not in ("notes.txt", ".tinytx-written.json"))
+    converted = AutoModelForCausalLM.from_pretrained(destination).eval()
+    torch.testing.assert_close(logits_of(converted), logits_of(tiny_llama(seed=1)), rtol=0, atol=1e-5)
+
+
+def test_overwrite_refuses_a_folder_holding_a_training_run(tmp_path, capsys):
+    llama_dir = tmp_path / "llama"
+    tiny_llama().save_pretrained(llama_dir)
+    run = tinytx_run_folder(tmp_path / "run")
+    before = snapshot(run)
+    capsys.readouterr()
+
+    assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(run)]) == 1
+    message = one_line_error(capsys.readouterr().err)
+    assert "did not write" in message and "config.json" in message and "model.safetensors" in message
+    assert snapshot(run) == before and sorted(path.name for path in tmp_path.iterdir()) == ["llama", "run"]
+
+
+CONVERT_SCRIPT = "import sys\nfrom hf_tinytx.convert import main\nsys.exit(main())\n"
+
+
+@pytest.mark.parametrize("kill", [("before", 1), ("before", 3), ("after", "last")], ids=["first", "third", "config"])
+def test_a_killed_overwrite_leaves_the_old_or_the_new_model_and_the_users_files(tmp_path, kill):
+    """Killed at a move out of the staging folder: the folder loads as the old model or the new one (`publish` moves
+    the config last and deletes nothing before its replacement is in), the user's file is intact, and the same
+    command, run again, completes the new model and removes the old one's leftovers (the record lists them)."""
+    from tests.helpers.faults import KILLED, run_killed_at
+
+    old, new, destination = tmp_path / "old", tmp_path / "new", tmp_path / "out"
+    tiny_llama(seed=0).save_pretrained(old)
+    save_tiny_tokenizer(old)
+    tiny_llama(seed=1).save_pretrained(new)
+    assert convert_main(["--to", "tinytx", str(old), str(destination)]) == 0
+    (destination / "notes.txt").write_text("keep me")
+    convert_folder(new, tmp_path / "reference", to="tinytx")
+    moves = len(list((tmp_path / "reference").iterdir())) - 1  # every file but the record moves out of staging
+    when, nth = kill
+    script = tmp_path / "convert_cli.py"
+    script.write_text(CONVERT_SCRIPT)
+
+    args = ["--to", "tinytx", "--overwrite", str(new), str(destination)]
+    killed = run_killed_at(args, cwd=REPO_ROOT, script=script, function="os.replace", match=".tinytx-staging",
+                           when=when, nth=moves if nth == "last" else nth, timeout=300)
+    assert killed.returncode == KILLED, killed.stderr[-2000:]
+    assert (destination / "notes.txt").read_text() == "keep me"
+    loaded = logits_of(AutoModelForCausalLM.from_pretrained(destination).eval())
+    candidates = [logits_of(tiny_llama(seed=seed)) for seed in (0, 1)]
+    assert any(torch.allclose(loaded, logits, rtol=0, atol=1e-5) for logits in candidates)
+
+    assert convert_main(args) == 0
+    assert (destination / "notes.txt").read_text() == "keep me"
+    assert snapshot(destination).keys() - {"notes.txt"} == snapshot(tmp_path / "reference").keys()
+    converted = AutoModelForCausalLM.from_pretrained(destination).eval()
+    torch.testing.assert_close(logits_of(converted), logits_of(tiny_llama(seed=1)), rtol=0, atol=1e-5)
+
+
+def save_with_config(folder: Path, **changes) -> Path:
+    """A tiny Llama folder whose config.json is then edited: weights and config no longer agree."""
+    tiny_llama().save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"num_hidden_layers": 3}, "missing: model.layers.2."),
+        ({"num_hidden_layers": 1}, "unexpected: model.layers.1."),
+        ({"intermediate_size": 48}, "misshapen: model.layers.0.mlp.gate_proj.weight [64, 32] (expected [48, 32])"),
+        ({"tie_word_embeddings": True}, "not tied: lm_head.weight (differs from model.embed_tokens.weight"),
+    ],
+    ids=["one-layer-short", "one-layer-more", "shapes", "tied-with-a-head"],
+)
+def test_weights_that_do_not_match_the_config_are_refused_before_anything_is_written(tmp_path, capsys, changes,
+                                                                                      words):
+    source = save_with_config(tmp_path / "llama", **changes)
+    capsys.readouterr()
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 1
+    message = one_line_error(capsys.readouterr().err)
+    assert words in message and "do not match its config.json" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_sharded_weights_are_checked_too(tmp_path, capsys):
+    source = tmp_path / "llama"
+    tiny_llama(tie_word_embeddings=True).save_pretrained(source, max_shard_size="20KB")
+    assert (source / "model.safetensors.index.json").is_file()
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 0  # tied: no lm_head stored
+
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    capsys.readouterr()
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 1
+    assert "missing: model.layers.2." in one_line_error(capsys.readouterr().err)
+    shard = sorted(source.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 1
+    assert f"names the shard {shard.name}, which is missing" in one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "out2").exists()
+
+
+def damage(folder: Path, kind: str) -> str:
+    """Damages the saved folder one way; returns the words the one-line error must hold."""
+    config = folder / "config.json"
+    if kind == "truncated-weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        return f"{weights} is damaged or truncated"
+    if kind == "not-json":
+        config.write_text('{\n  "model_type": "llama",\n  "hidden_size": 32,,\n}\n')
+        return f"{config} is not valid JSON (line 3"
+    if kind == "json-list":
+        config.write_text("[1, 2, 3]")
+        return f"{config} holds a JSON list"
+    values = json.loads(config.read_text())
+    if kind == "rope-string":
+        values["rope_parameters"] = "default"
+        words = f'{config} has "rope_parameters": "default", which must be an object'
+    else:
+        del values["model_type"]
+        words = f'{config} has no "model_type"; this conversion reads a \'llama\' model'
+    config.write_text(json.dumps(values))
+    return words
+
+
+@pytest.mark.parametrize("kind", ["truncated-weights", "not-json", "json-list", "rope-string", "no-model-type"])
+def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind):
+    source = tmp_path / "llama"
+    tiny_llama().save_pretrained(source)
+    words = damage(source, kind)
+    capsys.readouterr()
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 1  # a traceback would raise here
+    assert words in one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def mounted():
+    """`with mounted(path, size):` a small tmpfs on `path`; skips where mounting is denied (not root)."""
+    import contextlib
+
+    from tests.helpers.faults import TmpfsUnavailable, tmpfs
+
+    @contextlib.contextmanager
+    def mount(path, size):
+        stack = contextlib.ExitStack()
+        try:
+            path = stack.enter_context(tmpfs(path, size))
+        except TmpfsUnavailable as error:
+            pytest.skip(str(error))
+        with stack:
+            yield path
+
+    return mount
+
+
+def test_a_full_disk_is_one_line_and_the_earlier_conversion_stays(tmp_path, mounted):
+    small, large = tmp_path / "small", tmp_path / "large"
+    tiny_llama(hidden_size=8, intermediate_size=16, num_attention_heads=2).save_pretrained(small)
+    tiny_llama(hidden_size=64, intermediate_size=128).save_pretrained(large)  # ~0.4 MB of weights: cannot fit
+    with mounted(tmp_path / "disk", "160k") as disk:
+        destination = disk / "out"
+        assert run_cli("--to", "tinytx", str(small), str(destination)).returncode == 0
+        (destination / "notes.txt").write_text("keep me")
+        before = snapshot(destination)
+
+        result = run_cli("--to", "tinytx", "--overwrite", str(large), str(destination))
+        message = one_line_error(result)
+        assert result.returncode == 1 and "disk is full" in message and str(destination) in message
+        assert "nothing in it was changed" in message
+        assert snapshot(destination) == before and not (destination / ".tinytx-staging").exists()
+        torch.testing.assert_close(
+            logits_of(AutoModelForCausalLM.from_pretrained(destination).eval()),
+            logits_of(LlamaForCausalLM.from_pretrained(small).eval()), rtol=0, atol=1e-5,
+        )
+
+        fresh = disk / "fresh"
+        result = run_cli("--to", "tinytx", str(large), str(fresh))
+        assert result.returncode == 1 and "disk is full" in one_line_error(result)
+        assert not fresh.exists() and sorted(path.name for path in disk.iterdir()) == ["out"]
+
+
+def test_a_tied_head_stored_alongside_its_embedding_passes_when_equal(tmp_path):
+    source = tmp_path / "llama"
+    llama = tiny_llama()
+    with torch.no_grad():
+        llama.lm_head.weight.copy_(llama.model.embed_tokens.weight)
+    llama.save_pretrained(source)  # untied: both tensors stored, with equal values
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    convert_folder(source, tmp_path / "out", to="tinytx")
+    torch.testing.assert_close(logits_of(AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()),
+                               logits_of(llama), rtol=0, atol=1e-5)
+
+
+def test_a_record_naming_files_outside_the_destination_deletes_nothing_there(tmp_path):
+    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
+    tiny_llama().save_pretrained(llama_dir)
+    convert_folder(llama_dir, destination, to="tinytx")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not convert's")
+    record = destination / ".tinytx-written.json"
+    values = json.loads(record.read_text())
+    values["files"] += ["../outside.txt", str(outside)]
+    record.write_text(json.dumps(values))
+    convert_folder(llama_dir, destination, to="tinytx", overwrite=True)
+    assert outside.read_text() == "not convert's"

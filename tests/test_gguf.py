@@ -11,6 +11,7 @@ import contextlib
 import copy
 import json
 import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -446,3 +447,39 @@ def test_the_library_does_not_need_gguf():
         imported = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
         imported += [node.module or "" for node in tree.body if isinstance(node, ast.ImportFrom)]
         assert not [module for module in imported if "gguf" in module], name
+
+
+# ---------------------------------------------------------------- issue 31: no silent wrong result, a full disk
+
+
+def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written(folder, tmp_path, capsys):
+    source = folder()
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    capsys.readouterr()
+    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 1
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("error: gguf: ") and "\n" not in message and "missing: model.layers.2." in message
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_full_disk_is_one_line_and_the_old_file_stays(folder, tmp_path):
+    from tests.helpers.faults import TmpfsUnavailable, tmpfs
+
+    source = folder()  # ~0.6 MB of f32 weights; the disk holds 64 KiB
+    with contextlib.ExitStack() as stack:
+        try:
+            disk = stack.enter_context(tmpfs(tmp_path / "disk", "64k"))
+        except TmpfsUnavailable as error:
+            pytest.skip(str(error))
+        destination = disk / "m.gguf"
+        destination.write_bytes(b"old")
+        result = subprocess.run(
+            [sys.executable, "-m", "hf_tinytx.convert", "--to", "gguf", "--overwrite", str(source), str(destination)],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        )
+        message = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert message.startswith("error: gguf: the disk is full while writing " + str(destination))
+        assert "nothing was changed" in message
+        assert destination.read_bytes() == b"old" and [path.name for path in disk.iterdir()] == ["m.gguf"]

@@ -1,0 +1,140 @@
+"""Reads a saved model folder the way a converter must before it writes anything: its config, checked, and the names
+and shapes of its stored tensors (safetensors headers only, never the data), compared with what the config's model
+expects. Every problem is one ValueError line that names the file, what is wrong and what to do.
+
+Why compare: `from_pretrained` fills a tensor the config expects but the files lack with random values and drops one
+the files hold but the config does not expect (a warning at most), so a config saying 3 layers over weights holding 2
+would convert into a different model without a word.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import PreTrainedConfig, PreTrainedModel
+
+
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+# Buffers that older Llama checkpoints stored and that transformers now recomputes instead of loading.
+RECOMPUTED = (".rotary_emb.inv_freq",)
+SHOWN = 3  # tensor names quoted in a message, per kind of problem
+
+
+def read_config_json(folder: str | os.PathLike, expected_type: str, who: str) -> dict:
+    """config.json as a dict with `model_type == expected_type`, or a one-line ValueError saying what is wrong."""
+    path = Path(folder) / "config.json"
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{who}: {path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); fix that line "
+            "or save the model again with save_pretrained."
+        ) from None
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{who}: {path} holds a JSON {type(values).__name__}, not an object of config fields; save the model "
+            "again with save_pretrained."
+        )
+    model_type = values.get("model_type")
+    if model_type is None:
+        raise ValueError(
+            f'{who}: {path} has no "model_type"; this conversion reads a {expected_type!r} model, so add '
+            f'"model_type": "{expected_type}" if the folder holds one.'
+        )
+    return values
+
+
+def load_config(folder: str | os.PathLike, config_class: type[PreTrainedConfig], who: str) -> PreTrainedConfig:
+    """`config_class.from_pretrained(folder)`, with a field of the wrong kind reported in one line."""
+    path = Path(folder) / "config.json"
+    rope = read_config_json(folder, config_class.model_type, who).get("rope_parameters")
+    if rope is not None and not isinstance(rope, dict):
+        raise ValueError(
+            f'{who}: {path} has "rope_parameters": {json.dumps(rope)[:60]}, which must be an object such as '
+            '{"rope_type": "default", "rope_theta": 10000.0}; fix it.'
+        )
+    try:
+        return config_class.from_pretrained(folder)
+    except (TypeError, ValueError, AttributeError, KeyError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"{who}: {path} is not a valid {config_class.model_type} config ({reason}); fix that field."
+        ) from None
+
+
+def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """{tensor name: (file, shape)} of every tensor in the folder's safetensors (one file or an index's shards)."""
+    folder = Path(folder)
+    if (folder / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        files = sorted(set(_weight_map(folder / INDEX_FILE, who).values()))
+    shapes = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"{who}: {folder / INDEX_FILE} names the shard {name}, which is missing; copy it in.")
+        try:
+            with safe_open(path, framework="pt") as f:  # reads the header; the data stays on disk
+                shapes.update({key: (path, tuple(f.get_slice(key).get_shape())) for key in f.keys()})
+        except Exception as error:  # safetensors' own SafetensorError, and whatever a damaged file raises
+            raise ValueError(
+                f"{who}: {path} is damaged or truncated ({str(error).strip()}); copy or save it again."
+            ) from None
+    return shapes
+
+
+def _weight_map(index: Path, who: str) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values()):
+            return weight_map
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise ValueError(f'{who}: {index} is not an index with a "weight_map" of tensor names to files; save it again.')
+
+
+def check_stored_weights(
+    folder: str | os.PathLike, model_class: type[PreTrainedModel], config: PreTrainedConfig, who: str
+) -> None:
+    """Refuses (one ValueError line) stored tensors that are missing, unexpected or misshapen for `config`."""
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        expected = {name: tuple(t.shape) for name, t in model_class._from_config(config).state_dict().items()}
+    files = stored_shapes(folder, who)
+    stored = {name: shape for name, (_, shape) in files.items()}
+    tied = _tied(model_class, config)
+    missing = [name for name in expected if name not in stored and name not in tied]
+    unexpected = [name for name in stored if name not in expected and not name.endswith(RECOMPUTED)]
+    misshapen = [f"{name} {list(stored[name])} (expected {list(shape)})"
+                 for name, shape in expected.items() if name in stored and stored[name] != shape]
+    # A tied tensor stored anyway must equal its source: tying would silently replace it otherwise.
+    untied = [f"{name} (differs from {source}; set tie_word_embeddings false)" for name, source in tied.items()
+              if name in stored and source in stored and not misshapen and not _equal(files, name, source)]
+    kinds = (("missing", missing), ("unexpected", unexpected), ("misshapen", misshapen), ("not tied", untied))
+    problems = [f"{kind}: {', '.join(names[:SHOWN])}{f' and {len(names) - SHOWN} more' if len(names) > SHOWN else ''}"
+                for kind, names in kinds if names]
+    if problems:
+        raise ValueError(
+            f"{who}: the weights in {folder} do not match its config.json (num_hidden_layers="
+            f"{config.num_hidden_layers}, hidden_size={config.hidden_size}) — {'; '.join(problems)}; "
+            "fix config.json to describe these weights, or use the weights saved with it."
+        )
+
+
+def _tied(model_class: type[PreTrainedModel], config: PreTrainedConfig) -> dict[str, str]:
+    """{tied tensor: the tensor it shares} when the config ties them (transformers 5 maps target -> source)."""
+    keys = model_class._tied_weights_keys or {}
+    if not config.tie_word_embeddings:
+        return {}
+    return dict(keys) if isinstance(keys, dict) else {key: "model.embed_tokens.weight" for key in keys}
+
+
+def _equal(files: dict, first: str, second: str) -> bool:
+    tensors = []
+    for name in (first, second):
+        with safe_open(files[name][0], framework="pt") as f:
+            tensors.append(f.get_tensor(name))
+    return torch.equal(*tensors)
