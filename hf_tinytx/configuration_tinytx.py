@@ -8,12 +8,18 @@ Every value is checked when the config is built, so a mistake is reported where 
 not as a shape error deep inside the first forward pass.
 """
 
+import math
+
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 MLP_TYPES = ("gated", "plain")
+# The largest RoPE scaling `factor` accepted. Published long-context models stretch their trained context 4x to 40x
+# (Llama 3.1: 8, DeepSeek-V3's YaRN: 40), so 1024 leaves ample room while still catching a typo such as 1e30 or a
+# rope_theta (1e4, 5e5, ...) written into `factor`.
+MAX_ROPE_FACTOR = 1024.0
 # Every Auto class a saved folder can be opened with as remote code. `save_pretrained` on its own only writes the
 # saving model's class, so a causal-LM checkpoint could not be opened with `AutoModel` where hf_tinytx is missing.
 DEFAULT_AUTO_MAP = {
@@ -182,17 +188,28 @@ class TinyTxConfig(PreTrainedConfig):
                 f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
                 f"{['default', *ROPE_INIT_FUNCTIONS]}."
             )
-        # transformers does not check theta and only warns about a factor below 1, then computes wrong angles.
+        # transformers checks only which keys each type needs (and merely warns about a factor below 1), so the
+        # values themselves are checked here: an infinite or tiny theta, or a huge factor, computes angles that
+        # make every position alike, and the model still runs.
         theta = params.get("rope_theta")
-        if not (isinstance(theta, (int, float)) and theta > 0):
+        if not (_is_finite_number(theta) and theta > 1):
             raise ValueError(
-                f"TinyTxConfig: `rope_parameters['rope_theta']` must be a positive number, got {theta!r}."
+                f"TinyTxConfig: `rope_parameters['rope_theta']` must be a finite number > 1 (the base of the rotary "
+                f"wavelengths, e.g. 10000.0 as in Llama 2 or 500000.0 as in Llama 3), got {theta!r}."
             )
         factor = params.get("factor")
-        if factor is not None and not (isinstance(factor, (int, float)) and factor >= 1.0):
+        if factor is not None and not (_is_finite_number(factor) and 1.0 <= factor <= MAX_ROPE_FACTOR):
             raise ValueError(
-                f"TinyTxConfig: `rope_parameters['factor']` must be a number >= 1 (how many times longer than "
-                f"training the context may get), got {factor!r}."
+                f"TinyTxConfig: `rope_parameters['factor']` must be a number in [1, {MAX_ROPE_FACTOR:g}] (how many "
+                f"times longer than training the context may get), got {factor!r}."
+            )
+        partial = params.get("partial_rotary_factor")
+        if partial is not None and (partial != 1.0 or isinstance(partial, bool)):
+            # TinyTx rotates every dimension of a head (its GGUF export refuses anything else): a fraction would be
+            # stored and silently ignored.
+            raise ValueError(
+                f"TinyTxConfig: `partial_rotary_factor` must be 1.0 (RoPE on every dimension of a head), got "
+                f"{partial!r}; TinyTx has no partial rotary embeddings, so remove the key."
             )
         try:
             self.validate_rope()  # transformers' own check of the keys each RoPE type needs
@@ -200,6 +217,10 @@ class TinyTxConfig(PreTrainedConfig):
             raise ValueError(
                 f"TinyTxConfig: {error.args[0]}; add the missing keys to `rope_parameters` (as for `LlamaConfig`)."
             ) from None
+
+
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_positive_int(value) -> bool:

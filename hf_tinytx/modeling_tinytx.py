@@ -446,7 +446,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("TinyTxModel: pass exactly one of `input_ids` or `inputs_embeds`.")
 
-        self._check_not_empty(input_ids if inputs_embeds is None else inputs_embeds)
+        self._check_shape(input_ids, inputs_embeds)
         if inputs_embeds is None:
             self._check_token_ids(input_ids)
             inputs_embeds = self.embed_tokens(input_ids)
@@ -458,6 +458,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
             past_seen_tokens = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
+        self._warn_once_past_context(inputs_embeds.shape[1], cache)
         self._check_attention_mask(attention_mask, inputs_embeds, cache)
 
         causal_mask = create_causal_mask(
@@ -485,7 +486,19 @@ class TinyTxModel(TinyTxPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, **{_CACHE_FIELD: cache})
 
-    def _check_not_empty(self, inputs: torch.Tensor) -> None:
+    def _check_shape(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
+        # A single sequence's 1-D ids would fail below as a bare `IndexError: tuple index out of range`.
+        if input_ids is not None and input_ids.dim() != 2:
+            raise ValueError(
+                f"TinyTxModel: `input_ids` must be 2-D (batch, sequence), got shape {tuple(input_ids.shape)}; add a "
+                f"batch dimension for a single sequence: `input_ids[None]` (or `input_ids.unsqueeze(0)`)."
+            )
+        if inputs_embeds is not None and inputs_embeds.dim() != 3:
+            raise ValueError(
+                f"TinyTxModel: `inputs_embeds` must be 3-D (batch, sequence, hidden_size), got shape "
+                f"{tuple(inputs_embeds.shape)}; add a batch dimension for a single sequence: `inputs_embeds[None]`."
+            )
+        inputs = input_ids if inputs_embeds is None else inputs_embeds
         # Zero tokens (e.g. an empty prompt tokenized without BOS) would fail deep in attention with a reshape error.
         if inputs.shape[1] == 0:
             bos = self.config.bos_token_id
@@ -493,6 +506,24 @@ class TinyTxModel(TinyTxPreTrainedModel):
             raise ValueError(
                 f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is nothing to "
                 f"continue from; pass at least one token, e.g. the BOS id: {example}."
+            )
+
+    def _warn_once_past_context(self, new_tokens: int, cache: Cache | None) -> None:
+        """RoPE runs at any length and this changes no result, but positions past `max_position_embeddings` were
+        never trained on, so the output there may degrade. Once per model (a flag, not `warning_once`): the message
+        names the length, so a generation crossing the limit would otherwise warn again at every new token."""
+        if getattr(self, "_warned_past_context", False) or torch.compiler.is_compiling():
+            return
+        if self.rotary_emb.rope_type == "dynamic" or not (cache is None or hasattr(cache, "get_seq_length")):
+            return  # "dynamic" RoPE rescales itself past the limit (what it is for); a paged cache has no length
+        limit = self.config.max_position_embeddings
+        length = new_tokens + (int(cache.get_seq_length()) if cache is not None else 0)
+        if length > limit:
+            self._warned_past_context = True
+            logger.warning(
+                f"TinyTxModel: a sequence of {length} tokens is longer than max_position_embeddings={limit}, the "
+                f"longest this model is configured for; positions past {limit} extrapolate RoPE and the outputs there "
+                f"may degrade (a RoPE scaling type in `rope_parameters` extends the context)."
             )
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:

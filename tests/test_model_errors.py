@@ -1,5 +1,8 @@
 """Bad input fails early with a ValueError that names the problem, never deep inside a forward pass."""
 
+import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,103 @@ def test_truncated_safetensors_raises_a_clear_error(tiny_model, tmp_path: Path):
     # transformers lets safetensors' own error through; it names the corruption, though not the file's path.
     with pytest.raises(SafetensorError, match="(?i)incomplete|deserializ|header"):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+# RoPE values transformers lets through (it checks which keys a type needs, and only warns about a factor below 1):
+# (rope_parameters, the message's field, its allowed range, the value as written back).
+BAD_ROPE_VALUES = [
+    ({"rope_type": "default", "rope_theta": float("inf")}, "['rope_theta']", "finite number > 1", "inf"),
+    ({"rope_type": "default", "rope_theta": 1e-30}, "['rope_theta']", "finite number > 1", "1e-30"),
+    ({"rope_type": "default", "rope_theta": 0.0}, "['rope_theta']", "finite number > 1", "0.0"),
+    ({"rope_type": "default", "rope_theta": -1e4}, "['rope_theta']", "finite number > 1", "-10000.0"),
+    ({"rope_type": "default", "rope_theta": float("nan")}, "['rope_theta']", "finite number > 1", "nan"),
+    ({"rope_type": "linear", "rope_theta": 1e4, "factor": 1e30}, "['factor']", "in [1, 1024]", "1e+30"),
+    ({"rope_type": "linear", "rope_theta": 1e4, "factor": float("inf")}, "['factor']", "in [1, 1024]", "inf"),
+    ({"rope_type": "dynamic", "rope_theta": 1e4, "factor": 0.0}, "['factor']", "in [1, 1024]", "0.0"),
+    ({"rope_type": "yarn", "rope_theta": 1e4, "factor": -2.0}, "['factor']", "in [1, 1024]", "-2.0"),
+    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.0}, "partial_rotary_factor", "be 1.0",
+     "0.0"),
+    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 3}, "partial_rotary_factor", "be 1.0", "3"),
+    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}, "partial_rotary_factor", "be 1.0",
+     "0.5"),
+]
+
+
+@pytest.mark.parametrize("rope, field, allowed, value", BAD_ROPE_VALUES,
+                         ids=[f"{field}={value}" for _, field, _, value in BAD_ROPE_VALUES])
+def test_rope_values_outside_their_range_are_refused(tiny_config, tmp_path: Path, rope, field, allowed, value):
+    """Built in code or loaded from a config.json, the message names the field, the allowed range and the value."""
+    from transformers import AutoConfig
+
+    with pytest.raises(ValueError) as built:
+        tiny_config(rope_parameters=dict(rope))
+    message = str(built.value)
+    assert field in message and allowed in message and re.search(rf"got {re.escape(value)}[.;]", message), message
+    good = tiny_config()
+    good.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "rope_parameters": rope}))
+    with pytest.raises(ValueError, match=re.escape(field)):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+def test_rope_values_at_the_edges_of_their_range_are_kept(tiny_config):
+    kept = tiny_config(rope_parameters={"rope_type": "linear", "rope_theta": 1.5, "factor": 1024},
+                       partial_rotary_factor=1.0)
+    assert kept.rope_parameters == {"rope_type": "linear", "rope_theta": 1.5, "factor": 1024,
+                                    "partial_rotary_factor": 1.0}
+    assert tiny_config(rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 1.0}).rope_parameters[
+        "factor"] == 1.0
+
+
+def test_legacy_top_level_rope_keys_are_checked_too(tiny_config):
+    """`rope_theta` and `partial_rotary_factor` beside the other fields (as older configs store them)."""
+    with pytest.raises(ValueError, match=r"`rope_parameters\['rope_theta'\]` must be a finite number > 1.*got inf\."):
+        tiny_config(rope_theta=float("inf"))
+    with pytest.raises(ValueError, match=r"`partial_rotary_factor` must be 1\.0 .*got 0\.25;"):
+        tiny_config(partial_rotary_factor=0.25)
+    assert tiny_config(rope_theta=5e5).rope_parameters == {"rope_type": "default", "rope_theta": 5e5}
+
+
+def test_one_dimensional_input_ids_say_to_add_a_batch_dimension(tiny_model):
+    model = tiny_model()
+    ids = torch.tensor([5, 6, 7])
+    expected = r"`input_ids` must be 2-D \(batch, sequence\), got shape \(3,\); add a batch dimension.*ids\[None\]"
+    with pytest.raises(ValueError, match=expected):
+        model(ids)
+    with pytest.raises(ValueError, match=r"`inputs_embeds` must be 3-D .*got shape \(3, 32\)"):
+        model(inputs_embeds=torch.zeros(3, 32))
+    assert model(ids[None]).logits.shape == (1, 3, 128)  # the fix runs
+    assert model(ids.unsqueeze(0)).logits.shape == (1, 3, 128)
+
+
+def test_a_forward_past_max_position_embeddings_warns_once_and_changes_nothing(tiny_model, caplog):
+    short = tiny_model(max_position_embeddings=16)
+    long = tiny_model(max_position_embeddings=64)  # the same weights (same seed); RoPE does not read the limit
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(0))
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        within = short(ids[:, :16]).logits
+        assert not caplog.records  # 16 tokens of 16: no warning
+        logits = short(ids).logits
+        short(ids).logits
+        # A generation that crosses the limit token by token: one warning in all, not one per new length.
+        short.generate(ids[:, :14], max_new_tokens=6, do_sample=False, pad_token_id=0)
+        reference = long(ids).logits
+    ours = [record for record in caplog.records if record.name.endswith("modeling_tinytx")]
+    assert [record.getMessage() for record in ours] == [
+        "TinyTxModel: a sequence of 40 tokens is longer than max_position_embeddings=16, the longest this model is "
+        "configured for; positions past 16 extrapolate RoPE and the outputs there may degrade (a RoPE scaling type "
+        "in `rope_parameters` extends the context)."
+    ]
+    assert torch.equal(logits, reference)
+    assert torch.equal(within, logits[:, :16])
+
+
+def test_generation_crossing_the_limit_warns_once_with_the_length_it_reached(tiny_model, caplog):
+    model = tiny_model(max_position_embeddings=16)
+    ids = torch.randint(3, 128, (1, 14), generator=torch.Generator().manual_seed(0))
+    with caplog.at_level(logging.WARNING):
+        model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    ours = [record.getMessage() for record in caplog.records if record.name.endswith("modeling_tinytx")]
+    assert len(ours) == 1 and ours[0].startswith("TinyTxModel: a sequence of 17 tokens is longer than "
+                                                "max_position_embeddings=16"), ours

@@ -19,14 +19,16 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 
 def read_records(path: str) -> list[dict]:
-    """Every record of a .txt or .jsonl file, checked. Each record gets a "kind": "text", "prompt" or "chat"."""
+    """Every record of a .txt or .jsonl file, checked. Each record gets a "kind" ("text", "prompt" or "chat") and
+    a "where" (file and line), by which later errors name it."""
     if os.path.isdir(path):
         raise UserInputError(f"Data file {path!r} is a folder; give the path of a .txt or .jsonl file in it.")
     if not os.path.isfile(path):
         raise UserInputError(f"Data file {path!r} does not exist; give the path of a .txt or .jsonl file.")
     extension = os.path.splitext(path)[1].lower()
     if extension == ".txt":
-        records = [{"kind": "text", "text": text.rstrip("\r\n")} for _, text in _lines(path) if text.strip()]
+        records = [{"kind": "text", "text": text.rstrip("\r\n"), "where": f"{path}, line {line_number}"}
+                   for line_number, text in _lines(path) if text.strip()]
     elif extension in (".jsonl", ".json"):
         records = _read_jsonl(path)
     else:
@@ -71,7 +73,7 @@ def _read_jsonl(path: str) -> list[dict]:
                 f"{where}: not valid JSON ({error.msg} at column {error.colno}). Each line must be one JSON "
                 f"object, e.g. {{\"prompt\": \"...\", \"response\": \"...\"}}."
             ) from None
-        records.append(_check_record(value, where))
+        records.append({**_check_record(value, where), "where": where})  # named again if the chat template fails
     return records
 
 
@@ -89,7 +91,8 @@ def _check_record(value, where: str) -> dict:
                 )
         if not value["response"]:
             raise UserInputError(f"{where}: the \"response\" is empty, so there is nothing to learn from this record.")
-        return {"kind": "prompt", "prompt": value["prompt"], "response": value["response"]}
+        return {"kind": "prompt", "prompt": _text(value["prompt"], where, '"prompt"'),
+                "response": _text(value["response"], where, '"response"')}
     raise UserInputError(
         f"{where}: the record has fields {sorted(value)}, but needs either \"prompt\" and \"response\" (strings) or "
         f"\"messages\" (a list of {{\"role\", \"content\"}} objects)."
@@ -108,7 +111,22 @@ def _check_messages(messages, where: str) -> list[dict]:
             )
     if not any(message["role"] == "assistant" for message in messages):
         raise UserInputError(f"{where}: no \"assistant\" message, so there is nothing to learn from this record.")
-    return [{"role": message["role"], "content": message["content"]} for message in messages]
+    return [{"role": message["role"], "content": _text(message["content"], where, f"message {i}'s \"content\"")}
+            for i, message in enumerate(messages)]
+
+
+def _text(text: str, where: str, what: str) -> str:
+    """The text, if it can be encoded: JSON's \\uXXXX escapes can spell half of a UTF-16 surrogate pair, which the file
+    check lets through (the line itself is ASCII) and the tokenizer then rejects with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise UserInputError(
+            f"{where}: {what} holds a lone surrogate \\u{ord(text[error.start]):04x} at character {error.start + 1} "
+            f"(half of a UTF-16 pair, written as a JSON escape), which is not text; write the character itself, or "
+            f"both halves of its pair (e.g. \\ud83d\\ude00)."
+        ) from None
+    return text
 
 
 def has_chat(records: list[dict]) -> bool:
