@@ -16,6 +16,10 @@ STEPS = 6
 # Two processes average their gradients in a different order than one process summing the same 16 blocks, so the
 # weights agree up to float32 rounding, not bit for bit. Measured: max |diff| 8.9e-08 after 6 steps at lr 3e-3.
 TOLERANCE = 1e-5
+# The logged numbers too: the training loss is the mean over both ranks' tokens, and the evaluation counts each of the
+# 43 validation blocks once though 2 x 8 per batch does not divide them (the last batch is padded with repeats).
+# metrics.jsonl rounds the training loss to 5 decimals, so two values 1e-7 apart may print 1e-5 apart.
+LOGGED_LOSS_TOLERANCE = 1e-5 + 1e-9
 
 
 def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain, tmp_path):
@@ -24,14 +28,14 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
                 "--hash-weights", str(tmp_path / "ddp_checksum"), "--mark-at-exit", str(tmp_path / "shutdown")]
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
-    common = ["--max_train_steps", STEPS, "--num_probes_per_kind", 0, "--num_samples", 0]
+    common = ["--max_train_steps", STEPS, "--num_probes_per_kind", 0, "--num_samples", 0, "--eval_steps", 3]
     # No ACCELERATE_USE_CPU in the environment: the script itself must ask Accelerate for CPU data parallelism.
     env = pretrain_env(tmp_path, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_USE_CPU", None)
-    ddp = run_pretrain("--output_dir", ddp_dir, "--per_device_train_batch_size", 8, *common, env=env,
-                       launcher=torchrun)
-    run_pretrain("--output_dir", single_dir, "--per_device_train_batch_size", 16, *common,
-                 env=pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
+    ddp = run_pretrain("--output_dir", ddp_dir, "--per_device_train_batch_size", 8, "--per_device_eval_batch_size", 8,
+                       *common, env=env, launcher=torchrun)
+    single = run_pretrain("--output_dir", single_dir, "--per_device_train_batch_size", 16,
+                          "--per_device_eval_batch_size", 16, *common, env=pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
 
     assert "2 process(es) on cpu" in ddp.stdout and "DistributedType.MULTI_CPU" in ddp.stdout
     ranks = [json.loads((tmp_path / f"ddp_checksum.rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -53,6 +57,28 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
     assert [r["tokens"] for r in ddp_rows] == [r["tokens"] for r in single_rows]
     ddp_losses = torch.tensor([r["loss"] for r in ddp_rows])
     assert torch.isfinite(ddp_losses).all() and ddp_losses[-1] < ddp_losses[0]  # it trained, not just agreed
+    assert_same_numbers(ddp_dir, single_dir, single.stdout)
+
+
+def assert_same_numbers(ddp_dir, single_dir, single_stdout):
+    """2 ranks log and write into the card the 1-process run's training loss and evaluation figures."""
+    assert "43 validation blocks" in single_stdout  # 43 = 2 x 16 + 11: the 2-rank evaluation pads its last batch
+    ddp_rows, single_rows = ([json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+                             for folder in (ddp_dir, single_dir))
+    pairs = list(zip(ddp_rows, single_rows, strict=True))
+    loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in pairs if "loss" in a)
+    evaluations = [(a, b) for a, b in pairs if "eval_loss" in a]
+    assert [a["step"] for a, _ in evaluations] == [3, STEPS]
+    eval_diff = max(abs(a[key] - b[key]) for a, b in evaluations for key in ("eval_loss", "bits_per_byte"))
+    perplexity_diff = max(abs(a["perplexity"] / b["perplexity"] - 1) for a, b in evaluations)
+    print(f"2 ranks vs 1 process: training loss {loss_diff:.2e}, eval loss and bits/byte {eval_diff:.2e}, "
+          f"perplexity (relative) {perplexity_diff:.2e}")
+    assert loss_diff <= LOGGED_LOSS_TOLERANCE and eval_diff < TOLERANCE and perplexity_diff < TOLERANCE
+    assert all(a["eval_tokens"] == b["eval_tokens"] == 43 * 63 for a, b in evaluations)
+    card_lines = [[line for line in (folder / "README.md").read_text().splitlines()
+                   if line.startswith(("On ", "| Validation loss", "| Perplexity", "| Bits per byte"))]
+                  for folder in (ddp_dir, single_dir)]
+    assert len(card_lines[0]) == 4 and card_lines[0] == card_lines[1]
 
 
 def test_two_processes_on_one_clock_with_muon_stay_identical(run_pretrain, tmp_path):

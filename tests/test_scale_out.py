@@ -245,12 +245,12 @@ def test_muon_under_a_sharded_config_stops_before_the_data(tmp_path):
 # (deepspeed is in the test extra; nothing is compiled: training/distributed.py keeps DeepSpeed from building its
 # shared-memory all-reduce).
 
-def deepspeed_run(folder, stage: int, *flags):
+def deepspeed_run(folder, stage: int, *flags, check=True):
     """The documented command with the ZeRO config of that stage, 2 processes x 8 blocks."""
     assert importlib.util.find_spec("deepspeed"), "deepspeed is part of the test extra: pip install -e '.[test]'"
     config = str(REPO_ROOT / "training" / "configs" / f"accelerate-deepspeed-zero{stage}.yaml")
     return pretrain(folder, "--per_device_train_batch_size", 8, *flags,
-                    launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"])
+                    launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"], check=check)
 
 
 @pytest.fixture(scope="module")
@@ -348,3 +348,38 @@ def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):
     assert expected.keys() == actual.keys()
     for name, tensor in expected.items():
         assert torch.equal(tensor, actual[name]), f"{name} differs after resuming"
+
+
+class RunsACommand:
+    """What an attacker plants: unpickling it calls os.system."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_planted_pickle_in_a_deepspeed_checkpoint_is_refused_and_never_runs(zero3, tmp_path):
+    """Checksums find damage, not a file replaced with its checksum recomputed beside it. DeepSpeed unpickles its
+    states with weights_only=False; the resume reads them with weights_only=True (DeepSpeed's own plain-data classes
+    allow-listed), so a model-states file whose pickle runs a command is refused in one line, and nothing runs."""
+    import hashlib
+
+    straight, _ = zero3
+    planted = tmp_path / "planted"
+    for name in ("tokenizer", "step_4"):
+        shutil.copytree(straight / "checkpoints" / name, planted / "checkpoints" / name)
+    step, marker = planted / "checkpoints" / "step_4", tmp_path / "the_pickle_ran"
+    states = step / "pytorch_model" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    torch.save({"module": RunsACommand(f"touch {marker}")}, states)
+    listed = json.loads((step / "checksums.json").read_text())
+    listed[str(states.relative_to(step))] = hashlib.sha256(states.read_bytes()).hexdigest()
+    (step / "checksums.json").write_text(json.dumps(listed))
+
+    result = deepspeed_run(planted, 3, "--checkpointing_steps", 4, "--resume_from_checkpoint", "latest", check=False)
+    assert result.returncode != 0 and not marker.exists(), "the planted pickle ran"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
+    assert errors and all(line == errors[0] for line in errors), result.stderr[-3000:]
+    assert f"Refused to load {states}: it holds posix.system" in errors[0]
+    assert not (planted / "model.safetensors").exists()

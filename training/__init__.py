@@ -6,6 +6,8 @@ Run the scripts as `python training/pretrain.py` or `python -m training.pretrain
     data.py        datasets in, packed token blocks out (data_files.py: local files found and checked first)
     tokenizer.py   loading a named tokenizer (training one lives in hf_tinytx.tokenization)
     checkpoints.py resumable checkpoints: save, verify, find, prune
+    preemption.py  SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, a line, exit 128 + signal
+    output_dir.py  the output folder: checked before anything is written, then locked for the run
     export.py      the finished model folder: weights, code, tokenizer, card, record
     hub.py         uploads to the Hugging Face Hub in the background
     pretrain.py    pre-training on Accelerate: setup -> fit -> evaluate -> export

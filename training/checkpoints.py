@@ -11,12 +11,17 @@ A checkpoint is written under a temporary name, flushed to disk, checksummed, an
 run killed mid-save leaves the earlier checkpoints as they were. A resume verifies the checksums and falls back to the
 newest intact checkpoint, saying which it skipped and why; checkpoints it will not continue from are set aside
 (renamed, never deleted) so that `latest` cannot pick them after the next interruption.
+
+Nothing is unpickled with `weights_only=False`: Accelerate loads its files with `weights_only=True`, and DeepSpeed's
+checkpoint engine, which does not, is made to (`load_deepspeed_without_code`). Checksums only find damage, not a file
+replaced with its checksum recomputed beside it.
 """
 
 import errno
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -26,7 +31,7 @@ from hf_tinytx.folders import fsync_dir, fsync_tree
 from .args import RunError, UserInputError
 
 
-STEP_NAME = re.compile(r"^step_(\d+)$")
+STEP_PREFIX = "step_"  # pretrain's step_N; finetune keeps Trainer's checkpoint-N (prefix "checkpoint-")
 STATE_FILE = "trainer_state.json"
 CHECKSUM_FILE = "checksums.json"
 TOKENIZER_DIR = "tokenizer"
@@ -34,10 +39,11 @@ SHARDED_DIR = "sharded"
 SCHEDULER_FILE = "scheduler.bin"
 
 
-def steps_saved(checkpoints_dir: str) -> list[int]:
+def steps_saved(checkpoints_dir: str, prefix: str = STEP_PREFIX) -> list[int]:
     if not os.path.isdir(checkpoints_dir):
         return []
-    return sorted(int(m.group(1)) for m in map(STEP_NAME.match, os.listdir(checkpoints_dir)) if m)
+    name = re.compile(rf"^{re.escape(prefix)}(\d+)$")
+    return sorted(int(m.group(1)) for m in map(name.match, os.listdir(checkpoints_dir)) if m)
 
 
 def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | None, sharded=None) -> str:
@@ -93,6 +99,30 @@ def load_sharded(folder: str, model, optimizer, scheduler) -> None:
     scheduler.load_state_dict(torch.load(os.path.join(folder, SCHEDULER_FILE), weights_only=True))
 
 
+def load_deepspeed_without_code(engine) -> None:
+    """Makes a DeepSpeed engine read its model and optimizer states with torch.load(weights_only=True): DeepSpeed's own
+    engine unpickles them with weights_only=False, so a planted pickle would run code on `--resume_from_checkpoint`.
+    Its ZeRO-2/3 states hold tensors, plain containers and three DeepSpeed classes of plain data, allow-listed here."""
+    engine.checkpoint_engine.load = load_weights_only  # DeepSpeed reads every state file through this method
+
+
+def load_weights_only(path: str, map_location=None):
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    try:
+        with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))  # torch names the first global it would not import
+        what = found.group(1) if found else "a Python object"
+        raise RunError(f"Refused to load {path}: it holds {what}, which no DeepSpeed checkpoint holds, and "
+                       f"unpickling it could run code. Resume from a checkpoint you trust "
+                       f"(--resume_from_checkpoint PATH) or start anew with --overwrite_output_dir.") from None
+
+
 def checksums(folder: str) -> dict:
     """{relative path: sha256} of every file in the folder."""
     digests = {}
@@ -135,7 +165,7 @@ def holds_weights(name: str) -> bool:
             or os.path.basename(name) == ".metadata")
 
 
-def find_resumable(resume_from: str | None, checkpoints_dir: str, say) -> str | None:
+def find_resumable(resume_from: str | None, checkpoints_dir: str, say, prefix: str = STEP_PREFIX) -> str | None:
     """The checkpoint to continue from: the given folder, or with 'latest' the newest intact one (or None)."""
     if not resume_from:
         return None
@@ -145,11 +175,11 @@ def find_resumable(resume_from: str | None, checkpoints_dir: str, say) -> str | 
         if problem:
             raise UserInputError(
                 f"--resume_from_checkpoint {resume_from} cannot be resumed from: {problem}. Give an intact "
-                f"checkpoints/step_N folder, or 'latest' for the newest intact one."
+                f"checkpoints/{prefix}N folder, or 'latest' for the newest intact one."
             )
         return folder
-    for step in reversed(steps_saved(checkpoints_dir)):
-        folder = os.path.join(checkpoints_dir, f"step_{step}")
+    for step in reversed(steps_saved(checkpoints_dir, prefix)):
+        folder = os.path.join(checkpoints_dir, f"{prefix}{step}")
         problem = problem_with(folder)
         if problem is None:
             return folder
@@ -157,11 +187,11 @@ def find_resumable(resume_from: str | None, checkpoints_dir: str, say) -> str | 
     return None
 
 
-def set_aside_after(checkpoints_dir: str, step: int, say) -> None:
+def set_aside_after(checkpoints_dir: str, step: int, say, prefix: str = STEP_PREFIX) -> None:
     """Renames every step_N with N > step (newer but abandoned, or damaged) so `latest` never picks it again."""
-    for newer in steps_saved(checkpoints_dir):
+    for newer in steps_saved(checkpoints_dir, prefix):
         if newer > step:
-            folder = set_aside(os.path.join(checkpoints_dir, f"step_{newer}"), "abandoned")
+            folder = set_aside(os.path.join(checkpoints_dir, f"{prefix}{newer}"), "abandoned")
             say(f"Set aside {os.path.basename(folder)}: this run continues from step {step}.")
 
 
@@ -174,9 +204,9 @@ def set_aside(folder: str, reason: str) -> str:
     return target
 
 
-def prune(checkpoints_dir: str, keep: int | None) -> None:
-    for old in steps_saved(checkpoints_dir)[:-keep] if keep else []:
-        shutil.rmtree(os.path.join(checkpoints_dir, f"step_{old}"))
+def prune(checkpoints_dir: str, keep: int | None, prefix: str = STEP_PREFIX) -> None:
+    for old in steps_saved(checkpoints_dir, prefix)[:-keep] if keep else []:
+        shutil.rmtree(os.path.join(checkpoints_dir, f"{prefix}{old}"))
 
 
 def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
@@ -210,8 +240,8 @@ class disk_space_guard:
     """Turns "no space left" while writing `path` into a RunError that names the path, the space needed and free,
     and the newest checkpoint that is still intact; the half-written `path` is removed to give the space back."""
 
-    def __init__(self, path: str, checkpoints_dir: str):
-        self.path, self.checkpoints_dir = path, checkpoints_dir
+    def __init__(self, path: str, checkpoints_dir: str, prefix: str = STEP_PREFIX):
+        self.path, self.checkpoints_dir, self.prefix = path, checkpoints_dir, prefix
 
     def __enter__(self):
         return self
@@ -222,12 +252,12 @@ class disk_space_guard:
         written = folder_size(self.path)
         if os.path.isdir(self.path) and os.path.basename(self.path).startswith((".tmp_", ".tinytx-staging")):
             shutil.rmtree(self.path, ignore_errors=True)
-        raise RunError(disk_full_message(self.path, written, self.checkpoints_dir)) from None
+        raise RunError(disk_full_message(self.path, written, self.checkpoints_dir, self.prefix)) from None
 
 
-def disk_full_message(path: str, needed_at_least: int, checkpoints_dir: str) -> str:
-    steps = steps_saved(checkpoints_dir)
-    previous = os.path.join(checkpoints_dir, f"step_{steps[-1]}") if steps else None
+def disk_full_message(path: str, needed_at_least: int, checkpoints_dir: str, prefix: str = STEP_PREFIX) -> str:
+    steps = steps_saved(checkpoints_dir, prefix)
+    previous = os.path.join(checkpoints_dir, f"{prefix}{steps[-1]}") if steps else None
     needed = max(needed_at_least, folder_size(previous) if previous else 0)
     free = shutil.disk_usage(os.path.dirname(path)).free
     intact = (f"the earlier checkpoint {previous} is intact: free some space and rerun with "

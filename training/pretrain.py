@@ -11,7 +11,9 @@ The story, one function each: `setup` (arguments, data and tokenizer, model, opt
 training loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and_push` (the model folder, the Hub).
 
 Every input is checked before anything is written. A checkpoint is always saved at the end of training, before the
-export, so a run interrupted at any moment continues with `--resume_from_checkpoint latest`. With --push_to_hub every
+export, so a run interrupted at any moment continues with `--resume_from_checkpoint latest`. SIGTERM or SIGINT (a
+preempted job, Ctrl-C) stops the run at the next step boundary with a checkpoint and exit status 128 + the signal's
+number, exporting nothing (training/preemption.py). With --push_to_hub every
 checkpoint is also exported as a complete model folder and uploaded in the background to checkpoints/step_N/ of the
 Hub repo; the final model goes to the repo root once it is complete on disk. Uploads never stop training, and every
 wait for them is bounded (--hub_timeout).
@@ -28,6 +30,13 @@ from dataclasses import dataclass
 
 if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `training` from the checkout
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from training.preemption import StopRequests, Stopped, signal_of, stop_message
+
+
+STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
+if __name__ == "__main__":
+    STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
 from training.args import (
     RunError, UserInputError, args_to_dict, check_batch, check_schedule, parse_args, planned_by_clock,
@@ -99,6 +108,7 @@ class Run:
     lock: object
     clock: Clock
     completed_steps: int = 0
+    stop_signal: int | None = None  # a stop signal some process got, as agreed by all at the last step
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
     saved_step: int | None = None
@@ -300,6 +310,8 @@ def resume(run: Run, folder: str) -> None:
             f"{folder} was written with {state['run_signature']}, but this run has {run.signature}; resume with the "
             f"same arguments (and process count), or start a new run with --init_from."
         )
+    if distributed.zero_stage(run.accelerator) is not None:
+        checkpoints.load_deepspeed_without_code(run.model)
     run.accelerator.load_state(folder)
     if run.own_fsdp2:
         checkpoints.load_sharded(folder, run.model, run.optimizer, run.lr_scheduler)
@@ -332,15 +344,17 @@ def fit(run: Run) -> None:
                     disable=not run.accelerator.is_local_main_process)
     run.model.train()
     start = (time.perf_counter(), run.completed_steps)
-    loss_sum = torch.zeros((), device=run.accelerator.device)
+    no_loss = (torch.zeros((), device=run.accelerator.device), 0)  # (summed loss x targets, targets) of a step
+    sums = no_loss
+    STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
     try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
         while not training_done(run):
             for batch in epoch_batches(run):
-                loss_sum, step_loss = train_micro_batch(run, batch, loss_sum)
+                sums, step_loss = train_micro_batch(run, batch, sums)
                 run.batch_in_epoch += 1
                 if step_loss is not None:  # an optimizer step was taken
                     end_step(run, step_loss, start, progress)
-                    loss_sum = torch.zeros_like(loss_sum)
+                    sums = no_loss
                     if training_done(run):
                         break
             else:
@@ -386,37 +400,48 @@ def end_step(run: Run, step_loss: float, start: tuple[float, int], progress) -> 
                  "elapsed_seconds": round(elapsed, 2)})
     progress.update(1)
     progress.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
+    if run.stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
+        stop_for_signal(run, run.stop_signal)
     after_step(run, progress)
     if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
         run.clock.read(time.perf_counter() - start[0])
 
 
-def train_micro_batch(run: Run, batch, loss_sum: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+def train_micro_batch(run: Run, batch, sums: tuple) -> tuple[tuple, float | None]:
     """Forward and backward; on the last micro-batch of a step, the check and the optimizer step. Returns the step's
-    summed loss so far (on the device) and, after an optimizer step, its mean loss (read back, else None)."""
+    (loss x targets summed on the device, targets) so far and, after an optimizer step, its mean loss over every
+    process's targets (read back, else None)."""
     accelerator, args = run.accelerator, run.train_args
     step_loss = None
     with accelerator.accumulate(run.model):
         # Labels are the inputs: the model shifts them by one position to score each next token.
         loss = run.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
         accelerator.backward(loss)
-        loss_sum = loss_sum + loss.detach()
+        targets = batch["input_ids"].numel() - batch["input_ids"].shape[0]  # every token but each block's first
+        sums = (sums[0] + loss.detach().float() * targets, sums[1] + targets)
         if accelerator.sync_gradients:
             # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
             norm = accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm or math.inf)
-            step_loss = read_finite(run, loss_sum / args.gradient_accumulation_steps, norm)
+            step_loss = read_step(run, *sums, norm)
         run.optimizer.step()
         run.lr_scheduler.step()
         run.optimizer.zero_grad(set_to_none=True)
-    return loss_sum, step_loss
+    return sums, step_loss
 
 
-def read_finite(run: Run, loss: torch.Tensor, norm) -> float:
-    """The step's loss and gradient norm, read back from the device together (the step's one wait for it); either
-    one non-finite stops the run."""
+def read_step(run: Run, loss_sum: torch.Tensor, targets: int, norm) -> float:
+    """The step's loss (token-weighted over every process) and gradient norm, read back from the device together (the
+    step's one wait for it); either one non-finite stops the run. The one all-reduce also carries the stop signals
+    each process got, so that all of them stop after the same step."""
     norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
-    loss_value, norm_value = torch.stack([loss.float(), torch.as_tensor(norm, device=loss.device).float()]).tolist()
+    device = loss_sum.device
+    summed = torch.cat([loss_sum.view(1), torch.tensor([float(targets), *STOP.counts()], device=device)])
+    if run.accelerator.num_processes > 1:
+        torch.distributed.all_reduce(summed)
+    values = torch.cat([summed, torch.as_tensor(norm, device=device).float().view(1)]).tolist()
+    loss_value, norm_value = values[0] / values[1], values[-1]
+    run.stop_signal = signal_of(values[2:-1])
     for what, value in (("training loss", loss_value), ("gradient norm", norm_value)):
         if not math.isfinite(value):
             raise RunError(nonfinite_message(run, f"the {what} is {value}"))
@@ -441,18 +466,35 @@ def after_step(run: Run, progress) -> None:
         save_checkpoint(run)
 
 
-def save_checkpoint(run: Run) -> None:
+def save_checkpoint(run: Run, push: bool = True) -> None:
     state = {"run_signature": run.signature, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch,
              "planned_steps": run.max_train_steps, "train_seconds": run.clock.seconds}
     sharded = (run.model, run.optimizer, run.lr_scheduler) if run.own_fsdp2 else None
     checkpoints.save(run.accelerator, run.checkpoints_dir, run.completed_steps, state,
                      run.train_args.checkpoints_total_limit, sharded)
     run.saved_step = run.completed_steps
-    if run.train_args.push_to_hub:
+    if run.train_args.push_to_hub and push:
         state_dict = gathered_state_dict(run)
         if run.pusher is not None:
             checkpoints.push(run.pusher, *exportable(run, state_dict), run.tokenizer,
                              run.log, run.checkpoints_dir, run.completed_steps, training_record(run))
+
+
+def stop_for_signal(run: Run, signum: int) -> None:
+    """Every process, at the same step boundary: the checkpoint (not pushed: a preempted job has seconds), then
+    `Stopped`, so nothing is exported as if the run had finished."""
+    if run.saved_step != run.completed_steps:
+        save_checkpoint(run, push=False)
+    run.accelerator.end_training()  # the trackers' files closed
+    raise Stopped(stop_message("pretrain.py", signum, run.completed_steps, run.max_train_steps,
+                               f"step_{run.completed_steps}"), signum)
+
+
+def stop_if_asked(run: Run) -> None:
+    """Outside the training loop (final checkpoint, evaluation, probes): a stop signal any process got."""
+    signum = STOP.asked(run.accelerator)
+    if signum is not None:
+        stop_for_signal(run, signum)
 
 
 # ---------------------------------------------------------------------------------------------------- finish
@@ -466,6 +508,7 @@ def finish(run: Run) -> tuple[dict, dict]:
                           f"(--max_train_seconds {run.train_args.max_train_seconds:g}).")
     if run.saved_step != run.completed_steps:
         save_checkpoint(run)
+    stop_if_asked(run)
     metrics = evaluate(run)
     clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if run.stopped_by_clock else {}
     run.log.log({"step": run.completed_steps, **metrics, **clock, "final": True})
@@ -489,21 +532,25 @@ def finish(run: Run) -> tuple[dict, dict]:
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict:
-    """Mean loss over the validation blocks; every block has the same number of targets, so the mean is exact."""
+    """Mean loss over the validation blocks, each counted once: every process scores its blocks one by one, and
+    `gather_for_metrics` drops the copies that pad the last batch when the blocks do not divide evenly over the
+    processes (a batch's mean loss would count them). Every block has as many targets, so the mean is exact."""
     run.model.eval()
     losses = []
     for batch in run.eval_dataloader:  # always to the end (see make_dataloaders)
-        loss = run.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-        losses.append(run.accelerator.gather_for_metrics(loss.float().repeat(batch["input_ids"].shape[0])))
+        ids = batch["input_ids"]
+        logits = run.model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # float32, as the model's loss
+        per_token = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+        losses.append(run.accelerator.gather_for_metrics(per_token.view(ids.shape[0], -1).mean(dim=1)))
     run.model.train()
     losses = torch.cat(losses)
-    mean_loss = losses.mean().item()
+    mean_loss = losses.double().mean().item()
     return {
         "eval_loss": mean_loss,
         "perplexity": export.perplexity(mean_loss),
         # bits per byte = total nats / (ln 2 * total bytes), with bytes = tokens * (bytes per validation token)
         "bits_per_byte": mean_loss / (math.log(2) * run.packed.bytes_per_token),
-        "eval_tokens": len(losses) * (batch["input_ids"].shape[1] - 1),
+        "eval_tokens": len(losses) * (ids.shape[1] - 1),
     }
 
 
@@ -539,7 +586,7 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: dict) -> None:
     """The model folder first (complete on disk), then the Hub. A failed upload is reported, not raised: the run
     itself succeeded and its folder is complete."""
     accelerator = run.accelerator
-    accelerator.wait_for_everyone()
+    stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
     state_dict = gathered_state_dict(run)
     if accelerator.is_main_process:
         card = cards.pretrained_card(card_context(run, final_metrics, probe_results))
@@ -657,16 +704,28 @@ def flat_scalars(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
 
 
+def leave_stopped(stopped: Stopped) -> None:
+    if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
+        sys.stderr.write(f"{stopped}\n")
+    sys.stderr.flush()
+    distributed.exit_launched_process(stopped.exit_code)
+    sys.exit(stopped.exit_code)
+
+
 if __name__ == "__main__":
     try:
         main()
         distributed.exit_launched_process()
+    except Stopped as stopped:
+        leave_stopped(stopped)
     except (UserInputError, RunError) as error:
         # One write, newline included: every process of a launch may say it at once, and print() writes the newline
         # separately, so two processes' lines could run together.
         sys.stderr.write(f"pretrain.py: error: {error}\n")
         sys.exit(2 if isinstance(error, UserInputError) else 1)
     except Exception as error:
+        if STOP.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
+            leave_stopped(STOP.stopped_with_a_peer(error))
         if not checkpoints.is_disk_full(error):
             raise
         where = getattr(error, "filename", None) or "the output folder"
