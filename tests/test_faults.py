@@ -327,9 +327,10 @@ def test_silent_hub_ends_in_bounded_time_with_the_model_kept_locally(tmp_path):
 
 
 def test_finetune_killed_while_saving_leaves_the_previous_model_whole(tmp_path):
-    """A second fine-tune into the same folder, killed while it saves: first when its weights are written (the folder
-    still holds the first run's files, byte for byte), then after two of its files were moved in (the folder holds no
-    config, so nothing loads a mix of two runs); a third run then saves completely, leaving no staging folder."""
+    """A second fine-tune replacing the first (--overwrite_output_dir), killed while it saves: first when its weights
+    are written (the folder still holds the first run's files, byte for byte), then after two of its files were moved
+    in (the new weights beside the first run's config: the folder still loads); a third run then saves completely,
+    leaving no staging folder."""
     from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
     from tests.test_finetune import FINETUNE, QUICK, prompt_records, write_jsonl
 
@@ -338,8 +339,9 @@ def test_finetune_killed_while_saving_leaves_the_previous_model_whole(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", prompt_records(16))
     tuned = tmp_path / "tuned"
     command = ["--model_name_or_path", "base", "--train_file", "train.jsonl", "--output_dir", "tuned", *QUICK]
-    again = [*command, "--learning_rate", "1e-3"]  # the second run's weights differ from the first's
-    files = lambda: {path.name: path.read_bytes() for path in tuned.iterdir() if path.is_file()}  # noqa: E731
+    again = [*command, "--learning_rate", "1e-3", "--overwrite_output_dir"]  # weights that differ from the first's
+    files = lambda: {path.name: path.read_bytes() for path in tuned.iterdir()  # noqa: E731
+                     if path.is_file() and path.name != ".lock"}  # the model's files, not the run's lock
 
     first = subprocess.run([sys.executable, str(FINETUNE), *command], cwd=tmp_path, env=pretrain_env(tmp_path),
                            capture_output=True, text=True, timeout=300)
@@ -355,7 +357,9 @@ def test_finetune_killed_while_saving_leaves_the_previous_model_whole(tmp_path):
     killed = run_killed_at(again, env=pretrain_env(tmp_path), cwd=tmp_path, function=MOVES, match=STAGING, nth=2,
                            when="after", script=FINETUNE)
     assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
-    assert "config.json" not in files(), "a config beside a half-moved model"
+    assert files()["config.json"] == saved["config.json"], "the config is moved in last"
+    assert files()["model.safetensors"] != saved["model.safetensors"], "the weights are moved in first"
+    assert AutoModelForCausalLM.from_pretrained(tuned).config.model_type == "tinytx"  # a kill mid-save: still loads
 
     last = subprocess.run([sys.executable, str(FINETUNE), *again], cwd=tmp_path, env=pretrain_env(tmp_path),
                           capture_output=True, text=True, timeout=300)

@@ -381,3 +381,83 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
     args = FinetuneArguments(model_name_or_path="base", train_file="data.jsonl", use_peft=True)
     with pytest.raises(UserInputError, match=r"pip install -e \"\.\[peft\]\""):
         check_args(args, TrainingArguments(output_dir="unused"))
+
+
+# ---- what finetune does with data the rows cannot hold whole, or cannot hold at all (training/sft_data.py) ----
+
+LONG_TEXT = "word " * 100  # ~300 tokens, against --max_seq_length 32
+RAISING_TEMPLATE = ("{% if messages|length > 2 %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+                    "{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def data_runs(tmp_path_factory):
+    """A run whose records do not all fit a row, and two refused ones, started together."""
+    root = tmp_path_factory.mktemp("finetune_data")
+    save_base(root / "bases" / "gated")
+    templated = save_base(root / "bases" / "templated")
+    tokenizer = AutoTokenizer.from_pretrained(templated)
+    tokenizer.chat_template = RAISING_TEMPLATE
+    tokenizer.save_pretrained(templated)
+    unparsable = save_base(root / "bases" / "unparsable")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }{% endfor %}"
+    tokenizer.save_pretrained(unparsable)
+    long_reply = {"prompt": "Q: say word\nA:", "response": LONG_TEXT}
+    long_prompt = {"prompt": LONG_TEXT, "response": " 3"}
+    write_jsonl(root / "cut.jsonl", [*prompt_records(48), long_reply, long_reply, long_prompt])
+    write_jsonl(root / "surrogate.jsonl", [*prompt_records(2), {"prompt": "\ud800", "response": "A"}])
+    write_jsonl(root / "chat.jsonl", chat_records(4))  # the odd ones have two exchanges: the template raises there
+    commands = {
+        "cut": ["--model_name_or_path", "bases/gated", "--train_file", "cut.jsonl", "--max_seq_length", "32",
+                "--output_dir", "cut", *QUICK, "--max_steps", "2"],
+        "surrogate": ["--model_name_or_path", "bases/gated", "--train_file", "surrogate.jsonl", "--output_dir",
+                      "never-surrogate", *QUICK],
+        "template": ["--model_name_or_path", "bases/templated", "--train_file", "chat.jsonl", "--output_dir",
+                     "never-template", *QUICK],
+        "unparsable": ["--model_name_or_path", "bases/unparsable", "--train_file", "chat.jsonl", "--output_dir",
+                       "never-unparsable", *QUICK],
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(root / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    runs = {name: ([sys.executable, str(FINETUNE), *args], root, env) for name, args in commands.items()}
+    return {"root": root, "results": run_side_by_side(runs, timeout=600)}
+
+
+def test_records_cut_or_dropped_by_max_seq_length_are_counted_on_the_console_and_in_the_card(data_runs):
+    """51 records, 50 rows: three longer than a row are cut, and one of them, whose prompt fills its row, dropped."""
+    result = data_runs["results"]["cut"]
+    succeeded(result)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("cut.jsonl: ")]
+    assert len(lines) == 1, result.stdout
+    assert lines[0].startswith("cut.jsonl: 3 of 51 records were cut to --max_seq_length 32 tokens (the longest has ")
+    assert lines[0].endswith("); 1 of them dropped because the prompt fills the row; raise --max_seq_length (up to "
+                             "the model's context) or shorten those records to train on all of them.")
+    assert "50 training rows of at most 32 tokens (padded)" in result.stdout
+    card = (data_runs["root"] / "cut" / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in card.splitlines() if line.startswith("| Training data |"))
+    assert row.startswith("| Training data | `cut.jsonl`: 51 prompt/response records, 50 rows of at most 32 tokens "
+                          "(one example per row, padded); 3 records cut to 32 tokens (the longest has ")
+    assert row.endswith("), 1 of them dropped because the prompt fills the row |")
+
+
+@pytest.mark.parametrize("case, words", [
+    ("surrogate", ["surrogate.jsonl, line 3: \"prompt\" holds a lone surrogate \\ud800 at character 1",
+                   "both halves of its pair"]),
+    ("unparsable", ["the tokenizer's chat template (", "unparsable/chat_template.jinja) does not parse (unexpected "
+                    "'}', template line 1); fix the template"]),
+    ("template", ["chat.jsonl, line 2: the tokenizer's chat template (", "templated/chat_template.jinja) failed on "
+                  "this conversation (TemplateError: Conversation roles must alternate); fix the template"]),
+])
+def test_data_the_tokenizer_cannot_take_is_one_line_before_anything_is_written(data_runs, case, words):
+    result = data_runs["results"][case]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    if case == "template":
+        # Only rendering the conversations finds a template raising on one of them, which comes after the model
+        # has loaded: transformers' progress bar for that is all that precedes the error.
+        assert all(line.startswith("Loading weights") for line in lines[:-1]), lines
+        lines = lines[-1:]
+    assert len(lines) == 1 and lines[0].startswith("finetune.py: error: "), lines
+    assert all(word in lines[0] for word in words), lines[0]
+    assert not (data_runs["root"] / f"never-{case}").exists(), "nothing may be written"

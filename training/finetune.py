@@ -13,13 +13,18 @@ Every `TrainingArguments` flag works too (--num_train_epochs, --max_steps, --per
 What ends up where:
     output_dir/              the fine-tuned model (full) or the LoRA adapter, plus the tokenizer: load it from here;
                              README.md is its model card (training/cards.py), finetune_*.json the arguments and metrics
-    output_dir/checkpoints/  Trainer's resumable checkpoints (--save_strategy, --resume_from_checkpoint)
+    output_dir/checkpoints/  Trainer's resumable checkpoints, checkpoint-N, each written aside, checksummed and
+                             renamed in whole (--save_strategy, --resume_from_checkpoint PATH or latest)
     output_dir/merged/       with --merge: base model + adapter folded into plain weights (safetensors), with a card
 
 An adapter records its base as an absolute folder (or the Hub id), so it loads from any working directory.
 
-Reads top to bottom: arguments -> data (checked before anything loads) -> tokenizer and model -> LoRA -> Trainer
--> save -> merge -> Hub.
+Reads top to bottom: arguments -> data (checked before anything loads) -> tokenizer and model -> LoRA -> the output
+folder (locked, the checkpoint to resume found) -> Trainer -> save -> merge -> Hub.
+
+Like pretrain.py: a second run on a busy --output_dir, or into one holding an earlier run (unless resumed, or
+replaced with --overwrite_output_dir), is refused; SIGTERM or Ctrl-C finishes the step, saves a checkpoint and exits
+with 128 + the signal's number and one line saying how to resume; only a finished run is published as the model.
 """
 
 import contextlib
@@ -28,18 +33,23 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 if __package__ in (None, ""):  # run as `python training/finetune.py`: import `training` from the checkout
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from training.args import UserInputError, build_parser
-from training.finetune_args import FinetuneArguments, check_args, hub_repo_id, model_source, preflight
+from training.finetune_args import (
+    FinetuneArguments, check_args, hub_repo_id, model_source, output_dir_flags, preflight,
+)
+from training.preemption import StopRequests, Stopped, stop_message
 from training.sft_records import has_chat, read_records
 
 
+STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
 if __name__ == "__main__":
+    STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
     # Flags, model folder and data first, before torch and transformers load (~8 s on a small CPU): bad input is
     # refused at once. main() checks them again with Trainer's flags parsed too, and reads the data files again
     # (a second's work for a file of ~100k records, small next to fine-tuning on them).
@@ -51,16 +61,22 @@ if __name__ == "__main__":
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
-from hf_tinytx.folders import UnsafeLinkError, link_or_copy, regular_files, writing_into
-from training import cards, cpu_memory, distributed
+from hf_tinytx.folders import (
+    STAGING_NAME, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, regular_files, writing_into,
+)
+from training import cards, checkpoints, cpu_memory, distributed
+from training.args import RunError
 from training.hub import HubPusher
+from training.output_dir import refuse_earlier_run, remove_checkpoints, take_lock
 from training.sft_data import build_examples, ensure_chat_template, pad_collator
 
 
 RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
+CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
+CHECKPOINT_STAGING = ".tmp_checkpoint"  # in checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside moves it
 
 
 def main(argv=None):
@@ -88,13 +104,17 @@ def main(argv=None):
         "num_validation_records": len(validation_records), "num_validation_rows": len(eval_dataset or []),
         "record_kinds": ", ".join(sorted({RECORD_KINDS[record["kind"]] for record in train_records})),
         "max_seq_length": max_seq_length, "chat": bool(tokenizer.chat_template),
+        "train_counts": train_dataset.counts.as_dict(),  # records cut or dropped, tokens kept (sft_data.RowCounts)
+        "validation_counts": eval_dataset.counts.as_dict() if eval_dataset is not None else None,
     }
 
     # ---------------------------------------------------------------- LoRA
     if args.use_peft:
         model = add_lora(model, args, training_args)
 
-    # ---------------------------------------------------------------- training
+    # ---------------------------------------------------------------- the output folder, then training
+    lock = claim_output_dir(args, training_args, where)  # noqa: F841  (held until the process ends)
+    resume_dir = resume_point(training_args, where)
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -102,8 +122,20 @@ def main(argv=None):
         eval_dataset=eval_dataset,
         data_collator=pad_collator(tokenizer),
         processing_class=tokenizer,
+        callbacks=[CheckpointsAside(where)],
     )
-    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    stop = StopAtStepEnd(trainer.accelerator)
+    trainer.add_callback(stop)
+    STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
+    with checkpoints.disk_space_guard(where.checkpoint_staging, where.checkpoints_dir, CHECKPOINT):
+        result = trainer.train(resume_from_checkpoint=resume_dir)
+    if trainer.is_world_process_zero():
+        with contextlib.suppress(OSError):
+            os.rmdir(where.checkpoint_staging)  # empty once every checkpoint has moved in
+    if stop.received is not None and trainer.state.global_step < trainer.state.max_steps:
+        saved = os.path.join(where.checkpoints_dir, f"{CHECKPOINT}{trainer.state.global_step}")
+        raise Stopped(stop_message("finetune.py", stop.received, trainer.state.global_step, trainer.state.max_steps,
+                                   saved), stop.received)
     metrics = dict(result.metrics)
     if eval_dataset is not None:
         metrics.update(trainer.evaluate())
@@ -113,7 +145,8 @@ def main(argv=None):
     facts.update(training_facts(args, training_args, trainer, metrics))
 
     # ---------------------------------------------------------------- save, merge, Hub
-    save_folders(trainer.model, tokenizer, args, where, metrics, facts)
+    with checkpoints.disk_space_guard(os.path.join(where.output_dir, STAGING_NAME), where.checkpoints_dir, CHECKPOINT):
+        save_folders(trainer.model, tokenizer, args, where, metrics, facts)
     if where.pushed_dir and not push_result(args, training_args, where, trainer.state.global_step):
         raise PushFailed
 
@@ -124,10 +157,15 @@ class Destinations:
     merged_dir: str  # with --merge
     pushed_dir: str | None  # the folder --push_to_hub uploads (None: no push)
     hub_model_id: str
+    checkpoints_dir: str  # checkpoint-N, each complete (CheckpointsAside)
+    checkpoint_staging: str  # Trainer's output_dir: where it writes a checkpoint before it is moved in
+    keep_checkpoints: int | None  # --save_total_limit, applied here: Trainer would only ever see the staging folder
+    hub_token: str | None = field(default=None, repr=False)  # for HubPusher only: never in TrainingArguments' pickle
 
 
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
-    """Where the run writes, checked for links out; Trainer is pointed at checkpoints/ and kept from the Hub."""
+    """Where the run writes, checked for links out; Trainer is pointed at checkpoints/'s staging folder, kept from the
+    Hub and from the token (it pickles its arguments into every checkpoint's training_args.bin)."""
     output_dir = os.path.abspath(training_args.output_dir)
     merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
     for folder in (output_dir, merged_dir):
@@ -135,10 +173,100 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
             refuse_links_out(folder)  # saving would write through such a link, and the push would read it
     # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
     hub_model_id = hub_repo_id(training_args)
-    training_args.output_dir = os.path.join(output_dir, "checkpoints")
+    checkpoints_dir = os.path.join(output_dir, "checkpoints")
+    training_args.output_dir = os.path.join(checkpoints_dir, CHECKPOINT_STAGING)
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
+    hub_token, training_args.hub_token = training_args.hub_token, None
+    keep, training_args.save_total_limit = training_args.save_total_limit, None
+    training_args.enable_jit_checkpoint = False  # StopAtStepEnd saves at a step's end instead, always on
     pushed_dir = (merged_dir if args.merge else output_dir) if push_to_hub else None
-    return Destinations(output_dir, merged_dir, pushed_dir, hub_model_id)
+    return Destinations(output_dir, merged_dir, pushed_dir, hub_model_id, checkpoints_dir,
+                        training_args.output_dir, keep, hub_token)
+
+
+def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, where: Destinations):
+    """Locks output_dir (the main process, once every input check has passed) and asks again, under the lock, whether
+    it holds an earlier run; with --overwrite_output_dir that run's checkpoints go now. Returns the lock's handle."""
+    if training_args.process_index != 0:
+        return None
+    lock = take_lock(where.output_dir)
+    refuse_earlier_run(where.output_dir, output_dir_flags(args, training_args))
+    if args.overwrite_output_dir:
+        remove_checkpoints(where.checkpoints_dir)
+    shutil.rmtree(where.checkpoint_staging, ignore_errors=True)  # a killed save's partial checkpoint: never resumable
+    return lock
+
+
+def resume_point(training_args: TrainingArguments, where: Destinations) -> str | None:
+    """The checkpoint --resume_from_checkpoint names (a folder, or latest: the newest intact one). Damaged ones are
+    skipped with a word, and those newer than it set aside (renamed) so that a later `latest` never picks them."""
+    if not training_args.resume_from_checkpoint:
+        return None
+    main_process = training_args.process_index == 0
+    say = print if main_process else (lambda *_: None)
+    with training_args.main_process_first(desc="finding the checkpoint to resume"):  # one process renames
+        folder = checkpoints.find_resumable(training_args.resume_from_checkpoint, where.checkpoints_dir, say,
+                                            CHECKPOINT)
+        if folder is None:
+            say(f"No intact checkpoint in {where.checkpoints_dir} yet: starting from scratch.")
+            return None
+        step = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))["global_step"]
+        if main_process:
+            checkpoints.set_aside_after(where.checkpoints_dir, step, say, CHECKPOINT)
+    say(f"Resuming from {folder} at step {step}")
+    return folder
+
+
+class CheckpointsAside(TrainerCallback):
+    """Trainer writes checkpoint-N in place; pointed at a staging folder instead (destinations), each checkpoint it
+    has finished is checksummed, flushed and renamed into checkpoints/ whole, then the oldest beyond --save_total_limit
+    go. A kill, a signal or a full disk mid-save never leaves a partial checkpoint where a resume looks."""
+
+    def __init__(self, where: Destinations):
+        self.where = where
+
+    def on_save(self, args, state, control, **kwargs):
+        distributed_barrier()  # every process has written its part (its RNG state)
+        if state.is_world_process_zero:
+            self.move_in(state)
+        distributed_barrier()
+
+    def move_in(self, state) -> None:
+        name = f"{CHECKPOINT}{state.global_step}"
+        written = os.path.join(self.where.checkpoint_staging, name)
+        final = os.path.join(self.where.checkpoints_dir, name)
+        if state.best_model_checkpoint == written:  # Trainer recorded where it wrote: a resume must find it here
+            state.best_model_checkpoint = final
+            state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
+        checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
+        fsync_tree(written)
+        if os.path.exists(final):  # left by a run that was resumed from an earlier step
+            checkpoints.set_aside(final, "replaced")
+        os.replace(written, final)
+        fsync_dir(self.where.checkpoints_dir)
+        checkpoints.prune(self.where.checkpoints_dir, self.where.keep_checkpoints, CHECKPOINT)
+
+
+class StopAtStepEnd(TrainerCallback):
+    """training/preemption.py's stop requests (SIGTERM, SIGINT), honoured when an optimizer step ends: a checkpoint is
+    saved and training stops, every process at the same step. Trainer's --enable_jit_checkpoint saves in the middle of
+    a step (before the optimizer has stepped) and reports a finished run, so this replaces it and is always on: a
+    signal costs at most one step and one save."""
+
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+        self.received: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.received = STOP.asked(self.accelerator)  # one all-reduce on a launch: the processes agree
+        if self.received is not None:
+            control.should_save = control.should_training_stop = True
+        return control
+
+
+def distributed_barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
 
 
 def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict) -> None:
@@ -179,7 +307,7 @@ def build_datasets(args, tokenizer, model, train_records, validation_records):
 def push_result(args, training_args, where: Destinations, steps: int) -> bool:
     """One upload at the end: the merged model with --merge, else output_dir without its sub-folders."""
     hub_model_id = where.hub_model_id
-    pusher = HubPusher(hub_model_id, token=training_args.hub_token, private=bool(training_args.hub_private_repo))
+    pusher = HubPusher(hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo))
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
     with final_files_only(where.pushed_dir) as folder:
         pushed = pusher.push(folder, f"Fine-tuned {what} ({steps} steps)", timeout=args.hub_timeout)
@@ -203,13 +331,17 @@ def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
 
 
 def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str) -> Dataset:
+    """The rows, with `.counts` (sft_data.RowCounts) for the card; what was cut or dropped is said on the console."""
     examples = build_examples(records, tokenizer, max_seq_length, packing)
     if not examples:
         raise UserInputError(
             f"No example in {path} keeps a token to learn within --max_seq_length {max_seq_length} (the prompts "
             f"fill the whole row); raise --max_seq_length or shorten the prompts."
         )
-    return Dataset.from_list(examples)
+    summary = examples.counts.summary(path, max_seq_length, packing)
+    if summary:
+        print(summary)
+    return examples
 
 
 def load_tokenizer(args: FinetuneArguments, chat: bool):
@@ -269,8 +401,9 @@ def lora_targets(model, requested: str):
 
 @contextlib.contextmanager
 def final_files_only(folder: str):
-    """The folder's files without its sub-folders (checkpoints, merged), hard-linked into a temporary sibling."""
-    top_level = [name for name in refuse_links_out(folder) if os.sep not in name]
+    """The folder's files without its sub-folders (checkpoints, merged) and hidden files (the run's .lock),
+    hard-linked into a temporary sibling."""
+    top_level = [name for name in refuse_links_out(folder) if os.sep not in name and not name.startswith(".")]
     parent, name = os.path.split(os.path.abspath(folder))
     staged = tempfile.mkdtemp(prefix=f".{name}-push-", dir=parent)
     try:
@@ -340,9 +473,15 @@ class PushFailed(Exception):
 if __name__ == "__main__":
     try:
         main()
-    except UserInputError as error:
-        print(f"finetune.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    except (UserInputError, RunError) as error:
+        sys.stderr.write(f"finetune.py: error: {error}\n")  # one write: processes of a launch may say it at once
+        sys.exit(2 if isinstance(error, UserInputError) else 1)
+    except Stopped as stopped:
+        if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
+            sys.stderr.write(f"{stopped}\n")
+        sys.stderr.flush()
+        distributed.exit_launched_process(stopped.exit_code)
+        sys.exit(stopped.exit_code)
     except PushFailed:
         distributed.exit_launched_process(code=1)
         sys.exit(1)

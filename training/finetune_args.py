@@ -11,10 +11,12 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .args import UserInputError, build_parser, env_flag
+from .output_dir import check_output_dir
 from .sft_records import read_records
 
 
@@ -58,6 +60,10 @@ class FinetuneArguments:
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow a checkpoint's own code (models transformers does not know)."}
     )
+    overwrite_output_dir: bool = field(  # TrainingArguments dropped its flag of this name in transformers 5
+        default=False,
+        metadata={"help": "Replace the earlier run in --output_dir (its model and checkpoints; other files stay)."},
+    )
 
 
 @dataclass
@@ -69,6 +75,7 @@ class EarlyTrainerFlags:
     hub_model_id: str | None = None
     fsdp: str | None = None
     deepspeed: str | None = None
+    resume_from_checkpoint: str | None = None
 
 
 def preflight(argv: list[str] | None = None) -> None:
@@ -81,6 +88,7 @@ def preflight(argv: list[str] | None = None) -> None:
         args=argv, return_remaining_strings=True, look_for_args_file=False
     )  # the rest are Trainer's flags, or typos that parse_args names
     check_args(args, trainer_flags)
+    check_output_dir(os.path.abspath(trainer_flags.output_dir), output_dir_flags(args, trainer_flags))
     model_source(args.model_name_or_path)
     for path in filter(None, (args.train_file, args.validation_file)):
         read_records(path)
@@ -88,6 +96,9 @@ def preflight(argv: list[str] | None = None) -> None:
 
 def check_args(args: FinetuneArguments, trainer_flags) -> None:
     """`trainer_flags`: the `TrainingArguments`, or preflight's `EarlyTrainerFlags`."""
+    if args.overwrite_output_dir and trainer_flags.resume_from_checkpoint:
+        raise UserInputError("--overwrite_output_dir replaces the earlier run that --resume_from_checkpoint "
+                             "continues: pass one of them.")
     if args.merge and not args.use_peft:
         raise UserInputError("--merge folds a LoRA adapter into the model, so it needs --use_peft.")
     if args.use_peft and importlib.util.find_spec("peft") is None:
@@ -113,6 +124,12 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
             f"{named} {hub_repo_id(trainer_flags)!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
             f"'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters)."
         )
+
+
+def output_dir_flags(args: FinetuneArguments, trainer_flags) -> SimpleNamespace:
+    """What training/output_dir.py reads to let a run into a folder: resume, or replace what finetune wrote."""
+    return SimpleNamespace(resume_from_checkpoint=trainer_flags.resume_from_checkpoint,
+                           overwrite_output_dir=args.overwrite_output_dir)
 
 
 def hub_repo_id(trainer_flags) -> str:

@@ -14,6 +14,8 @@ from .args import UserInputError
 LOCK_FILE = ".lock"
 # Names an export writes; an output folder holding some of them already holds an exported model.
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
+# What else marks an earlier run: its checkpoints, pretrain's log, finetune's LoRA adapter and arguments.
+RUN_FILES = (*MODEL_FILES, "checkpoints", "metrics.jsonl", "adapter_config.json", "finetune_args.json")
 
 
 def check_output_dir(output_dir: str, train_args) -> None:
@@ -32,9 +34,15 @@ def check_output_dir(output_dir: str, train_args) -> None:
         return
     if os.environ.get("RANK", "0") == "0":  # one process asks; the others would only race with it
         refuse_if_locked(output_dir)
-    if train_args.resume_from_checkpoint:
+    refuse_earlier_run(output_dir, train_args)
+
+
+def refuse_earlier_run(output_dir: str, train_args) -> None:
+    """A folder holding an earlier run is taken only to resume it or, said so, to replace it. Asked again once the
+    lock is held: a run that finished between the first check and the lock is not overwritten."""
+    if train_args.resume_from_checkpoint or not os.path.isdir(output_dir):
         return
-    earlier_run = sorted(set(os.listdir(output_dir)) & {*MODEL_FILES, "checkpoints", "metrics.jsonl"})
+    earlier_run = sorted(set(os.listdir(output_dir)) & set(RUN_FILES))
     if earlier_run and not train_args.overwrite_output_dir:
         raise UserInputError(
             f"--output_dir {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
