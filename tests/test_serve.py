@@ -290,10 +290,17 @@ def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
 
 
 @pytest.mark.slow
-def test_plain_transformers_serve_still_stops_at_start_up(servers):
+def test_plain_transformers_serve_still_stops_at_start_up(servers, folders, tmp_path):
     """The negative control: without the launcher the same folder cannot be served, `--trust-remote-code` or not.
     If this fails because it now starts, transformers learned to serve remote-code models: update the README."""
     server = servers["plain"]
     assert server.wait(time.monotonic() + READY_TIMEOUT_S) == "exited", "plain `transformers serve` serves TinyTx now"
     assert server.process.returncode != 0
     assert "has no attribute TinyTxForCausalLM" in server.output(), server.output()[-3000:]
+    # Without the flag it stops earlier, at transformers' own remote-code check (no stdin: the prompt reads EOF).
+    without_flag = subprocess.run(
+        [TRANSFORMERS_CLI, "serve", str(folders["chat"])], env=pretrain_env(tmp_path), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=READY_TIMEOUT_S,
+    )
+    assert without_flag.returncode != 0
+    assert "contains custom code which must be executed" in without_flag.stderr, without_flag.stderr[-3000:]

@@ -86,13 +86,16 @@ def expected(workdir) -> dict:
 
 def vllm_env(root, name: str):
     """Offline, private caches (compiled graphs included; one per process `name`, as the processes run side by side),
-    and a small footprint on a shared machine: a 1 GiB key/value cache (vLLM's CPU default is 4) and one unpinned
-    OpenMP thread."""
+    and one unpinned OpenMP thread each, as the README advises on a shared machine. The key/value cache's size is
+    the README's own (`kv_cache_memory_bytes` in its commands): nothing here sets it, and a stray
+    VLLM_CPU_KVCACHE_SPACE in the caller's environment is removed, so the recipes run exactly as written."""
     require_vllm("vLLM is needed to check serving")
-    return pretrain_env(
-        root, VLLM_CACHE_ROOT=str(root / f"vllm_cache_{name}"), VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
+    env = pretrain_env(
+        root, VLLM_CACHE_ROOT=str(root / f"vllm_cache_{name}"), VLLM_CPU_OMP_THREADS_BIND="nobind",
+        OMP_NUM_THREADS="1", VLLM_NO_USAGE_STATS="1",
     )
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +127,9 @@ def readme_block(language: str, containing: str) -> str:
 @pytest.fixture(scope="module")
 def started_server(workdir):
     """The README's server command, run in the user's folder (.venv-vllm's python), on a free loopback port."""
-    line = next(line for line in readme_block("bash", SERVE_COMMAND).splitlines() if line.startswith(SERVE_COMMAND))
+    script = readme_block("bash", SERVE_COMMAND).replace("\\\n", " ")  # continuation lines joined
+    line = next(line for line in script.splitlines() if line.startswith(SERVE_COMMAND))
+    assert "--kv-cache-memory-bytes" in line, line
     # `env -C`: the command's relative paths are the user's folder's; argparse keeps Server's --host/--port (the last).
     command = ["env", "-C", str(workdir), str(VLLM_PYTHON), *shlex.split(line)[1:]]
     started = Server(command, workdir / "server.log", vllm_env(workdir, "server"))
@@ -146,6 +151,7 @@ def started_readme_snippet(workdir):
     nobody reads yet would fill and stop it)."""
     snippet = readme_block("python", "LLM(")
     assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
+    assert "kv_cache_memory_bytes=" in snippet, snippet
     path = workdir / "readme_vllm_offline.py"
     path.write_text(snippet)
     logs = workdir / "readme_vllm_offline.out", workdir / "readme_vllm_offline.err"

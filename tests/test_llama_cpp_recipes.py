@@ -1,0 +1,184 @@
+"""The README's llama.cpp recipes as a user runs them: `llama_cpp.Llama` from Python (with the f32 key/value cache
+the README names for logit parity), the no-repack setting for q8_0 files, and llama-cpp-python's OpenAI-compatible
+server (`python -m llama_cpp.server`) queried through the `openai` client, with `repeat_penalty` 1.0.
+
+Each snippet and the server command are read from the README's section, not copied here. The model is the serving
+tests' tiny chat model (tests/test_serve.py), saved as `out/tinytx` and exported to `out/tinytx.gguf` (f32) and
+`out/tinytx-q8_0.gguf` in a user's folder. llama.cpp runs in its own environment, .venv-llamacpp (see
+tests/helpers/engines.py), with the `server` extra. Marked `engine`: a stage of its own (`pytest -m engine tests`).
+"""
+
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_tinytx.convert import main as convert_main
+from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
+from tests.helpers.tiny import pretrain_env
+from tests.test_readme import README, readme_blocks
+from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, MAX_TOKENS, Server, train_tiny_chat_model
+
+pytestmark = pytest.mark.engine
+
+README_SECTION = "llama.cpp's Python API and its OpenAI-compatible server"
+README_PROMPT, README_MAX_TOKENS = "The animal didn't cross the street because", 32  # what its snippets ask
+SERVE_COMMAND = "python -m llama_cpp.server"
+SERVED_MODEL = "out/tinytx.gguf"
+READY_TIMEOUT_S = 120
+MODEL = {
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+}
+
+
+def readme_block(language: str, containing: str) -> str:
+    """The README section's block in `language` that contains `containing`."""
+    blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if b.section == README_SECTION]
+    found = [b.text for b in blocks if b.language == language and containing in b.text]
+    assert len(found) == 1, f"README section {README_SECTION!r}: expected one {language} block with {containing!r}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A user's folder: out/tinytx (a tiny model that learnt to end its replies), its f32 and q8_0 GGUF exports."""
+    require_llama_cpp("llama.cpp is needed to check its recipes")
+    root = tmp_path_factory.mktemp("llama_cpp_user")
+    # vLLM's test's model (tests/test_vllm.py): its reply to the README's prompt is more than a full stop.
+    model, tokenizer = train_tiny_chat_model(min_steps=100, stopping=["chat"], **MODEL)
+    model.save_pretrained(root / "out" / "tinytx")
+    tokenizer.save_pretrained(root / "out" / "tinytx")
+    for name, outtype in (("tinytx.gguf", "f32"), ("tinytx-q8_0.gguf", "q8_0")):
+        assert convert_main(["--to", "gguf", str(root / "out" / "tinytx"), str(root / "out" / name),
+                             "--outtype", outtype]) == 0
+    return root
+
+
+def greedy_text(workdir, inputs: dict, max_new_tokens: int) -> str:
+    """What greedy `generate` writes, decoded as llama.cpp decodes it."""
+    folder = workdir / "out" / "tinytx"
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert len(set(text)) > 5, f"degenerate test: the model wrote {text!r}"
+    return text
+
+
+def prompt_text(workdir, prompt: str, max_new_tokens: int) -> str:
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "out" / "tinytx")
+    return greedy_text(workdir, tokenizer(prompt, return_tensors="pt"), max_new_tokens)
+
+
+def run_in_llama_cpp(workdir, name: str, code: str) -> subprocess.CompletedProcess:
+    path = workdir / f"{name}.py"
+    path.write_text(code)
+    return subprocess.run([str(LLAMA_CPP_PYTHON), str(path)], cwd=workdir, env=pretrain_env(workdir),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_python_snippet_prints_generates_text(workdir):
+    snippet = readme_block("python", 'Llama("out/tinytx.gguf"')
+    assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
+    result = run_in_llama_cpp(workdir, "readme_llama_cpp", snippet)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.stdout == prompt_text(workdir, README_PROMPT, README_MAX_TOKENS) + "\n"
+
+
+@pytest.mark.slow
+def test_no_repack_snippet_turns_llama_cpps_extra_buffers_off_and_q8_0_runs(workdir):
+    """The setting itself (on Intel AMX CPUs llama.cpp 0.3.36 segfaults in its q8_0 repacking without it; this
+    machine may not have AMX, so what is checked is that the snippet sets what Llama() reads, and q8_0 runs)."""
+    snippet = readme_block("python", "use_extra_bufts")
+    check = (
+        "\nfrom llama_cpp import Llama\n"
+        "assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is False\n"
+        "llm = Llama('out/tinytx-q8_0.gguf', verbose=False)\n"
+        f"print(llm({README_PROMPT!r}, max_tokens=8, temperature=0)['choices'][0]['text'])\n"
+    )
+    result = run_in_llama_cpp(workdir, "readme_no_repack", snippet + check)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.stdout.strip(), "q8_0 wrote nothing"
+
+
+class LlamaCppServer(Server):
+    def wait(self, deadline: float) -> str:
+        """"ready" once `/v1/models` answers (the model is loaded by then), or "exited"."""
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return "exited"
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as response:
+                    if response.status == 200:
+                        return "ready"
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"llama.cpp's server did not answer within {READY_TIMEOUT_S} s:\n{self.output()[-5000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    """The README's server command, run in the user's folder with .venv-llamacpp's python, on a free port."""
+    line = next(line for line in readme_block("bash", SERVE_COMMAND).splitlines() if line.startswith(SERVE_COMMAND))
+    # `env -C`: relative paths are the user's folder's; the server's argparse keeps Server's --host/--port (the last).
+    command = ["env", "-C", str(workdir), str(LLAMA_CPP_PYTHON), *shlex.split(line)[1:]]
+    started = LlamaCppServer(command, workdir / "server.log", pretrain_env(workdir))
+    try:
+        started.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.mark.slow
+def test_readme_client_snippet_prints_generates_text(server, workdir):
+    snippet = readme_block("python", "OpenAI(")
+    assert "http://localhost:8001/v1" in snippet and f'model="{SERVED_MODEL}"' in snippet, snippet
+    assert '"repeat_penalty": 1.0' in snippet, snippet
+    path = workdir / "readme_llama_cpp_client.py"
+    path.write_text(snippet.replace("localhost:8001", f"127.0.0.1:{server.port}"))
+    result = subprocess.run([sys.executable, str(path)], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.stdout == prompt_text(workdir, README_PROMPT, README_MAX_TOKENS) + "\n"
+
+
+def ask(client, chat: bool, stream: bool) -> str:
+    create = client.chat.completions.create if chat else client.completions.create
+    prompt = {"messages": CHAT_MESSAGES} if chat else {"prompt": COMPLETION_PROMPT}
+    answer = create(model=SERVED_MODEL, **prompt, max_tokens=MAX_TOKENS, temperature=0, stream=stream,
+                    extra_body={"repeat_penalty": 1.0})
+    choices = [chunk.choices[0] for chunk in answer if chunk.choices] if stream else answer.choices
+    if chat:
+        return "".join((choice.delta if stream else choice.message).content or "" for choice in choices)
+    return "".join(choice.text for choice in choices)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_server_replies_with_generates_text(server, workdir, chat, stream):
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "out" / "tinytx")
+    if chat:
+        inputs = tokenizer.apply_chat_template(CHAT_MESSAGES, add_generation_prompt=True, return_dict=True,
+                                               return_tensors="pt")
+    else:
+        inputs = tokenizer(COMPLETION_PROMPT, return_tensors="pt")
+    assert ask(server.client(), chat, stream) == greedy_text(workdir, inputs, MAX_TOKENS)
+
+
+@pytest.mark.slow
+def test_the_servers_default_repeat_penalty_is_what_parts_it_from_generate(server, workdir):
+    """Why the README asks for repeat_penalty 1.0: the server's default (1.1) changes the greedy text here."""
+    client = server.client()
+    default = client.completions.create(model=SERVED_MODEL, prompt=README_PROMPT, max_tokens=README_MAX_TOKENS,
+                                        temperature=0).choices[0].text
+    assert default != prompt_text(workdir, README_PROMPT, README_MAX_TOKENS)
