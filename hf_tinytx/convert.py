@@ -44,6 +44,7 @@ from .folders import (
     would_replace,
     written_before,
 )
+from .quiet import quiet_notices
 from .modeling_tinytx import TinyTxForCausalLM
 from .saved_folder import check_stored_weights, load_config, read_config_json
 
@@ -330,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         help="--to gguf only: how the weight matrices are stored (default f32; norms and biases are always f32)",
     )
     args = parser.parse_args(argv)
+    quiet_notices()
     if args.outtype is not None and args.to != "gguf":
         parser.error("--outtype applies to --to gguf only")
     try:

@@ -20,6 +20,7 @@ import sys
 import transformers
 
 import hf_tinytx
+from hf_tinytx.quiet import quiet_notices
 
 
 NO_CHAT_TEMPLATE = (
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit('transformers serve needs FastAPI, uvicorn and openai: pip install "hf_tinytx[serving]"')
     import typer
 
+    quiet_notices()
     expose_tinytx_classes()
     require_chat_template()
     app = typer.Typer(add_completion=False)

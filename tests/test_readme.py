@@ -61,6 +61,9 @@ BLOCKS = [
                "assert not any(name.startswith('hf_tinytx') for name in sys.modules)"),
     Step("Training from scratch (`training/pretrain.py`)", "bash",
          append={"python training/pretrain.py": TINY_PRETRAIN}),
+    Step("Training from scratch (`training/pretrain.py`)", "python",
+         check="assert output.shape[1] > inputs['input_ids'].shape[1]\n"
+               "assert tokenizer.decode(output[0], skip_special_tokens=True).startswith(\"The animal didn't\")"),
     Step("Fine-tuning (Trainer, LoRA, merge)", "bash", append={"python training/finetune.py": FEW_FINETUNE_STEPS}),
     Step("Fine-tuning (Trainer, LoRA, merge)", "python",
          check="assert 0 <= sft_right <= 29 and 0 <= chat_right <= 29\n"

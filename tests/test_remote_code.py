@@ -110,3 +110,40 @@ def test_saved_folder_loads_as_remote_code_without_the_package(tmp_path):
     assert report["logits_identical"], f"max |difference| {report['max_logit_difference']}"
     assert report["generated"] == expected_tokens.tolist()
     assert len(report["generated"][0]) == input_ids.shape[1] + NEW_TOKENS
+
+
+TOKENIZER_SCRIPT = BLOCK_HF_TINYTX + textwrap.dedent(
+    """
+    import json, sys
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    folder, text = sys.argv[1], sys.argv[2]
+    fast = PreTrainedTokenizerFast.from_pretrained(folder)
+    auto = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    print(json.dumps({"fast": fast(text).input_ids, "auto": auto(text).input_ids,
+                      "hf_tinytx_loaded": any(name.startswith("hf_tinytx") for name in sys.modules)}))
+    """
+)
+
+
+def test_a_saved_tokenizer_loads_without_the_package_and_without_a_prompt(tmp_path):
+    """The README's two ways to load a trained folder's tokenizer where hf_tinytx is not installed. No stdin: if
+    either asked "Do you wish to run the custom code?", its answer would be EOF and AutoTokenizer would log that."""
+    from tests.helpers.tiny import build_byte_bpe_tokenizer
+
+    folder = tmp_path / "tiny_tinytx"
+    hf_tinytx.TinyTxForCausalLM(build_tiny_config()).save_pretrained(folder)
+    tokenizer = build_byte_bpe_tokenizer()
+    tokenizer.save_pretrained(folder)
+    script = tmp_path / "load_tokenizer.py"
+    script.write_text(TOKENIZER_SCRIPT)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
+    text = "The quick brown fox"
+    result = subprocess.run([sys.executable, str(script), str(folder), text], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["fast"] == report["auto"] == tokenizer(text).input_ids
+    assert report["hf_tinytx_loaded"] is False

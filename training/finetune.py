@@ -33,6 +33,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 
 
@@ -67,6 +68,7 @@ import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto
 from hf_tinytx.folders import (
     STAGING_NAME, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, regular_files, writing_into,
 )
+from hf_tinytx.quiet import quiet_notices
 from training import cards, checkpoints, cpu_memory, distributed
 from training.args import RunError
 from training.hub import HubPusher
@@ -81,6 +83,7 @@ CHECKPOINT_STAGING = ".tmp_checkpoint"  # in checkpoints/: Trainer writes checkp
 
 def main(argv=None):
     # ---------------------------------------------------------------- arguments
+    quiet_notices()
     args, training_args = parse_args(argv)
     where = destinations(args, training_args)
     set_seed(training_args.seed)  # before the LoRA weights are drawn
@@ -323,6 +326,8 @@ def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not distributed.has_gpu():
         # Without it Trainer runs each process of a CPU launch as a run of its own, all writing the same folder.
         defaults["use_cpu"] = True
+    if not distributed.has_gpu():
+        defaults["dataloader_pin_memory"] = False  # pinning needs an accelerator: torch warns at every loader
     parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)
     args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     check_args(args, training_args)
@@ -376,7 +381,10 @@ def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
     )
     # PEFT records the base as the model's name_or_path: the Hub id, or the absolute folder from model_source, so
     # the adapter loads from any working directory.
-    model = get_peft_model(model, lora_config)
+    with warnings.catch_warnings():
+        # PEFT reads `is_gradient_checkpointing`, which transformers 5.2x deprecates: a warning for PEFT, not for us.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        model = get_peft_model(model, lora_config)
     model.print_trainable_parameters()
     return model
 

@@ -70,6 +70,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.folders import link_or_copy
+from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from training import cards, checkpoints, cpu_memory, distributed, export
 from training.data import (
@@ -118,6 +119,7 @@ class Run:
 
 
 def main(argv=None) -> None:
+    quiet_notices()
     run = setup(*parse_args(argv))
     fit(run)
     final_metrics, probe_results = finish(run)
@@ -536,12 +538,16 @@ def evaluate(run: Run) -> dict:
     `gather_for_metrics` drops the copies that pad the last batch when the blocks do not divide evenly over the
     processes (a batch's mean loss would count them). Every block has as many targets, so the mean is exact."""
     run.model.eval()
-    losses = []
+    losses, full = [], None
     for batch in run.eval_dataloader:  # always to the end (see make_dataloaders)
-        ids = batch["input_ids"]
-        logits = run.model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # float32, as the model's loss
+        ids, blocks = batch["input_ids"], batch["input_ids"].shape[0]
+        full = full or blocks
+        # A short last batch is topped up with copies of its first block, scored and dropped: one shape, so that
+        # --torch_compile does not compile the forward again for it.
+        padded = torch.cat([ids, ids[:1].expand(full - blocks, -1)]) if blocks < full else ids
+        logits = run.model(input_ids=padded, use_cache=False).logits[:blocks, :-1].float()  # float32, as the loss
         per_token = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
-        losses.append(run.accelerator.gather_for_metrics(per_token.view(ids.shape[0], -1).mean(dim=1)))
+        losses.append(run.accelerator.gather_for_metrics(per_token.view(blocks, -1).mean(dim=1)))
     run.model.train()
     losses = torch.cat(losses)
     mean_loss = losses.double().mean().item()

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..folders import local_folder_or_hub_id
+from ..quiet import quiet_notices
 from .attention_maps import attention_maps, save_attention_maps
 from .head_roles import find_heads, induction_baseline, uniform_baseline
 
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--trust_remote_code", action="store_true")
     parser.add_argument("--dpi", type=int, default=100)
     args = parser.parse_args(argv)
+    quiet_notices()
 
     model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code)
     maps = attention_maps(model, tokenizer, args.text)
