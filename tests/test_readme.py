@@ -43,10 +43,16 @@ class Step:
     language: str
     skip: str = ""  # why the block is not run (empty: it runs)
     append: dict | None = None  # {command prefix: extra flags} added to the end of each such command
-    prefix: str = ""  # Python code run before the block's own
-    check: str = ""  # Python code run after the block's own (asserts on what it defined)
+    prefix: str = ""  # code run before the block's own (Python, or shell for a bash block)
+    check: str = ""  # code run after the block's own (asserts on what it defined; shell commands for bash)
 
 
+# The user's own text for the README's --train_file example: two files of numbered paragraphs.
+WRITE_MY_TEXTS = (
+    "mkdir -p my_texts && python -c \"import pathlib; [pathlib.Path(f'my_texts/part{p}.txt').write_text("
+    "'\\n\\n'.join(f'Paragraph {i} of part {p}: the cat sat on the mat, and the dog sat on the log.' "
+    "for i in range(150))) for p in (1, 2)]\"\n"
+)
 # Tiny sizes for the README's pre-training command; the rest of the walkthrough uses the model it writes.
 TINY_PRETRAIN = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "30", "--eval_steps", "30"]
 FEW_FINETUNE_STEPS = ["--max_steps", "4"]
@@ -64,6 +70,9 @@ BLOCKS = [
     Step("Training from scratch (`training/pretrain.py`)", "python",
          check="assert output.shape[1] > inputs['input_ids'].shape[1]\n"
                "assert tokenizer.decode(output[0], skip_special_tokens=True).startswith(\"The animal didn't\")"),
+    Step("Training from scratch (`training/pretrain.py`)", "bash", prefix=WRITE_MY_TEXTS,
+         append={"python training/pretrain.py": [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4"]},
+         check="test -f out/mine/model.safetensors && grep -q my_texts out/mine/training_args.json"),
     Step("Fine-tuning (Trainer, LoRA, merge)", "bash", append={"python training/finetune.py": FEW_FINETUNE_STEPS}),
     Step("Fine-tuning (Trainer, LoRA, merge)", "python",
          check="assert 0 <= sft_right <= 29 and 0 <= chat_right <= 29\n"
@@ -132,6 +141,7 @@ def run_block(step: Step, block: Block, workdir: Path, env: dict, number: int) -
         script = block.text
         for prefix, flags in (step.append or {}).items():
             script = append_flags(script, prefix, flags)
+        script = f"{step.prefix}{script}\n{step.check}\n"  # for bash, prefix and check are shell commands
         command = ["bash", "-e", "-o", "pipefail", "-c", checkout_paths(script)]
     result = subprocess.run(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             timeout=600)  # no stdin: a prompt for input (e.g. to trust remote code) fails at once
