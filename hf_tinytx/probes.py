@@ -211,4 +211,13 @@ def score_probes(model, tokenizer, probes: list[Probe], batch_size: int = 32) ->
     return results
 
 
-__all__ = ["candidate_log_probs", "probe_key", "score_probes"]
+def chance_levels(probes: list[Probe]) -> dict[str, float]:
+    """What guessing scores, under the keys of `score_probes`: a probe with k distractors is right by chance 1/(k+1)
+    of the time (one distractor for "it", three for copying, more for recall), averaged over each key's probes."""
+    odds: dict[str, list[float]] = defaultdict(list)
+    for probe in probes:
+        odds[probe_key(probe)].append(1 / (1 + len(probe.distractors)))
+    return {key: sum(values) / len(values) for key, values in odds.items()}
+
+
+__all__ = ["candidate_log_probs", "chance_levels", "probe_key", "score_probes"]

@@ -175,6 +175,7 @@ def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
         assert (out / name).is_file(), name
     assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
     assert (out / "checkpoints" / "checkpoint-8" / "model.safetensors").is_file()
+    assert not (out / ".lock").exists()  # a finished run leaves no stale lock
     assert_token_nowhere(runs, runs["results"]["full"], out)
     # On a CPU under glibc the run keeps freed memory for the next step (tests/test_cpu_memory.py: what that does).
     announced = "Freed memory stays in the process" in runs["results"]["full"].stdout

@@ -3,6 +3,7 @@
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import textwrap
@@ -59,6 +60,7 @@ def test_folder_is_a_complete_model_repo(trained_folder):
         "metrics.jsonl",
     }
     assert expected <= names, expected - names
+    assert ".lock" not in names  # released (and removed) by the finished run
     # Weights only as safetensors: no pickled files among the model files.
     assert not [name for name in names if name.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
     config = json.loads((output_dir / "config.json").read_text())
@@ -83,6 +85,23 @@ def test_model_card_parses_with_metadata(trained_folder):
     metric_types = {metric["type"] for result in results for metric in result["metrics"]}
     assert {"loss", "perplexity", "bits_per_byte", "accuracy"} <= metric_types
     assert "loss_curve.png" in card.text and "trust_remote_code=True" in card.text
+
+
+def test_model_card_gives_each_probe_its_chance_level_and_the_samples(trained_folder):
+    """A probe at 0.25 reads as learning unless the card says what guessing scores; the samples the run printed are
+    in the card too, not only on the console."""
+    from hf_tinytx.corpus import make_probes
+    from hf_tinytx.probes import chance_levels
+
+    output_dir, result = trained_folder
+    text = (output_dir / "README.md").read_text()
+    assert "| Probe | Accuracy | Chance |" in text
+    rows = dict(re.findall(r"^\| (\S+) \| [0-9.]+ \| ([0-9.]+) \|$", text, re.M))
+    chance = chance_levels(make_probes(num_per_kind=4))  # TINY_PRETRAIN_ARGS: --num_probes_per_kind 4
+    assert rows and rows == {key: f"{value:.2f}" for key, value in chance.items()}
+    assert rows["coref"] == "0.50" and float(rows["copy"]) < 0.5  # one distractor for "it", more for copying
+    printed = [line.removeprefix("sample: ") for line in result.stdout.splitlines() if line.startswith("sample: ")]
+    assert printed and all(f"- {sample}" in text for sample in printed)
 
 
 def test_folder_loads_natively_and_generates(trained_folder):

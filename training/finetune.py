@@ -72,7 +72,7 @@ from hf_tinytx.quiet import quiet_notices
 from training import cards, checkpoints, cpu_memory, distributed
 from training.args import RunError
 from training.hub import HubPusher
-from training.output_dir import refuse_earlier_run, remove_checkpoints, take_lock
+from training.output_dir import refuse_earlier_run, release_lock, remove_checkpoints, take_lock
 from training.sft_data import build_examples, ensure_chat_template, pad_collator
 
 
@@ -116,7 +116,7 @@ def main(argv=None):
         model = add_lora(model, args, training_args)
 
     # ---------------------------------------------------------------- the output folder, then training
-    lock = claim_output_dir(args, training_args, where)  # noqa: F841  (held until the process ends)
+    lock = claim_output_dir(args, training_args, where)  # held until the model is saved
     resume_dir = resume_point(training_args, where)
     trainer = Trainer(
         model=model,
@@ -150,7 +150,9 @@ def main(argv=None):
     # ---------------------------------------------------------------- save, merge, Hub
     with checkpoints.disk_space_guard(os.path.join(where.output_dir, STAGING_NAME), where.checkpoints_dir, CHECKPOINT):
         save_folders(trainer.model, tokenizer, args, where, metrics, facts)
-    if where.pushed_dir and not push_result(args, training_args, where, trainer.state.global_step):
+    pushed = not where.pushed_dir or push_result(args, training_args, where, trainer.state.global_step)
+    release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock
+    if not pushed:
         raise PushFailed
 
 

@@ -4,6 +4,7 @@ The lock is an `flock` on `output_dir/.lock`: the kernel releases it when the pr
 killed run never leaves the folder stuck, and a second run on the same folder is refused while the first lives.
 """
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -88,6 +89,16 @@ def take_lock(output_dir: str):
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
+
+
+def release_lock(handle, output_dir: str) -> None:
+    """A finished run takes its lock file away, so the model folder it leaves holds no stale `.lock`. Unlinked while
+    still held: a run that opens the name from now on locks a new file, and this run writes nothing more."""
+    if handle is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(output_dir, LOCK_FILE))
+    handle.close()
 
 
 def remove_checkpoints(checkpoints_dir: str) -> None:

@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `training` from the checkout
@@ -43,7 +43,7 @@ from training.args import (
 )
 from training.config_file import config_file_path, read_config_file
 from training.data_files import local_data_files
-from training.output_dir import check_output_dir, remove_checkpoints, take_lock
+from training.output_dir import check_output_dir, release_lock, remove_checkpoints, take_lock
 
 
 if __name__ == "__main__":
@@ -237,7 +237,8 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
             tokenizer = train_bpe_tokenizer(texts, model_args.vocab_size, model_config.max_position_embeddings)
             if len(tokenizer) < model_args.vocab_size:
                 accelerator.print(f"The text holds merges for {len(tokenizer)} tokens only: the vocabulary has "
-                                  f"{len(tokenizer)} of the {model_args.vocab_size} asked.")
+                                  f"{len(tokenizer)} of the {model_args.vocab_size} asked (nothing to fix: BPE stops "
+                                  f"when no pair of tokens repeats, and the model is built with {len(tokenizer)}).")
         packed = tokenize_and_pack(
             raw, tokenizer, data_args.block_size, data_args.text_column, data_args.preprocessing_num_workers
         )
@@ -502,7 +503,7 @@ def stop_if_asked(run: Run) -> None:
 # ---------------------------------------------------------------------------------------------------- finish
 
 
-def finish(run: Run) -> tuple[dict, dict]:
+def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     """The final checkpoint (so the export can always be redone), the final evaluation, probes and samples."""
     accelerator = run.accelerator
     if run.stopped_by_clock:
@@ -518,7 +519,7 @@ def finish(run: Run) -> tuple[dict, dict]:
         f"validation: loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
         f"{metrics['bits_per_byte']:.4f} bits/byte ({run.train_seconds:.1f} s of training)"
     )
-    probe_results = {}
+    probe_results = ProbeReport()
     sharded = run.own_fsdp2 or distributed.zero_stage(accelerator) == 3
     if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process
         # Eagerly, under --torch_compile too: probes and samples come in many shapes, and each new one would compile
@@ -526,8 +527,8 @@ def finish(run: Run) -> tuple[dict, dict]:
         with torch.compiler.set_stance("force_eager"):
             probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer,
                                                    run.train_args, accelerator)
-        if probe_results:
-            run.log.log({"step": run.completed_steps, **{f"probe_{k}": v for k, v in probe_results.items()},
+        if probe_results.accuracy:
+            run.log.log({"step": run.completed_steps, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
                          "final": True})
     return metrics, probe_results
 
@@ -560,20 +561,31 @@ def evaluate(run: Run) -> dict:
     }
 
 
-def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> dict:
+@dataclass
+class ProbeReport:
+    """What the run learnt, beyond the loss: each probe kind's accuracy beside what guessing scores, and samples."""
+
+    accuracy: dict[str, float] = field(default_factory=dict)
+    chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
+    samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
+
+
+def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> ProbeReport:
     """Probe accuracies (does the model pick the right continuation?) and a few greedy generations."""
+    report = ProbeReport()
     if train_args.num_probes_per_kind <= 0 and train_args.num_samples <= 0:
-        return {}
+        return report
     from hf_tinytx.corpus import make_probes
-    from hf_tinytx.probes import score_probes
+    from hf_tinytx.probes import chance_levels, score_probes
 
     model.eval()
     probes = make_probes(num_per_kind=max(train_args.num_probes_per_kind, 1))
-    results = {}
     if train_args.num_probes_per_kind > 0:
         scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
-        results = {name: value for name, value in scores.items() if not name.startswith("n_")}  # drop the counts
-        accelerator.print("probe accuracy: " + ", ".join(f"{name} {value:.3f}" for name, value in results.items()))
+        report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
+        report.chance = chance_levels(probes)
+        accelerator.print("probe accuracy (chance): " + ", ".join(
+            f"{name} {value:.3f} ({report.chance[name]:.2f})" for name, value in report.accuracy.items()))
     prompts = []
     for kind in ("coref", "copy", "coref_new_nouns", "recall"):
         prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]
@@ -581,14 +593,15 @@ def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> dict:
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
         output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
         completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        report.samples.append((prompt[-80:], completion))
         accelerator.print(f"sample: ...{prompt[-80:]!s}[{completion}]")
-    return results
+    return report
 
 
 # ---------------------------------------------------------------------------------------------------- export
 
 
-def export_and_push(run: Run, final_metrics: dict, probe_results: dict) -> None:
+def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport") -> None:
     """The model folder first (complete on disk), then the Hub. A failed upload is reported, not raised: the run
     itself succeeded and its folder is complete."""
     accelerator = run.accelerator
@@ -601,6 +614,7 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: dict) -> None:
         accelerator.print(f"Model folder: {run.output_dir}")
         if run.pusher is not None:
             push_final(run, names)
+        release_lock(run.lock, run.output_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
@@ -652,7 +666,7 @@ def report_hub_pushes(pusher, final_pushed: bool, repo_id: str, output_dir: str,
         )
 
 
-def card_context(run: Run, metrics: dict, probe_results: dict) -> dict:
+def card_context(run: Run, metrics: dict, probe_results: ProbeReport) -> dict:
     """What model_cards/tinytx_model_card.md shows."""
     model_args, data_args, train_args = run.model_args, run.data_args, run.train_args
     name = os.path.basename(run.output_dir)
@@ -684,7 +698,9 @@ def card_context(run: Run, metrics: dict, probe_results: dict) -> dict:
         "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
                  "bits_per_byte": metrics["bits_per_byte"]},
         "eval_tokens": metrics["eval_tokens"],
-        "probes": probe_results,
+        "probes": probe_results.accuracy,
+        "chance": probe_results.chance,
+        "samples": probe_results.samples,
         "example_prompt": "The dog didn't cross the street because it was too",
     }
 
