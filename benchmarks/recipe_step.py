@@ -33,10 +33,10 @@ import torch  # noqa: E402
 
 from common import interleaved_samples, medians, paired_ratio  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # training/ is not installed
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's hf_tinytx
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
-from training.args import PretrainArguments  # noqa: E402
-from training.optimization import StackedMuon, make_optimizer  # noqa: E402
+from hf_tinytx_training.args import PretrainArguments  # noqa: E402
+from hf_tinytx_training.optimization import StackedMuon, make_optimizer  # noqa: E402
 
 
 def build(args):

@@ -33,7 +33,6 @@ from .folders import (
     MANIFEST_NAME,
     STAGING_NAME,
     is_disk_full,
-    local_folder_or_hub_id,
     others_files,
     publish,
     record_written,
@@ -46,7 +45,7 @@ from .folders import (
 )
 from .quiet import quiet_notices
 from .modeling_tinytx import TinyTxForCausalLM
-from .saved_folder import check_stored_weights, load_config, read_config_json
+from .saved_folder import check_source_folder, check_stored_weights, load_config, why_not_llama
 
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
@@ -115,23 +114,6 @@ def tinytx_config_to_llama(config: TinyTxConfig) -> LlamaConfig:
         raise ValueError(f"tinytx_config_to_llama: {reason}")
     values = {name: copy.deepcopy(getattr(config, name)) for name in SHARED_FIELDS}
     return LlamaConfig(**values)
-
-
-def why_not_llama(config: TinyTxConfig) -> str | None:
-    """Why this TinyTx config has no Llama twin (a TinyTx-only feature), or None when it has one."""
-    if config.qk_norm:
-        return (
-            "`qk_norm=True` has no Llama equivalent: the model normalises each head's queries and keys with learned "
-            "weights (`q_norm`/`k_norm`) that Llama does not have, so a Llama model would compute something else. "
-            "Only TinyTx models built with qk_norm=False convert to Llama."
-        )
-    if config.mlp_type != "gated":
-        return (
-            f"`mlp_type={config.mlp_type!r}` has no Llama equivalent: Llama's MLP is always the gated "
-            "down(act(gate(x)) * up(x)), and this model has no `gate_proj`. Only TinyTx models built with "
-            "mlp_type='gated' convert to Llama."
-        )
-    return None
 
 
 def llama_to_tinytx(model: LlamaForCausalLM) -> TinyTxForCausalLM:
@@ -242,37 +224,6 @@ def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
         f"convert: the disk is full while writing {destination} (about {needed / 2**20:.1f} MiB needed, "
         f"{free / 2**20:.1f} MiB free); {outcome}: free some space and run the same command again."
     )
-
-
-def check_source_folder(source: Path, expected_type: str) -> list[str]:
-    """Refuses what cannot be converted; returns the folder's files (raises if a link leads out of it)."""
-    local_folder_or_hub_id(str(source))  # a mistyped path: "no such folder", the same words as every command
-    if not source.is_dir():
-        raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
-    files = regular_files(source)
-    config_file = source / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(
-            f"convert: {str(source)!r} has no config.json, so it is not a saved model folder; pass the folder that "
-            "`save_pretrained` wrote."
-        )
-    has_safetensors = (source / "model.safetensors").is_file() or (source / "model.safetensors.index.json").is_file()
-    if not has_safetensors:
-        pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (source / name).exists()]
-        hint = (
-            f" It only has pickled weights ({pickled[0]}), which this tool does not load because unpickling can run "
-            "code; re-save it with `save_pretrained` (safetensors) in a trusted environment first."
-            if pickled
-            else ""
-        )
-        raise FileNotFoundError(f"convert: {str(source)!r} has no model.safetensors weights.{hint}")
-    model_type = read_config_json(source, expected_type, "convert")["model_type"]
-    if model_type != expected_type:
-        raise ValueError(
-            f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a {expected_type!r} "
-            f"one; use `--to {'tinytx' if model_type == 'llama' else 'llama'}` for the other direction."
-        )
-    return files
 
 
 def _check_destination(destination: Path, overwrite: bool) -> set[str]:

@@ -33,10 +33,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_tinytx import TinyTxConfig
-from .convert import check_source_folder, why_not_llama
 from .folders import fsync_dir, is_disk_full, refuse_overlap
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
-from .saved_folder import check_stored_weights, load_config
+from .saved_folder import check_source_folder, check_stored_weights, load_config, why_not_llama
 from .tokenization import adds_bos
 
 

@@ -15,6 +15,8 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedConfig, PreTrainedModel
 
+from .folders import local_folder_or_hub_id, regular_files
+
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # Buffers that older Llama checkpoints stored and that transformers now recomputes instead of loading.
@@ -138,3 +140,51 @@ def _equal(files: dict, first: str, second: str) -> bool:
         with safe_open(files[name][0], framework="pt") as f:
             tensors.append(f.get_tensor(name))
     return torch.equal(*tensors)
+
+
+def check_source_folder(source: Path, expected_type: str) -> list[str]:
+    """Refuses what cannot be converted; returns the folder's files (raises if a link leads out of it)."""
+    local_folder_or_hub_id(str(source))  # a mistyped path: "no such folder", the same words as every command
+    if not source.is_dir():
+        raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
+    files = regular_files(source)
+    config_file = source / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"convert: {str(source)!r} has no config.json, so it is not a saved model folder; pass the folder that "
+            "`save_pretrained` wrote."
+        )
+    has_safetensors = (source / "model.safetensors").is_file() or (source / "model.safetensors.index.json").is_file()
+    if not has_safetensors:
+        pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (source / name).exists()]
+        hint = (
+            f" It only has pickled weights ({pickled[0]}), which this tool does not load because unpickling can run "
+            "code; re-save it with `save_pretrained` (safetensors) in a trusted environment first."
+            if pickled
+            else ""
+        )
+        raise FileNotFoundError(f"convert: {str(source)!r} has no model.safetensors weights.{hint}")
+    model_type = read_config_json(source, expected_type, "convert")["model_type"]
+    if model_type != expected_type:
+        raise ValueError(
+            f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a {expected_type!r} "
+            f"one; use `--to {'tinytx' if model_type == 'llama' else 'llama'}` for the other direction."
+        )
+    return files
+
+
+def why_not_llama(config: PreTrainedConfig) -> str | None:
+    """Why this TinyTx config has no Llama twin (a TinyTx-only feature), or None when it has one."""
+    if config.qk_norm:
+        return (
+            "`qk_norm=True` has no Llama equivalent: the model normalises each head's queries and keys with learned "
+            "weights (`q_norm`/`k_norm`) that Llama does not have, so a Llama model would compute something else. "
+            "Only TinyTx models built with qk_norm=False convert to Llama."
+        )
+    if config.mlp_type != "gated":
+        return (
+            f"`mlp_type={config.mlp_type!r}` has no Llama equivalent: Llama's MLP is always the gated "
+            "down(act(gate(x)) * up(x)), and this model has no `gate_proj`. Only TinyTx models built with "
+            "mlp_type='gated' convert to Llama."
+        )
+    return None

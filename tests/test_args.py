@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from tests.helpers.tiny import REPO_ROOT, pretrain_env, run_side_by_side
-from training.args import ALL_ARGUMENTS, UserInputError, build_parser, parse_args
+from hf_tinytx_training.args import ALL_ARGUMENTS, build_parser, parse_args
+from hf_tinytx_training.errors import UserInputError
 
 
 RECORD = '{"prompt": "Q:", "response": " A"}\n'
@@ -126,7 +127,7 @@ def test_an_arguments_file_then_flags_that_override_it():
 
 def test_total_batch_size_sets_the_accumulation_the_processes_need():
     """--total_batch_size 64 with 8 sequences per device: 4 micro-batches on 2 processes, 8 on one."""
-    from training.args import check_batch
+    from hf_tinytx_training.args import check_batch
 
     for processes, accumulation in ((1, 8), (2, 4), (8, 1)):
         *_, train_args = parse_args(["--total_batch_size", "64", "--per_device_train_batch_size", "8"])
@@ -142,7 +143,7 @@ def test_each_model_preset_is_the_size_its_file_says(preset, vocab_size, paramet
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.model_config import load_model_config
+    from hf_tinytx_training.model_config import load_model_config
 
     model_args, _, _ = parse_args(["--model_preset", preset])
     config = load_model_config(model_args)
@@ -159,7 +160,7 @@ def test_a_model_config_file_in_yaml_reads_like_json(tmp_path):
 
     import yaml
 
-    from training.model_config import load_model_config
+    from hf_tinytx_training.model_config import load_model_config
 
     fields = {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4,
               "qk_norm": True, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}

@@ -18,7 +18,7 @@ from hf_tinytx import modeling_tinytx
 from hf_tinytx.modeling_tinytx import TinyTxRMSNorm
 from tests.helpers.engines import require_llama_cpp
 from tests.helpers.tiny import pretrain_env
-from training.distributed import cpu_runs_bf16_fast
+from hf_tinytx_training.distributed import cpu_runs_bf16_fast
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

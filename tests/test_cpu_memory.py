@@ -20,7 +20,7 @@ CHILD = """
 import json, resource, statistics, sys
 import torch
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
-from training.cpu_memory import keep_freed_memory
+from hf_tinytx_training.cpu_memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.manual_seed(0)
 config = TinyTxConfig(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
-from training import distributed
+from hf_tinytx_training import distributed
 from tests.helpers.tiny import LAUNCH, build_byte_bpe_tokenizer, build_tiny_model, run_side_by_side
 
 
@@ -321,7 +321,7 @@ def test_model_cards_describe_the_run_and_how_to_load_it(runs, folder, kind, rep
 
 def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
     """Labels are -100 on every prompt token: what remains to learn is exactly the replies (and their EOS)."""
-    from training.sft_data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
+    from hf_tinytx_training.sft_data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
 
     tokenizer = byte_bpe_tokenizer()
     assert ensure_chat_template(tokenizer)
@@ -351,7 +351,7 @@ def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
 def test_batches_are_padded_on_the_right_with_labels_ignored(byte_bpe_tokenizer, tokenizer_side):
     """The library collator gives exactly the rows below, even for a tokenizer set to pad on the left (for batched
     generation), which keeps that setting."""
-    from training.sft_data import IGNORE_INDEX, pad_collator
+    from hf_tinytx_training.sft_data import IGNORE_INDEX, pad_collator
 
     tokenizer = byte_bpe_tokenizer()
     tokenizer.padding_side = tokenizer_side
@@ -373,8 +373,8 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
 
     from transformers import TrainingArguments
 
-    from training.args import UserInputError
-    from training.finetune_args import FinetuneArguments, check_args
+    from hf_tinytx_training.errors import UserInputError
+    from hf_tinytx_training.finetune_args import FinetuneArguments, check_args
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

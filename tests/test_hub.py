@@ -70,7 +70,7 @@ def work(tmp_path):
 PUSHER_PRELUDE = """
 import json, logging, os, sys, time
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)  # as chatty as possible: logs must stay token-free
-from training.hub import HubPusher
+from hf_tinytx_training.hub import HubPusher
 """
 
 
@@ -238,7 +238,7 @@ def test_wrong_token_is_a_clear_failure_not_a_crash(local_hub, work):
 
 
 def test_push_async_of_a_missing_folder_is_reported_not_raised(tmp_path, monkeypatch):
-    from training import hub
+    from hf_tinytx_training import hub
 
     pusher = hub.HubPusher("tester/never-reached", token="hf_" + "z" * 30)
     pusher.push_async(str(tmp_path / "no-such-checkpoint"), "checkpoint 9")

@@ -199,8 +199,9 @@ def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder
     # Without the size overrides: --init_from keeps the saved architecture and refuses them.
     flags = [arg for i, arg in enumerate(TINY_PRETRAIN_ARGS)
              if arg not in SIZE_FLAGS and (i == 0 or TINY_PRETRAIN_ARGS[i - 1] not in SIZE_FLAGS)]
-    # Started as the README's other spelling, `python -m training.pretrain`, from a folder outside the checkout.
-    command = [sys.executable, "-m", "training.pretrain", *flags, "--init_from", str(source),
+    # Started as the README's other spelling, `python -m hf_tinytx_training.pretrain`, from a folder outside the
+    # checkout.
+    command = [sys.executable, "-m", "hf_tinytx_training.pretrain", *flags, "--init_from", str(source),
                "--output_dir", str(tmp_path / "more"), "--max_train_steps", "2", "--learning_rate", "1e-9",
                "--num_probes_per_kind", "0", "--num_samples", "0"]
     result = subprocess.run(command, env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,

@@ -12,9 +12,11 @@ import torch
 from hf_tinytx import TinyTxForCausalLM
 from tests.helpers.tiny import build_tiny_config, kill_after_call, pretrain_env
 from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
-from training import distributed, optimization
-from training.args import PretrainArguments
-from training.optimization import Clock, MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
+from hf_tinytx_training import distributed, optimization
+from hf_tinytx_training.args import PretrainArguments
+from hf_tinytx_training.optimization import (
+    Clock, MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz,
+)
 
 
 def train_rows(folder):

@@ -59,6 +59,7 @@ FEW_FINETUNE_STEPS = ["--max_steps", "4"]
 
 BLOCKS = [
     Step("The two commands", "bash", skip="installs packages and runs the whole test suite, this test included"),
+    Step("The `tinytx` command", "bash"),
     Step("Using the model in Python", "python", check="assert type(model).__name__ == 'TinyTxForCausalLM'"),
     Step("Loading with and without the package", "python",
          check="assert type(model).__module__ == 'hf_tinytx.modeling_tinytx'"),

@@ -317,8 +317,8 @@ def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_a
 
     from accelerate.utils import DistributedType
 
-    from training.args import UserInputError
-    from training.distributed import follow_the_flags
+    from hf_tinytx_training.errors import UserInputError
+    from hf_tinytx_training.distributed import follow_the_flags
 
     def accelerator(settings: dict):
         state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2, deepspeed_config=settings))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from training.args import UserInputError
-from training.sft_data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
-from training.sft_records import read_records
+from hf_tinytx_training.errors import UserInputError
+from hf_tinytx_training.sft_data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
+from hf_tinytx_training.sft_records import read_records
 
 
 ROW = 32  # max_seq_length of these tests
@@ -86,7 +86,7 @@ def test_packed_rows_count_every_token_and_the_prompt_only_rows_dropped(byte_bpe
 
 
 def test_finetune_refuses_data_of_which_every_record_would_be_dropped(byte_bpe_tokenizer):
-    from training.finetune import to_dataset
+    from hf_tinytx_training.finetune import to_dataset
 
     records = [{"kind": "prompt", "prompt": LONG, "response": " 3", "where": "train.jsonl, line 1"}]
     with pytest.raises(UserInputError, match=r"^No example in train.jsonl keeps a token to learn within "

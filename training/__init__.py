@@ -1,14 +1,19 @@
-"""The training scripts and the pieces they share.
+"""The training scripts and the pieces they share, installed as `hf_tinytx_training` (this folder keeps the design
+card's name, `training/`; pyproject.toml maps it).
 
-Run the scripts as `python training/pretrain.py` or `python -m training.pretrain` (and `finetune` alike):
+Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or, in a checkout,
+`python training/pretrain.py` (and `finetune` alike):
 
+    cli.py         the `tinytx` command: runs a subcommand's module as `python -m` does
+    errors.py      UserInputError and RunError, raised anywhere without importing the flags
     args.py        command-line arguments and their checks (everything is validated before anything is written)
+    schedules.py   the learning-rate shapes over the clock (read by args.py and optimization.py)
     data.py        datasets in, packed token blocks out (data_files.py: local files found and checked first)
     tokenizer.py   loading a named tokenizer (training one lives in hf_tinytx.tokenization)
     checkpoints.py resumable checkpoints: save, verify, find, prune
     preemption.py  SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, a line, exit 128 + signal
     output_dir.py  the output folder: checked before anything is written, then locked for the run
-    export.py      the finished model folder: weights, code, tokenizer, card, record
+    export.py      the finished model folder: weights, code, tokenizer, card, record (and each Hub checkpoint's)
     hub.py         uploads to the Hugging Face Hub in the background
     pretrain.py    pre-training on Accelerate: setup -> fit -> evaluate -> export
     finetune.py    supervised fine-tuning with Trainer, optionally LoRA (finetune_args.py: its flags and the checks

@@ -15,13 +15,8 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-
-class UserInputError(ValueError):
-    """Bad input found before training starts. The message says what is wrong and how to fix it."""
-
-
-class RunError(RuntimeError):
-    """A fault met while training (a non-finite loss, a full disk). The message says what is intact and what to do."""
+from .errors import UserInputError
+from .schedules import CLOCK_SHAPES
 
 
 @dataclass
@@ -279,8 +274,6 @@ def check_optimizer_args(train_args: PretrainArguments) -> None:
 
 def check_schedule(train_args: PretrainArguments) -> None:
     """--lr_scheduler_type must name a schedule that runs on the plan: a step count, or the clock."""
-    from training.optimization import CLOCK_SHAPES
-
     if not planned_by_clock(train_args):
         _check_scheduler(train_args.lr_scheduler_type)
     elif train_args.lr_scheduler_type not in CLOCK_SHAPES:

@@ -5,17 +5,17 @@
 - `checkpoint_card`: an intermediate checkpoint pushed to the Hub under checkpoints/step_N/.
 """
 
-import os
+import importlib.resources
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 
-TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "model_cards")
+# model_cards/ of the source tree, installed as this package's `model_cards` (pyproject.toml maps it)
+TEMPLATES = importlib.resources.files(f"{__package__}.model_cards")
 
 
 def _template(name: str) -> str:
-    with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
-        return f.read()
+    return TEMPLATES.joinpath(name).read_text(encoding="utf-8")
 
 
 def pretrained_card(context: dict) -> ModelCard:

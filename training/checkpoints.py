@@ -24,11 +24,10 @@ import os
 import pickle
 import re
 import shutil
-import sys
 
 from hf_tinytx.folders import fsync_dir, fsync_tree
 
-from .args import RunError, UserInputError
+from .errors import RunError, UserInputError
 
 
 STEP_PREFIX = "step_"  # pretrain's step_N; finetune keeps Trainer's checkpoint-N (prefix "checkpoint-")
@@ -282,21 +281,3 @@ def read_json(path: str) -> dict:
 def write_json(path: str, values: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(values, f, indent=1, sort_keys=True)
-
-
-def push(pusher, model, state_dict, tokenizer, log, checkpoints_dir: str, step: int, training_record: dict) -> None:
-    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo, as a complete model folder (weights, config,
-    code, tokenizer, card) without the optimizer and RNG state. The pusher snapshots the folder by hard links before
-    returning, so our copy can go at once and pruning old checkpoints never pulls files from under an upload."""
-    from . import cards, export  # export writes through this module's disk guard: import it late
-
-    folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
-    shutil.rmtree(folder, ignore_errors=True)  # left by a run killed while exporting this step
-    card = cards.checkpoint_card(pusher.repo_id, step, log.last("loss"))
-    try:
-        export.write_model_folder(folder, model, state_dict, tokenizer, card, log.rows, training_record, "2GB")
-        pusher.push_async(folder, f"Checkpoint at step {step}", path_in_repo=f"checkpoints/step_{step}")
-    except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
-        print(f"Could not export checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

@@ -4,14 +4,16 @@ Its own module so that pretrain.py can refuse a missing or broken file before to
 small CPU); training/model_config.py builds the TinyTxConfig from what this returns.
 """
 
+import importlib.resources
 import json
 import os
 import re
 
-from .args import UserInputError
+from .errors import UserInputError
 
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+# The presets and Accelerate configs: package data, beside this module in a wheel and in the checkout alike.
+CONFIGS_DIR = str(importlib.resources.files(__package__) / "configs")
 
 
 def config_file_path(model_args) -> str:

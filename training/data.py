@@ -17,7 +17,8 @@ import datasets
 import torch
 from datasets import Dataset, DatasetDict
 
-from .args import DataArguments, UserInputError
+from .args import DataArguments
+from .errors import UserInputError
 from .data_files import local_data_files
 
 

@@ -5,7 +5,7 @@ a wrong path, an empty or a binary file is refused at once; training/data.py the
 import glob
 import os
 
-from .args import UserInputError
+from .errors import UserInputError
 
 
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -25,7 +25,8 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-from .args import UserInputError, env_flag
+from .args import env_flag
+from .errors import UserInputError
 
 
 def asked_sharding() -> str | None:

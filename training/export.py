@@ -3,20 +3,24 @@
 The files are written into a staging folder inside the output folder and then moved in one by one
 (`hf_tinytx.folders.publish`): nothing else in the output folder (checkpoints, metrics.jsonl, the user's own files)
 is ever moved or deleted, an interrupted export is simply redone by resuming, and a mount point works as --output_dir.
+With --push_to_hub each checkpoint is also exported this way for the Hub (`push_checkpoint`).
 """
 
 import json
 import math
 import os
 import platform
+import shutil
+import sys
 
 import torch
 from huggingface_hub import ModelCard
 
 from hf_tinytx.folders import STAGING_NAME, publish, regular_files, staging_folder
 
-from .args import RunError
+from . import cards
 from .checkpoints import disk_space_guard
+from .errors import RunError
 
 
 def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, history, training_args, max_shard_size):
@@ -85,3 +89,20 @@ def human_count(n: int) -> str:
 
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 50 else float("inf")
+
+
+def push_checkpoint(pusher, model, state_dict, tokenizer, log, checkpoints_dir: str, step: int,
+                    training_record: dict) -> None:
+    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo, as a complete model folder (weights, config,
+    code, tokenizer, card) without the optimizer and RNG state. The pusher snapshots the folder by hard links before
+    returning, so our copy can go at once and pruning old checkpoints never pulls files from under an upload."""
+    folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
+    shutil.rmtree(folder, ignore_errors=True)  # left by a run killed while exporting this step
+    card = cards.checkpoint_card(pusher.repo_id, step, log.last("loss"))
+    try:
+        write_model_folder(folder, model, state_dict, tokenizer, card, log.rows, training_record, "2GB")
+        pusher.push_async(folder, f"Checkpoint at step {step}", path_in_repo=f"checkpoints/step_{step}")
+    except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
+        print(f"Could not export checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

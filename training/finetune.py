@@ -37,15 +37,19 @@ import warnings
 from dataclasses import dataclass, field
 
 
-if __package__ in (None, ""):  # run as `python training/finetune.py`: import `training` from the checkout
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__" and not __package__:  # `python training/finetune.py` in a checkout: run the package's module
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this checkout's hf_tinytx first)
+    from hf_tinytx_training.cli import run_checkout_script
 
-from training.args import UserInputError, build_parser
-from training.finetune_args import (
+    run_checkout_script(__file__, "hf_tinytx_training.finetune")
+
+from .args import build_parser
+from .errors import UserInputError
+from .finetune_args import (
     FinetuneArguments, check_args, hub_repo_id, model_source, output_dir_flags, preflight,
 )
-from training.preemption import StopRequests, Stopped, stop_message
-from training.sft_records import has_chat, read_records
+from .preemption import StopRequests, Stopped, stop_message
+from .sft_records import has_chat, read_records
 
 
 STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
@@ -69,11 +73,12 @@ from hf_tinytx.folders import (
     STAGING_NAME, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, regular_files, writing_into,
 )
 from hf_tinytx.quiet import quiet_notices
-from training import cards, checkpoints, cpu_memory, distributed
-from training.args import RunError
-from training.hub import HubPusher
-from training.output_dir import refuse_earlier_run, release_lock, remove_checkpoints, take_lock
-from training.sft_data import build_examples, ensure_chat_template, pad_collator
+
+from . import cards, checkpoints, cpu_memory, distributed
+from .errors import RunError
+from .hub import HubPusher
+from .output_dir import refuse_earlier_run, release_lock, remove_checkpoints, take_lock
+from .sft_data import build_examples, ensure_chat_template, pad_collator
 
 
 RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from .args import UserInputError, build_parser, env_flag
+from .args import build_parser, env_flag
+from .errors import UserInputError
 from .output_dir import check_output_dir
 from .sft_records import read_records
 

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_tinytx.folders import local_folder_or_hub_id
 
-from .args import UserInputError
+from .errors import UserInputError
 from .config_file import config_file_path, read_config_file
 
 

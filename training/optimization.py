@@ -13,7 +13,8 @@ from collections import defaultdict
 import torch
 from transformers import get_scheduler
 
-from training import distributed
+from . import distributed
+from .schedules import CLOCK_SHAPES
 
 
 class StackedMuon(torch.optim.Muon):
@@ -156,15 +157,6 @@ class Clock:
     @property
     def ran_out(self) -> bool:
         return bool(self.budget) and self.seconds >= self.budget
-
-
-CLOCK_SHAPES = {  # learning-rate factor as a function of the fraction of the budget spent
-    "cosine": lambda progress: 0.5 * (1 + math.cos(math.pi * progress)),
-    "linear": lambda progress: 1 - progress,
-    "constant": lambda progress: 1.0,
-    "constant_with_warmup": lambda progress: 1.0,
-    "warmup_stable_decay": lambda progress: min(1.0, (1 - progress) / 0.3),  # flat, then down to 0 over the last 30%
-}
 
 
 def make_schedule(optimizer, train_args, max_train_steps: int | None, num_processes: int, clock: Clock):

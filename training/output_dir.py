@@ -9,7 +9,7 @@ import fcntl
 import os
 import shutil
 
-from .args import UserInputError
+from .errors import UserInputError
 
 
 LOCK_FILE = ".lock"

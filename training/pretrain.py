@@ -28,22 +28,24 @@ import time
 from dataclasses import dataclass, field
 
 
-if __package__ in (None, ""):  # run as `python training/pretrain.py`: import `training` from the checkout
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__" and not __package__:  # `python training/pretrain.py` in a checkout: run the package's module
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this checkout's hf_tinytx first)
+    from hf_tinytx_training.cli import run_checkout_script
 
-from training.preemption import StopRequests, Stopped, signal_of, stop_message
+    run_checkout_script(__file__, "hf_tinytx_training.pretrain")
+
+from .preemption import StopRequests, Stopped, signal_of, stop_message
 
 
 STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
-from training.args import (
-    RunError, UserInputError, args_to_dict, check_batch, check_schedule, parse_args, planned_by_clock,
-)
-from training.config_file import config_file_path, read_config_file
-from training.data_files import local_data_files
-from training.output_dir import check_output_dir, release_lock, remove_checkpoints, take_lock
+from .args import args_to_dict, check_batch, check_schedule, parse_args, planned_by_clock
+from .errors import RunError, UserInputError
+from .config_file import config_file_path, read_config_file
+from .data_files import local_data_files
+from .output_dir import check_output_dir, release_lock, remove_checkpoints, take_lock
 
 
 if __name__ == "__main__":
@@ -72,15 +74,15 @@ import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.folders import link_or_copy
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
-from training import cards, checkpoints, cpu_memory, distributed, export
-from training.data import (
+from . import cards, checkpoints, cpu_memory, distributed, export
+from .data import (
     DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
-from training.hub import HubPusher
-from training.model_config import check_model_builds, load_model_config
-from training.optimization import Clock, make_optimizer, make_schedule
-from training.run_log import RunLog
-from training.tokenizer import load_tokenizer
+from .hub import HubPusher
+from .model_config import check_model_builds, load_model_config
+from .optimization import Clock, make_optimizer, make_schedule
+from .run_log import RunLog
+from .tokenizer import load_tokenizer
 
 
 @dataclass
@@ -479,8 +481,8 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
     if run.train_args.push_to_hub and push:
         state_dict = gathered_state_dict(run)
         if run.pusher is not None:
-            checkpoints.push(run.pusher, *exportable(run, state_dict), run.tokenizer,
-                             run.log, run.checkpoints_dir, run.completed_steps, training_record(run))
+            export.push_checkpoint(run.pusher, *exportable(run, state_dict), run.tokenizer,
+                                   run.log, run.checkpoints_dir, run.completed_steps, training_record(run))
 
 
 def stop_for_signal(run: Run, signum: int) -> None:

@@ -9,7 +9,7 @@ last one is damage no append makes, and stops the resume with the file and line 
 import json
 import os
 
-from .args import RunError
+from .errors import RunError
 
 
 class RunLog:

@@ -18,7 +18,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from hf_tinytx.tokenization import adds_bos
 
-from .args import UserInputError
+from .errors import UserInputError
 
 
 IGNORE_INDEX = -100  # the label value transformers' cross-entropy skips

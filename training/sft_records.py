@@ -12,7 +12,7 @@ training/sft_data.py turns the records into token ids and labels.
 import json
 import os
 
-from .args import UserInputError
+from .errors import UserInputError
 
 
 CHAT_ROLES = ("system", "user", "assistant")

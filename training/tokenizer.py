@@ -5,7 +5,7 @@ import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .args import UserInputError
+from .errors import UserInputError
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")

@@ -1,0 +1,105 @@
+"""The package as built for users: the wheel holds the presets, Accelerate configs, model card templates and the
+`tinytx` command, and installs nothing outside the project's own names (no top-level `training`). The `tinytx`
+command answers `--help` without torch. The install itself, in a clean environment, is a CI stage
+(.ci/wheel_check.py); its smaller parts are tested here."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.helpers.tiny import REPO_ROOT
+
+
+def load_wheel_check():
+    spec = importlib.util.spec_from_file_location("wheel_check", REPO_ROOT / ".ci" / "wheel_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+wheel_check = load_wheel_check()
+
+
+@pytest.fixture(scope="module")
+def wheel_names(tmp_path_factory):
+    """The file list of a wheel built from this checkout (isolated build, a few seconds)."""
+    dist = tmp_path_factory.mktemp("dist")
+    result = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO_ROOT)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    (wheel,) = dist.glob("*.whl")
+    return zipfile.ZipFile(wheel).namelist()
+
+
+def test_the_wheel_holds_configs_cards_and_the_command_and_no_top_level_training(wheel_names):
+    assert wheel_check.wheel_problems(wheel_names) == []
+    assert not any(name.startswith("training/") for name in wheel_names)
+    configs = {name for name in wheel_names if name.startswith("hf_tinytx_training/configs/")}
+    assert {"hf_tinytx_training/configs/model-tiny.json",
+            "hf_tinytx_training/configs/accelerate-fsdp2.yaml"} <= configs
+    assert len(configs) == len(list((REPO_ROOT / "training" / "configs").iterdir()))
+    entry_points = next(name for name in wheel_names if name.endswith("entry_points.txt"))
+    assert entry_points.endswith(".dist-info/entry_points.txt")
+
+
+def test_wheel_problems_names_each_fault():
+    good = [*wheel_check.REQUIRED, "hf_tinytx/__init__.py", "hf_tinytx-0.1.0.dist-info/entry_points.txt"]
+    assert wheel_check.wheel_problems(good) == []
+    bad = [name for name in good if "model_cards" not in name and "entry_points" not in name] + ["training/args.py"]
+    problems = wheel_check.wheel_problems(bad)
+    assert "missing hf_tinytx_training/model_cards/tinytx_model_card.md" in problems
+    assert "installs a top-level 'training'; only hf_tinytx, hf_tinytx_training belong to this project" in problems
+    assert problems[-1].startswith("no entry_points.txt")
+
+
+def test_the_finetune_records_are_prompt_response_jsonl():
+    rows = [json.loads(line) for line in wheel_check.finetune_records(5).splitlines()]
+    assert len(rows) == 5 and rows[0] == {"prompt": "Q: what is 0 plus one?\nA:", "response": " 1"}
+
+
+def test_the_ci_pretrain_flags_parse_and_stay_tiny():
+    """The stage's pretrain flags are real flags (a renamed one would only fail in CI, minutes in)."""
+    from hf_tinytx_training.args import parse_args
+
+    model_args, data_args, train_args = parse_args(wheel_check.TINY_PRETRAIN)
+    assert (model_args.hidden_size, data_args.block_size, train_args.max_train_steps) == (64, 64, 6)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["pretrain", "--help"]])
+def test_tinytx_help_answers_before_torch_loads(argv):
+    """`tinytx --help` lists the five commands, `tinytx pretrain --help` pretrain's flags; neither imports torch."""
+    command = [sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv]
+    result = subprocess.run(command, cwd=REPO_ROOT.parent, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "hf_tinytx_training.cli" in imported and "torch" not in imported
+    expected = "finetune   fine-tune" if argv == ["--help"] else "--max_train_steps"
+    assert expected in result.stdout
+
+
+def test_an_unknown_tinytx_command_is_one_line_naming_the_closest():
+    result = subprocess.run([sys.executable, "-m", "hf_tinytx_training", "pretrian"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("tinytx: error: unknown command 'pretrian'; did you mean pretrain? "
+                                     "(tinytx --help lists them)")
+
+
+def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
+    """`python training/pretrain.py` runs the installed hf_tinytx_training's module only when it is that very file: a
+    copy of the folder elsewhere (a second checkout, while this one is installed) says so in one line."""
+    import shutil
+
+    copy = tmp_path / "other" / "training"
+    shutil.copytree(REPO_ROOT / "training", copy, ignore=shutil.ignore_patterns("__pycache__", "configs"))
+    result = subprocess.run([sys.executable, str(copy / "pretrain.py"), "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"pretrain.py: error: hf_tinytx_training must be this checkout's training/ (it is installed from "
+        f"{REPO_ROOT / 'training'}); run `pip install -e .` in this checkout, or use the installed `tinytx pretrain`."
+    )

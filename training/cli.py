@@ -1,0 +1,72 @@
+"""`tinytx`: the project's five tools under one command, installed with the package.
+
+    tinytx pretrain [flags]                  pre-train a TinyTx model         (python -m hf_tinytx_training.pretrain)
+    tinytx finetune [flags]                  fine-tune a causal LM (Trainer)  (python -m hf_tinytx_training.finetune)
+    tinytx convert --to llama SRC DST        TinyTx <-> Llama, or GGUF        (python -m hf_tinytx.convert)
+    tinytx serve MODEL [flags]               OpenAI-compatible server         (python -m hf_tinytx.serve)
+    tinytx interpret MODEL TEXT [flags]      attention maps and head roles    (python -m hf_tinytx.interpret)
+
+A subcommand runs its module exactly as `python -m` does (its `__main__` block, which calls `main()`), so it takes
+the same flags and keeps what the scripts do before `main()`: bad input refused before torch loads, SIGTERM/SIGINT
+handled from the first line, one-line errors and their exit status. Nothing heavy is imported here: `tinytx --help`
+and `tinytx pretrain --help` are answered without torch.
+"""
+
+import difflib
+import os
+import runpy
+import sys
+from importlib.util import find_spec
+
+
+COMMANDS = {  # subcommand -> (module run as __main__, what it does)
+    "pretrain": ("hf_tinytx_training.pretrain", "pre-train a TinyTx model from scratch, export a model folder"),
+    "finetune": ("hf_tinytx_training.finetune", "fine-tune a causal LM folder or Hub id (full or LoRA)"),
+    "convert": ("hf_tinytx.convert", "convert a saved folder: TinyTx <-> Llama, or TinyTx -> one GGUF file"),
+    "serve": ("hf_tinytx.serve", "serve a model with transformers' OpenAI-compatible server"),
+    "interpret": ("hf_tinytx.interpret", "draw attention maps and rank heads by role"),
+}
+
+
+def usage() -> str:
+    rows = "\n".join(f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items())
+    return (f"usage: tinytx {{{','.join(COMMANDS)}}} [flags]\n\n{rows}\n\n"
+            "`tinytx <command> --help` lists a command's flags (the same as `python -m <its module>`).")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    command, flags = argv[0], argv[1:]
+    if command not in COMMANDS:
+        closest = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f"did you mean {closest[0]}?" if closest else f"use one of {', '.join(COMMANDS)}"
+        sys.stderr.write(f"tinytx: error: unknown command {command!r}; {hint} (tinytx --help lists them)\n")
+        return 2
+    run_as_main(COMMANDS[command][0], flags)
+    return 0
+
+
+def run_as_main(module: str, flags: list[str]) -> None:
+    """Runs `module` as `python -m module flags...` would; its sys.exit() ends the process with its status."""
+    sys.argv = [module, *flags]  # alter_sys puts the module's file first, as `python -m` does
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def run_checkout_script(script_file: str, module: str) -> None:
+    """`python training/pretrain.py` in a checkout: runs the installed package's module, once it is that very file
+    (an editable install of this checkout), so that the package's relative imports hold; then exits."""
+    spec = find_spec(module)
+    name = os.path.basename(script_file)
+    if spec is None or os.path.realpath(spec.origin) != os.path.realpath(script_file):
+        installed = f"it is installed from {os.path.dirname(spec.origin)}" if spec else "it is not installed"
+        sys.exit(f"{name}: error: hf_tinytx_training must be this checkout's training/ ({installed}); run "
+                 f"`pip install -e .` in this checkout, or use the installed `tinytx {name[:-3]}`.")
+    run_as_main(module, sys.argv[1:])
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""The two errors the training scripts end with, in a module of their own so that any module can raise them without
+importing the command-line definitions. Each message is one line that says what is wrong and what to do; the scripts
+print it as `<script>.py: error: ...` and exit 2 (bad input) or 1 (a fault while running)."""
+
+
+class UserInputError(ValueError):
+    """Bad input found before training starts. The message says what is wrong and how to fix it."""
+
+
+class RunError(RuntimeError):
+    """A fault met while training (a non-finite loss, a full disk). The message says what is intact and what to do."""
