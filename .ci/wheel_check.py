@@ -1,7 +1,9 @@
 """CI stage: the project as a user installs it. Builds the sdist and the wheel (the wheel from the sdist, as
 `python -m build` does), checks the wheel's file list, installs the wheel (not editable) into a clean virtual
 environment, and from a folder outside the checkout runs `tinytx pretrain` (a short run), loads the model with
-AutoModelForCausalLM and AutoTokenizer, then `tinytx convert --to llama` and `tinytx finetune` on it.
+AutoModelForCausalLM and AutoTokenizer, then `tinytx interpret`, `tinytx convert --to llama` and `tinytx finetune` on
+it. (`tinytx serve` is not run here: it needs the `serving` extra and a server's lifetime; tests/test_serve.py runs
+`python -m hf_tinytx.serve`, which it dispatches to.)
 
     .venv/bin/python .ci/wheel_check.py [--keep]     # needs `build` (test extra) and pip's index or cache
 
@@ -71,8 +73,9 @@ def finetune_records(count: int = 24) -> str:
 def run(command: list, cwd: Path, env: dict | None = None, timeout: float = 900) -> str:
     """Runs a step, echoing it; a failure ends the stage with the step's own output."""
     print("+", " ".join(map(str, command)), flush=True)
-    result = subprocess.run(list(map(str, command)), cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    # No stdin: a question (e.g. whether to trust remote code) fails at once instead of waiting.
+    result = subprocess.run(list(map(str, command)), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         sys.exit(f"wheel check: `{command[0]} ...` failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                  f"{result.stderr[-5000:]}")
@@ -108,11 +111,15 @@ def user_env(bin_dir: Path, home: Path) -> dict:
 
 
 def use(bin_dir: Path, work: Path) -> None:
-    """The commands, from `work` (outside the checkout): pretrain, load, convert, finetune."""
+    """The commands, from `work` (outside the checkout): pretrain, load, interpret, convert, finetune."""
     env, out = user_env(bin_dir, work), work / "out"
     run(["tinytx", "--help"], cwd=work, env=env)
     run(["tinytx", "pretrain", *TINY_PRETRAIN, "--output_dir", out / "tinytx"], cwd=work, env=env)
     print(run(["python", "-c", LOAD, out / "tinytx"], cwd=work, env=env).strip().splitlines()[-1], flush=True)
+    run(["tinytx", "interpret", out / "tinytx", "The animal didn't cross the street because it was tired. The",
+         "--out", work / "maps", "--layers", "0"], cwd=work, env=env)
+    if "heads" not in json.loads((work / "maps" / "heads.json").read_text()):
+        sys.exit("wheel check: tinytx interpret wrote no head ranking")
     run(["tinytx", "convert", "--to", "llama", out / "tinytx", out / "llama"], cwd=work, env=env)
     if json.loads((out / "llama" / "config.json").read_text())["model_type"] != "llama":
         sys.exit("wheel check: tinytx convert --to llama wrote no Llama config")

@@ -103,3 +103,24 @@ def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
         f"pretrain.py: error: hf_tinytx_training must be this checkout's training/ (it is installed from "
         f"{REPO_ROOT / 'training'}); run `pip install -e .` in this checkout, or use the installed `tinytx pretrain`."
     )
+
+
+@pytest.mark.slow
+def test_launchers_run_the_module_as_the_readme_says(tmp_path):
+    """README: `torchrun --nproc_per_node 2 -m hf_tinytx_training.pretrain` and `accelerate launch --config_file
+    CONFIG -m hf_tinytx_training.pretrain`, CONFIG from the installed package's configs folder, from any folder."""
+    from hf_tinytx_training.config_file import CONFIGS_DIR
+    from tests.helpers.tiny import TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
+
+    flags = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "2", "--num_probes_per_kind", "0", "--num_samples", "0"]
+    launchers = {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"],
+        "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                       f"{CONFIGS_DIR}/accelerate-cpu.yaml"],
+    }
+    env = pretrain_env(tmp_path, OMP_NUM_THREADS="1")
+    runs = {name: ([*launcher, "-m", "hf_tinytx_training.pretrain", *flags, "--output_dir", str(tmp_path / name)],
+                   tmp_path, env) for name, launcher in launchers.items()}
+    for name, result in run_side_by_side(runs).items():
+        assert result.returncode == 0, f"{name}:\n{result.stderr[-3000:]}"
+        assert (tmp_path / name / "model.safetensors").is_file(), name
