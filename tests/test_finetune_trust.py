@@ -220,3 +220,18 @@ def test_a_full_disk_in_a_checkpoint_is_one_line_and_the_earlier_checkpoint_resu
     succeeded(resumed)
     assert_same_weights(straight, tmp_path / "moved")
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "moved").config.model_type == "tinytx"
+
+
+def test_a_signal_while_the_libraries_load_ends_the_run_at_once_with_a_line(root, tmp_path):
+    """The handler is installed before anything heavy is imported: a SIGTERM that lands while transformers loads
+    (Python's import log, `-X importtime`, says when) ends the run with the stop line, not a bare -15."""
+    from tests.test_pretrain_preemption import run_signalled
+
+    command_line = [sys.executable, "-X", "importtime", *command(tmp_path / "out")[1:]]
+    stopped = run_signalled(command_line, signal.SIGTERM, r"import time:.*\| +transformers\.", pretrain_env(root),
+                            root)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout[-3000:]
+    assert "Traceback" not in stopped.stdout
+    assert any(line.startswith("finetune.py: stopped by SIGTERM before training started")
+               for line in stopped.stdout.splitlines()), stopped.stdout[-3000:]
+    assert not (tmp_path / "out" / "config.json").exists()

@@ -43,18 +43,21 @@ if __name__ == "__main__" and not __package__:  # `python training/finetune.py` 
 
     run_checkout_script(__file__, "hf_tinytx_training.finetune")
 
-from .args import build_parser
-from .errors import UserInputError
-from .finetune_args import (
-    FinetuneArguments, check_args, hub_repo_id, model_source, output_dir_flags, preflight,
-)
 from .preemption import StopRequests, Stopped, stop_message
-from .sft_records import has_chat, read_records
 
 
 STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
+
+from .args import build_parser  # noqa: E402  (loads transformers' argument parser: after the handler)
+from .errors import UserInputError  # noqa: E402
+from .finetune_args import (  # noqa: E402
+    FinetuneArguments, check_args, hub_repo_id, model_source, output_dir_flags, preflight,
+)
+from .sft_records import has_chat, read_records  # noqa: E402
+
+if __name__ == "__main__":
     # Flags, model folder and data first, before torch and transformers load (~8 s on a small CPU): bad input is
     # refused at once. main() checks them again with Trainer's flags parsed too, and reads the data files again
     # (a second's work for a file of ~100k records, small next to fine-tuning on them).
