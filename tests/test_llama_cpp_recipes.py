@@ -1,10 +1,10 @@
-"""The README's llama.cpp recipes as a user runs them: `llama_cpp.Llama` from Python (with the f32 key/value cache
-the README names for logit parity), the no-repack setting for q8_0 files, and llama-cpp-python's OpenAI-compatible
-server (`python -m llama_cpp.server`) queried through the `openai` client, with `repeat_penalty` 1.0.
+"""The llama.cpp recipes of docs/serving.md as a user runs them: `llama_cpp.Llama` from Python (with the f32
+key/value cache the page names for logit parity), the no-repack setting for q8_0 files, and llama-cpp-python's
+OpenAI-compatible server (`python -m llama_cpp.server`) queried through the `openai` client, with `repeat_penalty` 1.0.
 
-Each snippet and the server command are read from the README's section, not copied here. The model is the serving
-tests' tiny chat model (tests/test_serve.py), saved as `out/tinytx` and exported to `out/tinytx.gguf` (f32) and
-`out/tinytx-q8_0.gguf` in a user's folder. llama.cpp runs in its own environment, .venv-llamacpp (see
+Each snippet and the server command are read from their section of docs/serving.md, not copied here. The model is
+the serving tests' tiny chat model (tests/test_serve.py), saved as `out/tinytx` and exported to `out/tinytx.gguf`
+(f32) and `out/tinytx-q8_0.gguf` in a user's folder. llama.cpp runs in its own environment, .venv-llamacpp (see
 tests/helpers/engines.py), with the `server` extra. Marked `engine`: a stage of its own (`pytest -m engine tests`).
 """
 
@@ -21,11 +21,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_tinytx.convert import main as convert_main
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
 from tests.helpers.tiny import pretrain_env
-from tests.test_readme import README, readme_blocks
+from tests.test_readme import page_blocks
 from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, MAX_TOKENS, Server, train_tiny_chat_model
 
 pytestmark = pytest.mark.engine
 
+README_PAGE = "docs/serving.md"  # the page of the recipes, and their section:
 README_SECTION = "llama.cpp's Python API and its OpenAI-compatible server"
 README_PROMPT, README_MAX_TOKENS = "The animal didn't cross the street because", 32  # what its snippets ask
 SERVE_COMMAND = "python -m llama_cpp.server"
@@ -37,10 +38,11 @@ MODEL = {
 
 
 def readme_block(language: str, containing: str) -> str:
-    """The README section's block in `language` that contains `containing`."""
-    blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if b.section == README_SECTION]
+    """The block in `language` of that docs/serving.md section that contains `containing`."""
+    blocks = [b for b in page_blocks(README_PAGE) if b.section == README_SECTION]
     found = [b.text for b in blocks if b.language == language and containing in b.text]
-    assert len(found) == 1, f"README section {README_SECTION!r}: expected one {language} block with {containing!r}"
+    assert len(found) == 1, (f"{README_PAGE} section {README_SECTION!r}: expected one {language} block with "
+                             f"{containing!r}")
     return found[0]
 
 

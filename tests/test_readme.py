@@ -1,12 +1,14 @@
-"""README.md as a new user follows it: every ```python block, and the walkthrough's ```bash blocks, run as pasted,
-in order, in subprocesses in one fresh working folder; then the "How to use" snippets of a trained model's card (the
-model folder's own README.md), run from another folder.
+"""README.md and the docs/ pages as a new user follows them: every ```python block, and the walkthrough's ```bash
+blocks, run as pasted, in order (the README first, then the pages that go on from the model it trains), in
+subprocesses in one fresh working folder; then the "How to use" snippets of a trained model's card (the model
+folder's own README.md), run from another folder.
 
-What the test adds to the README's text is all in BLOCKS: flags appended to a command (tiny sizes, few steps, so
-the walkthrough takes seconds), code run before a Python block (blocking `hf_tinytx` where the README says it is not
-installed) and asserts run after it. Besides, `python training/...` runs the checkout's file (`checkout_paths`) and
-`python` is this interpreter. A block added to or removed from the README fails
-`test_readme_blocks_are_all_accounted_for` until BLOCKS says what to do with it.
+What the test adds to a page's text is all in PAGES (a page, then a Step per code block of it): flags appended to a
+command (tiny sizes, few steps, so the walkthrough takes seconds), code run before a Python block (blocking
+`hf_tinytx` where the page says it is not installed) and asserts run after it. Besides, `python training/...` runs
+the checkout's file (`checkout_paths`) and `python` is this interpreter. A block added to or removed from a page fails
+`test_readme_blocks_are_all_accounted_for` until PAGES says what to do with it, and a docs/ page PAGES does not list
+fails `test_every_docs_page_is_listed`.
 """
 
 import json
@@ -25,6 +27,7 @@ from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_
 
 
 README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"
 FENCE = re.compile(r"^```(\w*)\s*$")
 
 
@@ -37,7 +40,7 @@ class Block:
 
 @dataclass(frozen=True)
 class Step:
-    """What the test does with one README block, in README order."""
+    """What the test does with one code block of a page, in the page's order."""
 
     section: str
     language: str
@@ -57,43 +60,66 @@ WRITE_MY_TEXTS = (
 TINY_PRETRAIN = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "30", "--eval_steps", "30"]
 FEW_FINETUNE_STEPS = ["--max_steps", "4"]
 
-BLOCKS = [
-    Step("The two commands", "bash", skip="installs packages and runs the whole test suite, this test included"),
-    Step("The `tinytx` command", "bash"),
-    Step("Using the model in Python", "python", check="assert type(model).__name__ == 'TinyTxForCausalLM'"),
-    Step("Loading with and without the package", "python",
-         check="assert type(model).__module__ == 'hf_tinytx.modeling_tinytx'"),
-    Step("Loading with and without the package", "python", prefix=BLOCK_HF_TINYTX,
-         check="assert type(model).__module__.startswith('transformers_modules')\n"
-               "assert not any(name.startswith('hf_tinytx') for name in sys.modules)"),
-    Step("Training from scratch (`training/pretrain.py`)", "bash",
-         append={"python training/pretrain.py": TINY_PRETRAIN}),
-    Step("Training from scratch (`training/pretrain.py`)", "python",
-         check="assert output.shape[1] > inputs['input_ids'].shape[1]\n"
-               "assert tokenizer.decode(output[0], skip_special_tokens=True).startswith(\"The animal didn't\")"),
-    Step("Training from scratch (`training/pretrain.py`)", "bash", prefix=WRITE_MY_TEXTS,
-         append={"python training/pretrain.py": [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4"]},
-         check="test -f out/mine/model.safetensors && grep -q my_texts out/mine/training_args.json"),
-    Step("Fine-tuning (Trainer, LoRA, merge)", "bash", append={"python training/finetune.py": FEW_FINETUNE_STEPS}),
-    Step("Fine-tuning (Trainer, LoRA, merge)", "python",
-         check="assert 0 <= sft_right <= 29 and 0 <= chat_right <= 29\n"
-               "assert type(model).__name__ == 'PeftModelForCausalLM'"),
-    Step("What attention does, shown", "bash"),
-    Step("Converting to and from Llama", "bash"),
-    Step("llama.cpp's Python API and its OpenAI-compatible server", "python",
-         skip="needs .venv-llamacpp: tests/test_llama_cpp_recipes.py runs it there"),
-    Step("llama.cpp's Python API and its OpenAI-compatible server", "python",
-         skip="needs .venv-llamacpp: tests/test_llama_cpp_recipes.py runs it there, then a q8_0 file"),
-    Step("llama.cpp's Python API and its OpenAI-compatible server", "bash",
-         skip="a server that runs until stopped: tests/test_llama_cpp_recipes.py starts it in .venv-llamacpp"),
-    Step("llama.cpp's Python API and its OpenAI-compatible server", "python",
-         skip="a client of that server: tests/test_llama_cpp_recipes.py runs it against the server"),
-    Step("vLLM", "bash", skip="installs vLLM (3.5 GB) into .venv-vllm; .ci/run runs these commands"),
-    Step("vLLM", "bash", skip="the GPU install; no GPU here"),
-    Step("vLLM", "python", skip="needs .venv-vllm: tests/test_vllm.py runs it there, on a trained folder"),
-    Step("vLLM", "bash", skip="a server that runs until stopped: tests/test_vllm.py starts it in .venv-vllm"),
-    Step("vLLM", "python", skip="a client of that server: tests/test_vllm.py runs it against the server"),
-    Step("Tests", "bash", skip="the whole test suite, this test included"),
+@dataclass(frozen=True)
+class Page:
+    """A markdown page of the project and a Step for each of its code blocks (none: a page of prose and tables)."""
+
+    path: str  # relative to the repository root
+    steps: tuple[Step, ...] = ()
+
+
+ENGINE_LLAMA_CPP = "llama.cpp's Python API and its OpenAI-compatible server"
+
+# In the order a user follows them: the README's quick start writes out/tinytx, which the pages after it use.
+PAGES = [
+    Page("README.md", (
+        Step("The two commands", "bash", skip="installs packages and runs the whole test suite, this test included"),
+        Step("The `tinytx` command", "bash"),
+        Step("Using the model in Python", "python", check="assert type(model).__name__ == 'TinyTxForCausalLM'"),
+        Step("Loading with and without the package", "python",
+             check="assert type(model).__module__ == 'hf_tinytx.modeling_tinytx'"),
+        Step("Loading with and without the package", "python", prefix=BLOCK_HF_TINYTX,
+             check="assert type(model).__module__.startswith('transformers_modules')\n"
+                   "assert not any(name.startswith('hf_tinytx') for name in sys.modules)"),
+        Step("Training from scratch (`training/pretrain.py`)", "bash",
+             append={"python training/pretrain.py": TINY_PRETRAIN}),
+        Step("Generating text with the model you trained", "python",
+             check="assert output.shape[1] > inputs['input_ids'].shape[1]\n"
+                   "assert tokenizer.decode(output[0], skip_special_tokens=True).startswith(\"The animal didn't\")"),
+        Step("Training on your own text", "bash", prefix=WRITE_MY_TEXTS,
+             append={"python training/pretrain.py": [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4"]},
+             check="test -f out/mine/model.safetensors && grep -q my_texts out/mine/training_args.json"),
+        Step("Tests", "bash", skip="the whole test suite, this test included"),
+    )),
+    Page("docs/training.md"),
+    Page("docs/finetuning.md", (
+        Step("Fine-tuning (Trainer, LoRA, merge)", "bash", append={"python training/finetune.py": FEW_FINETUNE_STEPS}),
+        Step("Fine-tuning (Trainer, LoRA, merge)", "python",
+             check="assert 0 <= sft_right <= 29 and 0 <= chat_right <= 29\n"
+                   "assert type(model).__name__ == 'PeftModelForCausalLM'"),
+    )),
+    Page("docs/attention.md", (
+        Step("Looking at a model's attention", "bash"),
+    )),
+    Page("docs/serving.md", (
+        Step("Converting to and from Llama", "bash"),
+        Step(ENGINE_LLAMA_CPP, "python", skip="needs .venv-llamacpp: tests/test_llama_cpp_recipes.py runs it there"),
+        Step(ENGINE_LLAMA_CPP, "python",
+             skip="needs .venv-llamacpp: tests/test_llama_cpp_recipes.py runs it there, then a q8_0 file"),
+        Step(ENGINE_LLAMA_CPP, "bash",
+             skip="a server that runs until stopped: tests/test_llama_cpp_recipes.py starts it in .venv-llamacpp"),
+        Step(ENGINE_LLAMA_CPP, "python",
+             skip="a client of that server: tests/test_llama_cpp_recipes.py runs it against the server"),
+        Step("vLLM", "bash", skip="installs vLLM (3.5 GB) into .venv-vllm; .ci/run runs these commands"),
+        Step("vLLM", "bash", skip="the GPU install; no GPU here"),
+        Step("vLLM", "python", skip="needs .venv-vllm: tests/test_vllm.py runs it there, on a trained folder"),
+        Step("vLLM", "bash", skip="a server that runs until stopped: tests/test_vllm.py starts it in .venv-vllm"),
+        Step("vLLM", "python", skip="a client of that server: tests/test_vllm.py runs it against the server"),
+    )),
+    Page("docs/scaling.md"),
+    Page("docs/faults.md"),
+    Page("docs/performance.md"),
+    Page("docs/model.md"),
 ]
 
 
@@ -114,6 +140,32 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
+def page_blocks(path: str | Path) -> list[Block]:
+    """The code blocks of a page of the project (a path relative to the repository root, e.g. "docs/serving.md")."""
+    return readme_blocks((REPO_ROOT / path).read_text(encoding="utf-8"))
+
+
+def page_texts() -> dict[str, str]:
+    """Every page PAGES lists, by its path, with its text."""
+    return {page.path: (REPO_ROOT / page.path).read_text(encoding="utf-8") for page in PAGES}
+
+
+def headings(text: str) -> list[str]:
+    """The markdown headings of a text, outside its code blocks."""
+    found, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            found.append(line.lstrip("#").strip())
+    return found
+
+
+def anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
 def append_flags(script: str, command: str, flags: list[str]) -> str:
     """`flags` added to the end of every `command ...` line of a bash script (continuation lines joined first,
     a trailing comment kept after them); fails if the script has no such command."""
@@ -124,16 +176,17 @@ def append_flags(script: str, command: str, flags: list[str]) -> str:
             code, hash_, comment = line.partition(" #")
             lines[i] = f"{code.rstrip()} {' '.join(flags)}" + (f"  #{comment}" if hash_ else "")
             hits += 1
-    assert hits, f"the README block no longer runs `{command}`:\n{script}"
+    assert hits, f"the block no longer runs `{command}`:\n{script}"
     return "\n".join(lines) + "\n"
 
 
 def checkout_paths(script: str) -> str:
-    """`python training/x.py` names a file of the checkout the README is read in: run the checkout's file."""
+    """`python training/x.py` names a file of the checkout the page is read in: run the checkout's file."""
     return re.sub(r"(?<=python )training/", f"{REPO_ROOT}/training/", script)
 
 
-def run_block(step: Step, block: Block, workdir: Path, env: dict, number: int) -> subprocess.CompletedProcess:
+def run_block(step: Step, block: Block, workdir: Path, env: dict, number: int,
+              where: str = "README.md") -> subprocess.CompletedProcess:
     if block.language == "python":
         path = workdir / f"readme_block_{number}.py"
         path.write_text(f"{step.prefix}\n{block.text}\nimport sys\n{step.check}\n")
@@ -147,7 +200,7 @@ def run_block(step: Step, block: Block, workdir: Path, env: dict, number: int) -
     result = subprocess.run(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             timeout=600)  # no stdin: a prompt for input (e.g. to trust remote code) fails at once
     assert result.returncode == 0, (
-        f"README block {number} ({block.section}, {block.language}) failed ({result.returncode}):\n{block.text}\n"
+        f"{where} block {number} ({block.section}, {block.language}) failed ({result.returncode}):\n{block.text}\n"
         f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     )
     return result
@@ -161,41 +214,71 @@ def user_env(tmp_path: Path) -> dict:
     return env
 
 
-def test_readme_blocks_are_all_accounted_for():
-    found = [(b.section, b.language) for b in readme_blocks(README.read_text(encoding="utf-8"))]
-    expected = [(s.section, s.language) for s in BLOCKS]
+@pytest.mark.parametrize("page", PAGES, ids=[page.path for page in PAGES])
+def test_readme_blocks_are_all_accounted_for(page):
+    found = [(b.section, b.language) for b in page_blocks(page.path)]
+    expected = [(s.section, s.language) for s in page.steps]
     assert found == expected, (
-        "README.md's code blocks changed; say in tests/test_readme.py BLOCKS how each is run (or why not).\n"
-        f"README: {found}\nBLOCKS: {expected}"
+        f"{page.path}'s code blocks changed; say in tests/test_readme.py PAGES how each is run (or why not).\n"
+        f"{page.path}: {found}\nPAGES: {expected}"
     )
+
+
+def test_every_docs_page_is_listed():
+    listed = [page.path for page in PAGES]
+    assert listed[0] == "README.md" and len(set(listed)) == len(listed), listed
+    on_disk = sorted(path.relative_to(REPO_ROOT).as_posix() for path in DOCS.glob("**/*.md"))
+    assert sorted(listed[1:]) == on_disk, f"list each docs/ page in tests/test_readme.py PAGES: {on_disk} vs {listed}"
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_pages_relative_links_resolve():
+    """Each relative link or image of the README and the docs/ pages names a file that exists, and a #fragment a
+    heading of the page it points to (how the pages were split: a link that pointed into the README)."""
+    broken = []
+    for path, text in page_texts().items():
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file, _, fragment = target.partition("#")
+            resolved = (REPO_ROOT / path).parent / file if file else REPO_ROOT / path
+            if not resolved.exists():
+                broken.append(f"{path}: {target} (no such file)")
+            elif fragment and fragment not in {anchor(h) for h in headings(resolved.read_text(encoding="utf-8"))}:
+                broken.append(f"{path}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
 
 
 @pytest.mark.slow
 def test_readme_runs_top_to_bottom(tmp_path):
-    blocks = readme_blocks(README.read_text(encoding="utf-8"))
-    assert len(blocks) == len(BLOCKS), "see test_readme_blocks_are_all_accounted_for"
     workdir = tmp_path / "user"
     workdir.mkdir()
     env = user_env(tmp_path)
-    outputs = {}
-    for number, (step, block) in enumerate(zip(BLOCKS, blocks)):
-        assert (block.section, block.language) == (step.section, step.language)
-        if not step.skip:
-            outputs[step.section, block.language] = run_block(step, block, workdir, env, number).stdout
+    outputs, number = {}, 0
+    for page in PAGES:
+        blocks = page_blocks(page.path)
+        assert len(blocks) == len(page.steps), "see test_readme_blocks_are_all_accounted_for"
+        for step, block in zip(page.steps, blocks):
+            assert (block.section, block.language) == (step.section, step.language)
+            if not step.skip:
+                outputs[step.section, block.language] = run_block(step, block, workdir, env, number, page.path).stdout
+            number += 1
 
     out = workdir / "out"
     # Using the model in Python: a saved folder with weights, config and code; greedy ids printed.
     assert {"model.safetensors", "config.json", "modeling_tinytx.py"} <= set(os.listdir(out))
     assert "tensor([[" in outputs["Using the model in Python", "python"]
-    # The walkthrough's pre-trained model, fine-tuned in full and with LoRA (adapter and merged model).
+    # The walkthrough's pre-trained model, fine-tuned in full and with LoRA (adapter, merged): docs/finetuning.md.
     assert (out / "tinytx" / "model.safetensors").is_file()
     assert (out / "sft" / "model.safetensors").is_file()
     assert (out / "chat-lora" / "adapter_model.safetensors").is_file()
     assert (out / "chat-lora" / "merged" / "model.safetensors").is_file()
-    # The interpret command ranks the head that resolves "it", at each of the three places it is read.
+    # docs/attention.md's interpret command ranks the head that resolves "it", at each of the three places it is read.
     report = json.loads((workdir / "maps" / "heads.json").read_text())
     assert {"previous_token", "first_token", "coref@it", "coref@adjective", "coref@last"} <= set(report["heads"])
-    # The converter's round trip: a Llama folder and a TinyTx folder again.
+    # docs/serving.md's converter round trip: a Llama folder and a TinyTx folder again.
     assert json.loads((out / "llama" / "config.json").read_text())["model_type"] == "llama"
     assert json.loads((out / "tinytx-again" / "config.json").read_text())["model_type"] == "tinytx"
 
@@ -235,7 +318,7 @@ def test_model_card_snippets_load_and_generate(pushed, run_pretrain, local_hub, 
             f"assert type(model).__module__.startswith({module!r})\n"
             "assert output.shape[1] > inputs['input_ids'].shape[1]"
         ))
-        result = run_block(step, block, elsewhere, env, number)
+        result = run_block(step, block, elsewhere, env, number, "the model card")
         assert result.stdout.strip(), "the snippet prints the generated text"
 
 
@@ -243,10 +326,10 @@ BENCHMARK_COMMAND = re.compile(r"python (benchmarks/\w+\.py|-m benchmarks\.\w+)"
 
 
 def test_the_benchmark_commands_the_readme_names_start():
-    """Each `python benchmarks/X.py` or `python -m benchmarks.X` in the README, run from the repository root as
-    written, gets as far as its --help (one once said to be run another way and stopped), and answers it before
-    torch loads (~7 s on a small CPU)."""
-    commands = sorted(set(BENCHMARK_COMMAND.findall(README.read_text())))
+    """Each `python benchmarks/X.py` or `python -m benchmarks.X` in the README and the docs/ pages, run from the
+    repository root as written, gets as far as its --help (one once said to be run another way and stopped), and
+    answers it before torch loads (~7 s on a small CPU)."""
+    commands = sorted({command for text in page_texts().values() for command in BENCHMARK_COMMAND.findall(text)})
     assert len(commands) >= 5, commands
     results = run_side_by_side(
         {command: ([sys.executable, "-X", "importtime", *command.split(), "--help"], REPO_ROOT, None)

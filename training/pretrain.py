@@ -586,8 +586,8 @@ def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> ProbeRe
         scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
         report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
         report.chance = chance_levels(probes)
-        accelerator.print("probe accuracy (chance): " + ", ".join(
-            f"{name} {value:.3f} ({report.chance[name]:.2f})" for name, value in report.accuracy.items()))
+        accelerator.print("probe accuracy: " + ", ".join(
+            f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
     prompts = []
     for kind in ("coref", "copy", "coref_new_nouns", "recall"):
         prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]

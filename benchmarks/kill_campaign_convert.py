@@ -1,0 +1,169 @@
+"""The kill campaign's trials of `python -m hf_tinytx.convert --to llama` (benchmarks/kill_campaign.py explains the
+design).
+
+Two TinyTx models of one architecture (seeds 0 and 1, "old" and "new") and their Llama conversions, made here. Each
+trial copies the old conversion (its record of written files included) into a fresh destination beside my_notes.txt,
+then runs `convert --to llama new DEST --overwrite`, SIGKILLed at a random time or right before/after one of the
+os.replace/os.rename calls that touch DEST (counted in a reference run). After the kill DEST must load as the old model
+or the new one (logits equal, bit for bit, to one of the two conversions'), my_notes.txt must be intact and the source
+folder's bytes unchanged; rerunning the same command must end with exactly the new conversion's files."""
+
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.kill_campaign_common import (
+    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, file_digests, last_error, lost_reasons, notes_kept, plan_call,
+    quiet_transformers, read_calls, repo_env, rerun_until_done, row, run_process, say, traced, verdict, write_notes,
+)
+from tests.helpers.faults import run_killed_at
+from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+
+
+MANIFEST = ".tinytx-written.json"
+CALLS = {"move into DEST": (MOVES, "llama")}  # DEST is always .../llama; no other path the command touches says so
+KINDS, QUICK_KINDS = ("call", "time", "call"), ("call", "call")
+# `python -m hf_tinytx.convert` as a script file, so tests/helpers/launch.py (which runs a file) can wrap its calls.
+SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__main__', alter_sys=True)\n"
+
+
+class Convert:
+    name = "convert"
+
+    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, seed: int):
+        self.folder, self.env, self.quick, self.trials = folder / "convert", repo_env(env), quick, trials
+        self.seed = seed
+        self.logits = {}
+
+    def args(self, destination: Path) -> list[str]:
+        return ["--to", "llama", str(self.folder / "tinytx_new"), str(destination), "--overwrite"]
+
+    def convert(self, source: str, destination: Path, prefix=None, **kill) -> object:
+        command = [*(prefix or [sys.executable, "-m", "hf_tinytx.convert"]), "--to", "llama",
+                   str(self.folder / source), str(destination), "--overwrite"]
+        return run_process(command, self.env, self.folder, **kill)
+
+    def prepare(self) -> None:
+        """The two sources, their conversions into fresh folders, then the trials' command once, timed and traced."""
+        self.folder.mkdir()
+        (self.folder / "convert_shim.py").write_text(SHIM)
+        quiet_transformers()
+        tokenizer = build_byte_bpe_tokenizer()
+        for name, seed in (("tinytx_old", 0), ("tinytx_new", 1)):
+            build_tiny_model(seed=seed, vocab_size=len(tokenizer)).save_pretrained(self.folder / name)
+            tokenizer.save_pretrained(self.folder / name)
+        for name in ("old", "new"):
+            result = self.convert(f"tinytx_{name}", self.folder / f"ref_{name}" / "llama")
+            if result.returncode != 0:
+                sys.exit(f"kill_campaign.py: converting the {name} model failed:\n{result.stderr[-3000:]}")
+            self.logits[name] = logits_of(self.folder / f"ref_{name}" / "llama")
+        self.source_digests = file_digests(self.folder / "tinytx_new")
+        destination = self.destination("reference")
+        calls_file = self.folder / "reference.calls"
+        result = self.convert("tinytx_new", destination, prefix=[*traced([sys.executable], calls_file, CALLS),
+                                                                  str(self.folder / "convert_shim.py")])
+        problem = self.differs_from_new(destination) if result.returncode == 0 else last_error(result)
+        if problem:
+            sys.exit(f"kill_campaign.py: the convert reference run did not end with the new model: {problem}")
+        self.calls, self.seconds = read_calls(calls_file), result.seconds
+        say(f"convert reference: {result.seconds:.1f} s; calls: "
+            + ", ".join(f"{label} {len(calls)}" for label, calls in self.calls.items()))
+
+    def destination(self, name: str) -> Path:
+        """A destination holding the old conversion (with convert's record of it) and the user's notes."""
+        destination = self.folder / name / "llama"
+        shutil.copytree(self.folder / "ref_old" / "llama", destination)
+        write_notes(destination)
+        return destination
+
+    def plans(self) -> list[dict]:
+        rng, plans = random.Random(f"{self.seed}-convert"), []
+        for index in range(self.trials):
+            kind = (QUICK_KINDS if self.quick else KINDS)[index % len(QUICK_KINDS if self.quick else KINDS)]
+            plan = {"trial": index + 1, "command": self.name, "config": "overwrite", "kind": kind,
+                    "fraction": rng.random()}
+            if kind == "call":
+                plan["call"] = plan_call(rng, self.calls, [(label, *value) for label, value in CALLS.items()])
+            plan["rerun_kills"] = [None if self.quick or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
+                                   else rng.random() for rerun in range(MAX_RERUNS)]
+            plans.append(plan)
+        return plans
+
+    def run_trial(self, plan: dict) -> dict:
+        destination = self.destination(f"trial_{plan['trial']:02d}")
+        started, error = time.monotonic(), None
+        if plan["kind"] == "time":
+            at = plan["fraction"] * self.seconds
+            moment = f"SIGKILL t={at:.2f}s of {self.seconds:.1f}s"
+            first = self.convert("tinytx_new", destination, at=at)
+        else:
+            call = plan["call"]
+            moment = f"{call['when']} move {call['nth']}/{call['count']} ({Path(call['target']).name})"
+            first = run_killed_at(self.args(destination), env=self.env, cwd=self.folder,
+                                  function=tuple(call["function"]), match=call["match"], nth=call["nth"],
+                                  when=call["when"], script=self.folder / "convert_shim.py")
+        killed = first.returncode == KILLED
+        if not killed:
+            moment += " (not reached)"
+            if first.returncode != 0:
+                error = f"exit {first.returncode}: {last_error(first)}"
+        states = [self.state(destination)] if killed else []
+        notes_lost = not notes_kept(destination)
+
+        def rerun(fraction):
+            return self.convert("tinytx_new", destination, at=None if fraction is None else fraction * self.seconds)
+
+        done = rerun_until_done(first, rerun, lambda: self.state(destination), plan["rerun_kills"], destination)
+        result, states = done["result"], states + done["states"]
+        difference = self.differs_from_new(destination) if result.returncode == 0 else None
+        equal = result.returncode == 0 and not difference
+        lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(destination),
+                                    file_digests(self.folder / "tinytx_new") != self.source_digests)
+        return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
+                   reruns=done["reruns"], rerun_kills=done["rerun_kills"],
+                   resumed_from="-" if not done["reruns"] else "rerun", exit=result.returncode, equal=equal,
+                   lost=bool(lost_because), error=verdict(equal, lost_because, None, difference or done["error"]
+                                                           or error, result),
+                   call=plan.get("call", {}).get("target"), seconds=round(time.monotonic() - started, 1))
+
+    def state(self, destination: Path) -> str:
+        """"old" or "new": which conversion DEST loads as (its logits equal that one's); else "BROKEN: why"."""
+        import torch
+
+        try:
+            logits = logits_of(destination)
+        except Exception as error:  # noqa: BLE001  (whatever a user would meet)
+            return f"BROKEN: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        for name, expected in self.logits.items():
+            if torch.equal(logits, expected):
+                return name
+        return "BROKEN: loads, but as neither the old model nor the new"
+
+    def differs_from_new(self, destination: Path) -> str | None:
+        """Why DEST is not exactly the new conversion beside the user's notes (None when it is)."""
+        expected = {name: digest for name, digest in file_digests(self.folder / "ref_new" / "llama").items()
+                    if name != MANIFEST}
+        found = {name: digest for name, digest in file_digests(destination).items()
+                 if name not in (MANIFEST, "my_notes.txt")}
+        different = sorted(name for name in expected if found.get(name) != expected[name])
+        extra = sorted(set(found) - set(expected))
+        if different or extra:
+            return f"files differ from the new conversion's: {different}; files that should not be there: {extra}"
+        return None
+
+    def summary(self) -> dict:
+        return {"reference_seconds": {"overwrite": round(self.seconds, 2)},
+                "calls": {label: len(calls) for label, calls in self.calls.items()},
+                "command": ["python", "-m", "hf_tinytx.convert", "--to", "llama", "NEW", "DEST", "--overwrite"]}
+
+
+def logits_of(folder: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model(torch.arange(3, 19).unsqueeze(0)).logits

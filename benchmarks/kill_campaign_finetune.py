@@ -1,0 +1,203 @@
+"""The kill campaign's trials of training/finetune.py (benchmarks/kill_campaign.py explains the design).
+
+A tiny TinyTx base folder and prompt/response JSONL, made here; a full fine-tune of STEPS steps with a checkpoint every
+SAVE_STEPS, one process, and (outside --quick) two under torchrun. Kills: SIGKILL at a random time, during the final
+publish (counted from the metrics line printed right before it), or right before/after an exact call counted in the
+reference run (a checkpoint's weights or torch.save'd states in checkpoints/.tmp_checkpoint, a rename out of it, a
+move out of .tinytx-staging); SIGTERM and SIGINT at a random time of the run or of its training phase (exit 128 +
+signal with the stop line, torchrun's 1 with it, or 0 when the run had already finished). Then reruns with
+--resume_from_checkpoint latest until one exits 0, and the model compared bit for bit with the reference's."""
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.kill_campaign_common import (
+    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, TORCHRUN, killed_at, last_error, lost_reasons,
+    model_state, notes_kept, plan_call, quiet_transformers, read_calls, rerun_until_done, row, run_process,
+    same_weights, say, stop_outcome, traced, verdict, write_notes,
+)
+from tests.helpers.faults import run_killed_at
+from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model
+
+
+FINETUNE = REPO_ROOT / "training" / "finetune.py"
+STEPS, SAVE_STEPS = 16, 4  # checkpoints 4, 8, 12 and 16 (the newest two kept)
+TRAINING_LINE = r"'loss'"  # Trainer's log of step 1 (--logging_steps 1): training is under way
+PUBLISH_LINE = r'"train_loss":'  # finetune's metrics line, printed right before the final save
+FINISHED_LINE = "Model saved to "  # printed once the model is published
+CHECKPOINT_STAGING, STAGING = ".tmp_checkpoint", ".tinytx-staging"
+CALLS = {  # label: (functions, text in an argument), each call of them counted in the reference run
+    "checkpoint weights": (("safetensors.torch.save_file",), CHECKPOINT_STAGING),
+    "checkpoint torch.save": (("torch.save",), CHECKPOINT_STAGING),
+    "rename from .tmp_checkpoint": (MOVES, CHECKPOINT_STAGING),
+    "publish move": (MOVES, STAGING),
+}
+KINDS = {  # the first run's stop, cycled through the trials
+    "1 proc": ("call", "SIGTERM training", "time", "call", "SIGINT training", "publish", "call", "SIGTERM time",
+               "SIGINT time"),
+    "2 procs": ("SIGTERM training", "call", "SIGINT training", "call"),
+}
+QUICK_KINDS = ("call", "SIGTERM training")
+
+
+def prompt_records(n: int) -> list[dict]:
+    return [{"prompt": f"Q: add {i} and {i + 1}\nA:", "response": f" {2 * i + 1}"} for i in range(n)]
+
+
+def flags(config: str) -> list[str]:
+    values = ["--model_name_or_path", "base", "--train_file", "train.jsonl", "--max_steps", STEPS,
+              "--save_steps", SAVE_STEPS, "--learning_rate", "5e-3", "--logging_steps", 1, "--seed", 0,
+              "--disable_tqdm", "true"]
+    # Two processes take half the batch each (no --use_cpu: the script sets CPU data parallelism up itself).
+    values += ["--per_device_train_batch_size", 4, "--use_cpu"] if config == "1 proc" else [
+        "--per_device_train_batch_size", 2]
+    return [str(value) for value in values]
+
+
+class Finetune:
+    name = "finetune"
+
+    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, ddp_trials: int, seed: int):
+        self.folder, self.quick, self.seed = folder / "finetune", quick, seed
+        self.counts = {"1 proc": trials, "2 procs": 0 if quick else ddp_trials}
+        self.env = {"1 proc": env, "2 procs": {**env, "OMP_NUM_THREADS": "1"}}  # 2 processes on a small machine
+        self.references = {}
+
+    def prefix(self, config: str) -> list[str]:
+        return [sys.executable] if config == "1 proc" else TORCHRUN
+
+    def command(self, config: str, output_dir: Path, *extra) -> list[str]:
+        return [*self.prefix(config), str(FINETUNE), *flags(config), "--output_dir", str(output_dir), *extra]
+
+    def prepare(self) -> None:
+        """The base model and data, then a straight run per configuration: timed, its exact calls counted."""
+        self.folder.mkdir()
+        quiet_transformers()
+        tokenizer = build_byte_bpe_tokenizer()
+        build_tiny_model(vocab_size=320).save_pretrained(self.folder / "base")
+        tokenizer.save_pretrained(self.folder / "base")
+        (self.folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompt_records(16)))
+        for config in (name for name, count in self.counts.items() if count):
+            output_dir = self.folder / f"reference_{config.replace(' ', '_')}"
+            calls_file = output_dir.with_name(f"{output_dir.name}.calls")
+            command = [*traced(self.prefix(config), calls_file, CALLS), str(FINETUNE), *flags(config),
+                       "--output_dir", str(output_dir)]
+            result = run_process(command, self.env[config], self.folder, timeout=600,
+                                 marks={"training": TRAINING_LINE, "publish": PUBLISH_LINE})
+            if result.returncode != 0:
+                sys.exit(f"kill_campaign.py: the finetune reference ({config}) failed:\n{result.stderr[-3000:]}")
+            if set(result.marks) != {"training", "publish"}:
+                sys.exit(f"kill_campaign.py: the finetune reference printed no line matching {TRAINING_LINE!r} or "
+                         f"{PUBLISH_LINE!r}; update them.")
+            calls = read_calls(calls_file)
+            missing = [label for label in CALLS if not calls.get(label)]
+            if missing:
+                sys.exit(f"kill_campaign.py: the finetune reference ({config}) made no call of {missing}.")
+            self.references[config] = {
+                "seconds": result.seconds, "output_dir": output_dir, "calls": calls,
+                "training_start": result.marks["training"],
+                "training_seconds": result.marks["publish"] - result.marks["training"],
+                "publish_seconds": result.seconds - result.marks["publish"]}
+            say(f"finetune reference ({config}): {result.seconds:.1f} s, training from "
+                f"{result.marks['training']:.1f} s, publish phase {result.seconds - result.marks['publish']:.2f} s; "
+                f"calls: " + ", ".join(f"{label} {len(calls[label])}" for label in CALLS))
+
+    def plans(self) -> list[dict]:
+        rng, plans = random.Random(f"{self.seed}-finetune"), []
+        for config, count in self.counts.items():
+            kinds = QUICK_KINDS if self.quick else KINDS[config]
+            for index in range(count):
+                kind = kinds[index % len(kinds)]
+                plan = {"trial": len(plans) + 1, "command": self.name, "config": config, "kind": kind,
+                        # --quick: early in the phase, so that a faster trial than the reference still stops mid-run
+                        "fraction": rng.uniform(0.0, 0.1) if self.quick else rng.random()}
+                if kind == "call":
+                    calls = self.references[config]["calls"]
+                    # --quick: a checkpoint's weights, which every run writes; a launch: one rank's call
+                    choices = [(label, *CALLS[label]) for label in
+                               (["checkpoint weights"] if self.quick or config == "2 procs" else CALLS)]
+                    plan["call"] = plan_call(rng, calls, choices)
+                plan["rerun_kills"] = [
+                    None if self.quick or config == "2 procs" or rerun == MAX_RERUNS - 1
+                    or rng.random() >= RERUN_KILL_CHANCE else rng.random() for rerun in range(MAX_RERUNS)]
+                plans.append(plan)
+        return plans
+
+    def run_trial(self, plan: dict) -> dict:
+        config, kind = plan["config"], plan["kind"]
+        reference, env = self.references[config], self.env[config]
+        output_dir = self.folder / f"trial_{plan['trial']:02d}"
+        write_notes(output_dir)
+        started, promise, stop, error = time.monotonic(), None, None, None
+        command = self.command(config, output_dir)
+        if kind == "time":
+            at = plan["fraction"] * reference["seconds"]
+            moment = f"SIGKILL t={at:.2f}s of {reference['seconds']:.1f}s"
+            first = run_process(command, env, self.folder, at=at)
+        elif kind == "publish":
+            delay = plan["fraction"] * reference["publish_seconds"]
+            moment = f"SIGKILL publish +{delay:.2f}s of {reference['publish_seconds']:.2f}s"
+            first = run_process(command, env, self.folder, at=delay, after=PUBLISH_LINE)
+        elif kind == "call":
+            call = plan["call"]
+            moment = f"{call['when']} {call['label']} {call['nth']}/{call['count']}"
+            if config == "1 proc":
+                first = run_killed_at([*flags(config), "--output_dir", output_dir], env=env, cwd=self.folder,
+                                      function=tuple(call["function"]), match=call["match"], nth=call["nth"],
+                                      when=call["when"], script=FINETUNE)
+            else:
+                first = run_process([*killed_at(TORCHRUN, call), str(FINETUNE), *flags(config), "--output_dir",
+                                     str(output_dir)], env, self.folder, timeout=600)
+        else:
+            name, phase = kind.split()
+            signum = SIGNALS[name]
+            if phase == "training":
+                delay = plan["fraction"] * reference["training_seconds"]
+                moment = f"{name} training +{delay:.2f}s of {reference['training_seconds']:.2f}s"
+                first = run_process(command, env, self.folder, at=delay, signum=signum, after=TRAINING_LINE,
+                                    timeout=600)
+            else:
+                at = plan["fraction"] * reference["seconds"]
+                moment = f"{name} t={at:.2f}s of {reference['seconds']:.1f}s"
+                first = run_process(command, env, self.folder, at=at, signum=signum, timeout=600)
+            stop = stop_outcome(first, signum, "finetune.py", config == "2 procs", finished_line=FINISHED_LINE)
+            promise = stop != "broken"
+            if not promise:
+                error = f"the stop broke its promise: exit {first.returncode}: {last_error(first)}"
+        killed = first.returncode != 0
+        if not killed:
+            moment += " (after the end)" if promise is not None else " (not reached)"
+        if stop == "late":
+            moment += " (after the publish)"
+        elif promise is None and first.returncode != KILLED and config == "1 proc":
+            error = f"exit {first.returncode}: {last_error(first)}"
+        states = [model_state(output_dir)] if killed else []
+        notes_lost = not notes_kept(output_dir)
+
+        def rerun(fraction):
+            resume = self.command(config, output_dir, "--resume_from_checkpoint", "latest")
+            at = None if fraction is None else fraction * reference["seconds"]
+            return run_process(resume, env, self.folder, at=at, timeout=600)
+
+        done = rerun_until_done(first, rerun, lambda: model_state(output_dir), plan["rerun_kills"], output_dir)
+        result, states = done["result"], states + done["states"]
+        equal = result.returncode == 0 and same_weights(reference["output_dir"] / "model.safetensors",
+                                                        output_dir / "model.safetensors")
+        lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir))
+        return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
+                   reruns=done["reruns"], rerun_kills=done["rerun_kills"], resumed_from=done["resumed_from"],
+                   exit=result.returncode, equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
+                   error=verdict(equal, lost_because, promise, error if promise is False else done["error"] or error,
+                                 result),
+                   call=plan.get("call", {}).get("target"), seconds=round(time.monotonic() - started, 1))
+
+    def summary(self) -> dict:
+        return {"reference_seconds": {config: round(ref["seconds"], 2) for config, ref in self.references.items()},
+                "steps": STEPS, "save_steps": SAVE_STEPS,
+                "calls": {config: {label: len(calls) for label, calls in ref["calls"].items()}
+                          for config, ref in self.references.items()},
+                "command": ["python", "training/finetune.py", *flags("1 proc")],
+                "command_2_procs": ["torchrun", "--nproc_per_node", "2", "training/finetune.py", *flags("2 procs")]}

@@ -1,0 +1,190 @@
+"""The kill campaign's trials of training/pretrain.py (benchmarks/kill_campaign.py explains the design).
+
+Kills: SIGKILL at a random time, during the export (counted from the line that opens it), or right before/after an
+exact call (a checkpoint's weights or optimizer state, a rename in checkpoints/, a move out of the export's staging
+folder); dropout trials at a checkpoint in the middle of the run, so that the rerun trains again. Then SIGTERM and
+SIGINT trials: a stop signal at a random time of the run or of its training phase."""
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.kill_campaign_common import (
+    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, last_error, lost_reasons, model_state, notes_kept,
+    rerun_until_done, row, run_process, same_weights, say, stop_outcome, verdict, write_notes,
+)
+from tests.helpers.faults import PRETRAIN, run_killed_after, run_killed_after_line, run_killed_at
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
+
+
+FINISHED_LINE = "Model folder: "  # printed once the export is complete
+EXPORT_LINE = r"validation: loss"  # printed after the final evaluation; the final checkpoint and the export follow
+TRAINING_LINE = r"^train:.*\| *[1-9]\d*/"  # the progress bar after a step (not "Tokenizing train:")
+STAGING = ".tinytx-staging"
+# Exact moments: (functions, text in an argument, calls per step (None: per run), label).
+CALLS = [
+    (("safetensors.torch.save_file",), "checkpoints", 1, "checkpoint weights"),
+    (("torch.save",), "checkpoints", 3, "checkpoint optimizer/scheduler/RNG"),
+    (MOVES, "checkpoints", 1, "rename in checkpoints/"),
+    (MOVES, STAGING, None, "export move"),
+]
+
+
+def command_flags(steps: int, model_config: Path | None) -> list[str]:
+    flags = [*TINY_PRETRAIN_ARGS, "--max_train_steps", steps, "--checkpointing_steps", 1,
+             "--num_probes_per_kind", 0, "--num_samples", 0]
+    if model_config:
+        flags += ["--model_config", model_config]
+    return [str(flag) for flag in flags]
+
+
+def dropout_config(folder: Path) -> Path:
+    """training/configs/model-tiny.json with attention_dropout 0.1 (the test flags override its sizes)."""
+    values = json.loads((REPO_ROOT / "training" / "configs" / "model-tiny.json").read_text())
+    values["attention_dropout"] = 0.1
+    path = folder / "model-tiny-dropout.json"
+    path.write_text(json.dumps(values, indent=2))
+    return path
+
+
+class Pretrain:
+    name = "pretrain"
+
+    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, dropout_trials: int, signal_trials: int,
+                 steps: int, seed: int):
+        self.folder, self.env, self.quick, self.steps = folder / "pretrain", env, quick, steps
+        self.folder.mkdir()
+        self.trials, self.dropout_trials, self.signal_trials, self.seed = trials, dropout_trials, signal_trials, seed
+        self.configs = {"plain": None}
+        if dropout_trials:
+            self.configs["dropout"] = dropout_config(self.folder)
+        self.references = {}
+
+    def command(self) -> list[str]:
+        return ["python", "training/pretrain.py", *command_flags(self.steps, None)]
+
+    def prepare(self) -> None:
+        """Runs the command straight through (per config), timed: its duration, and when training and export began."""
+        for name, config in self.configs.items():
+            output_dir = self.folder / f"reference_{name}"
+            result = run_process([sys.executable, str(PRETRAIN), *command_flags(self.steps, config), "--output_dir",
+                                  str(output_dir)], self.env, self.folder,
+                                 marks={"training": TRAINING_LINE, "export": EXPORT_LINE})
+            if result.returncode != 0:
+                sys.exit(f"kill_campaign.py: the pretrain reference run failed:\n{result.stderr[-3000:]}")
+            if "export" not in result.marks or "training" not in result.marks:
+                sys.exit(f"kill_campaign.py: the pretrain reference printed no line matching {EXPORT_LINE!r} or "
+                         f"{TRAINING_LINE!r}; update them.")
+            self.references[name] = {"seconds": result.seconds, "output_dir": output_dir,
+                                     "export_seconds": result.seconds - result.marks["export"],
+                                     "training_start": result.marks["training"],
+                                     "training_seconds": result.marks["export"] - result.marks["training"]}
+            say(f"pretrain reference ({name}): {result.seconds:.1f} s, training from {result.marks['training']:.1f} s,"
+                f" export phase {result.seconds - result.marks['export']:.2f} s")
+
+    def plans(self) -> list[dict]:
+        """Every random choice, made up front so that a seed names the same campaign whatever happens in it. The kill
+        trials draw from random.Random(seed) as before the signal trials existed, so a seed keeps naming them."""
+        rng, count, steps, quick = random.Random(self.seed), self.trials, self.steps, self.quick
+        plans = []
+        for index in range(count):
+            plan = {"trial": index + 1, "command": self.name,
+                    "config": "dropout" if index >= count - self.dropout_trials else "plain",
+                    "kind": ("time", "export", "call")[index % 3]}
+            # In --quick every kill must land: keep time kills off the very end, exact calls on ones every run makes.
+            plan["fraction"] = rng.uniform(0.05, 0.6) if quick else rng.random()
+            functions, match, per_step, label = CALLS[0] if quick else rng.choice(CALLS)
+            last = 4 if per_step is None else per_step * steps
+            plan["call"] = {"function": list(functions), "match": match, "label": label,
+                            "nth": rng.randint(1, last), "when": rng.choice(("before", "after"))}
+            if plan["config"] == "dropout":
+                # Dropout only matters when the rerun trains steps again: kill while a checkpoint in the middle of
+                # the run is being written, so that the rerun resumes from the one before it.
+                functions, match, _, label = CALLS[0]
+                plan["kind"] = "call"
+                plan["call"] = {"function": list(functions), "match": match, "label": label,
+                                "nth": rng.randint(2, max(2, steps - 1)), "when": rng.choice(("before", "after"))}
+            plan["rerun_kills"] = [None if quick or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
+                                   else rng.random() for rerun in range(MAX_RERUNS)]
+            plans.append(plan)
+        rng = random.Random(f"{self.seed}-pretrain-signals")
+        for index in range(self.signal_trials):
+            name = ("SIGTERM", "SIGINT")[index % 2]
+            phase = "training" if quick else ("time", "training")[index // 2 % 2]
+            plans.append({"trial": count + index + 1, "command": self.name, "config": "plain",
+                          "kind": f"{name} {phase}", "signal": name, "phase": phase,
+                          "fraction": rng.uniform(0.0, 0.1) if quick else rng.random(),  # --quick: mid-run
+                          "rerun_kills": [None] * MAX_RERUNS})
+        return plans
+
+    def run_trial(self, plan: dict) -> dict:
+        reference = self.references[plan["config"]]
+        flags = command_flags(self.steps, self.configs[plan["config"]])
+        output_dir = self.folder / f"trial_{plan['trial']:02d}"
+        write_notes(output_dir)
+        args, started, env, cwd = [*flags, "--output_dir", str(output_dir)], time.monotonic(), self.env, self.folder
+        promise = stop = None
+        if plan["kind"] == "time":
+            at = plan["fraction"] * reference["seconds"]
+            moment = f"SIGKILL t={at:.2f}s of {reference['seconds']:.1f}s"
+            first = run_killed_after(args, at, env=env, cwd=cwd)
+        elif plan["kind"] == "export":
+            delay = plan["fraction"] * reference["export_seconds"]
+            moment = f"SIGKILL export +{delay:.2f}s of {reference['export_seconds']:.2f}s"
+            first = run_killed_after_line(args, EXPORT_LINE, delay, env=env, cwd=cwd)
+        elif plan["kind"] == "call":
+            call = plan["call"]
+            moment = f"{call['when']} {call['label']} #{call['nth']}"
+            first = run_killed_at(args, env=env, cwd=cwd, function=tuple(call["function"]), match=call["match"],
+                                  nth=call["nth"], when=call["when"])
+        else:
+            signum = SIGNALS[plan["signal"]]
+            command = [sys.executable, str(PRETRAIN), *args]
+            if plan["phase"] == "training":
+                delay = plan["fraction"] * reference["training_seconds"]
+                moment = f"{plan['signal']} training +{delay:.2f}s of {reference['training_seconds']:.2f}s"
+                first = run_process(command, env, cwd, at=delay, signum=signum, after=TRAINING_LINE)
+            else:
+                at = plan["fraction"] * reference["seconds"]
+                moment = f"{plan['signal']} t={at:.2f}s of {reference['seconds']:.1f}s"
+                first = run_process(command, env, cwd, at=at, signum=signum)
+            stop = stop_outcome(first, signum, "pretrain.py", launched=False, finished_line=FINISHED_LINE)
+            promise = stop != "broken"
+        if plan["kind"] in ("time", "export", "call"):
+            killed = first.returncode == KILLED
+            error = None if first.returncode in (0, KILLED) else f"exit {first.returncode}: {last_error(first)}"
+        else:
+            killed = first.returncode != 0
+            error = None if promise else f"the stop broke its promise: exit {first.returncode}: {last_error(first)}"
+        if not killed:
+            moment += " (not reached)" if stop is None else " (after the end)"
+        if stop == "late":
+            moment += " (after the publish)"
+        states = [model_state(output_dir)] if killed else []
+        notes_lost = not notes_kept(output_dir)
+
+        def rerun(fraction):
+            rerun_args = [*args, "--resume_from_checkpoint", "latest"]
+            if fraction is None:
+                return subprocess.run([sys.executable, str(PRETRAIN), *rerun_args], env=env, cwd=cwd,
+                                      capture_output=True, text=True)
+            return run_killed_after(rerun_args, fraction * reference["seconds"], env=env, cwd=cwd)
+
+        done = rerun_until_done(first, rerun, lambda: model_state(output_dir), plan["rerun_kills"], output_dir)
+        result, states = done["result"], states + done["states"]
+        equal = result.returncode == 0 and same_weights(reference["output_dir"] / "model.safetensors",
+                                                        output_dir / "model.safetensors")
+        lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir))
+        return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
+                   reruns=done["reruns"], rerun_kills=done["rerun_kills"], resumed_from=done["resumed_from"],
+                   exit=result.returncode, equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
+                   error=verdict(equal, lost_because, promise, error if promise is False else done["error"] or error,
+                                 result),
+                   seconds=round(time.monotonic() - started, 1))
+
+    def summary(self) -> dict:
+        return {"reference_seconds": {name: round(ref["seconds"], 2) for name, ref in self.references.items()},
+                "steps": self.steps, "command": self.command()}

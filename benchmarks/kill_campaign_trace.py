@@ -1,0 +1,63 @@
+"""Runs a script with library functions counted, for the kill campaign's reference runs: how many calls of each
+exact moment (a checkpoint's weights, a rename, a move out of a staging folder) a run makes, and what each call
+touched, so that a trial can be killed right before or after any one of them (tests/helpers/launch.py --kill-at).
+
+    python benchmarks/kill_campaign_trace.py --calls OUT.json --count LABEL=FUNCTION[,FUNCTION...]:TEXT ... SCRIPT ARGS
+
+Each process (each rank under torchrun) writes OUT.rankR.json, {label: [the calls' path arguments, in order]},
+rewritten after every counted call: a process that leaves with os._exit still leaves its counts. The functions are
+wrapped as launch.py wraps them (the same `wrap`), and the script runs with runpy as `__main__`, so the counts are
+the very calls that launch.py's --kill-at counts. Nothing in training/ or hf_tinytx/ knows of this.
+"""
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import threading
+
+
+def main():
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+    from tests.helpers.launch import _texts, wrap
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("--calls", required=True)
+    parser.add_argument("--count", action="append", default=[])
+    parser.add_argument("script")
+    options, script_args = parser.parse_known_args()
+
+    path = f"{options.calls}.rank{os.environ.get('RANK', '0')}.json"
+    calls, lock, replace = {}, threading.Lock(), os.replace  # the unwrapped os.replace, for this file only
+
+    def write():
+        with open(f"{path}.new", "w", encoding="utf-8") as f:
+            json.dump(calls, f)
+        replace(f"{path}.new", path)
+
+    def counting(label, text):
+        def around(original, args, kwargs):
+            texts = list(_texts(args, kwargs))
+            if not text or any(text in value for value in texts):  # counted before the call, as --kill-at counts
+                with lock:
+                    calls[label].append(" -> ".join(texts))
+                    write()
+            return original(*args, **kwargs)
+        return around
+
+    for spec in options.count:
+        label, rest = spec.split("=", 1)
+        functions, text = (rest.split(":", 1) + [""])[:2]
+        calls[label] = []
+        for function in functions.split(","):
+            wrap(function, counting(label, text))
+    with lock:
+        write()
+    sys.path[0] = os.path.dirname(os.path.abspath(options.script))  # as `python script` would
+    sys.argv = [options.script, *script_args]
+    runpy.run_path(options.script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
