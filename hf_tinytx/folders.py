@@ -12,7 +12,7 @@
   replacement is in: at every moment the folder holds a config beside weights that load (the previous model, or the
   new one), files that are not the model's are never touched, and it works when `destination` is a mount point.
 - `refuse_overlap(source, destination, flag_names)`: a destination equal to, inside or above the source, or reached
-  through a link, refused (OverlapError) before anything is written: no command writes where it reads.
+  a link, refused (OverlapError) before anything is written: no command writes where it reads.
 - `record_written` / `written_before` / `others_files` / `remove_written`: the record a command keeps of the files it
   wrote into a destination, so that replacing its output later touches those files and no others.
 - `is_disk_full(error, folder)`: whether a write failed for lack of space (some writers say so without an errno).
@@ -165,7 +165,7 @@ def refuse_overlap(
     source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None
 ) -> None:
     """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
-    (links resolved), or a destination reached through a link (its own name or a folder on its way). `flag_names`
+    (links resolved), or a destination that is itself a link. `flag_names`
     are how the command's user spells the two (e.g. "--model_name_or_path", "--output_dir"); `who` starts the line."""
     try:
         _refuse_overlap(Path(source), Path(destination), *flag_names)
@@ -174,12 +174,11 @@ def refuse_overlap(
 
 
 def _refuse_overlap(source: Path, destination: Path, source_name: str, destination_name: str) -> None:
-    link = _first_link(destination)
-    if link is not None:
+    if destination.is_symlink():  # a link higher up the path is resolved below, like any path (macOS's /tmp is one)
         raise OverlapError(
-            f"{destination_name} {os.fspath(destination)!r} goes through the link {str(link)!r} (to "
-            f"{str(link.resolve())!r}); a command never writes through a link, so that it cannot empty or replace the "
-            f"folder it leads to: name the real path instead."
+            f"{destination_name} {os.fspath(destination)!r} is a link (to {str(destination.resolve())!r}); a command "
+            f"never writes through a link, so that it cannot empty or replace the folder it leads to: name the real "
+            f"path instead."
         )
     real_source, real_destination = source.resolve(), destination.resolve()
     if real_source == real_destination:
@@ -194,18 +193,6 @@ def _refuse_overlap(source: Path, destination: Path, source_name: str, destinati
         f"{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; a command "
         f"never writes where it reads, --overwrite included: choose a {destination_name} outside {source_name}."
     )
-
-
-def _first_link(path: Path) -> Path | None:
-    """The first symbolic link among the existing components of `path` (the working directory is already real)."""
-    current = Path(path.anchor) if path.is_absolute() else Path()
-    for part in path.parts[len(current.parts):]:
-        current = current / part
-        if current.is_symlink():
-            return current
-        if not current.exists():
-            return None
-    return None
 
 
 def is_disk_full(error: BaseException, folder: str | os.PathLike) -> bool:

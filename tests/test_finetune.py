@@ -54,6 +54,9 @@ FAILURES = {
                     "tester/never"),
     "link_out": ([*PUSH, "tester/linked", "--output_dir", "linked"],
                  ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"], "tester/linked"),
+    # The base model is read, never written: an output folder inside it (or it, or above it) is refused.
+    "output_in_base": (["--output_dir", "bases/gated/sft"],
+                       ["--output_dir", "is inside --model_name_or_path", "never writes where it reads"], None),
     "fsdp_launch": ([], ["saves the weights one process holds", "FSDP and DeepSpeed split up", "drop --fsdp"], None),
     "deepspeed_launch": ([], ["saves the weights one process holds", "drop --fsdp/--deepspeed"], None),
 }
@@ -278,6 +281,7 @@ def test_bad_input_is_one_line_before_anything_is_written_or_uploaded(runs, case
     assert len(lines) == 1 and lines[0].startswith("finetune.py: error: "), lines
     assert all(word in lines[0] for word in words), lines[0]
     assert not (runs["root"] / f"never-{case}").exists(), "nothing may be written"
+    assert not (runs["root"] / "bases" / "gated" / "sft").exists()
     assert [path.name for path in (runs["root"] / "linked").iterdir()] == ["notes.txt"]  # link_out's output_dir
     if hub_mark:
         assert not [path for path in runs["requested"] if hub_mark in path], "the Hub must not be asked"

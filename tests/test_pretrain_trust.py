@@ -179,6 +179,8 @@ BAD_INPUTS = {
     "broken JSON": (["--model_config", "{tmp}/broken.json"], "broken.json"),
     "a binary training file": (["--train_file", "{tmp}/binary.txt"], "binary.txt"),
     "a typo in a local --init_from": (["--init_from", "{tmp}/modle"], "no such folder"),
+    # The output folder ({tmp}/out) inside the folder the run starts from: it would write where it reads.
+    "an --init_from folder holding --output_dir": (["--init_from", "{tmp}"], "is inside --init_from"),
 }
 
 

@@ -73,7 +73,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.folders import (
-    STAGING_NAME, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, regular_files, writing_into,
+    STAGING_NAME, OverlapError, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, refuse_overlap, regular_files,
+    writing_into,
 )
 from hf_tinytx.quiet import quiet_notices
 
@@ -181,6 +182,12 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
     Hub and from the token (it pickles its arguments into every checkpoint's training_args.bin)."""
     output_dir = os.path.abspath(training_args.output_dir)
     merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
+    if os.path.isdir(args.model_name_or_path):  # the base model is read, never written over
+        for flag, folder in (("--output_dir", output_dir), ("--merged_output_dir", merged_dir)):
+            try:
+                refuse_overlap(args.model_name_or_path, folder, ("--model_name_or_path", flag))
+            except OverlapError as error:
+                raise UserInputError(str(error)) from None
     for folder in (output_dir, merged_dir):
         if os.path.isdir(folder):
             refuse_links_out(folder)  # saving would write through such a link, and the push would read it

@@ -136,6 +136,7 @@ def setup(model_args, data_args, train_args) -> Run:
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     check_output_dir(output_dir, train_args)
+    refuse_writing_where_read(model_args, output_dir)
     model_config = load_model_config(model_args)  # before the data: a bad size should not wait for tokenization
     if data_args.block_size > model_config.max_position_embeddings:
         raise UserInputError(
@@ -202,6 +203,19 @@ def setup(model_args, data_args, train_args) -> Run:
         run.pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token,
                                private=train_args.hub_private_repo)
     return run
+
+
+def refuse_writing_where_read(model_args, output_dir: str) -> None:
+    """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir would
+    otherwise remove its checkpoints, and the export replace its model)."""
+    from hf_tinytx.folders import OverlapError, refuse_overlap
+
+    for flag, folder in (("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name)):
+        if folder and os.path.isdir(folder):
+            try:
+                refuse_overlap(folder, output_dir, (flag, "--output_dir"))
+            except OverlapError as error:
+                raise UserInputError(str(error)) from None
 
 
 def make_accelerator(train_args, output_dir: str, sharding: str | None) -> Accelerator:
