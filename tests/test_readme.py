@@ -267,8 +267,9 @@ def test_readme_runs_top_to_bottom(tmp_path):
             number += 1
 
     out = workdir / "out"
-    # Using the model in Python: a saved folder with weights, config and code; greedy ids printed.
-    assert {"model.safetensors", "config.json", "modeling_tinytx.py"} <= set(os.listdir(out))
+    # Using the model in Python: a saved folder with weights, config and code, beside (not above) the trained ones.
+    assert {"model.safetensors", "config.json", "modeling_tinytx.py"} <= set(os.listdir(workdir / "random-tinytx"))
+    assert not (out / "config.json").exists()
     assert "tensor([[" in outputs["Using the model in Python", "python"]
     # The walkthrough's pre-trained model, fine-tuned in full and with LoRA (adapter, merged): docs/finetuning.md.
     assert (out / "tinytx" / "model.safetensors").is_file()
