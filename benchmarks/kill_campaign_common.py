@@ -16,7 +16,6 @@ from pathlib import Path
 from tests.helpers.faults import KILL_MARK, KILLED, LAUNCH
 from tests.helpers.tiny import REPO_ROOT
 
-
 NOTES = "My own notes, kept in the output folder: no training run may touch them.\n"
 MOVES = ("os.replace", "os.rename")  # either may move a file into place; they share one call count
 MAX_RERUNS = 3
@@ -242,6 +241,25 @@ def rerun_until_done(first, rerun, observe, kills: list, folder: Path) -> dict:
             error = f"rerun exit {result.returncode}: {last_error(result)}"
     return {"result": result, "reruns": reruns, "rerun_kills": rerun_kills, "states": states, "notes_lost": lost,
             "error": error, "resumed_from": resumed_from(result.stdout) if reruns else "-"}
+
+
+def resume_and_judge(plan: dict, reference: dict, output_dir: Path, first, rerun, killed: bool, *, moment: str,
+                     promise, stop, error, started: float, **extra) -> dict:
+    """A trial's end, for every command that resumes: what the folder held after the first run, the reruns until one
+    finishes (`rerun_until_done`), then its row: the reference's weights bit for bit? anything lost? promise kept?"""
+    states = [model_state(output_dir)] if killed else []
+    notes_lost = not notes_kept(output_dir)
+    done = rerun_until_done(first, rerun, lambda: model_state(output_dir), plan["rerun_kills"], output_dir)
+    result, states = done["result"], states + done["states"]
+    equal = result.returncode == 0 and same_weights(reference["output_dir"] / "model.safetensors",
+                                                    output_dir / "model.safetensors")
+    lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir))
+    return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
+               reruns=done["reruns"], rerun_kills=done["rerun_kills"], resumed_from=done["resumed_from"],
+               exit=result.returncode, equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
+               error=verdict(equal, lost_because, promise, error if promise is False else done["error"] or error,
+                             result),
+               **extra, seconds=round(time.monotonic() - started, 1))
 
 
 def verdict(equal: bool, lost_because: list[str], promise, error: str | None, result) -> str | None:

@@ -15,13 +15,11 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign_common import (
-    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, TORCHRUN, killed_at, last_error, lost_reasons,
-    model_state, notes_kept, plan_call, quiet_transformers, read_calls, rerun_until_done, row, run_process,
-    same_weights, say, stop_outcome, traced, verdict, write_notes,
+    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, TORCHRUN, killed_at, last_error, plan_call,
+    quiet_transformers, read_calls, resume_and_judge, run_process, say, stop_outcome, traced, write_notes,
 )
 from tests.helpers.faults import run_killed_at
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model
-
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
 STEPS, SAVE_STEPS = 16, 4  # checkpoints 4, 8, 12 and 16 (the newest two kept)
@@ -174,25 +172,13 @@ class Finetune:
             moment += " (after the publish)"
         elif promise is None and first.returncode != KILLED and config == "1 proc":
             error = f"exit {first.returncode}: {last_error(first)}"
-        states = [model_state(output_dir)] if killed else []
-        notes_lost = not notes_kept(output_dir)
-
         def rerun(fraction):
             resume = self.command(config, output_dir, "--resume_from_checkpoint", "latest")
             at = None if fraction is None else fraction * reference["seconds"]
             return run_process(resume, env, self.folder, at=at, timeout=600)
 
-        done = rerun_until_done(first, rerun, lambda: model_state(output_dir), plan["rerun_kills"], output_dir)
-        result, states = done["result"], states + done["states"]
-        equal = result.returncode == 0 and same_weights(reference["output_dir"] / "model.safetensors",
-                                                        output_dir / "model.safetensors")
-        lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir))
-        return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
-                   reruns=done["reruns"], rerun_kills=done["rerun_kills"], resumed_from=done["resumed_from"],
-                   exit=result.returncode, equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
-                   error=verdict(equal, lost_because, promise, error if promise is False else done["error"] or error,
-                                 result),
-                   call=plan.get("call", {}).get("target"), seconds=round(time.monotonic() - started, 1))
+        return resume_and_judge(plan, reference, output_dir, first, rerun, killed, moment=moment, promise=promise,
+                                stop=stop, error=error, started=started, call=plan.get("call", {}).get("target"))
 
     def summary(self) -> dict:
         return {"reference_seconds": {config: round(ref["seconds"], 2) for config, ref in self.references.items()},

@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign_common import (
-    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, last_error, lost_reasons, model_state, notes_kept,
-    rerun_until_done, row, run_process, same_weights, say, stop_outcome, verdict, write_notes,
+    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, last_error, resume_and_judge, run_process, say,
+    stop_outcome, write_notes,
 )
 from tests.helpers.faults import PRETRAIN, run_killed_after, run_killed_after_line, run_killed_at
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
-
 
 FINISHED_LINE = "Model folder: "  # printed once the export is complete
 EXPORT_LINE = r"validation: loss"  # printed after the final evaluation; the final checkpoint and the export follow
@@ -163,9 +162,6 @@ class Pretrain:
             moment += " (not reached)" if stop is None else " (after the end)"
         if stop == "late":
             moment += " (after the publish)"
-        states = [model_state(output_dir)] if killed else []
-        notes_lost = not notes_kept(output_dir)
-
         def rerun(fraction):
             rerun_args = [*args, "--resume_from_checkpoint", "latest"]
             if fraction is None:
@@ -173,17 +169,8 @@ class Pretrain:
                                       capture_output=True, text=True)
             return run_killed_after(rerun_args, fraction * reference["seconds"], env=env, cwd=cwd)
 
-        done = rerun_until_done(first, rerun, lambda: model_state(output_dir), plan["rerun_kills"], output_dir)
-        result, states = done["result"], states + done["states"]
-        equal = result.returncode == 0 and same_weights(reference["output_dir"] / "model.safetensors",
-                                                        output_dir / "model.safetensors")
-        lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir))
-        return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
-                   reruns=done["reruns"], rerun_kills=done["rerun_kills"], resumed_from=done["resumed_from"],
-                   exit=result.returncode, equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
-                   error=verdict(equal, lost_because, promise, error if promise is False else done["error"] or error,
-                                 result),
-                   seconds=round(time.monotonic() - started, 1))
+        return resume_and_judge(plan, reference, output_dir, first, rerun, killed, moment=moment, promise=promise,
+                                stop=stop, error=error, started=started)
 
     def summary(self) -> dict:
         return {"reference_seconds": {name: round(ref["seconds"], 2) for name, ref in self.references.items()},

@@ -1,5 +1,6 @@
 """Fixtures shared by the test files; the builders behind them live in tests/helpers/tiny.py."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from tests.helpers.faults import TmpfsUnavailable, tmpfs
 from tests.helpers.tiny import (
     REPO_ROOT, TINY_PRETRAIN_ARGS, build_byte_bpe_tokenizer, build_tiny_config, build_tiny_model, pretrain_env,
 )
@@ -21,6 +23,23 @@ def pytest_configure(config):
         threads = str(max(1, (os.cpu_count() or 1) // int(workers)))
         os.environ.setdefault("OMP_NUM_THREADS", threads)
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+@pytest.fixture
+def mounted():
+    """`with mounted(path, size):` a small tmpfs on `path` (tests/helpers/faults.py), unmounted afterwards; skips the
+    test, saying so, where mounting is denied (not root)."""
+    @contextlib.contextmanager
+    def mount(path, size):
+        stack = contextlib.ExitStack()
+        try:
+            path = stack.enter_context(tmpfs(path, size))
+        except TmpfsUnavailable as error:  # raised before anything is mounted
+            pytest.skip(str(error))
+        with stack:
+            yield path
+
+    return mount
 
 
 @pytest.fixture

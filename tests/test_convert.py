@@ -600,26 +600,6 @@ def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.fixture
-def mounted():
-    """`with mounted(path, size):` a small tmpfs on `path`; skips where mounting is denied (not root)."""
-    import contextlib
-
-    from tests.helpers.faults import TmpfsUnavailable, tmpfs
-
-    @contextlib.contextmanager
-    def mount(path, size):
-        stack = contextlib.ExitStack()
-        try:
-            path = stack.enter_context(tmpfs(path, size))
-        except TmpfsUnavailable as error:
-            pytest.skip(str(error))
-        with stack:
-            yield path
-
-    return mount
-
-
 def test_a_full_disk_is_one_line_and_the_earlier_conversion_stays(tmp_path, mounted):
     small, large = tmp_path / "small", tmp_path / "large"
     tiny_llama(hidden_size=8, intermediate_size=16, num_attention_heads=2).save_pretrained(small)

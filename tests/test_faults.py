@@ -7,7 +7,6 @@ checkpoint stays loadable, `--resume_from_checkpoint latest` finishes the run wi
 was never interrupted, and every error is one line that says what happened (no traceback).
 """
 
-import contextlib
 import json
 import os
 import re
@@ -24,7 +23,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.helpers.faults import (
-    KILL_MARK, KILLED, PRETRAIN, TmpfsUnavailable, run_killed_after_line, run_killed_at, silent_server, tmpfs,
+    KILL_MARK, KILLED, PRETRAIN, run_killed_after_line, run_killed_at, silent_server,
 )
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
@@ -86,22 +85,6 @@ def reference(tmp_path_factory) -> Path:
     result = pretrain(tmp_path / "model", tmp_path=tmp_path)
     assert_completed(result)
     return tmp_path / "model"
-
-
-@pytest.fixture
-def mounted(tmp_path):
-    """`with mounted(path, size):` a tmpfs on `path`, unmounted afterwards; skips the test where mounting is denied."""
-    @contextlib.contextmanager
-    def mount(path, size):
-        stack = contextlib.ExitStack()
-        try:
-            path = stack.enter_context(tmpfs(path, size))
-        except TmpfsUnavailable as error:  # raised before anything is mounted (not root)
-            pytest.skip(str(error))
-        with stack:
-            yield path
-
-    return mount
 
 
 # ---------------------------------------------------------------- SIGKILL during the final export

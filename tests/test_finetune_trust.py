@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.helpers.faults import KILL_MARK, KILLED, TmpfsUnavailable, run_killed_at, tmpfs
+from tests.helpers.faults import KILL_MARK, KILLED, run_killed_at
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.test_finetune import FINETUNE, prompt_records, write_jsonl
 
@@ -200,22 +200,20 @@ def test_a_second_run_is_refused_while_the_first_trains_and_after_it_finished(ro
     assert (output_dir / "notes.txt").read_text() == NOTES
 
 
-def test_a_full_disk_in_a_checkpoint_is_one_line_and_the_earlier_checkpoint_resumes(root, straight, tmp_path):
+def test_a_full_disk_in_a_checkpoint_is_one_line_and_the_earlier_checkpoint_resumes(root, straight, tmp_path,
+                                                                                     mounted):
     checkpoint = straight / "checkpoints" / "checkpoint-30"
     pages = sum(-(-path.stat().st_size // 4096) * 4096 for path in checkpoint.rglob("*") if path.is_file())
     output_dir = tmp_path / "small"
-    try:
-        with tmpfs(output_dir, f"{(pages * 3 // 2 + 16 * 4096) // 1024}k"):  # room for checkpoint 5, not for 10
-            result = finetune(root, output_dir, *EVERY_5)
-            assert result.returncode == 1, describe(result)
-            error = one_line(result, "finetune.py: error:")
-            staging = output_dir / "checkpoints" / ".tmp_checkpoint"
-            assert error.startswith(f"finetune.py: error: No space left on the device while writing {staging} ")
-            assert f"the earlier checkpoint {output_dir / 'checkpoints' / 'checkpoint-5'} is intact" in error
-            assert not staging.exists(), "the partial checkpoint was left on the full disk"
-            shutil.copytree(output_dir, tmp_path / "moved")
-    except TmpfsUnavailable as error:
-        pytest.skip(str(error))
+    with mounted(output_dir, f"{(pages * 3 // 2 + 16 * 4096) // 1024}k"):  # room for checkpoint 5, not for 10
+        result = finetune(root, output_dir, *EVERY_5)
+        assert result.returncode == 1, describe(result)
+        error = one_line(result, "finetune.py: error:")
+        staging = output_dir / "checkpoints" / ".tmp_checkpoint"
+        assert error.startswith(f"finetune.py: error: No space left on the device while writing {staging} ")
+        assert f"the earlier checkpoint {output_dir / 'checkpoints' / 'checkpoint-5'} is intact" in error
+        assert not staging.exists(), "the partial checkpoint was left on the full disk"
+        shutil.copytree(output_dir, tmp_path / "moved")
     resumed = finetune(root, tmp_path / "moved", *EVERY_5, *RESUME)
     succeeded(resumed)
     assert_same_weights(straight, tmp_path / "moved")

@@ -463,15 +463,9 @@ def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written
     assert not (tmp_path / "m.gguf").exists()
 
 
-def test_a_full_disk_is_one_line_and_the_old_file_stays(folder, tmp_path):
-    from tests.helpers.faults import TmpfsUnavailable, tmpfs
-
+def test_a_full_disk_is_one_line_and_the_old_file_stays(folder, tmp_path, mounted):
     source = folder()  # ~0.6 MB of f32 weights; the disk holds 64 KiB
-    with contextlib.ExitStack() as stack:
-        try:
-            disk = stack.enter_context(tmpfs(tmp_path / "disk", "64k"))
-        except TmpfsUnavailable as error:
-            pytest.skip(str(error))
+    with mounted(tmp_path / "disk", "64k") as disk:
         destination = disk / "m.gguf"
         destination.write_bytes(b"old")
         result = subprocess.run(

@@ -12,7 +12,6 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_tinytx.convert import main as convert_main
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
 from tests.helpers.tiny import pretrain_env
-from tests.test_readme import page_blocks
+from tests.test_readme import section_block
 from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, MAX_TOKENS, Server, train_tiny_chat_model
 
 pytestmark = pytest.mark.engine
@@ -38,12 +37,7 @@ MODEL = {
 
 
 def readme_block(language: str, containing: str) -> str:
-    """The block in `language` of that docs/serving.md section that contains `containing`."""
-    blocks = [b for b in page_blocks(README_PAGE) if b.section == README_SECTION]
-    found = [b.text for b in blocks if b.language == language and containing in b.text]
-    assert len(found) == 1, (f"{README_PAGE} section {README_SECTION!r}: expected one {language} block with "
-                             f"{containing!r}")
-    return found[0]
+    return section_block(README_PAGE, README_SECTION, language, containing)
 
 
 @pytest.fixture(scope="module")
@@ -111,19 +105,7 @@ def test_no_repack_snippet_turns_llama_cpps_extra_buffers_off_and_q8_0_runs(work
 
 
 class LlamaCppServer(Server):
-    def wait(self, deadline: float) -> str:
-        """"ready" once `/v1/models` answers (the model is loaded by then), or "exited"."""
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return "exited"
-            try:
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as response:
-                    if response.status == 200:
-                        return "ready"
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"llama.cpp's server did not answer within {READY_TIMEOUT_S} s:\n{self.output()[-5000:]}")
+    ready_path = "/v1/models"  # llama_cpp.server has no /health; the model is loaded once this answers
 
 
 @pytest.fixture(scope="module")

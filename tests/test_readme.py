@@ -145,6 +145,15 @@ def page_blocks(path: str | Path) -> list[Block]:
     return readme_blocks((REPO_ROOT / path).read_text(encoding="utf-8"))
 
 
+def section_block(path: str, section: str, language: str, containing: str) -> str:
+    """The one block in `language` of that page's `section` that contains `containing` (the engine tests read their
+    recipes this way, rather than holding copies of them)."""
+    found = [b.text for b in page_blocks(path) if b.section == section and b.language == language
+             and containing in b.text]
+    assert len(found) == 1, f"{path} section {section!r}: expected one {language} block with {containing!r}"
+    return found[0]
+
+
 def page_texts() -> dict[str, str]:
     """Every page PAGES lists, by its path, with its text."""
     return {page.path: (REPO_ROOT / page.path).read_text(encoding="utf-8") for page in PAGES}

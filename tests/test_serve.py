@@ -135,7 +135,10 @@ def free_port() -> int:
 
 
 class Server:
-    """A server command in a subprocess on a free loopback port, its output in a log file."""
+    """A server command in a subprocess on a free loopback port, its output in a log file; ready once `ready_path`
+    answers 200."""
+
+    ready_path = "/health"  # transformers serve's (a model named on the command line is loaded by then)
 
     def __init__(self, command: list[str], log: Path, env: dict):
         self.port = free_port()
@@ -151,18 +154,18 @@ class Server:
         return self.log.read_text(errors="replace")
 
     def wait(self, deadline: float) -> str:
-        """"ready" once `/health` answers 200 (a model named on the command line is loaded by then), or "exited"."""
+        """"ready" once `ready_path` answers 200, or "exited"."""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 return "exited"
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=2) as response:
                     if response.status == 200:
                         return "ready"
             except OSError:
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"the server did not answer /health within {READY_TIMEOUT_S} s:\n{self.output()[-5000:]}")
+        raise AssertionError(f"the server did not answer {self.ready_path} in time:\n{self.output()[-5000:]}")
 
     def wait_ready(self, deadline: float) -> None:
         if self.wait(deadline) == "exited":

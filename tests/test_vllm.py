@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_tinytx.convert import main as convert_main
 from tests.helpers.engines import VLLM_PYTHON, require_vllm
 from tests.helpers.tiny import REPO_ROOT, pretrain_env
-from tests.test_readme import page_blocks
+from tests.test_readme import section_block
 from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, Server, train_tiny_chat_model
 
 pytestmark = pytest.mark.engine
@@ -118,12 +118,7 @@ def offline(workdir, started_server, started_readme_snippet) -> dict:
 
 
 def readme_block(language: str, containing: str) -> str:
-    """The block in `language` of docs/serving.md's vLLM section that contains `containing`."""
-    blocks = [b for b in page_blocks(README_PAGE) if b.section == README_SECTION]
-    found = [b.text for b in blocks if b.language == language and containing in b.text]
-    assert len(found) == 1, (f"{README_PAGE} section {README_SECTION!r}: expected one {language} block with "
-                             f"{containing!r}")
-    return found[0]
+    return section_block(README_PAGE, README_SECTION, language, containing)
 
 
 @pytest.fixture(scope="module")
