@@ -195,15 +195,17 @@ def _refuse_overlap(source: Path, destination: Path, source_name: str, destinati
     )
 
 
-def is_disk_full(error: BaseException, folder: str | os.PathLike) -> bool:
-    """Whether `error` comes from a full disk. Some writers (numpy's tofile, safetensors) report it without an errno,
-    so ask the file system itself while the partial file still holds its space."""
+def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) -> bool:
+    """Whether `error` comes from a full disk. Some writers (numpy's tofile, safetensors, torch.save's bare stream
+    error) report it without an errno: given the `path` being written (a file or a folder), ask its file system while
+    the partial file still holds its space."""
     if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error):
         return True
     # Only the bare error types such writers raise: a refusal (FileExistsError, ...) on a nearly full disk is no
     # full disk.
-    if type(error) not in (OSError, RuntimeError) and type(error).__name__ != "SafetensorError":
+    if path is None or (type(error) not in (OSError, RuntimeError) and type(error).__name__ != "SafetensorError"):
         return False
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
     try:
         return shutil.disk_usage(folder).free < 1 << 20
     except OSError:

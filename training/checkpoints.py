@@ -17,7 +17,6 @@ checkpoint engine, which does not, is made to (`load_deepspeed_without_code`). C
 replaced with its checksum recomputed beside it.
 """
 
-import errno
 import hashlib
 import json
 import os
@@ -25,7 +24,7 @@ import pickle
 import re
 import shutil
 
-from hf_tinytx.folders import fsync_dir, fsync_tree
+from hf_tinytx.folders import fsync_dir, fsync_tree, is_disk_full
 
 from .errors import RunError, UserInputError
 
@@ -219,20 +218,6 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
         fsync_tree(temporary)
         os.replace(temporary, final)
         fsync_dir(checkpoints_dir)
-
-
-def is_disk_full(error: BaseException, path: str | None = None) -> bool:
-    """Whether `error` comes from a full disk. safetensors reports one as its own error type with the OS message
-    inside, and torch.save as a bare stream error: for those, ask the file system being written to."""
-    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error):
-        return True
-    if path is None or not isinstance(error, (OSError, RuntimeError)):
-        return False
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    try:
-        return shutil.disk_usage(folder).free < 1 << 20
-    except OSError:
-        return False
 
 
 class disk_space_guard:

@@ -71,7 +71,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
-from hf_tinytx.folders import link_or_copy
+from hf_tinytx.folders import is_disk_full, link_or_copy
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cpu_memory, distributed, export
@@ -764,7 +764,7 @@ if __name__ == "__main__":
     except Exception as error:
         if STOP.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
             leave_stopped(STOP.stopped_with_a_peer(error))
-        if not checkpoints.is_disk_full(error):
+        if not is_disk_full(error):
             raise
         where = getattr(error, "filename", None) or "the output folder"
         sys.stderr.write(f"pretrain.py: error: No space left on the device while writing {where}; the checkpoints "
