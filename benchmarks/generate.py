@@ -3,8 +3,9 @@
 Greedy, a 32-token prompt, 128 new tokens, batch 1 and 8, fp32 unless the row says otherwise. Engines:
 - `tinytx`: `model.generate` with its default dynamic cache;
 - `tinytx-static`: `cache_implementation="static"`;
-- `tinytx-compiled`: static cache and a `CompileConfig`, so `generate` decodes with one compiled graph a step (TinyTx
-  does this on CPU as well; transformers alone compiles only on accelerators);
+- `tinytx-compiled`: static cache and the model's forward compiled by `torch.compile` (inductor's C++ wrapper), so
+  `generate` decodes with one compiled graph a step (docs/performance.md: `generate` compiles by itself only on
+  accelerators);
 - `llama.cpp-f32`, `llama.cpp-q8_0`: GGUF files of the same weights (`python -m hf_tinytx.convert --to gguf`)
   decoded by llama.cpp's C API in .venv-llamacpp (benchmarks/llama_cpp_worker.py), B sequences in one context, f32
   keys/values;
@@ -68,7 +69,6 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
-from transformers import CompileConfig  # noqa: E402
 
 from common import count_parameters, interleaved_samples, paired_ratio  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
@@ -91,26 +91,33 @@ def build_folder(shape: str, folder: Path, tokenizer) -> TinyTxForCausalLM:
     return model
 
 
-# engine -> the `generate` arguments it adds (on a CPU, TinyTx compiles a default CompileConfig with inductor's C++
-# wrapper: see TinyTxForCausalLM._valid_auto_compile_criteria)
+# engine -> the `generate` arguments it adds
 TRANSFORMERS_ENGINES = {
     "tinytx": {},
     "tinytx-static": {"cache_implementation": "static"},
-    "tinytx-compiled": {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)},
+    "tinytx-compiled": {"cache_implementation": "static"},
 }
 assert [*TRANSFORMERS_ENGINES] == ENGINES[:len(TRANSFORMERS_ENGINES)], "the --engines names above must match"
 
 
 def transformers_runs(model, prompt, new_tokens: int, engines: list[str]) -> dict:
     kwargs = dict(max_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    # The recipe of docs/performance.md; it is put on the model for its own runs only, so the others stay eager.
+    torch._dynamo.reset()  # a fresh graph cache for each shape and batch size: their graphs do not count together
+    compiled_forward = torch.compile(model.forward, fullgraph=True, options={"cpp_wrapper": True})
 
-    def run(extra):
+    def run(name):
         def generate():
-            with torch.no_grad():
-                return model.generate(prompt, **kwargs, **extra)[:, prompt.shape[1]:]
+            if name == "tinytx-compiled":
+                model.forward = compiled_forward
+            try:
+                with torch.no_grad():
+                    return model.generate(prompt, **kwargs, **TRANSFORMERS_ENGINES[name])[:, prompt.shape[1]:]
+            finally:
+                model.__dict__.pop("forward", None)  # back to the class's eager forward
         return generate
 
-    return {name: run(TRANSFORMERS_ENGINES[name]) for name in engines if name in TRANSFORMERS_ENGINES}
+    return {name: run(name) for name in engines if name in TRANSFORMERS_ENGINES}
 
 
 class Worker:

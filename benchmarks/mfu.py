@@ -55,6 +55,7 @@ import torch  # noqa: E402
 
 from common import count_parameters, interleaved_medians  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
+from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -69,7 +70,9 @@ def build_model(args) -> TinyTxForCausalLM:
         fields, _, _ = SHAPES[args.shape]
         config = TinyTxConfig(max_position_embeddings=2048, bos_token_id=0, eos_token_id=1, **fields)
     torch.manual_seed(0)
-    return TinyTxForCausalLM._from_config(config, attn_implementation=args.attn_implementation).to(args.device)
+    model = TinyTxForCausalLM._from_config(config, attn_implementation=args.attn_implementation).to(args.device)
+    # As tinytx pretrain trains it on a CPU; a GPU runs the model as it is.
+    return speed_up_cpu_training(model) if model.device.type == "cpu" else model
 
 
 def matmul_parameters(model: TinyTxForCausalLM) -> int:

@@ -35,6 +35,7 @@ from common import interleaved_samples, medians, paired_ratio  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's hf_tinytx
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
+from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.args import PretrainArguments  # noqa: E402
 from hf_tinytx_training.optimization import StackedMuon, make_optimizer  # noqa: E402
 
@@ -44,7 +45,8 @@ def build(args):
     config = TinyTxConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
                           intermediate_size=args.intermediate_size, num_hidden_layers=args.num_hidden_layers,
                           num_attention_heads=4, bos_token_id=1, eos_token_id=2)
-    return TinyTxForCausalLM._from_config(config, attn_implementation="sdpa").train()
+    # With the CPU speed paths, as tinytx pretrain trains it (the fp32 attention under bf16 autocast among them).
+    return speed_up_cpu_training(TinyTxForCausalLM._from_config(config, attn_implementation="sdpa").train())
 
 
 def muon_steps(model) -> dict:

@@ -52,6 +52,7 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
 import torch  # noqa: E402
 
 from hf_tinytx import TinyTxForCausalLM, modeling_tinytx  # noqa: E402
+from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.cpu_memory import keep_freed_memory  # noqa: E402
 
 from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
@@ -84,6 +85,7 @@ def counting_faults(step, faults: list):
 
 def build_models(shape: str, compile_too: bool) -> tuple[dict, int, int]:
     models, batch_size, seq_len = build_pair(shape)
+    speed_up_cpu_training(models["tinytx"])  # as tinytx pretrain and finetune train it on a CPU
     config = models["tinytx"].config
     torch.manual_seed(0)
     models["gpt"] = GPT(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
@@ -168,7 +170,7 @@ def with_gelu_mlp(model: TinyTxForCausalLM) -> TinyTxForCausalLM:
     config = copy.deepcopy(model.config)
     config.mlp_type, config.hidden_act, config.intermediate_size = "plain", "gelu", 4 * config.hidden_size
     torch.manual_seed(0)
-    return TinyTxForCausalLM._from_config(config, attn_implementation="sdpa")
+    return speed_up_cpu_training(TinyTxForCausalLM._from_config(config, attn_implementation="sdpa"))
 
 
 def without_rope(step):

@@ -16,8 +16,6 @@ This file imports only torch, transformers and its own configuration, so a saved
 code (`trust_remote_code=True`) for machines where `hf_tinytx` is not installed.
 """
 
-import contextlib
-import copy
 import dataclasses
 import inspect
 import math
@@ -29,7 +27,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.generation import GenerationConfig, GenerationMixin
+from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -68,8 +66,6 @@ class TinyTxRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.dtype == self.weight.dtype == torch.float32:
-            if _wants_cpu_gradient(hidden_states, self.weight):
-                return _CpuRMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
             # x * rsqrt(mean(x^2) + eps) * gain in one call: a decoding step is mostly per-op overhead.
             return nn.functional.rms_norm(hidden_states, self.weight.shape, self.weight, eps=self.variance_epsilon)
         # Half precision: the statistics in fp32 (a bf16 mean of squares loses too many bits), the gain after.
@@ -81,42 +77,6 @@ class TinyTxRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
-
-
-def _wants_cpu_gradient(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Training eagerly on a CPU: the one case where torch has no fused RMSNorm kernel for the backward pass (GPUs
-    have one, and torch.compile fuses the plain formula itself)."""
-    return (hidden_states.device.type == "cpu" and torch.is_grad_enabled()
-            and (hidden_states.requires_grad or weight.requires_grad) and not torch.compiler.is_compiling())
-
-
-class _CpuRMSNormFunction(torch.autograd.Function):
-    """RMSNorm with its gradient written out. On a CPU torch runs `rms_norm` as ~6 elementwise kernels forward and
-    ~10 backward; these are 3 passes over the activations forward and 7 backward, which makes the norm ~1.5x faster in
-    a training step (benchmarks/train_step.py)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # 1 / rms(x) per row: one reduction (the row's vector norm), then arithmetic on one number per row.
-        inv_rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-        ctx.save_for_backward(x, weight, inv_rms)
-        return torch.mul(x, inv_rms).mul_(weight)
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        # y = n * w with n = x / rms(x). With h = g * w (the gradient reaching n):
-        #   dL/dx = (h - n * mean(h * n)) / rms(x)   (rescaling x does not change n: that direction is projected out)
-        #   dL/dw = the sum over rows of g * n
-        x, weight, inv_rms = ctx.saved_tensors
-        normed = x * inv_rms
-        grad_x = grad_weight = None
-        if ctx.needs_input_grad[0]:
-            grad_normed = grad_output * weight
-            mean_dot = torch.linalg.vecdot(grad_normed, normed).unsqueeze(-1).div_(x.shape[-1])
-            grad_x = torch.addcmul(grad_normed, normed, mean_dot, value=-1).mul_(inv_rms)
-        if ctx.needs_input_grad[1]:
-            grad_weight = (grad_output * normed).reshape(-1, weight.shape[0]).sum(0)
-        return grad_x, grad_weight, None
 
 
 class TinyTxRotaryEmbedding(nn.Module):
@@ -300,24 +260,17 @@ class TinyTxAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        cpu_autocast = query_states.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-        if cpu_autocast:
-            # Under bf16 autocast on a CPU the attention itself runs in fp32 (the projections around it stay bf16):
-            # torch's CPU flash attention takes ~5x longer for its backward in bf16 than in fp32, which cancelled
-            # everything the bf16 matmuls gained.
-            query_states, key_states, value_states = query_states.float(), key_states.float(), value_states.float()
         # The backend is called right here, in forward: vLLM's Transformers backend finds it by reading this source.
-        with torch.autocast("cpu", enabled=False) if cpu_autocast else contextlib.nullcontext():
-            attn_output, attn_weights = attention_interface(
-                self,
-                query_states,
-                key_states,
-                value_states,
-                attention_mask,
-                dropout=0.0 if not self.training else self.attention_dropout,
-                scaling=self.scaling,
-                **kwargs,
-            )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
 
         # Concatenate the heads, then mix them back into the residual stream's width.
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
@@ -645,20 +598,6 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)},
         )
-
-    def _valid_auto_compile_criteria(self, model_kwargs: dict, generation_config: GenerationConfig) -> bool:
-        # `generate` compiles the decoding step only on accelerators and ignores a `compile_config` on a CPU with a
-        # warning. There, the caller passing one is the request (transformers' own switch for it is on the config).
-        compile_config = generation_config.compile_config
-        if compile_config is not None and self.device.type == "cpu" and not compile_config._compile_all_devices:
-            compile_config = copy.copy(compile_config)
-            compile_config._compile_all_devices = True
-            if compile_config.mode == "reduce-overhead" and compile_config.options is None:
-                # The default mode means CUDA graphs, which a CPU has not; inductor's C++ wrapper is what cuts the
-                # per-step overhead there (2 cores: 1.2 vs 1.4 ms a token at 1.1M parameters, 4.8 vs 5.5 at 25M).
-                compile_config.mode, compile_config.options = None, {"cpp_wrapper": True}
-            generation_config.compile_config = compile_config
-        return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
 
 
 class TinyTxForSequenceClassification(GenericForSequenceClassification, TinyTxPreTrainedModel):

@@ -3,7 +3,7 @@ batching all give the tokens that plain full-recompute decoding gives."""
 
 import pytest
 import torch
-from transformers import CompileConfig, ContinuousBatchingConfig, GenerationConfig
+from transformers import ContinuousBatchingConfig, GenerationConfig
 
 
 def greedy(model, input_ids, max_new_tokens, **kwargs):
@@ -54,30 +54,6 @@ def test_static_cache_equals_dynamic(tiny_model):
     dynamic = greedy(model, input_ids, max_new_tokens=16)
     static = greedy(model, input_ids, max_new_tokens=16, cache_implementation="static")
     assert torch.equal(static, dynamic)
-
-
-def test_compiled_static_cache_decoding_equals_eager_decoding(tiny_model):
-    model = tiny_model(attn_implementation="sdpa")
-    input_ids = torch.tensor(prompts(model.config.vocab_size, [6]))
-    reference = greedy(model, input_ids, max_new_tokens=6, cache_implementation="static")
-    # `generate` compiles the decoding step itself when the cache is static; on accelerators by itself, on a CPU when
-    # given a compile config (TinyTx takes that as the request; transformers alone would warn and run eagerly). The
-    # default mode, "reduce-overhead", means CUDA graphs: on a CPU TinyTx compiles with inductor's C++ wrapper instead.
-    # fullgraph: a graph break is a model bug.
-    compile_config = CompileConfig(fullgraph=True, dynamic=False)
-    torch._dynamo.reset()
-    try:
-        compiled = greedy(
-            model, input_ids, max_new_tokens=6, cache_implementation="static", compile_config=compile_config
-        )
-    except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. no working C++ compiler on this machine
-        pytest.skip(f"torch.compile (inductor) cannot build on this machine: {str(error).splitlines()[0]}")
-    finally:
-        torch._dynamo.reset()
-    assert torch.equal(compiled, reference)
-    assert hasattr(model, "_compiled_call"), "generate did not compile the forward pass"
-    assert (model._last_compile_config.mode, model._last_compile_config.options) == (None, {"cpp_wrapper": True})
-    assert compile_config.mode == "reduce-overhead"  # the caller's config is left as it was
 
 
 def test_seeded_sampling_is_reproducible(tiny_model):

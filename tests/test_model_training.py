@@ -7,10 +7,9 @@ import pytest
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import AttentionInterface, AutoModelForCausalLM
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers import AutoModelForCausalLM
 
-from hf_tinytx.modeling_tinytx import TinyTxRMSNorm, _CpuRMSNormFunction
+from hf_tinytx.cpu_training import FP32_SDPA, CpuTrainingRMSNorm, _RMSNormFunction, speed_up_cpu_training
 
 
 def random_batch(model, batch=2, seq_len=16, seed=0):
@@ -41,18 +40,19 @@ def test_adamw_overfits_a_tiny_batch(tiny_model, overrides):
 
 
 def test_cpu_rmsnorm_gradient_is_the_formulas():
-    """Training on a CPU, RMSNorm runs its hand-written backward: it must be the derivative of torch's rms_norm."""
+    """Trained by the CPU speed path, RMSNorm runs its hand-written backward: it must be the derivative of torch's
+    rms_norm."""
     x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
     gain = (torch.rand(8, dtype=torch.float64) + 0.5).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, gain: _CpuRMSNormFunction.apply(x, gain, 1e-6), (x, gain))
+    assert torch.autograd.gradcheck(lambda x, gain: _RMSNormFunction.apply(x, gain, 1e-6), (x, gain))
 
-    norm = TinyTxRMSNorm(8)
+    norm = CpuTrainingRMSNorm(8)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     x = torch.randn(4, 2, 5, 8, requires_grad=True)  # a qk_norm shape: (batch, seq, heads, head_dim)
     grad = torch.randn(4, 2, 5, 8)
     out = norm(x)
-    assert type(out.grad_fn).__name__ == "_CpuRMSNormFunctionBackward"
+    assert type(out.grad_fn).__name__ == "_RMSNormFunctionBackward"
     reference = nn.functional.rms_norm(x, (8,), norm.weight, eps=norm.variance_epsilon)
     torch.testing.assert_close(out, reference)
     expected = torch.autograd.grad(reference, (x, norm.weight), grad)
@@ -89,15 +89,35 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
         torch.testing.assert_close(checkpointed[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_bf16_autocast_on_cpu_trains(tiny_model):
-    seen = []  # what the attention backend received: CPU autocast leaves the attention itself in fp32
+def test_cpu_speed_path_changes_no_weight_and_no_result(tiny_model, tmp_path):
+    plain = tiny_model(attn_implementation="sdpa").train()
+    fast = speed_up_cpu_training(tiny_model(attn_implementation="sdpa").train())
+    fast.load_state_dict(plain.state_dict())
+    norms = [type(m) for m in fast.modules() if "RMSNorm" in type(m).__name__]
+    assert norms and set(norms) == {CpuTrainingRMSNorm} and fast.config._attn_implementation == FP32_SDPA
+    input_ids = random_batch(plain)
+    losses = [model(input_ids, labels=input_ids).loss for model in (plain, fast)]
+    torch.testing.assert_close(losses[1], losses[0])
+    grads = [torch.autograd.grad(loss, list(model.parameters())) for loss, model in zip(losses, (plain, fast))]
+    for ours, theirs in zip(grads[1], grads[0]):
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    # What it saves loads as the plain model: same keys, and no trace of the speed path in config.json.
+    fast.save_pretrained(tmp_path)
+    assert FP32_SDPA not in (tmp_path / "config.json").read_text()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.state_dict().keys() == plain.state_dict().keys()
 
-    def recording_sdpa(module, query, key, value, *args, **kwargs):
+
+def test_bf16_autocast_on_cpu_trains(tiny_model, monkeypatch):
+    seen = []  # what torch's attention received: with the CPU speed path, the attention itself stays in fp32
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(query, key, value, *args, **kwargs):
         seen.append(({query.dtype, key.dtype, value.dtype}, torch.is_autocast_enabled("cpu")))
-        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+        return sdpa(query, key, value, *args, **kwargs)
 
-    AttentionInterface.register("recording_sdpa", recording_sdpa)
-    model = tiny_model(attn_implementation="recording_sdpa").train()
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    model = speed_up_cpu_training(tiny_model(attn_implementation="sdpa").train())
     input_ids = random_batch(model)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         outputs = model(input_ids, labels=input_ids)

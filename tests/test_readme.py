@@ -69,6 +69,13 @@ class Page:
 
 
 ENGINE_LLAMA_CPP = "llama.cpp's Python API and its OpenAI-compatible server"
+# docs/performance.md's compiled decoding, on the trained model, beside eager decoding of the same prompt.
+COMPILE_PREFIX = (
+    "import torch\nimport hf_tinytx\nfrom transformers import AutoModelForCausalLM\n"
+    "model = AutoModelForCausalLM.from_pretrained('out/tinytx')\n"
+    "input_ids = torch.tensor([[model.config.bos_token_id, 5, 9, 12]])\n"
+    "eager_ids = model.generate(input_ids, max_new_tokens=64, cache_implementation='static', do_sample=False)\n"
+)
 
 # In the order a user follows them: the README's quick start writes out/tinytx, which the pages after it use.
 PAGES = [
@@ -118,7 +125,11 @@ PAGES = [
     )),
     Page("docs/scaling.md"),
     Page("docs/faults.md"),
-    Page("docs/performance.md"),
+    Page("docs/performance.md", (
+        Step("Performance", "python", prefix=COMPILE_PREFIX,
+             check="assert torch.equal(output_ids, eager_ids)\n"
+                   "assert torch._dynamo.utils.counters['stats']['unique_graphs'] >= 2  # prefill and decoding step"),
+    )),
     Page("docs/model.md"),
 ]
 

@@ -72,6 +72,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
+from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
     STAGING_NAME, OverlapError, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, refuse_overlap, regular_files,
     writing_into,
@@ -109,6 +110,8 @@ def main(argv=None):
     # ---------------------------------------------------------------- tokenizer and model
     tokenizer = load_tokenizer(args, chat=has_chat(train_records + validation_records))
     model = load_model(args)
+    if training_args.device.type == "cpu":
+        speed_up_cpu_training(model)
     train_dataset, eval_dataset, max_seq_length = build_datasets(args, tokenizer, model, train_records,
                                                                  validation_records)
     facts = {  # for the model cards

@@ -71,6 +71,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
+from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import is_disk_full, link_or_copy
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
@@ -168,6 +169,8 @@ def setup(model_args, data_args, train_args) -> Run:
     sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed)
     with distributed.building_model(accelerator):
         model = build_model(model_args, model_config, tokenizer)
+    if accelerator.device.type == "cpu":
+        speed_up_cpu_training(model)
     num_parameters = sum(distributed.full_shape(p).numel() for p in model.parameters())
     accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
 
