@@ -2,8 +2,7 @@
 `python -m build` does), checks the wheel's file list, installs the wheel (not editable) into a clean virtual
 environment, and from a folder outside the checkout runs `tinytx pretrain` (a short run), loads the model with
 AutoModelForCausalLM and AutoTokenizer, then `tinytx interpret`, `tinytx convert --to llama` and `tinytx finetune` on
-it. (`tinytx serve` is not run here: it needs the `serving` extra and a server's lifetime; tests/test_serve.py runs
-`python -m hf_tinytx.serve`, which it dispatches to.)
+it, and `tinytx serve` on the fine-tuned folder (the `serving` extra): a completion and a chat request.
 
     .venv/bin/python .ci/wheel_check.py [--keep]     # needs `build` (test extra) and pip's index or cache
 
@@ -17,7 +16,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import socket
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -65,9 +66,12 @@ def wheel_problems(names: list[str]) -> list[str]:
 
 
 def finetune_records(count: int = 24) -> str:
-    """A small prompt/response jsonl, enough rows for a few optimizer steps."""
-    return "".join(json.dumps({"prompt": f"Q: what is {i} plus one?\nA:", "response": f" {i + 1}"}) + "\n"
-                   for i in range(count))
+    """A small jsonl of prompt/response and chat records (so finetune gives the model a chat template), enough rows
+    for a few optimizer steps."""
+    records = [{"prompt": f"Q: what is {i} plus one?\nA:", "response": f" {i + 1}"} if i % 2 else
+               {"messages": [{"role": "user", "content": f"What is {i} plus one?"},
+                             {"role": "assistant", "content": f"{i + 1}"}]} for i in range(count)]
+    return "".join(json.dumps(record) + "\n" for record in records)
 
 
 def run(command: list, cwd: Path, env: dict | None = None, timeout: float = 900) -> str:
@@ -94,11 +98,12 @@ def build(dist: Path) -> tuple[Path, Path]:
 
 
 def install(wheel: Path, venv: Path) -> Path:
-    """A clean environment holding the wheel (not editable) with its `train` extra; returns its bin/ folder."""
+    """A clean environment holding the wheel (not editable) with its `train` and `serving` extras; returns its bin/
+    folder."""
     run([os.environ.get("PYTHON", "python3"), "-m", "venv", venv], cwd=venv.parent)
     pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     run([*pip, TORCH], cwd=venv.parent)
-    run([*pip, f"{wheel}[train]", TORCH], cwd=venv.parent)
+    run([*pip, f"{wheel}[train,serving]", TORCH], cwd=venv.parent)
     return venv / "bin"
 
 
@@ -130,6 +135,42 @@ def use(bin_dir: Path, work: Path) -> None:
         sys.exit("wheel check: tinytx finetune left no model.safetensors")
 
 
+def serve(bin_dir: Path, work: Path, timeout: float = 300) -> None:
+    """`tinytx serve out/sft` on a free loopback port until it answers a completion and a chat request."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url, log = f"http://127.0.0.1:{port}", work / "serve.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(["tinytx", "serve", "out/sft", "--host", "127.0.0.1", "--port", str(port)],
+                                  cwd=work, env=user_env(bin_dir, work), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while not answers(f"{url}/health") and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for path, body in (("/v1/completions", {"prompt": "The animal"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]})):
+            request = urllib.request.Request(f"{url}{path}", headers={"Content-Type": "application/json"},
+                                             data=json.dumps({"model": "out/sft", "max_tokens": 4, **body}).encode())
+            with urllib.request.urlopen(request, timeout=120) as response:
+                if not json.load(response)["choices"]:
+                    sys.exit(f"wheel check: tinytx serve answered {path} with no choices")
+        print("tinytx serve answered a completion and a chat request", flush=True)
+    except OSError as error:
+        sys.exit(f"wheel check: tinytx serve did not answer ({error}):\n{log.read_text(errors='replace')[-3000:]}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (printed) for a look")
@@ -141,6 +182,7 @@ def main(argv=None) -> None:
         bin_dir = install(wheel, work / "venv")
         (work / "user").mkdir()
         use(bin_dir, work / "user")
+        serve(bin_dir, work / "user")
     finally:
         if args.keep:
             print(f"kept {work}")
