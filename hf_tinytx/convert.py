@@ -45,7 +45,7 @@ from .folders import (
 )
 from .quiet import quiet_notices
 from .modeling_tinytx import TinyTxForCausalLM
-from .saved_folder import check_source_folder, check_stored_weights, load_config, why_not_llama
+from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
 
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
@@ -164,7 +164,7 @@ def convert_folder(
         (TinyTxForCausalLM, TinyTxConfig, tinytx_config_to_llama) if to == "llama"
         else (LlamaForCausalLM, LlamaConfig, llama_config_to_tinytx)
     )
-    source_files = check_source_folder(source, config_class.model_type)
+    source_files = convertible_files(source, config_class.model_type)
     ours = _check_destination(destination, overwrite)
     # The config and the weights' headers first, so a refusal comes before gigabytes of weights are read.
     config = load_config(source, config_class, "convert")

@@ -35,7 +35,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from .configuration_tinytx import TinyTxConfig
 from .folders import fsync_dir, is_disk_full, refuse_overlap
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
-from .saved_folder import check_source_folder, check_stored_weights, load_config, why_not_llama
+from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
 from .tokenization import adds_bos
 
 
@@ -69,7 +69,7 @@ def write_gguf(
         raise ValueError(f"gguf: `outtype` must be one of {list(OUTTYPES)}, got {outtype!r}.")
     refuse_overlap(source, destination, ("source", "destination"), who="gguf")
     _check_destination_file(destination, overwrite)
-    files = check_source_folder(source, "tinytx")
+    files = convertible_files(source, "tinytx")
     # Everything that can refuse runs before the weights are read and before anything is written.
     config = load_config(source, TinyTxConfig, "gguf")
     check_gguf_config(config)

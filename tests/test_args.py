@@ -127,11 +127,11 @@ def test_an_arguments_file_then_flags_that_override_it():
 
 def test_total_batch_size_sets_the_accumulation_the_processes_need():
     """--total_batch_size 64 with 8 sequences per device: 4 micro-batches on 2 processes, 8 on one."""
-    from hf_tinytx_training.args import check_batch
+    from hf_tinytx_training.args import apply_total_batch_size
 
     for processes, accumulation in ((1, 8), (2, 4), (8, 1)):
         *_, train_args = parse_args(["--total_batch_size", "64", "--per_device_train_batch_size", "8"])
-        check_batch(train_args, processes)
+        apply_total_batch_size(train_args, processes)
         assert train_args.gradient_accumulation_steps == accumulation
 
 

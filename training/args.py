@@ -235,9 +235,9 @@ def check_report_to(report_to: str) -> None:
                                  f"pip install {name}, or leave --report_to out.")
 
 
-def check_batch(train_args: PretrainArguments, num_processes: int) -> None:
-    """--total_batch_size against the processes launched (known only once they are): sets the accumulation it
-    implies, or stops before any data is read when the processes cannot share it in whole micro-batches."""
+def apply_total_batch_size(train_args: PretrainArguments, num_processes: int) -> None:
+    """Sets --gradient_accumulation_steps from --total_batch_size and the processes launched (known only once they
+    are), or stops before any data is read when the processes cannot share it in whole micro-batches."""
     total = train_args.total_batch_size
     if total is None:
         return

@@ -107,7 +107,7 @@ def main(argv=None):
     validation_records = read_records(args.validation_file) if args.validation_file else []
 
     # ---------------------------------------------------------------- tokenizer and model
-    tokenizer = load_tokenizer(args, chat=has_chat(train_records + validation_records))
+    tokenizer = load_base_model_tokenizer(args, chat=has_chat(train_records + validation_records))
     model = load_model(args)
     train_dataset, eval_dataset, max_seq_length = build_datasets(args, tokenizer, model, train_records,
                                                                  validation_records)
@@ -366,7 +366,9 @@ def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str
     return examples
 
 
-def load_tokenizer(args: FinetuneArguments, chat: bool):
+def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):
+    """The tokenizer saved with --model_name_or_path, ready for fine-tuning: a pad token, and with chat records a chat
+    template (training/tokenizer.py's load_tokenizer reads a --tokenizer_name for pre-training instead)."""
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
