@@ -73,8 +73,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.folders import (
-    STAGING_NAME, OverlapError, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, refuse_overlap, regular_files,
-    writing_into,
+    STAGING_NAME, OverlapError, UnsafeLinkError, link_or_copy, refuse_overlap, regular_files, writing_into,
 )
 from hf_tinytx.quiet import quiet_notices
 
@@ -87,7 +86,8 @@ from .sft_data import build_examples, ensure_chat_template, pad_collator
 
 RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
-CHECKPOINT_STAGING = ".tmp_checkpoint"  # in checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside moves it
+# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
+CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
 
 
 def main(argv=None):
@@ -259,11 +259,7 @@ class CheckpointsAside(TrainerCallback):
             state.best_model_checkpoint = final
             state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
         checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
-        fsync_tree(written)
-        if os.path.exists(final):  # left by a run that was resumed from an earlier step
-            checkpoints.set_aside(final, "replaced")
-        os.replace(written, final)
-        fsync_dir(self.where.checkpoints_dir)
+        checkpoints.rename_into_place(written, final)
         checkpoints.prune(self.where.checkpoints_dir, self.where.keep_checkpoints, CHECKPOINT)
 
 
