@@ -331,13 +331,20 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 
 
-def args_to_dict(*dataclass_args) -> dict:
-    """All arguments as one JSON-ready dict, without the Hub token (it must never reach a file or a log)."""
+def args_to_dict(*parts) -> dict:
+    """Arguments (dataclasses, or dicts of more values) as one dict, without the Hub token (it must never reach a file
+    or a log)."""
     values = {}
-    for args in dataclass_args:
-        values.update(vars(args))
+    for part in parts:
+        values.update(part if isinstance(part, dict) else vars(part))
     values.pop("hub_token", None)
     return values
+
+
+def write_args_json(path: str | os.PathLike, *parts) -> None:
+    """The run's arguments (`args_to_dict`: never the Hub token) as a JSON file beside the model it made."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(args_to_dict(*parts), f, indent=2, sort_keys=True, default=str)
 
 
 def build_parser(dataclass_types, **defaults) -> HfArgumentParser:

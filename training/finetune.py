@@ -50,7 +50,7 @@ STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the ne
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
-from .args import build_parser  # noqa: E402  (loads transformers' argument parser: after the handler)
+from .args import build_parser, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
 from .errors import UserInputError  # noqa: E402
 from .finetune_args import (  # noqa: E402
     FinetuneArguments, check_args, hub_repo_id, model_source, output_dir_flags, preflight,
@@ -292,7 +292,7 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
     with writing_into(where.output_dir) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
-        write_json(staged / "finetune_args.json", {**vars(args), "max_seq_length": facts["max_seq_length"]})
+        write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"]})
         write_json(staged / "finetune_metrics.json", metrics)
         write_card(where.output_dir, staged, "adapter" if args.use_peft else "full", facts, where)
     print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {where.output_dir}")
@@ -484,7 +484,6 @@ def refuse_links_out(folder: str) -> list[str]:
 
 
 def write_json(path: str | os.PathLike, values: dict) -> None:
-    values = {k: v for k, v in values.items() if k != "hub_token"}  # a Hub token must never reach a file
     with open(path, "w", encoding="utf-8") as f:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
 
