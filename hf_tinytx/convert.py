@@ -46,6 +46,7 @@ from .folders import (
 from .quiet import quiet_notices
 from .modeling_tinytx import TinyTxForCausalLM
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
+from .sources import TOKENIZER_FILES
 
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
@@ -73,18 +74,7 @@ SHARED_FIELDS = (
     "dtype",
 )
 
-# Files that travel with a checkpoint but not with the model object.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+# Files that travel with a checkpoint but not with the model object: the tokenizer's (sources.py) and this one.
 GENERATION_CONFIG_FILE = "generation_config.json"
 MAY_WRITE = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE)  # besides the config, the weights and the model's code (.py)
 WRITER = "hf_tinytx.convert"  # the name in the record of what a conversion wrote (folders.record_written)

@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from .folders import local_folder_or_hub_id, regular_files
+from .folders import regular_files
+from .sources import local_folder_or_hub_id
 
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_tinytx.corpus import make_probes
-from hf_tinytx.folders import local_folder_or_hub_id
+from hf_tinytx.sources import local_folder_or_hub_id
 from hf_tinytx.interpret import (
     attention_maps,
     coref_head_scores,

@@ -50,10 +50,10 @@ STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the ne
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
-from .args import build_parser, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
+from .args import build_parser, hub_repo_id, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
 from .errors import UserInputError  # noqa: E402
 from .finetune_args import (  # noqa: E402
-    FinetuneArguments, check_args, hub_repo_id, model_source, output_dir_flags, preflight,
+    FinetuneArguments, check_args, model_source, output_dir_flags, preflight,
 )
 from .sft_records import has_chat, read_records  # noqa: E402
 
@@ -192,7 +192,7 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
         if os.path.isdir(folder):
             refuse_links_out(folder)  # saving would write through such a link, and the push would read it
     # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
-    hub_model_id = hub_repo_id(training_args)
+    hub_model_id = hub_repo_id(training_args.hub_model_id, training_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     training_args.output_dir = os.path.join(checkpoints_dir, CHECKPOINT_STAGING)
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False

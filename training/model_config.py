@@ -7,7 +7,7 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_tinytx.folders import local_folder_or_hub_id
+from hf_tinytx.sources import local_folder_or_hub_id
 
 from .errors import UserInputError
 from .config_file import config_file_path, read_config_file
