@@ -274,7 +274,7 @@ def test_command_line_names_a_folder_that_holds_no_model(tmp_path):
         main([str(tmp_path / "empty"), TEXT, "--out", str(tmp_path / "maps")])
 
 
-@pytest.mark.parametrize("typo", ["out/tinytxx", "./tinytxx", "out/run1/final"])
+@pytest.mark.parametrize("typo", ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"])  # a space: no repo id
 def test_a_mistyped_local_path_fails_at_once_without_the_network(tmp_path, monkeypatch, typo):
     """Taken for a Hub id, such a path used to wait ~50 s on the network before failing."""
     from hf_tinytx.interpret.__main__ import main
