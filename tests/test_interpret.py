@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from hf_tinytx.corpus import make_probes
-from hf_tinytx.sources import local_folder_or_hub_id
 from hf_tinytx.interpret import (
     attention_maps,
     coref_head_scores,
@@ -30,6 +29,7 @@ from hf_tinytx.interpret import (
 )
 from hf_tinytx.interpret.attention_maps import default_size_inches
 from hf_tinytx.interpret.head_roles import locate_coref_probe
+from hf_tinytx.sources import local_folder_or_hub_id
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 TEXT = "The cat sat on the mat."
