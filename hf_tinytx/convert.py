@@ -45,7 +45,8 @@ from .folders import (
 )
 from .quiet import quiet_notices
 from .modeling_tinytx import TinyTxForCausalLM
-from .saved_folder import check_source_folder, check_stored_weights, load_config, why_not_llama
+from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
+from .sources import TOKENIZER_FILES
 
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
@@ -73,18 +74,7 @@ SHARED_FIELDS = (
     "dtype",
 )
 
-# Files that travel with a checkpoint but not with the model object.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+# Files that travel with a checkpoint but not with the model object: the tokenizer's (sources.py) and this one.
 GENERATION_CONFIG_FILE = "generation_config.json"
 MAY_WRITE = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE)  # besides the config, the weights and the model's code (.py)
 WRITER = "hf_tinytx.convert"  # the name in the record of what a conversion wrote (folders.record_written)
@@ -164,7 +154,7 @@ def convert_folder(
         (TinyTxForCausalLM, TinyTxConfig, tinytx_config_to_llama) if to == "llama"
         else (LlamaForCausalLM, LlamaConfig, llama_config_to_tinytx)
     )
-    source_files = check_source_folder(source, config_class.model_type)
+    source_files = convertible_files(source, config_class.model_type)
     ours = _check_destination(destination, overwrite)
     # The config and the weights' headers first, so a refusal comes before gigabytes of weights are read.
     config = load_config(source, config_class, "convert")

@@ -3,8 +3,6 @@
 - `regular_files(folder)`: the files to copy or upload. A symbolic link that resolves outside the folder is refused
   (with its name), so a folder can never smuggle in a file from elsewhere on the machine.
 - `link_or_copy(folder, target)`: a snapshot of those files (hard links where possible, copies elsewhere).
-- `local_folder_or_hub_id(name)`: a command-line model argument, checked: a path that does not exist fails at once
-  instead of being sent to the Hub as an id.
 - `writing_into(destination)`: a staging folder to write a model into, published when the block ends (removed if
   it raises).
 - `publish(staged, destination)`: moves freshly written files into a folder one `os.replace` each, after `fsync`,
@@ -137,21 +135,6 @@ def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
         os.replace(staged / name, destination / name)
     fsync_dir(destination)
     shutil.rmtree(staged)
-
-
-def local_folder_or_hub_id(name: str) -> str:
-    """`name` as `from_pretrained` should get it: an existing local path, or else a Hub id.
-
-    Something that looks like a path (starts with `.`, `/` or `~`, has two or more `/`, or its parent folder exists)
-    but is missing raises at once: transformers would take it for a Hub id and wait on the network before failing.
-    """
-    path = Path(name).expanduser()
-    if path.exists():
-        return str(path)
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or ("/" in name and path.parent.is_dir())
-    if looks_local:
-        raise FileNotFoundError(f"no such folder: {name} (check the path; a Hub id looks like owner/name)")
-    return name
 
 
 # ---- what a command may write where: shared by convert, finetune and pretrain ----

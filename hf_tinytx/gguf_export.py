@@ -33,9 +33,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_tinytx import TinyTxConfig
-from .folders import fsync_dir, is_disk_full, refuse_overlap
+from .folders import STAGING_NAME, fsync_dir, is_disk_full, refuse_overlap
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
-from .saved_folder import check_source_folder, check_stored_weights, load_config, why_not_llama
+from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
 from .tokenization import adds_bos
 
 
@@ -57,7 +57,6 @@ ARCHITECTURE = gguf.MODEL_ARCH.LLAMA
 PRE_TOKENIZER = "gpt-2"
 # RoPE keys that llama.cpp's YaRN has no setting for (it derives the attention factor from `factor` itself).
 UNSUPPORTED_YARN_KEYS = ("attention_factor", "mscale", "mscale_all_dim")
-STAGING_SUFFIX = ".tinytx-staging"
 
 
 def write_gguf(
@@ -69,7 +68,7 @@ def write_gguf(
         raise ValueError(f"gguf: `outtype` must be one of {list(OUTTYPES)}, got {outtype!r}.")
     refuse_overlap(source, destination, ("source", "destination"), who="gguf")
     _check_destination_file(destination, overwrite)
-    files = check_source_folder(source, "tinytx")
+    files = convertible_files(source, "tinytx")
     # Everything that can refuse runs before the weights are read and before anything is written.
     config = load_config(source, TinyTxConfig, "gguf")
     check_gguf_config(config)
@@ -350,7 +349,8 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
     """Writes under a temporary name beside `destination`, then renames it over: never a half-written .gguf."""
     created = not destination.parent.exists()
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staged = destination.with_name(f".{destination.name}{STAGING_SUFFIX}")
+    # One file renamed over another: no staging folder to `publish` from, only the name of one, beside the file.
+    staged = destination.with_name(f".{destination.name}{STAGING_NAME}")
     try:
         writer.write_header_to_file(path=staged)
         writer.write_kv_data_to_file()

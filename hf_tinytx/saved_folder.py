@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from .folders import local_folder_or_hub_id, regular_files
+from .folders import regular_files
+from .sources import local_folder_or_hub_id
 
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
@@ -142,8 +143,8 @@ def _equal(files: dict, first: str, second: str) -> bool:
     return torch.equal(*tensors)
 
 
-def check_source_folder(source: Path, expected_type: str) -> list[str]:
-    """Refuses what cannot be converted; returns the folder's files (raises if a link leads out of it)."""
+def convertible_files(source: Path, expected_type: str) -> list[str]:
+    """The files of a saved model folder that can be converted; refuses one that cannot (and a link leading out)."""
     local_folder_or_hub_id(str(source))  # a mistyped path: "no such folder", the same words as every command
     if not source.is_dir():
         raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")

@@ -125,13 +125,24 @@ def test_an_arguments_file_then_flags_that_override_it():
     assert (model_args.model_preset, model_args.vocab_size, train_args.eval_steps) == ("tiny", 2048, 200)  # the file
 
 
+def test_the_hub_repo_id_is_checked_then_filled_in_from_the_output_folder():
+    """pretrain and finetune share the check (args.check_hub_repo_id); a default id is said to come from the folder."""
+    from_folder = "^The Hub repo id from --output_dir's name, 'x y' is not a valid Hub repo id; set --hub_model_id to"
+    with pytest.raises(UserInputError, match=from_folder):
+        parse_args(["--push_to_hub", "--output_dir", "out/x y"])
+    with pytest.raises(UserInputError, match="^--hub_model_id 'a/b/c' is not a valid Hub repo id"):
+        parse_args(["--push_to_hub", "--hub_model_id", "a/b/c"])
+    assert parse_args(["--push_to_hub", "--output_dir", "out/tiny-run"])[2].hub_model_id == "tiny-run"
+    assert parse_args(["--output_dir", "out/tiny-run"])[2].hub_model_id is None  # no push: no repo
+
+
 def test_total_batch_size_sets_the_accumulation_the_processes_need():
     """--total_batch_size 64 with 8 sequences per device: 4 micro-batches on 2 processes, 8 on one."""
-    from hf_tinytx_training.args import check_batch
+    from hf_tinytx_training.args import apply_total_batch_size
 
     for processes, accumulation in ((1, 8), (2, 4), (8, 1)):
         *_, train_args = parse_args(["--total_batch_size", "64", "--per_device_train_batch_size", "8"])
-        check_batch(train_args, processes)
+        apply_total_batch_size(train_args, processes)
         assert train_args.gradient_accumulation_steps == accumulation
 
 

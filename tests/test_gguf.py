@@ -21,7 +21,8 @@ from transformers import AutoModelForCausalLM
 
 import hf_tinytx
 from hf_tinytx.convert import main as convert_main
-from hf_tinytx.gguf_export import STAGING_SUFFIX, rotate_half_to_interleaved, write_gguf
+from hf_tinytx.folders import STAGING_NAME
+from hf_tinytx.gguf_export import rotate_half_to_interleaved, write_gguf
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
 from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_config
 
@@ -436,7 +437,7 @@ def test_failure_while_writing_keeps_the_old_file_and_leaves_no_staging_file(fol
         write_gguf(source, destination, overwrite=True)
     assert destination.read_bytes() == b"old"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["m.gguf", "model"]
-    assert not destination.with_name(f".m.gguf{STAGING_SUFFIX}").exists()
+    assert not destination.with_name(f".m.gguf{STAGING_NAME}").exists()
 
 
 def test_the_library_does_not_need_gguf():

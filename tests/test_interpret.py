@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from hf_tinytx.corpus import make_probes
-from hf_tinytx.folders import local_folder_or_hub_id
 from hf_tinytx.interpret import (
     attention_maps,
     coref_head_scores,
@@ -30,6 +29,7 @@ from hf_tinytx.interpret import (
 )
 from hf_tinytx.interpret.attention_maps import default_size_inches
 from hf_tinytx.interpret.head_roles import locate_coref_probe
+from hf_tinytx.sources import local_folder_or_hub_id
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 TEXT = "The cat sat on the mat."
@@ -274,7 +274,7 @@ def test_command_line_names_a_folder_that_holds_no_model(tmp_path):
         main([str(tmp_path / "empty"), TEXT, "--out", str(tmp_path / "maps")])
 
 
-@pytest.mark.parametrize("typo", ["out/tinytxx", "./tinytxx", "out/run1/final"])
+@pytest.mark.parametrize("typo", ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"])  # a space: no repo id
 def test_a_mistyped_local_path_fails_at_once_without_the_network(tmp_path, monkeypatch, typo):
     """Taken for a Hub id, such a path used to wait ~50 s on the network before failing."""
     from hf_tinytx.interpret.__main__ import main

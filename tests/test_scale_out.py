@@ -318,7 +318,7 @@ def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_a
     from accelerate.utils import DistributedType
 
     from hf_tinytx_training.errors import UserInputError
-    from hf_tinytx_training.distributed import follow_the_flags
+    from hf_tinytx_training.distributed import apply_flags_to_deepspeed_config
 
     def accelerator(settings: dict):
         state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2, deepspeed_config=settings))
@@ -326,14 +326,14 @@ def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_a
 
     flags = SimpleNamespace(gradient_accumulation_steps=2, max_grad_norm=1.0)
     with pytest.raises(UserInputError) as refusal:
-        follow_the_flags(accelerator({"gradient_clipping": 0.5}), flags)
+        apply_flags_to_deepspeed_config(accelerator({"gradient_clipping": 0.5}), flags)
     assert str(refusal.value) == (
         "The DeepSpeed config sets gradient_clipping: 0.5 but this run has --max_grad_norm 1.0; remove it from the "
         "Accelerate config (the flag decides) or pass --max_grad_norm 0.5.")
     settings = {"gradient_clipping": "auto"}  # and gradient_accumulation_steps left out
-    follow_the_flags(accelerator(settings), flags)
+    apply_flags_to_deepspeed_config(accelerator(settings), flags)
     assert settings == {"gradient_clipping": 1.0, "gradient_accumulation_steps": 2}
-    follow_the_flags(accelerator({"gradient_clipping": 1}), flags)  # the same value, spelt as an int: accepted
+    apply_flags_to_deepspeed_config(accelerator({"gradient_clipping": 1}), flags)  # the same value as an int: accepted
 
 
 def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from .errors import UserInputError
+from .light_library import sources
 from .schedules import CLOCK_SHAPES
 
 
@@ -146,6 +147,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         parser.set_defaults(**_read_args_file(argv.pop(0), parser))
     model_args, data_args, train_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     check_args(model_args, data_args, train_args)
+    if train_args.push_to_hub:
+        train_args.hub_model_id = hub_repo_id(train_args.hub_model_id, train_args.output_dir)
     return model_args, data_args, train_args
 
 
@@ -211,10 +214,9 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
             f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}."
         )
     check_report_to(train_args.report_to)
-    if train_args.push_to_hub and train_args.hub_model_id is None:
-        train_args.hub_model_id = os.path.basename(os.path.abspath(train_args.output_dir))
     if train_args.push_to_hub:
-        check_hub_args(train_args)
+        check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
+        check_hub_timeout(train_args.hub_timeout)
     # The schedule is checked by pretrain.py's setup (check_schedule): it loads transformers' schedules, with peft
     # and the model code, the heaviest import of all, and everything checked here must be answered before that.
 
@@ -235,9 +237,9 @@ def check_report_to(report_to: str) -> None:
                                  f"pip install {name}, or leave --report_to out.")
 
 
-def check_batch(train_args: PretrainArguments, num_processes: int) -> None:
-    """--total_batch_size against the processes launched (known only once they are): sets the accumulation it
-    implies, or stops before any data is read when the processes cannot share it in whole micro-batches."""
+def apply_total_batch_size(train_args: PretrainArguments, num_processes: int) -> None:
+    """Sets --gradient_accumulation_steps from --total_batch_size and the processes launched (known only once they
+    are), or stops before any data is read when the processes cannot share it in whole micro-batches."""
     total = train_args.total_batch_size
     if total is None:
         return
@@ -312,18 +314,25 @@ def _check_scheduler(name: str) -> None:
         ) from None
 
 
-def check_hub_args(train_args: PretrainArguments) -> None:
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+def hub_repo_id(hub_model_id: str | None, output_dir: str) -> str:
+    """The Hub repo a run pushes to: --hub_model_id, or else the --output_dir folder's name (as Trainer names it)."""
+    return hub_model_id or os.path.basename(os.path.abspath(output_dir))
 
-    try:
-        validate_repo_id(train_args.hub_model_id)
-    except HFValidationError:
+
+def check_hub_repo_id(hub_model_id: str | None, output_dir: str) -> None:
+    """A repo id the Hub would reject is refused now, not at the first push after training."""
+    repo_id = hub_repo_id(hub_model_id, output_dir)
+    if not sources.is_repo_id(repo_id):
+        named = "--hub_model_id" if hub_model_id else "The Hub repo id from --output_dir's name,"
         raise UserInputError(
-            f"--hub_model_id {train_args.hub_model_id!r} is not a valid Hub repo id; use 'name' or 'owner/name' "
-            f"(letters, digits, '-', '_', '.'; at most 96 characters)."
-        ) from None
-    if not (math.isfinite(train_args.hub_timeout) and train_args.hub_timeout > 0):
-        raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {train_args.hub_timeout}.")
+            f"{named} {repo_id!r} is not a valid Hub repo id; set --hub_model_id to 'name' or 'owner/name' "
+            f"(letters, digits, '-', '_' and '.', at most 96 characters)."
+        )
+
+
+def check_hub_timeout(hub_timeout: float) -> None:
+    if not (math.isfinite(hub_timeout) and hub_timeout > 0):
+        raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {hub_timeout}.")
 
 
 def env_flag(name: str) -> bool:
@@ -331,13 +340,20 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 
 
-def args_to_dict(*dataclass_args) -> dict:
-    """All arguments as one JSON-ready dict, without the Hub token (it must never reach a file or a log)."""
+def args_to_dict(*parts) -> dict:
+    """Arguments (dataclasses, or dicts of more values) as one dict, without the Hub token (it must never reach a file
+    or a log)."""
     values = {}
-    for args in dataclass_args:
-        values.update(vars(args))
+    for part in parts:
+        values.update(part if isinstance(part, dict) else vars(part))
     values.pop("hub_token", None)
     return values
+
+
+def write_args_json(path: str | os.PathLike, *parts) -> None:
+    """The run's arguments (`args_to_dict`: never the Hub token) as a JSON file beside the model it made."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(args_to_dict(*parts), f, indent=2, sort_keys=True, default=str)
 
 
 def build_parser(dataclass_types, **defaults) -> HfArgumentParser:

@@ -24,7 +24,7 @@ import pickle
 import re
 import shutil
 
-from hf_tinytx.folders import fsync_dir, fsync_tree, is_disk_full
+from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full
 
 from .errors import RunError, UserInputError
 
@@ -35,6 +35,9 @@ CHECKSUM_FILE = "checksums.json"
 TOKENIZER_DIR = "tokenizer"
 SHARDED_DIR = "sharded"
 SCHEDULER_FILE = "scheduler.bin"
+# A checkpoint is a new folder written as .tmp_<name> and renamed in whole (one os.replace): not the STAGING_NAME
+# folder that `publish` empties file by file into a destination holding other files.
+TEMPORARY_PREFIX = ".tmp_"
 
 
 def steps_saved(checkpoints_dir: str, prefix: str = STEP_PREFIX) -> list[int]:
@@ -48,7 +51,7 @@ def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | 
     """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`:
     (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`."""
     final = os.path.join(checkpoints_dir, f"step_{step}")
-    temporary = os.path.join(checkpoints_dir, f".tmp_step_{step}")
+    temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}step_{step}")
     if accelerator.is_main_process and os.path.exists(temporary):
         shutil.rmtree(temporary)  # left by a run killed while saving this step
     accelerator.wait_for_everyone()
@@ -60,14 +63,20 @@ def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | 
         if accelerator.is_main_process:
             write_json(os.path.join(temporary, STATE_FILE), {"step": step, **state})
             write_json(os.path.join(temporary, CHECKSUM_FILE), checksums(temporary))
-            fsync_tree(temporary)
-            if os.path.exists(final):  # an abandoned checkpoint of the same step: the new one replaces it
-                set_aside(final, "replaced")
-            os.replace(temporary, final)
-            fsync_dir(checkpoints_dir)
+            rename_into_place(temporary, final)
             prune(checkpoints_dir, keep)
     accelerator.wait_for_everyone()
     return final
+
+
+def rename_into_place(temporary: str, final: str) -> None:
+    """Flushes the finished checkpoint `temporary` and renames it to `final`, setting aside an abandoned checkpoint of
+    that name (left by a run resumed from an earlier step): the new one replaces it."""
+    fsync_tree(temporary)
+    if os.path.exists(final):
+        set_aside(final, "replaced")
+    os.replace(temporary, final)
+    fsync_dir(os.path.dirname(final))
 
 
 def save_sharded(folder: str, model, optimizer, scheduler, is_main_process: bool) -> None:
@@ -211,7 +220,7 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
     """checkpoints/tokenizer, written under a temporary name first: a kill never leaves half a tokenizer."""
     os.makedirs(checkpoints_dir, exist_ok=True)
     final = os.path.join(checkpoints_dir, TOKENIZER_DIR)
-    temporary = os.path.join(checkpoints_dir, f".tmp_{TOKENIZER_DIR}")
+    temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}{TOKENIZER_DIR}")
     shutil.rmtree(temporary, ignore_errors=True)
     with disk_space_guard(temporary, checkpoints_dir):
         tokenizer.save_pretrained(temporary)
@@ -234,7 +243,7 @@ class disk_space_guard:
         if error is None or not is_disk_full(error, self.path):
             return False
         written = folder_size(self.path)
-        if os.path.isdir(self.path) and os.path.basename(self.path).startswith((".tmp_", ".tinytx-staging")):
+        if os.path.isdir(self.path) and os.path.basename(self.path).startswith((TEMPORARY_PREFIX, STAGING_NAME)):
             shutil.rmtree(self.path, ignore_errors=True)
         raise RunError(disk_full_message(self.path, written, self.checkpoints_dir, self.prefix)) from None
 

@@ -88,9 +88,10 @@ def keep_deepspeed_from_compiling() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def follow_the_flags(accelerator: Accelerator, train_args) -> None:
-    """DeepSpeed accumulates and clips as its own config says, not as the script asks (Accelerate only warns, then
-    uses DeepSpeed's value): "auto" or no value there takes the flag; another number stops the run now."""
+def apply_flags_to_deepspeed_config(accelerator: Accelerator, train_args) -> None:
+    """Gives DeepSpeed's config the accumulation and clipping the flags ask for: DeepSpeed follows its own config, not
+    the script (Accelerate only warns, then uses DeepSpeed's value). "auto" or no value there takes the flag; another
+    number stops the run now."""
     if zero_stage(accelerator) is None:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -167,7 +168,7 @@ def prepare(accelerator: Accelerator, own_fsdp2: bool, model, optimizer, train_d
     return model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
 
 
-def held(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+def local_shard_and_numel(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(the part this process holds, the whole tensor's value count): an FSDP2 DTensor's local shard, a ZeRO-3
     parameter's partition (ds_tensor), or a tensor held whole."""
     if hasattr(tensor, "to_local"):
@@ -183,7 +184,7 @@ def local_and_full(tensors) -> tuple[int, int, int]:
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             continue  # AdamW's step counters
-        shard, numel = held(tensor)
+        shard, numel = local_shard_and_numel(tensor)
         local, full, size = local + shard.numel(), full + numel, size + shard.numel() * shard.element_size()
     return local, full, size
 

@@ -6,7 +6,6 @@ is ever moved or deleted, an interrupted export is simply redone by resuming, an
 With --push_to_hub each checkpoint is also exported this way for the Hub (`push_checkpoint`).
 """
 
-import json
 import math
 import os
 import platform
@@ -19,6 +18,7 @@ from huggingface_hub import ModelCard
 from hf_tinytx.folders import STAGING_NAME, publish, regular_files, staging_folder
 
 from . import cards
+from .args import write_args_json
 from .checkpoints import disk_space_guard
 from .errors import RunError
 
@@ -30,8 +30,7 @@ def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, hi
     model.save_pretrained(folder, state_dict=state_dict, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     plot_loss_curve(history, os.path.join(folder, "loss_curve.png"))
-    with open(os.path.join(folder, "training_args.json"), "w", encoding="utf-8") as f:
-        json.dump(training_args, f, indent=2, sort_keys=True, default=str)
+    write_args_json(os.path.join(folder, "training_args.json"), training_args)
     card.save(os.path.join(folder, "README.md"))
 
 

@@ -50,10 +50,10 @@ STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the ne
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
-from .args import build_parser  # noqa: E402  (loads transformers' argument parser: after the handler)
+from .args import build_parser, hub_repo_id, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
 from .errors import UserInputError  # noqa: E402
 from .finetune_args import (  # noqa: E402
-    FinetuneArguments, check_args, hub_repo_id, model_source, output_dir_flags, preflight,
+    FinetuneArguments, check_args, model_source, output_dir_flags, preflight,
 )
 from .sft_records import has_chat, read_records  # noqa: E402
 
@@ -74,8 +74,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    STAGING_NAME, OverlapError, UnsafeLinkError, fsync_dir, fsync_tree, link_or_copy, refuse_overlap, regular_files,
-    writing_into,
+    STAGING_NAME, OverlapError, UnsafeLinkError, link_or_copy, refuse_overlap, regular_files, writing_into,
 )
 from hf_tinytx.quiet import quiet_notices
 
@@ -88,7 +87,8 @@ from .sft_data import build_examples, ensure_chat_template, pad_collator
 
 RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
-CHECKPOINT_STAGING = ".tmp_checkpoint"  # in checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside moves it
+# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
+CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
 
 
 def main(argv=None):
@@ -108,7 +108,7 @@ def main(argv=None):
     validation_records = read_records(args.validation_file) if args.validation_file else []
 
     # ---------------------------------------------------------------- tokenizer and model
-    tokenizer = load_tokenizer(args, chat=has_chat(train_records + validation_records))
+    tokenizer = load_base_model_tokenizer(args, chat=has_chat(train_records + validation_records))
     model = load_model(args)
     if training_args.device.type == "cpu":
         speed_up_cpu_training(model)
@@ -195,7 +195,7 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
         if os.path.isdir(folder):
             refuse_links_out(folder)  # saving would write through such a link, and the push would read it
     # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
-    hub_model_id = hub_repo_id(training_args)
+    hub_model_id = hub_repo_id(training_args.hub_model_id, training_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     training_args.output_dir = os.path.join(checkpoints_dir, CHECKPOINT_STAGING)
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
@@ -262,11 +262,7 @@ class CheckpointsAside(TrainerCallback):
             state.best_model_checkpoint = final
             state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
         checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
-        fsync_tree(written)
-        if os.path.exists(final):  # left by a run that was resumed from an earlier step
-            checkpoints.set_aside(final, "replaced")
-        os.replace(written, final)
-        fsync_dir(self.where.checkpoints_dir)
+        checkpoints.rename_into_place(written, final)
         checkpoints.prune(self.where.checkpoints_dir, self.where.keep_checkpoints, CHECKPOINT)
 
 
@@ -299,7 +295,7 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
     with writing_into(where.output_dir) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
-        write_json(staged / "finetune_args.json", {**vars(args), "max_seq_length": facts["max_seq_length"]})
+        write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"]})
         write_json(staged / "finetune_metrics.json", metrics)
         write_card(where.output_dir, staged, "adapter" if args.use_peft else "full", facts, where)
     print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {where.output_dir}")
@@ -369,7 +365,9 @@ def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str
     return examples
 
 
-def load_tokenizer(args: FinetuneArguments, chat: bool):
+def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):
+    """The tokenizer saved with --model_name_or_path, ready for fine-tuning: a pad token, and with chat records a chat
+    template (training/tokenizer.py's load_tokenizer reads a --tokenizer_name for pre-training instead)."""
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
@@ -489,7 +487,6 @@ def refuse_links_out(folder: str) -> list[str]:
 
 
 def write_json(path: str | os.PathLike, values: dict) -> None:
-    values = {k: v for k, v in values.items() if k != "hub_token"}  # a Hub token must never reach a file
     with open(path, "w", encoding="utf-8") as f:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
 

@@ -7,24 +7,19 @@ Trainer's included, and runs the same checks on the full `TrainingArguments`.
 
 import difflib
 import importlib.util
-import math
 import os
 import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-from .args import build_parser, env_flag
+from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag
 from .errors import UserInputError
+from .light_library import sources
 from .output_dir import check_output_dir
 from .sft_records import read_records
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-# A folder holding any of these has a tokenizer that AutoTokenizer can load (fast, or slow from its vocabulary).
-TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model"}
 
 
 @dataclass
@@ -106,8 +101,7 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
         raise UserInputError('--use_peft needs the peft package: pip install -e ".[peft]" (or pip install peft).')
     if args.max_seq_length is not None and args.max_seq_length < 2:
         raise UserInputError(f"--max_seq_length must be at least 2 tokens, got {args.max_seq_length}.")
-    if not (math.isfinite(args.hub_timeout) and args.hub_timeout > 0):
-        raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {args.hub_timeout}.")
+    check_hub_timeout(args.hub_timeout)
     if args.lora_r <= 0:
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:
@@ -119,12 +113,8 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
             "finetune.py runs on one process or data-parallel (torchrun) and saves the weights one process holds, "
             "which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the accelerate config that sets them)."
         )
-    if trainer_flags.push_to_hub and not is_repo_id(hub_repo_id(trainer_flags)):
-        named = "--hub_model_id" if trainer_flags.hub_model_id else "The Hub repo id from --output_dir's name,"
-        raise UserInputError(
-            f"{named} {hub_repo_id(trainer_flags)!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
-            f"'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters)."
-        )
+    if trainer_flags.push_to_hub:
+        check_hub_repo_id(trainer_flags.hub_model_id, trainer_flags.output_dir)
 
 
 def output_dir_flags(args: FinetuneArguments, trainer_flags) -> SimpleNamespace:
@@ -133,40 +123,26 @@ def output_dir_flags(args: FinetuneArguments, trainer_flags) -> SimpleNamespace:
                            overwrite_output_dir=args.overwrite_output_dir)
 
 
-def hub_repo_id(trainer_flags) -> str:
-    return trainer_flags.hub_model_id or os.path.basename(os.path.abspath(trainer_flags.output_dir))
-
-
-def is_repo_id(text: str) -> bool:
-    try:
-        validate_repo_id(text)
-    except HFValidationError:
-        return False
-    return True
-
-
 def model_source(name_or_path: str) -> str:
-    """A saved model folder (as an absolute path) or a Hub id, checked now rather than when it loads.
-
-    A missing path that looks local (./, /, ~, an existing parent folder, or no valid repo id) fails at once: as a
-    Hub id it would be looked up on the network first, which takes ~50 s to fail without one."""
+    """A saved model folder (as an absolute path) or a Hub id, checked now rather than when it loads: a missing path
+    that looks local fails at once (hf_tinytx.sources.local_folder_or_hub_id)."""
     path = os.path.abspath(os.path.expanduser(name_or_path))
     if os.path.isdir(path):
         check_model_folder(path, name_or_path)
         return path
     if os.path.exists(path):
         raise UserInputError(f"--model_name_or_path {name_or_path!r} is a file; give a model folder or a Hub id.")
-    parent = os.path.dirname(path)
-    looks_local = name_or_path.startswith((".", "/", "~")) or not is_repo_id(name_or_path)
-    if looks_local or (os.path.dirname(name_or_path) and os.path.isdir(parent)):
+    try:
+        return sources.local_folder_or_hub_id(name_or_path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
         siblings = os.listdir(parent) if os.path.isdir(parent) else []
         closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
         hint = f" (did you mean {os.path.join(os.path.dirname(name_or_path), closest[0])!r}?)" if closest else ""
         raise UserInputError(
             f"--model_name_or_path {name_or_path!r}: no such folder{hint}; give a saved model folder or a Hub id "
             f"like 'owner/name'."
-        )
-    return name_or_path
+        ) from None
 
 
 def check_model_folder(path: str, name: str) -> None:
@@ -176,7 +152,7 @@ def check_model_folder(path: str, name: str) -> None:
             f"--model_name_or_path {name!r} has no config.json, so it holds no saved model; give the folder that "
             f"save_pretrained wrote."
         )
-    if not names & TOKENIZER_FILES:
+    if not names.intersection(sources.TOKENIZER_MARKERS):
         raise UserInputError(
             f"--model_name_or_path {name!r} has no tokenizer (no tokenizer.json or tokenizer_config.json); save the "
             f"base model's tokenizer into it: AutoTokenizer.from_pretrained(base).save_pretrained(folder)."

@@ -7,7 +7,7 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_tinytx.folders import local_folder_or_hub_id
+from hf_tinytx.sources import local_folder_or_hub_id
 
 from .errors import UserInputError
 from .config_file import config_file_path, read_config_file
@@ -57,9 +57,9 @@ def _build(model_type: str, values: dict, source: str):
         raise UserInputError(f"{source}: {error}") from None
 
 
-def check_model_builds(config, attn_implementation: str, num_processes: int) -> int:
+def check_model_builds(config, attn_implementation: str, num_processes: int) -> None:
     """Builds the model without memory, so an unknown attention backend or a size this machine cannot train fails now,
-    not after data and tokenizer were prepared; returns the parameter count."""
+    not after data and tokenizer were prepared."""
     config = copy.deepcopy(config)
     config._attn_implementation = attn_implementation  # validated by the model's constructor
     model_class = AutoModelForCausalLM._model_mapping[type(config)]
@@ -79,7 +79,6 @@ def check_model_builds(config, attn_implementation: str, num_processes: int) -> 
             f"weights, gradients and optimizer state, more than the {available / 2**30:,.0f} GiB here; choose a "
             f"smaller --model_preset / --model_config."
         )
-    return num_parameters
 
 
 def _memory_bytes() -> int:

@@ -41,7 +41,7 @@ STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the ne
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
-from .args import args_to_dict, check_batch, check_schedule, parse_args, planned_by_clock
+from .args import apply_total_batch_size, args_to_dict, check_schedule, parse_args, planned_by_clock
 from .errors import RunError, UserInputError
 from .config_file import config_file_path, read_config_file
 from .data_files import local_data_files
@@ -155,9 +155,9 @@ def setup(model_args, data_args, train_args) -> Run:
         if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():  # valid, but slow
             accelerator.print(distributed.slow_bf16("--mixed_precision bf16"))
     own_fsdp2 = distributed.shards_itself(accelerator, sharding)
-    check_batch(train_args, accelerator.num_processes)
+    apply_total_batch_size(train_args, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
-    distributed.follow_the_flags(accelerator, train_args)
+    distributed.apply_flags_to_deepspeed_config(accelerator, train_args)
     check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
     set_seed(train_args.seed)
 

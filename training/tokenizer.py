@@ -5,17 +5,16 @@ import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from hf_tinytx.sources import TOKENIZER_MARKERS
+
 from .errors import UserInputError
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
 
 
 def load_tokenizer(name_or_path: str, what: str | None = None) -> PreTrainedTokenizerFast:
     """A tokenizer folder or Hub id; `what` names it in errors (default: the --tokenizer_name value)."""
     what = what or f"The tokenizer {name_or_path!r}"
     if os.path.isdir(name_or_path) and not any(
-        os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES
+        os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_MARKERS
     ):
         raise UserInputError(
             f"{what} has no tokenizer files (tokenizer.json or tokenizer_config.json); it may have been left half "

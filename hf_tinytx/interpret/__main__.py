@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..folders import local_folder_or_hub_id
 from ..quiet import quiet_notices
+from ..sources import local_folder_or_hub_id
 from .attention_maps import attention_maps, save_attention_maps
 from .head_roles import find_heads, induction_baseline, uniform_baseline
 

@@ -1,0 +1,24 @@
+"""hf_tinytx/sources.py for the checks the scripts run before torch loads: the library's own definitions, read early.
+
+`import hf_tinytx.sources` runs hf_tinytx/__init__.py first, which registers the model with transformers and so loads
+torch (~7 s), and the scripts refuse bad input before that. The module needs neither, so it is loaded from its file
+on its own; once hf_tinytx has been imported, its copy is used instead.
+"""
+
+import importlib.util
+import os
+import sys
+
+
+def _load(name: str):
+    if f"hf_tinytx.{name}" in sys.modules:
+        return sys.modules[f"hf_tinytx.{name}"]
+    package = importlib.util.find_spec("hf_tinytx")  # a top-level package is found without being imported
+    path = os.path.join(package.submodule_search_locations[0], f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{__package__}._hf_tinytx_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sources = _load("sources")
