@@ -19,8 +19,9 @@ What ends up where:
 
 An adapter records its base as an absolute folder (or the Hub id), so it loads from any working directory.
 
-Reads top to bottom: arguments -> data (checked before anything loads) -> tokenizer and model -> LoRA -> the output
-folder (locked, the checkpoint to resume found) -> Trainer -> save -> merge -> Hub.
+Reads top to bottom, `main` one call a step: arguments -> `setup` (data, checked before anything loads; tokenizer
+and model; LoRA) -> the output folder (locked) -> `fit` (the checkpoint to resume, Trainer) -> `save_folders` (save,
+merge) -> `push_result` (the Hub, through hub.push_final as pretrain's final model).
 
 Like pretrain.py: a second run on a busy --output_dir, or into one holding an earlier run (unless resumed, or
 replaced with --overwrite_output_dir), is refused; SIGTERM or Ctrl-C finishes the step, saves a checkpoint and exits
