@@ -140,7 +140,7 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
     return tokenizer, model, train_dataset, eval_dataset, facts
 
 
-def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: Destinations):
+def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations"):
     """Trainer's run from the checkpoint to resume (if any), then the evaluation: (trainer, metrics). A stop signal
     ends it at a step's end with a checkpoint, as `Stopped`."""
     resume_dir = resume_point(training_args, where)
