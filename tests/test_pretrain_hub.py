@@ -44,7 +44,7 @@ def test_checkpoints_and_final_model_reach_the_hub_and_load_by_repo_id(local_hub
     login.parent.mkdir(parents=True, exist_ok=True)
     login.write_text(local_hub.token)
     result = run_pretrain("--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id, env=env)
-    assert f"Pushed to the Hub as {repo_id}" in result.stdout
+    assert f"Pushed the final model to the Hub as {repo_id}" in result.stdout
     login.unlink()  # the user's own login file; no other file may hold the token (checked at the end)
 
     files = local_hub.repo_files(repo_id)

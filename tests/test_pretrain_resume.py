@@ -1,5 +1,6 @@
 """Checkpoints: a run killed while saving keeps its previous checkpoint, and resuming from it continues exactly."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -62,6 +63,24 @@ def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "resume with the same arguments" in refused.stderr
     assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
+
+
+def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_one_line(tmp_path):
+    """trainer_state.json as pretrain.py has always written it reads back whole; one that lacks a field a resume needs
+    (not written by pretrain.py) is one line naming the field, not a KeyError."""
+    from hf_tinytx_training import checkpoints
+    from hf_tinytx_training.errors import UserInputError
+
+    signature = {"seed": 42, "block_size": 64, "global_batch": 8, "gradient_accumulation_steps": 1, "num_processes": 1}
+    written = {"step": 6, "epoch": 1, "batch_in_epoch": 3, "run_signature": signature, "planned_steps": 8,
+               "train_seconds": 2.5}
+    (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
+    state = checkpoints.read_training_state(str(tmp_path))
+    assert dataclasses.asdict(state) == written
+
+    (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps({"step": 6, "run_signature": signature}))
+    with pytest.raises(UserInputError, match=r"has no epoch, batch_in_epoch: it is not a checkpoint of pretrain\.py"):
+        checkpoints.read_training_state(str(tmp_path))
 
 
 def train_rows(output_dir) -> list[dict]:

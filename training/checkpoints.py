@@ -1,8 +1,9 @@
-"""Resumable checkpoints: save, verify, find, prune. One module owns `output_dir/checkpoints/`:
+"""Resumable checkpoints: save, verify, find, load, prune. One module owns `output_dir/checkpoints/`, and one pair of
+functions (`save_state`, `load_state`) what a checkpoint holds:
 
     checkpoints/tokenizer/   the run's tokenizer, saved once (a resumed run must reuse it)
     checkpoints/step_N/      Accelerate's `save_state` (model as safetensors, optimizer, scheduler, RNG of every
-                             process) + trainer_state.json (step, run signature) + checksums.json (sha256 of each file)
+                             process) + trainer_state.json (`TrainingState`) + checksums.json (sha256 of each file)
                              A model sharded by training/distributed.py (FSDP2 on CPUs) keeps its model and optimizer
                              state sharded: sharded/ (torch.distributed.checkpoint, one file per process + .metadata)
                              and scheduler.bin, next to Accelerate's RNG files.
@@ -23,6 +24,7 @@ import os
 import pickle
 import re
 import shutil
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full
 
@@ -47,11 +49,25 @@ def steps_saved(checkpoints_dir: str, prefix: str = STEP_PREFIX) -> list[int]:
     return sorted(int(m.group(1)) for m in map(name.match, os.listdir(checkpoints_dir)) if m)
 
 
-def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | None, sharded=None) -> str:
+@dataclass
+class TrainingState:
+    """Where a pretrain run stands, as trainer_state.json records it beside Accelerate's files (model, optimizer,
+    scheduler, the RNG of every process). `save_state` writes every field and `load_state` reads every field back: a
+    field added here is saved and resumed with no other change to this module."""
+
+    step: int  # optimizer steps completed
+    epoch: int
+    batch_in_epoch: int  # micro-batches of the epoch already trained on
+    run_signature: dict  # what fixes the data order (pretrain.run_signature): a resume must have the same
+    planned_steps: int | None = None  # None: planned in seconds
+    train_seconds: float = 0.0  # on the run's clock (optimization.Clock): a schedule in seconds goes on from it
+
+
+def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None) -> str:
     """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`:
     (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`."""
-    final = os.path.join(checkpoints_dir, f"step_{step}")
-    temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}step_{step}")
+    final = os.path.join(checkpoints_dir, f"step_{state.step}")
+    temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}step_{state.step}")
     if accelerator.is_main_process and os.path.exists(temporary):
         shutil.rmtree(temporary)  # left by a run killed while saving this step
     accelerator.wait_for_everyone()
@@ -61,7 +77,7 @@ def save(accelerator, checkpoints_dir: str, step: int, state: dict, keep: int | 
             save_sharded(temporary, *sharded, is_main_process=accelerator.is_main_process)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            write_json(os.path.join(temporary, STATE_FILE), {"step": step, **state})
+            write_json(os.path.join(temporary, STATE_FILE), asdict(state))
             write_json(os.path.join(temporary, CHECKSUM_FILE), checksums(temporary))
             rename_into_place(temporary, final)
             prune(checkpoints_dir, keep)
@@ -77,6 +93,33 @@ def rename_into_place(temporary: str, final: str) -> None:
         set_aside(final, "replaced")
     os.replace(temporary, final)
     fsync_dir(os.path.dirname(final))
+
+
+def load_state(folder: str, accelerator, run_signature: dict, sharded=None, deepspeed_engine=None) -> TrainingState:
+    """Puts what `save_state` wrote back into the model, optimizer, scheduler and RNG (every process takes part) and
+    returns the TrainingState. A checkpoint of another run signature is refused before anything is loaded."""
+    state = read_training_state(folder)
+    if state.run_signature != run_signature:
+        raise UserInputError(
+            f"{folder} was written with {state.run_signature}, but this run has {run_signature}; resume with the "
+            f"same arguments (and process count), or start a new run with --init_from."
+        )
+    if deepspeed_engine is not None:
+        load_deepspeed_without_code(deepspeed_engine)
+    accelerator.load_state(folder)
+    if sharded:
+        load_sharded(folder, *sharded)
+    return state
+
+
+def read_training_state(folder: str) -> TrainingState:
+    saved = read_json(os.path.join(folder, STATE_FILE))
+    names = [f.name for f in fields(TrainingState)]
+    missing = [f.name for f in fields(TrainingState) if f.name not in saved and f.default is MISSING]
+    if missing:
+        raise UserInputError(f"{folder}/{STATE_FILE} has no {', '.join(missing)}: it is not a checkpoint of "
+                             f"pretrain.py; resume from one of its checkpoints/step_N folders, or start anew.")
+    return TrainingState(**{name: saved[name] for name in names if name in saved})
 
 
 def save_sharded(folder: str, model, optimizer, scheduler, is_main_process: bool) -> None:

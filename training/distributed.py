@@ -203,7 +203,7 @@ def shard_report(model, optimizer, accelerator: Accelerator) -> str:
             f"optimizer-state values ({s_local / max(s_full, 1):.1%}, {s_bytes:,} bytes)")
 
 
-def exportable(model, state_dict: dict) -> tuple[torch.nn.Module, dict]:
+def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module, dict]:
     """(model, state dict) for `save_pretrained`. An FSDP-sharded model's class is a subclass made by torch (its
     module is torch's, so transformers would copy torch's files as the model's code), hence an unsharded model of the
     original class holding the gathered tensors (no copy), with a tied embedding tied again: the gathered state dict

@@ -19,8 +19,9 @@ What ends up where:
 
 An adapter records its base as an absolute folder (or the Hub id), so it loads from any working directory.
 
-Reads top to bottom: arguments -> data (checked before anything loads) -> tokenizer and model -> LoRA -> the output
-folder (locked, the checkpoint to resume found) -> Trainer -> save -> merge -> Hub.
+Reads top to bottom, `main` one call a step: arguments -> `setup` (data, checked before anything loads; tokenizer
+and model; LoRA) -> the output folder (locked) -> `fit` (the checkpoint to resume, Trainer) -> `save_folders` (save,
+merge) -> `push_result` (the Hub, through hub.push_final as pretrain's final model).
 
 Like pretrain.py: a second run on a busy --output_dir, or into one holding an earlier run (unless resumed, or
 replaced with --overwrite_output_dir), is refused; SIGTERM or Ctrl-C finishes the step, saves a checkpoint and exits
@@ -32,7 +33,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -74,13 +74,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    STAGING_NAME, OverlapError, UnsafeLinkError, link_or_copy, refuse_overlap, regular_files, writing_into,
+    STAGING_NAME, OverlapError, UnsafeLinkError, refuse_overlap, regular_files, writing_into,
 )
 from hf_tinytx.quiet import quiet_notices
 
 from . import cards, checkpoints, cpu_memory, distributed
 from .errors import RunError
-from .hub import HubPusher
+from .hub import HubPusher, push_final
 from .output_dir import refuse_earlier_run, release_lock, remove_checkpoints, take_lock
 from .sft_data import build_examples, ensure_chat_template, pad_collator
 
@@ -92,22 +92,39 @@ CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
 
 
 def main(argv=None):
-    # ---------------------------------------------------------------- arguments
     quiet_notices()
     args, training_args = parse_args(argv)
     where = destinations(args, training_args)
     set_seed(training_args.seed)  # before the LoRA weights are drawn
+    announce_cpu_settings(training_args)
+    tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
+    lock = claim_output_dir(args, training_args, where)  # held until the model is saved
+    trainer, metrics = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where)
+    if not trainer.is_world_process_zero():
+        return  # under torchrun every process holds the same weights: one writes them, and pushes
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    facts.update(training_facts(args, training_args, trainer, metrics))
+    with checkpoints.disk_space_guard(os.path.join(where.output_dir, STAGING_NAME), where.checkpoints_dir, CHECKPOINT):
+        save_folders(trainer.model, tokenizer, args, where, metrics, facts)
+    pushed = not where.pushed_dir or push_result(args, training_args, where, trainer.state.global_step)
+    release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock
+    if not pushed:
+        raise PushFailed
+
+
+def announce_cpu_settings(training_args: TrainingArguments) -> None:
     if training_args.device.type == "cpu" and training_args.process_index == 0:
         if cpu_memory.keep_freed_memory():
             print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
         if training_args.bf16 and not distributed.cpu_runs_bf16_fast():
             print(distributed.slow_bf16("--bf16"))
 
-    # ---------------------------------------------------------------- data (read and checked before any model loads)
+
+def setup(args: FinetuneArguments, training_args: TrainingArguments):
+    """(tokenizer, model, training rows, validation rows or None, facts for the model cards): the data read and
+    checked before any model loads, then the tokenizer, the model and with --use_peft its LoRA adapter."""
     train_records = read_records(args.train_file)
     validation_records = read_records(args.validation_file) if args.validation_file else []
-
-    # ---------------------------------------------------------------- tokenizer and model
     tokenizer = load_base_model_tokenizer(args, chat=has_chat(train_records + validation_records))
     model = load_model(args)
     if training_args.device.type == "cpu":
@@ -122,13 +139,14 @@ def main(argv=None):
         "train_counts": train_dataset.counts.as_dict(),  # records cut or dropped, tokens kept (sft_data.RowCounts)
         "validation_counts": eval_dataset.counts.as_dict() if eval_dataset is not None else None,
     }
-
-    # ---------------------------------------------------------------- LoRA
     if args.use_peft:
         model = add_lora(model, args, training_args)
+    return tokenizer, model, train_dataset, eval_dataset, facts
 
-    # ---------------------------------------------------------------- the output folder, then training
-    lock = claim_output_dir(args, training_args, where)  # held until the model is saved
+
+def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations"):
+    """Trainer's run from the checkpoint to resume (if any), then the evaluation: (trainer, metrics). A stop signal
+    ends it at a step's end with a checkpoint, as `Stopped`."""
     resume_dir = resume_point(training_args, where)
     trainer = Trainer(
         model=model,
@@ -154,18 +172,7 @@ def main(argv=None):
     metrics = dict(result.metrics)
     if eval_dataset is not None:
         metrics.update(trainer.evaluate())
-    if not trainer.is_world_process_zero():
-        return  # under torchrun every process holds the same weights: one writes them, and pushes
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
-    facts.update(training_facts(args, training_args, trainer, metrics))
-
-    # ---------------------------------------------------------------- save, merge, Hub
-    with checkpoints.disk_space_guard(os.path.join(where.output_dir, STAGING_NAME), where.checkpoints_dir, CHECKPOINT):
-        save_folders(trainer.model, tokenizer, args, where, metrics, facts)
-    pushed = not where.pushed_dir or push_result(args, training_args, where, trainer.state.global_step)
-    release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock
-    if not pushed:
-        raise PushFailed
+    return trainer, metrics
 
 
 @dataclass
@@ -324,17 +331,13 @@ def build_datasets(args, tokenizer, model, train_records, validation_records):
 
 
 def push_result(args, training_args, where: Destinations, steps: int) -> bool:
-    """One upload at the end: the merged model with --merge, else output_dir without its sub-folders."""
-    hub_model_id = where.hub_model_id
-    pusher = HubPusher(hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo))
+    """One upload at the end: the merged model with --merge, else output_dir's files without its sub-folders and
+    hidden files (the run's .lock)."""
+    pusher = HubPusher(where.hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo))
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
-    with final_files_only(where.pushed_dir) as folder:
-        pushed = pusher.push(folder, f"Fine-tuned {what} ({steps} steps)", timeout=args.hub_timeout)
-    for failure in pusher.failures:
-        print(failure, file=sys.stderr)
-    print(f"Pushed the {what} to the Hub as {hub_model_id}" if pushed
-          else f"The {what} was not pushed to the Hub (see above); the local folders are complete.")
-    return pushed
+    names = [name for name in refuse_links_out(where.pushed_dir) if os.sep not in name and not name.startswith(".")]
+    return push_final(pusher, where.pushed_dir, names, f"Fine-tuned {what} ({steps} steps)", what, args.hub_timeout,
+                      exclude=("*/*", ".*"))
 
 
 def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
@@ -423,20 +426,6 @@ def lora_targets(model, requested: str):
     if skipped:
         print(f"LoRA: the model has no {skipped}; adapting {present}.")
     return present
-
-
-@contextlib.contextmanager
-def final_files_only(folder: str):
-    """The folder's files without its sub-folders (checkpoints, merged) and hidden files (the run's .lock),
-    hard-linked into a temporary sibling."""
-    top_level = [name for name in refuse_links_out(folder) if os.sep not in name and not name.startswith(".")]
-    parent, name = os.path.split(os.path.abspath(folder))
-    staged = tempfile.mkdtemp(prefix=f".{name}-push-", dir=parent)
-    try:
-        link_or_copy(folder, staged, top_level)
-        yield staged
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
 
 
 def training_facts(args: FinetuneArguments, training_args: TrainingArguments, trainer: Trainer, metrics) -> dict:

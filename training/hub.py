@@ -243,3 +243,42 @@ def _token_from_client() -> str | None:
         return get_token()
     except Exception:
         return None
+
+
+# ---------------------------------------------------------------------------------------------------- the final push
+
+
+def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message: str, what: str, timeout: float,
+               exclude: tuple[str, ...], say=print) -> bool:
+    """Uploads `names` of `folder` to the repo's root after the queued uploads, within `timeout` s in all, then says
+    how every upload went. The files are hard-linked into a hidden folder inside `folder` first, so the upload sends
+    exactly them. `exclude`: the `hf upload --exclude` patterns that leave out what `names` leaves out."""
+    deadline = time.monotonic() + timeout
+    snapshot = tempfile.mkdtemp(prefix=".hub-final-", dir=folder)
+    try:
+        link_or_copy(folder, snapshot, names)
+        if not pusher.wait(timeout=min(300, timeout)):
+            say(f"Checkpoint uploads are still running; the {what}'s upload follows them...")
+        pushed = pusher.push(snapshot, commit_message, timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)
+    report_final_push(pusher, pushed, what, folder, exclude, say)
+    return pushed
+
+
+def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, exclude: tuple[str, ...],
+                      say=print) -> None:
+    """A summary at the very end, so a failed upload is not lost in the training log (never with the token)."""
+    failures, repo_id = pusher.failures, pusher.repo_id
+    if pushed and not failures:
+        say(f"Pushed the {what} to the Hub as {repo_id}.")
+        return
+    say(f"Hub push to {repo_id}: {len(failures)} upload(s) failed:")
+    for message in failures:
+        say(f"  - {message}")
+    if pushed:
+        say(f"The {what} did reach the Hub; the local folder {folder} is complete.")
+    else:
+        patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)
+        say(f"The {what} was NOT pushed; the local folder {folder} is complete: push it again with "
+            f"`hf upload {repo_id} {folder}{patterns}`.")

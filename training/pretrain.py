@@ -21,11 +21,10 @@ wait for them is bounded (--hub_timeout).
 
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import TextIO
 
 
 if __name__ == "__main__" and not __package__:  # `python training/pretrain.py` in a checkout: run the package's module
@@ -41,7 +40,10 @@ STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the ne
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
-from .args import apply_total_batch_size, args_to_dict, check_schedule, parse_args, planned_by_clock
+from .args import (
+    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
+    planned_by_clock,
+)
 from .errors import RunError, UserInputError
 from .config_file import config_file_path, read_config_file
 from .data_files import local_data_files
@@ -66,20 +68,22 @@ if __name__ == "__main__":
 import torch
 import transformers
 from accelerate import Accelerator
+from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import ProjectConfiguration, set_seed
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.cpu_training import speed_up_cpu_training
-from hf_tinytx.folders import is_disk_full, link_or_copy
+from hf_tinytx.folders import is_disk_full
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cpu_memory, distributed, export
 from .data import (
-    DEFAULT_CORPUS_DOCUMENTS, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
+    DEFAULT_CORPUS_DOCUMENTS, PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
-from .hub import HubPusher
+from .hub import HubPusher, push_final
 from .model_config import check_model_builds, load_model_config
 from .optimization import Clock, make_optimizer, make_schedule
 from .run_log import RunLog
@@ -87,38 +91,58 @@ from .tokenizer import load_tokenizer
 
 
 @dataclass
-class Run:
-    """What a training run holds: built by `setup`, advanced by `fit`, read by `finish` and `export_and_push`."""
+class Progress:
+    """What changes as the run trains; everything else in `Run` is fixed by `setup`. What a checkpoint records of it
+    is checkpoints.TrainingState (`training_state`, `resume`)."""
 
-    model_args: object
-    data_args: object
-    train_args: object
+    step: int = 0  # optimizer steps completed
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
+    saved_step: int | None = None  # the step of the newest checkpoint this launch saved or resumed from
+    stop_signal: int | None = None  # a stop signal some process got, as agreed by all at the last step
+    train_seconds: float = 0.0  # this launch's time in `fit`
+    stopped_by_clock: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a training run holds: built by `setup`, advanced by `fit` (in `progress` only), read by `finish` and
+    `export_and_push`."""
+
+    model_args: ModelArguments
+    data_args: DataArguments
+    train_args: PretrainArguments
     accelerator: Accelerator
     output_dir: str
-    checkpoints_dir: str
-    tokenizer: object
-    packed: object
+    tokenizer: PreTrainedTokenizerBase
+    packed: PackedData
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    lr_scheduler: object
-    train_dataloader: object
-    eval_dataloader: object
+    lr_scheduler: AcceleratedScheduler
+    train_dataloader: DataLoader
+    eval_dataloader: DataLoader
     num_parameters: int
     max_train_steps: int | None  # None: planned in seconds (--max_train_seconds alone)
     tokens_per_step: int
-    signature: dict
-    log: RunLog
-    pusher: HubPusher | None
-    lock: object
     clock: Clock
-    completed_steps: int = 0
-    stop_signal: int | None = None  # a stop signal some process got, as agreed by all at the last step
-    epoch: int = 0
-    batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
-    saved_step: int | None = None
-    train_seconds: float = 0.0
-    stopped_by_clock: bool = False
-    own_fsdp2: bool = False  # sharded by training/distributed.py, not by Accelerate (FSDP2 on CPUs)
+    log: RunLog
+    pusher: HubPusher | None  # on the main process with --push_to_hub
+    lock: TextIO | None  # on the main process: the output folder's lock, held until the export
+    own_fsdp2: bool  # sharded by training/distributed.py, not by Accelerate (FSDP2 on CPUs)
+    progress: Progress = field(default_factory=Progress)
+
+    @property
+    def checkpoints_dir(self) -> str:
+        return os.path.join(self.output_dir, "checkpoints")
+
+    @property
+    def signature(self) -> dict:
+        return run_signature(self.data_args, self.train_args, self.tokens_per_step, self.accelerator.num_processes)
+
+    @property
+    def sharded(self) -> tuple | None:
+        """(model, optimizer, scheduler) when training/distributed.py shards them: saved beside Accelerate's state."""
+        return (self.model, self.optimizer, self.lr_scheduler) if self.own_fsdp2 else None
 
 
 def main(argv=None) -> None:
@@ -133,32 +157,12 @@ def main(argv=None) -> None:
 
 
 def setup(model_args, data_args, train_args) -> Run:
-    check_schedule(train_args)  # the one flag check that needs transformers loaded
+    """Every input checked, then the accelerator, the data, the model, its optimizer and schedule, and the
+    checkpoint to resume from, if any."""
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
-    check_output_dir(output_dir, train_args)
-    refuse_writing_where_read(model_args, output_dir)
-    model_config = load_model_config(model_args)  # before the data: a bad size should not wait for tokenization
-    if data_args.block_size > model_config.max_position_embeddings:
-        raise UserInputError(
-            f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
-            f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
-        )
-    sharding = distributed.asked_sharding()
-    if train_args.optimizer == "muon" and sharding:
-        raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharding} does "
-                             f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
-    accelerator = make_accelerator(train_args, output_dir, sharding)
-    if accelerator.device.type == "cpu":
-        if cpu_memory.keep_freed_memory():
-            accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
-        if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():  # valid, but slow
-            accelerator.print(distributed.slow_bf16("--mixed_precision bf16"))
-    own_fsdp2 = distributed.shards_itself(accelerator, sharding)
-    apply_total_batch_size(train_args, accelerator.num_processes)
-    accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
-    distributed.apply_flags_to_deepspeed_config(accelerator, train_args)
-    check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
+    model_config, sharding = check_inputs(model_args, data_args, train_args, output_dir)
+    accelerator, own_fsdp2 = start_accelerator(model_args, train_args, output_dir, model_config, sharding)
     set_seed(train_args.seed)
 
     resume_dir = checkpoints.find_resumable(train_args.resume_from_checkpoint, checkpoints_dir, accelerator.print)
@@ -167,18 +171,8 @@ def setup(model_args, data_args, train_args) -> Run:
     tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
                                            model_config)
     sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed)
-    with distributed.building_model(accelerator):
-        model = build_model(model_args, model_config, tokenizer)
-    if accelerator.device.type == "cpu":
-        speed_up_cpu_training(model)
-    num_parameters = sum(distributed.full_shape(p).numel() for p in model.parameters())
-    accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
-
+    model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
-    if own_fsdp2:
-        model = distributed.shard_model(model)
-        accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
-                          "shards on GPUs only")
     clock = Clock(train_args.max_train_seconds, accelerator)
     optimizer = make_optimizer(model, train_args)
     lr_scheduler = make_schedule(optimizer, train_args, max_train_steps, accelerator.num_processes, clock)
@@ -191,21 +185,40 @@ def setup(model_args, data_args, train_args) -> Run:
             f"({train_args.per_device_train_batch_size} x {accelerator.num_processes}); lower the batch size or add "
             f"data."
         )
+    # A token of None lets huggingface_hub find HF_TOKEN or the login cache; the pusher never shows it.
+    pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo) \
+        if train_args.push_to_hub and accelerator.is_main_process else None
     run = Run(
-        model_args, data_args, train_args, accelerator, output_dir, checkpoints_dir, tokenizer, packed, model,
-        optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_parameters, max_train_steps, tokens_per_step,
-        signature=run_signature(data_args, train_args, tokens_per_step, accelerator.num_processes),
-        log=RunLog(output_dir, accelerator), pusher=None, lock=lock, clock=clock, own_fsdp2=own_fsdp2,
+        model_args=model_args, data_args=data_args, train_args=train_args, accelerator=accelerator,
+        output_dir=output_dir, tokenizer=tokenizer, packed=packed, model=model, optimizer=optimizer,
+        lr_scheduler=lr_scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
+        num_parameters=num_parameters, max_train_steps=max_train_steps, tokens_per_step=tokens_per_step, clock=clock,
+        log=RunLog(output_dir, accelerator), pusher=pusher, lock=lock, own_fsdp2=own_fsdp2,
     )
     if resume_dir:
         resume(run, resume_dir)
-    run.log.start(run.completed_steps)
+    run.log.start(run.progress.step)
     accelerator.init_trackers("tinytx-pretrain", config=flat_scalars(args_to_dict(model_args, data_args, train_args)))
-    if train_args.push_to_hub and accelerator.is_main_process:
-        # A token of None lets huggingface_hub find HF_TOKEN or the login cache; the pusher never shows it.
-        run.pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token,
-                               private=train_args.hub_private_repo)
     return run
+
+
+def check_inputs(model_args, data_args, train_args, output_dir: str):
+    """The checks that need transformers loaded or the model's config read; returns (model config, the sharding the
+    launch asked for)."""
+    check_schedule(train_args)  # the one flag check that needs transformers loaded
+    check_output_dir(output_dir, train_args)
+    refuse_writing_where_read(model_args, output_dir)
+    model_config = load_model_config(model_args)  # before the data: a bad size should not wait for tokenization
+    if data_args.block_size > model_config.max_position_embeddings:
+        raise UserInputError(
+            f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
+            f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
+        )
+    sharding = distributed.asked_sharding()
+    if train_args.optimizer == "muon" and sharding:
+        raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharding} does "
+                             f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
+    return model_config, sharding
 
 
 def refuse_writing_where_read(model_args, output_dir: str) -> None:
@@ -221,7 +234,8 @@ def refuse_writing_where_read(model_args, output_dir: str) -> None:
                 raise UserInputError(str(error)) from None
 
 
-def make_accelerator(train_args, output_dir: str, sharding: str | None) -> Accelerator:
+def start_accelerator(model_args, train_args, output_dir: str, model_config, sharding: str | None):
+    """(Accelerator, whether training/distributed.py shards the model), checked against the batch and the model."""
     accelerator = Accelerator(
         **distributed.device_options(sharding),
         mixed_precision=train_args.mixed_precision,
@@ -232,7 +246,17 @@ def make_accelerator(train_args, output_dir: str, sharding: str | None) -> Accel
     accelerator.print(
         f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})"
     )
-    return accelerator
+    if accelerator.device.type == "cpu":
+        if cpu_memory.keep_freed_memory():
+            accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
+        if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():  # valid, but slow
+            accelerator.print(distributed.slow_bf16("--mixed_precision bf16"))
+    own_fsdp2 = distributed.shards_itself(accelerator, sharding)
+    apply_total_batch_size(train_args, accelerator.num_processes)
+    accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
+    distributed.apply_flags_to_deepspeed_config(accelerator, train_args)
+    check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
+    return accelerator, own_fsdp2
 
 
 def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config):
@@ -301,6 +325,21 @@ def build_model(model_args, model_config, tokenizer):
     return model
 
 
+def make_model(model_args, model_config, tokenizer, accelerator: Accelerator, own_fsdp2: bool):
+    """(model, its parameter count): built where the launch wants it, sharded here under FSDP2 on CPUs."""
+    with distributed.building_model(accelerator):
+        model = build_model(model_args, model_config, tokenizer)
+    if accelerator.device.type == "cpu":
+        speed_up_cpu_training(model)  # hf_tinytx/cpu_training.py: two speed paths the model file does not carry
+    num_parameters = sum(distributed.full_shape(p).numel() for p in model.parameters())
+    accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
+    if own_fsdp2:
+        model = distributed.shard_model(model)
+        accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
+                          "shards on GPUs only")
+    return model, num_parameters
+
+
 def plan_steps(data_args, train_args, num_processes: int) -> tuple[int | None, int]:
     """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else None when
     --max_train_seconds plans the run, else 600."""
@@ -326,27 +365,30 @@ def run_signature(data_args, train_args, tokens_per_step: int, num_processes: in
 
 
 def resume(run: Run, folder: str) -> None:
-    state = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))
-    if state["run_signature"] != run.signature:
-        raise UserInputError(
-            f"{folder} was written with {state['run_signature']}, but this run has {run.signature}; resume with the "
-            f"same arguments (and process count), or start a new run with --init_from."
-        )
-    if distributed.zero_stage(run.accelerator) is not None:
-        checkpoints.load_deepspeed_without_code(run.model)
-    run.accelerator.load_state(folder)
-    if run.own_fsdp2:
-        checkpoints.load_sharded(folder, run.model, run.optimizer, run.lr_scheduler)
-    run.completed_steps = run.saved_step = state["step"]
+    """Continues from the checkpoint in `folder`: its weights, optimizer, schedule and RNG (checkpoints.load_state),
+    its step and place in the data, and for a run planned in seconds its clock."""
+    deepspeed = distributed.zero_stage(run.accelerator) is not None
+    state = checkpoints.load_state(folder, run.accelerator, run.signature, run.sharded,
+                                   deepspeed_engine=run.model if deepspeed else None)
+    progress = run.progress
+    progress.step = progress.saved_step = state.step
+    progress.epoch, progress.batch_in_epoch = state.epoch, state.batch_in_epoch
     if run.max_train_steps is None:  # planned in seconds: the schedule goes on with the seconds the run had left
-        run.clock.resume_at(state.get("train_seconds", 0.0))
+        run.clock.resume_at(state.train_seconds)
     # Next to a step count the clock bounds each launch, like a job's time slot: resumed, the run gets its
     # --max_train_seconds again and goes on towards the planned step count.
-    run.epoch, run.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
     if run.accelerator.is_main_process:
-        checkpoints.set_aside_after(run.checkpoints_dir, run.completed_steps, run.accelerator.print)
+        checkpoints.set_aside_after(run.checkpoints_dir, progress.step, run.accelerator.print)
     run.accelerator.wait_for_everyone()
-    run.accelerator.print(f"Resumed from {folder} at step {run.completed_steps}")
+    run.accelerator.print(f"Resumed from {folder} at step {progress.step}")
+
+
+def training_state(run: Run) -> checkpoints.TrainingState:
+    """What the next checkpoint records of the run (`resume` reads it back)."""
+    progress = run.progress
+    return checkpoints.TrainingState(step=progress.step, epoch=progress.epoch,
+                                     batch_in_epoch=progress.batch_in_epoch, run_signature=run.signature,
+                                     planned_steps=run.max_train_steps, train_seconds=run.clock.seconds)
 
 
 # ---------------------------------------------------------------------------------------------------- fit
@@ -354,6 +396,44 @@ def resume(run: Run, folder: str) -> None:
 
 def fit(run: Run) -> None:
     """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
+    progress = run.progress
+    announce_plan(run)
+    bar = tqdm(total=run.max_train_steps, initial=progress.step, desc="train",
+               disable=not run.accelerator.is_local_main_process)
+    run.model.train()
+    start = (time.perf_counter(), progress.step)
+    no_loss = (torch.zeros((), device=run.accelerator.device), 0)  # (summed loss x targets, targets) of a step
+    sums = no_loss
+    STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
+    try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
+        while not training_done(run):
+            for batch in epoch_batches(run):
+                sums, step_loss = train_micro_batch(run, batch, sums)
+                progress.batch_in_epoch += 1
+                if step_loss is None:  # within a gradient accumulation
+                    continue
+                count_and_log_step(run, step_loss, start, bar)
+                if progress.stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
+                    stop_for_signal(run, progress.stop_signal)
+                evaluate_and_save_when_due(run, bar)
+                if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
+                    run.clock.read(time.perf_counter() - start[0])
+                sums = no_loss
+                if training_done(run):
+                    break
+            else:
+                progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+    finally:
+        bar.close()
+    progress.train_seconds = time.perf_counter() - start[0]
+    progress.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
+    if run.own_fsdp2 or distributed.zero_stage(run.accelerator) is not None:  # every process says what it holds
+        line = distributed.shard_report(run.model, run.optimizer, run.accelerator)
+        sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
+        sys.stdout.flush()
+
+
+def announce_plan(run: Run) -> None:
     args = run.train_args
     if run.max_train_steps is None:
         run.accelerator.print(f"Training for {args.max_train_seconds:g} s in steps of {run.tokens_per_step:,} tokens "
@@ -362,33 +442,6 @@ def fit(run: Run) -> None:
         clock = f", at most {args.max_train_seconds:g} s" if args.max_train_seconds else ""
         run.accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
                               f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
-    progress = tqdm(total=run.max_train_steps, initial=run.completed_steps, desc="train",
-                    disable=not run.accelerator.is_local_main_process)
-    run.model.train()
-    start = (time.perf_counter(), run.completed_steps)
-    no_loss = (torch.zeros((), device=run.accelerator.device), 0)  # (summed loss x targets, targets) of a step
-    sums = no_loss
-    STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
-    try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
-        while not training_done(run):
-            for batch in epoch_batches(run):
-                sums, step_loss = train_micro_batch(run, batch, sums)
-                run.batch_in_epoch += 1
-                if step_loss is not None:  # an optimizer step was taken
-                    end_step(run, step_loss, start, progress)
-                    sums = no_loss
-                    if training_done(run):
-                        break
-            else:
-                run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-    finally:
-        progress.close()
-    run.train_seconds = time.perf_counter() - start[0]
-    run.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
-    if run.own_fsdp2 or distributed.zero_stage(run.accelerator) is not None:  # every process says what it holds
-        line = distributed.shard_report(run.model, run.optimizer, run.accelerator)
-        sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
-        sys.stdout.flush()
 
 
 def training_done(run: Run) -> bool:
@@ -397,7 +450,7 @@ def training_done(run: Run) -> bool:
 
 def steps_left(run: Run) -> int | None:
     """Optimizer steps still planned (None: the clock decides)."""
-    return None if run.max_train_steps is None else max(0, run.max_train_steps - run.completed_steps)
+    return None if run.max_train_steps is None else max(0, run.max_train_steps - run.progress.step)
 
 
 def epoch_batches(run: Run):
@@ -406,27 +459,23 @@ def epoch_batches(run: Run):
     Accelerate's loader tells the sampler (or a streamed dataset) its own count of passes each time it is iterated,
     and that count starts at 0 in every process: set to the run's epoch here, a resumed run reads every later epoch
     as the uninterrupted run did, instead of epoch 0's order again."""
-    run.train_dataloader.set_epoch(run.epoch)  # skip_first_batches copies it
-    if run.batch_in_epoch:
-        return run.accelerator.skip_first_batches(run.train_dataloader, run.batch_in_epoch)
+    run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
+    if run.progress.batch_in_epoch:
+        return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
     return run.train_dataloader
 
 
-def end_step(run: Run, step_loss: float, start: tuple[float, int], progress) -> None:
-    """After an optimizer step: log it, evaluate and checkpoint when due, and read the clock."""
-    run.completed_steps += 1
+def count_and_log_step(run: Run, step_loss: float, start: tuple[float, int], bar) -> None:
+    """After an optimizer step: count it, and log it to metrics.jsonl and the progress bar."""
+    run.progress.step += 1
+    step = run.progress.step
     elapsed = time.perf_counter() - start[0]
-    tokens_per_second = (run.completed_steps - start[1]) * run.tokens_per_step / elapsed
-    run.log.log({"step": run.completed_steps, "loss": round(step_loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
-                 "tokens": run.completed_steps * run.tokens_per_step, "tokens_per_second": round(tokens_per_second),
+    tokens_per_second = (step - start[1]) * run.tokens_per_step / elapsed
+    run.log.log({"step": step, "loss": round(step_loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
+                 "tokens": step * run.tokens_per_step, "tokens_per_second": round(tokens_per_second),
                  "elapsed_seconds": round(elapsed, 2)})
-    progress.update(1)
-    progress.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
-    if run.stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
-        stop_for_signal(run, run.stop_signal)
-    after_step(run, progress)
-    if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
-        run.clock.read(time.perf_counter() - start[0])
+    bar.update(1)
+    bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
 
 
 def train_micro_batch(run: Run, batch, sums: tuple) -> tuple[tuple, float | None]:
@@ -463,7 +512,7 @@ def read_step(run: Run, loss_sum: torch.Tensor, targets: int, norm) -> float:
         torch.distributed.all_reduce(summed)
     values = torch.cat([summed, torch.as_tensor(norm, device=device).float().view(1)]).tolist()
     loss_value, norm_value = values[0] / values[1], values[-1]
-    run.stop_signal = signal_of(values[2:-1])
+    run.progress.stop_signal = signal_of(values[2:-1])
     for what, value in (("training loss", loss_value), ("gradient norm", norm_value)):
         if not math.isfinite(value):
             raise RunError(nonfinite_message(run, f"the {what} is {value}"))
@@ -473,43 +522,43 @@ def read_step(run: Run, loss_sum: torch.Tensor, targets: int, norm) -> float:
 def nonfinite_message(run: Run, what: str) -> str:
     saved = checkpoints.steps_saved(run.checkpoints_dir)
     intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
-    return (f"Stopped at step {run.completed_steps + 1}: {what}, so the weights would turn to NaN; nothing was "
+    return (f"Stopped at step {run.progress.step + 1}: {what}, so the weights would turn to NaN; nothing was "
             f"exported and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep "
             f"--max_grad_norm on.")
 
 
-def after_step(run: Run, progress) -> None:
-    args, step = run.train_args, run.completed_steps
+def evaluate_and_save_when_due(run: Run, bar) -> None:
+    """Every --eval_steps an evaluation, every --checkpointing_steps a checkpoint; neither after the last step
+    (`finish` does both)."""
+    args, step = run.train_args, run.progress.step
     if step % args.eval_steps == 0 and steps_left(run) != 0:
         metrics = evaluate(run)
         run.log.log({"step": step, **metrics})
-        progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     if args.checkpointing_steps and step % args.checkpointing_steps == 0 and steps_left(run) != 0:
         save_checkpoint(run)
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
-    state = {"run_signature": run.signature, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch,
-             "planned_steps": run.max_train_steps, "train_seconds": run.clock.seconds}
-    sharded = (run.model, run.optimizer, run.lr_scheduler) if run.own_fsdp2 else None
-    checkpoints.save(run.accelerator, run.checkpoints_dir, run.completed_steps, state,
-                     run.train_args.checkpoints_total_limit, sharded)
-    run.saved_step = run.completed_steps
+    """checkpoints/step_N (every process takes part); with --push_to_hub also queued for the Hub as a model folder."""
+    checkpoints.save_state(run.accelerator, run.checkpoints_dir, training_state(run),
+                           run.train_args.checkpoints_total_limit, run.sharded)
+    run.progress.saved_step = run.progress.step
     if run.train_args.push_to_hub and push:
-        state_dict = gathered_state_dict(run)
+        to_save = gather_for_saving(run)
         if run.pusher is not None:
-            export.push_checkpoint(run.pusher, *exportable(run, state_dict), run.tokenizer,
-                                   run.log, run.checkpoints_dir, run.completed_steps, training_record(run))
+            export.push_checkpoint(run.pusher, *to_save, run.tokenizer, run.log, run.checkpoints_dir,
+                                   run.progress.step, training_record(run))
 
 
 def stop_for_signal(run: Run, signum: int) -> None:
     """Every process, at the same step boundary: the checkpoint (not pushed: a preempted job has seconds), then
     `Stopped`, so nothing is exported as if the run had finished."""
-    if run.saved_step != run.completed_steps:
+    if run.progress.saved_step != run.progress.step:
         save_checkpoint(run, push=False)
     run.accelerator.end_training()  # the trackers' files closed
-    raise Stopped(stop_message("pretrain.py", signum, run.completed_steps, run.max_train_steps,
-                               f"step_{run.completed_steps}"), signum)
+    raise Stopped(stop_message("pretrain.py", signum, run.progress.step, run.max_train_steps,
+                               f"step_{run.progress.step}"), signum)
 
 
 def stop_if_asked(run: Run) -> None:
@@ -524,19 +573,19 @@ def stop_if_asked(run: Run) -> None:
 
 def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     """The final checkpoint (so the export can always be redone), the final evaluation, probes and samples."""
-    accelerator = run.accelerator
-    if run.stopped_by_clock:
-        accelerator.print(f"Stopped by the clock at step {run.completed_steps} of {run.max_train_steps} planned "
+    accelerator, progress = run.accelerator, run.progress
+    if progress.stopped_by_clock:
+        accelerator.print(f"Stopped by the clock at step {progress.step} of {run.max_train_steps} planned "
                           f"(--max_train_seconds {run.train_args.max_train_seconds:g}).")
-    if run.saved_step != run.completed_steps:
+    if progress.saved_step != progress.step:
         save_checkpoint(run)
     stop_if_asked(run)
     metrics = evaluate(run)
-    clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if run.stopped_by_clock else {}
-    run.log.log({"step": run.completed_steps, **metrics, **clock, "final": True})
+    clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if progress.stopped_by_clock else {}
+    run.log.log({"step": progress.step, **metrics, **clock, "final": True})
     accelerator.print(
         f"validation: loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
-        f"{metrics['bits_per_byte']:.4f} bits/byte ({run.train_seconds:.1f} s of training)"
+        f"{metrics['bits_per_byte']:.4f} bits/byte ({progress.train_seconds:.1f} s of training)"
     )
     probe_results = ProbeReport()
     sharded = run.own_fsdp2 or distributed.zero_stage(accelerator) == 3
@@ -547,7 +596,7 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
             probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer,
                                                    run.train_args, accelerator)
         if probe_results.accuracy:
-            run.log.log({"step": run.completed_steps, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
+            run.log.log({"step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
                          "final": True})
     return metrics, probe_results
 
@@ -625,64 +674,32 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     itself succeeded and its folder is complete."""
     accelerator = run.accelerator
     stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
-    state_dict = gathered_state_dict(run)
+    to_save = gather_for_saving(run)
     if accelerator.is_main_process:
         card = cards.pretrained_card(card_context(run, final_metrics, probe_results))
-        names = export.export_final(run.output_dir, run.checkpoints_dir, *exportable(run, state_dict), run.tokenizer,
-                                    card, run.log.rows, training_record(run))
+        names = export.export_final(run.output_dir, run.checkpoints_dir, *to_save, run.tokenizer, card, run.log.rows,
+                                    training_record(run))
         accelerator.print(f"Model folder: {run.output_dir}")
         if run.pusher is not None:
-            push_final(run, names)
+            # The exported files only: not the checkpoints, nor anything else in the folder.
+            push_final(run.pusher, run.output_dir, [*names, "metrics.jsonl"],
+                       f"TinyTx pre-trained for {run.progress.step} steps", "final model", run.train_args.hub_timeout,
+                       exclude=("checkpoints/*", ".*"), say=accelerator.print)
         release_lock(run.lock, run.output_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
-def gathered_state_dict(run: Run) -> dict:
-    """The full weights on the main process; every process takes part (FSDP / ZeRO-3 gather the shards)."""
+def gather_for_saving(run: Run) -> tuple[torch.nn.Module, dict] | None:
+    """(model, full state dict) for `save_pretrained` on the main process, None on the others. Every process takes
+    part: FSDP and ZeRO-3 gather the shards."""
     if run.own_fsdp2:
-        return distributed.full_state_dict(run.model)
-    return run.accelerator.get_state_dict(run.model)
-
-
-def exportable(run: Run, state_dict: dict) -> tuple[torch.nn.Module, dict]:
-    """(model, state dict) for `save_pretrained` on the main process (see distributed.exportable)."""
-    return distributed.exportable(run.accelerator.unwrap_model(run.model), state_dict)
-
-
-def push_final(run: Run, names: list[str]) -> bool:
-    """Uploads the exported files (not the checkpoints, nor anything else in the folder) within --hub_timeout."""
-    args, pusher = run.train_args, run.pusher
-    deadline = time.monotonic() + args.hub_timeout
-    snapshot = tempfile.mkdtemp(prefix=".hub-final-", dir=run.output_dir)
-    try:
-        link_or_copy(run.output_dir, snapshot, [*names, "metrics.jsonl"])
-        if not pusher.wait(timeout=min(300, args.hub_timeout)):
-            run.accelerator.print("Checkpoint uploads are still running; the final model's upload follows them...")
-        left = max(1.0, deadline - time.monotonic())
-        pushed = pusher.push(snapshot, f"TinyTx pre-trained for {run.completed_steps} steps", timeout=left)
-    finally:
-        shutil.rmtree(snapshot, ignore_errors=True)
-    report_hub_pushes(pusher, pushed, args.hub_model_id, run.output_dir, run.accelerator)
-    return pushed
-
-
-def report_hub_pushes(pusher, final_pushed: bool, repo_id: str, output_dir: str, accelerator) -> None:
-    """A summary at the very end, so a failed upload is not lost in the training log (never with the token)."""
-    failures = pusher.failures
-    if final_pushed and not failures:
-        accelerator.print(f"Pushed to the Hub as {repo_id} (final model at the root, checkpoints under checkpoints/).")
-        return
-    accelerator.print(f"Hub push to {repo_id}: {len(failures)} upload(s) failed:")
-    for message in failures:
-        accelerator.print(f"  - {message}")
-    if final_pushed:
-        accelerator.print(f"The final model did reach the Hub; the local folder {output_dir} is complete.")
+        state_dict = distributed.full_state_dict(run.model)
     else:
-        accelerator.print(
-            f"The final model was NOT pushed; the local folder {output_dir} is complete: push it again with "
-            f"`hf upload {repo_id} {output_dir} --exclude 'checkpoints/*' --exclude '.*'`."
-        )
+        state_dict = run.accelerator.get_state_dict(run.model)
+    if not run.accelerator.is_main_process:
+        return None
+    return distributed.model_and_weights_to_save(run.accelerator.unwrap_model(run.model), state_dict)
 
 
 def card_context(run: Run, metrics: dict, probe_results: ProbeReport) -> dict:
@@ -705,15 +722,15 @@ def card_context(run: Run, metrics: dict, probe_results: ProbeReport) -> dict:
         or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
         "dataset_is_hub": bool(data_args.dataset_name),
         "synthetic_data": not (data_args.dataset_name or data_args.train_file),
-        "tokens_seen": run.completed_steps * run.tokens_per_step,
-        "steps": run.completed_steps,
+        "tokens_seen": run.progress.step * run.tokens_per_step,
+        "steps": run.progress.step,
         "planned_steps": run.max_train_steps,
-        "stopped_by_clock": run.stopped_by_clock,
+        "stopped_by_clock": run.progress.stopped_by_clock,
         "global_batch_size": run.tokens_per_step // data_args.block_size,
         "block_size": data_args.block_size,
         "hyperparameters": args_to_dict(train_args),
         "hardware": export.hardware_description(run.accelerator.num_processes, run.accelerator.device.type),
-        "train_seconds": run.train_seconds,
+        "train_seconds": run.progress.train_seconds,
         "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
                  "bits_per_byte": metrics["bits_per_byte"]},
         "eval_tokens": metrics["eval_tokens"],
