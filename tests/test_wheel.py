@@ -56,9 +56,13 @@ def test_wheel_problems_names_each_fault():
     assert problems[-1].startswith("no entry_points.txt")
 
 
-def test_the_finetune_records_are_prompt_response_jsonl():
-    rows = [json.loads(line) for line in wheel_check.finetune_records(5).splitlines()]
-    assert len(rows) == 5 and rows[0] == {"prompt": "Q: what is 0 plus one?\nA:", "response": " 1"}
+def test_the_finetune_records_are_valid_and_include_chats(tmp_path):
+    """finetune reads them (its own reader), and the chats give the model the template `tinytx serve` chat needs."""
+    from hf_tinytx_training.sft_records import read_records
+
+    (tmp_path / "sft.jsonl").write_text(wheel_check.finetune_records(6))
+    records = read_records(str(tmp_path / "sft.jsonl"))
+    assert len(records) == 6 and {record["kind"] for record in records} == {"prompt", "chat"}
 
 
 def test_the_ci_pretrain_flags_parse_and_stay_tiny():
