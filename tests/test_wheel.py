@@ -4,7 +4,6 @@ command answers `--help` without torch. The install itself, in a clean environme
 (.ci/wheel_check.py); its smaller parts are tested here."""
 
 import importlib.util
-import json
 import subprocess
 import sys
 import zipfile
