@@ -233,3 +233,22 @@ def test_a_signal_while_the_libraries_load_ends_the_run_at_once_with_a_line(root
     assert any(line.startswith("finetune.py: stopped by SIGTERM before training started")
                for line in stopped.stdout.splitlines()), stopped.stdout[-3000:]
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_an_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does_not(root, tmp_path):
+    """A LoRA run with --merge, then a full fine-tune with --overwrite_output_dir into the same folder: the adapter's
+    files and merged/ go (they would sit beside the new model, and PEFT would load the old adapter); notes stay."""
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text(NOTES)
+    succeeded(finetune(root, output_dir, "--max_steps", 2, "--use_peft", "--merge"))
+    assert (output_dir / "adapter_config.json").is_file() and (output_dir / "merged" / "model.safetensors").is_file()
+
+    succeeded(finetune(root, output_dir, "--max_steps", 2, "--overwrite_output_dir"))
+    assert not list(output_dir.glob("adapter_*")) and not (output_dir / "merged").exists()
+    assert (output_dir / "notes.txt").read_text() == NOTES
+    model = AutoModelForCausalLM.from_pretrained(output_dir)
+    assert type(model).__name__ == "TinyTxForCausalLM"
+
+    succeeded(finetune(root, output_dir, "--max_steps", 2, "--use_peft", "--overwrite_output_dir"))
+    assert (output_dir / "adapter_config.json").is_file() and not (output_dir / "model.safetensors").exists()

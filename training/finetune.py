@@ -74,7 +74,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    STAGING_NAME, OverlapError, UnsafeLinkError, refuse_overlap, regular_files, writing_into,
+    MANIFEST_NAME, STAGING_NAME, OverlapError, UnsafeLinkError, record_written, refuse_overlap, regular_files,
+    remove_written, writing_into, written_before,
 )
 from hf_tinytx.quiet import quiet_notices
 
@@ -89,6 +90,7 @@ RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # 
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
 # In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
 CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
+WRITER = "tinytx finetune"  # its name in the record of the files it wrote into a folder (hf_tinytx.folders)
 
 
 def main(argv=None):
@@ -299,7 +301,7 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
     """The model (or adapter) folder, then with --merge the merged one (safetensors). Each is written into a staging
     folder inside it and then moved in (hf_tinytx.folders.writing_into): a run killed while saving leaves the folder's
     previous model whole, never a new config beside half-written weights."""
-    with writing_into(where.output_dir) as staged:
+    with replacing_earlier_files(where.output_dir) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
         write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"]})
@@ -309,11 +311,36 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
 
     if args.merge:
         merged = model.merge_and_unload()  # W + (alpha/r) * B @ A, in place: a plain transformers model again
-        with writing_into(where.merged_dir) as staged:
+        with replacing_earlier_files(where.merged_dir) as staged:
             merged.save_pretrained(staged)  # a TinyTx also gets its code files and auto_map here
             tokenizer.save_pretrained(staged)
             write_card(where.merged_dir, staged, "merged", facts, where)
         print(f"Merged model saved to {where.merged_dir}")
+    elif os.path.dirname(where.merged_dir) == where.output_dir:  # an earlier run's merged/ is part of the folder
+        remove_earlier_merge(where.merged_dir)
+
+
+def remove_earlier_merge(merged_dir: str) -> None:
+    """Removes the merged model an earlier fine-tune with --merge recorded writing into `merged_dir`, and the folder
+    once empty: this run merged nothing, so it would stand for a model the folder no longer holds."""
+    earlier = written_before(merged_dir, WRITER)
+    if earlier:
+        remove_written(merged_dir, earlier | {MANIFEST_NAME})
+        with contextlib.suppress(OSError):  # something else is in it: it stays
+            os.rmdir(merged_dir)
+
+
+@contextlib.contextmanager
+def replacing_earlier_files(folder: str):
+    """`writing_into(folder)`, then the files an earlier fine-tune recorded writing there and this one did not write
+    go (an adapter's after a full fine-tune and the reverse, which would otherwise load in place of the new model),
+    and what this one wrote is recorded. Files no fine-tune wrote are never touched."""
+    earlier = written_before(folder, WRITER)
+    with writing_into(folder) as staged:
+        yield staged
+        written = set(regular_files(staged))
+    remove_written(folder, earlier - written)
+    record_written(folder, WRITER, written)
 
 
 def build_datasets(args, tokenizer, model, train_records, validation_records):
