@@ -1,7 +1,8 @@
 """The GPU-only checks that benchmarks/gpu_check.sh runs: flash-attention parity, and generation speed.
 
     python benchmarks/gpu_check.py parity      # bf16 logits of a flash backend vs sdpa, both against an fp32 reference
-    python benchmarks/gpu_check.py generate    # greedy new tokens/s of the ~124M model, batch 1 and 8
+    python benchmarks/gpu_check.py generate    # greedy new tokens/s of the ~124M model, batch 1 and 8, dynamic,
+                                               # static and compiled static cache, beside the bandwidth floor
     python benchmarks/gpu_check.py syncs       # does a training step or a decoding step wait on the GPU?
 
 Flash backend: transformers' "flash_attention_2" when the flash-attn package imports, else "kernels-community/
@@ -141,39 +142,70 @@ def parity(args) -> int:
     return 0 if ok else 1
 
 
+# The decoding modes of `generate`: extra keyword arguments. On CUDA, transformers compiles the forward of a static
+# cache by itself (mode "reduce-overhead": CUDA graphs); disable_compile keeps the same cache eager, to see the gain.
+DECODING = {
+    "dynamic": {},
+    "static, eager": {"cache_implementation": "static", "disable_compile": True},
+    "static, compiled": {"cache_implementation": "static"},
+}
+
+
+def generation_model(args) -> TinyTxForCausalLM:
+    """A saved folder (--model), else the ~124M shape with random weights: speed does not depend on the weights."""
+    if args.model:
+        model = TinyTxForCausalLM.from_pretrained(args.model, attn_implementation="sdpa", dtype=torch.bfloat16)
+    else:
+        torch.manual_seed(0)
+        model = TinyTxForCausalLM._from_config(config_from_file(), attn_implementation="sdpa", dtype=torch.bfloat16)
+    return model.to(args.device).eval()
+
+
+def time_generate(model, prompt, new_tokens: int, repeats: int, device: str, **kwargs) -> tuple[float, torch.Tensor]:
+    """Median seconds of greedy decoding (after one warm-up call, which also compiles) and the tokens it gave."""
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  attention_mask=torch.ones_like(prompt), pad_token_id=0, **kwargs)
+    samples = []
+    for i in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            tokens = model.generate(prompt, **kwargs)
+        synchronize(device)
+        if i:
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples), tokens
+
+
 def generate(args) -> int:
-    config = config_from_file()
-    torch.manual_seed(0)
-    model = TinyTxForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16).to(args.device)
-    model.eval()
+    model = generation_model(args)
+    parameters = sum(p.numel() for p in model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = args.bandwidth_tb_s * 1e12
     results = []
     for batch_size in args.batch_sizes:
-        prompt = torch.randint(2, config.vocab_size, (batch_size, 32), generator=torch.Generator().manual_seed(1))
-        prompt = prompt.to(args.device)
-        for cache in ("dynamic", "static"):
-            kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                          attention_mask=torch.ones_like(prompt), pad_token_id=0)
-            if cache != "dynamic":
-                kwargs["cache_implementation"] = cache
-            samples = []
-            for i in range(args.repeats + 1):  # the first run warms up (and compiles nothing: plain eager)
-                synchronize(args.device)
-                start = time.perf_counter()
-                with torch.no_grad():
-                    model.generate(prompt, **kwargs)
-                synchronize(args.device)
-                if i:
-                    samples.append(time.perf_counter() - start)
-            seconds = statistics.median(samples)
-            results.append({"batch_size": batch_size, "cache": cache,
-                            "tokens_per_s": batch_size * args.new_tokens / seconds,
-                            "ms_per_token_step": seconds / args.new_tokens * 1e3})
-    parameters = sum(p.numel() for p in model.parameters())
-    print(f"TinyTx {parameters / 1e6:.0f}M, bf16, sdpa, prompt 32, {args.new_tokens} new tokens, greedy")
-    print(f"{'batch':>5} | {'cache':>7} | {'tokens/s':>9} | {'ms/step':>7}")
+        generator = torch.Generator().manual_seed(1)
+        prompt = torch.randint(2, model.config.vocab_size, (batch_size, 32), generator=generator).to(args.device)
+        reference = None
+        for mode, kwargs in DECODING.items():
+            seconds, tokens = time_generate(model, prompt, args.new_tokens, args.repeats, args.device, **kwargs)
+            reference = tokens if reference is None else reference
+            step = seconds / args.new_tokens
+            # The floor: each decoding step reads every weight once (the KV cache of 32 + 128 positions is small).
+            floor = weight_bytes / bandwidth
+            results.append({"batch_size": batch_size, "cache": mode, "tokens_per_s": batch_size / step,
+                            "ms_per_token_step": step * 1e3, "share_of_bandwidth_floor": floor / step,
+                            "same_tokens_as_dynamic": bool(torch.equal(tokens, reference))})
+    source = args.model or "random weights, training/configs/model-base.json"
+    print(f"TinyTx {parameters / 1e6:.0f}M ({source}), bf16, sdpa, prompt 32, {args.new_tokens} new tokens, greedy; "
+          f"bandwidth floor: {weight_bytes / 1e6:.0f} MB of weights per step at {args.bandwidth_tb_s} TB/s = "
+          f"{weight_bytes / bandwidth * 1e3:.3f} ms")
+    print(f"{'batch':>5} | {'cache':>16} | {'tokens/s':>9} | {'ms/step':>7} | {'of floor':>8} | same tokens")
     for r in results:
-        print(f"{r['batch_size']:>5} | {r['cache']:>7} | {r['tokens_per_s']:>9.1f} | {r['ms_per_token_step']:>7.2f}")
-    print(json.dumps({"check": "generate", "parameters": parameters, "device": device_name(args.device),
+        print(f"{r['batch_size']:>5} | {r['cache']:>16} | {r['tokens_per_s']:>9.1f} | {r['ms_per_token_step']:>7.2f} "
+              f"| {r['share_of_bandwidth_floor']:>8.1%} | {r['same_tokens_as_dynamic']}")
+    print(json.dumps({"check": "generate", "model": source, "parameters": parameters, "weight_bytes": weight_bytes,
+                      "bandwidth_tb_s": args.bandwidth_tb_s, "device": device_name(args.device),
                       "torch": torch.__version__, "new_tokens": args.new_tokens, "results": results}))
     return 0
 
@@ -244,6 +276,10 @@ def main():
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default=None, help="generate: a saved model folder (default: the ~124M shape, "
+                        "random weights)")
+    parser.add_argument("--bandwidth_tb_s", type=float, default=4.8, help="generate: the memory bandwidth that sets "
+                        "the floor (default: the H200's datasheet 4.8 TB/s)")
     parser.add_argument("--model_config", default=str(BASE_CONFIG), help="syncs: the model's shape (a config file)")
     parser.add_argument("--seq_len", type=int, default=512, help="syncs: the training step's sequence length (>= 32)")
     parser.add_argument("--vocab_size", type=int, default=50304, help="syncs: the model's vocabulary")

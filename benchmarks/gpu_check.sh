@@ -6,7 +6,8 @@
 # 1. flash-attention vs sdpa parity in bf16 on a TinyTx (gpu_check.py parity: flash-attn package, else the
 #    kernels-community kernel, else sdpa's own flash kernel)
 # 2. bf16 training MFU at ~124M parameters (training/configs/model-base.json), batch 8 x seq 1024 (mfu.py)
-# 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic and static cache (gpu_check.py)
+# 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic, static and compiled static cache,
+#    beside the bandwidth floor (gpu_check.py)
 # 4. no host-device synchronisation in a training step or a decoding step (gpu_check.py syncs,
 #    torch.cuda.set_sync_debug_mode("error"))
 # With 2 or more GPUs (all of them are used; written, not yet run: this project's CI has no GPU):

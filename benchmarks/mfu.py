@@ -42,6 +42,8 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default=None, choices=["fp32", "bf16"],  # DTYPES' keys
                         help="Default: bf16 on a GPU, fp32 on CPU.")
     parser.add_argument("--attn_implementation", default="sdpa")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model first (as pretrain.py's "
+                        "--torch_compile does); the warm-up steps compile it")
     parser.add_argument("--matmul_size", type=int, default=None, help="Default: 8192 on a GPU, 2048 on CPU.")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 samples of each, one warm-up")
@@ -141,11 +143,12 @@ def main(args):
     seq_len = args.seq_len or (1024 if args.config else shape_seq)
 
     model = build_model(args)
+    step_model = torch.compile(model) if args.compile else model
     batch = torch.randint(0, model.config.vocab_size, (batch_size, seq_len), device=args.device,
                           generator=torch.Generator(device=args.device).manual_seed(0))
     runs = {
         "matmul": synchronized(make_matmul(matmul_size, dtype, args.device), args.device),
-        "train_step": synchronized(make_train_step(model, batch, dtype), args.device),
+        "train_step": synchronized(make_train_step(step_model, batch, dtype), args.device),
     }
     seconds = interleaved_medians(runs, repeats=repeats, warmup=warmup)
 
@@ -158,6 +161,7 @@ def main(args):
         "model": args.config or args.shape,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
+        "compiled": args.compile,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "parameters": count_parameters(model),
@@ -178,7 +182,8 @@ def main(args):
     rows = [
         ("model", f"{result['model']}: {result['parameters']:,} parameters "
                   f"({result['matmul_parameters']:,} in matmuls)"),
-        ("device, dtype", f"{result['device']}, {result['dtype']}, {result['threads']} threads"),
+        ("device, dtype", f"{result['device']}, {result['dtype']}, {result['threads']} threads"
+                          + (", torch.compile" if args.compile else ", eager")),
         ("batch x seq_len", f"{batch_size} x {seq_len}"),
         ("train step (median)", f"{result['ms_per_step']:.1f} ms, {result['tokens_per_s']:,.0f} tokens/s"),
         ("FLOPs per token",

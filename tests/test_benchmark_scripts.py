@@ -6,6 +6,7 @@ import copy
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -181,15 +182,42 @@ def test_shakespeare_without_text_says_what_to_give(tmp_path):
     assert "no text file at" in result.stderr and "missing.txt" in result.stderr
 
 
-def test_gpu_sync_check_runs_its_steps_on_cpu(tmp_path):
-    """The dry run of `gpu_check.py syncs` (a CPU has nothing to wait for, so only the code path is checked here; on a
-    GPU the same steps run under torch.cuda.set_sync_debug_mode("error")). Short rows and a small vocabulary: a CPU
-    without AVX-512 or AMX runs bf16 matmuls ~65x slower than fp32 (the full-size step took 80 s there)."""
-    config = BENCHMARKS.parent / "training" / "configs" / "model-tiny.json"
-    flags = ["--device", "cpu", "--model_config", config, "--seq_len", "64", "--vocab_size", "1024"]
-    result = run_script(python("gpu_check.py", "syncs", *flags), tmp_path)
-    summary = final_json(result.stdout)
-    assert summary["check"] == "syncs" and summary["steps"] == {"training step": "none", "decoding step": "none"}
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU dry run; with a GPU the session runs for real")
+def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_path):
+    """`DRY_RUN=1 bash benchmarks/gpu_session.sh OUT` on a copy of the checkout (as the GPU machine gets one): the
+    project installed from it into a folder of its own, then every step on a tiny model on CPU. A CPU has nothing to
+    wait for, so the sync check only runs its steps here; on a GPU they run under set_sync_debug_mode("error"). The
+    training check stops a run with SIGTERM and resumes it: on CPU the weights must match the straight run exactly."""
+    root, out = tmp_path / "checkout", tmp_path / "out"
+    listed = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]  # what the GPU machine gets
+    tracked = subprocess.run(listed, cwd=BENCHMARKS.parent, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, tracked.split("\0")):
+        if (BENCHMARKS.parent / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(BENCHMARKS.parent / name, root / name)
+    env = pretrain_env(tmp_path, DRY_RUN="1", PYTHON=sys.executable, SITE=str(tmp_path / "site"),
+                       WORK=str(tmp_path / "work"))
+    result = subprocess.run(["bash", str(root / "benchmarks" / "gpu_session.sh"), str(out)], env=env,
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0 and "gpu_session.sh: every step ran" in result.stdout, result.stdout[-4000:]
+    written = {"session.log", "results.jsonl", "pretrain.log", "metrics_straight.jsonl"}
+    assert {p.name for p in out.iterdir()} == written
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    checks = {}
+    for row in results:
+        checks.setdefault(row.get("check") or row["benchmark"], []).append(row)
+    assert checks["environment"][0]["device"] == "no CUDA GPU"
+    assert checks["flash_parity"][0]["passed"]
+    assert checks["syncs"][0]["steps"] == {"training step": "none", "decoding step": "none"}
+    assert [row["compiled"] for row in checks["mfu"]] == [False, True]
+    (train,) = checks["gpu_train"]
+    assert train["weights_bit_for_bit"] and train["loss_diff_before_stop"] == train["loss_diff_after_resume"] == 0
+    assert 1 <= train["stopped_at_step"] < train["steps"] and train["tokens_per_s"] > 0
+    (generate,) = checks["generate"]
+    assert generate["model"] == str(tmp_path / "work" / "straight")
+    assert [(r["batch_size"], r["cache"]) for r in generate["results"]] == [
+        (b, c) for b in (1, 2) for c in ("dynamic", "static, eager", "static, compiled")]
+    assert all(r["same_tokens_as_dynamic"] for r in generate["results"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the script runs for minutes")
@@ -200,3 +228,13 @@ def test_gpu_check_without_gpu_exits_cleanly(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "no CUDA GPU" in result.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the session runs for real")
+def test_gpu_session_without_gpu_or_dry_run_installs_nothing_and_exits_cleanly(tmp_path):
+    env = pretrain_env(tmp_path, PYTHON=sys.executable, SITE=str(tmp_path / "site"))
+    result = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), str(tmp_path / "out")], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA GPU here" in result.stdout and "DRY_RUN=1" in result.stdout
+    assert not (tmp_path / "site").exists()

@@ -582,10 +582,12 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     stop_if_asked(run)
     metrics = evaluate(run)
     clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if progress.stopped_by_clock else {}
-    run.log.log({"step": progress.step, **metrics, **clock, "final": True})
+    memory = peak_gpu_memory(accelerator)
+    run.log.log({"step": progress.step, **metrics, **clock, **memory, "final": True})
     accelerator.print(
         f"validation: loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
         f"{metrics['bits_per_byte']:.4f} bits/byte ({progress.train_seconds:.1f} s of training)"
+        + (f"; peak GPU memory {memory['peak_gpu_memory_gib']:.2f} GiB" if memory else "")
     )
     probe_results = ProbeReport()
     sharded = run.own_fsdp2 or distributed.zero_stage(accelerator) == 3
@@ -599,6 +601,14 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
             run.log.log({"step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
                          "final": True})
     return metrics, probe_results
+
+
+def peak_gpu_memory(accelerator) -> dict:
+    """This process's peak of allocated CUDA memory (weights, optimizer state, activations), for the record; none on
+    other devices. A host-side counter of PyTorch's allocator: reading it waits for nothing."""
+    if accelerator.device.type != "cuda":
+        return {}
+    return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(accelerator.device) / 2**30, 3)}
 
 
 @torch.no_grad()
