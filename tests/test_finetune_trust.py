@@ -137,6 +137,38 @@ def test_a_signal_saves_a_checkpoint_stops_and_the_resume_is_bit_for_bit(root, s
     assert_same_weights(straight, output_dir)
 
 
+def test_a_signal_after_the_last_step_stops_with_its_checkpoint_and_the_resume_only_saves(root, straight, tmp_path):
+    """A SIGTERM once the last step is logged lands during its checkpoint or the evaluation: as in pretrain, the run
+    stops with that checkpoint instead of spending a preempted job's seconds on evaluating and saving the model. The
+    resume trains no step and saves the straight run's weights."""
+    output_dir, validation = tmp_path / "run", tmp_path / "validation.jsonl"
+    write_jsonl(validation, prompt_records(64, offset=100))  # an evaluation that outlasts the signal's delivery
+    flags = ["--validation_file", validation]
+    env = {**pretrain_env(root), "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command(output_dir, *flags), cwd=root, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    logged = 0
+    for line in process.stdout:
+        logged += "'loss'" in line
+        if logged == STEPS:
+            process.send_signal(signal.SIGTERM)
+            break
+    stdout, stderr = process.communicate(timeout=120)
+    stopped = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+    assert process.returncode == 128 + signal.SIGTERM, describe(stopped)
+    match = STOP_LINE.match(one_line(stopped))
+    checkpoint = output_dir / "checkpoints" / f"checkpoint-{STEPS}"
+    assert match and int(match[1]) == STEPS and Path(match[3]) == checkpoint, describe(stopped)
+    assert not (output_dir / "model.safetensors").exists() and not (output_dir / "config.json").exists()
+
+    resumed = finetune(root, output_dir, *flags, *RESUME)
+    succeeded(resumed)
+    assert f"Resuming from {checkpoint} at step {STEPS}" in resumed.stdout
+    assert "eval_loss" in resumed.stdout  # the evaluation the signal cut short
+    assert_same_weights(straight, output_dir)
+
+
 def test_a_kill_mid_checkpoint_and_bit_rot_fall_back_to_the_newest_intact_checkpoint(root, straight, tmp_path):
     """Killed right after checkpoint 15's weights were written: Trainer wrote them aside, so checkpoints/ holds 5 and
     10 whole. Bit rot then hits checkpoint 10: `latest` skips it with a word, sets it aside (renamed, kept) and

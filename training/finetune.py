@@ -157,24 +157,31 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
         eval_dataset=eval_dataset,
         data_collator=pad_collator(tokenizer),
         processing_class=tokenizer,
-        callbacks=[CheckpointsAside(where)],
+        callbacks=[aside := CheckpointsAside(where, resume_dir)],
     )
-    stop = StopAtStepEnd(trainer.accelerator)
-    trainer.add_callback(stop)
+    trainer.add_callback(StopAtStepEnd(trainer.accelerator))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
     with checkpoints.disk_space_guard(where.checkpoint_staging, where.checkpoints_dir, CHECKPOINT):
         result = trainer.train(resume_from_checkpoint=resume_dir)
     if trainer.is_world_process_zero():
         with contextlib.suppress(OSError):
             os.rmdir(where.checkpoint_staging)  # empty once every checkpoint has moved in
-    if stop.received is not None and trainer.state.global_step < trainer.state.max_steps:
-        saved = os.path.join(where.checkpoints_dir, f"{CHECKPOINT}{trainer.state.global_step}")
-        raise Stopped(stop_message("finetune.py", stop.received, trainer.state.global_step, trainer.state.max_steps,
-                                   saved), stop.received)
+    stop_if_asked(trainer, aside)
     metrics = dict(result.metrics)
     if eval_dataset is not None:
         metrics.update(trainer.evaluate())
+        stop_if_asked(trainer, aside)  # a signal during the evaluation: the final checkpoint is there, the save waits
     return trainer, metrics
+
+
+def stop_if_asked(trainer: Trainer, aside: "CheckpointsAside") -> None:
+    """`Stopped` if any process got a stop signal and the step reached has its checkpoint: always so before the last
+    step (StopAtStepEnd saved it); after it, as in pretrain, a preempted job spends its seconds on no evaluation or
+    save that the resume can redo. Without a checkpoint to resume from (--save_strategy no), the run finishes."""
+    signum = STOP.asked(trainer.accelerator)
+    step = trainer.state.global_step
+    if signum is not None and aside.saved is not None and aside.saved[0] == step:
+        raise Stopped(stop_message("finetune.py", signum, step, trainer.state.max_steps, aside.saved[1]), signum)
 
 
 @dataclass
@@ -254,14 +261,20 @@ class CheckpointsAside(TrainerCallback):
     has finished is checksummed, flushed and renamed into checkpoints/ whole, then the oldest beyond --save_total_limit
     go. A kill, a signal or a full disk mid-save never leaves a partial checkpoint where a resume looks."""
 
-    def __init__(self, where: Destinations):
-        self.where = where
+    def __init__(self, where: Destinations, resumed: str | None):
+        self.where, self.resumed = where, resumed
+        self.saved: tuple[int, str] | None = None  # the newest checkpoint's (step, folder), the same on every process
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.resumed:  # the state is the checkpoint's by now
+            self.saved = (state.global_step, self.resumed)
 
     def on_save(self, args, state, control, **kwargs):
         distributed_barrier()  # every process has written its part (its RNG state)
         if state.is_world_process_zero:
             self.move_in(state)
         distributed_barrier()
+        self.saved = (state.global_step, os.path.join(self.where.checkpoints_dir, f"{CHECKPOINT}{state.global_step}"))
 
     def move_in(self, state) -> None:
         name = f"{CHECKPOINT}{state.global_step}"
