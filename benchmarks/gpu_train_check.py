@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from report import print_report
+
 PRETRAIN = ["-m", "hf_tinytx_training.pretrain"]  # as `tinytx pretrain` runs it: from the installed package
 
 
@@ -203,10 +205,7 @@ def main(args) -> int:
         ("max |loss diff| after the resume", f"{result['loss_diff_after_resume']}"),
         ("resumed vs straight weights", f"bit for bit: {identical}; max |diff| {max_diff:.3e}"),
     ]
-    width = max(len(name) for name, _ in table)
-    for name, value in table:
-        print(f"{name:<{width}} | {value}")
-    print(json.dumps(result))
+    print_report(table, result)
     return 0
 
 

@@ -56,6 +56,7 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
 import torch  # noqa: E402
 
 from common import count_parameters, interleaved_medians  # noqa: E402
+from report import print_report  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 
@@ -193,10 +194,7 @@ def main(args):
          f"{result['matmul_ms']:.1f} ms, {result['matmul_tflops_per_s'] * 1e3:,.1f} GFLOP/s"),
         ("MFU (achieved / matmul)", f"{result['mfu']:.1%}"),
     ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}} | {value}")
-    print(json.dumps(result))
+    print_report(rows, result)
 
 
 if __name__ == "__main__":

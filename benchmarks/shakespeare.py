@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import print_report
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "training" / "pretrain.py"
@@ -155,10 +156,7 @@ def main():
         ("final learning rate", f"{summary['final_lr']:.2e}"),
         ("whole run, seconds", f"{wall_seconds:.1f}"),
     ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}} | {value}")
-    print(json.dumps(summary))
+    print_report(rows, summary)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,11 @@
+"""How a benchmark ends: a table for the reader (name | value), then the whole result as one JSON line, last, for
+scripts and benchmarks/results/ to keep."""
+
+import json
+
+
+def print_report(rows: list[tuple[str, str]], result: dict) -> None:
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}} | {value}")
+    print(json.dumps(result))
