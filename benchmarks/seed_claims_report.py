@@ -139,8 +139,9 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
     return [
         ("1. Twice the window, about four times the looking work",
          "pairing every token with every token grows with n²",
-         f"n → 2n: attention FLOPs ×{q['flop_growth_when_n_doubles']:.1f}, time ×{q['time_growth_when_n_doubles']['eager']:.2f} "
-         f"(eager), ×{q['time_growth_when_n_doubles']['sdpa']:.2f} (sdpa), n = {q['rows'][0]['n']}…{q['rows'][-1]['n']}"),
+         f"n → 2n: attention FLOPs ×{q['flop_growth_when_n_doubles']:.1f}, "
+         f"time ×{q['time_growth_when_n_doubles']['eager']:.2f} (eager), "
+         f"×{q['time_growth_when_n_doubles']['sdpa']:.2f} (sdpa), n = {q['rows'][0]['n']}…{q['rows'][-1]['n']}"),
         ("2. You cannot compute token 50's summary until token 49 is done",
          "a recurrent model's steps wait on each other; attention is a few big matrix products",
          f"one sequence per step, training tokens/s TinyTx vs LSTM by length, on 1 core: {speeds(1)}; on {cores} "
@@ -158,10 +159,10 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
          f"of 8 copied that far back: TinyTx {curve('tinytx', 'copy')}; LSTM {curve('lstm', 'copy')}"),
         ("4. The animal didn't cross the street because it was too tired",
          "attention lets \"it\" pull information from the animal rather than the street",
-         f"resolving \"it\": {c['coref']:.2f} on held-out sentences, {c['coref_new_nouns']:.2f} with unseen nouns (chance 0.50); "
-         f"best head at the final \"The\" ({resolved['layer']}.{resolved['head']}) puts {resolved['referent_weight']:.2f} "
-         f"on the referent vs {resolved['other_weight']:.2f} on the other noun; at \"it\" itself ({it['layer']}.{it['head']}) "
-         f"{it['referent_weight']:.2f} vs {it['other_weight']:.2f}"),
+         f"resolving \"it\": {c['coref']:.2f} on held-out sentences, {c['coref_new_nouns']:.2f} with unseen nouns "
+         f"(chance 0.50); best head at the final \"The\" ({resolved['layer']}.{resolved['head']}) puts "
+         f"{resolved['referent_weight']:.2f} on the referent vs {resolved['other_weight']:.2f} on the other noun; "
+         f"at \"it\" itself ({it['layer']}.{it['head']}) {it['referent_weight']:.2f} vs {it['other_weight']:.2f}"),
         ("5. Attention is permutation-invariant; rotary scores depend on separation",
          "shuffle the input and the output shuffles identically; rotated q·k depends on m − n",
          f"shuffle error without positions {p['permutation_max_error_without_rope']:.1e} (with RoPE "

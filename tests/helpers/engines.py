@@ -15,7 +15,8 @@ from tests.helpers.tiny import REPO_ROOT
 LLAMA_CPP_PYTHON = REPO_ROOT / ".venv-llamacpp" / "bin" / "python"
 LLAMA_CPP_HINT = (
     "python3 -m venv .venv-llamacpp && CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-llamacpp/bin/pip install "
-    "'llama-cpp-python[server]==0.3.36'   (compiles llama.cpp: ~30 min on 2 busy cores the first time; .ci/run does this)"
+    "'llama-cpp-python[server]==0.3.36'   "
+    "(compiles llama.cpp: ~30 min on 2 busy cores the first time; .ci/run does this)"
 )
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 VLLM_HINT = (
