@@ -274,12 +274,14 @@ class CheckpointsAside(TrainerCallback):
         if state.is_world_process_zero:
             self.move_in(state)
         distributed_barrier()
-        self.saved = (state.global_step, os.path.join(self.where.checkpoints_dir, f"{CHECKPOINT}{state.global_step}"))
+        self.saved = (state.global_step, self.final_folder(state))
+
+    def final_folder(self, state) -> str:
+        return os.path.join(self.where.checkpoints_dir, f"{CHECKPOINT}{state.global_step}")
 
     def move_in(self, state) -> None:
-        name = f"{CHECKPOINT}{state.global_step}"
-        written = os.path.join(self.where.checkpoint_staging, name)
-        final = os.path.join(self.where.checkpoints_dir, name)
+        final = self.final_folder(state)
+        written = os.path.join(self.where.checkpoint_staging, os.path.basename(final))
         if state.best_model_checkpoint == written:  # Trainer recorded where it wrote: a resume must find it here
             state.best_model_checkpoint = final
             state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
@@ -296,11 +298,9 @@ class StopAtStepEnd(TrainerCallback):
 
     def __init__(self, accelerator):
         self.accelerator = accelerator
-        self.received: int | None = None
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.received = STOP.asked(self.accelerator)  # one all-reduce on a launch: the processes agree
-        if self.received is not None:
+        if STOP.asked(self.accelerator) is not None:  # one all-reduce on a launch: the processes agree
             control.should_save = control.should_training_stop = True
         return control
 
