@@ -6,8 +6,8 @@
 
 Each mode runs training/pretrain.py for a few steps on 2 processes (gloo, OMP_NUM_THREADS=1 each); every rank runs
 the script through this file's `--rank` mode, which records its own peak resident set size (getrusage ru_maxrss) when
-the script exits. The peak includes Python, torch and the data pipeline (the same in every mode), so the difference
-between modes is what sharding saves; the model-state bytes each rank holds are taken from the script's own line
+the script exits (its os._exit included). The peak includes Python, torch and the data pipeline (the same in every
+mode), so the difference between modes is what sharding saves; the model-state bytes each rank holds are taken from the script's own line
 (printed by the sharded modes). The ZeRO modes need deepspeed (`pip install -e ".[deepspeed]"`).
 """
 
@@ -52,6 +52,16 @@ def rank_main(report: str, script_args: list[str]) -> None:
                                 * 1024, "peak_cuda_bytes": cuda}) + "\n")
 
     atexit.register(record)
+    # A process of a multi-process launch ends with os._exit (training/distributed.exit_launched_process), which
+    # skips atexit: record there too.
+    leave = os._exit
+
+    def record_and_leave(code):
+        atexit.unregister(record)
+        record()
+        leave(code)
+
+    os._exit = record_and_leave
     sys.argv = script_args
     runpy.run_path(script_args[0], run_name="__main__")
 

@@ -238,3 +238,14 @@ def test_gpu_session_without_gpu_or_dry_run_installs_nothing_and_exits_cleanly(t
     assert result.returncode == 0, result.stderr
     assert "no CUDA GPU here" in result.stdout and "DRY_RUN=1" in result.stdout
     assert not (tmp_path / "site").exists()
+
+
+def test_memory_per_rank_records_every_rank(tmp_path):
+    """Each rank's peak is recorded though a launched process ends with os._exit (which skips atexit)."""
+    flags = ["--device", "cpu", "--preset", "tiny", "--ranks", 2, "--steps", 2, "--modes", "ddp",
+             "--output", tmp_path / "memory"]
+    run_script(python("memory_per_rank.py", *flags), tmp_path, timeout=300)
+    rows = json.loads((tmp_path / "memory.json").read_text())
+    assert [row["mode"] for row in rows] == ["ddp"]
+    assert len(rows[0]["peak_rss_bytes"]) == 2 and min(rows[0]["peak_rss_bytes"]) > 100 * 2**20
+    assert "| ddp |" in (tmp_path / "memory.txt").read_text()

@@ -112,7 +112,9 @@ class PretrainArguments:
     seed: int = field(default=0, metadata={"help": "Seed for initialisation, data order and splits."})
     mixed_precision: str = field(default="no", metadata={"help": "no or bf16."})
     eval_steps: int = field(default=200, metadata={"help": "Evaluate every N optimizer steps (and at the end)."})
-    max_eval_batches: int | None = field(default=None, metadata={"help": "Evaluate on at most N batches."})
+    max_eval_batches: int | None = field(default=None, metadata={
+        "help": "Evaluate on at most N batches of --per_device_eval_batch_size blocks, counted over all processes "
+                "(the same blocks on any process count)."})
     checkpointing_steps: int | None = field(
         default=None, metadata={"help": "Save a resumable checkpoint every N steps (one is always saved at the end)."}
     )
@@ -133,6 +135,13 @@ class PretrainArguments:
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
     hub_timeout: float = field(
         default=600.0, metadata={"help": "At the end, wait at most this many seconds for the uploads to finish."}
+    )
+    ddp_timeout: float = field(
+        default=1800.0,
+        metadata={"help": "Seconds a process waits for the others at any collective (a step's all-reduce, a barrier) "
+                  "before the run stops with a line naming the checkpoint to resume from: a frozen or lost node "
+                  "ends the job instead of hanging it (Trainer's flag and default). Raise it when the main process "
+                  "tokenizes a large corpus while the others wait."},
     )
 
 
@@ -190,6 +199,8 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     for name, value in positive.items():
         if value <= 0:
             raise UserInputError(f"--{name} must be a positive number, got {value}.")
+    if not (math.isfinite(train_args.ddp_timeout) and train_args.ddp_timeout > 0):
+        raise UserInputError(f"--ddp_timeout must be a positive number of seconds, got {train_args.ddp_timeout}.")
     if not 0 <= train_args.max_train_seconds < math.inf:
         raise UserInputError(f"--max_train_seconds must be >= 0 (0: no limit), got {train_args.max_train_seconds}.")
     if train_args.total_batch_size is not None and train_args.gradient_accumulation_steps != 1:

@@ -10,7 +10,6 @@
    through the same token stream (`ShiftingBlocks`).
 """
 
-import os
 from dataclasses import dataclass
 
 import datasets
@@ -174,13 +173,14 @@ def make_dataloaders(packed: PackedData, train_args, seed: int):
 
     Each loader draws from its own generator: building an iterator from one would otherwise take a number from the
     global RNG, so a resumed run (which builds one more iterator) would drop out of step with an uninterrupted one.
-    The validation loader holds at most --max_eval_batches batches per process and is always read to the end (leaving
+    The validation loader holds at most --max_eval_batches batches in all (the same blocks on any process count,
+    shared out among the processes) and is always read to the end (leaving
     a prepared loader early leaves Accelerate's end-of-data flag stale, which breaks gradient accumulation)."""
     streaming = not hasattr(packed.train, "__len__")
     packed.validation.set_format("torch")
     validation = packed.validation
     if train_args.max_eval_batches:
-        limit = train_args.max_eval_batches * train_args.per_device_eval_batch_size * max(1, _num_processes())
+        limit = train_args.max_eval_batches * train_args.per_device_eval_batch_size  # over all processes
         validation = validation.select(range(min(limit, len(validation))))
     if streaming:
         blocks, sampler = packed.train.with_format("torch"), None
@@ -198,10 +198,6 @@ def make_dataloaders(packed: PackedData, train_args, seed: int):
         validation, batch_size=train_args.per_device_eval_batch_size, generator=torch.Generator().manual_seed(seed)
     )
     return sampler, train, evaluation
-
-
-def _num_processes() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class EpochShuffleSampler(torch.utils.data.Sampler):

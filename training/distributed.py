@@ -18,28 +18,22 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 
 import torch
 from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.scheduler import AcceleratedScheduler
-from accelerate.utils import DistributedType, InitProcessGroupKwargs
+from accelerate.utils import DistributedType
 
 from .args import env_flag
+from .cluster import process_group_kwargs
 from .errors import UserInputError
 
 
 def asked_sharding() -> str | None:
     """"fsdp2", "deepspeed" or None, from the environment Accelerate's launcher sets from its config; a config this
     machine cannot run stops here, before any data is read."""
-    launched_for_gpus = "ACCELERATE_MIXED_PRECISION" in os.environ and not env_flag("ACCELERATE_USE_CPU")
-    plain_gpu_config = not (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED"))
-    if launched_for_gpus and plain_gpu_config and not has_gpu():
-        raise UserInputError(
-            "The Accelerate config asks for GPUs (distributed_type MULTI_GPU) but this machine has none; on CPUs "
-            "launch `torchrun --nproc_per_node N training/pretrain.py`, or use accelerate-fsdp2.yaml (sharded) or "
-            "accelerate-cpu.yaml (one process)."
-        )
     if env_flag("ACCELERATE_USE_FSDP"):
         version = os.environ.get("FSDP_VERSION", "1")
         if version != "2":
@@ -49,6 +43,14 @@ def asked_sharding() -> str | None:
     if env_flag("ACCELERATE_USE_DEEPSPEED"):
         return "deepspeed"
     return None
+
+
+def gpu_config_without_gpus() -> bool:
+    """Whether `accelerate launch` ran a multi-GPU config (distributed_type MULTI_GPU) on a machine without GPUs: the
+    processes then train on the CPUs over gloo, as under torchrun, so one config serves a cluster of either kind."""
+    launched_for_gpus = "ACCELERATE_MIXED_PRECISION" in os.environ and "ACCELERATE_USE_CPU" not in os.environ
+    plain_gpu_config = not (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED"))
+    return launched_for_gpus and plain_gpu_config and not has_gpu()
 
 
 def has_gpu() -> bool:
@@ -66,16 +68,26 @@ def slow_bf16(flag: str) -> str:
             f"slower than fp32 here; training without {flag} will be faster.")
 
 
-def device_options(sharding: str | None) -> dict:
-    """Accelerator arguments for the device. Without a GPU, say so explicitly: under torchrun Accelerate would
-    otherwise not set up CPU data parallelism. DeepSpeed is the exception: Accelerate turns it off when asked for the
-    CPU, but runs it on DeepSpeed's CPU accelerator when not asked, given gloo as the backend."""
+def device_options(sharding: str | None, ddp_timeout: float) -> dict:
+    """Accelerator arguments for the device and the process group (whose collectives wait at most `ddp_timeout`
+    seconds for a peer). Without a GPU, say so explicitly: under torchrun Accelerate would otherwise not set up CPU
+    data parallelism. DeepSpeed is the exception: Accelerate turns it off when asked for the CPU, but runs it on
+    DeepSpeed's CPU accelerator when not asked, given gloo as the backend."""
+    if sharding == "deepspeed":
+        quiet_deepspeed_deprecations()
     if has_gpu():
-        return {}
+        return {"kwargs_handlers": [process_group_kwargs(ddp_timeout)]}
     if sharding == "deepspeed":
         keep_deepspeed_from_compiling()
-        return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
-    return {"cpu": True}
+        return {"kwargs_handlers": [process_group_kwargs(ddp_timeout, backend="gloo")]}
+    return {"cpu": True, "kwargs_handlers": [process_group_kwargs(ddp_timeout)]}
+
+
+def quiet_deepspeed_deprecations() -> None:
+    """DeepSpeed's ZeRO calls torch.distributed.reduce_scatter_tensor, which torch deprecates with a FutureWarning on
+    every call (122 lines in 30 steps): a note for DeepSpeed's authors, nothing a user of this script can change."""
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_scatter_tensor` is deprecated",
+                            category=FutureWarning)
 
 
 def keep_deepspeed_from_compiling() -> None:

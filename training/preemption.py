@@ -11,12 +11,15 @@ next optimizer step boundary, with a resumable checkpoint, instead of killing it
   signal ended and as `accelerate launch` exits on one.
 
 torchrun and `accelerate launch` forward SIGTERM and SIGINT to every rank, then SIGKILL what is still alive after a
-grace period (torchrun: --shutdown_timeout, 30 s by default; `accelerate launch` with one process: 5 s).
+grace period (torchrun: --shutdown_timeout, 30 s by default; `accelerate launch` with one process: 5 s). A worker
+whose launcher died (torchrun's agent killed alone) counts as having got SIGTERM: nothing else would ever stop it.
 """
 
 import os
 import signal
 import sys
+
+from .cluster import LauncherWatch
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -39,9 +42,11 @@ class StopRequests:
         self.received: list[int] = []
         self.deferred = False  # False until training starts: a signal then ends the process at once
         self.pid = None
+        self.launcher = None
 
     def install(self) -> None:
         self.pid = os.getpid()  # forked workers (tokenization) inherit the handler but must not speak for the run
+        self.launcher = LauncherWatch()
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
 
@@ -74,6 +79,10 @@ class StopRequests:
 
     def counts(self) -> list[float]:
         """1 or 0 for each of STOP_SIGNALS: whether this process got it (numbers an all-reduce can sum)."""
+        if self.launcher is not None and self.launcher.launcher_gone() and signal.SIGTERM not in self.received:
+            self.received.append(signal.SIGTERM)
+            sys.stderr.write(f"{self.program}: the launcher that started this process (PID {self.launcher.parent}) "
+                             f"is gone; stopping at this step with a checkpoint, as on SIGTERM.\n")
         return [float(signum in self.received) for signum in STOP_SIGNALS]
 
     def asked(self, accelerator) -> int | None:

@@ -40,6 +40,7 @@ STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the ne
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
+from .cluster import lone_process_problem
 from .args import (
     DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
     planned_by_clock,
@@ -56,6 +57,8 @@ if __name__ == "__main__":
     # answered at once. main() checks them again, which costs nothing.
     try:
         early_model_args, early_data_args, early_train_args = parse_args()
+        if lone_process_problem():
+            raise UserInputError(lone_process_problem())
         check_output_dir(os.path.abspath(early_train_args.output_dir), early_train_args)
         if not early_model_args.init_from:
             read_config_file(config_file_path(early_model_args))
@@ -79,7 +82,7 @@ from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import is_disk_full
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
-from . import cards, checkpoints, cpu_memory, distributed, export
+from . import cards, checkpoints, cluster, cpu_memory, distributed, export
 from .data import (
     DEFAULT_CORPUS_DOCUMENTS, PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
@@ -147,10 +150,26 @@ class Run:
 
 def main(argv=None) -> None:
     quiet_notices()
-    run = setup(*parse_args(argv))
-    fit(run)
-    final_metrics, probe_results = finish(run)
-    export_and_push(run, final_metrics, probe_results)
+    model_args, data_args, train_args = parse_args(argv)
+    run = None
+    try:
+        run = setup(model_args, data_args, train_args)
+        fit(run)
+        final_metrics, probe_results = finish(run)
+        export_and_push(run, final_metrics, probe_results)
+    except RuntimeError as error:
+        if STOP.received or not cluster.is_peer_failure(error):
+            raise  # a peer that left at a stop signal is a stop (see the end of this file)
+        raise RunError(lost_peer_message(run, train_args, error)) from None
+
+
+def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str:
+    """A collective another process broke (it froze past --ddp_timeout, or died): where the run stands, one line."""
+    step = run.progress.step if run is not None else None
+    checkpoints_dir = os.path.join(os.path.abspath(train_args.output_dir), "checkpoints")
+    saved = checkpoints.steps_saved(checkpoints_dir)
+    return cluster.lost_peer_message(error, train_args.ddp_timeout, step,
+                                     f"step_{saved[-1]}" if saved else None)
 
 
 # ---------------------------------------------------------------------------------------------------- setup
@@ -163,9 +182,12 @@ def setup(model_args, data_args, train_args) -> Run:
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     model_config, sharding = check_inputs(model_args, data_args, train_args, output_dir)
     accelerator, own_fsdp2 = start_accelerator(model_args, train_args, output_dir, model_config, sharding)
+    cluster.check_shared_folder(accelerator, output_dir)
     set_seed(train_args.seed)
 
-    resume_dir = checkpoints.find_resumable(train_args.resume_from_checkpoint, checkpoints_dir, accelerator.print)
+    # One process decides (they might not all see the same folder), every process gets its answer.
+    resume_dir = cluster.decided_by_main(accelerator, lambda: checkpoints.find_resumable(
+        train_args.resume_from_checkpoint, checkpoints_dir, accelerator.print))
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
     tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
@@ -206,6 +228,8 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
     """The checks that need transformers loaded or the model's config read; returns (model config, the sharding the
     launch asked for)."""
     check_schedule(train_args)  # the one flag check that needs transformers loaded
+    if lone_process_problem():
+        raise UserInputError(lone_process_problem())
     check_output_dir(output_dir, train_args)
     refuse_writing_where_read(model_args, output_dir)
     model_config = load_model_config(model_args)  # before the data: a bad size should not wait for tokenization
@@ -237,7 +261,7 @@ def refuse_writing_where_read(model_args, output_dir: str) -> None:
 def start_accelerator(model_args, train_args, output_dir: str, model_config, sharding: str | None):
     """(Accelerator, whether training/distributed.py shards the model), checked against the batch and the model."""
     accelerator = Accelerator(
-        **distributed.device_options(sharding),
+        **distributed.device_options(sharding, train_args.ddp_timeout),
         mixed_precision=train_args.mixed_precision,
         gradient_accumulation_steps=train_args.gradient_accumulation_steps,
         log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
@@ -246,6 +270,11 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
     accelerator.print(
         f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})"
     )
+    if cluster.check_process_count(accelerator.num_processes):
+        raise UserInputError(cluster.check_process_count(accelerator.num_processes))
+    if distributed.gpu_config_without_gpus():
+        accelerator.print("The Accelerate config asks for GPUs, but this machine has none: the processes train on "
+                          "its CPUs over gloo.")
     if accelerator.device.type == "cpu":
         if cpu_memory.keep_freed_memory():
             accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
