@@ -7,8 +7,8 @@
 Each mode runs training/pretrain.py for a few steps on 2 processes (gloo, OMP_NUM_THREADS=1 each); every rank runs
 the script through this file's `--rank` mode, which records its own peak resident set size (getrusage ru_maxrss) when
 the script exits (its os._exit included). The peak includes Python, torch and the data pipeline (the same in every
-mode), so the difference between modes is what sharding saves; the model-state bytes each rank holds are taken from the script's own line
-(printed by the sharded modes). The ZeRO modes need deepspeed (`pip install -e ".[deepspeed]"`).
+mode), so the difference between modes is what sharding saves; the model-state bytes each rank holds are taken from
+the script's own line (printed by the sharded modes). The ZeRO modes need deepspeed (`pip install -e ".[deepspeed]"`).
 """
 
 import argparse
