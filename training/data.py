@@ -168,8 +168,13 @@ def num_tokens_of(tokens: Dataset) -> int:
     return sum(len(ids) for ids in tokens["input_ids"])
 
 
-def make_dataloaders(packed: PackedData, train_args, seed: int):
+def make_dataloaders(packed: PackedData, train_args, seed: int, global_batch: int | None = None):
     """(sampler or None, training loader, validation loader).
+
+    An epoch is a whole number of optimizer steps of `global_batch` blocks (the blocks left over after the last full
+    step wait for the next epoch's order): otherwise the processes would share the tail unevenly (Accelerate pads the
+    last batches with blocks from the epoch's start, or ends it on a short accumulation), and the same command would
+    train differently on another process count from the second epoch on.
 
     Each loader draws from its own generator: building an iterator from one would otherwise take a number from the
     global RNG, so a resumed run (which builds one more iterator) would drop out of step with an uninterrupted one.
@@ -186,7 +191,9 @@ def make_dataloaders(packed: PackedData, train_args, seed: int):
         blocks, sampler = packed.train.with_format("torch"), None
     else:
         blocks = ShiftingBlocks(packed.train, seed=seed)
-        sampler = EpochShuffleSampler(len(blocks), seed=seed, blocks=blocks)
+        global_batch = global_batch or train_args.per_device_train_batch_size
+        usable = len(blocks) // global_batch * global_batch
+        sampler = EpochShuffleSampler(len(blocks), seed=seed, blocks=blocks, take=usable)
     train = torch.utils.data.DataLoader(
         blocks,
         sampler=sampler,
@@ -206,8 +213,9 @@ class EpochShuffleSampler(torch.utils.data.Sampler):
 
     Kept instead of Accelerate's seedable sampler: this one has no state, so a checkpoint needs no pickled sampler."""
 
-    def __init__(self, num_samples: int, seed: int, blocks: "ShiftingBlocks | None" = None):
+    def __init__(self, num_samples: int, seed: int, blocks: "ShiftingBlocks | None" = None, take: int | None = None):
         self.num_samples = num_samples
+        self.take = num_samples if take is None else take  # the first `take` of each epoch's order are read
         self.seed = seed
         self.epoch = 0
         self.blocks = blocks  # told the epoch too: it shifts where blocks start
@@ -219,10 +227,10 @@ class EpochShuffleSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+        return iter(torch.randperm(self.num_samples, generator=generator)[: self.take].tolist())
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.take
 
 
 class ShiftingBlocks(torch.utils.data.Dataset):

@@ -192,9 +192,10 @@ def setup(model_args, data_args, train_args) -> Run:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
     tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
                                            model_config)
-    sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed)
-    model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
+    global_batch = tokens_per_step // data_args.block_size
+    sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
+    model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
     clock = Clock(train_args.max_train_seconds, accelerator)
     optimizer = make_optimizer(model, train_args)
     lr_scheduler = make_schedule(optimizer, train_args, max_train_steps, accelerator.num_processes, clock)
@@ -203,9 +204,9 @@ def setup(model_args, data_args, train_args) -> Run:
     )
     if sampler is not None and len(train_dataloader) == 0:
         raise UserInputError(
-            f"Fewer training blocks ({len(packed.train)}) than one batch per process "
-            f"({train_args.per_device_train_batch_size} x {accelerator.num_processes}); lower the batch size or add "
-            f"data."
+            f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes ({global_batch}: "
+            f"{train_args.per_device_train_batch_size} per process x {accelerator.num_processes} process(es) x "
+            f"{train_args.gradient_accumulation_steps} accumulated); lower the batch size or add data."
         )
     # A token of None lets huggingface_hub find HF_TOKEN or the login cache; the pusher never shows it.
     pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo) \
