@@ -37,9 +37,15 @@ CHECKSUM_FILE = "checksums.json"
 TOKENIZER_DIR = "tokenizer"
 SHARDED_DIR = "sharded"
 SCHEDULER_FILE = "scheduler.bin"
+CONFIG_FILE = "config.json"
+# What fixes the order of the data, step by step: a resume must keep them. The process count and the accumulation
+# may change (elastic resume): with the same global batch every step reads the same blocks.
+DATA_ORDER = ("seed", "block_size", "global_batch")
 # A checkpoint is a new folder written as .tmp_<name> and renamed in whole (one os.replace): not the STAGING_NAME
 # folder that `publish` empties file by file into a destination holding other files.
 TEMPORARY_PREFIX = ".tmp_"
+RANDOM_STATES = "random_states"  # Accelerate's random_states_<process index>.pkl
+DEEPSPEED_DIR = "pytorch_model"  # where Accelerate has DeepSpeed write its states
 
 
 def steps_saved(checkpoints_dir: str, prefix: str = STEP_PREFIX) -> list[int]:
@@ -63,9 +69,11 @@ class TrainingState:
     train_seconds: float = 0.0  # on the run's clock (optimization.Clock): a schedule in seconds goes on from it
 
 
-def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None) -> str:
+def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None,
+               model_config=None) -> str:
     """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`:
-    (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`."""
+    (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`. The model's config goes
+    beside the weights, so that --init_from can start a new run from any checkpoint."""
     final = os.path.join(checkpoints_dir, f"step_{state.step}")
     temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}step_{state.step}")
     if accelerator.is_main_process and os.path.exists(temporary):
@@ -77,6 +85,8 @@ def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: in
             save_sharded(temporary, *sharded, is_main_process=accelerator.is_main_process)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
+            if model_config is not None:
+                model_config.to_json_file(os.path.join(temporary, CONFIG_FILE))
             write_json(os.path.join(temporary, STATE_FILE), asdict(state))
             write_json(os.path.join(temporary, CHECKSUM_FILE), checksums(temporary))
             rename_into_place(temporary, final)
@@ -95,21 +105,95 @@ def rename_into_place(temporary: str, final: str) -> None:
     fsync_dir(os.path.dirname(final))
 
 
-def load_state(folder: str, accelerator, run_signature: dict, sharded=None, deepspeed_engine=None) -> TrainingState:
-    """Puts what `save_state` wrote back into the model, optimizer, scheduler and RNG (every process takes part) and
-    returns the TrainingState. A checkpoint of another run signature is refused before anything is loaded."""
+def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, sharded: bool,
+               deepspeed_engine=None) -> TrainingState:
+    """Puts what `save_state` wrote back into the model, optimizer and scheduler (`parts`) and the RNG (every process
+    takes part), and returns the TrainingState. A checkpoint written by another process count resumes too (its
+    schedule is counted again for this one), sharded states by resharding; what cannot be is refused before anything
+    is loaded, naming a route that works."""
     state = read_training_state(folder)
-    if state.run_signature != run_signature:
+    saved = state.run_signature
+    if any(saved.get(key) != run_signature[key] for key in DATA_ORDER):
         raise UserInputError(
-            f"{folder} was written with {state.run_signature}, but this run has {run_signature}; resume with the "
-            f"same arguments (and process count), or start a new run with --init_from."
+            f"{folder} was written with {saved}, but this run has {run_signature}; resume with the same --seed, "
+            f"--block_size and --total_batch_size (on any process count), or start a new run from its weights with "
+            f"--init_from {folder}."
         )
+    written_by, in_shards = saved.get("num_processes", 1), os.path.isdir(os.path.join(folder, SHARDED_DIR))
+    refuse_layout_change(folder, written_by, accelerator.num_processes, in_shards, sharded, deepspeed_engine)
+    check_random_state(folder, accelerator.process_index)
     if deepspeed_engine is not None:
         load_deepspeed_without_code(deepspeed_engine)
-    accelerator.load_state(folder)
-    if sharded:
-        load_sharded(folder, *sharded)
+    if in_shards and not sharded:  # an FSDP2 checkpoint resumed whole: one process, or DDP
+        load_sharded(folder, *parts)
+        load_random_state(folder, accelerator.process_index)
+    else:
+        accelerator.load_state(folder)
+        if sharded:
+            load_sharded(folder, *parts)
+    if written_by != accelerator.num_processes:
+        # Accelerate steps the schedule once per process at every optimizer step (pretrain builds it so).
+        scheduler = getattr(parts[2], "scheduler", parts[2])
+        scheduler.last_epoch = state.step * accelerator.num_processes
     return state
+
+
+def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards: bool, sharded: bool,
+                         deepspeed_engine) -> None:
+    """The changes of process count or layout a resume cannot make, refused in one line with the way on."""
+    way_on = f"or continue from its weights with --init_from {folder} (a fresh optimizer and schedule)"
+    in_deepspeed = os.path.isdir(os.path.join(folder, DEEPSPEED_DIR))
+    if (in_deepspeed or deepspeed_engine is not None) and (written_by != processes or not in_deepspeed
+                                                           or deepspeed_engine is None):
+        raise UserInputError(
+            f"{folder} was written by {written_by} process(es){' under DeepSpeed' if in_deepspeed else ''}; "
+            f"DeepSpeed resumes its partitioned states only on as many processes and under DeepSpeed: resume with "
+            f"the same launch, {way_on}."
+        )
+    if sharded and not in_shards:
+        raise UserInputError(
+            f"{folder} holds whole weights and optimizer state, which this FSDP2 run cannot shard: resume it without "
+            f"the FSDP2 config (one process, torchrun or accelerate-ddp.yaml, any process count), {way_on}."
+        )
+
+
+def check_random_state(folder: str, process_index: int) -> None:
+    """Accelerate skips an RNG file it cannot load without a word (dropout would then draw other numbers than the
+    interrupted run): a file that is there must load. A process the checkpoint's run did not have has none, and
+    keeps the seed's state."""
+    path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
+    if not os.path.exists(path):
+        return
+    try:
+        read_random_state(path)
+    except Exception as error:  # whatever the unpickler or a damaged file raises
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise RunError(f"{path} cannot be loaded ({reason}): resume from an earlier checkpoint "
+                       f"(--resume_from_checkpoint {os.path.dirname(folder)}/step_M) or start anew.") from None
+
+
+def read_random_state(path: str) -> dict:
+    from accelerate.utils import load  # torch.load with weights_only=True and numpy's RNG types allowed
+
+    return load(path)
+
+
+def load_random_state(folder: str, process_index: int) -> None:
+    """This process's RNG state from Accelerate's file, where `accelerator.load_state` cannot be used."""
+    import random
+
+    import numpy as np
+    import torch
+
+    path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
+    if not os.path.exists(path):
+        return
+    states = read_random_state(path)
+    random.setstate(states["random_state"])
+    np.random.set_state(states["numpy_random_seed"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    if torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
+        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
 
 
 def read_training_state(folder: str) -> TrainingState:

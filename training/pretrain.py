@@ -398,11 +398,16 @@ def resume(run: Run, folder: str) -> None:
     """Continues from the checkpoint in `folder`: its weights, optimizer, schedule and RNG (checkpoints.load_state),
     its step and place in the data, and for a run planned in seconds its clock."""
     deepspeed = distributed.zero_stage(run.accelerator) is not None
-    state = checkpoints.load_state(folder, run.accelerator, run.signature, run.sharded,
-                                   deepspeed_engine=run.model if deepspeed else None)
+    state = checkpoints.load_state(folder, run.accelerator, run.signature, (run.model, run.optimizer,
+                                   run.lr_scheduler), run.own_fsdp2, deepspeed_engine=run.model if deepspeed else None)
     progress = run.progress
     progress.step = progress.saved_step = state.step
-    progress.epoch, progress.batch_in_epoch = state.epoch, state.batch_in_epoch
+    # Micro-batches of this process: the checkpoint's run may have had other processes and accumulation, but a
+    # checkpoint lies at a step boundary, and every step reads the same global batch.
+    steps_into_epoch = state.batch_in_epoch // state.run_signature["gradient_accumulation_steps"]
+    progress.epoch = state.epoch
+    progress.batch_in_epoch = steps_into_epoch * run.train_args.gradient_accumulation_steps
+    run.accelerator.step = progress.batch_in_epoch  # where `accumulate` counts to its next optimizer step from
     if run.max_train_steps is None:  # planned in seconds: the schedule goes on with the seconds the run had left
         run.clock.resume_at(state.train_seconds)
     # Next to a step count the clock bounds each launch, like a job's time slot: resumed, the run gets its
@@ -410,7 +415,10 @@ def resume(run: Run, folder: str) -> None:
     if run.accelerator.is_main_process:
         checkpoints.set_aside_after(run.checkpoints_dir, progress.step, run.accelerator.print)
     run.accelerator.wait_for_everyone()
-    run.accelerator.print(f"Resumed from {folder} at step {progress.step}")
+    written_by = state.run_signature["num_processes"]
+    elsewhere = f" (written by {written_by} process(es), now {run.accelerator.num_processes})" \
+        if written_by != run.accelerator.num_processes else ""
+    run.accelerator.print(f"Resumed from {folder} at step {progress.step}{elsewhere}")
 
 
 def training_state(run: Run) -> checkpoints.TrainingState:
@@ -572,7 +580,8 @@ def evaluate_and_save_when_due(run: Run, bar) -> None:
 def save_checkpoint(run: Run, push: bool = True) -> None:
     """checkpoints/step_N (every process takes part); with --push_to_hub also queued for the Hub as a model folder."""
     checkpoints.save_state(run.accelerator, run.checkpoints_dir, training_state(run),
-                           run.train_args.checkpoints_total_limit, run.sharded)
+                           run.train_args.checkpoints_total_limit, run.sharded,
+                           model_config=run.accelerator.unwrap_model(run.model).config)
     run.progress.saved_step = run.progress.step
     if run.train_args.push_to_hub and push:
         to_save = gather_for_saving(run)
