@@ -257,6 +257,74 @@ def load_weights_only(path: str, map_location=None):
                        f"(--resume_from_checkpoint PATH) or start anew with --overwrite_output_dir.") from None
 
 
+def is_checkpoint(folder: str | None) -> bool:
+    return bool(folder) and os.path.isfile(os.path.join(folder, STATE_FILE))
+
+
+def tokenizer_source(folder: str) -> str:
+    """Where a model folder's tokenizer is: in it, or, for a checkpoint, in its run's checkpoints/tokenizer."""
+    return os.path.join(os.path.dirname(os.path.abspath(folder)), TOKENIZER_DIR) if is_checkpoint(folder) else folder
+
+
+def holds_whole_weights(folder: str) -> bool:
+    """Whether `from_pretrained` can read the folder's weights (one process or DDP wrote it, or it is a model)."""
+    return not is_checkpoint(folder) or os.path.isfile(os.path.join(folder, "model.safetensors"))
+
+
+def load_partitioned_weights(model, folder: str) -> None:
+    """Fills a model built whole on one process with the weights of a checkpoint that FSDP2 (sharded/) or DeepSpeed
+    ZeRO (pytorch_model/) wrote partitioned, on any process count: --init_from on a checkpoint."""
+    import torch
+
+    if os.path.isdir(os.path.join(folder, SHARDED_DIR)):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=os.path.join(folder, SHARDED_DIR))  # the model's part only
+        set_model_state_dict(model, state["model"])
+        return
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with deepspeed_reads_weights_only():  # its consolidation unpickles with weights_only=False
+        state = get_fp32_state_dict_from_zero_checkpoint(folder, tag=DEEPSPEED_DIR)
+    missing, unexpected = model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
+    tied = set((getattr(model, "_tied_weights_keys", None) or {}))
+    if unexpected or set(missing) - tied:
+        raise RunError(f"{folder}'s DeepSpeed states do not fit the model of its config.json (missing "
+                       f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}).")
+    model.tie_weights()
+
+
+class deepspeed_reads_weights_only:
+    """DeepSpeed's zero_to_fp32 loads every state file with torch.load(weights_only=False): while this is entered,
+    torch.load there reads through `load_weights_only` (tensors, plain containers, DeepSpeed's allow-listed classes)."""
+
+    def __enter__(self):
+        import deepspeed.utils.zero_to_fp32 as consolidation
+
+        self.module, self.torch = consolidation, consolidation.torch
+        self.module.torch = _WeightsOnlyTorch(self.torch)
+
+    def __exit__(self, *exc):
+        self.module.torch = self.torch
+        return False
+
+
+class _WeightsOnlyTorch:
+    """torch, as zero_to_fp32 sees it, with a load that never runs pickled code."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    @staticmethod
+    def load(path, map_location=None, **_ignored):
+        return load_weights_only(path, map_location=map_location)
+
+
 def checksums(folder: str) -> dict:
     """{relative path: sha256} of every file in the folder."""
     digests = {}

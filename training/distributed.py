@@ -84,10 +84,10 @@ def device_options(sharding: str | None, ddp_timeout: float) -> dict:
 
 
 def quiet_deepspeed_deprecations() -> None:
-    """DeepSpeed's ZeRO calls torch.distributed.reduce_scatter_tensor, which torch deprecates with a FutureWarning on
-    every call (122 lines in 30 steps): a note for DeepSpeed's authors, nothing a user of this script can change."""
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_scatter_tensor` is deprecated",
-                            category=FutureWarning)
+    """DeepSpeed's ZeRO calls torch.distributed's reduce_scatter_tensor and all_gather_into_tensor, which torch
+    deprecates with a FutureWarning on every call (122 lines in 30 steps): a note for DeepSpeed's authors, nothing a
+    user of this script can change."""
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
 
 
 def keep_deepspeed_from_compiling() -> None:

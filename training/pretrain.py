@@ -301,7 +301,7 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         if os.path.isdir(saved_tokenizer) and not replacing:
             tokenizer = load_tokenizer(saved_tokenizer, what=f"The run's saved tokenizer {saved_tokenizer}")
         elif model_args.tokenizer_name or model_args.init_from:
-            tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.init_from)
+            tokenizer = load_tokenizer(model_args.tokenizer_name or checkpoints.tokenizer_source(model_args.init_from))
         else:
             accelerator.print(
                 f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens asked) on the data..."
@@ -338,10 +338,12 @@ def build_model(model_args, model_config, tokenizer):
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(model_config, name, getattr(tokenizer, name))
     options = {"config": model_config, "attn_implementation": model_args.attn_implementation}
-    if model_args.init_from:
+    if model_args.init_from and checkpoints.holds_whole_weights(model_args.init_from):
         model = AutoModelForCausalLM.from_pretrained(model_args.init_from, **options)
     else:
         model = AutoModelForCausalLM.from_config(**options)
+        if model_args.init_from:  # a checkpoint that FSDP2 or DeepSpeed wrote partitioned
+            checkpoints.load_partitioned_weights(model, model_args.init_from)
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(model.generation_config, name, getattr(tokenizer, name))
     if model_args.gradient_checkpointing:  # each layer's activations recomputed in the backward pass
