@@ -144,19 +144,24 @@ class OverlapError(ValueError):
     """A destination that would write into, over or through the folder a command reads."""
 
 
+READ_APART = "a command never writes where it reads, --overwrite included"  # refuse_overlap's reason by default
+
+
 def refuse_overlap(
-    source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None
+    source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None,
+    reason: str = READ_APART,
 ) -> None:
     """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
     (links resolved), or a destination that is itself a link. `flag_names`
-    are how the command's user spells the two (e.g. "--model_name_or_path", "--output_dir"); `who` starts the line."""
+    are how the command's user spells the two (e.g. "--model_name_or_path", "--output_dir"); `who` starts the line;
+    `reason` says why (two folders one run writes must not overlap either)."""
     try:
-        _refuse_overlap(Path(source), Path(destination), *flag_names)
+        _refuse_overlap(Path(source), Path(destination), *flag_names, reason)
     except OverlapError as error:
         raise OverlapError(f"{who}: {error}" if who else str(error)) from None
 
 
-def _refuse_overlap(source: Path, destination: Path, source_name: str, destination_name: str) -> None:
+def _refuse_overlap(source: Path, destination: Path, source_name: str, destination_name: str, reason: str) -> None:
     if destination.is_symlink():  # a link higher up the path is resolved below, like any path (macOS's /tmp is one)
         raise OverlapError(
             f"{destination_name} {os.fspath(destination)!r} is a link (to {str(destination.resolve())!r}); a command "
@@ -173,8 +178,8 @@ def _refuse_overlap(source: Path, destination: Path, source_name: str, destinati
     else:
         return
     raise OverlapError(
-        f"{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; a command "
-        f"never writes where it reads, --overwrite included: choose a {destination_name} outside {source_name}."
+        f"{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; {reason}: "
+        f"choose a {destination_name} outside {source_name}."
     )
 
 

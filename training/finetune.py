@@ -53,7 +53,7 @@ if __name__ == "__main__":
 from .args import build_parser, hub_repo_id, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
 from .errors import UserInputError  # noqa: E402
 from .finetune_args import (  # noqa: E402
-    FinetuneArguments, check_args, model_source, output_dir_flags, preflight,
+    WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags, preflight,
 )
 from .sft_records import has_chat, read_records  # noqa: E402
 
@@ -74,8 +74,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, STAGING_NAME, OverlapError, UnsafeLinkError, record_written, refuse_overlap, regular_files,
-    remove_written, writing_into, written_before,
+    MANIFEST_NAME, STAGING_NAME, UnsafeLinkError, record_written, regular_files, remove_written, writing_into,
+    written_before,
 )
 from hf_tinytx.quiet import quiet_notices
 
@@ -90,7 +90,6 @@ RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # 
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
 # In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
 CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
-WRITER = "tinytx finetune"  # its name in the record of the files it wrote into a folder (hf_tinytx.folders)
 
 
 def main(argv=None):
@@ -199,14 +198,7 @@ class Destinations:
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
     """Where the run writes, checked for links out; Trainer is pointed at checkpoints/'s staging folder, kept from the
     Hub and from the token (it pickles its arguments into every checkpoint's training_args.bin)."""
-    output_dir = os.path.abspath(training_args.output_dir)
-    merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
-    if os.path.isdir(args.model_name_or_path):  # the base model is read, never written over
-        for flag, folder in (("--output_dir", output_dir), ("--merged_output_dir", merged_dir)):
-            try:
-                refuse_overlap(args.model_name_or_path, folder, ("--model_name_or_path", flag))
-            except OverlapError as error:
-                raise UserInputError(str(error)) from None
+    output_dir, merged_dir = check_destinations(args, training_args)
     for folder in (output_dir, merged_dir):
         if os.path.isdir(folder):
             refuse_links_out(folder)  # saving would write through such a link, and the push would read it
