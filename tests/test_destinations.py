@@ -109,3 +109,101 @@ def test_interpret_never_writes_its_maps_into_the_model_folder(root):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "error: interpret: --out 'base/maps' is inside MODEL 'base'" in result.stderr
     assert snapshot(root / "base") == before
+
+
+# ---- no write follows a link: a link planted at each name a command writes, the victim unchanged ----
+
+VICTIM = "a user's file: no command may write it\n"
+
+
+def plant(folder: Path, names, target: Path) -> None:
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to(target, target_is_directory=target.is_dir())
+
+
+def victims(folder: Path) -> tuple[Path, Path]:
+    """A user's file and folder inside `folder` (links to them pass the links-out check, so the writes meet them)."""
+    (folder / "mine").mkdir(parents=True)
+    (folder / "mine" / "kept.txt").write_text(VICTIM)
+    (folder / "notes.txt").write_text(VICTIM)
+    return folder / "notes.txt", folder / "mine"
+
+
+def assert_untouched(notes: Path, mine: Path, names, folder: Path) -> None:
+    assert notes.read_text() == VICTIM and snapshot(mine) == {"kept.txt": hashlib.sha256(VICTIM.encode()).hexdigest()}
+    assert not [name for name in names if (folder / name).is_symlink()], "a planted link is still there"
+
+
+PRETRAIN = REPO_ROOT / "training" / "pretrain.py"
+TINY = ["--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "1", "--num_attention_heads", "2",
+        "--num_train_documents", "60", "--vocab_size", "300", "--block_size", "32", "--per_device_train_batch_size",
+        "4", "--max_train_steps", "2", "--max_eval_batches", "1", "--num_probes_per_kind", "1", "--num_samples", "0",
+        "--max_train_seconds", "0", "--report_to", "none"]
+
+
+def test_pretrain_replaces_links_at_its_lock_log_and_staging_names_and_refuses_one_out_of_the_folder(root, tmp_path):
+    """Before: the PID went into the file `.lock` led to; `checkpoints` as a link survived --overwrite_output_dir
+    and the new checkpoints were written into the folder it led to."""
+    out = tmp_path / "out"
+    notes, mine = victims(out)
+    files, folders = [".lock", "metrics.jsonl", "metrics.jsonl.tmp"], [".tinytx-staging", "checkpoints"]
+    plant(out, files, notes)
+    plant(out, folders, mine)
+    result = run(root, PRETRAIN, *TINY, "--output_dir", out, "--overwrite_output_dir")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_untouched(notes, mine, files + folders, out)
+    assert (out / "model.safetensors").is_file() and (out / "checkpoints" / "step_2").is_dir()
+
+    (tmp_path / "victim.txt").write_text(VICTIM)
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / ".lock").symlink_to(tmp_path / "victim.txt")
+    line = one_line(run(root, PRETRAIN, *TINY, "--output_dir", tmp_path / "fresh"), "pretrain.py: error: ")
+    assert "fresh/.lock is a link to" in line and "outside" in line, line
+    assert (tmp_path / "victim.txt").read_text() == VICTIM
+
+
+def test_finetune_replaces_links_at_every_name_it_writes(root, tmp_path):
+    """The lock, the staging folder, the record's temporary, Trainer's checkpoint staging folder, and the same in
+    the merged folder: each a link to a user's file or folder inside the destination."""
+    out = tmp_path / "out"
+    notes, mine = victims(out)
+    merged_notes, merged_mine = victims(out / "merged")
+    files = [".lock", ".tinytx-written.json.new"]
+    folders = [".tinytx-staging", "checkpoints/.tmp_checkpoint"]
+    plant(out, files, notes)
+    plant(out, folders, mine)
+    plant(out / "merged", files[1:], merged_notes)
+    plant(out / "merged", folders[:1], merged_mine)
+    flags = [arg for arg in LORA if arg not in ("--save_strategy", "no")]
+    result = run(root, FINETUNE, *flags, "--output_dir", out, "--save_steps", 1, "--resume_from_checkpoint", "latest")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_untouched(notes, mine, files + folders, out)
+    assert_untouched(merged_notes, merged_mine, files[1:] + folders[:1], out / "merged")
+    assert (out / "checkpoints" / "checkpoint-2").is_dir() and (out / "merged" / "model.safetensors").is_file()
+
+
+def test_convert_gguf_and_interpret_replace_links_at_their_staging_record_and_output_names(root, tmp_path):
+    """Before: convert wrote its record into the file `.tinytx-written.json.new` led to, and GGUF its bytes into
+    the file `.m.gguf.tinytx-staging` led to, then left m.gguf a link to it. Here the victims lie outside."""
+    victim, victim_dir = tmp_path / "victim.txt", tmp_path / "victim_dir"
+    victim.write_text(VICTIM)
+    victim_dir.mkdir()
+    (victim_dir / "kept.txt").write_text(VICTIM)
+    plant(tmp_path / "llama", [".tinytx-written.json.new"], victim)
+    plant(tmp_path / "llama", [".tinytx-staging"], victim_dir)
+    plant(tmp_path, [".m.gguf.tinytx-staging"], victim)
+    plant(tmp_path / "maps", ["layer0_head0.png", "heads.json"], victim)
+    commands = {
+        "convert": ["-m", "hf_tinytx.convert", "--to", "llama", "base", tmp_path / "llama", "--overwrite"],
+        "gguf": ["-m", "hf_tinytx.convert", "--to", "gguf", "base", tmp_path / "m.gguf"],
+        "interpret": ["-m", "hf_tinytx.interpret", "base", "the cat sat", "--out", tmp_path / "maps"],
+    }
+    for name, argv in commands.items():
+        result = run(root, *argv)
+        assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
+    assert victim.read_text() == VICTIM and (victim_dir / "kept.txt").read_text() == VICTIM
+    assert not (tmp_path / "m.gguf").is_symlink() and (tmp_path / "m.gguf").read_bytes()[:4] == b"GGUF"
+    assert (tmp_path / "llama" / "config.json").is_file() and (tmp_path / "maps" / "layer0_head0.png").is_file()
+    for path in [tmp_path / "llama" / ".tinytx-written.json.new", tmp_path / "maps" / "heads.json"]:
+        assert not path.is_symlink()

@@ -31,7 +31,6 @@ with 128 + the signal's number and one line saying how to resume; only a finishe
 import contextlib
 import json
 import os
-import shutil
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -74,7 +73,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, STAGING_NAME, UnsafeLinkError, record_written, regular_files, remove_written, writing_into,
+    MANIFEST_NAME, STAGING_NAME, open_new, record_written, regular_files, remove_tree, remove_written, writing_into,
     written_before,
 )
 from hf_tinytx.quiet import quiet_notices
@@ -82,7 +81,7 @@ from hf_tinytx.quiet import quiet_notices
 from . import cards, checkpoints, cpu_memory, distributed
 from .errors import RunError
 from .hub import HubPusher, push_final
-from .output_dir import refuse_earlier_run, release_lock, remove_checkpoints, take_lock
+from .output_dir import refuse_earlier_run, refuse_links_out, release_lock, remove_checkpoints, take_lock
 from .sft_data import build_examples, ensure_chat_template, pad_collator
 
 
@@ -198,10 +197,7 @@ class Destinations:
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
     """Where the run writes, checked for links out; Trainer is pointed at checkpoints/'s staging folder, kept from the
     Hub and from the token (it pickles its arguments into every checkpoint's training_args.bin)."""
-    output_dir, merged_dir = check_destinations(args, training_args)
-    for folder in (output_dir, merged_dir):
-        if os.path.isdir(folder):
-            refuse_links_out(folder)  # saving would write through such a link, and the push would read it
+    output_dir, merged_dir = check_destinations(args, training_args)  # links out of either refused there too
     # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
     hub_model_id = hub_repo_id(training_args.hub_model_id, training_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
@@ -224,7 +220,7 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
     refuse_earlier_run(where.output_dir, output_dir_flags(args, training_args))
     if args.overwrite_output_dir:
         remove_checkpoints(where.checkpoints_dir)
-    shutil.rmtree(where.checkpoint_staging, ignore_errors=True)  # a killed save's partial checkpoint: never resumable
+    remove_tree(where.checkpoint_staging)  # a killed save's partial checkpoint (never resumable), or a planted link
     return lock
 
 
@@ -499,16 +495,8 @@ def write_card(folder: str, staged, kind: str, facts: dict, where: Destinations)
     cards.finetuned_card(context).save(os.path.join(staged, "README.md"))
 
 
-def refuse_links_out(folder: str) -> list[str]:
-    """The folder's files (`regular_files`); a link in it that leads out of it is a one-line error."""
-    try:
-        return regular_files(folder)
-    except UnsafeLinkError as error:
-        raise UserInputError(str(error)) from None
-
-
 def write_json(path: str | os.PathLike, values: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with open_new(path) as f:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
 
 

@@ -7,7 +7,6 @@ killed run never leaves the folder stuck, and a second run on the same folder is
 import contextlib
 import fcntl
 import os
-import shutil
 
 from .errors import UserInputError
 from .light_library import folders
@@ -36,9 +35,18 @@ def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") ->
         )
     if not os.path.isdir(output_dir):
         return
+    refuse_links_out(output_dir)  # a save or the lock would write through such a link, and a push read it
     if os.environ.get("RANK", "0") == "0":  # one process asks; the others would only race with it
         refuse_if_locked(output_dir, flag)
     refuse_earlier_run(output_dir, train_args, flag)
+
+
+def refuse_links_out(folder: str) -> list[str]:
+    """The folder's files (hf_tinytx.folders.regular_files); a link in it that leads out of it is a one-line error."""
+    try:
+        return folders.regular_files(folder)
+    except folders.UnsafeLinkError as error:
+        raise UserInputError(str(error)) from None
 
 
 def check_second_destination(folder: str, flag: str, output_dir: str, train_args, writer: str, default: str) -> None:
@@ -87,8 +95,8 @@ def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") 
 def refuse_if_locked(output_dir: str, flag: str = "--output_dir") -> None:
     """Asks, without writing, whether a living run holds the folder (a shared lock fails only against its lock)."""
     path = os.path.join(output_dir, LOCK_FILE)
-    if not os.path.isfile(path):
-        return
+    if os.path.islink(path) or not os.path.isfile(path):
+        return  # a link is no lock of a run's (take_lock replaces it)
     with open(path, encoding="utf-8") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -106,7 +114,7 @@ def in_use(output_dir: str, holder: str, flag: str = "--output_dir") -> UserInpu
 def take_lock(output_dir: str):
     """Creates the folder if needed and locks it for this process; refuses when another run holds it."""
     os.makedirs(output_dir, exist_ok=True)
-    handle = open(os.path.join(output_dir, LOCK_FILE), "a+", encoding="utf-8")
+    handle = folders.open_new(os.path.join(output_dir, LOCK_FILE), "a+")  # a link there is replaced, not followed
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -133,4 +141,4 @@ def release_lock(handle, output_dir: str) -> None:
 
 def remove_checkpoints(checkpoints_dir: str) -> None:
     """--overwrite_output_dir: the earlier run's checkpoints go, once every input check has passed."""
-    shutil.rmtree(checkpoints_dir, ignore_errors=True)
+    folders.remove_tree(checkpoints_dir)

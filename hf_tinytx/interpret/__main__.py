@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..folders import OverlapError, refuse_overlap
+from ..folders import OverlapError, open_new, refuse_overlap
 from ..quiet import quiet_notices
 from ..sources import local_folder_or_hub_id
 from .attention_maps import attention_maps, save_attention_maps
@@ -84,7 +84,8 @@ def main(argv=None) -> int:
             print(f"{'':<16} (on induction an even spread scores {report['induction_baseline']:.3f})")
         for role, heads in found.items():
             print(f"{role:<16} " + ", ".join(f"{h.layer}.{h.head}: {h.score:.3f}" for h in heads))
-    Path(args.out, "heads.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    with open_new(Path(args.out, "heads.json")) as f:
+        f.write(json.dumps(report, indent=2, ensure_ascii=False))
     return 0
 
 
