@@ -45,8 +45,15 @@ def output_dir_holding_an_earlier_run(folder):
     return []
 
 
+def model_config_with_a_typo(folder):
+    """Before: "num_hidden_layer": 6 trained the default depth and was copied into config.json."""
+    (folder / "model.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layer": 6}))
+    return ["--model_config", folder / "model.json"]
+
+
 CASES = [empty_dataset_file, missing_file, missing_text_column, block_size_beyond_the_context,
-         output_dir_under_a_file, output_dir_holding_an_earlier_run]
+         output_dir_under_a_file, output_dir_holding_an_earlier_run,
+         model_config_with_a_typo]
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +113,12 @@ def test_output_dir_holding_an_earlier_run(refusals):
     folder, result = refusals["output_dir_holding_an_earlier_run"]
     assert_clean_failure(result, "already holds an earlier run", "--overwrite_output_dir")
     assert os.listdir(folder / "out") == ["config.json"]
+
+
+@pytest.mark.parametrize("case, phrases", [
+    ("model_config_with_a_typo", ["model.json: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?)"]),
+])
+def test_bad_bytes_anywhere_in_a_text_file_and_a_typo_in_the_model_config(refusals, case, phrases):
+    folder, result = refusals[case]
+    assert_clean_failure(result, *phrases)
+    assert not (folder / "out").exists()
