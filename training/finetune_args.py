@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag
+from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag, warn_if_token_in_argv
 from .errors import UserInputError
 from .light_library import sources
 from .output_dir import check_output_dir, check_second_destination, refuse_overlap
@@ -80,6 +80,7 @@ def preflight(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         return  # the full help lists Trainer's flags too, so parse_args answers it
+    warn_if_token_in_argv(argv, "finetune.py")
     parser = build_parser((FinetuneArguments, EarlyTrainerFlags))
     args, trainer_flags, _ = parser.parse_args_into_dataclasses(
         args=argv, return_remaining_strings=True, look_for_args_file=False

@@ -42,7 +42,7 @@ if __name__ == "__main__":
 
 from .args import (
     DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
-    planned_by_clock,
+    planned_by_clock, warn_if_token_in_argv,
 )
 from .errors import RunError, UserInputError
 from .config_file import config_file_path, read_config_file
@@ -54,6 +54,7 @@ if __name__ == "__main__":
     # The flags, the output folder, the model's config file and the data files first, before torch and transformers
     # load (~7 s on a small CPU): a typo, --help, a folder holding an earlier run, a broken config or a wrong path is
     # answered at once. main() checks them again, which costs nothing.
+    warn_if_token_in_argv(sys.argv[1:], "pretrain.py")
     try:
         early_model_args, early_data_args, early_train_args = parse_args()
         check_output_dir(os.path.abspath(early_train_args.output_dir), early_train_args)
