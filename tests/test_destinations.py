@@ -207,3 +207,15 @@ def test_convert_gguf_and_interpret_replace_links_at_their_staging_record_and_ou
     assert (tmp_path / "llama" / "config.json").is_file() and (tmp_path / "maps" / "layer0_head0.png").is_file()
     for path in [tmp_path / "llama" / ".tinytx-written.json.new", tmp_path / "maps" / "heads.json"]:
         assert not path.is_symlink()
+
+
+def test_a_tokenizer_larger_than_the_model_is_one_line_and_leaves_no_debris(root, tmp_path):
+    """Before: a ValueError traceback mid-training, and checkpoints/.tmp_checkpoint left behind, so the corrected
+    rerun was refused as "already holds an earlier run"."""
+    small = tmp_path / "small"
+    build_tiny_model(seed=0, vocab_size=200).save_pretrained(small)
+    build_byte_bpe_tokenizer(vocab_size=320).save_pretrained(small)
+    line = one_line(run(root, FINETUNE, *LORA[2:], "--model_name_or_path", small, "--output_dir", tmp_path / "out"),
+                    "finetune.py: error: ")
+    assert "tokens but the model's embedding only 200 rows" in line, line
+    assert not (tmp_path / "out").exists()

@@ -127,6 +127,7 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
     validation_records = read_records(args.validation_file) if args.validation_file else []
     tokenizer = load_base_model_tokenizer(args, chat=has_chat(train_records + validation_records))
     model = load_model(args)
+    check_vocabulary(model, tokenizer, args.model_name_or_path)
     if training_args.device.type == "cpu":
         speed_up_cpu_training(model)
     train_dataset, eval_dataset, max_seq_length = build_datasets(args, tokenizer, model, train_records,
@@ -414,6 +415,18 @@ def load_model(args: FinetuneArguments):
     if args.attn_implementation:
         model_options["attn_implementation"] = args.attn_implementation
     return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
+
+
+def check_vocabulary(model, tokenizer, name: str) -> None:
+    """A tokenizer with ids past the model's embedding fails mid-training (an index error inside the first step);
+    refused now, before the output folder is touched."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise UserInputError(
+            f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+            f"{rows} rows; save the tokenizer the model was trained with into the folder, or grow the model first "
+            f"(model.resize_token_embeddings(len(tokenizer)); model.save_pretrained(folder))."
+        )
 
 
 def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
