@@ -14,6 +14,9 @@
 - `record_written` / `written_before` / `others_files` / `remove_written`: the record a command keeps of the files it
   wrote into a destination, so that replacing its output later touches those files and no others.
 - `is_disk_full(error, folder)`: whether a write failed for lack of space (some writers say so without an errno).
+- `open_new(path, mode)` / `remove_tree(path)`: every file a command creates in a destination (locks, staging files,
+  records, logs, exports) is opened by `open_new`, and every leftover folder removed by `remove_tree`: a link planted
+  at the name is removed itself, never written through nor emptied.
 """
 
 import contextlib
@@ -69,12 +72,38 @@ def link_or_copy(folder: str | os.PathLike, target: str | os.PathLike, names=Non
             shutil.copy2(source.resolve(), destination)
 
 
+# How `open_new` opens each mode: "w" creates a new file (whatever had the name, a hard link included, is unlinked
+# first); "a" appends to a regular file; "a+" also reads it (a lock file). None of them opens a link.
+_OPEN_FLAGS = {"w": os.O_WRONLY | os.O_CREAT | os.O_EXCL, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+               "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND}
+
+
+def open_new(path: str | os.PathLike, mode: str = "w", encoding: str = "utf-8"):
+    """Opens `path` to write ("w", "a", "a+"; with "b" for bytes), never through a link: a link at `path` is removed
+    (the link itself, never what it leads to), "w" unlinks any file there and creates a new one, and the open uses
+    O_NOFOLLOW (and O_EXCL for "w"), so a link planted in between is refused, never followed."""
+    flags = _OPEN_FLAGS[mode.replace("b", "")] | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.islink(path) or (mode.startswith("w") and not os.path.isdir(path)):
+            os.unlink(path)
+    fd = os.open(path, flags, 0o666)
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding}))
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Removes the folder `path` and everything in it, or only the link if `path` is one (shutil.rmtree refuses a
+    link, and with ignore_errors leaves it for the next write to follow); nothing there is fine."""
+    if os.path.islink(path):
+        os.unlink(path)
+    elif os.path.exists(path):
+        shutil.rmtree(path)
+
+
 def staging_folder(destination: str | os.PathLike) -> Path:
     """A fresh, empty staging folder inside `destination` (created if needed); a leftover of a killed save is ours
-    to remove, nothing else is."""
+    to remove, nothing else is (a link at its name goes, never what it leads to)."""
     staged = Path(destination) / STAGING_NAME
-    if staged.exists():
-        shutil.rmtree(staged)
+    remove_tree(staged)
     staged.mkdir(parents=True)
     return staged
 
@@ -144,19 +173,24 @@ class OverlapError(ValueError):
     """A destination that would write into, over or through the folder a command reads."""
 
 
+READ_APART = "a command never writes where it reads, --overwrite included"  # refuse_overlap's reason by default
+
+
 def refuse_overlap(
-    source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None
+    source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None,
+    reason: str = READ_APART,
 ) -> None:
     """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
     (links resolved), or a destination that is itself a link. `flag_names`
-    are how the command's user spells the two (e.g. "--model_name_or_path", "--output_dir"); `who` starts the line."""
+    are how the command's user spells the two (e.g. "--model_name_or_path", "--output_dir"); `who` starts the line;
+    `reason` says why (two folders one run writes must not overlap either)."""
     try:
-        _refuse_overlap(Path(source), Path(destination), *flag_names)
+        _refuse_overlap(Path(source), Path(destination), *flag_names, reason)
     except OverlapError as error:
         raise OverlapError(f"{who}: {error}" if who else str(error)) from None
 
 
-def _refuse_overlap(source: Path, destination: Path, source_name: str, destination_name: str) -> None:
+def _refuse_overlap(source: Path, destination: Path, source_name: str, destination_name: str, reason: str) -> None:
     if destination.is_symlink():  # a link higher up the path is resolved below, like any path (macOS's /tmp is one)
         raise OverlapError(
             f"{destination_name} {os.fspath(destination)!r} is a link (to {str(destination.resolve())!r}); a command "
@@ -173,8 +207,8 @@ def _refuse_overlap(source: Path, destination: Path, source_name: str, destinati
     else:
         return
     raise OverlapError(
-        f"{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; a command "
-        f"never writes where it reads, --overwrite included: choose a {destination_name} outside {source_name}."
+        f"{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; {reason}: "
+        f"choose a {destination_name} outside {source_name}."
     )
 
 
@@ -221,7 +255,7 @@ def record_written(destination: str | os.PathLike, writer: str, files) -> None:
     path = Path(destination) / MANIFEST_NAME
     temporary = path.with_name(f"{MANIFEST_NAME}.new")
     try:
-        with open(temporary, "w", encoding="utf-8") as f:
+        with open_new(temporary) as f:
             json.dump({"writer": writer, "files": sorted(files)}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())

@@ -33,7 +33,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_tinytx import TinyTxConfig
-from .folders import STAGING_NAME, fsync_dir, is_disk_full, refuse_overlap
+from .folders import STAGING_NAME, fsync_dir, is_disk_full, open_new, refuse_overlap
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
 from .tokenization import adds_bos
@@ -352,6 +352,7 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
     # One file renamed over another: no staging folder to `publish` from, only the name of one, beside the file.
     staged = destination.with_name(f".{destination.name}{STAGING_NAME}")
     try:
+        open_new(staged, "wb").close()  # a file of ours at the name (a link there removed) for the writer to fill
         writer.write_header_to_file(path=staged)
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

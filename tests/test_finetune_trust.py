@@ -91,6 +91,9 @@ def straight(root) -> Path:
         pushed = hub.repo_files("tester/straight")
         token = hub.token
     succeeded(result)
+    warning = "finetune.py: warning: --hub_token puts the token on the command line"  # once, naming the safe ways
+    assert [line for line in result.stderr.splitlines() if line.startswith(warning) and "HF_TOKEN" in line
+            and "hf auth login" in line] != [] and result.stderr.count(warning) == 1, describe(result)
     assert "model.safetensors" in pushed and ".lock" not in pushed
     written = [path for path in (root / "straight").rglob("*") if path.is_file()]
     assert any(path.name == "training_args.bin" for path in written)

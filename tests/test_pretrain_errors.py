@@ -45,8 +45,32 @@ def output_dir_holding_an_earlier_run(folder):
     return []
 
 
+def text_with_a_bad_byte_past_64_kib(folder, bad: bytes):
+    """Before, the check read the first 64 KiB: NUL bytes after them trained (exit 0), a bad UTF-8 byte failed
+    inside `datasets` with no line named."""
+    lines = "".join(f"document {i} is about the quick brown fox, café\n" for i in range(2000)).encode()
+    assert len(lines) > 1 << 16 and lines.count(b"\n") == 2000
+    (folder / "data.txt").write_bytes(lines + b"the end of " + bad + b" it\n")
+    return ["--train_file", folder / "data.txt"]
+
+
+def nul_bytes_past_64_kib(folder):
+    return text_with_a_bad_byte_past_64_kib(folder, b"\x00\x00")
+
+
+def bad_utf8_past_64_kib(folder):
+    return text_with_a_bad_byte_past_64_kib(folder, "café".encode("latin-1"))
+
+
+def model_config_with_a_typo(folder):
+    """Before: "num_hidden_layer": 6 trained the default depth and was copied into config.json."""
+    (folder / "model.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layer": 6}))
+    return ["--model_config", folder / "model.json"]
+
+
 CASES = [empty_dataset_file, missing_file, missing_text_column, block_size_beyond_the_context,
-         output_dir_under_a_file, output_dir_holding_an_earlier_run]
+         output_dir_under_a_file, output_dir_holding_an_earlier_run, nul_bytes_past_64_kib, bad_utf8_past_64_kib,
+         model_config_with_a_typo]
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +130,14 @@ def test_output_dir_holding_an_earlier_run(refusals):
     folder, result = refusals["output_dir_holding_an_earlier_run"]
     assert_clean_failure(result, "already holds an earlier run", "--overwrite_output_dir")
     assert os.listdir(folder / "out") == ["config.json"]
+
+
+@pytest.mark.parametrize("case, phrases", [
+    ("nul_bytes_past_64_kib", ["data.txt, line 2001: a NUL byte", "binary file"]),
+    ("bad_utf8_past_64_kib", ["data.txt, line 2001: not UTF-8 text (byte 0xe9)", "save the file as UTF-8"]),
+    ("model_config_with_a_typo", ["model.json: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?)"]),
+])
+def test_bad_bytes_anywhere_in_a_text_file_and_a_typo_in_the_model_config(refusals, case, phrases):
+    folder, result = refusals[case]
+    assert_clean_failure(result, *phrases)
+    assert not (folder / "out").exists()

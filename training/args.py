@@ -346,6 +346,15 @@ def check_hub_timeout(hub_timeout: float) -> None:
         raise UserInputError(f"--hub_timeout must be a positive number of seconds, got {hub_timeout}.")
 
 
+def warn_if_token_in_argv(argv: list[str], script: str) -> None:
+    """--hub_token still works, but a command line is readable by every user of the machine (ps, /proc/PID/cmdline)
+    for the whole run: said once, by the first process, before anything else."""
+    if os.environ.get("RANK", "0") == "0" and any(arg.split("=")[0] == "--hub_token" for arg in argv):
+        sys.stderr.write(f"{script}: warning: --hub_token puts the token on the command line, where other users of "
+                         f"this machine can read it while the run lasts; set HF_TOKEN or run `hf auth login` "
+                         f"instead.\n")
+
+
 def env_flag(name: str) -> bool:
     """A yes/no setting from the environment, as `accelerate launch` writes its config there (ACCELERATE_USE_FSDP)."""
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")

@@ -26,7 +26,7 @@ import re
 import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full
+from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, open_new, remove_tree
 
 from .errors import RunError, UserInputError
 
@@ -76,8 +76,8 @@ def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: in
     beside the weights, so that --init_from can start a new run from any checkpoint."""
     final = os.path.join(checkpoints_dir, f"step_{state.step}")
     temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}step_{state.step}")
-    if accelerator.is_main_process and os.path.exists(temporary):
-        shutil.rmtree(temporary)  # left by a run killed while saving this step
+    if accelerator.is_main_process:
+        remove_tree(temporary)  # left by a run killed while saving this step (or a link planted at its name)
     accelerator.wait_for_everyone()
     with disk_space_guard(temporary, checkpoints_dir):
         accelerator.save_state(temporary)  # model (safetensors), optimizer, scheduler, RNG of every process
@@ -416,7 +416,7 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
     os.makedirs(checkpoints_dir, exist_ok=True)
     final = os.path.join(checkpoints_dir, TOKENIZER_DIR)
     temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}{TOKENIZER_DIR}")
-    shutil.rmtree(temporary, ignore_errors=True)
+    remove_tree(temporary)
     with disk_space_guard(temporary, checkpoints_dir):
         tokenizer.save_pretrained(temporary)
         fsync_tree(temporary)
@@ -468,5 +468,5 @@ def read_json(path: str) -> dict:
 
 
 def write_json(path: str, values: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with open_new(path) as f:
         json.dump(values, f, indent=1, sort_keys=True)

@@ -15,7 +15,7 @@ import sys
 import torch
 from huggingface_hub import ModelCard
 
-from hf_tinytx.folders import STAGING_NAME, publish, regular_files, staging_folder
+from hf_tinytx.folders import STAGING_NAME, publish, regular_files, remove_tree, staging_folder
 
 from . import cards
 from .args import write_args_json
@@ -96,7 +96,7 @@ def push_checkpoint(pusher, model, state_dict, tokenizer, log, checkpoints_dir: 
     code, tokenizer, card) without the optimizer and RNG state. The pusher snapshots the folder by hard links before
     returning, so our copy can go at once and pruning old checkpoints never pulls files from under an upload."""
     folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
-    shutil.rmtree(folder, ignore_errors=True)  # left by a run killed while exporting this step
+    remove_tree(folder)  # left by a run killed while exporting this step
     card = cards.checkpoint_card(pusher.repo_id, step, log.last("loss"))
     try:
         write_model_folder(folder, model, state_dict, tokenizer, card, log.rows, training_record, "2GB")

@@ -31,7 +31,6 @@ with 128 + the signal's number and one line saying how to resume; only a finishe
 import contextlib
 import json
 import os
-import shutil
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ if __name__ == "__main__":
 from .args import build_parser, hub_repo_id, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
 from .errors import UserInputError  # noqa: E402
 from .finetune_args import (  # noqa: E402
-    FinetuneArguments, check_args, model_source, output_dir_flags, preflight,
+    WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags, preflight,
 )
 from .sft_records import has_chat, read_records  # noqa: E402
 
@@ -74,15 +73,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, STAGING_NAME, OverlapError, UnsafeLinkError, record_written, refuse_overlap, regular_files,
-    remove_written, writing_into, written_before,
+    MANIFEST_NAME, STAGING_NAME, open_new, record_written, regular_files, remove_tree, remove_written, writing_into,
+    written_before,
 )
 from hf_tinytx.quiet import quiet_notices
 
 from . import cards, checkpoints, cpu_memory, distributed
 from .errors import RunError
 from .hub import HubPusher, push_final
-from .output_dir import refuse_earlier_run, release_lock, remove_checkpoints, take_lock
+from .output_dir import refuse_earlier_run, refuse_links_out, release_lock, remove_checkpoints, take_lock
 from .sft_data import build_examples, ensure_chat_template, pad_collator
 
 
@@ -90,7 +89,6 @@ RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # 
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
 # In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
 CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
-WRITER = "tinytx finetune"  # its name in the record of the files it wrote into a folder (hf_tinytx.folders)
 
 
 def main(argv=None):
@@ -129,6 +127,7 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
     validation_records = read_records(args.validation_file) if args.validation_file else []
     tokenizer = load_base_model_tokenizer(args, chat=has_chat(train_records + validation_records))
     model = load_model(args)
+    check_vocabulary(model, tokenizer, args.model_name_or_path)
     if training_args.device.type == "cpu":
         speed_up_cpu_training(model)
     train_dataset, eval_dataset, max_seq_length = build_datasets(args, tokenizer, model, train_records,
@@ -199,17 +198,7 @@ class Destinations:
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
     """Where the run writes, checked for links out; Trainer is pointed at checkpoints/'s staging folder, kept from the
     Hub and from the token (it pickles its arguments into every checkpoint's training_args.bin)."""
-    output_dir = os.path.abspath(training_args.output_dir)
-    merged_dir = os.path.abspath(args.merged_output_dir or os.path.join(output_dir, "merged"))
-    if os.path.isdir(args.model_name_or_path):  # the base model is read, never written over
-        for flag, folder in (("--output_dir", output_dir), ("--merged_output_dir", merged_dir)):
-            try:
-                refuse_overlap(args.model_name_or_path, folder, ("--model_name_or_path", flag))
-            except OverlapError as error:
-                raise UserInputError(str(error)) from None
-    for folder in (output_dir, merged_dir):
-        if os.path.isdir(folder):
-            refuse_links_out(folder)  # saving would write through such a link, and the push would read it
+    output_dir, merged_dir = check_destinations(args, training_args)  # links out of either refused there too
     # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
     hub_model_id = hub_repo_id(training_args.hub_model_id, training_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
@@ -232,7 +221,7 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
     refuse_earlier_run(where.output_dir, output_dir_flags(args, training_args))
     if args.overwrite_output_dir:
         remove_checkpoints(where.checkpoints_dir)
-    shutil.rmtree(where.checkpoint_staging, ignore_errors=True)  # a killed save's partial checkpoint: never resumable
+    remove_tree(where.checkpoint_staging)  # a killed save's partial checkpoint (never resumable), or a planted link
     return lock
 
 
@@ -428,6 +417,18 @@ def load_model(args: FinetuneArguments):
     return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
 
 
+def check_vocabulary(model, tokenizer, name: str) -> None:
+    """A tokenizer with ids past the model's embedding fails mid-training (an index error inside the first step);
+    refused now, before the output folder is touched."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise UserInputError(
+            f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+            f"{rows} rows; save the tokenizer the model was trained with into the folder, or grow the model first "
+            f"(model.resize_token_embeddings(len(tokenizer)); model.save_pretrained(folder))."
+        )
+
+
 def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
     from peft import LoraConfig, get_peft_model
 
@@ -507,16 +508,8 @@ def write_card(folder: str, staged, kind: str, facts: dict, where: Destinations)
     cards.finetuned_card(context).save(os.path.join(staged, "README.md"))
 
 
-def refuse_links_out(folder: str) -> list[str]:
-    """The folder's files (`regular_files`); a link in it that leads out of it is a one-line error."""
-    try:
-        return regular_files(folder)
-    except UnsafeLinkError as error:
-        raise UserInputError(str(error)) from None
-
-
 def write_json(path: str | os.PathLike, values: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with open_new(path) as f:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
 
 

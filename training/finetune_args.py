@@ -12,14 +12,15 @@ import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag
+from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag, warn_if_token_in_argv
 from .errors import UserInputError
 from .light_library import sources
-from .output_dir import check_output_dir
+from .output_dir import check_output_dir, check_second_destination, refuse_overlap
 from .sft_records import read_records
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+WRITER = "tinytx finetune"  # its name in the record of the files it wrote into a folder (hf_tinytx.folders)
 
 
 @dataclass
@@ -79,12 +80,13 @@ def preflight(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         return  # the full help lists Trainer's flags too, so parse_args answers it
+    warn_if_token_in_argv(argv, "finetune.py")
     parser = build_parser((FinetuneArguments, EarlyTrainerFlags))
     args, trainer_flags, _ = parser.parse_args_into_dataclasses(
         args=argv, return_remaining_strings=True, look_for_args_file=False
     )  # the rest are Trainer's flags, or typos that parse_args names
     check_args(args, trainer_flags)
-    check_output_dir(os.path.abspath(trainer_flags.output_dir), output_dir_flags(args, trainer_flags))
+    check_destinations(args, trainer_flags)
     model_source(args.model_name_or_path)
     for path in filter(None, (args.train_file, args.validation_file)):
         read_records(path)
@@ -115,6 +117,23 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
         )
     if trainer_flags.push_to_hub:
         check_hub_repo_id(trainer_flags.hub_model_id, trainer_flags.output_dir)
+
+
+def check_destinations(args: FinetuneArguments, trainer_flags) -> tuple[str, str]:
+    """(output folder, merged folder), absolute, each refused before anything is written if it is the base model's
+    folder, inside or above it, or would lose a run or another's model (training/output_dir.py)."""
+    output_dir = os.path.abspath(trainer_flags.output_dir)
+    default_merged = os.path.join(output_dir, "merged")
+    merged_dir = os.path.abspath(args.merged_output_dir) if args.merged_output_dir else default_merged
+    written = [("--output_dir", output_dir)] + ([("--merged_output_dir", merged_dir)] if args.merge else [])
+    if os.path.isdir(args.model_name_or_path):  # the base model is read, never written over
+        for flag, folder in written:
+            refuse_overlap(args.model_name_or_path, folder, ("--model_name_or_path", flag))
+    flags = output_dir_flags(args, trainer_flags)
+    check_output_dir(output_dir, flags)
+    if args.merge:
+        check_second_destination(merged_dir, "--merged_output_dir", output_dir, flags, WRITER, default_merged)
+    return output_dir, merged_dir
 
 
 def output_dir_flags(args: FinetuneArguments, trainer_flags) -> SimpleNamespace:

@@ -1,7 +1,8 @@
-"""hf_tinytx/sources.py for the checks the scripts run before torch loads: the library's own definitions, read early.
+"""hf_tinytx/sources.py and folders.py for the checks the scripts run before torch loads: the library's own
+definitions, read early.
 
 `import hf_tinytx.sources` runs hf_tinytx/__init__.py first, which registers the model with transformers and so loads
-torch (~7 s), and the scripts refuse bad input before that. The module needs neither, so it is loaded from its file
+torch (~7 s), and the scripts refuse bad input before that. Neither module needs them, so each is loaded from its file
 on its own; once hf_tinytx has been imported, its copy is used instead.
 """
 
@@ -22,3 +23,4 @@ def _load(name: str):
 
 
 sources = _load("sources")
+folders = _load("folders")  # the folder rules the output folder's checks share with convert

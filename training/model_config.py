@@ -2,6 +2,7 @@
 by building it on PyTorch's "meta" device (no memory) before anything is written."""
 
 import copy
+import difflib
 import os
 
 import torch
@@ -37,6 +38,7 @@ def load_model_config(model_args):
         path = config_file_path(model_args)
         values = {key: value for key, value in read_config_file(path).items() if not key.startswith("_")}
         config = _build("tinytx", values, path)
+        refuse_unknown_keys(config, values, path)
     changes = {name: getattr(model_args, name) for name in OVERRIDES if getattr(model_args, name) is not None}
     if not changes:
         return config
@@ -55,6 +57,23 @@ def _build(model_type: str, values: dict, source: str):
         return AutoConfig.for_model(model_type, **values)
     except (ValueError, TypeError) as error:
         raise UserInputError(f"{source}: {error}") from None
+
+
+def refuse_unknown_keys(config, values: dict, path: str) -> None:
+    """A key the config keeps only as a stray attribute is a typo (`num_hidden_layer` would train the default depth
+    and land in config.json): refused with the nearest field. Keys the config takes in (legacy names such as
+    `rope_theta` become `rope_parameters`) are not in its dict under their own name, so they pass."""
+    known = type(config)().to_dict()
+    stored = config.to_dict()
+    unknown = [key for key in values if key not in known and key in stored]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UserInputError(
+            f"--model_config {path}: unknown key {key!r}{hint}; {type(config).__name__} has no such field, so fix or "
+            f"remove it (the fields: training/configs/model-tiny.json)."
+        )
 
 
 def check_model_builds(config, attn_implementation: str, num_processes: int) -> None:

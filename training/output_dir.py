@@ -7,38 +7,76 @@ killed run never leaves the folder stuck, and a second run on the same folder is
 import contextlib
 import fcntl
 import os
-import shutil
 
 from .errors import UserInputError
+from .light_library import folders
 
 
 LOCK_FILE = ".lock"
 # Names an export writes; an output folder holding some of them already holds an exported model.
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 # What else marks an earlier run: its checkpoints, pretrain's log, finetune's LoRA adapter and arguments.
-RUN_FILES = (*MODEL_FILES, "checkpoints", "metrics.jsonl", "adapter_config.json", "finetune_args.json")
+TRAINING_FILES = ("checkpoints", "metrics.jsonl", "adapter_config.json", "finetune_args.json")
+RUN_FILES = (*MODEL_FILES, *TRAINING_FILES)
 
 
-def check_output_dir(output_dir: str, train_args) -> None:
-    """Fails early (nothing written yet) when the output folder cannot be written, is in use, or would lose a run."""
+def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") -> None:
+    """Fails early (nothing written yet) when the output folder cannot be written, is in use, or would lose a run.
+    `flag`: the option that named the folder, for the message."""
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise UserInputError(f"--output_dir {output_dir} is a file; choose a folder path.")
+        raise UserInputError(f"{flag} {output_dir} is a file; choose a folder path.")
     ancestor = output_dir
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK):
         raise UserInputError(
-            f"--output_dir {output_dir} cannot be created: {ancestor} is "
-            f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another --output_dir."
+            f"{flag} {output_dir} cannot be created: {ancestor} is "
+            f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another {flag}."
         )
     if not os.path.isdir(output_dir):
         return
+    refuse_links_out(output_dir)  # a save or the lock would write through such a link, and a push read it
     if os.environ.get("RANK", "0") == "0":  # one process asks; the others would only race with it
-        refuse_if_locked(output_dir)
-    refuse_earlier_run(output_dir, train_args)
+        refuse_if_locked(output_dir, flag)
+    refuse_earlier_run(output_dir, train_args, flag)
 
 
-def refuse_earlier_run(output_dir: str, train_args) -> None:
+def refuse_links_out(folder: str) -> list[str]:
+    """The folder's files (hf_tinytx.folders.regular_files); a link in it that leads out of it is a one-line error."""
+    try:
+        return folders.regular_files(folder)
+    except folders.UnsafeLinkError as error:
+        raise UserInputError(str(error)) from None
+
+
+def check_second_destination(folder: str, flag: str, output_dir: str, train_args, writer: str, default: str) -> None:
+    """A folder a run writes besides --output_dir (finetune's --merged_output_dir) gets the output folder's checks,
+    lies apart from it (unless it is the `default` sub-folder), and holds no other run nor another's model:
+    --overwrite_output_dir replaces only what `writer` recorded writing there (hf_tinytx.folders' record)."""
+    if folder != default:
+        refuse_overlap(output_dir, folder, ("--output_dir", flag), "the folders one run writes never overlap")
+    if os.path.isdir(folder):
+        run = sorted(set(os.listdir(folder)) & set(TRAINING_FILES))
+        if run:
+            raise UserInputError(f"{flag} {folder} holds a training run ({', '.join(run)}), which a merged model "
+                                 f"would replace; choose another {flag}.")
+        model = [name for name in folders.others_files(folder, writer) if folders.would_replace(name, ())]
+        if model:
+            raise UserInputError(f"{flag} {folder} holds a model that {writer} did not write ({', '.join(model)}); "
+                                 f"--overwrite_output_dir replaces only a fine-tune's own files: choose another "
+                                 f"{flag}, or move that model away first.")
+    check_output_dir(folder, train_args, flag)
+
+
+def refuse_overlap(source: str, destination: str, flag_names: tuple[str, str], reason: str = folders.READ_APART):
+    """hf_tinytx.folders.refuse_overlap as a UserInputError: `destination` neither `source`, inside nor above it."""
+    try:
+        folders.refuse_overlap(source, destination, flag_names, reason=reason)
+    except folders.OverlapError as error:
+        raise UserInputError(str(error)) from None
+
+
+def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") -> None:
     """A folder holding an earlier run is taken only to resume it or, said so, to replace it. Asked again once the
     lock is held: a run that finished between the first check and the lock is not overwritten."""
     if train_args.resume_from_checkpoint or not os.path.isdir(output_dir):
@@ -46,7 +84,7 @@ def refuse_earlier_run(output_dir: str, train_args) -> None:
     earlier_run = sorted(set(os.listdir(output_dir)) & set(RUN_FILES))
     if earlier_run and not train_args.overwrite_output_dir:
         raise UserInputError(
-            f"--output_dir {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
+            f"{flag} {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
             f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new "
             f"folder."
         )
@@ -54,29 +92,29 @@ def refuse_earlier_run(output_dir: str, train_args) -> None:
     # afresh with training, and the export replaces the old model files; anything else in the folder is kept.
 
 
-def refuse_if_locked(output_dir: str) -> None:
+def refuse_if_locked(output_dir: str, flag: str = "--output_dir") -> None:
     """Asks, without writing, whether a living run holds the folder (a shared lock fails only against its lock)."""
     path = os.path.join(output_dir, LOCK_FILE)
-    if not os.path.isfile(path):
-        return
+    if os.path.islink(path) or not os.path.isfile(path):
+        return  # a link is no lock of a run's (take_lock replaces it)
     with open(path, encoding="utf-8") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise in_use(output_dir, handle.read().strip()) from None
+            raise in_use(output_dir, handle.read().strip(), flag) from None
 
 
-def in_use(output_dir: str, holder: str) -> UserInputError:
+def in_use(output_dir: str, holder: str, flag: str = "--output_dir") -> UserInputError:
     return UserInputError(
-        f"--output_dir {output_dir} is in use by another training run (process {holder or 'unknown'}); wait for it "
-        f"to finish, or choose another --output_dir."
+        f"{flag} {output_dir} is in use by another training run (process {holder or 'unknown'}); wait for it "
+        f"to finish, or choose another {flag}."
     )
 
 
 def take_lock(output_dir: str):
     """Creates the folder if needed and locks it for this process; refuses when another run holds it."""
     os.makedirs(output_dir, exist_ok=True)
-    handle = open(os.path.join(output_dir, LOCK_FILE), "a+", encoding="utf-8")
+    handle = folders.open_new(os.path.join(output_dir, LOCK_FILE), "a+")  # a link there is replaced, not followed
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -103,4 +141,4 @@ def release_lock(handle, output_dir: str) -> None:
 
 def remove_checkpoints(checkpoints_dir: str) -> None:
     """--overwrite_output_dir: the earlier run's checkpoints go, once every input check has passed."""
-    shutil.rmtree(checkpoints_dir, ignore_errors=True)
+    folders.remove_tree(checkpoints_dir)

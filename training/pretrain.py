@@ -43,18 +43,19 @@ if __name__ == "__main__":
 from .cluster import lone_process_problem
 from .args import (
     DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
-    planned_by_clock,
+    planned_by_clock, warn_if_token_in_argv,
 )
 from .errors import RunError, UserInputError
 from .config_file import config_file_path, read_config_file
 from .data_files import local_data_files
-from .output_dir import check_output_dir, release_lock, remove_checkpoints, take_lock
+from .output_dir import check_output_dir, refuse_overlap, release_lock, remove_checkpoints, take_lock
 
 
 if __name__ == "__main__":
     # The flags, the output folder, the model's config file and the data files first, before torch and transformers
     # load (~7 s on a small CPU): a typo, --help, a folder holding an earlier run, a broken config or a wrong path is
     # answered at once. main() checks them again, which costs nothing.
+    warn_if_token_in_argv(sys.argv[1:], "pretrain.py")
     try:
         early_model_args, early_data_args, early_train_args = parse_args()
         if lone_process_problem():
@@ -249,14 +250,9 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
 def refuse_writing_where_read(model_args, output_dir: str) -> None:
     """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir would
     otherwise remove its checkpoints, and the export replace its model)."""
-    from hf_tinytx.folders import OverlapError, refuse_overlap
-
     for flag, folder in (("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name)):
         if folder and os.path.isdir(folder):
-            try:
-                refuse_overlap(folder, output_dir, (flag, "--output_dir"))
-            except OverlapError as error:
-                raise UserInputError(str(error)) from None
+            refuse_overlap(folder, output_dir, (flag, "--output_dir"))
 
 
 def start_accelerator(model_args, train_args, output_dir: str, model_config, sharding: str | None):

@@ -9,6 +9,8 @@ last one is damage no append makes, and stops the resume with the file and line 
 import json
 import os
 
+from hf_tinytx.folders import open_new
+
 from .errors import RunError
 
 
@@ -25,7 +27,7 @@ class RunLog:
             self.rows = [row for row in rows if row["step"] <= resumed_step and not row.get("final")]
         if self.accelerator.is_main_process:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(self.path + ".tmp", "w", encoding="utf-8") as f:
+            with open_new(self.path + ".tmp") as f:  # a link at either name is replaced, never written through
                 f.writelines(json.dumps(row) + "\n" for row in self.rows)
             os.replace(self.path + ".tmp", self.path)
 
@@ -52,7 +54,7 @@ class RunLog:
         self.rows.append(row)
         self.accelerator.log({k: v for k, v in row.items() if k not in ("step", "final")}, step=row["step"])
         if self.accelerator.is_main_process:
-            with open(self.path, "a", encoding="utf-8") as f:
+            with open_new(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
     def last(self, key: str):

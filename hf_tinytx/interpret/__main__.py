@@ -9,9 +9,11 @@ folder or a Hub id; add --trust_remote_code for a checkpoint that carries its ow
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from ..folders import OverlapError, open_new, refuse_overlap
 from ..quiet import quiet_notices
 from ..sources import local_folder_or_hub_id
 from .attention_maps import attention_maps, save_attention_maps
@@ -55,6 +57,11 @@ def main(argv=None) -> int:
     parser.add_argument("--dpi", type=int, default=100)
     args = parser.parse_args(argv)
     quiet_notices()
+    if os.path.isdir(args.model):  # the PNGs and heads.json never land in (or around) the model they read
+        try:
+            refuse_overlap(args.model, args.out, ("MODEL", "--out"), "interpret", "it never writes where it reads")
+        except OverlapError as error:
+            raise SystemExit(f"error: {error}") from None
 
     model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code)
     maps = attention_maps(model, tokenizer, args.text)
@@ -77,7 +84,8 @@ def main(argv=None) -> int:
             print(f"{'':<16} (on induction an even spread scores {report['induction_baseline']:.3f})")
         for role, heads in found.items():
             print(f"{role:<16} " + ", ".join(f"{h.layer}.{h.head}: {h.score:.3f}" for h in heads))
-    Path(args.out, "heads.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    with open_new(Path(args.out, "heads.json")) as f:
+        f.write(json.dumps(report, indent=2, ensure_ascii=False))
     return 0
 
 

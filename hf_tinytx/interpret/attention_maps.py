@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..folders import open_new
+
 
 @dataclass
 class AttentionMaps:
@@ -156,7 +158,8 @@ def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, d
                 )
             fig = render_attention_map(maps.weights[layer, head], maps.tokens, f"layer {layer}, head {head}", dpi=dpi)
             path = out_dir / f"layer{layer}_head{head}.png"
-            fig.savefig(path, dpi=dpi)
+            with open_new(path, "wb") as f:  # a link at the name is replaced, never written through
+                fig.savefig(f, format="png", dpi=dpi)
             paths.append(path)
     return paths
 
