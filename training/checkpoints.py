@@ -298,7 +298,8 @@ def load_partitioned_weights(model, folder: str) -> None:
 
 class deepspeed_reads_weights_only:
     """DeepSpeed's zero_to_fp32 loads every state file with torch.load(weights_only=False): while this is entered,
-    torch.load there reads through `load_weights_only` (tensors, plain containers, DeepSpeed's allow-listed classes)."""
+    torch.load there reads through `load_weights_only` (tensors, plain containers, DeepSpeed's allow-listed
+    classes)."""
 
     def __enter__(self):
         import deepspeed.utils.zero_to_fp32 as consolidation
