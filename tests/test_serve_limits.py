@@ -19,8 +19,9 @@ import openai
 import pytest
 
 from tests.helpers.tiny import build_tiny_model, pretrain_env, run_side_by_side
-from tests.test_serve import COMPLETION_PROMPT, LAUNCHER, MAX_TOKENS, READY_TIMEOUT_S, Server, greedy_text
-from tests.test_serve import folders as serve_folders  # noqa: F401  (the "folders" fixture: pytest finds it here)
+from tests.test_serve import (
+    COMPLETION_PROMPT, LAUNCHER, MAX_TOKENS, READY_TIMEOUT_S, Server, greedy_text, train_tiny_chat_model,
+)
 
 
 CAP = 50_000  # the "any" server's --max_tokens_cap
@@ -30,12 +31,22 @@ CONTEXT = 128  # the chat folder's max_position_embeddings (tests/helpers/tiny.p
 
 
 @pytest.fixture(scope="module")
-def long_folder(folders, tmp_path_factory):
+def chat_folder(tmp_path_factory):
+    """tests/test_serve.py's tiny model that learned to end its replies with EOS, with its chat template."""
+    model, tokenizer = train_tiny_chat_model()
+    folder = tmp_path_factory.mktemp("serve_limits_models") / "tinytx-chat"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def long_folder(chat_folder, tmp_path_factory):
     """A model that never stops by itself: random weights, no EOS, a context of 65536, the chat folder's tokenizer."""
     from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("serve_long") / "tinytx-long"
-    tokenizer = AutoTokenizer.from_pretrained(folders["chat"])
+    tokenizer = AutoTokenizer.from_pretrained(chat_folder)
     model = build_tiny_model(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                              max_position_embeddings=1 << 16, eos_token_id=None)
     model.generation_config.eos_token_id = None
@@ -147,9 +158,9 @@ def assert_openai_400(status: int, reply: dict, param: str | None) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_COMPLETIONS, ids=list(BAD_COMPLETIONS))
-def test_a_bad_completion_request_is_a_400_naming_the_field(servers, folders, case):
+def test_a_bad_completion_request_is_a_400_naming_the_field(servers, chat_folder, case):
     fields, param = BAD_COMPLETIONS[case]
-    body = {k: v for k, v in {"model": str(folders["chat"]), "prompt": COMPLETION_PROMPT, **fields}.items()
+    body = {k: v for k, v in {"model": str(chat_folder), "prompt": COMPLETION_PROMPT, **fields}.items()
             if v is not None}
     message = assert_openai_400(*post(servers["any"], "/v1/completions", body), param)
     if case == "max_tokens over the context":
@@ -170,28 +181,28 @@ BAD_CHATS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_CHATS, ids=list(BAD_CHATS))
-def test_a_bad_chat_request_is_a_400_naming_the_field(servers, folders, case):
+def test_a_bad_chat_request_is_a_400_naming_the_field(servers, chat_folder, case):
     fields, param = BAD_CHATS[case]
-    body = {"model": str(folders["chat"]), "messages": [{"role": "user", "content": "Attention lets"}], **fields}
+    body = {"model": str(chat_folder), "messages": [{"role": "user", "content": "Attention lets"}], **fields}
     assert_openai_400(*post(servers["any"], "/v1/chat/completions", body), param)
 
 
 @pytest.mark.slow
-def test_bodies_that_are_not_requests_and_unknown_models(servers, folders, tmp_path):
+def test_bodies_that_are_not_requests_and_unknown_models(servers, chat_folder, tmp_path):
     server = servers["any"]
     assert_openai_400(*post(server, "/v1/completions", b"{not json"), None)
     assert_openai_400(*post(server, "/v1/completions", [1, 2]), None)
     assert_openai_400(*post(server, "/v1/completions", {"prompt": COMPLETION_PROMPT}), "model")
     status, reply = post(server, "/v1/completions", {"model": str(tmp_path / "absent"), "prompt": "a"})
     assert status == 404 and "cannot load model" in reply["error"]["message"], reply
-    status, reply = post(server, "/v1/responses", {"model": str(folders["chat"]), "input": "a"})
+    status, reply = post(server, "/v1/responses", {"model": str(chat_folder), "input": "a"})
     assert status == 404 and "/v1/completions" in reply["error"]["message"], reply
     # the openai client turns the 400 into BadRequestError with the one-line message
     with pytest.raises(openai.BadRequestError) as raised:
-        server.client().completions.create(model=str(folders["chat"]), prompt=COMPLETION_PROMPT, max_tokens=-5)
+        server.client().completions.create(model=str(chat_folder), prompt=COMPLETION_PROMPT, max_tokens=-5)
     assert "max_tokens must be a whole number of tokens" in str(raised.value)
     # and a good request still answers as `generate` does
-    assert post(server, "/v1/completions", {"model": str(folders["chat"]), "prompt": COMPLETION_PROMPT,
+    assert post(server, "/v1/completions", {"model": str(chat_folder), "prompt": COMPLETION_PROMPT,
                                             "max_tokens": MAX_TOKENS, "temperature": 0})[0] == 200
     assert "Traceback" not in server.output(), server.output()[-5000:]
 
@@ -235,10 +246,10 @@ def test_a_client_that_leaves_stops_its_generation(servers, stream):
 
 
 @pytest.mark.slow
-def test_16_concurrent_requests_all_answer_as_generate_does(servers, folders):
+def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder):
     """16 clients at once (completions and chats, streamed or not) on one server: every answer is greedy `generate`'s
     text, and bad requests among them are still 400s."""
-    client, model = servers["any"].client(), str(folders["chat"])
+    client, model = servers["any"].client(), str(chat_folder)
 
     def one(index: int):
         stream = index % 2 == 1
@@ -258,7 +269,7 @@ def test_16_concurrent_requests_all_answer_as_generate_does(servers, folders):
         answers = list(pool.map(one, range(16)))
         bad = list(pool.map(lambda _: post(servers["any"], "/v1/completions", {"model": model, "prompt": ""}),
                             range(4)))
-    expected = {kind: greedy_text(folders["chat"], chat=kind == "chat") for kind in ("completion", "chat")}
+    expected = {kind: greedy_text(chat_folder, chat=kind == "chat") for kind in ("completion", "chat")}
     assert [text for _, text in answers] == [expected[kind] for kind, _ in answers]
     assert [status for status, _ in bad] == [400] * 4
 
