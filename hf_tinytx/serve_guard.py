@@ -221,13 +221,12 @@ def install(limits: Limits) -> None:
     from transformers.cli.serving import chat_completion, completion, server, utils
 
     class CancellableGenerateManager(utils.GenerateManager):
-        def generate_streaming(self, model, processor, inputs, gen_config, request_id, response_parser=None):
-            return super().generate_streaming(model, processor, stop_on_cancel(inputs), gen_config, request_id,
-                                              response_parser=response_parser)
+        # the rest of the arguments passed on as they come: 5.10 and 5.24 differ after `request_id`
+        def generate_streaming(self, model, processor, inputs, *args, **kwargs):
+            return super().generate_streaming(model, processor, stop_on_cancel(inputs), *args, **kwargs)
 
-        async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
-            return await super().generate_non_streaming(model, processor, stop_on_cancel(inputs), gen_config,
-                                                        request_id)
+        async def generate_non_streaming(self, model, processor, inputs, *args, **kwargs):
+            return await super().generate_non_streaming(model, processor, stop_on_cancel(inputs), *args, **kwargs)
 
     build_server = server.build_server
 

@@ -242,6 +242,8 @@ def test_a_client_that_leaves_stops_its_generation(servers, stream):
     assert after < busy / 3, f"still {after:.2f} CPU-s/s after the client left (generating: {busy:.2f})"
     # unbounded, the abandoned request would hold the model for up to the 60 s of --max_request_seconds
     next_request = short_request_seconds(server)
+    print(f"\n{'stream' if stream else 'json'}: generating {busy:.2f} CPU-s/s, after the client left {after:.2f}; "
+          f"next request {next_request:.2f} s (before: {baseline:.2f} s)")
     assert next_request < max(10 * baseline, baseline + 10), (next_request, baseline)
 
 
@@ -298,6 +300,7 @@ def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder
             stopped_in = time.monotonic() - start
     finally:
         server.stop()
+    print(f"\n{signal.Signals(signum).name}: exit {exit_status} {stopped_in:.2f} s after the signal")
     assert status == 200 and 0 < reply["usage"]["completion_tokens"] < LONG_TOKENS, reply
     assert exit_status == 128 + signum, server.output()[-3000:]
     assert stopped_in < 10, stopped_in  # measured: 0.6 s on an idle machine
