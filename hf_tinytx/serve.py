@@ -167,7 +167,11 @@ def with_limit_options(Serve, signals: StopSignals):
     params += [p.replace(kind=keyword) for p in serve_signature.parameters.values()]
     serve_command.__signature__ = serve_signature.replace(parameters=params)
     serve_command.__annotations__ = {p.name: p.annotation for p in params}
-    serve_command.__doc__ = Serve.__doc__
+    serve_command.__doc__ = (Serve.__doc__ or "") + (
+        "\n\b\nThis launcher serves /v1/completions and /v1/chat/completions with every field checked (HTTP 400), "
+        "max_tokens bounded by the context and --max_tokens_cap, and refuses /v1/responses, /v1/systemone, "
+        "/v1/audio/transcriptions and /reset (docs/serving.md)."
+    )
     return serve_command
 
 
