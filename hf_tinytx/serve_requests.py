@@ -1,0 +1,248 @@
+"""The checks `python -m hf_tinytx.serve` makes on a request body before transformers' server sees it: every field
+of `/v1/completions` and `/v1/chat/completions` has a type and a range, and a body that breaks one is answered with
+HTTP 400 and OpenAI's error shape, one line naming the field and the fix (`RequestError`). What needs the model (the
+prompt's length against the context) is checked later, in `hf_tinytx.serve_guard`, once the model is loaded.
+
+Plain Python, no FastAPI: the rules read as a table and can be tried without a server.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+class RequestError(ValueError):
+    """A request the server refuses: `status` (400 unless said), the one-line `message`, the field (`param`)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str = "invalid_request"):
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+    def body(self) -> dict:
+        """OpenAI's error shape, so that the `openai` client puts the message into its exception."""
+        error_type = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": error_type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server-wide limits the command line sets (`--max_tokens_cap`, `--max_request_seconds`)."""
+
+    max_tokens_cap: int
+    max_request_seconds: float
+    force_model: str | None = None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Each factory below returns the check of one field: check(value, limits) raises RequestError or returns.
+
+
+def number(name: str, low: float, high: float, low_open: bool = False):
+    def check(value, limits):
+        if not _number(value) or value > high or (value <= low if low_open else value < low):
+            bracket = "(" if low_open else "["
+            raise RequestError(f"{name} must be a number in {bracket}{low}, {high}], not {value!r}", name)
+
+    return check
+
+
+def integer(name: str):
+    def check(value, limits):
+        if not _integer(value):
+            raise RequestError(f"{name} must be a whole number, not {value!r}", name)
+
+    return check
+
+
+def boolean(name: str):
+    def check(value, limits):
+        if not isinstance(value, bool):
+            raise RequestError(f"{name} must be true or false, not {value!r}", name)
+
+    return check
+
+
+def string(name: str, empty_ok: bool = True):
+    def check(value, limits):
+        if not isinstance(value, str):
+            raise RequestError(f"{name} must be a string, not {type(value).__name__} {value!r}"[:300], name)
+        if not empty_ok and not value.strip():
+            raise RequestError(f"{name} is empty: send the text the model should continue", name)
+
+    return check
+
+
+def json_object(name: str):
+    def check(value, limits):
+        if not isinstance(value, dict):
+            raise RequestError(f"{name} must be a JSON object, not {value!r}"[:300], name)
+
+    return check
+
+
+def list_of_objects(name: str):
+    def check(value, limits):
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise RequestError(f"{name} must be a list of JSON objects", name)
+
+    return check
+
+
+def token_count(name: str):
+    def check(value, limits):
+        if not _integer(value) or value < 1:
+            raise RequestError(f"{name} must be a whole number of tokens, 1 or more, not {value!r}", name)
+        if value > limits.max_tokens_cap:
+            raise RequestError(
+                f"{name}={value} is over this server's cap of {limits.max_tokens_cap} tokens: ask for at most "
+                f"{limits.max_tokens_cap} (the server's --max_tokens_cap flag sets the cap)", name,
+                code="max_tokens_cap",
+            )
+
+    return check
+
+
+def neutral(name: str, neutral_value):
+    """A field transformers' server ignores: accepted only at the value that ignoring it gives."""
+
+    def check(value, limits):
+        if value != neutral_value and not (neutral_value is None and value is False):
+            raise RequestError(
+                f"{name}={value!r} is not supported by this server: leave it out (or send {neutral_value!r})", name
+            )
+
+    return check
+
+
+def check_stop(value, limits) -> None:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not 1 <= len(stops) <= MAX_STOP_STRINGS:
+        raise RequestError(f"stop must be a string or a list of 1 to {MAX_STOP_STRINGS} strings, not {value!r}",
+                           "stop")
+    for stop in stops:
+        if not isinstance(stop, str) or not stop:
+            raise RequestError(f"stop must hold non-empty strings, not {stop!r}", "stop")
+
+
+def check_generation_config(value, limits) -> None:
+    """transformers' own field: a GenerationConfig as a JSON string; its token count obeys the same cap."""
+    string("generation_config")(value, limits)
+    try:
+        config = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise RequestError(f"generation_config is not JSON ({error}): send a GenerationConfig's to_json_string()",
+                           "generation_config") from None
+    if not isinstance(config, dict):
+        raise RequestError("generation_config must be a JSON object (a GenerationConfig's fields)",
+                           "generation_config")
+    if config.get("max_new_tokens") is not None:
+        token_count("generation_config.max_new_tokens")(config["max_new_tokens"], limits)
+
+
+def check_model(value, limits) -> None:
+    string("model", empty_ok=False)(value, limits)
+    if limits.force_model is not None and value != limits.force_model:
+        raise RequestError(f"this server serves only {limits.force_model!r}, not {value!r}: leave model out or name "
+                           f"{limits.force_model!r}", "model", code="model_not_found")
+
+
+def check_messages(value, limits) -> None:
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages must be a non-empty list of {'role': ..., 'content': ...} objects", "messages")
+    for index, message in enumerate(value):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not message["role"]:
+            raise RequestError(f"{where} must be an object with a 'role' string and a 'content'", where)
+        content = message.get("content")
+        if content is None and message.get("tool_calls"):
+            continue
+        if isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise RequestError(f"{where}.content holds {str(part)[:80]}: this model reads text only, send "
+                                       "parts of the form {'type': 'text', 'text': '...'}", where)
+        elif not isinstance(content, str):
+            raise RequestError(f"{where}.content must be a string or a list of text parts, not {content!r}"[:300],
+                               where)
+
+
+# field -> its check; a field absent here is refused by name (transformers' server refuses it too, with a 422)
+COMMON = {
+    "model": check_model,
+    "max_tokens": token_count("max_tokens"),
+    "temperature": number("temperature", 0, 2),
+    "top_p": number("top_p", 0, 1, low_open=True),
+    "frequency_penalty": number("frequency_penalty", -2, 2),
+    "presence_penalty": neutral("presence_penalty", 0),
+    "stream": boolean("stream"),
+    "stream_options": json_object("stream_options"),
+    "seed": integer("seed"),
+    "stop": check_stop,
+    "n": neutral("n", 1),
+    "logprobs": neutral("logprobs", None),
+    "user": string("user"),
+    "generation_config": check_generation_config,
+}
+FIELDS = {
+    COMPLETIONS: {
+        **COMMON,
+        "prompt": string("prompt", empty_ok=False),
+        "suffix": string("suffix"),
+        "echo": neutral("echo", False),
+        "best_of": neutral("best_of", 1),
+    },
+    CHAT: {
+        **COMMON,
+        "messages": check_messages,
+        "max_completion_tokens": token_count("max_completion_tokens"),
+        "chat_template_kwargs": json_object("chat_template_kwargs"),
+        "tools": list_of_objects("tools"),
+    },
+}
+REQUIRED = {COMPLETIONS: "prompt", CHAT: "messages"}
+
+
+def parse_request(path: str, raw: bytes, limits: Limits) -> dict:
+    """The body of a request to `path` (COMPLETIONS or CHAT) as a dict, every field checked; else RequestError."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestError(f"the request body is not JSON ({error}): send a JSON object") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, not {type(body).__name__}")
+    fields, required = FIELDS[path], REQUIRED[path]
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r} for {path}: this server accepts {', '.join(sorted(fields))}",
+                           unknown[0], code="unknown_field")
+    if body.get(required) is None:
+        raise RequestError(f"{required} is missing: {path} needs one", required)
+    if body.get("model") is None and limits.force_model is None:
+        raise RequestError("model is missing: this server loads the model each request names", "model")
+    for name, value in body.items():
+        if value is not None:
+            fields[name](value, limits)
+    return body
+
+
+def requested_tokens(body: dict) -> tuple[str, int] | None:
+    """(field, tokens) the request asks for, in the order transformers' server reads them, or None."""
+    config = json.loads(body["generation_config"]) if body.get("generation_config") else {}
+    for name, value in (("max_completion_tokens", body.get("max_completion_tokens")),
+                        ("max_tokens", body.get("max_tokens")),
+                        ("generation_config.max_new_tokens", config.get("max_new_tokens"))):
+        if value is not None:
+            return name, value
+    return None
