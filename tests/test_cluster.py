@@ -1,8 +1,9 @@
 """Training on a cluster, played on one host: two "nodes" of one CPU process each (gloo on 127.0.0.1), launched by
 the recipes users run (the SLURM batch script under a stand-in srun, the Kubernetes Job's container command,
-`accelerate launch` on two machines), and every node fault injected from outside: a frozen worker (SIGSTOP), a launcher killed
-alone (kill -9 of torchrun's agent), SIGTERM, node-local folders, launches that would train alone. Each run is
-compared with one process training straight through with the same --total_batch_size, across epoch boundaries.
+`accelerate launch` on two machines), and every node fault injected from outside: a frozen worker (SIGSTOP), a
+launcher killed alone (kill -9 of torchrun's agent), SIGTERM, node-local folders, launches that would train alone.
+Each run is compared with one process training straight through with the same --total_batch_size, across epoch
+boundaries.
 """
 
 import json
@@ -43,8 +44,10 @@ def free_port() -> int:
 
 
 def env_for(tmp_path, **extra):
-    path = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"  # `python` and the launchers
-    return pretrain_env(tmp_path, OMP_NUM_THREADS="1", PATH=path, **extra)
+    """Offline, one thread a process, with this interpreter's `python` (and the stand-ins, when given) first."""
+    path = os.pathsep.join([*filter(None, [extra.pop("PATH", None)]), os.path.dirname(sys.executable),
+                            os.environ["PATH"]])
+    return pretrain_env(tmp_path, OMP_NUM_THREADS="1", **{**extra, "PATH": path})
 
 
 def start(command, tmp_path, **env):
@@ -121,7 +124,7 @@ def alive(pid: int) -> bool:
 def slurm_job(tmp_path, folder, *flags, port):
     bin_path = fake_slurm.install(tmp_path / "slurm-bin")
     return start(["bash", str(CONFIGS / "slurm.sbatch"), *FLAGS, *flags, "--output_dir", str(folder)], tmp_path,
-                 PATH=bin_path + os.pathsep + os.path.dirname(sys.executable), SLURM_NNODES="2",
+                 PATH=bin_path, SLURM_NNODES="2",
                  SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_ID="4242", NPROC_PER_NODE="1", RDZV_PORT=str(port))
 
 

@@ -28,7 +28,9 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
                 "--hash-weights", str(tmp_path / "ddp_checksum"), "--mark-at-exit", str(tmp_path / "shutdown")]
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
-    common = ["--max_train_steps", STEPS, "--num_probes_per_kind", 0, "--num_samples", 0, "--eval_steps", 3]
+    # --max_eval_batches counts batches over all processes: 8 of 8 blocks (2 ranks) or of 16 (1 process) hold all 43.
+    common = ["--max_train_steps", STEPS, "--num_probes_per_kind", 0, "--num_samples", 0, "--eval_steps", 3,
+              "--max_eval_batches", 8]
     # No ACCELERATE_USE_CPU in the environment: the script itself must ask Accelerate for CPU data parallelism.
     env = pretrain_env(tmp_path, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_USE_CPU", None)

@@ -12,6 +12,8 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     tokenizer.py   loading a named tokenizer (training one lives in hf_tinytx.tokenization)
     checkpoints.py resumable checkpoints: save, verify, find, prune
     preemption.py  SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, a line, exit 128 + signal
+    cluster.py     a launch across processes and machines: none alone, one shared folder, every wait bounded
+    distributed.py sharding (FSDP2 on CPUs, DeepSpeed's settings) and the device a launch trains on
     output_dir.py  the output folder: checked before anything is written, then locked for the run
     export.py      the finished model folder: weights, code, tokenizer, card, record (and each Hub checkpoint's)
     hub.py         uploads to the Hugging Face Hub in the background

@@ -18,7 +18,7 @@ import time
 
 
 def install(folder) -> str:
-    """Writes the two commands into `folder`; returns the PATH to run under."""
+    """Writes the two commands into `folder`; returns it, to put first on PATH."""
     os.makedirs(folder, exist_ok=True)
     for name in ("srun", "scontrol"):
         path = os.path.join(folder, name)
@@ -26,7 +26,7 @@ def install(folder) -> str:
             f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n"
                     f"import fake_slurm\nsys.exit(fake_slurm.{name}(sys.argv[1:]))\n")
         os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
-    return f"{folder}{os.pathsep}{os.environ['PATH']}"
+    return str(folder)
 
 
 def scontrol(argv) -> int:
