@@ -84,7 +84,8 @@ def assert_equal_runs(folder, straight, tolerance=0.0):
     assert difference <= tolerance, f"max |weights - straight| = {difference:.3e}"
     mine, theirs = losses(folder), losses(straight)
     assert sorted(mine) == list(range(1, STEPS + 1))
-    assert max(abs(mine[step] - theirs[step]) for step in theirs) <= max(tolerance, 1e-5)
+    logged = 0.0 if tolerance == 0 else 1.0001e-5  # the log keeps 5 decimals: one step of its rounding
+    assert max(abs(mine[step] - theirs[step]) for step in theirs) <= logged
     final = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
     reference_final = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()][-1]
     assert abs(final["eval_loss"] - reference_final["eval_loss"]) <= 1e-5

@@ -89,15 +89,14 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistError) or any(text in str(error) for text in PEER_FAILURES)
 
 
-def lost_peer_message(error: BaseException, ddp_timeout: float, step: int | None,
-                      newest_checkpoint: str | None) -> str:
-    """One line: what became of the other process, where this run stands, and how to go on."""
+def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newest_checkpoint: str | None) -> str:
+    """One line: what became of the other process, where this run stands (`where`: " during step 8", or ""), and how
+    to go on."""
     if any(word in str(error) for word in ("Timed out", "timed out", "Timeout")):
         what = (f"Another process of the launch did not answer within --ddp_timeout {ddp_timeout:g} s (frozen, or "
                 f"lost with its node)")
     else:
         what = "Another process of the launch left (killed, or lost with its node)"
-    where = f" during step {step + 1}" if step is not None else " before training started"
     saved = f"checkpoint {newest_checkpoint} is intact" if newest_checkpoint else "no checkpoint was saved yet"
     return (f"{what}{where}; {saved}: once every node is back, run the same command with "
             f"--resume_from_checkpoint latest (any process count, with the same --total_batch_size).")

@@ -78,7 +78,7 @@ from hf_tinytx.folders import (
 )
 from hf_tinytx.quiet import quiet_notices
 
-from . import cards, checkpoints, cpu_memory, distributed
+from . import cards, checkpoints, cluster, cpu_memory, distributed
 from .errors import RunError
 from .hub import HubPusher, push_final
 from .output_dir import refuse_earlier_run, refuse_links_out, release_lock, remove_checkpoints, take_lock
@@ -99,7 +99,14 @@ def main(argv=None):
     announce_cpu_settings(training_args)
     tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
     lock = claim_output_dir(args, training_args, where)  # held until the model is saved
-    trainer, metrics = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where)
+    try:
+        trainer, metrics = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where)
+    except RuntimeError as error:  # a collective another process broke (frozen past --ddp_timeout, or gone)
+        if STOP.received or not cluster.is_peer_failure(error):
+            raise
+        saved = checkpoints.steps_saved(where.checkpoints_dir, CHECKPOINT)
+        raise RunError(cluster.lost_peer_message(error, training_args.ddp_timeout, "",
+                                                 f"{CHECKPOINT}{saved[-1]}" if saved else None)) from None
     if not trainer.is_world_process_zero():
         return  # under torchrun every process holds the same weights: one writes them, and pushes
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))

@@ -166,11 +166,9 @@ def main(argv=None) -> None:
 
 def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str:
     """A collective another process broke (it froze past --ddp_timeout, or died): where the run stands, one line."""
-    step = run.progress.step if run is not None else None
-    checkpoints_dir = os.path.join(os.path.abspath(train_args.output_dir), "checkpoints")
-    saved = checkpoints.steps_saved(checkpoints_dir)
-    return cluster.lost_peer_message(error, train_args.ddp_timeout, step,
-                                     f"step_{saved[-1]}" if saved else None)
+    where = f" during step {run.progress.step + 1}" if run is not None else " before training started"
+    saved = checkpoints.steps_saved(os.path.join(os.path.abspath(train_args.output_dir), "checkpoints"))
+    return cluster.lost_peer_message(error, train_args.ddp_timeout, where, f"step_{saved[-1]}" if saved else None)
 
 
 # ---------------------------------------------------------------------------------------------------- setup
