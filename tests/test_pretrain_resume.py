@@ -61,7 +61,7 @@ def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain
     refused = run_pretrain("--output_dir", resumed, "--max_train_steps", 12, "--resume_from_checkpoint", "latest",
                            "--per_device_train_batch_size", 4, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "resume with the same arguments" in refused.stderr
+    assert "resume with the same --seed, --block_size and --total_batch_size (on any process count)" in refused.stderr
     assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
 
 
