@@ -46,6 +46,15 @@ def lone_process_problem(env=os.environ) -> str | None:
     return None
 
 
+def refuse_lone_process() -> None:
+    """`lone_process_problem` as the UserInputError the scripts stop with."""
+    from .errors import UserInputError
+
+    problem = lone_process_problem()
+    if problem:
+        raise UserInputError(problem)
+
+
 def launched_size(env=os.environ) -> int:
     """The process count the launcher was asked for."""
     for name in ("WORLD_SIZE", *MPI_SIZES):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag, warn_if_token_in_argv
-from .cluster import lone_process_problem
+from .cluster import refuse_lone_process
 from .errors import UserInputError
 from .light_library import sources
 from .output_dir import check_output_dir, check_second_destination, refuse_overlap
@@ -82,8 +82,7 @@ def preflight(argv: list[str] | None = None) -> None:
     if "-h" in argv or "--help" in argv:
         return  # the full help lists Trainer's flags too, so parse_args answers it
     warn_if_token_in_argv(argv, "finetune.py")
-    if lone_process_problem():
-        raise UserInputError(lone_process_problem())
+    refuse_lone_process()
     parser = build_parser((FinetuneArguments, EarlyTrainerFlags))
     args, trainer_flags, _ = parser.parse_args_into_dataclasses(
         args=argv, return_remaining_strings=True, look_for_args_file=False

@@ -40,7 +40,7 @@ STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the ne
 if __name__ == "__main__":
     STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
 
-from .cluster import lone_process_problem
+from .cluster import refuse_lone_process
 from .args import (
     DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
     planned_by_clock, warn_if_token_in_argv,
@@ -58,8 +58,7 @@ if __name__ == "__main__":
     warn_if_token_in_argv(sys.argv[1:], "pretrain.py")
     try:
         early_model_args, early_data_args, early_train_args = parse_args()
-        if lone_process_problem():
-            raise UserInputError(lone_process_problem())
+        refuse_lone_process()
         check_output_dir(os.path.abspath(early_train_args.output_dir), early_train_args)
         if not early_model_args.init_from:
             read_config_file(config_file_path(early_model_args))
@@ -228,8 +227,7 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
     """The checks that need transformers loaded or the model's config read; returns (model config, the sharding the
     launch asked for)."""
     check_schedule(train_args)  # the one flag check that needs transformers loaded
-    if lone_process_problem():
-        raise UserInputError(lone_process_problem())
+    refuse_lone_process()
     check_output_dir(output_dir, train_args)
     refuse_writing_where_read(model_args, output_dir)
     model_config = load_model_config(model_args)  # before the data: a bad size should not wait for tokenization
@@ -265,8 +263,8 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
     accelerator.print(
         f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})"
     )
-    if cluster.check_process_count(accelerator.num_processes):
-        raise UserInputError(cluster.check_process_count(accelerator.num_processes))
+    if (problem := cluster.check_process_count(accelerator.num_processes)):
+        raise UserInputError(problem)
     if distributed.gpu_config_without_gpus():
         accelerator.print("The Accelerate config asks for GPUs, but this machine has none: the processes train on "
                           "its CPUs over gloo.")
