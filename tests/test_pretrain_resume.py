@@ -64,6 +64,27 @@ def test_killed_during_checkpoint_then_resumed_matches_straight_run(run_pretrain
     assert "resume with the same --seed, --block_size and --total_batch_size (on any process count)" in refused.stderr
     assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
 
+    # A changed optimizer flag would be undone by the optimizer state the checkpoint holds (the weights would equal
+    # the unchanged run's while the record said otherwise): refused, naming the flag and both values.
+    for flag, value, was in (("--learning_rate", "1e-3", "0.003"), ("--weight_decay", "0.0", "0.1"),
+                             ("--adam_beta2", "0.99", "0.95")):
+        refused = run_pretrain("--output_dir", resumed, "--max_train_steps", 12, "--resume_from_checkpoint",
+                               "latest", flag, value, check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        line = refused.stderr.strip().splitlines()[-1]
+        assert f"was trained with {flag} {was}, but this run has {flag} {float(value)}" in line, line
+        assert f"resume with {flag} {was}, or start a new run" in line and "--init_from" in line, line
+    assert sorted(os.listdir(checkpoints)) == ["step_6", "step_8", "tokenizer"]
+
+    # The schedule's shape and length are read from the command line on resume, and applied: four more steps at the
+    # constant rate after warm-up (the finished run had decayed on its cosine).
+    result = run_pretrain("--output_dir", resumed, "--max_train_steps", 12, "--resume_from_checkpoint", "latest",
+                          "--lr_scheduler_type", "constant_with_warmup", "--overwrite_output_dir")
+    assert "at step 8" in result.stdout
+    rows = train_rows(resumed)
+    assert [row["step"] for row in rows] == list(range(1, 13))
+    assert [row["lr"] for row in rows[8:]] == [pytest.approx(3e-3)] * 4, rows[8:]
+
 
 def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_one_line(tmp_path):
     """trainer_state.json as pretrain.py has always written it reads back whole; one that lacks a field a resume needs

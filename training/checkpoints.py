@@ -41,6 +41,10 @@ CONFIG_FILE = "config.json"
 # What fixes the order of the data, step by step: a resume must keep them. The process count and the accumulation
 # may change (elastic resume): with the same global batch every step reads the same blocks.
 DATA_ORDER = ("seed", "block_size", "global_batch")
+# Flags whose values a checkpoint's optimizer and schedule hold (each group's lr, betas and weight decay, the
+# schedule's base rates): loading the checkpoint would bring the old values back, so a resume must keep them. The
+# rest (steps, warm-up, the schedule's shape, clipping) is read from the command line on resume, and applied.
+OPTIMIZER_STATE = ("optimizer", "learning_rate", "muon_learning_rate", "weight_decay", "adam_beta2")
 # A checkpoint is a new folder written as .tmp_<name> and renamed in whole (one os.replace): not the STAGING_NAME
 # folder that `publish` empties file by file into a destination holding other files.
 TEMPORARY_PREFIX = ".tmp_"
@@ -114,12 +118,14 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     state = read_training_state(folder)
     saved = state.run_signature
     if any(saved.get(key) != run_signature[key] for key in DATA_ORDER):
+        was, now = ({key: values.get(key) for key in DATA_ORDER} for values in (saved, run_signature))
         raise UserInputError(
-            f"{folder} was written with {saved}, but this run has {run_signature}; resume with the same --seed, "
+            f"{folder} was written with {was}, but this run has {now}; resume with the same --seed, "
             f"--block_size and --total_batch_size (on any process count), or start a new run from its weights with "
             f"--init_from {folder}."
         )
     written_by, in_shards = saved.get("num_processes", 1), os.path.isdir(os.path.join(folder, SHARDED_DIR))
+    refuse_optimizer_change(folder, saved, run_signature)
     refuse_layout_change(folder, written_by, accelerator.num_processes, in_shards, sharded, deepspeed_engine)
     check_random_state(folder, accelerator.process_index)
     if deepspeed_engine is not None:
@@ -136,6 +142,19 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
         scheduler = getattr(parts[2], "scheduler", parts[2])
         scheduler.last_epoch = state.step * accelerator.num_processes
     return state
+
+
+def refuse_optimizer_change(folder: str, saved: dict, run_signature: dict) -> None:
+    """A changed optimizer flag would be silently undone by the checkpoint's optimizer state, while this run's
+    record said otherwise: refused, naming each flag (a checkpoint older than the record has none to compare)."""
+    changed = [key for key in OPTIMIZER_STATE if key in saved and saved[key] != run_signature[key]]
+    if changed:
+        was = ", ".join(f"--{key} {saved[key]}" for key in changed)
+        now = ", ".join(f"--{key} {run_signature[key]}" for key in changed)
+        raise UserInputError(
+            f"{folder} was trained with {was}, but this run has {now}: its optimizer state holds the old values; "
+            f"resume with {was}, or start a new run with the new ones from its weights with --init_from {folder}."
+        )
 
 
 def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards: bool, sharded: bool,

@@ -378,13 +378,14 @@ def plan_steps(data_args, train_args, num_processes: int) -> tuple[int | None, i
 
 
 def run_signature(data_args, train_args, tokens_per_step: int, num_processes: int) -> dict:
-    """What fixes the data order: resuming with other values could not continue exactly."""
+    """What a resume must keep (checkpoints.DATA_ORDER, checkpoints.OPTIMIZER_STATE) and what it may change."""
     return {
         "seed": train_args.seed,
         "block_size": data_args.block_size,
         "global_batch": tokens_per_step // data_args.block_size,
         "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
         "num_processes": num_processes,
+        **{key: getattr(train_args, key) for key in checkpoints.OPTIMIZER_STATE},
     }
 
 
