@@ -134,6 +134,12 @@ def test_a_signal_saves_a_checkpoint_stops_and_the_resume_is_bit_for_bit(root, s
     assert not (output_dir / "model.safetensors").exists() and not (output_dir / "config.json").exists()
 
     resume = RESUME if signal_number == signal.SIGTERM else ["--resume_from_checkpoint", checkpoint]
+    if signal_number == signal.SIGTERM:  # the checkpoint's optimizer state would undo a changed rate: refused
+        refused = finetune(root, output_dir, *flags, *resume, "--learning_rate", "1e-3")
+        line = one_line(refused)
+        assert refused.returncode == 2 and f"{checkpoint} was trained with --learning_rate 0.005, but this run has " \
+            "--learning_rate 0.001" in line and "resume with --learning_rate 0.005" in line, describe(refused)
+        assert checkpoint.is_dir() and not (output_dir / "model.safetensors").exists()
     resumed = finetune(root, output_dir, *flags, *resume)
     succeeded(resumed)
     assert f"Resuming from {checkpoint} at step {step}" in resumed.stdout

@@ -246,10 +246,40 @@ def resume_point(training_args: TrainingArguments, where: Destinations) -> str |
             say(f"No intact checkpoint in {where.checkpoints_dir} yet: starting from scratch.")
             return None
         step = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))["global_step"]
+        refuse_optimizer_change(folder, training_args)
         if main_process:
             checkpoints.set_aside_after(where.checkpoints_dir, step, say, CHECKPOINT)
     say(f"Resuming from {folder} at step {step}")
     return folder
+
+
+# Flags whose values Trainer's optimizer.pt and scheduler.pt hold (each group's lr, betas, eps and weight decay, the
+# schedule's base rate): a resume would bring the old values back, so it must keep them. Trainer builds the
+# schedule's shape and length from the command line again, so those flags apply on resume.
+OPTIMIZER_FLAGS = ("optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
+OPTIMIZER_FLAGS_FILE = "optimizer_flags.json"  # beside Trainer's files in each checkpoint
+
+
+def optimizer_flags(training_args) -> dict:
+    return {flag: str(getattr(getattr(training_args, flag), "value", getattr(training_args, flag)))
+            for flag in OPTIMIZER_FLAGS}
+
+
+def refuse_optimizer_change(folder: str, training_args) -> None:
+    """A changed optimizer flag would be silently undone by the checkpoint's optimizer state while the run's record
+    said otherwise: refused, naming each flag (a checkpoint written before this record has none to compare)."""
+    path = os.path.join(folder, OPTIMIZER_FLAGS_FILE)
+    if not os.path.isfile(path):
+        return
+    saved, now = checkpoints.read_json(path), optimizer_flags(training_args)
+    changed = [flag for flag in OPTIMIZER_FLAGS if flag in saved and saved[flag] != now[flag]]
+    if changed:
+        was = ", ".join(f"--{flag} {saved[flag]}" for flag in changed)
+        raise UserInputError(
+            f"{folder} was trained with {was}, but this run has "
+            f"{', '.join(f'--{flag} {now[flag]}' for flag in changed)}: its optimizer state holds the old values; "
+            f"resume with {was}, or fine-tune its model anew with the new ones from --model_name_or_path."
+        )
 
 
 class CheckpointsAside(TrainerCallback):
@@ -268,19 +298,20 @@ class CheckpointsAside(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         distributed_barrier()  # every process has written its part (its RNG state)
         if state.is_world_process_zero:
-            self.move_in(state)
+            self.move_in(args, state)
         distributed_barrier()
         self.saved = (state.global_step, self.final_folder(state))
 
     def final_folder(self, state) -> str:
         return os.path.join(self.where.checkpoints_dir, f"{CHECKPOINT}{state.global_step}")
 
-    def move_in(self, state) -> None:
+    def move_in(self, args, state) -> None:
         final = self.final_folder(state)
         written = os.path.join(self.where.checkpoint_staging, os.path.basename(final))
         if state.best_model_checkpoint == written:  # Trainer recorded where it wrote: a resume must find it here
             state.best_model_checkpoint = final
             state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
+        checkpoints.write_json(os.path.join(written, OPTIMIZER_FLAGS_FILE), optimizer_flags(args))
         checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
         checkpoints.rename_into_place(written, final)
         checkpoints.prune(self.where.checkpoints_dir, self.where.keep_checkpoints, CHECKPOINT)
