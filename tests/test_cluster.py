@@ -100,7 +100,7 @@ def straight(tmp_path_factory):
     return folder
 
 
-def workers_under(pid: int) -> list[int]:
+def workers_under(pid: int, script: str = "pretrain") -> list[int]:
     """The training processes (not the launchers) started below `pid`."""
     def command(p):
         try:
@@ -108,7 +108,7 @@ def workers_under(pid: int) -> list[int]:
                 return f.read().decode(errors="replace")
         except OSError:
             return ""
-    return [p for p in fake_slurm.descendants(pid) if "pretrain" in command(p) and "torch.distributed.run" not in
+    return [p for p in fake_slurm.descendants(pid) if script in command(p) and "torch.distributed.run" not in
             command(p) and "accelerate" not in command(p)]
 
 
@@ -302,3 +302,59 @@ def test_launches_that_would_train_alone_stop_in_one_line(tmp_path):
                     "--main_process_port", str(free_port()), PRETRAIN, *FLAGS, "--output_dir", str(folder)], tmp_path)
         assert pdsh[0] != 0 and "add --deepspeed_multinode_launcher standard" in pdsh[1]
     assert not folder.exists()
+
+
+# ---- finetune on two nodes: the same promises under Trainer
+
+FINETUNE = str(REPO_ROOT / "training" / "finetune.py")
+
+
+def finetune_on_two_nodes(tmp_path, folders, *flags):
+    """finetune.py under torchrun as two one-process nodes (c10d), one --output_dir per node."""
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+    from tests.test_finetune import prompt_records, write_jsonl
+
+    build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
+    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")
+    write_jsonl(tmp_path / "train.jsonl", prompt_records(64))
+    port = str(free_port())
+    return [start([*TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   f"127.0.0.1:{port}", "--rdzv-id", "sft", FINETUNE, "--model_name_or_path", "base", "--train_file",
+                   "train.jsonl", "--per_device_train_batch_size", "2", "--logging_steps", "1", "--disable_tqdm",
+                   "true", "--output_dir", str(folder), *flags], tmp_path, PYTHONUNBUFFERED="1")
+            for folder in folders]
+
+
+def test_finetune_refuses_node_local_folders_and_a_frozen_node_ends_it_within_ddp_timeout(tmp_path):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    outputs = [finish(launch) for launch in finetune_on_two_nodes(tmp_path, [node / "out" for node in nodes])]
+    assert all(code != 0 for code, _ in outputs), outputs
+    text = "".join(output for _, output in outputs)
+    assert "is not one folder shared by every process: what the main process wrote there is missing for process 1" \
+        in text, text[-3000:]
+    assert 'finetune.py", line' not in text  # no traceback from the script (torchrun prints its own on exit 2)
+    assert all(not any(node.iterdir()) for node in nodes)
+
+    # One shared folder; the second node's worker is frozen after a checkpoint: the first ends within the bound.
+    shared = tmp_path / "shared"
+    launches = finetune_on_two_nodes(tmp_path, [shared, shared], "--max_steps", "400", "--save_steps", "5",
+                                     "--ddp_timeout", "10")
+    wait_for(shared / "checkpoints" / "checkpoint-5", launches[0])
+    frozen = workers_under(launches[1].pid, "finetune")
+    assert len(frozen) == 1
+    os.kill(frozen[0], signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        code, output = finish(launches[0], timeout=BOUND + 60)
+        seconds = time.monotonic() - frozen_at
+    finally:
+        os.killpg(launches[1].pid, signal.SIGKILL)
+        os.kill(frozen[0], signal.SIGKILL)
+        launches[1].communicate()
+    assert code != 0 and seconds < BOUND, (code, seconds, output[-3000:])
+    lines = [line for line in output.splitlines() if "did not answer within --ddp_timeout 10 s" in line]
+    assert lines and lines[0].startswith("finetune.py: error: Another process of the launch"), output[-3000:]
+    assert f"checkpoint {shared / 'checkpoints'}/checkpoint-" in lines[0] and "is intact" in lines[0], lines[0]
+    assert "--resume_from_checkpoint latest." in lines[0]

@@ -84,6 +84,22 @@ def process_group_kwargs(ddp_timeout: float, backend: str | None = None):
     return InitProcessGroupKwargs(**options)
 
 
+def start_cpu_group(argv: list[str]) -> None:
+    """Starts the process group of a CPU launch under Trainer with its --ddp_timeout (default 1800 s, Trainer's):
+    TrainingArguments gives the timeout to every other device's group but not to a --use_cpu one, which it starts
+    while the flags are parsed, so a frozen peer would hang the others for good. Trainer then keeps this group."""
+    import argparse
+    from datetime import timedelta
+
+    from accelerate import PartialState
+
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--ddp_timeout", type=int, default=1800)
+    early.add_argument("--ddp_backend", default=None)
+    flags, _ = early.parse_known_args(argv)
+    PartialState(cpu=True, backend=flags.ddp_backend, timeout=timedelta(seconds=flags.ddp_timeout))
+
+
 # What gloo, NCCL and torch say when a peer process is gone or never answers.
 PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "pair closure",
                  "Timed out", "timed out", "Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL")
@@ -98,7 +114,11 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistError) or any(text in str(error) for text in PEER_FAILURES)
 
 
-def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newest_checkpoint: str | None) -> str:
+ANY_PROCESS_COUNT = " (any process count, with the same --total_batch_size)"  # pretrain's elastic resume
+
+
+def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newest_checkpoint: str | None,
+                      how: str = ANY_PROCESS_COUNT) -> str:
     """One line: what became of the other process, where this run stands (`where`: " during step 8", or ""), and how
     to go on."""
     if any(word in str(error) for word in ("Timed out", "timed out", "Timeout")):
@@ -108,7 +128,7 @@ def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newe
         what = "Another process of the launch left (killed, or lost with its node)"
     saved = f"checkpoint {newest_checkpoint} is intact" if newest_checkpoint else "no checkpoint was saved yet"
     return (f"{what}{where}; {saved}: once every node is back, run the same command with "
-            f"--resume_from_checkpoint latest (any process count, with the same --total_batch_size).")
+            f"--resume_from_checkpoint latest{how}.")
 
 
 def decided_by_main(accelerator, decide):
@@ -132,19 +152,19 @@ def decided_by_main(accelerator, decide):
     return value
 
 
-def check_shared_folder(accelerator, output_dir: str) -> None:
+def check_shared_folder(output_dir: str, num_processes: int, is_main_process: bool) -> None:
     """Proves that every process sees the main process's --output_dir: the main process writes a fresh token there
     and every other process must read it back. Raises (every process alike) naming the hosts that could not."""
     import torch.distributed
 
     from .errors import UserInputError
 
-    if accelerator.num_processes == 1:
+    if num_processes == 1:
         return
     created = not os.path.isdir(output_dir)
     token = [f".tinytx-shared-{secrets.token_hex(8)}"]
     path = None
-    if accelerator.is_main_process:
+    if is_main_process:
         os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, token[0])
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -157,9 +177,9 @@ def check_shared_folder(accelerator, output_dir: str) -> None:
             sees = f.read() == token[0]
     except OSError:
         sees = False
-    views = [None] * accelerator.num_processes
+    views = [None] * num_processes
     torch.distributed.all_gather_object(views, (sees, socket.gethostname()))
-    if accelerator.is_main_process:
+    if is_main_process:
         os.remove(path)
         if created and not os.listdir(output_dir):
             os.rmdir(output_dir)  # a refused start leaves nothing behind

@@ -97,6 +97,7 @@ def main(argv=None):
     where = destinations(args, training_args)
     set_seed(training_args.seed)  # before the LoRA weights are drawn
     announce_cpu_settings(training_args)
+    cluster.check_shared_folder(where.output_dir, training_args.world_size, training_args.process_index == 0)
     tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
     lock = claim_output_dir(args, training_args, where)  # held until the model is saved
     try:
@@ -106,7 +107,7 @@ def main(argv=None):
             raise
         saved = checkpoints.steps_saved(where.checkpoints_dir, CHECKPOINT)
         raise RunError(cluster.lost_peer_message(error, training_args.ddp_timeout, "",
-                                                 f"{CHECKPOINT}{saved[-1]}" if saved else None)) from None
+                                                 os.path.join(where.checkpoints_dir, f"{CHECKPOINT}{saved[-1]}") if saved else None, how="")) from None
     if not trainer.is_world_process_zero():
         return  # under torchrun every process holds the same weights: one writes them, and pushes
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
@@ -412,6 +413,7 @@ def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not distributed.has_gpu():
         # Without it Trainer runs each process of a CPU launch as a run of its own, all writing the same folder.
         defaults["use_cpu"] = True
+        cluster.start_cpu_group(argv)  # before TrainingArguments starts the group, without the timeout
     if not distributed.has_gpu():
         defaults["dataloader_pin_memory"] = False  # pinning needs an accelerator: torch warns at every loader
     parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)

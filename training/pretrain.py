@@ -180,7 +180,7 @@ def setup(model_args, data_args, train_args) -> Run:
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     model_config, sharding = check_inputs(model_args, data_args, train_args, output_dir)
     accelerator, own_fsdp2 = start_accelerator(model_args, train_args, output_dir, model_config, sharding)
-    cluster.check_shared_folder(accelerator, output_dir)
+    cluster.check_shared_folder(output_dir, accelerator.num_processes, accelerator.is_main_process)
     set_seed(train_args.seed)
 
     # One process decides (they might not all see the same folder), every process gets its answer.
