@@ -81,12 +81,28 @@ def _load_local_files(data_args: DataArguments) -> DatasetDict:
     # Plain text: one document per paragraph (blank-line separated), line breaks kept.
     options = {"sample_by": "paragraph", "keep_linebreaks": True} if builder == "text" else {}
     try:
-        return datasets.load_dataset(builder, data_files=data_files, **options)
+        raw = datasets.load_dataset(builder, data_files=data_files, **options)
     except Exception as error:
         raise UserInputError(
             f"Could not read {data_files} as {builder}: {type(error).__name__}: {error}. Check that the files are "
             f"valid {builder} (JSON Lines: one object per line with a {data_args.text_column!r} field)."
         ) from error
+    for name, split in raw.items():
+        _check_text_type(split, data_args.text_column, data_files[name])
+    return raw
+
+
+def _check_text_type(split: Dataset, text_column: str, paths: list[str]) -> None:
+    """A text column of numbers (a parquet column of int64, a CSV column of digits) would reach the tokenizer
+    trainer as ints and fail there with a TypeError: refused naming the files and the column's type."""
+    feature = split.features.get(text_column)
+    dtype = getattr(feature, "dtype", None)
+    if isinstance(feature, datasets.Value) and dtype not in ("string", "large_string", "null"):
+        raise UserInputError(
+            f"{', '.join(paths)}: column {text_column!r} holds {dtype} values, not text; store the documents as "
+            f"strings (e.g. df[{text_column!r}].astype(str) before writing), or pass --text_column with the column "
+            f"that holds the text."
+        )
 
 
 def _check_documents(split, text_column: str, name: str) -> None:
