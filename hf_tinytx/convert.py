@@ -34,6 +34,7 @@ from .folders import (
     STAGING_NAME,
     folders_to_create,
     is_disk_full,
+    mib,
     others_files,
     publish,
     record_written,
@@ -212,8 +213,8 @@ def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
         else "nothing in it was changed and the partial output was removed"
     )
     return (
-        f"convert: the disk is full while writing {destination} (about {needed / 2**20:.1f} MiB needed, "
-        f"{free / 2**20:.1f} MiB free); {outcome}: free some space and run the same command again."
+        f"convert: the disk is full while writing {destination} (about {mib(needed)} needed, "
+        f"{mib(free)} free); {outcome}: free some space and run the same command again."
     )
 
 

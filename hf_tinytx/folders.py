@@ -251,6 +251,11 @@ def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) ->
         return False
 
 
+def mib(size: int) -> str:
+    """A size for a disk-full message: "12.3 MiB", or "less than 0.1 MiB" (never "0.0 MiB", which reads as none)."""
+    return f"{size / 2**20:.1f} MiB" if size >= 0.05 * 2**20 else "less than 0.1 MiB"
+
+
 # A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.
 MANIFEST_NAME = ".tinytx-written.json"
 

@@ -34,7 +34,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_tinytx import TinyTxConfig
 from .folders import (
-    STAGING_NAME, folders_to_create, fsync_dir, is_disk_full, open_new, refuse_overlap, remove_created,
+    STAGING_NAME, folders_to_create, fsync_dir, is_disk_full, mib, open_new, refuse_overlap, remove_created,
 )
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
@@ -373,7 +373,7 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
             existing = next(folder for folder in destination.parents if folder.exists())
             free = shutil.disk_usage(existing).free
             raise OSError(
-                f"gguf: the disk is full while writing {destination} ({free / 2**20:.1f} MiB free once the partial "
+                f"gguf: the disk is full while writing {destination} ({mib(free)} free once the partial "
                 "file was removed); nothing was changed: free some space and run the same command again."
             ) from None
         raise

@@ -26,7 +26,7 @@ import re
 import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, open_new, remove_tree
+from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
 
 from .errors import RunError, UserInputError
 
@@ -471,11 +471,6 @@ def disk_full_message(path: str, needed_at_least: int, checkpoints_dir: str, pre
     intact = (f"the earlier checkpoint {previous} is intact: free some space and rerun with "
               f"--resume_from_checkpoint latest" if previous else "no checkpoint was saved yet: free space and rerun")
     return f"No space left on the device while writing {path} (about {mib(needed)} needed, {mib(free)} free); {intact}."
-
-
-def mib(size: int) -> str:
-    """A size for a message: "12.3 MiB", or "less than 0.1 MiB" (never "0.0 MiB", which reads as nothing)."""
-    return f"{size / 2**20:.1f} MiB" if size >= 0.05 * 2**20 else "less than 0.1 MiB"
 
 
 def folder_size(path: str | None) -> int:

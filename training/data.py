@@ -10,14 +10,19 @@
    through the same token stream (`ShiftingBlocks`).
 """
 
+import contextlib
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import datasets
 import torch
 from datasets import Dataset, DatasetDict
 
+from hf_tinytx.folders import is_disk_full, mib
+
 from .args import DataArguments
-from .errors import UserInputError
+from .errors import RunError, UserInputError
 from .data_files import local_data_files
 
 
@@ -81,7 +86,10 @@ def _load_local_files(data_args: DataArguments) -> DatasetDict:
     # Plain text: one document per paragraph (blank-line separated), line breaks kept.
     options = {"sample_by": "paragraph", "keep_linebreaks": True} if builder == "text" else {}
     try:
-        raw = datasets.load_dataset(builder, data_files=data_files, **options)
+        with datasets_cache_space():
+            raw = datasets.load_dataset(builder, data_files=data_files, **options)
+    except RunError:
+        raise
     except Exception as error:
         raise UserInputError(
             f"Could not read {data_files} as {builder}: {type(error).__name__}: {error}. Check that the files are "
@@ -161,23 +169,50 @@ def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column:
 
     packed = {}
     bytes_per_token = None
-    for name in ("train", "validation"):
-        split = raw[name].select_columns([text_column])  # other columns would not survive packing anyway
-        map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
-        tokens = split.map(tokenize, batched=True, remove_columns=[text_column], **map_options)
-        if name == "validation":
-            num_tokens = sum(len(ids) for ids in tokens["input_ids"])
-            bytes_per_token = sum(tokens["num_bytes"]) / max(num_tokens, 1)
-        tokens = tokens.remove_columns(["num_bytes"])
-        if map_options:
-            map_options["desc"] = f"Packing {name} into blocks of {block_size}"
-        packed[name] = tokens.map(pack, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
-        if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
-            raise UserInputError(
-                f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} tokens); "
-                f"lower --block_size or give more text."
-            )
+    with datasets_cache_space():  # each map writes its result into the cache
+        for name in ("train", "validation"):
+            split = raw[name].select_columns([text_column])  # other columns would not survive packing anyway
+            map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
+            tokens = split.map(tokenize, batched=True, remove_columns=[text_column], **map_options)
+            if name == "validation":
+                num_tokens = sum(len(ids) for ids in tokens["input_ids"])
+                bytes_per_token = sum(tokens["num_bytes"]) / max(num_tokens, 1)
+            tokens = tokens.remove_columns(["num_bytes"])
+            if map_options:
+                map_options["desc"] = f"Packing {name} into blocks of {block_size}"
+            packed[name] = tokens.map(pack, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
+            if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
+                raise UserInputError(
+                    f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} tokens); "
+                    f"lower --block_size or give more text."
+                )
     return PackedData(train=packed["train"], validation=packed["validation"], bytes_per_token=bytes_per_token)
+
+
+@contextlib.contextmanager
+def datasets_cache_space():
+    """A full disk while `datasets` writes its cache (the files read as Arrow tables, the tokenized blocks) as one
+    line naming the cache folder and the fix; without it the error blamed the file's format, or "the output folder",
+    which does not exist yet. The partial table a map was writing (`tmp*`, left by datasets) is removed to give its
+    space back; the finished tables are kept for the rerun to reuse."""
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    before = set(cache.rglob("tmp*"))
+    try:
+        yield
+    except Exception as error:
+        causes = [error]
+        while causes[-1].__cause__ or causes[-1].__context__:  # datasets wraps the OSError in its own errors
+            causes.append(causes[-1].__cause__ or causes[-1].__context__)
+        if not any(is_disk_full(cause, cache) for cause in causes):
+            raise
+        for partial in set(cache.rglob("tmp*")) - before:
+            if partial.is_file() and not partial.is_symlink():
+                partial.unlink(missing_ok=True)
+        raise RunError(
+            f"No space left on the device in the datasets cache {cache} ({mib(shutil.disk_usage(cache).free)} free); "
+            f"nothing was written to --output_dir: free space there, or set HF_DATASETS_CACHE to a folder on a disk "
+            f"with room, and run the same command again."
+        ) from None
 
 
 def num_tokens_of(tokens: Dataset) -> int:

@@ -75,7 +75,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, STAGING_NAME, folders_to_create, is_disk_full, open_new, record_written, regular_files,
+    MANIFEST_NAME, STAGING_NAME, folders_to_create, is_disk_full, mib, open_new, record_written, regular_files,
     remove_created, remove_tree, remove_written, writing_into, written_before,
 )
 from hf_tinytx.quiet import quiet_notices
@@ -385,8 +385,8 @@ def saving_into(folder: str, model, where: Destinations, saved: str | None = Non
         if saves and not saved:
             kept = f"the checkpoint {CHECKPOINT}{saves[-1]} is intact: rerun with --resume_from_checkpoint latest"
         raise RunError(
-            f"No space left on the device while saving {folder} (about {checkpoints.mib(needed)} needed, "
-            f"{checkpoints.mib(free)} free); the partial save was removed: free some space there, or point "
+            f"No space left on the device while saving {folder} (about {mib(needed)} needed, "
+            f"{mib(free)} free); the partial save was removed: free some space there, or point "
             f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}."
         ) from None
 
