@@ -11,6 +11,7 @@
 """
 
 import contextlib
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,23 +92,49 @@ def _load_local_files(data_args: DataArguments) -> DatasetDict:
     except RunError:
         raise
     except Exception as error:
+        if builder == "json" and (bad_line := _first_bad_json_line(data_files)):
+            raise UserInputError(bad_line) from None
         raise UserInputError(
             f"Could not read {data_files} as {builder}: {type(error).__name__}: {error}. Check that the files are "
             f"valid {builder} (JSON Lines: one object per line with a {data_args.text_column!r} field)."
         ) from error
     for name, split in raw.items():
-        _check_text_type(split, data_args.text_column, data_files[name])
+        _check_text_type(split, data_args.text_column, f"--{name}_file {', '.join(data_files[name])}")
     return raw
 
 
-def _check_text_type(split: Dataset, text_column: str, paths: list[str]) -> None:
+def _first_bad_json_line(data_files: dict[str, list[str]]) -> str | None:
+    """Why `datasets` could not read JSON Lines, as "FILE, line N: ...", or None: it names neither file nor line. Read
+    only after it failed (the files are UTF-8 text by then: data_files.py checked every byte)."""
+    named = [(f"--{split}_file", path) for split, paths in data_files.items() for path in paths]
+    for flag, path in [(flag, path) for flag, path in named if path.lower().endswith(".jsonl")]:
+        with open(path, encoding="utf-8-sig") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as error:
+                    reason = f"not valid JSON ({error.msg} at column {error.colno})"
+                except RecursionError:  # Python's parser recurses per bracket: a line of 100000 `[` exhausts it
+                    reason = "JSON nested too deeply to read (thousands of brackets)"
+                else:
+                    if isinstance(value, dict):
+                        continue
+                    reason = f"a JSON {type(value).__name__}, not an object"
+                return (f'{flag} {path}, line {number}: {reason}; each line must be one JSON object such as '
+                        f'{{"text": "..."}}.')
+    return None
+
+
+def _check_text_type(split: Dataset, text_column: str, files: str) -> None:
     """A text column of numbers (a parquet column of int64, a CSV column of digits) would reach the tokenizer
     trainer as ints and fail there with a TypeError: refused naming the files and the column's type."""
     feature = split.features.get(text_column)
     dtype = getattr(feature, "dtype", None)
     if isinstance(feature, datasets.Value) and dtype not in ("string", "large_string", "null"):
         raise UserInputError(
-            f"{', '.join(paths)}: column {text_column!r} holds {dtype} values, not text; store the documents as "
+            f"{files}: column {text_column!r} holds {dtype} values, not text; store the documents as "
             f"strings (e.g. df[{text_column!r}].astype(str) before writing), or pass --text_column with the column "
             f"that holds the text."
         )
