@@ -36,8 +36,10 @@ def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, 
         try:
             # "numpy": the header is read the same way as for "pt", without importing torch; the data stays on disk.
             with safe_open(path, framework="numpy") as f:
-                shapes.update({key: (path, tuple(f.get_slice(key).get_shape())) for key in f.keys()})
-        except Exception as error:  # safetensors' own SafetensorError, and whatever a damaged file raises
+                names = f.keys()  # a safe_open handle, not a dict
+                shapes.update({key: (path, tuple(f.get_slice(key).get_shape())) for key in names})
+        # safetensors' own SafetensorError, and whatever else a damaged file raises
+        except Exception as error:  # noqa: BLE001
             raise ValueError(
                 f"{who}: {path} is damaged or truncated ({str(error).strip()}); copy or save it again."
             ) from None
