@@ -210,8 +210,8 @@ def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column:
             packed[name] = tokens.map(pack, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
             if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
                 raise UserInputError(
-                    f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} tokens); "
-                    f"lower --block_size or give more text."
+                    f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} "
+                    f"tokens); lower --block_size or give more text."
                 )
     return PackedData(train=packed["train"], validation=packed["validation"], bytes_per_token=bytes_per_token)
 
