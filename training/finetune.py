@@ -75,7 +75,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, STAGING_NAME, folders_to_create, is_disk_full, mib, open_new, record_written, regular_files,
+    MANIFEST_NAME, folders_to_create, is_disk_full, mib, open_new, record_written, regular_files,
     remove_created, remove_tree, remove_written, writing_into, written_before,
 )
 from hf_tinytx.quiet import quiet_notices
