@@ -32,12 +32,15 @@ from .configuration_tinytx import TinyTxConfig
 from .folders import (
     MANIFEST_NAME,
     STAGING_NAME,
+    folders_to_create,
     is_disk_full,
+    mib,
     others_files,
     publish,
     record_written,
     refuse_overlap,
     regular_files,
+    remove_created,
     remove_written,
     staging_folder,
     would_replace,
@@ -171,7 +174,7 @@ def convert_folder(
 def _save(converted: PreTrainedModel, source: Path, source_files: list[str], destination: Path, ours: set[str]):
     """Stages the converted folder inside `destination` and publishes it; the files of an earlier conversion that
     this one does not write are removed only once the new model is complete (a kill never loses both)."""
-    created = not destination.exists()
+    created = folders_to_create(destination)  # the destination and any missing parents: removed again on failure
     staged = destination / STAGING_NAME
     publishing = False
     try:
@@ -192,8 +195,7 @@ def _save(converted: PreTrainedModel, source: Path, source_files: list[str], des
         shutil.rmtree(staged, ignore_errors=True)
         if created and not publishing:  # once files move in, the record must stay: it names them as ours
             (destination / MANIFEST_NAME).unlink(missing_ok=True)
-            if destination.is_dir() and not any(destination.iterdir()):
-                destination.rmdir()
+            remove_created(created)
         if full:
             raise OSError(_disk_full_message(destination, needed, publishing)) from None
         raise
@@ -211,8 +213,8 @@ def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
         else "nothing in it was changed and the partial output was removed"
     )
     return (
-        f"convert: the disk is full while writing {destination} (about {needed / 2**20:.1f} MiB needed, "
-        f"{free / 2**20:.1f} MiB free); {outcome}: free some space and run the same command again."
+        f"convert: the disk is full while writing {destination} (about {mib(needed)} needed, "
+        f"{mib(free)} free); {outcome}: free some space and run the same command again."
     )
 
 

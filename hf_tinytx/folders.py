@@ -14,6 +14,8 @@
 - `record_written` / `written_before` / `others_files` / `remove_written`: the record a command keeps of the files it
   wrote into a destination, so that replacing its output later touches those files and no others.
 - `is_disk_full(error, folder)`: whether a write failed for lack of space (some writers say so without an errno).
+- `folders_to_create(path)` / `remove_created(folders)`: the folders a command is about to create for its output,
+  removed again (when empty) if it fails, so a failed run leaves no empty folder behind.
 - `open_new(path, mode)` / `remove_tree(path)`: every file a command creates in a destination (locks, staging files,
   records, logs, exports) is opened by `open_new`, and every leftover folder removed by `remove_tree`: a link planted
   at the name is removed itself, never written through nor emptied.
@@ -97,6 +99,26 @@ def remove_tree(path: str | os.PathLike) -> None:
         os.unlink(path)
     elif os.path.exists(path):
         shutil.rmtree(path)
+
+
+def folders_to_create(path: str | os.PathLike) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first: what `mkdir(parents=True)` creates."""
+    path, missing = Path(os.path.abspath(path)), []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Removes `folders` (from `folders_to_create`) deepest first, each only if empty: a failed command takes back the
+    folders it made, never one that holds something."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or already gone): it and its parents stay
+            if folder.exists():
+                return
 
 
 def staging_folder(destination: str | os.PathLike) -> Path:
@@ -227,6 +249,11 @@ def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) ->
         return shutil.disk_usage(folder).free < 1 << 20
     except OSError:
         return False
+
+
+def mib(size: int) -> str:
+    """A size for a disk-full message: "12.3 MiB", or "less than 0.1 MiB" (never "0.0 MiB", which reads as none)."""
+    return f"{size / 2**20:.1f} MiB" if size >= 0.05 * 2**20 else "less than 0.1 MiB"
 
 
 # A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.

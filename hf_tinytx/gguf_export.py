@@ -33,7 +33,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_tinytx import TinyTxConfig
-from .folders import STAGING_NAME, fsync_dir, is_disk_full, open_new, refuse_overlap
+from .folders import (
+    STAGING_NAME, folders_to_create, fsync_dir, is_disk_full, mib, open_new, refuse_overlap, remove_created,
+)
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
 from .tokenization import adds_bos
@@ -347,7 +349,7 @@ def _check_destination_file(destination: Path, overwrite: bool) -> None:
 
 def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
     """Writes under a temporary name beside `destination`, then renames it over: never a half-written .gguf."""
-    created = not destination.parent.exists()
+    created = folders_to_create(destination.parent)  # removed again, deepest first, if the write fails
     destination.parent.mkdir(parents=True, exist_ok=True)
     # One file renamed over another: no staging folder to `publish` from, only the name of one, beside the file.
     staged = destination.with_name(f".{destination.name}{STAGING_NAME}")
@@ -366,13 +368,12 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
         full = isinstance(error, Exception) and is_disk_full(error, staged.parent)
         writer.close()
         staged.unlink(missing_ok=True)
-        if created and not any(destination.parent.iterdir()):
-            destination.parent.rmdir()
+        remove_created(created)
         if full:
             existing = next(folder for folder in destination.parents if folder.exists())
             free = shutil.disk_usage(existing).free
             raise OSError(
-                f"gguf: the disk is full while writing {destination} ({free / 2**20:.1f} MiB free once the partial "
+                f"gguf: the disk is full while writing {destination} ({mib(free)} free once the partial "
                 "file was removed); nothing was changed: free some space and run the same command again."
             ) from None
         raise

@@ -17,9 +17,9 @@ from transformers import PreTrainedConfig, PreTrainedModel
 
 from .folders import regular_files
 from .sources import local_folder_or_hub_id
+from .stored_weights import has_safetensors, stored_shapes
 
 
-SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # Buffers that older Llama checkpoints stored and that transformers now recomputes instead of loading.
 RECOMPUTED = (".rotary_emb.inv_freq",)
 SHOWN = 3  # tensor names quoted in a message, per kind of problem
@@ -66,38 +66,6 @@ def load_config(folder: str | os.PathLike, config_class: type[PreTrainedConfig],
         raise ValueError(
             f"{who}: {path} is not a valid {config_class.model_type} config ({reason}); fix that field."
         ) from None
-
-
-def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """{tensor name: (file, shape)} of every tensor in the folder's safetensors (one file or an index's shards)."""
-    folder = Path(folder)
-    if (folder / SINGLE_FILE).is_file():
-        files = [SINGLE_FILE]
-    else:
-        files = sorted(set(_weight_map(folder / INDEX_FILE, who).values()))
-    shapes = {}
-    for name in files:
-        path = folder / name
-        if not path.is_file():
-            raise ValueError(f"{who}: {folder / INDEX_FILE} names the shard {name}, which is missing; copy it in.")
-        try:
-            with safe_open(path, framework="pt") as f:  # reads the header; the data stays on disk
-                shapes.update({key: (path, tuple(f.get_slice(key).get_shape())) for key in f.keys()})
-        except Exception as error:  # safetensors' own SafetensorError, and whatever a damaged file raises
-            raise ValueError(
-                f"{who}: {path} is damaged or truncated ({str(error).strip()}); copy or save it again."
-            ) from None
-    return shapes
-
-
-def _weight_map(index: Path, who: str) -> dict[str, str]:
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        if isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values()):
-            return weight_map
-    except (ValueError, KeyError, TypeError):
-        pass
-    raise ValueError(f'{who}: {index} is not an index with a "weight_map" of tensor names to files; save it again.')
 
 
 def check_stored_weights(
@@ -155,8 +123,7 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
             f"convert: {str(source)!r} has no config.json, so it is not a saved model folder; pass the folder that "
             "`save_pretrained` wrote."
         )
-    has_safetensors = (source / "model.safetensors").is_file() or (source / "model.safetensors.index.json").is_file()
-    if not has_safetensors:
+    if not has_safetensors(source):
         pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (source / name).exists()]
         hint = (
             f" It only has pickled weights ({pickled[0]}), which this tool does not load because unpickling can run "

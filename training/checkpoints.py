@@ -26,7 +26,7 @@ import re
 import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, open_new, remove_tree
+from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
 
 from .errors import RunError, UserInputError
 
@@ -470,8 +470,8 @@ def disk_full_message(path: str, needed_at_least: int, checkpoints_dir: str, pre
     free = shutil.disk_usage(os.path.dirname(path)).free
     intact = (f"the earlier checkpoint {previous} is intact: free some space and rerun with "
               f"--resume_from_checkpoint latest" if previous else "no checkpoint was saved yet: free space and rerun")
-    return (f"No space left on the device while writing {path} (about {needed / 2**20:.1f} MiB needed, "
-            f"{free / 2**20:.1f} MiB free); {intact}.")
+    return (f"No space left on the device while writing {path} (about {mib(needed)} needed, {mib(free)} free); "
+            f"{intact}.")
 
 
 def folder_size(path: str | None) -> int:

@@ -10,14 +10,20 @@
    through the same token stream (`ShiftingBlocks`).
 """
 
+import contextlib
+import json
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import datasets
 import torch
 from datasets import Dataset, DatasetDict
 
+from hf_tinytx.folders import is_disk_full, mib
+
 from .args import DataArguments
-from .errors import UserInputError
+from .errors import RunError, UserInputError
 from .data_files import local_data_files
 
 
@@ -81,12 +87,57 @@ def _load_local_files(data_args: DataArguments) -> DatasetDict:
     # Plain text: one document per paragraph (blank-line separated), line breaks kept.
     options = {"sample_by": "paragraph", "keep_linebreaks": True} if builder == "text" else {}
     try:
-        return datasets.load_dataset(builder, data_files=data_files, **options)
+        with datasets_cache_space():
+            raw = datasets.load_dataset(builder, data_files=data_files, **options)
+    except RunError:
+        raise
     except Exception as error:
+        if builder == "json" and (bad_line := _first_bad_json_line(data_files)):
+            raise UserInputError(bad_line) from None
         raise UserInputError(
             f"Could not read {data_files} as {builder}: {type(error).__name__}: {error}. Check that the files are "
             f"valid {builder} (JSON Lines: one object per line with a {data_args.text_column!r} field)."
         ) from error
+    for name, split in raw.items():
+        _check_text_type(split, data_args.text_column, f"--{name}_file {', '.join(data_files[name])}")
+    return raw
+
+
+def _first_bad_json_line(data_files: dict[str, list[str]]) -> str | None:
+    """Why `datasets` could not read JSON Lines, as "FILE, line N: ...", or None: it names neither file nor line. Read
+    only after it failed (the files are UTF-8 text by then: data_files.py checked every byte)."""
+    named = [(f"--{split}_file", path) for split, paths in data_files.items() for path in paths]
+    for flag, path in [(flag, path) for flag, path in named if path.lower().endswith(".jsonl")]:
+        with open(path, encoding="utf-8-sig") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as error:
+                    reason = f"not valid JSON ({error.msg} at column {error.colno})"
+                except RecursionError:  # Python's parser recurses per bracket: a line of 100000 `[` exhausts it
+                    reason = "JSON nested too deeply to read (thousands of brackets)"
+                else:
+                    if isinstance(value, dict):
+                        continue
+                    reason = f"a JSON {type(value).__name__}, not an object"
+                return (f'{flag} {path}, line {number}: {reason}; each line must be one JSON object such as '
+                        f'{{"text": "..."}}.')
+    return None
+
+
+def _check_text_type(split: Dataset, text_column: str, files: str) -> None:
+    """A text column of numbers (a parquet column of int64, a CSV column of digits) would reach the tokenizer
+    trainer as ints and fail there with a TypeError: refused naming the files and the column's type."""
+    feature = split.features.get(text_column)
+    dtype = getattr(feature, "dtype", None)
+    if isinstance(feature, datasets.Value) and dtype not in ("string", "large_string", "null"):
+        raise UserInputError(
+            f"{files}: column {text_column!r} holds {dtype} values, not text; store the documents as "
+            f"strings (e.g. df[{text_column!r}].astype(str) before writing), or pass --text_column with the column "
+            f"that holds the text."
+        )
 
 
 def _check_documents(split, text_column: str, name: str) -> None:
@@ -145,23 +196,50 @@ def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column:
 
     packed = {}
     bytes_per_token = None
-    for name in ("train", "validation"):
-        split = raw[name].select_columns([text_column])  # other columns would not survive packing anyway
-        map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
-        tokens = split.map(tokenize, batched=True, remove_columns=[text_column], **map_options)
-        if name == "validation":
-            num_tokens = sum(len(ids) for ids in tokens["input_ids"])
-            bytes_per_token = sum(tokens["num_bytes"]) / max(num_tokens, 1)
-        tokens = tokens.remove_columns(["num_bytes"])
-        if map_options:
-            map_options["desc"] = f"Packing {name} into blocks of {block_size}"
-        packed[name] = tokens.map(pack, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
-        if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
-            raise UserInputError(
-                f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} tokens); "
-                f"lower --block_size or give more text."
-            )
+    with datasets_cache_space():  # each map writes its result into the cache
+        for name in ("train", "validation"):
+            split = raw[name].select_columns([text_column])  # other columns would not survive packing anyway
+            map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
+            tokens = split.map(tokenize, batched=True, remove_columns=[text_column], **map_options)
+            if name == "validation":
+                num_tokens = sum(len(ids) for ids in tokens["input_ids"])
+                bytes_per_token = sum(tokens["num_bytes"]) / max(num_tokens, 1)
+            tokens = tokens.remove_columns(["num_bytes"])
+            if map_options:
+                map_options["desc"] = f"Packing {name} into blocks of {block_size}"
+            packed[name] = tokens.map(pack, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
+            if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
+                raise UserInputError(
+                    f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} "
+                    f"tokens); lower --block_size or give more text."
+                )
     return PackedData(train=packed["train"], validation=packed["validation"], bytes_per_token=bytes_per_token)
+
+
+@contextlib.contextmanager
+def datasets_cache_space():
+    """A full disk while `datasets` writes its cache (the files read as Arrow tables, the tokenized blocks) as one
+    line naming the cache folder and the fix; without it the error blamed the file's format, or "the output folder",
+    which does not exist yet. The partial table a map was writing (`tmp*`, left by datasets) is removed to give its
+    space back; the finished tables are kept for the rerun to reuse."""
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    before = set(cache.rglob("tmp*"))
+    try:
+        yield
+    except Exception as error:
+        causes = [error]
+        while causes[-1].__cause__ or causes[-1].__context__:  # datasets wraps the OSError in its own errors
+            causes.append(causes[-1].__cause__ or causes[-1].__context__)
+        if not any(is_disk_full(cause, cache) for cause in causes):
+            raise
+        for partial in set(cache.rglob("tmp*")) - before:
+            if partial.is_file() and not partial.is_symlink():
+                partial.unlink(missing_ok=True)
+        raise RunError(
+            f"No space left on the device in the datasets cache {cache} ({mib(shutil.disk_usage(cache).free)} free); "
+            f"nothing was written to --output_dir: free space there, or set HF_DATASETS_CACHE to a folder on a disk "
+            f"with room, and run the same command again."
+        ) from None
 
 
 def num_tokens_of(tokens: Dataset) -> int:

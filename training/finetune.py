@@ -31,9 +31,11 @@ with 128 + the signal's number and one line saying how to resume; only a finishe
 import contextlib
 import json
 import os
+import shutil
 import sys
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 if __name__ == "__main__" and not __package__:  # `python training/finetune.py` in a checkout: run the package's module
@@ -73,8 +75,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, STAGING_NAME, open_new, record_written, regular_files, remove_tree, remove_written, writing_into,
-    written_before,
+    MANIFEST_NAME, folders_to_create, is_disk_full, mib, open_new, record_written, regular_files,
+    remove_created, remove_tree, remove_written, writing_into, written_before,
 )
 from hf_tinytx.quiet import quiet_notices
 
@@ -112,8 +114,7 @@ def main(argv=None):
         return  # under torchrun every process holds the same weights: one writes them, and pushes
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     facts.update(training_facts(args, training_args, trainer, metrics))
-    with checkpoints.disk_space_guard(os.path.join(where.output_dir, STAGING_NAME), where.checkpoints_dir, CHECKPOINT):
-        save_folders(trainer.model, tokenizer, args, where, metrics, facts)
+    save_folders(trainer.model, tokenizer, args, where, metrics, facts)
     pushed = not where.pushed_dir or push_result(args, training_args, where, trainer.state.global_step)
     release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock
     if not pushed:
@@ -342,7 +343,7 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
     """The model (or adapter) folder, then with --merge the merged one (safetensors). Each is written into a staging
     folder inside it and then moved in (hf_tinytx.folders.writing_into): a run killed while saving leaves the folder's
     previous model whole, never a new config beside half-written weights."""
-    with replacing_earlier_files(where.output_dir) as staged:
+    with saving_into(where.output_dir, model, where) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
         write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"]})
@@ -352,13 +353,42 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
 
     if args.merge:
         merged = model.merge_and_unload()  # W + (alpha/r) * B @ A, in place: a plain transformers model again
-        with replacing_earlier_files(where.merged_dir) as staged:
+        with saving_into(where.merged_dir, merged, where, saved=where.output_dir) as staged:
             merged.save_pretrained(staged)  # a TinyTx also gets its code files and auto_map here
             tokenizer.save_pretrained(staged)
             write_card(where.merged_dir, staged, "merged", facts, where)
         print(f"Merged model saved to {where.merged_dir}")
     elif os.path.dirname(where.merged_dir) == where.output_dir:  # an earlier run's merged/ is part of the folder
         remove_earlier_merge(where.merged_dir)
+
+
+@contextlib.contextmanager
+def saving_into(folder: str, model, where: Destinations, saved: str | None = None):
+    """`replacing_earlier_files(folder)`, with a full disk said in one line naming `folder` (not another folder's
+    staging), the model's size as the space needed, and the folders this save created removed again, so nothing
+    of the failed save is left. `saved`: the folder already saved by this run (the adapter, before the merge)."""
+    created = folders_to_create(folder)
+    try:
+        with replacing_earlier_files(folder) as staged:
+            yield staged
+    except Exception as error:
+        full = is_disk_full(error, folder)
+        remove_created(created)
+        if not full:
+            raise
+        needed = sum(p.numel() * p.element_size() for p in model.parameters())
+        existing = next(path for path in (folder, *map(str, Path(folder).parents)) if os.path.exists(path))
+        free = shutil.disk_usage(existing).free
+        kept = (f"the LoRA adapter in {saved} is saved; rerun with --overwrite_output_dir" if saved
+                else "rerun the same command")
+        saves = checkpoints.steps_saved(where.checkpoints_dir, CHECKPOINT)
+        if saves and not saved:
+            kept = f"the checkpoint {CHECKPOINT}{saves[-1]} is intact: rerun with --resume_from_checkpoint latest"
+        raise RunError(
+            f"No space left on the device while saving {folder} (about {mib(needed)} needed, "
+            f"{mib(free)} free); the partial save was removed: free some space there, or point "
+            f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}."
+        ) from None
 
 
 def remove_earlier_merge(merged_dir: str) -> None:

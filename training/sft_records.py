@@ -73,6 +73,11 @@ def _read_jsonl(path: str) -> list[dict]:
                 f"{where}: not valid JSON ({error.msg} at column {error.colno}). Each line must be one JSON "
                 f"object, e.g. {{\"prompt\": \"...\", \"response\": \"...\"}}."
             ) from None
+        except RecursionError:  # Python's parser recurses per bracket: a line of 100000 `[` exhausts the stack
+            raise UserInputError(
+                f"{where}: JSON nested too deeply to read (thousands of brackets), not a record; each line must be "
+                f"one JSON object such as {{\"prompt\": \"...\", \"response\": \"...\"}}."
+            ) from None
         records.append({**_check_record(value, where), "where": where})  # named again if the chat template fails
     return records
 
@@ -80,6 +85,12 @@ def _read_jsonl(path: str) -> list[dict]:
 def _check_record(value, where: str) -> dict:
     if not isinstance(value, dict):
         raise UserInputError(f"{where}: expected a JSON object, got {type(value).__name__}.")
+    if "messages" in value and ("prompt" in value or "response" in value):
+        # Which one would train is a guess either way (TRL's formats are one or the other): refused, not picked.
+        raise UserInputError(
+            f"{where}: the record has both \"messages\" and \"prompt\"/\"response\", so what it teaches is "
+            f"ambiguous; keep one of the two formats in each record."
+        )
     if "messages" in value:
         return {"kind": "chat", "messages": _check_messages(value["messages"], where)}
     if "prompt" in value or "response" in value:
@@ -111,6 +122,14 @@ def _check_messages(messages, where: str) -> list[dict]:
             )
     if not any(message["role"] == "assistant" for message in messages):
         raise UserInputError(f"{where}: no \"assistant\" message, so there is nothing to learn from this record.")
+    # An empty reply would train the model to answer with nothing (only the end-of-turn tokens), as an empty
+    # "response" would: refused the same way.
+    empty = [i for i, message in enumerate(messages) if message["role"] == "assistant" and not message["content"]]
+    if empty:
+        raise UserInputError(
+            f"{where}: message {empty[0]} (assistant) has an empty \"content\", which would teach the model to say "
+            f"nothing; write the reply, or drop that exchange from the record."
+        )
     return [{"role": message["role"], "content": _text(message["content"], where, f"message {i}'s \"content\"")}
             for i, message in enumerate(messages)]
 
