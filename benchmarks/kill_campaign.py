@@ -4,9 +4,10 @@ or convert's same command) always end with exactly the result of a run never int
 in the output folder always survive, and does the folder hold, at every moment seen after a kill, no model yet or one
 that loads (for convert: the old model or the new one, never neither)?
 
-    python -m benchmarks.kill_campaign                   # all three commands, 33 trials: 13 minutes on 2 shared cores
+    python -m benchmarks.kill_campaign                   # all four, 39 trials: about 17 minutes on 2 shared cores
     python -m benchmarks.kill_campaign --quick           # 2 trials per command, 2-4 minutes; writes nothing
     python -m benchmarks.kill_campaign --commands finetune --finetune_trials 12 --seed 1
+    python -m benchmarks.kill_campaign --commands nodes --out benchmarks/results/kill_campaign_nodes
 
 Run it from the repository root (`-m`): the faults come from tests/helpers/faults.py and tests/helpers/launch.py,
 shared with the tests; nothing in training/ or hf_tinytx/ knows of them.
@@ -24,6 +25,11 @@ it at a moment drawn from --seed:
   destination), through tests/helpers/launch.py, which patches that function in a child Python;
 - SIGTERM / SIGINT (pretrain, finetune): at a random time of the run or of its training phase; the run must exit
   128 + the signal with its one stop line (torchrun: 1, with the line), or 0 if it had already finished.
+
+Outside --quick, "nodes" (kill_campaign_nodes.py) trains pretrain on two simulated nodes (two torchrun launches, c10d)
+and injects a node's fault: its worker or its agent killed (kill -9), or its worker frozen (SIGSTOP); it measures how
+soon every other process is gone (0 may hang past the bound), then resumes on 1 process or on 2 nodes until the run
+ends, bit for bit equal to one process with the same --total_batch_size.
 
 Finetune also runs (outside --quick) trials of a 2-process launch (torchrun --nproc_per_node 2): SIGTERM or SIGINT to
 the launcher, or SIGKILL of the rank that reaches a checkpoint's weights first. Pretrain's dropout trials (attention
@@ -56,6 +62,7 @@ try:
     from benchmarks.kill_campaign_common import row, say, table
     from benchmarks.kill_campaign_convert import Convert
     from benchmarks.kill_campaign_finetune import Finetune
+    from benchmarks.kill_campaign_nodes import Nodes
     from benchmarks.kill_campaign_pretrain import Pretrain
     from tests.helpers.tiny import REPO_ROOT, pretrain_env
 except ModuleNotFoundError as error:
@@ -64,7 +71,7 @@ except ModuleNotFoundError as error:
     sys.exit("kill_campaign.py: run it from the repository root as `python -m benchmarks.kill_campaign`.")
 
 
-COMMANDS = ("pretrain", "finetune", "convert")
+COMMANDS = ("pretrain", "finetune", "convert", "nodes")  # nodes: pretrain on two simulated nodes (not in --quick)
 PRETRAIN_ALONE_TRIALS = 20  # the pretrain-only campaign's count, before finetune and convert joined it
 
 
@@ -77,7 +84,8 @@ def source_version() -> str:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--commands", default=",".join(COMMANDS), help="Which commands' trials, comma-separated.")
+    parser.add_argument("--commands", default=None, help=f"Which commands' trials, comma-separated: of "
+                        f"{', '.join(COMMANDS)} (default: all; --quick: all but nodes).")
     parser.add_argument("--trials", type=int, default=12, help="pretrain: SIGKILL trials.")
     parser.add_argument("--dropout_trials", type=int, default=2, help="pretrain: how many of --trials use dropout.")
     parser.add_argument("--signal_trials", type=int, default=4, help="pretrain: SIGTERM/SIGINT trials.")
@@ -85,19 +93,22 @@ def parse_args():
     parser.add_argument("--finetune_trials", type=int, default=9, help="finetune: one-process trials.")
     parser.add_argument("--ddp_trials", type=int, default=2, help="finetune: 2-process (torchrun) trials.")
     parser.add_argument("--convert_trials", type=int, default=6)
+    parser.add_argument("--node_trials", type=int, default=6, help="nodes: two-node trials (kill -9 of a worker "
+                        "or an agent, SIGSTOP), half with --max-restarts 1.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 trials per command, no killed reruns, no 2-process "
                         "trials; writes nothing.")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--keep", action="store_true", help="Keep the trials' folders (printed) to look into.")
     args = parser.parse_args()
-    args.commands = [name.strip() for name in args.commands.split(",") if name.strip()]
+    default = ",".join(name for name in COMMANDS if not (args.quick and name == "nodes"))
+    args.commands = [name.strip() for name in (args.commands or default).split(",") if name.strip()]
     unknown = sorted(set(args.commands) - set(COMMANDS))
     if unknown:
         parser.error(f"--commands: unknown {unknown}; choose from {', '.join(COMMANDS)}")
     if args.quick:
         args.trials, args.dropout_trials, args.signal_trials, args.steps = 1, 0, 1, 4
-        args.finetune_trials, args.ddp_trials, args.convert_trials = 2, 0, 2
+        args.finetune_trials, args.ddp_trials, args.convert_trials, args.node_trials = 2, 0, 2, 2
     args.dropout_trials = min(args.dropout_trials, args.trials)
     return args
 
@@ -108,6 +119,7 @@ def campaigns(args, folder: Path, env: dict) -> list:
                                      args.steps, args.seed),
         "finetune": lambda: Finetune(folder, env, args.quick, args.finetune_trials, args.ddp_trials, args.seed),
         "convert": lambda: Convert(folder, env, args.quick, args.convert_trials, args.seed),
+        "nodes": lambda: Nodes(folder, env, args.quick, args.node_trials, args.seed),
     }
     return [made[name]() for name in args.commands]
 
@@ -117,6 +129,8 @@ def counts(rows: list[dict]) -> dict:
     return {"tried": len(rows), "killed": sum(row["killed"] for row in rows),
             "rerun_kills": sum(row["rerun_kills"] for row in rows),
             "bit_for_bit": sum(row["equal"] for row in rows), "lost": sum(row["lost"] for row in rows),
+            "hung": sum(bool(row.get("hung")) for row in rows),
+            "separate_runs": sum(bool(row.get("split")) for row in rows),
             "signal_trials": len(signalled), "stop_promises_kept": sum(bool(row["promise"]) for row in signalled),
             "stops": {outcome: sum(row["stop"] == outcome for row in signalled)
                       for outcome in ("stopped", "finished", "late", "broken")}}
@@ -127,6 +141,13 @@ def stops_line(c: dict) -> str:
     return (f"SIGTERM/SIGINT: {c['signal_trials']} sent, {stops['stopped']} stopped the run with its line, "
             f"{stops['finished']} came after the run had finished (exit 0), {stops['late']} came as the process left "
             f"after publishing its model (exit -signal; torchrun 1), {stops['broken']} broke the promise")
+
+
+def nodes_line(rows: list[dict], c: dict, summary: dict) -> str:
+    gone = [r["seconds_to_gone"] for r in rows if r.get("seconds_to_gone") is not None]
+    spread = f"{min(gone):.0f}-{max(gone):.0f} s" if gone else "-"
+    return (f"after a node's fault every other process was gone in {spread} (bound {summary['bound_seconds']} s); "
+            f"{c['hung']} hung past the bound; {c['separate_runs']} launches trained with fewer processes than launched")
 
 
 def counts_line(c: dict) -> str:
@@ -142,6 +163,7 @@ def section(name: str, summary: dict, rows: list[dict], c: dict) -> str:
              table(rows), "",
              f"{c['killed']} of {c['tried']} first runs stopped; {c['rerun_kills']} reruns killed as well",
              *([stops_line(c)] if c["signal_trials"] else []),
+             *([nodes_line(rows, c, summary)] if name == "nodes" else []),
              f"{name}: {counts_line(c)}"]
     return "\n".join(lines)
 

@@ -7,12 +7,13 @@ agent killed alone (kill -9), its worker frozen (SIGSTOP; the frozen node is kil
 scheduler would). Then the seconds until every process of both launches is gone are measured against a bound (a hang
 past it is killed and counted), and the run is resumed, on 1 process or on 2 nodes again (drawn per rerun), until it
 exits 0. The final weights must equal a one-process run's with the same --total_batch_size, bit for bit (DDP). A
-launch in which more than one process announced itself as the main one ran as separate runs: counted as a run with
-fewer processes than launched.
+node that trained in a group smaller than the launch's (its first process prints the group's size) counts as a run
+with fewer processes than launched.
 """
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -32,7 +33,8 @@ FLAGS = [*TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_siz
 FAULTS = ("kill worker", "kill agent", "freeze worker")
 BOUND = 90  # seconds from a fault to every process gone: --ddp_timeout, torchrun's restart and its join timeout
 JOIN_TIMEOUT = 30  # --rdzv-conf join_timeout: how long a restarted node waits for one that is gone
-MAIN_LINE = "Training for "  # printed once per launch, by its main process
+TRAINING_LINE = "Training for "  # printed by each node's first process once the run trains
+GROUP_LINE = re.compile(r"^(\d+) process\(es\) on", re.M)  # printed by each node's first process: the group's size
 
 
 def free_port() -> int:
@@ -55,6 +57,12 @@ def workers(pid: int) -> list[int]:
         except OSError:
             return ""
     return [p for p in descendants(pid) if "pretrain" in command(p) and "torch.distributed.run" not in command(p)]
+
+
+def fewer_than(launched: int, outputs: list[str]) -> bool:
+    """Whether a node trained in a process group smaller than the launch."""
+    return any(TRAINING_LINE in output and [int(n) for n in GROUP_LINE.findall(output)][-1:] != [launched]
+               for output in outputs if launched > 1)
 
 
 def alive(pid: int) -> bool:
@@ -89,7 +97,7 @@ class Nodes:
 
     def plans(self) -> list[dict]:
         rng = random.Random(f"{self.seed}-nodes")
-        return [{"trial": index + 1, "command": self.name, "config": f"restarts {index // 3 % 2}",
+        return [{"trial": index + 1, "command": self.name, "config": f"{index // 3 % 2} restart",
                  "kind": FAULTS[index % 3], "max_restarts": index // 3 % 2, "node": rng.randint(0, 1),
                  "after_step": EVERY * rng.randint(1, STEPS // EVERY - 2), "delay": rng.uniform(0, 1.0),
                  "resume_on": [rng.choice((1, 2)) for _ in range(MAX_RERUNS)]}
@@ -158,21 +166,23 @@ class Nodes:
         struck, pids, frozen = self.fault(plan, nodes, output_dir)
         outputs, seconds, hung = self.end_of(plan, nodes, struck, pids, frozen)
         codes = [node.returncode for node in nodes]
-        split = [sum(output.count(MAIN_LINE) > 0 for output in outputs) > 1]
-        moment = f"{plan['kind']} of node {plan['node']} after step_{plan['after_step']}" + \
-            (f", all gone in {seconds:.0f} s" if seconds is not None else " (not reached)")
+        for index, output in enumerate(outputs):  # what each node printed, to look into with --keep
+            (self.folder / f"trial_{plan['trial']:02d}_node{index}.log").write_text(output)
+        split = [fewer_than(2, outputs)]
+        moment = f"{plan['kind']} n{plan['node']} after step_{plan['after_step']}" + \
+            (f", all gone {seconds:.0f} s" if seconds is not None else " (not reached)")
         done_by_itself = all(code == 0 for code in codes) and not hung
         reruns, code, resumed_on = 0, 0 if done_by_itself else 1, []
         while code != 0 and reruns < MAX_RERUNS:
             processes = plan["resume_on"][reruns]
             code, rerun_outputs = self.rerun(processes, output_dir, plan["max_restarts"])
-            split.append(sum(output.count(MAIN_LINE) > 0 for output in rerun_outputs) > 1)
+            split.append(fewer_than(processes, rerun_outputs))
             resumed_on.append(str(processes))
             reruns += 1
         equal = code == 0 and same_weights(self.reference["output_dir"] / "model.safetensors",
                                            output_dir / "model.safetensors")
         lost = not notes_kept(output_dir)
-        error = ("HUNG past the bound; " if hung else "") + ("RAN AS SEPARATE RUNS; " if any(split) else "")
+        error = ("HUNG past the bound; " if hung else "") + ("TRAINED WITH FEWER PROCESSES THAN LAUNCHED; " if any(split) else "")
         if not equal:
             error += f"the final model differs, or no run exited 0 (last exit {code})"
         return row(plan, moment=moment, killed=struck is not None, first_exit=max(codes, key=abs),
