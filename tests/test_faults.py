@@ -300,7 +300,7 @@ def test_silent_hub_ends_in_bounded_time_with_the_model_kept_locally(tmp_path):
         elapsed = time.monotonic() - start
         connections = server.connections
 
-    assert_completed(result)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, describe(result)  # as finetune.py
     assert connections >= 1, "the run never reached the (silent) Hub: HF_ENDPOINT was not used"
     assert elapsed < 120, f"{elapsed:.0f} s on a Hub that never answers"
     assert (output_dir / "model.safetensors").is_file() and (output_dir / "config.json").is_file()
