@@ -15,7 +15,6 @@ import pytest
 from tests.helpers.faults import silent_server
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
-
 pytestmark = pytest.mark.slow
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")

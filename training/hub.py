@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from hf_tinytx.folders import link_or_copy
 
-from .preemption import StopRequests, Stopped
+from .preemption import Stopped, StopRequests
 
 
 logger = logging.getLogger(__name__)
