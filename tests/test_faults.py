@@ -300,7 +300,7 @@ def test_silent_hub_ends_in_bounded_time_with_the_model_kept_locally(tmp_path):
         elapsed = time.monotonic() - start
         connections = server.connections
 
-    assert_completed(result)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, describe(result)  # as finetune.py
     assert connections >= 1, "the run never reached the (silent) Hub: HF_ENDPOINT was not used"
     assert elapsed < 120, f"{elapsed:.0f} s on a Hub that never answers"
     assert (output_dir / "model.safetensors").is_file() and (output_dir / "config.json").is_file()
@@ -378,7 +378,7 @@ def test_silent_hub_bounds_the_finetune_upload_too(tmp_path):
     assert result.returncode == 1, describe(result)  # the push was asked for and did not happen: not a success
     assert connections >= 1, "the run never reached the (silent) Hub: HF_ENDPOINT was not used"
     assert elapsed < 120, f"{elapsed:.0f} s on a Hub that never answers"
-    assert "did not finish within 5 s" in result.stdout and "was NOT pushed" in result.stdout, describe(result)
+    assert "did not finish within 5 s" in result.stdout and "was NOT pushed" in result.stderr, describe(result)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "tuned")  # complete on disk
     assert model.config.model_type == "tinytx"
 

@@ -115,10 +115,12 @@ def main(argv=None):
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     facts.update(training_facts(args, training_args, trainer, metrics))
     save_folders(trainer.model, tokenizer, args, where, metrics, facts)
-    pushed = not where.pushed_dir or push_result(args, training_args, where, trainer.state.global_step)
-    release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock
-    if not pushed:
-        raise PushFailed
+    try:
+        not_pushed = push_result(args, training_args, where, trainer.state.global_step) if where.pushed_dir else None
+    finally:
+        release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock, also when a signal ended the push
+    if not_pushed:
+        raise RunError(not_pushed)  # exit 1, as pretrain.py: a push that was asked for and did not happen
 
 
 def announce_cpu_settings(training_args: TrainingArguments) -> None:
@@ -428,14 +430,14 @@ def build_datasets(args, tokenizer, model, train_records, validation_records):
     return train_dataset, eval_dataset, max_seq_length
 
 
-def push_result(args, training_args, where: Destinations, steps: int) -> bool:
+def push_result(args, training_args, where: Destinations, steps: int) -> str | None:
     """One upload at the end: the merged model with --merge, else output_dir's files without its sub-folders and
-    hidden files (the run's .lock)."""
+    hidden files (the run's .lock). None once pushed, else the line to end the run with (hub.push_final)."""
     pusher = HubPusher(where.hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo))
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
     names = [name for name in refuse_links_out(where.pushed_dir) if os.sep not in name and not name.startswith(".")]
     return push_final(pusher, where.pushed_dir, names, f"Fine-tuned {what} ({steps} steps)", what, args.hub_timeout,
-                      exclude=("*/*", ".*"))
+                      exclude=("*/*", ".*"), stop=STOP)
 
 
 def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
@@ -583,15 +585,12 @@ def write_json(path: str | os.PathLike, values: dict) -> None:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
 
 
-class PushFailed(Exception):
-    """The upload failed after everything was saved locally (push_result said why)."""
-
-
 if __name__ == "__main__":
     try:
         main()
     except (UserInputError, RunError) as error:
         sys.stderr.write(f"finetune.py: error: {error}\n")  # one write: processes of a launch may say it at once
+        distributed.exit_launched_process(2 if isinstance(error, UserInputError) else 1)  # (as a finished run)
         sys.exit(2 if isinstance(error, UserInputError) else 1)
     except Stopped as stopped:
         if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
@@ -599,7 +598,4 @@ if __name__ == "__main__":
         sys.stderr.flush()
         distributed.exit_launched_process(stopped.exit_code)
         sys.exit(stopped.exit_code)
-    except PushFailed:
-        distributed.exit_launched_process(code=1)
-        sys.exit(1)
     distributed.exit_launched_process()

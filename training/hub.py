@@ -25,6 +25,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -32,10 +33,13 @@ from dataclasses import dataclass, field
 
 from hf_tinytx.folders import link_or_copy
 
+from .preemption import Stopped, StopRequests
+
 
 logger = logging.getLogger(__name__)
 
 # Anything shaped like a Hub token or an Authorization header value, in case a message carries one we don't know.
+POLL_S = 0.2  # how long a stop signal may wait for a wait to notice it
 _TOKEN_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?i)(bearer\s+)[^\s'\")]+"))
 
 
@@ -91,27 +95,36 @@ class HubPusher:
 
     def push(self, folder: str, commit_message: str, path_in_repo: str | None = None, timeout=None) -> bool:
         """Upload `folder` after the queued uploads, wait for it (at most `timeout` s), return whether it got there."""
-        job = _Job(str(folder), commit_message, path_in_repo)
-        self._enqueue(job)
-        if not job.done.wait(timeout):
-            with self._lock:
-                self._failures.append(
-                    f"Hub push {commit_message!r} to {self.repo_id} did not finish within {timeout:.0f} s "
-                    f"(the Hub is slow or not answering)"
-                )
+        started = time.monotonic()
+        job = self.submit(folder, commit_message, path_in_repo)
+        if not wait_until(job.done.is_set, job.done.wait, None if timeout is None else started + timeout):
+            self.note_unfinished(commit_message, time.monotonic() - started, timeout)
             return False
         return job.ok
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every queued upload has finished (or failed); False if `timeout` ran out first."""
+    def submit(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> _Job:
+        """Queue an upload of `folder` as it is (no snapshot) and return its job: `job.done` is set once it ended."""
+        job = _Job(str(folder), commit_message, path_in_repo)
+        self._enqueue(job)
+        return job
+
+    def wait(self, timeout: float | None = None, stop=None) -> bool:
+        """Wait until every queued upload has finished (or failed); False if `timeout` ran out first, or `stop()`
+        turned true (a stop signal: see `wait_until`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        return wait_until(lambda: not self._pending, self._wait_idle, deadline, stop)
+
+    def _wait_idle(self, seconds: float | None) -> None:
         with self._idle:
-            while self._pending:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
+            if self._pending:
+                self._idle.wait(seconds)
+
+    def note_unfinished(self, commit_message: str, waited: float, timeout: float | None) -> None:
+        """Records an upload not waited for to its end, with the true time waited (the flag may have allowed more)."""
+        limit = f" (--hub_timeout {timeout:g} s)" if timeout is not None else ""
+        with self._lock:
+            self._failures.append(f"Hub push {commit_message!r} to {self.repo_id} did not finish within "
+                                  f"{waited:.0f} s{limit}: the Hub is slow or not answering")
 
     @property
     def failures(self) -> list[str]:
@@ -195,6 +208,23 @@ class HubPusher:
         return _TOKEN_PATTERNS[1].sub(r"\1***", text)
 
 
+def wait_until(done, sleep, deadline: float | None, stop=None) -> bool:
+    """Whether `done()` came true before the monotonic `deadline` (None: no limit) and before `stop()` did; `sleep(s)`
+    waits for a change (at most s seconds). With a `stop`, the waits are slices of POLL_S: a stop signal's handler
+    only records the signal (training/preemption.py) and a wait on a lock resumes after it, so one long wait would
+    sit out the whole --hub_timeout after a Ctrl-C."""
+    while not done():
+        if stop is not None and stop():
+            return False
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        if stop is not None:
+            left = POLL_S if left is None else min(left, POLL_S)
+        sleep(left)
+    return True
+
+
 def _snapshot(folder: str) -> str:
     """Hard-link (or copy) `folder` into a new hidden sibling folder, which lives on the same file system."""
     if not os.path.isdir(folder):
@@ -249,25 +279,42 @@ def _token_from_client() -> str | None:
 
 
 def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message: str, what: str, timeout: float,
-               exclude: tuple[str, ...], say=print) -> bool:
+               exclude: tuple[str, ...], stop: StopRequests, say=print) -> str | None:
     """Uploads `names` of `folder` to the repo's root after the queued uploads, within `timeout` s in all, then says
-    how every upload went. The files are hard-linked into a hidden folder inside `folder` first, so the upload sends
-    exactly them. `exclude`: the `hf upload --exclude` patterns that leave out what `names` leaves out."""
-    deadline = time.monotonic() + timeout
+    how every upload went; returns None once the model is on the Hub, else the one line (what is complete, the command
+    that retries) to end the run with, non-zero: a push asked for that did not happen is no success. The files are
+    hard-linked into a hidden folder inside `folder` first, so the upload sends exactly them. `exclude`: the
+    `hf upload --exclude` patterns that leave out what `names` leaves out. A stop signal (`stop`) ends the wait as
+    `Stopped`: the model is complete on disk, so there is nothing to finish first."""
+    started = time.monotonic()
+    deadline = started + timeout
+    patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)
+    retry = f"`hf upload {pusher.repo_id} {folder}{patterns}`"
+    asked = lambda: bool(stop.received)
     snapshot = tempfile.mkdtemp(prefix=".hub-final-", dir=folder)
     try:
         link_or_copy(folder, snapshot, names)
-        if not pusher.wait(timeout=min(300, timeout)):
+        if not pusher.wait(timeout=min(300, timeout), stop=asked) and not asked():
             say(f"Checkpoint uploads are still running; the {what}'s upload follows them...")
-        pushed = pusher.push(snapshot, commit_message, timeout=max(1.0, deadline - time.monotonic()))
+        job = pusher.submit(snapshot, commit_message)
+        finished = wait_until(job.done.is_set, job.done.wait, deadline, stop=asked)
     finally:
         shutil.rmtree(snapshot, ignore_errors=True)
-    report_final_push(pusher, pushed, what, folder, exclude, say)
-    return pushed
+    waited = time.monotonic() - started
+    if not finished and asked():
+        signum = stop.received[0]
+        raise Stopped(f"{stop.program}: stopped by {signal.Signals(signum).name} after {waited:.0f} s of the Hub "
+                      f"push, which did not finish; the local folder {folder} is complete: push it with {retry}.",
+                      signum)
+    if not finished:
+        pusher.note_unfinished(commit_message, waited, timeout)
+    report_final_push(pusher, finished and job.ok, what, folder, say)
+    if finished and job.ok:
+        return None
+    return f"The {what} was NOT pushed to {pusher.repo_id}; the local folder {folder} is complete: push it with {retry}."
 
 
-def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, exclude: tuple[str, ...],
-                      say=print) -> None:
+def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, say=print) -> None:
     """A summary at the very end, so a failed upload is not lost in the training log (never with the token)."""
     failures, repo_id = pusher.failures, pusher.repo_id
     if pushed and not failures:
@@ -278,7 +325,3 @@ def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, e
         say(f"  - {message}")
     if pushed:
         say(f"The {what} did reach the Hub; the local folder {folder} is complete.")
-    else:
-        patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)
-        say(f"The {what} was NOT pushed; the local folder {folder} is complete: push it again with "
-            f"`hf upload {repo_id} {folder}{patterns}`.")

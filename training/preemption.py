@@ -10,11 +10,19 @@ next optimizer step boundary, with a resumable checkpoint, instead of killing it
 - The exit status is 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a shell reports a process a
   signal ended and as `accelerate launch` exits on one.
 
+- A signal during the final Hub push ends its wait (training/hub.py polls `received`): the model is complete on disk.
+- Processes this one forks (datasets' tokenization workers) die with it (`children_die_with_parent`), whatever ends
+  it: they would otherwise live on, orphaned, waiting for work from a parent that is gone.
+- Once the interpreter starts shutting down, the stop signals are ignored: Python then puts back the default actions,
+  so a second signal during the exit would end the process as killed (-15) instead of with its 128 + signal.
+
 torchrun and `accelerate launch` forward SIGTERM and SIGINT to every rank, then SIGKILL what is still alive after a
 grace period (torchrun: --shutdown_timeout, 30 s by default; `accelerate launch` with one process: 5 s). A worker
 whose launcher died (torchrun's agent killed alone) counts as having got SIGTERM: nothing else would ever stop it.
 """
 
+import atexit
+import ctypes
 import os
 import signal
 import sys
@@ -49,6 +57,9 @@ class StopRequests:
         self.launcher = LauncherWatch()
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
+        # Registered first, so run last of the exit handlers: every Python-level cleanup still has the handler.
+        atexit.register(ignore_stop_signals, self.pid)
+        children_die_with_parent()
 
     def training(self) -> None:
         """From now on a signal is honoured at the next step boundary."""
@@ -94,6 +105,38 @@ class StopRequests:
         if accelerator.num_processes > 1:
             torch.distributed.all_reduce(counts)
         return signal_of(counts.tolist())
+
+
+def ignore_stop_signals(pid: int | None) -> None:
+    """From the interpreter's last exit handler on: a late signal leaves the chosen exit status alone (Python's
+    shutdown would otherwise restore the default action, and the process would end as killed by it)."""
+    if os.getpid() == pid:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_forking_pid = [None]
+
+
+def children_die_with_parent() -> None:
+    """Every process forked from now on gets SIGKILL from the kernel when the process (strictly: the thread) that
+    forked it ends. datasets' `map(num_proc=...)` workers are forked by multiprocess, which offers no hook of its own;
+    SIGTERM to this process alone (what torchrun sends a rank) leaves them no parent to wait for and, unkilled,
+    they would live on with PID 1 as their parent. Linux only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+
+    def in_child():
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != _forking_pid[0]:  # the parent was gone before the request took effect
+            os._exit(128 + signal.SIGKILL)
+
+    os.register_at_fork(before=lambda: _forking_pid.__setitem__(0, os.getpid()), after_in_child=in_child)
 
 
 def signal_of(counts: list[float]) -> int | None:

@@ -156,11 +156,13 @@ def main(argv=None) -> None:
         run = setup(model_args, data_args, train_args)
         fit(run)
         final_metrics, probe_results = finish(run)
-        export_and_push(run, final_metrics, probe_results)
+        not_pushed = export_and_push(run, final_metrics, probe_results)
     except RuntimeError as error:
         if STOP.received or not cluster.is_peer_failure(error):
             raise  # a peer that left at a stop signal is a stop (see the end of this file)
         raise RunError(lost_peer_message(run, train_args, error)) from None
+    if not_pushed:
+        raise RunError(not_pushed)  # exit 1, as finetune.py: a push that was asked for and did not happen
 
 
 def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str:
@@ -713,25 +715,31 @@ def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> ProbeRe
 # ---------------------------------------------------------------------------------------------------- export
 
 
-def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport") -> None:
-    """The model folder first (complete on disk), then the Hub. A failed upload is reported, not raised: the run
-    itself succeeded and its folder is complete."""
+def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport") -> str | None:
+    """The model folder first (complete on disk), then the Hub. Returns None, or the one line saying that the final
+    model was not pushed (raised by `main` once every process is past the barrier); a stop signal during the push
+    ends it as `Stopped`, the model folder being complete."""
     accelerator = run.accelerator
     stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
     to_save = gather_for_saving(run)
+    not_pushed = None
     if accelerator.is_main_process:
         card = cards.pretrained_card(card_context(run, final_metrics, probe_results))
         names = export.export_final(run.output_dir, run.checkpoints_dir, *to_save, run.tokenizer, card, run.log.rows,
                                     training_record(run))
         accelerator.print(f"Model folder: {run.output_dir}")
-        if run.pusher is not None:
-            # The exported files only: not the checkpoints, nor anything else in the folder.
-            push_final(run.pusher, run.output_dir, [*names, "metrics.jsonl"],
-                       f"TinyTx pre-trained for {run.progress.step} steps", "final model", run.train_args.hub_timeout,
-                       exclude=("checkpoints/*", ".*"), say=accelerator.print)
-        release_lock(run.lock, run.output_dir)
+        try:
+            if run.pusher is not None:
+                # The exported files only: not the checkpoints, nor anything else in the folder.
+                not_pushed = push_final(run.pusher, run.output_dir, [*names, "metrics.jsonl"],
+                                        f"TinyTx pre-trained for {run.progress.step} steps", "final model",
+                                        run.train_args.hub_timeout, exclude=("checkpoints/*", ".*"), stop=STOP,
+                                        say=accelerator.print)
+        finally:
+            release_lock(run.lock, run.output_dir)  # the folder is complete, also when a signal ended the push
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    return not_pushed
 
 
 def gather_for_saving(run: Run) -> tuple[torch.nn.Module, dict] | None:
