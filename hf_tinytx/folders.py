@@ -7,8 +7,10 @@
   it raises).
 - `publish(staged, destination)`: moves freshly written files into a folder one `os.replace` each, after `fsync`,
   weights first and `config.json` (a PEFT adapter's `adapter_config.json`) last, deleting nothing before its
-  replacement is in: at every moment the folder holds a config beside weights that load (the previous model, or the
-  new one), files that are not the model's are never touched, and it works when `destination` is a mount point.
+  replacement is in; a new model of another config (another shape) first takes the old config out of the folder.
+  At every moment the folder loads as the previous model or the new one, or refuses to load (no config): never as
+  a mix. Files that are not the model's are never touched, and it works when `destination` is a mount point.
+- `interrupted_save(folder)`: whether a killed `publish` left `folder` without its config (run the command again).
 - `refuse_overlap(source, destination, flag_names)`: a destination equal to, inside or above the source, or reached
   a link, refused (OverlapError) before anything is written: no command writes where it reads.
 - `record_written` / `written_before` / `others_files` / `remove_written`: the record a command keeps of the files it
@@ -165,17 +167,26 @@ def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
 
     Each file is flushed, then moved in with one `os.replace`: the weights first, then the earlier save's weight
     files the new ones do not replace, then the rest (tokenizer, code, card), and the config (`config.json`, an
-    adapter's `adapter_config.json`) last. Nothing is deleted before its replacement is in place, so a reader (or a
-    kill) mid-way finds the previous model, or the new weights beside the previous config and files, which for a
-    fine-tune or a re-export of the same architecture load as the new model; once the config has moved, the new
-    model whole. Files that are not the model's are never touched, and it works when `destination` is a mount point
-    (the staging folder lives inside it, on the same file system).
+    adapter's `adapter_config.json`) last. Nothing is deleted before its replacement is in place.
+
+    When the new config equals the old one and one rename swaps all the weights (a fine-tune, a re-export of the
+    same architecture), the old config stays until the new one replaces it: a reader (or a kill) mid-way finds the
+    previous model or the new one. Otherwise (another shape, another config, sharded weights, no old config) the old
+    configs are first moved out of the folder into `staged`: from then until the new config is in, the folder has
+    none and `from_pretrained` refuses it in one line, where the old config beside new weights would load as neither
+    model (layers it names but the weights lack get random values, weights it does not name are dropped). A kill in
+    that window leaves `interrupted_save(destination)` true; the same command, run again, saves the model whole.
+
+    Files that are not the model's are never touched, and it works when `destination` is a mount point (the staging
+    folder lives inside it, on the same file system).
     """
     staged, destination = Path(staged), Path(destination)
     names = regular_files(staged)
     fsync_tree(staged)
     weights = sorted((name for name in names if WEIGHT_FILE.match(name)), key=lambda name: name.endswith(".json"))
     rest = sorted(set(names) - set(weights), key=lambda name: name in CONFIG_NAMES)
+    if not _old_config_fits(staged, destination, weights):
+        _take_configs_out(staged, destination)
     for name in weights:  # shards before their index: an index never names a shard not yet in place
         os.replace(staged / name, destination / name)
     for old in os.listdir(destination):
@@ -186,6 +197,49 @@ def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
         os.replace(staged / name, destination / name)
     fsync_dir(destination)
     shutil.rmtree(staged)
+
+
+REPLACED_CONFIGS = ".replaced"  # inside the staging folder: the old configs `publish` took out of the destination
+
+
+def _old_config_fits(staged: Path, destination: Path, weights: list[str]) -> bool:
+    """Whether the destination's configs may stay while the new weights move in: each config name is in both
+    folders or neither, with equal contents, and at most one weight file moves (shards of the same names would
+    otherwise mix two saves until the last moved)."""
+    if len(weights) > 1:
+        return False
+    for name in CONFIG_NAMES:
+        old, new = _json_or_none(destination / name), _json_or_none(staged / name)
+        if old != new or (old is None and os.path.lexists(destination / name)):  # an unreadable config: replace
+            return False
+    return True
+
+
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _take_configs_out(staged: Path, destination: Path) -> None:
+    """Moves the destination's configs (a link as itself) into `staged`, removed with it once the new config is
+    in: a rename, so nothing is lost before the new model is whole, and a model's config is never the user's."""
+    moved = False
+    for name in CONFIG_NAMES:
+        old = destination / name
+        if os.path.lexists(old) and not (old.is_dir() and not old.is_symlink()):
+            (staged / REPLACED_CONFIGS).mkdir(exist_ok=True)
+            os.replace(old, staged / REPLACED_CONFIGS / name)
+            moved = True
+    if moved:
+        fsync_dir(destination)  # the config is gone on disk before any new weight arrives
+
+
+def interrupted_save(folder: str | os.PathLike) -> bool:
+    """Whether `folder` has no config but a staging folder: a `publish` killed after it took the old config out."""
+    folder = Path(folder)
+    return (folder / STAGING_NAME).is_dir() and not any((folder / name).exists() for name in CONFIG_NAMES)
 
 
 # ---- what a command may write where: shared by convert, finetune and pretrain ----

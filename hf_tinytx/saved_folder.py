@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from .folders import regular_files
+from .folders import STAGING_NAME, interrupted_save, regular_files
 from .sources import local_folder_or_hub_id
 from .stored_weights import has_safetensors, stored_shapes
 
@@ -118,6 +118,11 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
         raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
     files = regular_files(source)
     config_file = source / "config.json"
+    if not config_file.is_file() and interrupted_save(source):
+        raise FileNotFoundError(
+            f"convert: {str(source)!r} has no config.json: a save into it was killed before it finished (its "
+            f"{STAGING_NAME} folder is left); run the command that wrote it again to finish the model."
+        )
     if not config_file.is_file():
         raise FileNotFoundError(
             f"convert: {str(source)!r} has no config.json, so it is not a saved model folder; pass the folder that "
