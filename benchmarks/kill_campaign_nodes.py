@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign_common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
-from tests.helpers.fake_slurm import descendants
+from tests.helpers.fake_slurm import alive, descendants
 from tests.helpers.faults import PRETRAIN
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
 
@@ -63,14 +63,6 @@ def fewer_than(launched: int, outputs: list[str]) -> bool:
     """Whether a node trained in a process group smaller than the launch."""
     return any(TRAINING_LINE in output and [int(n) for n in GROUP_LINE.findall(output)][-1:] != [launched]
                for output in outputs if launched > 1)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Nodes:

@@ -21,6 +21,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.helpers import fake_slurm
+from tests.helpers.fake_slurm import alive
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
 
@@ -110,14 +111,6 @@ def workers_under(pid: int, script: str = "pretrain") -> list[int]:
             return ""
     return [p for p in fake_slurm.descendants(pid) if script in command(p) and "torch.distributed.run" not in
             command(p) and "accelerate" not in command(p)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---- the recipes, run as written, equal one process

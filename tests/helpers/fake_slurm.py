@@ -83,3 +83,12 @@ def descendants(pid: int) -> list[int]:
         found += children
         queue += children
     return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
