@@ -15,47 +15,32 @@ registry nor a checkpoint's `auto_map`. This launcher runs transformers' own `se
    template, `max_tokens` over the cap (`--max_tokens_cap`) or over the context left by the prompt are HTTP 400 with
    a one-line reason in OpenAI's error shape; a generation stops when its client disconnects and after
    `--max_request_seconds`;
-4. owns SIGINT and SIGTERM: in-flight generations are cancelled, the server is given SHUTDOWN_S to close, and the
-   process exits 128 + the signal's number (130, 143), whatever is still running; a second signal exits at once.
+4. owns SIGINT and SIGTERM: in-flight generations end at their next token, their clients get what was generated
+   (within SHUTDOWN_S), and the process exits 128 + the signal's number (130, 143), whatever is still running; the
+   model's process exits with it. A second signal exits at once.
 
-It needs the `serving` extra (`pip install "hf_tinytx[serving]"`: FastAPI, uvicorn and the `openai` types).
+It needs the `serving` extra (`pip install "hf_tinytx[serving]"`: transformers >= 5.25, whose server runs each model in
+a process of its own, FastAPI, uvicorn and the `openai` types).
 """
 
 import os
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import transformers
 
-import hf_tinytx
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.serve_requests import Limits
-
 
 PROG = "python -m hf_tinytx.serve"
 DEFAULT_MAX_TOKENS_CAP = 1024  # transformers serve's own default for a request that names no max_tokens
 DEFAULT_MAX_REQUEST_SECONDS = 60.0
-SHUTDOWN_S = 3.0  # what uvicorn waits for open requests after a stop signal, then cancels them
+SHUTDOWN_S = 3.0  # what a stop signal leaves the cancelled requests to answer with the text they have
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?(@[\w./-]+)?(:[\w.-]+\.gguf)?$")
-
-
-class Stop(BaseException):
-    """A stop signal, raised in the main thread wherever it is (loading the model, or waiting for the server)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def expose_tinytx_classes() -> None:
-    """Makes `getattr(transformers, "TinyTxForCausalLM")` (and the other TinyTx classes) what `hf_tinytx` defines,
-    which is how `transformers serve` turns `config.architectures[0]` into a class."""
-    for name in hf_tinytx.__all__:
-        if name.startswith("TinyTx"):
-            setattr(transformers, name, getattr(hf_tinytx, name))
 
 
 def model_argument_error(model: str | None) -> str | None:
@@ -85,44 +70,64 @@ def usage_error(message: str):
 
 
 class StopSignals:
-    """The handler of SIGINT and SIGTERM. Before the server runs it raises Stop (a model that loads is interrupted);
-    once it runs, it only records the signal, which the main thread polls: an exception raised inside
-    `Thread.join` would leave the thread marked as stopped while it still runs. A second signal exits at once."""
+    """The handler of SIGINT and SIGTERM: it records the signal, which the main thread polls while the server runs in
+    its own thread (uvicorn leaves a thread's signals alone). A second signal exits at once."""
 
     def __init__(self):
         self.received: int | None = None
-        self.serving = False
 
     def __call__(self, signum, frame):
         if self.received is not None:
             os._exit(128 + signum)
         self.received = signum
-        if not self.serving:
-            raise Stop(signum)
+
+
+def load_error(error: BaseException) -> str | None:
+    """The first line of why the model did not load, or None for another failure (a port in use is uvicorn's)."""
+    if not isinstance(error, (OSError, ValueError, RuntimeError)):
+        return None
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def quiet_resource_tracker() -> None:
+    """The queues to the model's process hold semaphores that multiprocessing's resource tracker (a process it starts
+    with this environment) unlinks once this process exits; after `os._exit` it also warns that it did. The cleanup
+    stays, the warning goes: the exit is one line."""
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
 
 
 def serve_until_stopped(Serve, serve_params: dict, signals: StopSignals) -> int:
-    """Starts `Serve` (the model loads in this thread, uvicorn runs in its own) and waits for a stop signal or for
-    the server to end; returns the exit status."""
-    from hf_tinytx.serve_guard import cancel_all
+    """Runs `Serve` in a thread (the model loads in a process of its own, then uvicorn serves) and waits for a stop
+    signal or for the server to end; returns the exit status."""
+    from hf_tinytx.serve_guard import cancel_all, in_flight, started
 
-    model = serve_params["force_model"]
-    try:
-        serve = Serve(**{**serve_params, "non_blocking": True})
-    except (OSError, ValueError) as error:  # the model named on the command line does not load
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        usage_error(f"cannot load {model}: {reason}")
-    serve.server.config.timeout_graceful_shutdown = SHUTDOWN_S  # read by uvicorn when it shuts down
-    signals.serving = True
-    while serve._thread.is_alive() and signals.received is None:
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            Serve(**serve_params)
+        except BaseException as error:  # uvicorn's sys.exit too: reported by the main thread
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="server", daemon=True)
+    thread.start()
+    while thread.is_alive() and signals.received is None:
         time.sleep(0.1)
     if signals.received is None:
+        reason = load_error(failure[0]) if failure and not started() else None
+        if reason is not None:  # the model named on the command line does not load
+            usage_error(f"cannot load {serve_params['force_model']}: {reason}")
         print(f"{PROG}: the server stopped (see the lines above)", file=sys.stderr)
         return 1
     name = signal.Signals(signals.received).name
+    if not started():
+        print(f"{PROG}: {name}: stopped before the server started", file=sys.stderr)
+        return 128 + signals.received
     print(f"{PROG}: {name}: stopping ({cancel_all()} request(s) in flight cancelled)", file=sys.stderr)
-    serve.server.should_exit = True
-    serve._thread.join(timeout=SHUTDOWN_S + 2)
+    deadline = time.monotonic() + SHUTDOWN_S  # for the cancelled requests to send what they have
+    while in_flight() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return 128 + signals.received
 
 
@@ -135,19 +140,16 @@ def with_limit_options(Serve, signals: StopSignals):
     import typer
 
     def serve_command(max_tokens_cap: int, max_request_seconds: float, **serve_params):
-        try:
-            error = model_argument_error(serve_params["force_model"])
-            if error:
-                usage_error(error)
-            from hf_tinytx.serve_guard import install
+        error = model_argument_error(serve_params["force_model"])
+        if error:
+            usage_error(error)
+        from hf_tinytx.serve_guard import expose_tinytx_classes, install
 
-            quiet_notices()
-            expose_tinytx_classes()
-            install(Limits(max_tokens_cap, max_request_seconds, serve_params["force_model"]))
-            status = serve_until_stopped(Serve, serve_params, signals)
-        except Stop as stop:  # before the server started (while the model loads)
-            print(f"{PROG}: {signal.Signals(stop.signum).name}: stopped before the server started", file=sys.stderr)
-            status = 128 + stop.signum
+        quiet_notices()
+        expose_tinytx_classes()
+        install(Limits(max_tokens_cap, max_request_seconds, serve_params["force_model"]))
+        quiet_resource_tracker()
+        status = serve_until_stopped(Serve, serve_params, signals)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)  # uvicorn's thread is not a daemon; an unfinished one must not hold the exit
@@ -178,10 +180,12 @@ def with_limit_options(Serve, signals: StopSignals):
 def main(argv: list[str] | None = None) -> None:
     try:
         from transformers.cli.serve import Serve
-        from transformers.cli.serving import chat_completion, completion, server, utils  # noqa: F401
+        from transformers.cli.serving import chat_completion, completion, server  # noqa: F401
+        from transformers.cli.serving.model_manager import ModelLoader  # noqa: F401  (5.25's layout)
         from transformers.utils.import_utils import is_serve_available
     except ImportError as error:  # a transformers without the serve command, or with another layout of it
-        sys.exit(f"this transformers ({transformers.__version__}) lacks the `serve` this launcher wraps: {error}")
+        sys.exit(f"this transformers ({transformers.__version__}) lacks the `serve` this launcher wraps ({error}): "
+                 'pip install -U "hf_tinytx[serving]" (transformers >= 5.25)')
     if not is_serve_available():
         sys.exit('transformers serve needs FastAPI, uvicorn and openai: pip install "hf_tinytx[serving]"')
     import typer

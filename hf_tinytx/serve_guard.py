@@ -1,19 +1,23 @@
-"""What `python -m hf_tinytx.serve` puts around transformers' server (`transformers.cli.serving`, 5.24), through the
-names `Serve` looks up when it starts: the app factory, the two text handlers and the generation manager.
+"""What `python -m hf_tinytx.serve` puts around transformers' server (`transformers.cli.serving`, >= 5.25), through
+the names `Serve` looks up when it starts: the model loader, the app factory and the two text handlers.
 
+- `TinyTxModelLoader`: transformers loads the model in a process of its own (spawned, so it imports afresh); the loader
+  travels there pickled, and makes TinyTx's classes visible to the server's class lookup before the model loads.
 - `RequestGuard`, an ASGI layer in front of the app: reads the body of `/v1/completions` and `/v1/chat/completions`,
-  answers a bad one with 400 (`hf_tinytx.serve_requests`), and gives each request a cancel event that is set when its
-  client disconnects, when it ends, or when the server stops. It refuses the endpoints these checks do not cover.
+  answers a bad one with 400 (`hf_tinytx.serve_requests`), and counts the requests in flight. It refuses the
+  endpoints these checks do not cover. A client that leaves is transformers' own business (`CancelOnDisconnect`
+  stops its generation).
 - The handlers bound `max_tokens` by the model's context (max_position_embeddings minus the prompt) and by the cap,
-  and stop generation after `--max_request_seconds` (GenerationConfig.max_time).
-- The generation manager passes `generate` a stopping criterion that reads the request's cancel event, so a request
-  whose client left stops within one token, streamed or not; the next request then starts.
+  and stop generation after `--max_request_seconds` (`generate`'s max_time).
+- `cancel_all`, for a stop signal: every generation in flight ends at its next token, and its client gets the text it
+  has.
 """
 
-import asyncio
-import contextvars
-import threading
+import transformers
+from transformers.cli.serving import chat_completion, completion, model_manager, server
+from transformers.cli.serving.utils import prompt_length
 
+import hf_tinytx
 from hf_tinytx.serve_requests import CHAT, COMPLETIONS, Limits, RequestError, parse_request, requested_tokens
 
 
@@ -21,16 +25,43 @@ MAX_BODY_BYTES = 4 << 20
 # transformers' other endpoints take fields these checks do not cover (max_output_tokens, audio), or let any client
 # load and unload models; the guard refuses them rather than serve them unchecked.
 REFUSED_PATHS = ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions", "/reset")
-_CANCEL = contextvars.ContextVar("tinytx_cancel", default=None)  # the current request's threading.Event
-_IN_FLIGHT: set[threading.Event] = set()  # every request's cancel event, for `cancel_all` when the server stops
+_IN_FLIGHT: set[object] = set()  # a token per checked request being answered
+_MANAGERS: list = []  # the server's ModelManager, once `build_server` made the app: the server has started
+
+
+def expose_tinytx_classes() -> None:
+    """Makes `getattr(transformers, "TinyTxForCausalLM")` (and the other TinyTx classes) what `hf_tinytx` defines,
+    which is how `transformers serve` turns `config.architectures[0]` into a class."""
+    for name in hf_tinytx.__all__:
+        if name.startswith("TinyTx"):
+            setattr(transformers, name, getattr(hf_tinytx, name))
+
+
+class TinyTxModelLoader(model_manager.ModelLoader):
+    """transformers' loader, which also exposes TinyTx's classes in the model's process before the model loads."""
+
+    def load_model_and_processor(self, model_id: str, on_progress=None):
+        expose_tinytx_classes()
+        return super().load_model_and_processor(model_id, on_progress)
+
+
+def started() -> bool:
+    return bool(_MANAGERS)
+
+
+def in_flight() -> int:
+    return len(_IN_FLIGHT)
 
 
 def cancel_all() -> int:
-    """Stops every generation in flight (each at its next token); returns how many there were."""
-    events = list(_IN_FLIGHT)
-    for event in events:
-        event.set()
-    return len(events)
+    """Ends every generation in flight at its next token (its client gets what was generated, as when
+    `--max_request_seconds` runs out); returns how many requests were in flight."""
+    for manager in _MANAGERS:
+        for engine in list(manager.engines.values()):
+            if engine.requests_queue is not None:
+                for request_id in list(engine.pending_requests):
+                    engine.requests_queue.put(("cancel", request_id))  # what transformers sends when a client leaves
+    return in_flight()
 
 
 async def send_error(send, error: RequestError) -> None:
@@ -79,60 +110,33 @@ class RequestGuard:
             parse_request(path, raw, self.limits)
         except RequestError as error:
             return await send_error(send, error)
-        await self.run_cancellable(scope, receive, send, raw)
-
-    async def run_cancellable(self, scope, receive, send, raw: bytes):
-        """Runs the app on the request; its cancel event is set when the client leaves or the request ends."""
-        cancel, client_gone = threading.Event(), asyncio.Event()
-
-        async def watch_disconnect():
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            cancel.set()
-            client_gone.set()
-
-        replayed = False
-
-        async def replay():  # the body once, then what the watcher sees: the app's own disconnect checks still work
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            await client_gone.wait()
-            return {"type": "http.disconnect"}
-
-        _IN_FLIGHT.add(cancel)
-        token = _CANCEL.set(cancel)
-        watcher = asyncio.create_task(watch_disconnect())
+        token = object()
+        _IN_FLIGHT.add(token)
         try:
-            await self.app(scope, replay, send)
+            await self.app(scope, replaying(raw, receive), send)
         finally:
-            cancel.set()  # a generation never outlives its request (an error, uvicorn cancelling the task)
-            watcher.cancel()
-            _IN_FLIGHT.discard(cancel)
-            _CANCEL.reset(token)
+            _IN_FLIGHT.discard(token)
 
 
-def stop_on_cancel(inputs: dict) -> dict:
-    """`generate`'s keyword arguments `inputs` plus a stopping criterion that ends it once the request is cancelled."""
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
+def replaying(raw: bytes, receive):
+    """The `receive` of a request whose body was read already: the body once, then what the client sends (its
+    disconnect, which transformers watches for)."""
+    replayed = False
 
-    cancel = _CANCEL.get()
-    if cancel is None:
-        return inputs
+    async def replay():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
 
-    class StopWhenCancelled(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
-
-    return {**inputs, "stopping_criteria": StoppingCriteriaList([StopWhenCancelled()])}
+    return replay
 
 
-def prompt_room(model, prompt_tokens: int, body: dict, limits: Limits) -> int:
+def prompt_room(model_config, prompt_tokens: int, body: dict, limits: Limits) -> int:
     """The tokens this request may generate: what it asks for (checked against the context), else all the room the
     context leaves, up to the cap; RequestError when it asks for more than the context holds."""
-    context = getattr(model.config, "max_position_embeddings", None)
+    context = getattr(model_config, "max_position_embeddings", None)
     room = limits.max_tokens_cap if context is None else min(limits.max_tokens_cap, context - prompt_tokens)
     if room < 1:
         raise RequestError(f"the prompt is {prompt_tokens} tokens, and the model's context is {context}: shorten the "
@@ -159,82 +163,68 @@ def error_response(error: RequestError):
 
 
 def bounded(handler_class, count_prompt, limits: Limits):
-    """`handler_class` (transformers' CompletionHandler or ChatCompletionHandler) that loads the model, measures the
-    prompt with `count_prompt(handler, body, model, processor)`, fixes the request's token count by `prompt_room`,
-    and passes the request on; RequestError becomes its 400."""
+    """`handler_class` (transformers' CompletionHandler or ChatCompletionHandler) that finds the model, measures the
+    prompt with `count_prompt(handler, engine, body)`, fixes the request's token count by `prompt_room`, and passes
+    the request on; RequestError becomes its 400."""
 
     class BoundedHandler(handler_class):
         async def handle_request(self, body: dict, request_id: str):
             try:
-                _, model, processor = self.load(body)  # loads the model once; the server reuses it
-                tokens = prompt_room(model, count_prompt(self, body, model, processor), body, limits)
+                engine = self.engine(body)
+                prompt_tokens = await self.run_in_thread(count_prompt, self, engine, body)
+                tokens = prompt_room(engine.model_config, prompt_tokens, body, limits)
             except RequestError as error:
                 return error_response(error)
             body = {**body, "max_tokens": tokens}
             body.pop("max_completion_tokens", None)  # transformers reads it before max_tokens
             return await super().handle_request(body, request_id)
 
-        def load(self, body: dict):
+        def engine(self, body: dict):
+            """The model's engine: its config and processor here (read once), its weights in its own process."""
             try:
-                return self._resolve_model(dict(body))
+                return self.model_manager.get_engine(body.get("model"))
             except (OSError, ValueError) as error:  # a name that is neither a model folder nor a Hub model
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 raise RequestError(f"cannot load model {body.get('model')!r}: {reason}", "model", 404,
                                    "model_not_found") from None
 
-        def _build_generation_config(self, body, model_generation_config, use_cb=False):
-            config = super()._build_generation_config(body, model_generation_config, use_cb=use_cb)
-            config.max_new_tokens = body["max_tokens"]  # also over a generation_config field's max_new_tokens
-            config.max_time = limits.max_request_seconds
-            return config
+        def _build_generation_kwargs(self, body: dict, model_generation_config) -> dict:
+            kwargs = super()._build_generation_kwargs(body, model_generation_config)
+            kwargs["max_new_tokens"] = body["max_tokens"]  # also over a generation_config field's max_new_tokens
+            kwargs["max_time"] = limits.max_request_seconds
+            return kwargs
 
     BoundedHandler.__name__ = BoundedHandler.__qualname__ = handler_class.__name__
     return BoundedHandler
 
 
-def count_completion_prompt(handler, body: dict, model, processor) -> int:
-    tokenizer = getattr(processor, "tokenizer", processor)
+def count_completion_prompt(handler, engine, body: dict) -> int:
+    tokenizer = getattr(engine.processor, "tokenizer", engine.processor)
     return len(tokenizer(body["prompt"])["input_ids"])
 
 
-def count_chat_prompt(handler, body: dict, model, processor) -> int:
+def count_chat_prompt(handler, engine, body: dict) -> int:
     """The chat prompt's length, rendered as transformers' handler renders it; RequestError without a template or
     when the template refuses the messages."""
-    if getattr(processor, "chat_template", None) is None:
+    if getattr(engine.processor, "chat_template", None) is None:
         model_name = handler.model_manager.force_model or body.get("model")  # as named, without a revision
         raise RequestError(NO_CHAT_TEMPLATE.format(model=model_name), "messages", code="no_chat_template")
-    modality = handler.model_manager.get_model_modality(model, processor=processor)
-    messages = handler.get_processor_inputs_from_messages(body["messages"], modality)
-    kwargs = {**handler.chat_template_kwargs, **body.get("chat_template_kwargs", {})}
     try:
-        rendered = processor.apply_chat_template(
-            messages, add_generation_prompt=True, tools=body.get("tools"), tokenize=True, return_dict=True, **kwargs
-        )
+        return prompt_length(handler.render_messages(engine, body["messages"], body))
     except Exception as error:  # jinja2's TemplateError, or a kwarg the template does not take
         raise RequestError(f"the chat template cannot render these messages: {error}", "messages") from None
-    return len(rendered["input_ids"])
 
 
 def install(limits: Limits) -> None:
-    """Puts the guard, the bounded handlers and the cancellable generation manager where `Serve` looks them up when
-    it starts (module attributes of `transformers.cli.serving`)."""
-    from transformers.cli.serving import chat_completion, completion, server, utils
-
-    class CancellableGenerateManager(utils.GenerateManager):
-        # the rest of the arguments passed on as they come: 5.10 and 5.24 differ after `request_id`
-        def generate_streaming(self, model, processor, inputs, *args, **kwargs):
-            return super().generate_streaming(model, processor, stop_on_cancel(inputs), *args, **kwargs)
-
-        async def generate_non_streaming(self, model, processor, inputs, *args, **kwargs):
-            return await super().generate_non_streaming(model, processor, stop_on_cancel(inputs), *args, **kwargs)
-
+    """Puts the loader, the guard and the bounded handlers where `Serve` looks them up when it starts (module
+    attributes of `transformers.cli.serving`)."""
     build_server = server.build_server
 
-    def guarded_server(*args, **kwargs):
+    def guarded_server(manager, *args, **kwargs):
         from fastapi.exceptions import RequestValidationError
         from starlette.exceptions import HTTPException
 
-        app = build_server(*args, **kwargs)
+        app = build_server(manager, *args, **kwargs)
         app.add_middleware(RequestGuard, limits=limits)
 
         @app.exception_handler(HTTPException)  # transformers' own refusals, in OpenAI's shape too
@@ -245,9 +235,10 @@ def install(limits: Limits) -> None:
         async def invalid_body(request, error):
             return error_response(RequestError("the request body must be a JSON object"))
 
+        _MANAGERS.append(manager)
         return app
 
-    utils.GenerateManager = CancellableGenerateManager
+    model_manager.ModelLoader = TinyTxModelLoader
     completion.CompletionHandler = bounded(completion.CompletionHandler, count_completion_prompt, limits)
     chat_completion.ChatCompletionHandler = bounded(chat_completion.ChatCompletionHandler, count_chat_prompt, limits)
     server.build_server = guarded_server

@@ -351,3 +351,19 @@ def test_finetune_refuses_node_local_folders_and_a_frozen_node_ends_it_within_dd
     assert lines and lines[0].startswith("finetune.py: error: Another process of the launch"), output[-3000:]
     assert f"checkpoint {shared / 'checkpoints'}/checkpoint-" in lines[0] and "is intact" in lines[0], lines[0]
     assert "--resume_from_checkpoint latest." in lines[0]
+
+
+@pytest.mark.parametrize("text, frozen", [
+    ("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation to complete", True),
+    ("wait timeout after 10000ms, keys: /default_pg/0//cpu//2", True),  # a TCPStore wait (DistStoreError)
+    ("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:50012", False),
+], ids=["gloo", "store", "closed"])
+def test_the_lost_peer_line_tells_a_frozen_peer_from_one_that_left(text, frozen):
+    """Found under load: a peer frozen past --ddp_timeout surfaced as a store wait's "wait timeout", which the line
+    called a process that left."""
+    from hf_tinytx_training.cluster import lost_peer_message
+
+    line = lost_peer_message(RuntimeError(text), 10, " during step 8", "out/checkpoints/step_8")
+    assert ("did not answer within --ddp_timeout 10 s" in line) == frozen, line
+    assert ("left (killed" in line) != frozen and "\n" not in line, line
+    assert "checkpoint out/checkpoints/step_8 is intact" in line and "--resume_from_checkpoint latest" in line

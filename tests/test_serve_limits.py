@@ -18,6 +18,7 @@ import time
 import openai
 import pytest
 
+from tests.helpers.fake_slurm import alive, descendants
 from tests.helpers.tiny import build_tiny_model, pretrain_env, run_side_by_side
 from tests.test_serve import (
     COMPLETION_PROMPT, LAUNCHER, MAX_TOKENS, READY_TIMEOUT_S, Server, greedy_text, train_tiny_chat_model,
@@ -97,12 +98,21 @@ def short_request_seconds(server, model: str | None = None) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    """CPU-seconds used so far by `pid` and the processes below it (transformers generates in a model process the
+    server spawns)."""
+    total = 0.0
+    for process in (pid, *descendants(pid)):
+        try:
+            with open(f"/proc/{process}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return total
 
 
 def cpu_rate(pid: int, seconds: float = 2.0) -> float:
-    """CPU-seconds per second the process used over the next `seconds`."""
+    """CPU-seconds per second the process (and its children) used over the next `seconds`."""
     used, start = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return (cpu_seconds(pid) - used) / (time.monotonic() - start)
@@ -293,19 +303,24 @@ def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder
                                   {"prompt": COMPLETION_PROMPT, "max_tokens": LONG_TOKENS}, 60)
             time.sleep(0.5)
             assert cpu_rate(server.process.pid, 1.0) > 0.2, "the request does not seem to generate"
+            children = descendants(server.process.pid)  # the model's process, transformers' resource tracker
             start = time.monotonic()
             server.process.send_signal(signum)
             status, reply = pending.result(timeout=30)
             exit_status = server.process.wait(timeout=30)
             stopped_in = time.monotonic() - start
+            deadline = time.monotonic() + 10
+            while any(alive(child) for child in children) and time.monotonic() < deadline:
+                time.sleep(0.1)
     finally:
         server.stop()
     print(f"\n{signal.Signals(signum).name}: exit {exit_status} {stopped_in:.2f} s after the signal")
+    assert children and not any(alive(child) for child in children), "the model's process outlived the server"
     assert status == 200 and 0 < reply["usage"]["completion_tokens"] < LONG_TOKENS, reply
     assert exit_status == 128 + signum, server.output()[-3000:]
     assert stopped_in < 10, stopped_in  # measured: 0.6 s on an idle machine
     assert f"{signal.Signals(signum).name}: stopping (1 request(s) in flight cancelled)" in server.output()
-    assert "Traceback" not in server.output(), server.output()[-3000:]
+    assert "Traceback" not in server.output() and "leaked" not in server.output(), server.output()[-3000:]
 
 
 @pytest.mark.slow

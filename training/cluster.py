@@ -121,7 +121,8 @@ def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newe
                       how: str = ANY_PROCESS_COUNT) -> str:
     """One line: what became of the other process, where this run stands (`where`: " during step 8", or ""), and how
     to go on."""
-    if any(word in str(error) for word in ("Timed out", "timed out", "Timeout")):
+    text = str(error).lower()  # gloo says "Timed out", a store's wait "wait timeout after 10000ms"
+    if "timed out" in text or "timeout" in text:
         what = (f"Another process of the launch did not answer within --ddp_timeout {ddp_timeout:g} s (frozen, or "
                 f"lost with its node)")
     else:
