@@ -4,8 +4,8 @@ or convert's same command) always end with exactly the result of a run never int
 in the output folder always survive, and does the folder hold, at every moment seen after a kill, no model yet or one
 that loads (for convert: the old model or the new one, never neither)?
 
-    python -m benchmarks.kill_campaign                   # all four, 39 trials: about 17 minutes on 2 shared cores
-    python -m benchmarks.kill_campaign --quick           # 2 trials per command, 2-4 minutes; writes nothing
+    python -m benchmarks.kill_campaign                   # all four, 57 trials: about 25 minutes on 2 shared cores
+    python -m benchmarks.kill_campaign --quick           # 2 trials per command (convert 4), 3 minutes; writes nothing
     python -m benchmarks.kill_campaign --commands finetune --finetune_trials 12 --seed 1
     python -m benchmarks.kill_campaign --commands nodes --out benchmarks/results/kill_campaign_nodes
 
@@ -26,6 +26,13 @@ it at a moment drawn from --seed:
 - SIGTERM / SIGINT (pretrain, finetune): at a random time of the run or of its training phase; the run must exit
   128 + the signal with its one stop line (torchrun: 1, with the line), or 0 if it had already finished.
 
+Two configs look at what the output folder holds before the run (issue 40): "shape" (pretrain --overwrite_output_dir
+and convert --overwrite over the model of a 3-layer run, the new one has 2; killed in the publish: after each kill the
+folder loads as the old model or the new one, or refuses to load in one line for want of a config, never a mix) and
+"links" (pretrain, finetune and convert with links planted at the names each writes, its lock, records, staging
+folders, leading to a user's file and folder: what they lead to must never change). --shape_trials and --link_trials
+count them per command; --quick runs one of each for convert.
+
 Outside --quick, "nodes" (kill_campaign_nodes.py) trains pretrain on two simulated nodes (two torchrun launches, c10d)
 and injects a node's fault: its worker or its agent killed (kill -9), or its worker frozen (SIGSTOP); it measures how
 soon every other process is gone (0 may hang past the bound), then resumes on 1 process or on 2 nodes until the run
@@ -39,7 +46,8 @@ After each kill the folder is looked at (what a user would find); then the comma
 most 3 reruns; outside --quick, a one-process rerun but the last may itself be SIGKILLed once, at a random time), and
 the final model compared with the reference's, tensor by tensor and bit for bit (convert: every file, byte for byte,
 and the source folder's bytes too). A trial "lost" something when my_notes.txt changed or went, the source changed, or
-the folder held a model that did not load (or, for convert, loaded as neither model) after a kill.
+the folder held a model that did not load (or, for convert, loaded as neither model) after a kill, or a file a planted
+link led to changed.
 
 Prints a table per command, the line "N tried, N resumed bit for bit, N lost" per command and overall, then one JSON
 line. Without --quick it writes kill_campaign.txt and kill_campaign.json to --out (default benchmarks/results/), with
@@ -93,6 +101,11 @@ def parse_args():
     parser.add_argument("--finetune_trials", type=int, default=9, help="finetune: one-process trials.")
     parser.add_argument("--ddp_trials", type=int, default=2, help="finetune: 2-process (torchrun) trials.")
     parser.add_argument("--convert_trials", type=int, default=6)
+    parser.add_argument("--shape_trials", type=int, default=3, help="pretrain and convert: trials that publish a "
+                        "2-layer model over a 3-layer one (--overwrite_output_dir, --overwrite), killed in the "
+                        "publish.")
+    parser.add_argument("--link_trials", type=int, default=2, help="pretrain, finetune and convert: trials with links "
+                        "planted at the names the command writes, leading to a user's file and folder.")
     parser.add_argument("--node_trials", type=int, default=6, help="nodes: two-node trials (kill -9 of a worker "
                         "or an agent, SIGSTOP), half with --max-restarts 1.")
     parser.add_argument("--seed", type=int, default=0)
@@ -109,6 +122,7 @@ def parse_args():
     if args.quick:
         args.trials, args.dropout_trials, args.signal_trials, args.steps = 1, 0, 1, 4
         args.finetune_trials, args.ddp_trials, args.convert_trials, args.node_trials = 2, 0, 2, 2
+        args.shape_trials, args.link_trials = 0, 0
     args.dropout_trials = min(args.dropout_trials, args.trials)
     return args
 
@@ -116,9 +130,12 @@ def parse_args():
 def campaigns(args, folder: Path, env: dict) -> list:
     made = {
         "pretrain": lambda: Pretrain(folder, env, args.quick, args.trials, args.dropout_trials, args.signal_trials,
-                                     args.steps, args.seed),
-        "finetune": lambda: Finetune(folder, env, args.quick, args.finetune_trials, args.ddp_trials, args.seed),
-        "convert": lambda: Convert(folder, env, args.quick, args.convert_trials, args.seed),
+                                     args.steps, args.seed, args.shape_trials, args.link_trials),
+        "finetune": lambda: Finetune(folder, env, args.quick, args.finetune_trials, args.ddp_trials, args.seed,
+                                     args.link_trials),
+        # --quick: one shape-changing publish and one with planted links, for convert (seconds each)
+        "convert": lambda: Convert(folder, env, args.quick, args.convert_trials, args.seed,
+                                   1 if args.quick else args.shape_trials, 1 if args.quick else args.link_trials),
         "nodes": lambda: Nodes(folder, env, args.quick, args.node_trials, args.seed),
     }
     return [made[name]() for name in args.commands]
@@ -131,6 +148,11 @@ def counts(rows: list[dict]) -> dict:
             "bit_for_bit": sum(row["equal"] for row in rows), "lost": sum(row["lost"] for row in rows),
             "hung": sum(bool(row.get("hung")) for row in rows),
             "separate_runs": sum(bool(row.get("split")) for row in rows),
+            "shape_trials": sum(row["config"] == "shape" for row in rows),
+            "shape_kills_refused": sum("refused" in row["after_kill"] or "none+w" in row["after_kill"]
+                                       for row in rows if row["config"] == "shape"),
+            "link_trials": sum(row["config"] == "links" for row in rows),
+            "written_through_links": sum(bool(row.get("through_link")) for row in rows),
             "signal_trials": len(signalled), "stop_promises_kept": sum(bool(row["promise"]) for row in signalled),
             "stops": {outcome: sum(row["stop"] == outcome for row in signalled)
                       for outcome in ("stopped", "finished", "late", "broken")}}
@@ -150,6 +172,15 @@ def nodes_line(rows: list[dict], c: dict, summary: dict) -> str:
             f"{c['hung']} hung past the bound; {c['separate_runs']} launches trained with fewer processes than launched")
 
 
+def folders_line(c: dict) -> str:
+    parts = [f"shape-changing publishes: {c['shape_trials']} tried, {c['shape_kills_refused']} of them left a folder "
+             f"that refused to load (no config yet) after a kill, the others the old or the new model"] if c[
+        "shape_trials"] else []
+    if c["link_trials"]:
+        parts.append(f"planted links: {c['link_trials']} trials, {c['written_through_links']} written through")
+    return "; ".join(parts)
+
+
 def counts_line(c: dict) -> str:
     return f"{c['tried']} tried, {c['bit_for_bit']} resumed bit for bit, {c['lost']} lost"
 
@@ -164,6 +195,7 @@ def section(name: str, summary: dict, rows: list[dict], c: dict) -> str:
              f"{c['killed']} of {c['tried']} first runs stopped; {c['rerun_kills']} reruns killed as well",
              *([stops_line(c)] if c["signal_trials"] else []),
              *([nodes_line(rows, c, summary)] if name == "nodes" else []),
+             *([folders_line(c)] if c["shape_trials"] or c["link_trials"] else []),
              f"{name}: {counts_line(c)}"]
     return "\n".join(lines)
 
@@ -233,6 +265,8 @@ def main():
     }
     report = "\n\n".join([*(section(name, summaries[name], rows[name], per_command[name]) for name in rows),
                           f"overall: {counts_line(overall)}"
+                          + (f"; {overall['written_through_links']} written through a planted link"
+                             if overall["link_trials"] else "")
                           + (f"; {overall['stop_promises_kept']} of {overall['signal_trials']} stop signals kept "
                              f"their promise" if overall["signal_trials"] else "")])
     print("\n" + report)

@@ -149,6 +149,28 @@ def notes_kept(folder: Path) -> bool:
     return path.is_file() and path.read_text() == NOTES
 
 
+LINKED = "A file of the user's that a planted link leads to: no command may write through the link.\n"
+
+
+def plant_links(folder: Path, files: list[str], folders: list[str]) -> None:
+    """Links at the names a command writes: `files` to a user's file, `folders` to a user's folder, both beside them
+    in `folder` (so that the links pass the links-out check and the writes meet them)."""
+    (folder / "linked" / "kept").mkdir(parents=True, exist_ok=True)
+    (folder / "linked" / "file.txt").write_text(LINKED)
+    (folder / "linked" / "kept" / "kept.txt").write_text(LINKED)
+    for names, target in ((files, folder / "linked" / "file.txt"), (folders, folder / "linked" / "kept")):
+        for name in names:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).symlink_to(target, target_is_directory=target.is_dir())
+
+
+def links_kept(folder: Path) -> bool:
+    """Whether what the planted links led to is as it was (nothing written through a link)."""
+    linked = folder / "linked"
+    return (not linked.exists() or (linked / "file.txt").read_text() == LINKED
+            and file_digests(linked / "kept") == {"kept.txt": hashlib.sha256(LINKED.encode()).hexdigest()})
+
+
 def file_digests(folder: Path) -> dict:
     """{relative path: sha256} of every file under `folder` (what must not change, byte for byte)."""
     return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
@@ -185,9 +207,13 @@ def model_state(folder: Path) -> str:
     return f"BROKEN: {json.dumps(problems, default=str)[:160]}" if problems else "loadable"
 
 
-def lost_reasons(states: list[str], notes_lost: bool, source_changed: bool = False) -> list[str]:
-    """What a trial lost: the user's file, the source's bytes, or a loadable model at a moment after a kill."""
+def lost_reasons(states: list[str], notes_lost: bool, source_changed: bool = False,
+                 written_through_link: bool = False) -> list[str]:
+    """What a trial lost: the user's file, the source's bytes, a file a planted link led to, or a loadable model at
+    a moment after a kill."""
     reasons = ["my_notes.txt gone or changed"] if notes_lost else []
+    if written_through_link:
+        reasons.append("a file a planted link led to was written")
     if source_changed:
         reasons.append("the source folder's bytes changed")
     reasons += [f"after a kill the folder held {state}" for state in states if state.startswith("BROKEN")][:1]
@@ -253,10 +279,13 @@ def resume_and_judge(plan: dict, reference: dict, output_dir: Path, first, rerun
     result, states = done["result"], states + done["states"]
     equal = result.returncode == 0 and same_weights(reference["output_dir"] / "model.safetensors",
                                                     output_dir / "model.safetensors")
-    lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir))
+    through_link = not links_kept(output_dir)
+    lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir),
+                                written_through_link=through_link)
     return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
-               reruns=done["reruns"], rerun_kills=done["rerun_kills"], resumed_from=done["resumed_from"],
-               exit=result.returncode, equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
+               through_link=through_link, reruns=done["reruns"], rerun_kills=done["rerun_kills"],
+               resumed_from=done["resumed_from"], exit=result.returncode, equal=equal, lost=bool(lost_because),
+               promise=promise, stop=stop,
                error=verdict(equal, lost_because, promise, error if promise is False else done["error"] or error,
                              result),
                **extra, seconds=round(time.monotonic() - started, 1))
@@ -279,7 +308,7 @@ def row(plan: dict, **values) -> dict:
     base = {"trial": plan["trial"], "command": plan["command"], "config": plan["config"], "kind": plan["kind"],
             "moment": "", "killed": False, "first_exit": None, "after_kill": [], "reruns": 0, "rerun_kills": 0,
             "resumed_from": "-", "exit": None, "equal": False, "lost": False, "promise": None, "stop": None,
-            "error": None,
+            "through_link": False, "error": None,
             "seconds": 0.0}
     base.update(values)
     return base

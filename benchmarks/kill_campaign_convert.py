@@ -6,7 +6,12 @@ trial copies the old conversion (its record of written files included) into a fr
 then runs `convert --to llama new DEST --overwrite`, SIGKILLed at a random time or right before/after one of the
 os.replace/os.rename calls that touch DEST (counted in a reference run). After the kill DEST must load as the old model
 or the new one (logits equal, bit for bit, to one of the two conversions'), my_notes.txt must be intact and the source
-folder's bytes unchanged; rerunning the same command must end with exactly the new conversion's files."""
+folder's bytes unchanged; rerunning the same command must end with exactly the new conversion's files.
+
+Outside --quick, two more configs: "shape", where DEST holds the conversion of a 3-layer model (a publish of another
+shape: after a kill DEST loads as the old or the new model, or refuses to load in one line, never a mix), killed at
+the moves of its own traced reference; and "links", where links stand at convert's staging folder and record
+temporary in DEST, leading to a user's file and folder beside them, which must stay as they were."""
 
 import random
 import shutil
@@ -15,8 +20,9 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign_common import (
-    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, file_digests, last_error, lost_reasons, notes_kept, plan_call,
-    quiet_transformers, read_calls, repo_env, rerun_until_done, row, run_process, say, traced, verdict, write_notes,
+    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, file_digests, last_error, links_kept, lost_reasons, notes_kept,
+    plan_call, plant_links, quiet_transformers, read_calls, repo_env, rerun_until_done, row, run_process, say, tail,
+    traced, verdict, write_notes,
 )
 from tests.helpers.faults import run_killed_at
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
@@ -25,6 +31,8 @@ from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 MANIFEST = ".tinytx-written.json"
 CALLS = {"move into DEST": (MOVES, "llama")}  # DEST is always .../llama; no other path the command touches says so
 KINDS, QUICK_KINDS = ("call", "time", "call"), ("call", "call")
+OLD_SHAPE_LAYERS = 3  # the "shape" trials' earlier model; build_tiny_model's is 2
+LINKED_FILES, LINKED_FOLDERS = [f"{MANIFEST}.new"], [".tinytx-staging"]
 # `python -m hf_tinytx.convert` as a script file, so tests/helpers/launch.py (which runs a file) can wrap its calls.
 SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__main__', alter_sys=True)\n"
 
@@ -32,10 +40,11 @@ SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__main__',
 class Convert:
     name = "convert"
 
-    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, seed: int):
+    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, seed: int, shape_trials: int = 0,
+                 link_trials: int = 0):
         self.folder, self.env, self.quick, self.trials = folder / "convert", repo_env(env), quick, trials
-        self.seed = seed
-        self.logits = {}
+        self.seed, self.shape_trials, self.link_trials = seed, shape_trials, link_trials
+        self.logits, self.old_logits = {}, []
 
     def args(self, destination: Path) -> list[str]:
         return ["--to", "llama", str(self.folder / "tinytx_new"), str(destination), "--overwrite"]
@@ -51,10 +60,11 @@ class Convert:
         (self.folder / "convert_shim.py").write_text(SHIM)
         quiet_transformers()
         tokenizer = build_byte_bpe_tokenizer()
-        for name, seed in (("tinytx_old", 0), ("tinytx_new", 1)):
-            build_tiny_model(seed=seed, vocab_size=len(tokenizer)).save_pretrained(self.folder / name)
-            tokenizer.save_pretrained(self.folder / name)
-        for name in ("old", "new"):
+        sources = {"old": (0, 2), "new": (1, 2), "old3": (0, OLD_SHAPE_LAYERS)}  # name: (seed, layers)
+        for name, (seed, layers) in sources.items():
+            build_tiny_model(seed=seed, num_hidden_layers=layers, vocab_size=len(tokenizer)).save_pretrained(
+                self.folder / f"tinytx_{name}")
+            tokenizer.save_pretrained(self.folder / f"tinytx_{name}")
             result = self.convert(f"tinytx_{name}", self.folder / f"ref_{name}" / "llama")
             if result.returncode != 0:
                 sys.exit(f"kill_campaign.py: converting the {name} model failed:\n{result.stderr[-3000:]}")
@@ -70,11 +80,20 @@ class Convert:
         self.calls, self.seconds = read_calls(calls_file), result.seconds
         say(f"convert reference: {result.seconds:.1f} s; calls: "
             + ", ".join(f"{label} {len(calls)}" for label, calls in self.calls.items()))
+        if self.shape_trials:  # the publish over the 3-layer conversion makes its own moves: traced on its own
+            destination, calls_file = self.destination("reference_shape", "old3"), self.folder / "shape.calls"
+            result = self.convert("tinytx_new", destination, prefix=[*traced([sys.executable], calls_file, CALLS),
+                                                                      str(self.folder / "convert_shim.py")])
+            problem = self.differs_from_new(destination) if result.returncode == 0 else last_error(result)
+            if problem:
+                sys.exit(f"kill_campaign.py: the convert run over the 3-layer model did not end with the new one: "
+                         f"{problem}")
+            self.shape_calls = read_calls(calls_file)
 
-    def destination(self, name: str) -> Path:
-        """A destination holding the old conversion (with convert's record of it) and the user's notes."""
+    def destination(self, name: str, old: str = "old") -> Path:
+        """A destination holding an old conversion (with convert's record of it) and the user's notes."""
         destination = self.folder / name / "llama"
-        shutil.copytree(self.folder / "ref_old" / "llama", destination)
+        shutil.copytree(self.folder / f"ref_{old}" / "llama", destination)
         write_notes(destination)
         return destination
 
@@ -89,10 +108,28 @@ class Convert:
             plan["rerun_kills"] = [None if self.quick or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
                                    else rng.random() for rerun in range(MAX_RERUNS)]
             plans.append(plan)
+        rng = random.Random(f"{self.seed}-convert-folders")  # their own draws: a seed still names the trials above
+        for index in range(self.shape_trials + self.link_trials):
+            config = "shape" if index < self.shape_trials else "links"
+            kind = "call" if config == "shape" or self.quick else ("call", "time")[(index - self.shape_trials) % 2]
+            plan = {"trial": len(plans) + 1, "command": self.name, "config": config, "kind": kind,
+                    "fraction": rng.random()}
+            if kind == "call":
+                calls = self.shape_calls if config == "shape" else self.calls
+                plan["call"] = plan_call(rng, calls, [(label, *value) for label, value in CALLS.items()])
+                if config == "shape":  # spread over the publish's moves, first to last, rather than drawn
+                    moves = calls["move into DEST"]
+                    nth = 1 + round(index * (len(moves) - 1) / max(1, self.shape_trials - 1))
+                    plan["call"].update(nth=nth, target=tail(moves[nth - 1]))
+            plan["rerun_kills"] = [None if self.quick or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
+                                   else rng.random() for rerun in range(MAX_RERUNS)]
+            plans.append(plan)
         return plans
 
     def run_trial(self, plan: dict) -> dict:
-        destination = self.destination(f"trial_{plan['trial']:02d}")
+        destination = self.destination(f"trial_{plan['trial']:02d}", "old3" if plan["config"] == "shape" else "old")
+        if plan["config"] == "links":
+            plant_links(destination, LINKED_FILES, LINKED_FOLDERS)
         started, error = time.monotonic(), None
         if plan["kind"] == "time":
             at = plan["fraction"] * self.seconds
@@ -119,9 +156,11 @@ class Convert:
         result, states = done["result"], states + done["states"]
         difference = self.differs_from_new(destination) if result.returncode == 0 else None
         equal = result.returncode == 0 and not difference
+        through_link = not links_kept(destination)
         lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(destination),
-                                    file_digests(self.folder / "tinytx_new") != self.source_digests)
+                                    file_digests(self.folder / "tinytx_new") != self.source_digests, through_link)
         return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
+                   through_link=through_link,
                    reruns=done["reruns"], rerun_kills=done["rerun_kills"],
                    resumed_from="-" if not done["reruns"] else "rerun", exit=result.returncode, equal=equal,
                    lost=bool(lost_because), error=verdict(equal, lost_because, None, difference or done["error"]
@@ -129,16 +168,22 @@ class Convert:
                    call=plan.get("call", {}).get("target"), seconds=round(time.monotonic() - started, 1))
 
     def state(self, destination: Path) -> str:
-        """"old" or "new": which conversion DEST loads as (its logits equal that one's); else "BROKEN: why"."""
+        """"old" or "new": which conversion DEST loads as (its logits equal that one's); "refused" when loading
+        stops with a one-line error (a publish of another shape takes the old config out first); else "BROKEN: why".
+        """
         import torch
 
         try:
             logits = logits_of(destination)
+        except (OSError, ValueError) as error:
+            if "\n" not in str(error).strip():
+                return "refused"
+            return f"BROKEN: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
         except Exception as error:  # noqa: BLE001  (whatever a user would meet)
             return f"BROKEN: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
         for name, expected in self.logits.items():
             if torch.equal(logits, expected):
-                return name
+                return "old" if name.startswith("old") else name
         return "BROKEN: loads, but as neither the old model nor the new"
 
     def differs_from_new(self, destination: Path) -> str | None:
@@ -146,7 +191,7 @@ class Convert:
         expected = {name: digest for name, digest in file_digests(self.folder / "ref_new" / "llama").items()
                     if name != MANIFEST}
         found = {name: digest for name, digest in file_digests(destination).items()
-                 if name not in (MANIFEST, "my_notes.txt")}
+                 if name not in (MANIFEST, "my_notes.txt") and not name.startswith("linked/")}
         different = sorted(name for name in expected if found.get(name) != expected[name])
         extra = sorted(set(found) - set(expected))
         if different or extra:

@@ -6,7 +6,9 @@ publish (counted from the metrics line printed right before it), or right before
 reference run (a checkpoint's weights or torch.save'd states in checkpoints/.tmp_checkpoint, a rename out of it, a
 move out of .tinytx-staging); SIGTERM and SIGINT at a random time of the run or of its training phase (exit 128 +
 signal with the stop line, torchrun's 1 with it, or 0 when the run had already finished). Then reruns with
---resume_from_checkpoint latest until one exits 0, and the model compared bit for bit with the reference's."""
+--resume_from_checkpoint latest until one exits 0, and the model compared bit for bit with the reference's. Outside
+--quick, "links" trials (one process) first plant links at the names finetune writes (its lock, its record's
+temporary, its staging folder, Trainer's checkpoint staging folder), leading to a user's file and folder."""
 
 import json
 import random
@@ -16,7 +18,8 @@ from pathlib import Path
 
 from benchmarks.kill_campaign_common import (
     KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, TORCHRUN, killed_at, last_error, plan_call,
-    quiet_transformers, read_calls, resume_and_judge, run_process, say, stop_outcome, traced, write_notes,
+    plant_links, quiet_transformers, read_calls, resume_and_judge, run_process, say, stop_outcome, traced,
+    write_notes,
 )
 from tests.helpers.faults import run_killed_at
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model
@@ -39,6 +42,8 @@ KINDS = {  # the first run's stop, cycled through the trials
     "2 procs": ("SIGTERM training", "call", "SIGINT training", "call"),
 }
 QUICK_KINDS = ("call", "SIGTERM training")
+LINK_KINDS = ("call", "time", "publish")
+LINKED_FILES, LINKED_FOLDERS = [".lock", ".tinytx-written.json.new"], [STAGING, f"checkpoints/{CHECKPOINT_STAGING}"]
 
 
 def prompt_records(n: int) -> list[dict]:
@@ -58,8 +63,9 @@ def flags(config: str) -> list[str]:
 class Finetune:
     name = "finetune"
 
-    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, ddp_trials: int, seed: int):
-        self.folder, self.quick, self.seed = folder / "finetune", quick, seed
+    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, ddp_trials: int, seed: int,
+                 link_trials: int = 0):
+        self.folder, self.quick, self.seed, self.link_trials = folder / "finetune", quick, seed, link_trials
         self.counts = {"1 proc": trials, "2 procs": 0 if quick else ddp_trials}
         self.env = {"1 proc": env, "2 procs": {**env, "OMP_NUM_THREADS": "1"}}  # 2 processes on a small machine
         self.references = {}
@@ -78,7 +84,7 @@ class Finetune:
         build_tiny_model(vocab_size=320).save_pretrained(self.folder / "base")
         tokenizer.save_pretrained(self.folder / "base")
         (self.folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompt_records(16)))
-        for config in (name for name, count in self.counts.items() if count):
+        for config in (name for name, count in self.counts.items() if count or (name == "1 proc" and self.link_trials)):
             output_dir = self.folder / f"reference_{config.replace(' ', '_')}"
             calls_file = output_dir.with_name(f"{output_dir.name}.calls")
             command = [*traced(self.prefix(config), calls_file, CALLS), str(FINETUNE), *flags(config),
@@ -122,15 +128,30 @@ class Finetune:
                     None if self.quick or config == "2 procs" or rerun == MAX_RERUNS - 1
                     or rng.random() >= RERUN_KILL_CHANCE else rng.random() for rerun in range(MAX_RERUNS)]
                 plans.append(plan)
+        rng = random.Random(f"{self.seed}-finetune-links")  # their own draws: a seed still names the trials above
+        for index in range(self.link_trials):
+            kind = LINK_KINDS[index % len(LINK_KINDS)]
+            plan = {"trial": len(plans) + 1, "command": self.name, "config": "links", "runs_as": "1 proc",
+                    "kind": kind, "fraction": rng.random(),
+                    "rerun_kills": [None if rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
+                                    else rng.random() for rerun in range(MAX_RERUNS)]}
+            if kind == "call":
+                plan["call"] = plan_call(rng, self.references["1 proc"]["calls"],
+                                         [(label, *CALLS[label]) for label in CALLS])
+            plans.append(plan)
         return plans
 
     def run_trial(self, plan: dict) -> dict:
-        config, kind = plan["config"], plan["kind"]
+        config, kind = plan.get("runs_as", plan["config"]), plan["kind"]
         reference, env = self.references[config], self.env[config]
         output_dir = self.folder / f"trial_{plan['trial']:02d}"
         write_notes(output_dir)
+        # links: a checkpoints/ folder stands there already, which only a resume may meet (of nothing, here)
+        extra = ["--resume_from_checkpoint", "latest"] if plan["config"] == "links" else []
+        if plan["config"] == "links":
+            plant_links(output_dir, LINKED_FILES, LINKED_FOLDERS)
         started, promise, stop, error = time.monotonic(), None, None, None
-        command = self.command(config, output_dir)
+        command = self.command(config, output_dir, *extra)
         if kind == "time":
             at = plan["fraction"] * reference["seconds"]
             moment = f"SIGKILL t={at:.2f}s of {reference['seconds']:.1f}s"
@@ -143,7 +164,7 @@ class Finetune:
             call = plan["call"]
             moment = f"{call['when']} {call['label']} {call['nth']}/{call['count']}"
             if config == "1 proc":
-                first = run_killed_at([*flags(config), "--output_dir", output_dir], env=env, cwd=self.folder,
+                first = run_killed_at([*flags(config), "--output_dir", output_dir, *extra], env=env, cwd=self.folder,
                                       function=tuple(call["function"]), match=call["match"], nth=call["nth"],
                                       when=call["when"], script=FINETUNE)
             else:

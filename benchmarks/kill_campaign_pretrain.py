@@ -3,18 +3,23 @@
 Kills: SIGKILL at a random time, during the export (counted from the line that opens it), or right before/after an
 exact call (a checkpoint's weights or optimizer state, a rename in checkpoints/, a move out of the export's staging
 folder); dropout trials at a checkpoint in the middle of the run, so that the rerun trains again. Then SIGTERM and
-SIGINT trials: a stop signal at a random time of the run or of its training phase."""
+SIGINT trials: a stop signal at a random time of the run or of its training phase. Then (outside --quick) "shape"
+trials: --overwrite_output_dir over the export of a 3-layer run, killed in the publish of the 2-layer model (a move
+out of the staging folder, or a random moment of the export), rerun as the same command; and "links" trials: links
+planted at the names pretrain writes (its lock, its metrics log and its temporary, its staging folder), leading to a
+user's file and folder, then a kill drawn as for the plain trials."""
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.kill_campaign_common import (
-    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, last_error, resume_and_judge, run_process, say,
-    stop_outcome, write_notes,
+    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, last_error, plant_links, resume_and_judge, run_process,
+    say, stop_outcome, write_notes,
 )
 from tests.helpers.faults import PRETRAIN, run_killed_after, run_killed_after_line, run_killed_at
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
@@ -30,6 +35,9 @@ CALLS = [
     (MOVES, "checkpoints", 1, "rename in checkpoints/"),
     (MOVES, STAGING, None, "export move"),
 ]
+EXPORT_MOVES = 4  # the export's moves out of the staging folder a kill may land on (it makes more)
+LINKED_FILES, LINKED_FOLDERS = [".lock", "metrics.jsonl", "metrics.jsonl.tmp"], [STAGING]
+OLD_LAYERS = 3  # the "shape" trials' earlier model; the trials' own has TINY_PRETRAIN_ARGS' 2
 
 
 def command_flags(steps: int, model_config: Path | None) -> list[str]:
@@ -53,10 +61,11 @@ class Pretrain:
     name = "pretrain"
 
     def __init__(self, folder: Path, env: dict, quick: bool, trials: int, dropout_trials: int, signal_trials: int,
-                 steps: int, seed: int):
+                 steps: int, seed: int, shape_trials: int = 0, link_trials: int = 0):
         self.folder, self.env, self.quick, self.steps = folder / "pretrain", env, quick, steps
         self.folder.mkdir()
         self.trials, self.dropout_trials, self.signal_trials, self.seed = trials, dropout_trials, signal_trials, seed
+        self.shape_trials, self.link_trials = shape_trials, link_trials
         self.configs = {"plain": None}
         if dropout_trials:
             self.configs["dropout"] = dropout_config(self.folder)
@@ -83,6 +92,13 @@ class Pretrain:
                                      "training_seconds": result.marks["export"] - result.marks["training"]}
             say(f"pretrain reference ({name}): {result.seconds:.1f} s, training from {result.marks['training']:.1f} s,"
                 f" export phase {result.seconds - result.marks['export']:.2f} s")
+        for name in ("shape", "links"):  # trained as plain; they differ in what the output folder holds
+            self.references[name] = self.references["plain"]
+        if self.shape_trials:
+            old = [*command_flags(self.steps, None), "--num_hidden_layers", str(OLD_LAYERS), "--output_dir",
+                   str(self.folder / "old_3_layers")]
+            if run_process([sys.executable, str(PRETRAIN), *old], self.env, self.folder).returncode != 0:
+                sys.exit("kill_campaign.py: the pretrain run of the 3-layer model failed")
 
     def plans(self) -> list[dict]:
         """Every random choice, made up front so that a seed names the same campaign whatever happens in it. The kill
@@ -117,14 +133,42 @@ class Pretrain:
                           "kind": f"{name} {phase}", "signal": name, "phase": phase,
                           "fraction": rng.uniform(0.0, 0.1) if quick else rng.random(),  # --quick: mid-run
                           "rerun_kills": [None] * MAX_RERUNS})
+        return plans + self.folder_plans(len(plans))
+
+    def folder_plans(self, done: int) -> list[dict]:
+        """The "shape" and "links" trials, numbered after the others and drawn from their own generator."""
+        rng, plans = random.Random(f"{self.seed}-pretrain-folders"), []
+        for index in range(self.shape_trials + self.link_trials):
+            config = "shape" if index < self.shape_trials else "links"
+            kind = ("call", "export")[index % 2] if config == "shape" else ("time", "export", "call")[index % 3]
+            functions, match, per_step, label = CALLS[3] if config == "shape" else rng.choice(CALLS)
+            last = EXPORT_MOVES if per_step is None else per_step * self.steps
+            plans.append({"trial": done + index + 1, "command": self.name, "config": config, "kind": kind,
+                          "fraction": rng.random(),
+                          "call": {"function": list(functions), "match": match, "label": label,
+                                   "nth": rng.randint(1, last), "when": rng.choice(("before", "after"))},
+                          "rerun_kills": [None if rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
+                                          else rng.random() for rerun in range(MAX_RERUNS)]})
         return plans
+
+    def trial_folder(self, plan: dict) -> tuple[Path, list[str]]:
+        """The trial's output folder, as the config has it before the first run, and the flags the config adds."""
+        output_dir = self.folder / f"trial_{plan['trial']:02d}"
+        if plan["config"] == "shape":
+            shutil.copytree(self.folder / "old_3_layers", output_dir)
+        write_notes(output_dir)
+        if plan["config"] == "links":
+            plant_links(output_dir, LINKED_FILES, LINKED_FOLDERS)
+        # links: the metrics log's name stands there already, which only a resume (of nothing, here) may meet
+        return output_dir, {"shape": ["--overwrite_output_dir"], "links": ["--resume_from_checkpoint", "latest"]}.get(
+            plan["config"], [])
 
     def run_trial(self, plan: dict) -> dict:
         reference = self.references[plan["config"]]
-        flags = command_flags(self.steps, self.configs[plan["config"]])
-        output_dir = self.folder / f"trial_{plan['trial']:02d}"
-        write_notes(output_dir)
-        args, started, env, cwd = [*flags, "--output_dir", str(output_dir)], time.monotonic(), self.env, self.folder
+        flags = command_flags(self.steps, self.configs.get(plan["config"]))
+        output_dir, extra = self.trial_folder(plan)
+        args, started = [*flags, *extra, "--output_dir", str(output_dir)], time.monotonic()
+        env, cwd = self.env, self.folder
         promise = stop = None
         if plan["kind"] == "time":
             at = plan["fraction"] * reference["seconds"]
@@ -162,8 +206,8 @@ class Pretrain:
             moment += " (not reached)" if stop is None else " (after the end)"
         if stop == "late":
             moment += " (after the publish)"
-        def rerun(fraction):
-            rerun_args = [*args, "--resume_from_checkpoint", "latest"]
+        def rerun(fraction):  # "shape": the same command, which starts afresh; "links" resumes already
+            rerun_args = args if extra else [*args, "--resume_from_checkpoint", "latest"]
             if fraction is None:
                 return subprocess.run([sys.executable, str(PRETRAIN), *rerun_args], env=env, cwd=cwd,
                                       capture_output=True, text=True)

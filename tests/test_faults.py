@@ -388,8 +388,9 @@ def test_silent_hub_bounds_the_finetune_upload_too(tmp_path):
 
 def test_kill_campaign_quick(tmp_path):
     """Two trials per command (pretrain, finetune, convert): a SIGKILL at a random time or an exact call, and a
-    SIGTERM mid-training; every rerun ends bit for bit on the straight run, nothing is lost, and every stop signal
-    keeps its promise (a stop line and exit 128 + signal, or a finished run)."""
+    SIGTERM mid-training; convert also publishes over a model of another shape and over planted links, killed at a
+    move. Every rerun ends bit for bit on the straight run, nothing is lost or written through a link, and every
+    stop signal keeps its promise (a stop line and exit 128 + signal, or a finished run)."""
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.kill_campaign", "--quick", "--out", str(tmp_path / "results")],
         cwd=REPO_ROOT, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=900,
@@ -399,9 +400,13 @@ def test_kill_campaign_quick(tmp_path):
     assert summary["benchmark"] == "kill_campaign" and summary["mode"] == "quick"
     assert summary["commands"] == ["pretrain", "finetune", "convert"], summary["commands"]
     for command, counts in summary["per_command"].items():
-        assert counts["tried"] == 2 and counts["lost"] == 0 and counts["bit_for_bit"] == 2, (command, counts)
-        assert f"{command}: 2 tried, 2 resumed bit for bit, 0 lost" in result.stdout
-    assert "overall: 6 tried, 6 resumed bit for bit, 0 lost" in result.stdout
+        tried = 4 if command == "convert" else 2  # convert: also a publish of another shape, and planted links
+        assert counts["tried"] == tried and counts["lost"] == 0 and counts["bit_for_bit"] == tried, (command, counts)
+        assert f"{command}: {tried} tried, {tried} resumed bit for bit, 0 lost" in result.stdout
+    convert = summary["per_command"]["convert"]
+    assert convert["shape_trials"] == 1 and convert["link_trials"] == 1 and convert["written_through_links"] == 0
+    assert "planted links: 1 trials, 0 written through" in result.stdout
+    assert "overall: 8 tried, 8 resumed bit for bit, 0 lost; 0 written through a planted link" in result.stdout
     failed = [trial for trial in summary["trials"] if not trial["equal"] or trial["lost"] or trial["error"]]
     assert not failed, json.dumps(failed, indent=1)
     # every SIGKILL landed (--quick draws only moments every run reaches), every stop signal kept its promise
