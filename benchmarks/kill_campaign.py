@@ -4,7 +4,7 @@ or convert's same command) always end with exactly the result of a run never int
 in the output folder always survive, and does the folder hold, at every moment seen after a kill, no model yet or one
 that loads (for convert: the old model or the new one, never neither)?
 
-    python -m benchmarks.kill_campaign                   # all four, 57 trials: about 25 minutes on 2 shared cores
+    python -m benchmarks.kill_campaign                   # all four, 51 trials: about 20 minutes on 2 shared cores
     python -m benchmarks.kill_campaign --quick           # 2 trials per command (convert 4), 3 minutes; writes nothing
     python -m benchmarks.kill_campaign --commands finetune --finetune_trials 12 --seed 1
     python -m benchmarks.kill_campaign --commands nodes --out benchmarks/results/kill_campaign_nodes
