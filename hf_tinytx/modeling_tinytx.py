@@ -50,6 +50,16 @@ _CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 _MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
+def _warn_on_the_old_cache_name(forward):
+    """Where `cache` is the current name, `past_key_values=` warns as Llama's does (transformers' own decorator, which
+    also renames it); older releases stay silent, as the old name is theirs."""
+    if _CACHE_FIELD != "cache":
+        return forward
+    from transformers.utils.deprecation import deprecate_kwarg
+
+    return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+
 def _pop_cache(cache: Cache | None, kwargs: dict) -> Cache | None:
     """Accepts the cache under its old name too (older `generate` and user code pass `past_key_values=`)."""
     legacy = kwargs.pop("past_key_values", None)
@@ -377,6 +387,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
 
         self.post_init()
 
+    @_warn_on_the_old_cache_name
     @merge_with_config_defaults
     @capture_outputs
     @auto_docstring
@@ -537,6 +548,7 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
 
         self.post_init()
 
+    @_warn_on_the_old_cache_name
     @can_return_tuple
     @auto_docstring
     def forward(

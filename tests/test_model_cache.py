@@ -52,3 +52,27 @@ def test_cache_built_with_gradients_still_backpropagates(tiny_model):
     second = model(torch.tensor([[8, 9]]), cache=cache, use_cache=True)
     (first.logits.sum() + second.logits.sum()).backward()
     assert model.model.layers[0].self_attn.k_proj.weight.grad is not None
+
+
+def test_the_old_cache_name_still_works_and_warns_where_cache_is_current(tiny_model):
+    """`past_key_values=` (older code, PEFT's prefix tuning) gives what `cache=` gives, for the base model and the
+    LM; it warns as Llama's forward does where transformers names the argument `cache` (5.24 on), not before."""
+    import dataclasses
+    import warnings
+
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    model = tiny_model()
+    prompt, step = torch.tensor([[5, 6, 7]]), torch.tensor([[8]])
+    current = "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}
+    for module in (model, model.model):
+        results = []
+        for name in ("cache", "past_key_values"):
+            first = module(prompt, use_cache=True)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = module(step, use_cache=True, **{name: getattr(first, "cache", None) or first.past_key_values})
+            deprecations = [w for w in caught if "`past_key_values` is deprecated" in str(w.message)]
+            assert len(deprecations) == (1 if current and name == "past_key_values" else 0), caught
+            results.append(out.logits if module is model else out.last_hidden_state)
+        assert torch.equal(*results)

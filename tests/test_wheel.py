@@ -92,6 +92,39 @@ def test_an_unknown_tinytx_command_is_one_line_naming_the_closest():
                                      "(tinytx --help lists them)")
 
 
+# Makes the named top-level modules look uninstalled, as after `pip install hf_tinytx` without the `train` extra.
+HIDE_MODULES = """
+import sys
+from importlib.machinery import PathFinder
+
+class WithoutSome(PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return None if name.split(".")[0] in {hidden} else super().find_spec(name, path, target)
+
+sys.meta_path[sys.meta_path.index(PathFinder)] = WithoutSome
+"""
+
+
+def test_a_training_command_without_the_train_extra_is_one_line_naming_it(tmp_path):
+    """Before: `ModuleNotFoundError: No module named 'accelerate'`, a traceback."""
+    (tmp_path / "hide").mkdir()
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE_MODULES.format(hidden={"accelerate", "datasets"}))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "hide"), "HOME": str(tmp_path)}
+    for command in ("pretrain", "finetune"):
+        result = subprocess.run([sys.executable, "-m", "hf_tinytx_training", command, "--output_dir",
+                                 str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.strip() == (f"tinytx {command}: error: the training scripts need the `train` extra "
+                                         "(accelerate, datasets not installed): pip install 'hf_tinytx[train]'")
+    assert not (tmp_path / "out").exists()
+    # the flags are still listed
+    result = subprocess.run([sys.executable, "-m", "hf_tinytx_training", "pretrain", "--help"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--max_train_steps" in result.stdout, result.stderr[-3000:]
+
+
 def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
     """`python training/pretrain.py` runs the installed hf_tinytx_training's module only when it is that very file: a
     copy of the folder elsewhere (a second checkout, while this one is installed) says so in one line."""

@@ -28,6 +28,28 @@ COMMANDS = {  # subcommand -> (module run as __main__, what it does)
 }
 
 
+# What the training scripts import from the `train` extra (a plain `pip install hf_tinytx` brings the model alone).
+TRAIN_EXTRA = ("accelerate", "datasets", "matplotlib", "jinja2", "yaml", "tqdm")
+
+
+def missing_extra(command: str) -> str | None:
+    """The one-line error of a training command whose `train` extra is not installed, or None. Only looked up
+    (`find_spec`), never imported, so that nothing heavy loads."""
+    if command not in ("pretrain", "finetune"):
+        return None
+    missing = []
+    for module in TRAIN_EXTRA:
+        try:
+            if find_spec(module) is None:
+                missing.append(module)
+        except (ImportError, ValueError):  # a broken install of it counts as none
+            missing.append(module)
+    if not missing:
+        return None
+    return (f"tinytx {command}: error: the training scripts need the `train` extra ({', '.join(missing)} not "
+            "installed): pip install 'hf_tinytx[train]'")
+
+
 def usage() -> str:
     rows = "\n".join(f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items())
     return (f"usage: tinytx {{{','.join(COMMANDS)}}} [flags]\n\n{rows}\n\n"
@@ -44,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         closest = difflib.get_close_matches(command, COMMANDS, n=1)
         hint = f"did you mean {closest[0]}?" if closest else f"use one of {', '.join(COMMANDS)}"
         sys.stderr.write(f"tinytx: error: unknown command {command!r}; {hint} (tinytx --help lists them)\n")
+        return 2
+    error = None if {"-h", "--help"} & set(flags) else missing_extra(command)  # the flags need no extra
+    if error:
+        sys.stderr.write(error + "\n")
         return 2
     run_as_main(COMMANDS[command][0], flags)
     return 0
@@ -64,6 +90,9 @@ def run_checkout_script(script_file: str, module: str) -> None:
         installed = f"it is installed from {os.path.dirname(spec.origin)}" if spec else "it is not installed"
         sys.exit(f"{name}: error: hf_tinytx_training must be this checkout's training/ ({installed}); run "
                  f"`pip install -e .` in this checkout, or use the installed `tinytx {name[:-3]}`.")
+    error = missing_extra(name[:-3])
+    if error:
+        sys.exit(error.replace(f"tinytx {name[:-3]}:", f"{name}:", 1))
     run_as_main(module, sys.argv[1:])
     sys.exit(0)
 
