@@ -73,10 +73,12 @@ def test_the_ci_pretrain_flags_parse_and_stay_tiny():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["pretrain", "--help"]])
-def test_tinytx_help_answers_before_torch_loads(argv):
-    """`tinytx --help` lists the five commands, `tinytx pretrain --help` pretrain's flags; neither imports torch."""
+def test_tinytx_help_answers_before_torch_loads(argv, tmp_path):
+    """`tinytx --help` lists the five commands, `tinytx pretrain --help` pretrain's flags; neither imports torch. Run
+    from the folder above a clone with git's default name, `hf_tinytx`, which Python would take for the package."""
+    (tmp_path / "hf_tinytx").symlink_to(REPO_ROOT, target_is_directory=True)
     command = [sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv]
-    result = subprocess.run(command, cwd=REPO_ROOT.parent, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "hf_tinytx_training.cli" in imported and "torch" not in imported

@@ -20,4 +20,10 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     pretrain.py    pre-training on Accelerate: setup -> fit -> evaluate -> export
     finetune.py    supervised fine-tuning with Trainer, optionally LoRA (finetune_args.py: its flags and the checks
                    run before torch loads; sft_records.py: its data files read and checked; sft_data.py: tokenized)
+    working_dir.py from the folder above a clone named hf_tinytx, the installed package, not the clone's folder
 """
+
+from .working_dir import look_past_a_clone_named_hf_tinytx
+
+
+look_past_a_clone_named_hf_tinytx()  # before anything imports hf_tinytx
