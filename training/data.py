@@ -3,9 +3,10 @@
 1. `load_text_datasets`: a Hub dataset, local files, or the embedded default corpus, as train/validation splits of
    documents (a validation split is carved out when none is given). Every problem is reported here, before any
    training starts.
-2. `tokenize_and_pack`: tokenize with a batched `map` (cached on disk when the text came from files), append EOS
-   to every document, concatenate, and cut into `block_size` blocks. No padding anywhere, so every block carries the
-   same number of targets, which keeps the mean loss of gradient accumulation and of data parallelism exact.
+2. `tokenize`, then `pack`: tokenize with a batched `map` (cached on disk when the text came from files), append EOS
+   to every document, concatenate, and cut into `block_size` blocks (between the two, data_fit.py fits the sizes to
+   a small text). No padding anywhere, so every block carries the same number of targets, which keeps the mean loss
+   of gradient accumulation and of data parallelism exact.
 3. `make_dataloaders`: every epoch a new order of the blocks (`EpochShuffleSampler`) and, after the first, new cuts
    through the same token stream (`ShiftingBlocks`).
 """
@@ -34,6 +35,13 @@ STREAMING_VALIDATION_DOCUMENTS = 1000
 
 def load_text_datasets(data_args: DataArguments, seed: int) -> DatasetDict:
     """Returns {"train", "validation"} datasets of documents in `data_args.text_column`."""
+    return load_texts(data_args, seed)[0]
+
+
+def load_texts(data_args: DataArguments, seed: int) -> tuple[DatasetDict, bool]:
+    """({"train", "validation"} datasets of documents, whether the validation documents were held out of the
+    training ones). A single document is all training text (its validation then comes from its end: data_fit.py)."""
+    held_out = False
     if data_args.dataset_name:
         raw = _load_hub_dataset(data_args)
     elif data_args.train_file:
@@ -55,16 +63,20 @@ def load_text_datasets(data_args: DataArguments, seed: int) -> DatasetDict:
             raw["train"] = raw["train"].skip(STREAMING_VALIDATION_DOCUMENTS)
         else:
             _check_documents(raw["train"], data_args.text_column, "training")
-            split = raw["train"].train_test_split(
-                test_size=data_args.validation_split_percentage / 100, seed=seed, shuffle=True
-            )
+            held_out = True
+            if len(raw["train"]) < 2:  # nothing to hold out
+                split = {"train": raw["train"], "test": raw["train"].select([])}
+            else:
+                split = raw["train"].train_test_split(
+                    test_size=data_args.validation_split_percentage / 100, seed=seed, shuffle=True
+                )
             raw = DatasetDict({"train": split["train"], "validation": split["test"]})
 
     if data_args.num_train_documents and data_args.train_file and len(raw["train"]) > data_args.num_train_documents:
         raw["train"] = raw["train"].select(range(data_args.num_train_documents))
-    for name in ("train", "validation"):
+    for name in ("train", "validation") if not (held_out and len(raw["validation"]) == 0) else ("train",):
         _check_documents(raw[name], data_args.text_column, name)
-    return DatasetDict({"train": raw["train"], "validation": raw["validation"]})
+    return DatasetDict({"train": raw["train"], "validation": raw["validation"]}), held_out
 
 
 def _load_hub_dataset(data_args: DataArguments):
@@ -177,43 +189,92 @@ class PackedData:
     bytes_per_token: float  # UTF-8 bytes of validation text per validation token: turns nats/token into bits/byte
 
 
-def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column: str, num_proc=None) -> PackedData:
+@dataclass
+class Tokens:
+    """The documents as token ids (EOS appended to each), before they are cut into blocks."""
+
+    train: object  # Dataset (or IterableDataset) of {"input_ids": [...]}
+    validation: Dataset
+    bytes_per_token: float  # UTF-8 bytes of validation text per validation token
+    held_out: bool  # the validation documents were held out of the training documents (data_fit may regroup them)
+
+
+def tokenize(raw: DatasetDict, tokenizer, text_column: str, num_proc=None, held_out: bool = False) -> Tokens:
     eos = tokenizer.eos_token_id
 
-    def tokenize(batch):
+    def to_ids(batch):
         texts = [text or "" for text in batch[text_column]]
-        # verbose=False: documents longer than the model's context are fine here, they are cut into blocks below.
+        # verbose=False: documents longer than the model's context are fine here, they are cut into blocks later.
         ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
-        return {
-            "input_ids": [doc + [eos] for doc in ids],
-            "num_bytes": [len(text.encode("utf-8")) for text in texts],
-        }
+        return {"input_ids": [doc + [eos] for doc in ids], "num_bytes": [len(text.encode("utf-8")) for text in texts]}
 
-    def pack(batch):
-        stream = [token for doc in batch["input_ids"] for token in doc]
-        usable = len(stream) // block_size * block_size  # the tail of each 1000-document batch is dropped
-        return {"input_ids": [stream[i : i + block_size] for i in range(0, usable, block_size)]}
-
-    packed = {}
-    bytes_per_token = None
+    tokens, counts = {}, {}
     with datasets_cache_space():  # each map writes its result into the cache
         for name in ("train", "validation"):
             split = raw[name].select_columns([text_column])  # other columns would not survive packing anyway
             map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
-            tokens = split.map(tokenize, batched=True, remove_columns=[text_column], **map_options)
-            if name == "validation":
-                num_tokens = sum(len(ids) for ids in tokens["input_ids"])
-                bytes_per_token = sum(tokens["num_bytes"]) / max(num_tokens, 1)
-            tokens = tokens.remove_columns(["num_bytes"])
-            if map_options:
-                map_options["desc"] = f"Packing {name} into blocks of {block_size}"
-            packed[name] = tokens.map(pack, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
-            if isinstance(packed[name], Dataset) and len(packed[name]) == 0:
-                raise UserInputError(
-                    f"The {name} text is shorter than one block of {block_size} tokens ({num_tokens_of(tokens)} "
-                    f"tokens); lower --block_size or give more text."
-                )
-    return PackedData(train=packed["train"], validation=packed["validation"], bytes_per_token=bytes_per_token)
+            tokens[name] = split.map(to_ids, batched=True, remove_columns=[text_column], **map_options)
+        counts = (sum(tokens["validation"]["num_bytes"]), num_tokens_of(tokens["validation"]))
+        if not counts[1]:  # no validation documents (one document in all): the ratio of the training text's start
+            start = tokens["train"].select(range(min(1000, len(tokens["train"]))))
+            counts = (sum(start["num_bytes"]), num_tokens_of(start))
+        train, validation = (tokens[name].remove_columns(["num_bytes"]) for name in ("train", "validation"))
+    return Tokens(train, validation, counts[0] / max(counts[1], 1), held_out)
+
+
+def pack(tokens: Tokens, block_size: int, num_proc=None, validation_from_end: int = 0) -> PackedData:
+    """Cuts each split's token stream into blocks (the tail of each 1000-document batch is dropped); with
+    `validation_from_end`, the validation is that many tokens from the end of all the text instead (data_fit.py)."""
+    if validation_from_end:
+        return _pack_with_validation_from_end(tokens, block_size, validation_from_end)
+
+    def cut(batch):
+        stream = [token for doc in batch["input_ids"] for token in doc]
+        usable = len(stream) // block_size * block_size
+        return {"input_ids": [stream[i : i + block_size] for i in range(0, usable, block_size)]}
+
+    packed = {}
+    with datasets_cache_space():
+        for name in ("train", "validation"):
+            split = getattr(tokens, name)
+            map_options = {"num_proc": num_proc, "desc": f"Packing {name} into blocks of {block_size}"} \
+                if isinstance(split, Dataset) else {}
+            packed[name] = split.map(cut, batched=True, batch_size=1000, remove_columns=["input_ids"], **map_options)
+    return PackedData(train=packed["train"], validation=packed["validation"], bytes_per_token=tokens.bytes_per_token)
+
+
+def _pack_with_validation_from_end(tokens: Tokens, block_size: int, validation_tokens: int) -> PackedData:
+    """A small text (data_fit chose this only when the held-out documents hold less than one block): its documents
+    regrouped into one stream, the last `validation_tokens` held out, the rest cut into blocks."""
+    stream = [token for split in (tokens.train, tokens.validation) for doc in split["input_ids"] for token in doc]
+    train, validation = stream[:-validation_tokens], stream[-validation_tokens:]
+    usable = len(train) // block_size * block_size
+
+    def blocks(ids: list[int]) -> Dataset:
+        return Dataset.from_dict({"input_ids": [ids[i : i + block_size] for i in range(0, len(ids), block_size)]})
+
+    return PackedData(train=blocks(train[:usable]), validation=blocks(validation),
+                      bytes_per_token=tokens.bytes_per_token)
+
+
+def chunk_tokens(split: Dataset) -> tuple[int, ...]:
+    """Tokens per 1000-document batch of a tokenized split: what packing cuts into blocks, batch by batch."""
+    lengths = [len(ids) for ids in split["input_ids"]]
+    return tuple(sum(lengths[i : i + 1000]) for i in range(0, len(lengths), 1000)) or (0,)
+
+
+def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column: str, num_proc=None) -> PackedData:
+    """Both steps at the sizes asked, refusing a split shorter than one block."""
+    tokens = tokenize(raw, tokenizer, text_column, num_proc)
+    packed = pack(tokens, block_size, num_proc)
+    for name in ("train", "validation"):
+        split = getattr(packed, name)
+        if isinstance(split, Dataset) and len(split) == 0:
+            raise UserInputError(
+                f"The {name} text is shorter than one block of {block_size} tokens "
+                f"({num_tokens_of(getattr(tokens, name))} tokens); lower --block_size or give more text."
+            )
+    return packed
 
 
 @contextlib.contextmanager
