@@ -71,3 +71,24 @@ def test_a_run_that_reads_its_blocks_too_often_is_warned_with_a_step_count_that_
     steps = int(warning.split("--max_train_steps ")[1].split()[0])
     assert memorising_warning(steps, 8, 15) is None
     assert memorising_warning(600, 16, 40_000) is None  # the built-in corpus's default run
+
+
+def test_samples_start_where_the_validation_documents_do():
+    from datasets import Dataset
+
+    from hf_tinytx_training.data import document_starts
+
+    eos = 0
+    blocks = Dataset.from_dict({"input_ids": [[5, 6, 7, 0, 8, 9], [10, 0, 11, 0, 12, 13], [14, 15, 0, 16, 17, 18]]})
+    # block 1 starts mid-document (10 is not a start); 11 alone is too short; 16 17 18 runs to the block's end
+    assert document_starts(blocks, eos, count=5, length=3) == [[5, 6, 7], [8, 9], [12, 13], [16, 17, 18]]
+    assert document_starts(blocks, eos, count=2, length=8) == [[5, 6, 7], [8, 9]]
+
+
+def test_the_sizes_a_command_sets_are_read_from_its_flags_and_its_file(tmp_path):
+    from hf_tinytx_training.args import explicit_flags
+
+    (tmp_path / "run.yaml").write_text("block_size: 64\nmax_train_steps: 10\n")
+    assert explicit_flags(["--per_device_train_batch_size", "4", "--seed=3"]) == {"per_device_train_batch_size",
+                                                                                 "seed"}
+    assert explicit_flags([str(tmp_path / "run.yaml"), "--seed", "1"]) == {"block_size", "max_train_steps", "seed"}

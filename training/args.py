@@ -408,3 +408,12 @@ class _OneLineErrorParser(HfArgumentParser):
         closest = difflib.get_close_matches(flag, known, n=1)
         hint = f"did you mean {closest[0]}?" if closest else "run with --help to list the flags."
         return f"unknown flag {flag}; {hint}"
+
+
+def explicit_flags(argv: list[str]) -> frozenset:
+    """The argument names the command line sets (`--name value`, `--name=value`, and those of a leading .yaml/.json
+    file): sizes the user chose are kept, the others may be fitted to a small text (data_fit.py)."""
+    names = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    if argv and argv[0].endswith((".yaml", ".yml", ".json")) and os.path.isfile(argv[0]):
+        names |= set(_read_args_file(argv[0], build_parser(ALL_ARGUMENTS)))
+    return frozenset(names)

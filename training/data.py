@@ -405,3 +405,21 @@ class ShiftingBlocks(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict:
         return self.__getitems__([index])[0]
+
+
+def document_starts(validation: Dataset, eos_token_id: int, count: int, length: int = 8) -> list[list[int]]:
+    """The first `length` tokens (at least 2) of the first `count` validation documents whose start lies within a
+    block: the prompts of a run's samples on its own text. Documents start at the validation's first token and right
+    after each EOS."""
+    starts = []
+    for number, block in enumerate(validation["input_ids"]):
+        block = [int(token) for token in block]
+        points = ([0] if number == 0 else []) + [i + 1 for i, token in enumerate(block) if token == eos_token_id]
+        for point in points:
+            ids = block[point : point + length]
+            ids = ids[: ids.index(eos_token_id)] if eos_token_id in ids else ids
+            if len(ids) >= 2:
+                starts.append(ids)
+            if len(starts) == count:
+                return starts
+    return starts
