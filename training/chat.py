@@ -5,7 +5,7 @@
 
 Each line read from standard input is a user turn. The reply is generated from the whole conversation so far,
 `tokenizer.apply_chat_template(messages, add_generation_prompt=True)`, and streamed to standard output as it comes,
-one reply a line (transformers' `TextStreamer`); it then joins the conversation as the assistant's turn. `/reset`
+each ended by a newline (transformers' `TextStreamer`); it then joins the conversation as the assistant's turn. `/reset`
 starts a new conversation, `/exit` (or the end of the input, Ctrl-D) ends it; notices go to standard error. A turn
 that would run the conversation past the model's positions is refused with a notice (/reset, and go on).
 
@@ -41,8 +41,8 @@ TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description="\n\n".join(__doc__.split("\n\n")[:2]))
-    add_generation_flags(parser, DEFAULT_MAX_NEW_TOKENS)
+                           description="\n\n".join(__doc__.split("\n\n")[:3]))
+    add_generation_flags(parser, DEFAULT_MAX_NEW_TOKENS, "out/chat-lora/merged")
     return parser
 
 

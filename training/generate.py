@@ -59,10 +59,10 @@ class OneLineParser(argparse.ArgumentParser):
         return parsed
 
 
-def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens: int) -> None:
+def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens: int, example: str) -> None:
     """The flags `tinytx generate` and `tinytx chat` share: how much to generate, how to pick tokens, where."""
     parser.add_argument("folder", metavar="FOLDER",
-                        help="a model folder with its tokenizer, as pretrain or finetune write it (e.g. out/tinytx)")
+                        help=f"a model folder with its tokenizer, as pretrain or finetune write it (e.g. {example})")
     parser.add_argument("--max_new_tokens", type=int, default=None,
                         help="at most this many new tokens (default: the folder's generation_config max_new_tokens, "
                         f"else {default_max_new_tokens})")
@@ -84,7 +84,7 @@ def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
                            description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1])
-    add_generation_flags(parser, DEFAULT_MAX_NEW_TOKENS)
+    add_generation_flags(parser, DEFAULT_MAX_NEW_TOKENS, "out/tinytx")
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
     parser.add_argument("--compile", action="store_true",
                         help="a static key/value cache and, on a CPU, the forward compiled by torch.compile: faster "
