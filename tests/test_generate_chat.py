@@ -169,6 +169,25 @@ def test_chat_answers_each_turn_from_the_conversation_resets_and_exits(tiny, run
     assert "(a new conversation)" in result.stderr.splitlines()
 
 
+def test_a_reply_stops_at_the_models_last_position_and_a_full_conversation_waits_for_reset(tiny, capsys):
+    model, tokenizer = tiny["model"], tiny["tokenizer"]
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    try:
+        long_turn = " ".join(TINY_SENTENCES[:2])  # 84 of the model's 128 positions once templated
+        chat.converse(model, tokenizer, {"max_new_tokens": 100, "do_sample": False, "eos_token_id": None},
+                      [long_turn, "and on?", "/reset", "Hello"])
+    finally:
+        tokenizer.chat_template = None
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "(the reply stopped at the 128 positions the model reads: /reset starts a new conversation)",
+        err.splitlines()[1],
+        "(a new conversation)",
+    ]
+    assert err.splitlines()[1].startswith("(the conversation with this turn is ")  # "and on?" finds no room
+    assert len(out.splitlines()) >= 2  # the long turn's reply, then Hello's
+
+
 # ---- refusals: one line, exit 2, before torch loads ----
 
 

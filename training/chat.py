@@ -6,8 +6,9 @@
 Each line read from standard input is a user turn. The reply is generated from the whole conversation so far,
 `tokenizer.apply_chat_template(messages, add_generation_prompt=True)`, and streamed to standard output as it comes,
 each ended by a newline (transformers' `TextStreamer`); it then joins the conversation as the assistant's turn. `/reset`
-starts a new conversation, `/exit` (or the end of the input, Ctrl-D) ends it; notices go to standard error. A turn
-that would run the conversation past the model's positions is refused with a notice (/reset, and go on).
+starts a new conversation, `/exit` (or the end of the input, Ctrl-D) ends it; notices go to standard error. A reply
+stops at the model's last position (`max_position_embeddings`), with a notice; a turn that leaves no room is refused
+with one (/reset, and go on).
 
 The folder must be a model whose tokenizer has a chat template: finetune adds one when it trains on chat records
 (`{"messages": [...]}`); pretrain writes none, since a pre-trained model only continues text (`tinytx generate`). A
@@ -24,7 +25,7 @@ from .errors import UserInputError
 from .generate import (
     OneLineParser,
     add_generation_flags,
-    check_context,
+    context_length,
     early_checks,
     generation_settings,
     load_model,
@@ -107,14 +108,18 @@ def converse(model, tokenizer, settings: dict, lines) -> None:
         except jinja2.TemplateError as error:
             raise UserInputError(f"the chat template of the folder's tokenizer fails on this conversation ({error}); "
                                  "fix the template (chat_template.jinja), or /reset between turns.") from None
-        prompt_tokens = inputs["input_ids"].shape[1]
-        try:
-            check_context(model, prompt_tokens, settings["max_new_tokens"], "the conversation with this turn")
-        except UserInputError as error:
-            notice(f"{error} {RESET} starts a new conversation.")
+        prompt_tokens, context = inputs["input_ids"].shape[1], context_length(model)
+        room = settings["max_new_tokens"]
+        if context is not None:  # the reply stops at the model's last position
+            room = min(room, context - prompt_tokens)
+        if room < 1:
+            notice(f"(the conversation with this turn is {prompt_tokens} tokens, and the model reads {context}: "
+                   f"{RESET} starts a new conversation)")
             continue
         with torch.no_grad():
-            output = model.generate(**inputs, **settings, streamer=streamer)
+            output = model.generate(**inputs, **{**settings, "max_new_tokens": room}, streamer=streamer)
+        if output.shape[1] == context and room < settings["max_new_tokens"]:
+            notice(f"(the reply stopped at the {context} positions the model reads: {RESET} starts a new conversation)")
         reply = tokenizer.decode(output[0, prompt_tokens:], skip_special_tokens=True)
         messages = [*turn, {"role": "assistant", "content": reply}]
 

@@ -219,12 +219,18 @@ def generation_settings(args: argparse.Namespace, model, default_max_new_tokens:
     return settings
 
 
-def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "the prompt") -> None:
+def context_length(model) -> int | None:
+    """The positions the model was made for (None where its config does not say)."""
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
     """Refuses a prompt that, with the new tokens, runs past the positions the model was made for."""
-    context = getattr(model.config, "max_position_embeddings", None)
+    context = context_length(model)
     if context is not None and prompt_tokens + max_new_tokens > context:
-        raise UserInputError(f"{what} is {prompt_tokens} tokens and --max_new_tokens {max_new_tokens}: together more "
-                             f"than the {context} positions the model reads; shorten it or lower --max_new_tokens.")
+        raise UserInputError(f"the prompt is {prompt_tokens} tokens and --max_new_tokens {max_new_tokens}: together "
+                             f"more than the {context} positions the model reads; shorten the prompt or lower "
+                             "--max_new_tokens.")
 
 
 def compile_for_decoding(model) -> dict:
