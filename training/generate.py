@@ -49,12 +49,14 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:  # named with the closest flag, where argparse only says "unrecognized arguments"
+        if unknown:  # argparse's own line says only "unrecognized arguments"
             flag = unknown[0].split("=", 1)[0]
-            known = [option for action in self._actions for option in action.option_strings]
-            closest = difflib.get_close_matches(flag, known, n=1) if flag.startswith("-") else []
-            hint = f"; did you mean {closest[0]}?" if closest else "" if flag.startswith("-") else \
-                "; text with spaces goes in quotes (\"the cat sat\")"
+            if flag.startswith("-"):
+                known = [option for action in self._actions for option in action.option_strings]
+                closest = difflib.get_close_matches(flag, known, n=1)
+                hint = f"; did you mean {closest[0]}?" if closest else ""
+            else:  # a second word of an unquoted prompt
+                hint = '; text with spaces goes in quotes ("the cat sat")'
             self.error(f"unknown argument {unknown[0]!r}{hint}")
         return parsed
 
@@ -252,7 +254,7 @@ def continue_prompt(model, tokenizer, prompt: str, settings: dict, streamer=None
 
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
     if inputs["input_ids"].shape[1] == 0:
-        raise UserInputError("the prompt is no tokens at all: give some text to continue.")
+        raise UserInputError("the prompt tokenizes to no tokens at all: give some text to continue.")
     check_context(model, inputs["input_ids"].shape[1], settings["max_new_tokens"])
     with torch.no_grad():
         return model.generate(**inputs, **settings, streamer=streamer)
