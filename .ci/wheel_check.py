@@ -1,8 +1,9 @@
 """CI stage: the project as a user installs it. Builds the sdist and the wheel (the wheel from the sdist, as
 `python -m build` does), checks the wheel's file list, installs the wheel (not editable) into a clean virtual
 environment, and from a folder outside the checkout runs `tinytx pretrain` (a short run), loads the model with
-AutoModelForCausalLM and AutoTokenizer, then `tinytx interpret`, `tinytx convert --to llama` and `tinytx finetune` on
-it, and `tinytx serve` on the fine-tuned folder (the `serving` extra): a completion and a chat request.
+AutoModelForCausalLM and AutoTokenizer, then `tinytx interpret`, `tinytx generate`, `tinytx convert --to llama` and
+`tinytx finetune` on it, and `tinytx serve` on the fine-tuned folder (the `serving` extra): a completion and a chat
+request.
 
     .venv/bin/python .ci/wheel_check.py [--keep]     # needs `build` (test extra) and pip's index or cache
 
@@ -116,7 +117,7 @@ def user_env(bin_dir: Path, home: Path) -> dict:
 
 
 def use(bin_dir: Path, work: Path) -> None:
-    """The commands, from `work` (outside the checkout): pretrain, load, interpret, convert, finetune."""
+    """The commands, from `work` (outside the checkout): pretrain, load, interpret, generate, convert, finetune."""
     env, out = user_env(bin_dir, work), work / "out"
     run(["tinytx", "--help"], cwd=work, env=env)
     run(["tinytx", "pretrain", *TINY_PRETRAIN, "--output_dir", out / "tinytx"], cwd=work, env=env)
@@ -125,6 +126,9 @@ def use(bin_dir: Path, work: Path) -> None:
          "--out", work / "maps", "--layers", "0"], cwd=work, env=env)
     if "heads" not in json.loads((work / "maps" / "heads.json").read_text()):
         sys.exit("wheel check: tinytx interpret wrote no head ranking")
+    text = run(["tinytx", "generate", out / "tinytx", "The animal didn't", "--max_new_tokens", "8"], cwd=work, env=env)
+    if not text.startswith("The animal didn't"):
+        sys.exit(f"wheel check: tinytx generate printed {text[:200]!r}, not the prompt's continuation")
     run(["tinytx", "convert", "--to", "llama", out / "tinytx", out / "llama"], cwd=work, env=env)
     if json.loads((out / "llama" / "config.json").read_text())["model_type"] != "llama":
         sys.exit("wheel check: tinytx convert --to llama wrote no Llama config")

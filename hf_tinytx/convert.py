@@ -18,7 +18,6 @@ records the files it wrote (`.tinytx-written.json`): `--overwrite` replaces thos
 (hf_tinytx/gguf_export.py, needs the `gguf` extra) writes one file for llama.cpp, with the tokenizer inside.
 """
 
-import argparse
 import copy
 import os
 import shutil
@@ -28,6 +27,7 @@ from pathlib import Path
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
+from .command_flags import convert_parser
 from .configuration_tinytx import TinyTxConfig
 from .folders import (
     MANIFEST_NAME,
@@ -253,26 +253,7 @@ def _refuse_others_files(destination: Path, replaced) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hf_tinytx.convert",
-        description="Convert a saved Llama model folder to TinyTx, a TinyTx folder to Llama (safetensors only), or a "
-        "TinyTx folder to one GGUF file for llama.cpp / Ollama / LM Studio.",
-    )
-    parser.add_argument("--to", required=True, choices=("llama", "tinytx", "gguf"), help="the format to convert to")
-    parser.add_argument("source", help="folder written by save_pretrained (config.json + model.safetensors)")
-    parser.add_argument(
-        "destination", help="folder to write (a file ending in .gguf for --to gguf); must be absent or empty unless "
-        "--overwrite"
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true",
-        help="replace what an earlier conversion wrote into the destination folder (other files are kept, or the "
-        "command refuses if it would replace them), or replace the destination .gguf file",
-    )
-    parser.add_argument(
-        "--outtype", choices=("f32", "f16", "q8_0"), default=None,
-        help="--to gguf only: how the weight matrices are stored (default f32; norms and biases are always f32)",
-    )
+    parser = convert_parser()
     args = parser.parse_args(argv)
     quiet_notices()
     if args.outtype is not None and args.to != "gguf":

@@ -93,6 +93,7 @@ PAGES = [
         Step("Generating text with the model you trained", "python",
              check="assert output.shape[1] > inputs['input_ids'].shape[1]\n"
                    "assert tokenizer.decode(output[0], skip_special_tokens=True).startswith(\"The animal didn't\")"),
+        Step("Generating text with the model you trained", "bash"),  # prints what the Python prints (checked below)
         Step("Training on your own text", "bash", prefix=WRITE_MY_TEXTS,
              append={"python training/pretrain.py": [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4"]},
              check="test -f out/mine/model.safetensors && grep -q my_texts out/mine/training_args.json"),
@@ -296,11 +297,19 @@ def test_readme_runs_top_to_bottom(tmp_path):
     assert {"model.safetensors", "config.json", "modeling_tinytx.py"} <= set(os.listdir(workdir / "random-tinytx"))
     assert not (out / "config.json").exists()
     assert "tensor([[" in outputs["Using the model in Python", "python"]
+    # `tinytx generate` prints, streamed, what the README's Python prints.
+    generating = "Generating text with the model you trained"
+    assert outputs[generating, "bash"] == outputs[generating, "python"]
+    assert outputs[generating, "bash"].startswith("The animal didn't cross the street because")
     # The walkthrough's pre-trained model, fine-tuned in full and with LoRA (adapter, merged): docs/finetuning.md.
     assert (out / "tinytx" / "model.safetensors").is_file()
     assert (out / "sft" / "model.safetensors").is_file()
     assert (out / "chat-lora" / "adapter_model.safetensors").is_file()
     assert (out / "chat-lora" / "merged" / "model.safetensors").is_file()
+    # What the README says of `tinytx chat`: pretrain and a prompt/response fine-tune write no chat template, a chat
+    # fine-tune does.
+    for folder, template in (("tinytx", False), ("sft", False), ("chat-lora/merged", True)):
+        assert (out / folder / "chat_template.jinja").is_file() == template, folder
     # docs/attention.md's interpret command ranks the head that resolves "it", at each of the three places it is read.
     report = json.loads((workdir / "maps" / "heads.json").read_text())
     assert {"previous_token", "first_token", "coref@it", "coref@adjective", "coref@last"} <= set(report["heads"])

@@ -1,7 +1,7 @@
 """The package as built for users: the wheel holds the presets, Accelerate configs, model card templates and the
 `tinytx` command, and installs nothing outside the project's own names (no top-level `training`). The `tinytx`
-command answers `--help` without torch. The install itself, in a clean environment, is a CI stage
-(.ci/wheel_check.py); its smaller parts are tested here."""
+command answers `--help`, its own and each command's, without torch. The install itself, in a clean environment, is
+a CI stage (.ci/wheel_check.py); its smaller parts are tested here."""
 
 import importlib.util
 import subprocess
@@ -72,18 +72,37 @@ def test_the_ci_pretrain_flags_parse_and_stay_tiny():
     assert (model_args.hidden_size, data_args.block_size, train_args.max_train_steps) == (64, 64, 6)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["pretrain", "--help"]])
-def test_tinytx_help_answers_before_torch_loads(argv, tmp_path):
-    """`tinytx --help` lists the five commands, `tinytx pretrain --help` pretrain's flags; neither imports torch. Run
-    from the folder above a clone with git's default name, `hf_tinytx`, which Python would take for the package."""
+HELP_SAYS = {  # the command's flags -> a line of their help
+    "": "finetune   fine-tune",
+    "pretrain": "--max_train_steps",
+    "convert": "--outtype",
+    "interpret": "--coref_probes",
+    "generate": "--max_new_tokens",
+    "chat": "Each line read from standard input is a user turn",
+}
+
+
+@pytest.mark.parametrize("command", HELP_SAYS, ids=[name or "tinytx" for name in HELP_SAYS])
+def test_tinytx_help_answers_before_torch_loads(command, tmp_path):
+    """`tinytx --help` lists the commands, `tinytx <command> --help` the command's flags; none imports torch (convert
+    and interpret are the library's modules, which load torch on import: tinytx parses their flags first). Run from
+    the folder above a clone with git's default name, `hf_tinytx`, which Python would take for the package."""
     (tmp_path / "hf_tinytx").symlink_to(REPO_ROOT, target_is_directory=True)
-    command = [sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    argv = [command, "--help"] if command else ["--help"]
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "hf_tinytx_training.cli" in imported and "torch" not in imported
-    expected = "finetune   fine-tune" if argv == ["--help"] else "--max_train_steps"
-    assert expected in result.stdout
+    assert HELP_SAYS[command] in result.stdout
+
+
+def test_a_bad_convert_flag_is_refused_before_torch_loads():
+    command = [sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", "convert", "--to", "onnx", "a", "b"]
+    result = subprocess.run(command, cwd=REPO_ROOT.parent, capture_output=True, text=True, timeout=120)
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert result.returncode == 2 and "torch" not in imported
+    assert "argument --to: invalid choice: 'onnx'" in result.stderr
 
 
 def test_an_unknown_tinytx_command_is_one_line_naming_the_closest():

@@ -5,6 +5,7 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
 `python training/pretrain.py` (and `finetune` alike):
 
     cli.py         the `tinytx` command: runs a subcommand's module as `python -m` does
+    generate.py    `tinytx generate`: a prompt continued and streamed (chat.py: `tinytx chat`); the library alone
     errors.py      UserInputError and RunError, raised anywhere without importing the flags
     args.py        command-line arguments and their checks (everything is validated before anything is written)
     schedules.py   the learning-rate shapes over the clock (read by args.py and optimization.py)

@@ -1,15 +1,19 @@
-"""`tinytx`: the project's five tools under one command, installed with the package.
+"""`tinytx`: the project's tools under one command, installed with the package.
 
     tinytx pretrain [flags]                  pre-train a TinyTx model         (python -m hf_tinytx_training.pretrain)
     tinytx finetune [flags]                  fine-tune a causal LM (Trainer)  (python -m hf_tinytx_training.finetune)
     tinytx convert --to llama SRC DST        TinyTx <-> Llama, or GGUF        (python -m hf_tinytx.convert)
     tinytx serve MODEL [flags]               OpenAI-compatible server         (python -m hf_tinytx.serve)
     tinytx interpret MODEL TEXT [flags]      attention maps and head roles    (python -m hf_tinytx.interpret)
+    tinytx generate FOLDER PROMPT [flags]    continue a prompt, streamed      (python -m hf_tinytx_training.generate)
+    tinytx chat FOLDER [flags]               chat in the terminal             (python -m hf_tinytx_training.chat)
 
 A subcommand runs its module exactly as `python -m` does (its `__main__` block, which calls `main()`), so it takes
 the same flags and keeps what the scripts do before `main()`: bad input refused before torch loads, SIGTERM/SIGINT
 handled from the first line, one-line errors and their exit status. Nothing heavy is imported here: `tinytx --help`
-and `tinytx pretrain --help` are answered without torch.
+and every `tinytx <command> --help` are answered without torch. The library's modules (convert, interpret) load torch
+as soon as they are imported (hf_tinytx/__init__.py), so their flags are parsed here first, with their parsers read
+from hf_tinytx/command_flags.py alone.
 """
 
 import difflib
@@ -25,7 +29,11 @@ COMMANDS = {  # subcommand -> (module run as __main__, what it does)
     "convert": ("hf_tinytx.convert", "convert a saved folder: TinyTx <-> Llama, or TinyTx -> one GGUF file"),
     "serve": ("hf_tinytx.serve", "serve a model with transformers' OpenAI-compatible server"),
     "interpret": ("hf_tinytx.interpret", "draw attention maps and rank heads by role"),
+    "generate": ("hf_tinytx_training.generate", "continue a prompt with a model folder, streaming the tokens"),
+    "chat": ("hf_tinytx_training.chat", "chat with a model folder over its chat template, in the terminal"),
 }
+# The library's commands whose flags are parsed before their module runs: command -> its parser in command_flags.
+EARLY_PARSERS = {"convert": "convert_parser", "interpret": "interpret_parser"}
 
 
 # What the training scripts import from the `train` extra (a plain `pip install hf_tinytx` brings the model alone).
@@ -71,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if error:
         sys.stderr.write(error + "\n")
         return 2
+    if command in EARLY_PARSERS:  # --help, or a bad flag, ends here (exit 0, 2) before the module loads torch
+        from .light_library import command_flags
+
+        getattr(command_flags, EARLY_PARSERS[command])().parse_args(flags)
     run_as_main(COMMANDS[command][0], flags)
     return 0
 

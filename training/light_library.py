@@ -1,9 +1,9 @@
-"""hf_tinytx/sources.py, folders.py and stored_weights.py for the checks the scripts run before torch loads: the
-library's own definitions, read early.
+"""hf_tinytx/sources.py, folders.py, stored_weights.py and command_flags.py for the checks the scripts run before
+torch loads: the library's own definitions, read early.
 
 `import hf_tinytx.sources` runs hf_tinytx/__init__.py first, which registers the model with transformers and so loads
-torch (~7 s), and the scripts refuse bad input before that. Neither module needs them, so each is loaded from its file
-on its own; once hf_tinytx has been imported, its copy is used instead.
+torch (~7 s), and the scripts refuse bad input before that. None of these modules needs them, so each is loaded from its
+file on its own; once hf_tinytx has been imported, its copy is used instead.
 """
 
 import importlib.util
@@ -25,3 +25,4 @@ def _load(name: str):
 sources = _load("sources")
 folders = _load("folders")  # the folder rules the output folder's checks share with convert
 stored_weights = _load("stored_weights")  # the safetensors headers' check convert runs on its source folder
+command_flags = _load("command_flags")  # the flags of convert and interpret, for `tinytx` to parse first

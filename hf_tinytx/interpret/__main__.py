@@ -1,18 +1,13 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
-"""python -m hf_tinytx.interpret MODEL "text" --out DIR
+"""`python -m hf_tinytx.interpret MODEL "text" --out DIR`: attention maps and head roles of a text. What it draws
+and writes, and its flags: hf_tinytx/command_flags.py (the text `--help` prints; parsed there without torch)."""
 
-Draws the attention map of every layer and head for the text (DIR/layer{L}_head{H}.png), scores every head on the
-previous-token, first-token and (if a token in it occurs twice) induction roles for that text and, with
---coref_probes N, on resolving "it" in N held-out corpus sentences, and writes DIR/heads.json. MODEL is a local
-folder or a Hub id; add --trust_remote_code for a checkpoint that carries its own code.
-"""
-
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
+from ..command_flags import interpret_parser
 from ..folders import OverlapError, open_new, refuse_overlap
 from ..quiet import quiet_notices
 from ..sources import local_folder_or_hub_id
@@ -44,17 +39,7 @@ def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hf_tinytx.interpret", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("model", help="model folder or Hub id")
-    parser.add_argument("text", help="the text whose attention to draw")
-    parser.add_argument("--out", required=True, help="folder for the PNGs and heads.json")
-    parser.add_argument("--layers", type=int, nargs="*", help="only these layers (default: all)")
-    parser.add_argument("--heads", type=int, nargs="*", help="only these heads (default: all)")
-    parser.add_argument("--coref_probes", type=int, default=0, help="also score 'it' heads on N corpus sentences")
-    parser.add_argument("--trust_remote_code", action="store_true")
-    parser.add_argument("--dpi", type=int, default=100)
+    parser = interpret_parser()
     args = parser.parse_args(argv)
     quiet_notices()
     if os.path.isdir(args.model):  # the PNGs and heads.json never land in (or around) the model they read

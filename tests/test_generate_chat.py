@@ -1,0 +1,256 @@
+"""`tinytx generate` and `tinytx chat` (training/generate.py, chat.py) on a tiny saved TinyTx folder.
+
+Greedy `tinytx generate` prints exactly what the README's Python prints for the same prompt (eager, and with
+--compile's static cache and compiled forward, and without the `train` extra installed); a seeded sample prints the
+same text twice; `tinytx chat` answers each turn of a pipe from the conversation so far, forgets it at /reset and
+stops at /exit; a folder without a chat template, and each bad input, is one line and exit 2 before torch loads.
+The three runs that load a model go in subprocesses side by side (the compiled one spends ~20-40 s compiling); the
+rest run in this process or stop before torch loads.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers.utils import logging as transformers_logging
+
+from hf_tinytx_training import chat, generate
+from hf_tinytx_training.sft_data import DEFAULT_CHAT_TEMPLATE
+from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
+from tests.test_wheel import HIDE_MODULES
+
+
+PROMPT = "The cat sat"
+NEW_TOKENS = 12
+TINYTX = [sys.executable, "-m", "hf_tinytx_training"]  # what the `tinytx` console script runs
+# One user turn a line, then a new conversation that starts as the first did; the line after /exit is never read.
+CHAT_INPUT = ["The cat sat", "and the dog?", "/reset", "The cat sat", "/exit", "The quick brown fox"]
+
+
+def trained_tiny(steps: int = 60):
+    """A tiny TinyTx and its byte-level BPE, trained for a second on TINY_SENTENCES: its greedy tokens win by wide
+    margins, so that a compiled forward, which rounds differently, picks the same ones (a random model's near ties
+    would make that luck)."""
+    tokenizer = build_byte_bpe_tokenizer()
+    model = build_tiny_model(vocab_size=len(tokenizer))
+    batch = tokenizer([tokenizer.bos_token + s + tokenizer.eos_token for s in TINY_SENTENCES], padding=True,
+                      return_tensors="pt", add_special_tokens=False)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        model(**batch, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """{"model", "tokenizer", "plain": its folder without a chat template, "chat": with finetune's default one}."""
+    model, tokenizer = trained_tiny()
+    root = tmp_path_factory.mktemp("generate_chat")
+    found = {"model": model, "tokenizer": tokenizer, "root": root, "plain": root / "plain", "chat": root / "chat"}
+    model.save_pretrained(found["plain"])
+    tokenizer.save_pretrained(found["plain"])
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    model.save_pretrained(found["chat"])
+    tokenizer.save_pretrained(found["chat"])
+    tokenizer.chat_template = None
+    return found
+
+
+@pytest.fixture(autouse=True)
+def progress_bars_back():
+    yield
+    transformers_logging.enable_progress_bar()  # main() turns them off for its own output
+
+
+def readme_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """What the README's Python prints: greedy `generate` from the tokenized prompt, decoded whole."""
+    inputs = tokenizer(prompt, return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(output[0], skip_special_tokens=True) + "\n"
+
+
+def chat_replies(model, tokenizer, conversations: list[list[str]], max_new_tokens: int) -> list[str]:
+    """Greedy replies to each user turn, each conversation from the start."""
+    replies = []
+    for turns in conversations:
+        messages = []
+        for text in turns:
+            messages.append({"role": "user", "content": text})
+            inputs = tokenizer.apply_chat_template(messages, chat_template=DEFAULT_CHAT_TEMPLATE,
+                                                   add_generation_prompt=True, return_dict=True, return_tensors="pt")
+            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+            reply = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": reply})
+            replies.append(reply)
+    return replies
+
+
+@pytest.fixture(scope="module")
+def runs(tiny):
+    """The commands that load the model, in subprocesses side by side: {name: CompletedProcess}."""
+    hide = tiny["root"] / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE_MODULES.format(hidden={"accelerate", "datasets", "matplotlib"}))
+    env = pretrain_env(tiny["root"])
+    greedy = [str(tiny["plain"]), PROMPT, "--max_new_tokens", str(NEW_TOKENS)]
+    commands = {
+        "compiled": ([*TINYTX, "generate", *greedy, "--compile"], env, None),
+        "without_train_extra": ([*TINYTX, "generate", *greedy], {**env, "PYTHONPATH": str(hide)}, None),
+        "chat": ([*TINYTX, "chat", str(tiny["chat"]), "--max_new_tokens", "10"], env, "\n".join(CHAT_INPUT) + "\n"),
+    }
+    started = {  # the chat first: it waits for its turns, which communicate() writes
+        name: subprocess.Popen(command, env=environment, cwd=tiny["root"], text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL if text is None else subprocess.PIPE)
+        for name, (command, environment, text) in sorted(commands.items(), key=lambda item: item[0] != "chat")
+    }
+    finished = {}
+    for name, process in started.items():
+        stdout, stderr = process.communicate(commands[name][2], timeout=300)
+        finished[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return finished
+
+
+# ---- tinytx generate ----
+
+
+def test_greedy_generate_gives_the_tokens_and_text_of_model_generate(tiny, capsys):
+    model, tokenizer = tiny["model"], tiny["tokenizer"]
+    flags = [str(tiny["plain"]), PROMPT, "--max_new_tokens", str(NEW_TOKENS)]
+    settings = generate.generation_settings(generate.build_parser().parse_args(flags), model, 64)
+    expected = model.generate(**tokenizer(PROMPT, return_tensors="pt"), max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(generate.continue_prompt(model, tokenizer, PROMPT, settings), expected)
+
+    assert generate.main(flags) == 0
+    assert capsys.readouterr().out == tokenizer.decode(expected[0], skip_special_tokens=True) + "\n"
+
+
+def test_compiled_generate_gives_the_eager_text(tiny, runs):
+    result = runs["compiled"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == readme_text(tiny["model"], tiny["tokenizer"], PROMPT, NEW_TOKENS)
+
+
+def test_generate_runs_without_the_train_extra(tiny, runs):
+    result = runs["without_train_extra"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == readme_text(tiny["model"], tiny["tokenizer"], PROMPT, NEW_TOKENS)
+    assert "Loading weights" not in result.stderr  # the progress bars are off
+
+
+def test_a_seeded_sample_is_the_same_text_twice(tiny, capsys):
+    def sample(seed):
+        flags = [str(tiny["plain"]), PROMPT, "--max_new_tokens", "16", "--do_sample", "--temperature", "1.5"]
+        assert generate.main([*flags, "--seed", str(seed)]) == 0
+        return capsys.readouterr().out
+
+    first = sample(7)
+    assert first.startswith(PROMPT) and sample(7) == first
+    assert len({first, *(sample(seed) for seed in (0, 1, 2))}) > 1  # and it does sample
+
+
+# ---- tinytx chat ----
+
+
+def test_chat_answers_each_turn_from_the_conversation_resets_and_exits(tiny, runs):
+    result = runs["chat"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    replies = chat_replies(tiny["model"], tiny["tokenizer"], [CHAT_INPUT[:2], CHAT_INPUT[3:4]], max_new_tokens=10)
+    assert result.stdout == "".join(reply + "\n" for reply in replies)
+    assert replies[2] == replies[0]  # after /reset the same first turn, the same reply
+    alone = chat_replies(tiny["model"], tiny["tokenizer"], [CHAT_INPUT[1:2]], max_new_tokens=10)[0]
+    assert alone != replies[1], "the second turn's reply should depend on the first exchange"
+    assert "(a new conversation)" in result.stderr.splitlines()
+
+
+def test_a_reply_stops_at_the_models_last_position_and_a_full_conversation_waits_for_reset(tiny, capsys):
+    model, tokenizer = tiny["model"], tiny["tokenizer"]
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    try:
+        long_turn = " ".join(TINY_SENTENCES[:2])  # 84 of the model's 128 positions once templated
+        chat.converse(model, tokenizer, {"max_new_tokens": 100, "do_sample": False, "eos_token_id": None},
+                      [long_turn, "and on?", "/reset", "Hello"])
+    finally:
+        tokenizer.chat_template = None
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "(the reply stopped at the 128 positions the model reads: /reset starts a new conversation)",
+        err.splitlines()[1],
+        "(a new conversation)",
+    ]
+    assert err.splitlines()[1].startswith("(the conversation with this turn is ")  # "and on?" finds no room
+    assert len(out.splitlines()) >= 2  # the long turn's reply, then Hello's
+
+
+# ---- refusals: one line, exit 2, before torch loads ----
+
+
+def damaged_copy(source, target):
+    shutil.copytree(source, target)
+    data = bytearray((target / "model.safetensors").read_bytes())
+    data[8:40] = b"\x00\xff" * 16  # the header's JSON garbled
+    (target / "model.safetensors").write_bytes(data)
+
+
+def refusal(tiny, command: str, *args: str, hidden=()):
+    """(the one error line, stderr's other lines) of `tinytx command args`, checked to exit 2 without torch."""
+    env = pretrain_env(tiny["root"])
+    if hidden:
+        hide = tiny["root"] / ("hide-" + "-".join(hidden))
+        hide.mkdir(exist_ok=True)
+        (hide / "sitecustomize.py").write_text(HIDE_MODULES.format(hidden=set(hidden)))
+        env["PYTHONPATH"] = str(hide)
+    result = subprocess.run([sys.executable, "-X", "importtime", *TINYTX[1:], command, *args], cwd=tiny["root"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("import time")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "torch" not in imported and result.stdout == ""
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_chat_refuses_a_folder_without_a_chat_template(tiny):
+    assert refusal(tiny, "chat", "plain") == f"tinytx chat: error: {chat.no_template('plain')}"
+    assert "tinytx generate plain" in chat.no_template("plain") and "chat records" in chat.no_template("plain")
+
+
+def test_chat_without_jinja2_says_so(tiny):
+    line = refusal(tiny, "chat", "chat", hidden=("jinja2",))
+    assert line == ("tinytx chat: error: chat templates are rendered by jinja2, which is not installed: pip install "
+                    "jinja2 (the `train` extra brings it).")
+
+
+@pytest.mark.parametrize("command, args, expected", [
+    ("generate", ("missing", PROMPT), "no such folder: missing; give the folder pretrain or finetune wrote"),
+    ("generate", ("plai", PROMPT), "no such folder: plai; did you mean 'plain'?"),
+    ("chat", ("empty",), "empty has no config.json, so it holds no saved model"),
+    ("generate", ("no-tokenizer", PROMPT), "no-tokenizer has no tokenizer (no tokenizer.json or tokenizer_config"),
+    ("generate", ("damaged", PROMPT), "damaged/model.safetensors is damaged or truncated"),
+    ("chat", ("damaged",), "damaged/model.safetensors is damaged or truncated"),
+    ("generate", ("plain", PROMPT, "--max_new_tokens", "0"), "--max_new_tokens must be at least 1, got 0."),
+    ("generate", ("plain", PROMPT, "--max_new_tokens", "many"), "argument --max_new_tokens: invalid int value"),
+    ("generate", ("plain", PROMPT, "--temperature", "0.7"), "--temperature applies only when sampling: add --do_"),
+    ("chat", ("chat", "--do_sample", "--top_p", "1.5"), "--top_p must lie in (0, 1], got 1.5."),
+    ("generate", ("plain", PROMPT, "--max_new_token", "3"), "unknown argument '--max_new_token'; did you mean "
+                                                             "--max_new_tokens?"),
+    ("generate", ("plain", "The", "cat"), "unknown argument 'cat'; text with spaces goes in quotes"),
+    ("generate", ("plain", ""), "the prompt is empty: give some text to continue."),
+    ("generate", ("plain", PROMPT, "--device", "GPU 0"), "--device 'GPU 0' is not a device name"),
+])
+def test_bad_input_is_one_line_before_torch_loads(tiny, command, args, expected):
+    root = tiny["root"]
+    if not (root / "empty").exists():
+        (root / "empty").mkdir()
+        shutil.copytree(tiny["plain"], root / "no-tokenizer",
+                        ignore=lambda folder, names: [n for n in names if n.startswith("tokenizer")])
+        damaged_copy(tiny["plain"], root / "damaged")
+    line = refusal(tiny, command, *args)
+    assert line.startswith(f"tinytx {command}: error: ") and expected in line, line
+    assert os.path.isdir(root / "plain")  # (nothing is written or moved)

@@ -1,0 +1,299 @@
+"""`tinytx generate FOLDER "prompt"`: continue a prompt with a saved causal LM, the text printed as it comes.
+
+    tinytx generate out/tinytx "The animal didn't cross the street because" --max_new_tokens 24
+    tinytx generate out/tinytx "Once" --do_sample --temperature 0.8 --top_p 0.95 --seed 0
+    tinytx generate out/tinytx "Once" --compile     # static cache and a compiled forward (docs/performance.md)
+
+FOLDER is any folder `AutoModelForCausalLM` loads once hf_tinytx is imported (TinyTx, Llama, GPT-2, ...), with its
+tokenizer. What it prints is what the README's Python prints, `tokenizer.decode(model.generate(**tokenizer(prompt),
+...)[0], skip_special_tokens=True)`: the prompt and its continuation, streamed by transformers' `TextStreamer`. The
+folder's generation_config gives the end and padding tokens (and the sampling settings and `max_new_tokens` where it
+sets them); decoding is greedy unless --do_sample. --compile asks for a static key/value cache and, on a CPU, compiles
+the model's forward with `torch.compile` (inductor's C++ wrapper), the recipe of docs/performance.md: the first call
+compiles for 5-30 s, so it pays for long generations only. On an accelerator `generate` compiles a static cache's
+step by itself.
+
+It needs the library alone (torch, transformers), not the `train` extra. The flags and the folder are checked before
+torch loads: a missing folder, one without a config, a tokenizer or weights, a damaged model.safetensors or a bad
+flag value is one line, `tinytx generate: error: ...`, exit 2. This module also holds what `tinytx chat` (chat.py)
+shares with it: the generation flags, the folder's checks, loading and the settings given to `generate`.
+"""
+
+import argparse
+import difflib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+
+from .errors import UserInputError
+from .light_library import sources, stored_weights
+
+
+PROG = "tinytx generate"
+DEFAULT_MAX_NEW_TOKENS = 64  # when neither the flag nor the folder's generation_config says
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p")  # passed to `generate` as given; None leaves the folder's value
+DEVICE_NAME = re.compile(r"^[a-z]+(:\d+)?$")  # cpu, cuda, cuda:1, mps, xpu, ...
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+CXX_COMPILERS = ("g++", "clang++", "c++")  # what inductor's C++ wrapper builds with on a CPU
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one line, `prog: error: ...` and exit 2, without the usage block above it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:  # argparse's own line says only "unrecognized arguments"
+            flag = unknown[0].split("=", 1)[0]
+            if flag.startswith("-"):
+                known = [option for action in self._actions for option in action.option_strings]
+                closest = difflib.get_close_matches(flag, known, n=1)
+                hint = f"; did you mean {closest[0]}?" if closest else ""
+            else:  # a second word of an unquoted prompt
+                hint = '; text with spaces goes in quotes ("the cat sat")'
+            self.error(f"unknown argument {unknown[0]!r}{hint}")
+        return parsed
+
+
+def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens: int, example: str) -> None:
+    """The flags `tinytx generate` and `tinytx chat` share: how much to generate, how to pick tokens, where."""
+    parser.add_argument("folder", metavar="FOLDER",
+                        help=f"a model folder with its tokenizer, as pretrain or finetune write it (e.g. {example})")
+    parser.add_argument("--max_new_tokens", type=int, default=None,
+                        help="at most this many new tokens (default: the folder's generation_config max_new_tokens, "
+                        f"else {default_max_new_tokens})")
+    parser.add_argument("--do_sample", action="store_true", help="sample the tokens (default: greedy decoding)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="with --do_sample: divide the logits by this (default: the folder's, else 1.0)")
+    parser.add_argument("--top_k", type=int, default=None,
+                        help="with --do_sample: sample among the k likeliest tokens (default: the folder's, else 50)")
+    parser.add_argument("--top_p", type=float, default=None,
+                        help="with --do_sample: sample among the likeliest tokens whose probabilities add up to p "
+                        "(default: the folder's, else 1.0)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="with --do_sample: seed torch's generator, so that the same command gives the same text")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:1, mps, ...")
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="run a folder's own modeling code (a model transformers does not know; TinyTx needs none)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1])
+    add_generation_flags(parser, DEFAULT_MAX_NEW_TOKENS, "out/tinytx")
+    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
+    parser.add_argument("--compile", action="store_true",
+                        help="a static key/value cache and, on a CPU, the forward compiled by torch.compile: faster "
+                        "tokens after 5-30 s of compiling")
+    return parser
+
+
+# ---------------------------------------------------------------------------- checks run before torch loads
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UserInputError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}.")
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise UserInputError(f"--temperature must be a number above 0, got {args.temperature}; for the likeliest "
+                             "token every time leave --do_sample out.")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserInputError(f"--top_k must be at least 1, got {args.top_k}.")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise UserInputError(f"--top_p must lie in (0, 1], got {args.top_p}.")
+    if args.seed is not None and args.seed < 0:
+        raise UserInputError(f"--seed must be 0 or more, got {args.seed}.")
+    given = [f"--{name}" for name in (*SAMPLING_FLAGS, "seed") if getattr(args, name) is not None]
+    if given and not args.do_sample:
+        applies = "applies" if len(given) == 1 else "apply"
+        raise UserInputError(f"{', '.join(given)} {applies} only when sampling: add --do_sample (greedy decoding, "
+                             "the default, always picks the likeliest token).")
+    if not DEVICE_NAME.match(args.device):
+        raise UserInputError(f"--device {args.device!r} is not a device name: use cpu, cuda, cuda:1, mps, ...")
+
+
+def check_folder(folder: str) -> str:
+    """The model folder, as an absolute path, once it holds a config, a tokenizer and weights whose safetensors
+    headers read (the data itself is read when the model loads)."""
+    path = os.path.abspath(os.path.expanduser(folder))
+    if not os.path.exists(path):
+        parent = os.path.dirname(path)
+        siblings = [name for name in os.listdir(parent) if os.path.isdir(os.path.join(parent, name))] \
+            if os.path.isdir(parent) else []
+        closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
+        hint = f"did you mean {os.path.join(os.path.dirname(folder), closest[0])!r}? " if closest else ""
+        raise UserInputError(f"no such folder: {folder}; {hint}give the folder pretrain or finetune wrote "
+                             "(e.g. out/tinytx).")
+    if not os.path.isdir(path):
+        raise UserInputError(f"{folder} is a file, not a model folder: give the folder that holds config.json, the "
+                             "weights and the tokenizer.")
+    names = set(os.listdir(path))
+    if "config.json" not in names:
+        if "adapter_config.json" in names:
+            raise UserInputError(f"{folder} holds a LoRA adapter, not a whole model: give the merged folder "
+                                 "(finetune --merge writes one, e.g. out/chat-lora/merged).")
+        raise UserInputError(f"{folder} has no config.json, so it holds no saved model: give the folder "
+                             "save_pretrained wrote (pretrain's or finetune's --output_dir, e.g. out/tinytx).")
+    read_json(os.path.join(path, "config.json"), folder)
+    if not names.intersection(sources.TOKENIZER_MARKERS):
+        raise UserInputError(f"{folder} has no tokenizer (no tokenizer.json or tokenizer_config.json): save the "
+                             "model's tokenizer into it, AutoTokenizer.from_pretrained(base).save_pretrained(folder).")
+    if not names.intersection(WEIGHT_FILES):
+        raise UserInputError(f"{folder} has a config but no weights (no model.safetensors): save the model into it "
+                             "again, or give the folder that holds them.")
+    if stored_weights.has_safetensors(path):
+        stored_weights.stored_shapes(path, "FOLDER")  # a damaged file: one ValueError line naming it
+    return path
+
+
+def read_json(path: str, folder: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, OSError) as error:
+        raise UserInputError(f"{path} does not read as JSON ({error}); save the model into {folder} again.") from None
+
+
+def early_checks(args: argparse.Namespace) -> str:
+    """The flags and the folder, checked before torch loads; the folder's absolute path."""
+    check_flags(args)
+    try:
+        return check_folder(args.folder)
+    except ValueError as error:  # UserInputError, or stored_weights' line on a damaged file
+        raise UserInputError(str(error)) from None
+
+
+# ---------------------------------------------------------------------------- after torch loads
+
+
+def resolve_device(name: str):
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserInputError(f"--device {name!r} is not a device torch knows: use cpu, cuda, cuda:1, mps, ...") \
+            from None
+    if device.type == "cpu":
+        return device
+    backend = getattr(torch, device.type, None)
+    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+    if not available:
+        raise UserInputError(f"--device {name}: this machine has no {device.type} device torch can use; leave "
+                             "--device out to run on the CPU.")
+    if device.index is not None and device.index >= backend.device_count():
+        raise UserInputError(f"--device {name}: there are only {backend.device_count()} {device.type} devices "
+                             f"(0 to {backend.device_count() - 1}).")
+    return device
+
+
+def load_model(folder: str, device_name: str, trust_remote_code: bool):
+    """(model in eval mode on the device, tokenizer); a folder transformers cannot load is one line."""
+    import hf_tinytx  # noqa: F401  (registers "tinytx", so a TinyTx folder loads without remote code)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    from hf_tinytx.quiet import quiet_notices
+
+    quiet_notices()
+    transformers_logging.disable_progress_bar()  # "Loading weights ..." on stderr says nothing a user acts on
+    device = resolve_device(device_name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, ImportError) as error:
+        raise UserInputError(f"could not load a causal LM from {folder} ({' '.join(str(error).split())}); give a "
+                             "folder save_pretrained wrote, and add --trust_remote_code if it ships its own code.")
+    return model.to(device).eval(), tokenizer
+
+
+def generation_settings(args: argparse.Namespace, model, default_max_new_tokens: int) -> dict:
+    """The keyword arguments for `generate`: the flags given, over the folder's generation_config."""
+    max_new_tokens = args.max_new_tokens or model.generation_config.max_new_tokens or default_max_new_tokens
+    settings = {"max_new_tokens": max_new_tokens, "do_sample": args.do_sample}
+    settings.update({name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None})
+    return settings
+
+
+def context_length(model) -> int | None:
+    """The positions the model was made for (None where its config does not say)."""
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuses a prompt that, with the new tokens, runs past the positions the model was made for."""
+    context = context_length(model)
+    if context is not None and prompt_tokens + max_new_tokens > context:
+        raise UserInputError(f"the prompt is {prompt_tokens} tokens and --max_new_tokens {max_new_tokens}: together "
+                             f"more than the {context} positions the model reads; shorten the prompt or lower "
+                             "--max_new_tokens.")
+
+
+def compile_for_decoding(model) -> dict:
+    """docs/performance.md's recipe: on a CPU the forward is compiled here (`generate` compiles a static cache's step
+    by itself on accelerators only); the settings it adds to `generate`'s."""
+    import torch
+
+    if model.device.type == "cpu":
+        if not os.environ.get("CXX") and not any(shutil.which(name) for name in CXX_COMPILERS):
+            raise UserInputError("--compile on a CPU builds C++ code and needs a C++ compiler (g++ or clang++), and "
+                                 "none is on PATH: install one, or leave --compile out.")
+        model.forward = torch.compile(model.forward, fullgraph=True, options={"cpp_wrapper": True})
+    return {"cache_implementation": "static"}
+
+
+def continue_prompt(model, tokenizer, prompt: str, settings: dict, streamer=None):
+    """The prompt's ids followed by the generated ones, in one row; `streamer` gets them as they come."""
+    import torch
+
+    inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
+    if inputs["input_ids"].shape[1] == 0:
+        raise UserInputError("the prompt tokenizes to no tokens at all: give some text to continue.")
+    check_context(model, inputs["input_ids"].shape[1], settings["max_new_tokens"])
+    with torch.no_grad():
+        return model.generate(**inputs, **settings, streamer=streamer)
+
+
+def seed(value: int | None) -> None:
+    if value is not None:
+        import torch
+
+        torch.manual_seed(value)  # every device's generator
+
+
+def run(args: argparse.Namespace, folder: str) -> None:
+    from transformers import TextStreamer
+
+    model, tokenizer = load_model(folder, args.device, args.trust_remote_code)
+    settings = generation_settings(args, model, DEFAULT_MAX_NEW_TOKENS)
+    if args.compile:
+        settings.update(compile_for_decoding(model))
+    seed(args.seed)
+    continue_prompt(model, tokenizer, args.prompt, settings, TextStreamer(tokenizer, skip_special_tokens=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.prompt == "":
+            raise UserInputError("the prompt is empty: give some text to continue.")
+        folder = early_checks(args)
+        run(args, folder)
+    except UserInputError as error:
+        sys.stdout.flush()
+        sys.stderr.write(f"{PROG}: error: {error}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
