@@ -15,9 +15,7 @@ train unsharded, so this module does what Accelerate's FSDP2 does:
 """
 
 import contextlib
-import logging
 import os
-import sys
 import warnings
 
 import torch
@@ -248,17 +246,3 @@ def full_state_dict(model) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def exit_launched_process(code: int = 0) -> None:
-    """Ends a process of a multi-process launch at once, once its run has finished: every file is written and closed,
-    the trackers are finished and the process groups destroyed, but a gloo group's worker threads live on while
-    anything still references the group (DeepSpeed and FSDP2 keep references past `destroy_process_group`). The
-    interpreter's own shutdown would then run beside them, and a worker that needs the GIL at that moment (to free
-    a tensor) aborts the process ("terminate called without an active exception", exit code -6): a finished run
-    reported as failed. Leaving with os._exit skips that shutdown; the kernel releases the output folder's lock."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)

@@ -28,45 +28,18 @@ replaced with --overwrite_output_dir), is refused; SIGTERM or Ctrl-C finishes th
 with 128 + the signal's number and one line saying how to resume; only a finished run is published as the model.
 """
 
+if __name__ == "__main__":  # run as a script: training/entry.py handles the signals and checks the input first
+    from hf_tinytx_training.entry import launch
+
+    launch(__file__, __package__)  # imports this file again as a module, runs its main(), exits
+
 import contextlib
 import json
 import os
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-
-
-if __name__ == "__main__" and not __package__:  # `python training/finetune.py` in a checkout: run the package's module
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this checkout's hf_tinytx first)
-    from hf_tinytx_training.cli import run_checkout_script
-
-    run_checkout_script(__file__, "hf_tinytx_training.finetune")
-
-from .preemption import StopRequests, Stopped, stop_message
-
-
-STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
-if __name__ == "__main__":
-    STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
-
-from .args import build_parser, hub_repo_id, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
-from .errors import UserInputError  # noqa: E402
-from .finetune_args import (  # noqa: E402
-    WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags, preflight,
-)
-from .sft_records import has_chat, read_records  # noqa: E402
-
-if __name__ == "__main__":
-    # Flags, model folder and data first, before torch and transformers load (~8 s on a small CPU): bad input is
-    # refused at once. main() checks them again with Trainer's flags parsed too, and reads the data files again
-    # (a second's work for a file of ~100k records, small next to fine-tuning on them).
-    try:
-        preflight()
-    except UserInputError as early_error:
-        sys.stderr.write(f"finetune.py: error: {early_error}\n")
-        sys.exit(2)
 
 import torch
 from datasets import Dataset
@@ -81,12 +54,17 @@ from hf_tinytx.folders import (
 from hf_tinytx.quiet import quiet_notices
 
 from . import cards, checkpoints, cluster, cpu_memory, distributed
-from .errors import RunError
+from .args import build_parser, hub_repo_id, write_args_json
+from .errors import RunError, UserInputError
+from .finetune_args import WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags
 from .hub import HubPusher, push_final
 from .output_dir import refuse_earlier_run, refuse_links_out, release_lock, remove_checkpoints, take_lock
+from .preemption import Stopped, stop_message, stop_requests
 from .sft_data import build_examples, ensure_chat_template, pad_collator
+from .sft_records import has_chat, read_records
 
 
+STOP = stop_requests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
 RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
 # In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
@@ -583,19 +561,3 @@ def write_card(folder: str, staged, kind: str, facts: dict, where: Destinations)
 def write_json(path: str | os.PathLike, values: dict) -> None:
     with open_new(path) as f:
         json.dump(values, f, indent=2, sort_keys=True, default=str)
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except (UserInputError, RunError) as error:
-        sys.stderr.write(f"finetune.py: error: {error}\n")  # one write: processes of a launch may say it at once
-        distributed.exit_launched_process(2 if isinstance(error, UserInputError) else 1)  # (as a finished run)
-        sys.exit(2 if isinstance(error, UserInputError) else 1)
-    except Stopped as stopped:
-        if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
-            sys.stderr.write(f"{stopped}\n")
-        sys.stderr.flush()
-        distributed.exit_launched_process(stopped.exit_code)
-        sys.exit(stopped.exit_code)
-    distributed.exit_launched_process()

@@ -19,54 +19,17 @@ Hub repo; the final model goes to the repo root once it is complete on disk. Upl
 wait for them is bounded (--hub_timeout).
 """
 
+if __name__ == "__main__":  # run as a script: training/entry.py handles the signals and checks the input first
+    from hf_tinytx_training.entry import launch
+
+    launch(__file__, __package__)  # imports this file again as a module, runs its main(), exits
+
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import TextIO
-
-
-if __name__ == "__main__" and not __package__:  # `python training/pretrain.py` in a checkout: run the package's module
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this checkout's hf_tinytx first)
-    from hf_tinytx_training.cli import run_checkout_script
-
-    run_checkout_script(__file__, "hf_tinytx_training.pretrain")
-
-from .preemption import StopRequests, Stopped, signal_of, stop_message
-
-
-STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
-if __name__ == "__main__":
-    STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
-
-from .cluster import refuse_lone_process
-from .args import (
-    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
-    planned_by_clock, warn_if_token_in_argv,
-)
-from .errors import RunError, UserInputError
-from .config_file import config_file_path, read_config_file
-from .data_files import local_data_files
-from .output_dir import check_output_dir, refuse_overlap, release_lock, remove_checkpoints, take_lock
-
-
-if __name__ == "__main__":
-    # The flags, the output folder, the model's config file and the data files first, before torch and transformers
-    # load (~7 s on a small CPU): a typo, --help, a folder holding an earlier run, a broken config or a wrong path is
-    # answered at once. main() checks them again, which costs nothing.
-    warn_if_token_in_argv(sys.argv[1:], "pretrain.py")
-    try:
-        early_model_args, early_data_args, early_train_args = parse_args()
-        refuse_lone_process()
-        check_output_dir(os.path.abspath(early_train_args.output_dir), early_train_args)
-        if not early_model_args.init_from:
-            read_config_file(config_file_path(early_model_args))
-        if early_data_args.train_file:
-            local_data_files(early_data_args)
-    except UserInputError as early_error:
-        sys.stderr.write(f"pretrain.py: error: {early_error}\n")
-        sys.exit(2)
 
 import torch
 import transformers
@@ -79,18 +42,28 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.cpu_training import speed_up_cpu_training
-from hf_tinytx.folders import is_disk_full
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cluster, cpu_memory, distributed, export
+from .args import (
+    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
+    planned_by_clock,
+)
+from .cluster import refuse_lone_process
 from .data import (
     DEFAULT_CORPUS_DOCUMENTS, PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
+from .errors import RunError, UserInputError
 from .hub import HubPusher, push_final
 from .model_config import check_model_builds, load_model_config
 from .optimization import Clock, make_optimizer, make_schedule
+from .output_dir import check_output_dir, refuse_overlap, release_lock, remove_checkpoints, take_lock
+from .preemption import Stopped, signal_of, stop_message, stop_requests
 from .run_log import RunLog
 from .tokenizer import load_tokenizer
+
+
+STOP = stop_requests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
 
 
 @dataclass
@@ -812,33 +785,3 @@ def training_record(run: Run) -> dict:
 def flat_scalars(values: dict) -> dict:
     """Trackers accept numbers, strings and booleans only."""
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
-
-
-def leave_stopped(stopped: Stopped) -> None:
-    if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
-        sys.stderr.write(f"{stopped}\n")
-    sys.stderr.flush()
-    distributed.exit_launched_process(stopped.exit_code)
-    sys.exit(stopped.exit_code)
-
-
-if __name__ == "__main__":
-    try:
-        main()
-        distributed.exit_launched_process()
-    except Stopped as stopped:
-        leave_stopped(stopped)
-    except (UserInputError, RunError) as error:
-        # One write, newline included: every process of a launch may say it at once, and print() writes the newline
-        # separately, so two processes' lines could run together.
-        sys.stderr.write(f"pretrain.py: error: {error}\n")
-        sys.exit(2 if isinstance(error, UserInputError) else 1)
-    except Exception as error:
-        if STOP.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
-            leave_stopped(STOP.stopped_with_a_peer(error))
-        if not is_disk_full(error):
-            raise
-        where = getattr(error, "filename", None) or "the output folder"
-        sys.stderr.write(f"pretrain.py: error: No space left on the device while writing {where}; the checkpoints "
-                         f"saved so far are intact: free some space and rerun with --resume_from_checkpoint latest.\n")
-        sys.exit(1)
