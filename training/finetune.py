@@ -48,7 +48,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCa
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, folders_to_create, is_disk_full, mib, open_new, record_written, regular_files,
+    MANIFEST_NAME, folders_to_create, is_disk_full, mib, record_written, regular_files,
     remove_created, remove_tree, remove_written, writing_into, written_before,
 )
 from hf_tinytx.quiet import quiet_notices
@@ -58,7 +58,7 @@ from .args import build_parser, hub_repo_id, write_args_json
 from .errors import RunError, UserInputError
 from .finetune_args import WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags
 from .hub import HubPusher, push_final
-from .output_dir import refuse_earlier_run, refuse_links_out, release_lock, remove_checkpoints, take_lock
+from .output_dir import claim, refuse_links_out, release_lock
 from .preemption import Stopped, stop_message, stop_requests
 from .sft_data import build_examples, ensure_chat_template, pad_collator
 from .sft_records import has_chat, read_records
@@ -76,7 +76,8 @@ def main(argv=None):
     args, training_args = parse_args(argv)
     where = destinations(args, training_args)
     set_seed(training_args.seed)  # before the LoRA weights are drawn
-    announce_cpu_settings(training_args)
+    if training_args.device.type == "cpu" and training_args.process_index == 0:
+        cpu_memory.train_on_cpu("--bf16" if training_args.bf16 else None)
     cluster.check_shared_folder(where.output_dir, training_args.world_size, training_args.process_index == 0)
     tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
     lock = claim_output_dir(args, training_args, where)  # held until the model is saved
@@ -99,14 +100,6 @@ def main(argv=None):
         release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock, also when a signal ended the push
     if not_pushed:
         raise RunError(not_pushed)  # exit 1, as pretrain.py: a push that was asked for and did not happen
-
-
-def announce_cpu_settings(training_args: TrainingArguments) -> None:
-    if training_args.device.type == "cpu" and training_args.process_index == 0:
-        if cpu_memory.keep_freed_memory():
-            print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
-        if training_args.bf16 and not distributed.cpu_runs_bf16_fast():
-            print(distributed.slow_bf16("--bf16"))
 
 
 def setup(args: FinetuneArguments, training_args: TrainingArguments):
@@ -206,10 +199,8 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
     it holds an earlier run; with --overwrite_output_dir that run's checkpoints go now. Returns the lock's handle."""
     if training_args.process_index != 0:
         return None
-    lock = take_lock(where.output_dir)
-    refuse_earlier_run(where.output_dir, output_dir_flags(args, training_args))
-    if args.overwrite_output_dir:
-        remove_checkpoints(where.checkpoints_dir)
+    lock = claim(where.output_dir, where.checkpoints_dir, args.overwrite_output_dir,
+                 recheck=output_dir_flags(args, training_args))
     remove_tree(where.checkpoint_staging)  # a killed save's partial checkpoint (never resumable), or a planted link
     return lock
 
@@ -327,7 +318,7 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
         write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"]})
-        write_json(staged / "finetune_metrics.json", metrics)
+        checkpoints.write_json(staged / "finetune_metrics.json", metrics, indent=2)
         write_card(where.output_dir, staged, "adapter" if args.use_peft else "full", facts, where)
     print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {where.output_dir}")
 
@@ -556,8 +547,3 @@ def write_card(folder: str, staged, kind: str, facts: dict, where: Destinations)
     context = {**facts, "kind": kind, "load_from": where.hub_model_id if pushed else folder,
                "model_name": where.hub_model_id if pushed else os.path.basename(folder)}
     cards.finetuned_card(context).save(os.path.join(staged, "README.md"))
-
-
-def write_json(path: str | os.PathLike, values: dict) -> None:
-    with open_new(path) as f:
-        json.dump(values, f, indent=2, sort_keys=True, default=str)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag, warn_if_token_in_argv
 from .cluster import refuse_lone_process
-from .errors import UserInputError
+from .errors import UserInputError, as_user_input_error
 from .light_library import sources, stored_weights
 from .output_dir import check_output_dir, check_second_destination, refuse_overlap
 from .sft_records import read_records
@@ -181,7 +181,5 @@ def check_model_folder(path: str, name: str) -> None:
     if stored_weights.has_safetensors(path):
         # A damaged file would otherwise be a SafetensorError traceback once torch has loaded (~8 s in); the same
         # header check as convert's, before anything is written.
-        try:
+        with as_user_input_error(ValueError):
             stored_weights.stored_shapes(path, f"--model_name_or_path {name!r}")
-        except ValueError as error:
-            raise UserInputError(str(error)) from None

@@ -8,7 +8,7 @@ import contextlib
 import fcntl
 import os
 
-from .errors import UserInputError
+from .errors import UserInputError, as_user_input_error
 from .light_library import folders
 
 
@@ -43,10 +43,8 @@ def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") ->
 
 def refuse_links_out(folder: str) -> list[str]:
     """The folder's files (hf_tinytx.folders.regular_files); a link in it that leads out of it is a one-line error."""
-    try:
+    with as_user_input_error(folders.UnsafeLinkError):
         return folders.regular_files(folder)
-    except folders.UnsafeLinkError as error:
-        raise UserInputError(str(error)) from None
 
 
 def check_second_destination(folder: str, flag: str, output_dir: str, train_args, writer: str, default: str) -> None:
@@ -70,10 +68,8 @@ def check_second_destination(folder: str, flag: str, output_dir: str, train_args
 
 def refuse_overlap(source: str, destination: str, flag_names: tuple[str, str], reason: str = folders.READ_APART):
     """hf_tinytx.folders.refuse_overlap as a UserInputError: `destination` neither `source`, inside nor above it."""
-    try:
+    with as_user_input_error(folders.OverlapError):
         folders.refuse_overlap(source, destination, flag_names, reason=reason)
-    except folders.OverlapError as error:
-        raise UserInputError(str(error)) from None
 
 
 def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") -> None:
@@ -127,6 +123,18 @@ def take_lock(output_dir: str):
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
+
+
+def claim(output_dir: str, checkpoints_dir: str, replace: bool, recheck=None):
+    """Locks output_dir for this process once every input check has passed, and returns the lock's handle. `recheck`:
+    the flags to ask again with, under the lock, whether the folder holds an earlier run (`refuse_earlier_run`);
+    `replace` (--overwrite_output_dir): only now may the earlier run's checkpoints go."""
+    lock = take_lock(output_dir)
+    if recheck is not None:
+        refuse_earlier_run(output_dir, recheck)
+    if replace:
+        remove_checkpoints(checkpoints_dir)
+    return lock
 
 
 def release_lock(handle, output_dir: str) -> None:

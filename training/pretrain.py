@@ -57,7 +57,7 @@ from .errors import RunError, UserInputError
 from .hub import HubPusher, push_final
 from .model_config import check_model_builds, load_model_config
 from .optimization import Clock, make_optimizer, make_schedule
-from .output_dir import check_output_dir, refuse_overlap, release_lock, remove_checkpoints, take_lock
+from .output_dir import check_output_dir, claim, refuse_overlap, release_lock
 from .preemption import Stopped, signal_of, stop_message, stop_requests
 from .run_log import RunLog
 from .tokenizer import load_tokenizer
@@ -244,10 +244,8 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
         accelerator.print("The Accelerate config asks for GPUs, but this machine has none: the processes train on "
                           "its CPUs over gloo.")
     if accelerator.device.type == "cpu":
-        if cpu_memory.keep_freed_memory():
-            accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
-        if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():  # valid, but slow
-            accelerator.print(distributed.slow_bf16("--mixed_precision bf16"))
+        bf16 = "--mixed_precision bf16" if train_args.mixed_precision == "bf16" else None
+        cpu_memory.train_on_cpu(bf16, accelerator.print)
     own_fsdp2 = distributed.shards_itself(accelerator, sharding)
     apply_total_batch_size(train_args, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
@@ -282,10 +280,8 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         packed = tokenize_and_pack(
             raw, tokenizer, data_args.block_size, data_args.text_column, data_args.preprocessing_num_workers
         )
-        if accelerator.is_main_process:
-            lock = take_lock(output_dir)
-        if replacing:  # every input check has passed: only now may the earlier run's training files go
-            remove_checkpoints(checkpoints_dir)
+        if accelerator.is_main_process:  # every input check has passed
+            lock = claim(output_dir, checkpoints_dir, replace=replacing)
         if accelerator.is_main_process and not os.path.isdir(saved_tokenizer):
             checkpoints.save_tokenizer(tokenizer, checkpoints_dir)
     if hasattr(packed.train, "__len__"):
