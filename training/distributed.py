@@ -246,3 +246,23 @@ def full_state_dict(model) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def gather_for_saving(accelerator: Accelerator, model, own_fsdp2: bool) -> tuple[torch.nn.Module, dict] | None:
+    """(model, full state dict) for `save_pretrained` on the main process, None on the others. Every process takes
+    part: FSDP and ZeRO-3 gather the shards."""
+    if own_fsdp2:
+        state_dict = full_state_dict(model)
+    else:
+        state_dict = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        return None
+    return model_and_weights_to_save(accelerator.unwrap_model(model), state_dict)
+
+
+def peak_gpu_memory(accelerator) -> dict:
+    """This process's peak of allocated CUDA memory (weights, optimizer state, activations), for the record; none on
+    other devices. A host-side counter of PyTorch's allocator: reading it waits for nothing."""
+    if accelerator.device.type != "cuda":
+        return {}
+    return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(accelerator.device) / 2**30, 3)}

@@ -150,3 +150,34 @@ def release_lock(handle, output_dir: str) -> None:
 def remove_checkpoints(checkpoints_dir: str) -> None:
     """--overwrite_output_dir: the earlier run's checkpoints go, once every input check has passed."""
     folders.remove_tree(checkpoints_dir)
+
+
+def refuse_writing_where_read(model_args, output_dir: str) -> None:
+    """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir would
+    otherwise remove its checkpoints, and the export replace its model)."""
+    for flag, folder in (("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name)):
+        if folder and os.path.isdir(folder):
+            refuse_overlap(folder, output_dir, (flag, "--output_dir"))
+
+
+@contextlib.contextmanager
+def replacing_earlier_files(folder: str, writer: str):
+    """`writing_into(folder)`, then the files an earlier run of `writer` recorded writing there and this one did not
+    write go (an adapter's after a full fine-tune and the reverse, which would otherwise load in place of the new
+    model), and what this one wrote is recorded. Files no fine-tune wrote are never touched."""
+    earlier = folders.written_before(folder, writer)
+    with folders.writing_into(folder) as staged:
+        yield staged
+        written = set(folders.regular_files(staged))
+    folders.remove_written(folder, earlier - written)
+    folders.record_written(folder, writer, written)
+
+
+def remove_earlier_merge(merged_dir: str, writer: str) -> None:
+    """Removes the merged model an earlier fine-tune with --merge recorded writing into `merged_dir`, and the folder
+    once empty: this run merged nothing, so it would stand for a model the folder no longer holds."""
+    earlier = folders.written_before(merged_dir, writer)
+    if earlier:
+        folders.remove_written(merged_dir, earlier | {folders.MANIFEST_NAME})
+        with contextlib.suppress(OSError):  # something else is in it: it stays
+            os.rmdir(merged_dir)

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import ProjectConfiguration, set_seed
@@ -51,15 +50,17 @@ from .args import (
 )
 from .cluster import refuse_lone_process
 from .data import (
-    DEFAULT_CORPUS_DOCUMENTS, PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
+    PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
 )
 from .errors import RunError, UserInputError
 from .hub import HubPusher, push_final
 from .model_config import check_model_builds, load_model_config
-from .optimization import Clock, make_optimizer, make_schedule
-from .output_dir import check_output_dir, claim, refuse_overlap, release_lock
+from .optimization import make_optimizer, make_schedule
+from .output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
 from .preemption import Stopped, signal_of, stop_message, stop_requests
+from .probes import ProbeReport, run_probes_and_samples
 from .run_log import RunLog
+from .schedules import Clock
 from .tokenizer import load_tokenizer
 
 
@@ -194,7 +195,8 @@ def setup(model_args, data_args, train_args) -> Run:
     if resume_dir:
         resume(run, resume_dir)
     run.log.start(run.progress.step)
-    accelerator.init_trackers("tinytx-pretrain", config=flat_scalars(args_to_dict(model_args, data_args, train_args)))
+    config = cards.flat_scalars(args_to_dict(model_args, data_args, train_args))
+    accelerator.init_trackers("tinytx-pretrain", config=config)
     return run
 
 
@@ -216,14 +218,6 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
         raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharding} does "
                              f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
     return model_config, sharding
-
-
-def refuse_writing_where_read(model_args, output_dir: str) -> None:
-    """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir would
-    otherwise remove its checkpoints, and the export replace its model)."""
-    for flag, folder in (("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name)):
-        if folder and os.path.isdir(folder):
-            refuse_overlap(folder, output_dir, (flag, "--output_dir"))
 
 
 def start_accelerator(model_args, train_args, output_dir: str, model_config, sharding: str | None):
@@ -327,7 +321,7 @@ def make_model(model_args, model_config, tokenizer, accelerator: Accelerator, ow
     if accelerator.device.type == "cpu":
         speed_up_cpu_training(model)  # hf_tinytx/cpu_training.py: two speed paths the model file does not carry
     num_parameters = sum(distributed.full_shape(p).numel() for p in model.parameters())
-    accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
+    accelerator.print(f"TinyTx with {num_parameters:,} parameters ({cards.human_count(num_parameters)})")
     if own_fsdp2:
         model = distributed.shard_model(model)
         accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
@@ -550,10 +544,10 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
                            model_config=run.accelerator.unwrap_model(run.model).config)
     run.progress.saved_step = run.progress.step
     if run.train_args.push_to_hub and push:
-        to_save = gather_for_saving(run)
+        to_save = distributed.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
         if run.pusher is not None:
             export.push_checkpoint(run.pusher, *to_save, run.tokenizer, run.log, run.checkpoints_dir,
-                                   run.progress.step, training_record(run))
+                                   run.progress.step, cards.training_record(run))
 
 
 def stop_for_signal(run: Run, signum: int) -> None:
@@ -587,7 +581,7 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     stop_if_asked(run)
     metrics = evaluate(run)
     clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if progress.stopped_by_clock else {}
-    memory = peak_gpu_memory(accelerator)
+    memory = distributed.peak_gpu_memory(accelerator)
     run.log.log({"step": progress.step, **metrics, **clock, **memory, "final": True})
     accelerator.print(
         f"validation: loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
@@ -606,14 +600,6 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
             run.log.log({"step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
                          "final": True})
     return metrics, probe_results
-
-
-def peak_gpu_memory(accelerator) -> dict:
-    """This process's peak of allocated CUDA memory (weights, optimizer state, activations), for the record; none on
-    other devices. A host-side counter of PyTorch's allocator: reading it waits for nothing."""
-    if accelerator.device.type != "cuda":
-        return {}
-    return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(accelerator.device) / 2**30, 3)}
 
 
 @torch.no_grad()
@@ -644,43 +630,6 @@ def evaluate(run: Run) -> dict:
     }
 
 
-@dataclass
-class ProbeReport:
-    """What the run learnt, beyond the loss: each probe kind's accuracy beside what guessing scores, and samples."""
-
-    accuracy: dict[str, float] = field(default_factory=dict)
-    chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
-    samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
-
-
-def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> ProbeReport:
-    """Probe accuracies (does the model pick the right continuation?) and a few greedy generations."""
-    report = ProbeReport()
-    if train_args.num_probes_per_kind <= 0 and train_args.num_samples <= 0:
-        return report
-    from hf_tinytx.corpus import make_probes
-    from hf_tinytx.probes import chance_levels, score_probes
-
-    model.eval()
-    probes = make_probes(num_per_kind=max(train_args.num_probes_per_kind, 1))
-    if train_args.num_probes_per_kind > 0:
-        scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
-        report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
-        report.chance = chance_levels(probes)
-        accelerator.print("probe accuracy: " + ", ".join(
-            f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
-    prompts = []
-    for kind in ("coref", "copy", "coref_new_nouns", "recall"):
-        prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]
-    for prompt in prompts[: train_args.num_samples]:
-        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
-        output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
-        completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        report.samples.append((prompt[-80:], completion))
-        accelerator.print(f"sample: ...{prompt[-80:]!s}[{completion}]")
-    return report
-
-
 # ---------------------------------------------------------------------------------------------------- export
 
 
@@ -690,12 +639,12 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     ends it as `Stopped`, the model folder being complete."""
     accelerator = run.accelerator
     stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
-    to_save = gather_for_saving(run)
+    to_save = distributed.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
     not_pushed = None
     if accelerator.is_main_process:
-        card = cards.pretrained_card(card_context(run, final_metrics, probe_results))
+        card = cards.pretrained_card(cards.card_context(run, final_metrics, probe_results))
         names = export.export_final(run.output_dir, run.checkpoints_dir, *to_save, run.tokenizer, card, run.log.rows,
-                                    training_record(run))
+                                    cards.training_record(run))
         accelerator.print(f"Model folder: {run.output_dir}")
         try:
             if run.pusher is not None:
@@ -711,73 +660,3 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     return not_pushed
 
 
-def gather_for_saving(run: Run) -> tuple[torch.nn.Module, dict] | None:
-    """(model, full state dict) for `save_pretrained` on the main process, None on the others. Every process takes
-    part: FSDP and ZeRO-3 gather the shards."""
-    if run.own_fsdp2:
-        state_dict = distributed.full_state_dict(run.model)
-    else:
-        state_dict = run.accelerator.get_state_dict(run.model)
-    if not run.accelerator.is_main_process:
-        return None
-    return distributed.model_and_weights_to_save(run.accelerator.unwrap_model(run.model), state_dict)
-
-
-def card_context(run: Run, metrics: dict, probe_results: ProbeReport) -> dict:
-    """What model_cards/tinytx_model_card.md shows."""
-    model_args, data_args, train_args = run.model_args, run.data_args, run.train_args
-    name = os.path.basename(run.output_dir)
-    return {
-        "model_name": name,
-        "repo_id": train_args.hub_model_id or name,
-        "local_path": run.output_dir,  # absolute
-        "hub_id": train_args.hub_model_id if train_args.push_to_hub else None,
-        "init_from": model_args.init_from,
-        "config": run.accelerator.unwrap_model(run.model).config,
-        "num_parameters": run.num_parameters,
-        "num_parameters_text": export.human_count(run.num_parameters),
-        "tokenizer_description": model_args.tokenizer_name or model_args.init_from
-        or f"byte-level BPE trained on the training text; {model_args.vocab_size} tokens asked",
-        "data_description": describe_data(data_args),
-        "dataset_id": data_args.dataset_name
-        or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
-        "dataset_is_hub": bool(data_args.dataset_name),
-        "synthetic_data": not (data_args.dataset_name or data_args.train_file),
-        "tokens_seen": run.progress.step * run.tokens_per_step,
-        "steps": run.progress.step,
-        "planned_steps": run.max_train_steps,
-        "stopped_by_clock": run.progress.stopped_by_clock,
-        "global_batch_size": run.tokens_per_step // data_args.block_size,
-        "block_size": data_args.block_size,
-        "hyperparameters": args_to_dict(train_args),
-        "hardware": export.hardware_description(run.accelerator.num_processes, run.accelerator.device.type),
-        "train_seconds": run.progress.train_seconds,
-        "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
-                 "bits_per_byte": metrics["bits_per_byte"]},
-        "eval_tokens": metrics["eval_tokens"],
-        "probes": probe_results.accuracy,
-        "chance": probe_results.chance,
-        "samples": probe_results.samples,
-        "example_prompt": "The dog didn't cross the street because it was too",
-    }
-
-
-def describe_data(data_args) -> str:
-    if data_args.dataset_name:
-        return f"the Hub dataset `{data_args.dataset_name}` ({data_args.dataset_config_name or 'default config'})"
-    if data_args.train_file:
-        return f"local files `{data_args.train_file}`"
-    return (
-        "the embedded synthetic corpus of `hf_tinytx.corpus` (coreference, recall and copy documents), "
-        f"{data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS:,} documents"
-    )
-
-
-def training_record(run: Run) -> dict:
-    """training_args.json: every argument (never the Hub token) and the transformers version."""
-    return {**args_to_dict(run.model_args, run.data_args, run.train_args), "transformers": transformers.__version__}
-
-
-def flat_scalars(values: dict) -> dict:
-    """Trackers accept numbers, strings and booleans only."""
-    return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
