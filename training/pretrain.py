@@ -76,7 +76,6 @@ class Progress:
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
     saved_step: int | None = None  # the step of the newest checkpoint this launch saved or resumed from
-    stop_signal: int | None = None  # a stop signal some process got, as agreed by all at the last step
     train_seconds: float = 0.0  # this launch's time in `fit`
     stopped_by_clock: bool = False
 
@@ -394,41 +393,132 @@ def training_state(run: Run) -> checkpoints.TrainingState:
 
 def fit(run: Run) -> None:
     """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
-    progress = run.progress
+    progress, args = run.progress, run.train_args
     announce_plan(run)
     bar = tqdm(total=run.max_train_steps, initial=progress.step, desc="train",
                disable=not run.accelerator.is_local_main_process)
+    pace = Pace(started=time.perf_counter(), first_step=progress.step)
+    batches = micro_batches(run)
     run.model.train()
-    start = (time.perf_counter(), progress.step)
-    no_loss = (torch.zeros((), device=run.accelerator.device), 0)  # (summed loss x targets, targets) of a step
-    sums = no_loss
     STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
     try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
         while not training_done(run):
-            for batch in epoch_batches(run):
-                sums, step_loss = train_micro_batch(run, batch, sums)
-                progress.batch_in_epoch += 1
-                if step_loss is None:  # within a gradient accumulation
-                    continue
-                count_and_log_step(run, step_loss, start, bar)
-                if progress.stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
-                    stop_for_signal(run, progress.stop_signal)
-                evaluate_and_save_when_due(run, bar)
-                if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
-                    run.clock.read(time.perf_counter() - start[0])
-                sums = no_loss
-                if training_done(run):
-                    break
-            else:
-                progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+            loss, stop_signal = train_step(run, batches)
+            progress.step += 1
+            log_step(run, loss, pace, bar)
+            if stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
+                stop_for_signal(run, stop_signal)
+            more = steps_left(run) != 0  # after the last step `finish` evaluates and saves
+            if more and progress.step % args.eval_steps == 0:
+                log_evaluation(run, bar)
+            if more and args.checkpointing_steps and progress.step % args.checkpointing_steps == 0:
+                save_checkpoint(run)
+            if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
+                run.clock.read(pace.seconds())
     finally:
         bar.close()
-    progress.train_seconds = time.perf_counter() - start[0]
+    progress.train_seconds = pace.seconds()
     progress.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
     if run.own_fsdp2 or distributed.zero_stage(run.accelerator) is not None:  # every process says what it holds
         line = distributed.shard_report(run.model, run.optimizer, run.accelerator)
         sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
         sys.stdout.flush()
+
+
+@dataclass
+class Pace:
+    """This launch's time in `fit`, and the step it started from: tokens per second are this launch's alone."""
+
+    started: float  # time.perf_counter() when `fit` began
+    first_step: int
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@dataclass
+class StepLoss:
+    """The optimizer step under way's loss, summed over its micro-batches on the device: read back once, at its end."""
+
+    summed: torch.Tensor  # loss x targets
+    targets: int = 0
+
+    def add(self, loss: torch.Tensor, input_ids: torch.Tensor) -> None:
+        targets = input_ids.numel() - input_ids.shape[0]  # every token but each block's first
+        self.summed, self.targets = self.summed + loss.detach().float() * targets, self.targets + targets
+
+
+def train_step(run: Run, batches) -> tuple[float, int | None]:
+    """One optimizer step: forward and backward over its micro-batches (Accelerate's `accumulate` says which ends the
+    step), then the gradient's check, clipping and the update. Returns the step's mean loss over every process's
+    targets and the stop signal any process got (`read_step`)."""
+    accelerator, model, args = run.accelerator, run.model, run.train_args
+    step_loss = StepLoss(torch.zeros((), device=accelerator.device))
+    for batch in batches:
+        with accelerator.accumulate(model):
+            # Labels are the inputs: the model shifts them by one position to score each next token.
+            loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+            accelerator.backward(loss)
+            step_loss.add(loss, batch["input_ids"])
+            step_ends = accelerator.sync_gradients
+            if step_ends:
+                # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
+                norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
+                read_back = read_step(run, step_loss, norm)
+            run.optimizer.step()
+            run.lr_scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        run.progress.batch_in_epoch += 1
+        if step_ends:
+            return read_back
+    raise AssertionError("micro_batches never ends")
+
+
+def micro_batches(run: Run):
+    """Every micro-batch from where the run stands: the rest of the current epoch, then epoch after epoch; the run's
+    progress moves to the next epoch when one ends."""
+    while True:
+        yield from epoch_batches(run)
+        run.progress.epoch, run.progress.batch_in_epoch = run.progress.epoch + 1, 0
+
+
+def epoch_batches(run: Run):
+    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on.
+
+    Accelerate's loader tells the sampler (or a streamed dataset) its own count of passes each time it is iterated,
+    and that count starts at 0 in every process: set to the run's epoch here, a resumed run reads every later epoch
+    as the uninterrupted run did, instead of epoch 0's order again."""
+    run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
+    if run.progress.batch_in_epoch:
+        return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
+    return run.train_dataloader
+
+
+def read_step(run: Run, step_loss: StepLoss, norm) -> tuple[float, int | None]:
+    """The step's loss (token-weighted over every process) and gradient norm, read back from the device together (the
+    step's one wait for it); either one non-finite stops the run. The one all-reduce also carries the stop signals
+    each process got, so that all of them stop after the same step: returns (loss, the signal or None)."""
+    norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+    device = step_loss.summed.device
+    summed = torch.cat([step_loss.summed.view(1),
+                        torch.tensor([float(step_loss.targets), *STOP.counts()], device=device)])
+    if run.accelerator.num_processes > 1:
+        torch.distributed.all_reduce(summed)
+    values = torch.cat([summed, torch.as_tensor(norm, device=device).float().view(1)]).tolist()
+    loss_value, norm_value = values[0] / values[1], values[-1]
+    for what, value in (("training loss", loss_value), ("gradient norm", norm_value)):
+        if not math.isfinite(value):
+            raise RunError(nonfinite_message(run, f"the {what} is {value}"))
+    return loss_value, signal_of(values[2:-1])
+
+
+def nonfinite_message(run: Run, what: str) -> str:
+    saved = checkpoints.steps_saved(run.checkpoints_dir)
+    intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
+    return (f"Stopped at step {run.progress.step + 1}: {what}, so the weights would turn to NaN; nothing was "
+            f"exported and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep "
+            f"--max_grad_norm on.")
 
 
 def announce_plan(run: Run) -> None:
@@ -451,90 +541,21 @@ def steps_left(run: Run) -> int | None:
     return None if run.max_train_steps is None else max(0, run.max_train_steps - run.progress.step)
 
 
-def epoch_batches(run: Run):
-    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on.
-
-    Accelerate's loader tells the sampler (or a streamed dataset) its own count of passes each time it is iterated,
-    and that count starts at 0 in every process: set to the run's epoch here, a resumed run reads every later epoch
-    as the uninterrupted run did, instead of epoch 0's order again."""
-    run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
-    if run.progress.batch_in_epoch:
-        return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
-    return run.train_dataloader
-
-
-def count_and_log_step(run: Run, step_loss: float, start: tuple[float, int], bar) -> None:
-    """After an optimizer step: count it, and log it to metrics.jsonl and the progress bar."""
-    run.progress.step += 1
-    step = run.progress.step
-    elapsed = time.perf_counter() - start[0]
-    tokens_per_second = (step - start[1]) * run.tokens_per_step / elapsed
-    run.log.log({"step": step, "loss": round(step_loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
+def log_step(run: Run, loss: float, pace: Pace, bar) -> None:
+    """The step just counted, to metrics.jsonl and the progress bar."""
+    step, elapsed = run.progress.step, pace.seconds()
+    tokens_per_second = (step - pace.first_step) * run.tokens_per_step / elapsed
+    run.log.log({"step": step, "loss": round(loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
                  "tokens": step * run.tokens_per_step, "tokens_per_second": round(tokens_per_second),
                  "elapsed_seconds": round(elapsed, 2)})
     bar.update(1)
-    bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
 
 
-def train_micro_batch(run: Run, batch, sums: tuple) -> tuple[tuple, float | None]:
-    """Forward and backward; on the last micro-batch of a step, the check and the optimizer step. Returns the step's
-    (loss x targets summed on the device, targets) so far and, after an optimizer step, its mean loss over every
-    process's targets (read back, else None)."""
-    accelerator, args = run.accelerator, run.train_args
-    step_loss = None
-    with accelerator.accumulate(run.model):
-        # Labels are the inputs: the model shifts them by one position to score each next token.
-        loss = run.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-        accelerator.backward(loss)
-        targets = batch["input_ids"].numel() - batch["input_ids"].shape[0]  # every token but each block's first
-        sums = (sums[0] + loss.detach().float() * targets, sums[1] + targets)
-        if accelerator.sync_gradients:
-            # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
-            norm = accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm or math.inf)
-            step_loss = read_step(run, *sums, norm)
-        run.optimizer.step()
-        run.lr_scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
-    return sums, step_loss
-
-
-def read_step(run: Run, loss_sum: torch.Tensor, targets: int, norm) -> float:
-    """The step's loss (token-weighted over every process) and gradient norm, read back from the device together (the
-    step's one wait for it); either one non-finite stops the run. The one all-reduce also carries the stop signals
-    each process got, so that all of them stop after the same step."""
-    norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
-    device = loss_sum.device
-    summed = torch.cat([loss_sum.view(1), torch.tensor([float(targets), *STOP.counts()], device=device)])
-    if run.accelerator.num_processes > 1:
-        torch.distributed.all_reduce(summed)
-    values = torch.cat([summed, torch.as_tensor(norm, device=device).float().view(1)]).tolist()
-    loss_value, norm_value = values[0] / values[1], values[-1]
-    run.progress.stop_signal = signal_of(values[2:-1])
-    for what, value in (("training loss", loss_value), ("gradient norm", norm_value)):
-        if not math.isfinite(value):
-            raise RunError(nonfinite_message(run, f"the {what} is {value}"))
-    return loss_value
-
-
-def nonfinite_message(run: Run, what: str) -> str:
-    saved = checkpoints.steps_saved(run.checkpoints_dir)
-    intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
-    return (f"Stopped at step {run.progress.step + 1}: {what}, so the weights would turn to NaN; nothing was "
-            f"exported and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep "
-            f"--max_grad_norm on.")
-
-
-def evaluate_and_save_when_due(run: Run, bar) -> None:
-    """Every --eval_steps an evaluation, every --checkpointing_steps a checkpoint; neither after the last step
-    (`finish` does both)."""
-    args, step = run.train_args, run.progress.step
-    if step % args.eval_steps == 0 and steps_left(run) != 0:
-        metrics = evaluate(run)
-        run.log.log({"step": step, **metrics})
-        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    if args.checkpointing_steps and step % args.checkpointing_steps == 0 and steps_left(run) != 0:
-        save_checkpoint(run)
+def log_evaluation(run: Run, bar) -> None:
+    metrics = evaluate(run)
+    run.log.log({"step": run.progress.step, **metrics})
+    bar.write(f"step {run.progress.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
