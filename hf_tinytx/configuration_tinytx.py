@@ -227,8 +227,10 @@ def _is_positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _divisors_hint(width: int, heads) -> list[int]:
-    return [d for d in range(1, min(width, 64) + 1) if width % d == 0][-4:]
+def _divisors_hint(width: int, heads: int) -> list[int]:
+    """The four head counts nearest `heads` that divide `width` (the smaller first on a tie), in increasing order."""
+    divisors = [d for d in range(1, width + 1) if width % d == 0]
+    return sorted(sorted(divisors, key=lambda d: (abs(d - heads), d))[:4])
 
 
 __all__ = ["TinyTxConfig"]

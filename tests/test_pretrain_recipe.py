@@ -14,9 +14,8 @@ from tests.helpers.tiny import build_tiny_config, kill_after_call, pretrain_env
 from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
 from hf_tinytx_training import distributed, optimization
 from hf_tinytx_training.args import PretrainArguments
-from hf_tinytx_training.optimization import (
-    Clock, MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz,
-)
+from hf_tinytx_training.optimization import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
+from hf_tinytx_training.schedules import Clock
 
 
 def train_rows(folder):

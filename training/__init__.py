@@ -2,26 +2,41 @@
 card's name, `training/`; pyproject.toml maps it).
 
 Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or, in a checkout,
-`python training/pretrain.py` (and `finetune` alike):
+`python training/pretrain.py` (and `finetune` alike). Every module, one line each:
 
-    cli.py         the `tinytx` command: runs a subcommand's module as `python -m` does
-    generate.py    `tinytx generate`: a prompt continued and streamed (chat.py: `tinytx chat`); the library alone
-    errors.py      UserInputError and RunError, raised anywhere without importing the flags
-    args.py        command-line arguments and their checks (everything is validated before anything is written)
-    schedules.py   the learning-rate shapes over the clock (read by args.py and optimization.py)
-    data.py        datasets in, packed token blocks out (data_files.py: local files found and checked first)
-    tokenizer.py   loading a named tokenizer (training one lives in hf_tinytx.tokenization)
-    checkpoints.py resumable checkpoints: save, verify, find, prune
-    preemption.py  SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, a line, exit 128 + signal
-    cluster.py     a launch across processes and machines: none alone, one shared folder, every wait bounded
-    distributed.py sharding (FSDP2 on CPUs, DeepSpeed's settings) and the device a launch trains on
-    output_dir.py  the output folder: checked before anything is written, then locked for the run
-    export.py      the finished model folder: weights, code, tokenizer, card, record (and each Hub checkpoint's)
-    hub.py         uploads to the Hugging Face Hub in the background
-    pretrain.py    pre-training on Accelerate: setup -> fit -> evaluate -> export
-    finetune.py    supervised fine-tuning with Trainer, optionally LoRA (finetune_args.py: its flags and the checks
-                   run before torch loads; sft_records.py: its data files read and checked; sft_data.py: tokenized)
-    working_dir.py from the folder above a clone named hf_tinytx, the installed package, not the clone's folder
+    pretrain.py      pre-training on Accelerate: setup -> fit -> finish -> export_and_push
+    finetune.py      supervised fine-tuning with Trainer, optionally LoRA: setup -> fit -> save_folders -> push_result
+    entry.py         how both scripts start and end: signals first, bad input before torch loads, one exit status
+    cli.py           the `tinytx` command: runs a subcommand's module as `python -m` does (__main__.py: `-m` on it)
+    generate.py      `tinytx generate`: a prompt continued and streamed; the library alone, no Accelerate
+    chat.py          `tinytx chat`: a terminal chat over a folder's chat template
+    working_dir.py   from the folder above a clone named hf_tinytx, the installed package, not the clone's folder
+    errors.py        UserInputError and RunError, raised anywhere without importing the flags
+    args.py          pretrain's flags and their checks, run before torch loads (`preflight`) and again in `main`
+    finetune_args.py finetune's flags and the checks run before torch loads
+    config_file.py   the model's config file (a --model_config or a preset's, configs/), read without torch
+    model_config.py  the TinyTxConfig built from it, checked against the launch
+    schedules.py     the run's clock (--max_train_seconds) and the learning-rate shapes over it
+    optimization.py  the optimizer (AdamW, or Muon with AdamW) and the learning-rate schedule
+    data.py          datasets in, packed token blocks out, and their loaders
+    data_fit.py      sizes fitted to a small text (block, batch, validation), and the memorising warning
+    data_files.py    local data files found and checked before torch loads
+    sft_records.py   finetune's data files read and checked (text, prompt/response, chat)
+    sft_data.py      finetune's records tokenized into rows, and their collator
+    tokenizer.py     loading a named tokenizer (training one lives in hf_tinytx.tokenization)
+    checkpoints.py   resumable checkpoints: save, verify, find, load, prune (output_dir/checkpoints/)
+    callbacks.py     finetune's Trainer callbacks: checkpoints moved in whole, a stop at a step's end
+    preemption.py    SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, a line, exit 128 + signal
+    cluster.py       a launch across processes and machines: none alone, one shared folder, every wait bounded
+    distributed.py   sharding (FSDP2 on CPUs, DeepSpeed's settings), the device, the weights gathered for saving
+    cpu_memory.py    training on a CPU: freed memory kept in the process, and what is said about it
+    output_dir.py    the output folder: checked before anything is written, claimed (locked), what may be replaced
+    light_library.py hf_tinytx's torch-free modules (sources, folders, stored_weights), read before torch loads
+    run_log.py       metrics.jsonl, the run's record, kept across resumes
+    probes.py        what a pre-trained model learnt beyond its loss: probe accuracies and samples
+    cards.py         every model card, and what each says of its run
+    export.py        the finished model folder: weights, code, tokenizer, card, record (and each Hub checkpoint's)
+    hub.py           uploads to the Hugging Face Hub in the background, and the final push
 """
 
 from .working_dir import look_past_a_clone_named_hf_tinytx

@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
+from .cluster import refuse_lone_process
+from .config_file import config_file_path, read_config_file
+from .data_files import local_data_files
 from .errors import UserInputError
 from .light_library import sources
+from .output_dir import check_output_dir
 from .schedules import CLOCK_SHAPES
 
 
@@ -159,6 +163,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     if train_args.push_to_hub:
         train_args.hub_model_id = hub_repo_id(train_args.hub_model_id, train_args.output_dir)
     return model_args, data_args, train_args
+
+
+def preflight(argv: list[str] | None = None) -> None:
+    """The flags, the output folder, the model's config file and the data files, checked before torch and
+    transformers load (training/entry.py; UserInputError if bad)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    warn_if_token_in_argv(argv, "pretrain.py")
+    model_args, data_args, train_args = parse_args(argv)
+    refuse_lone_process()
+    check_output_dir(os.path.abspath(train_args.output_dir), train_args)
+    if not model_args.init_from:
+        read_config_file(config_file_path(model_args))
+    if data_args.train_file:
+        local_data_files(data_args)
 
 
 def _read_args_file(path: str, parser: HfArgumentParser) -> dict:

@@ -487,6 +487,7 @@ def read_json(path: str) -> dict:
         return json.load(f)
 
 
-def write_json(path: str, values: dict) -> None:
+def write_json(path: str | os.PathLike, values: dict, indent: int = 1) -> None:
+    """A JSON file, keys sorted, opened by open_new (a link at its name is replaced, never written through)."""
     with open_new(path) as f:
-        json.dump(values, f, indent=1, sort_keys=True)
+        json.dump(values, f, indent=indent, sort_keys=True, default=str)

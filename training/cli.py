@@ -17,7 +17,6 @@ from hf_tinytx/command_flags.py alone.
 """
 
 import difflib
-import os
 import runpy
 import sys
 from importlib.util import find_spec
@@ -91,22 +90,6 @@ def run_as_main(module: str, flags: list[str]) -> None:
     """Runs `module` as `python -m module flags...` would; its sys.exit() ends the process with its status."""
     sys.argv = [module, *flags]  # alter_sys puts the module's file first, as `python -m` does
     runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
-def run_checkout_script(script_file: str, module: str) -> None:
-    """`python training/pretrain.py` in a checkout: runs the installed package's module, once it is that very file
-    (an editable install of this checkout), so that the package's relative imports hold; then exits."""
-    spec = find_spec(module)
-    name = os.path.basename(script_file)
-    if spec is None or os.path.realpath(spec.origin) != os.path.realpath(script_file):
-        installed = f"it is installed from {os.path.dirname(spec.origin)}" if spec else "it is not installed"
-        sys.exit(f"{name}: error: hf_tinytx_training must be this checkout's training/ ({installed}); run "
-                 f"`pip install -e .` in this checkout, or use the installed `tinytx {name[:-3]}`.")
-    error = missing_extra(name[:-3])
-    if error:
-        sys.exit(error.replace(f"tinytx {name[:-3]}:", f"{name}:", 1))
-    run_as_main(module, sys.argv[1:])
-    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import ctypes
 import os
 import platform
 
+from . import distributed
+
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 KEEP_BYTES = 1 << 30
@@ -40,3 +42,13 @@ def keep_freed_memory() -> bool:
     if not mallopt(M_MMAP_THRESHOLD, KEEP_BYTES):
         return False
     return bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+
+
+def train_on_cpu(bf16_flag: str | None, say=print) -> None:
+    """What a run training on a CPU sets up and says: freed memory kept in the process, and, where the run asked for
+    bf16 (`bf16_flag`, the flag as the user spelled it) on a CPU without bf16 matrix instructions, that fp32 will be
+    faster (valid, but slow)."""
+    if keep_freed_memory():
+        say(ANNOUNCEMENT)  # no page faults for the same activations every step
+    if bf16_flag and not distributed.cpu_runs_bf16_fast():
+        say(distributed.slow_bf16(bf16_flag))

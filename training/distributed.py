@@ -15,9 +15,7 @@ train unsharded, so this module does what Accelerate's FSDP2 does:
 """
 
 import contextlib
-import logging
 import os
-import sys
 import warnings
 
 import torch
@@ -250,15 +248,21 @@ def full_state_dict(model) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def exit_launched_process(code: int = 0) -> None:
-    """Ends a process of a multi-process launch at once, once its run has finished: every file is written and closed,
-    the trackers are finished and the process groups destroyed, but a gloo group's worker threads live on while
-    anything still references the group (DeepSpeed and FSDP2 keep references past `destroy_process_group`). The
-    interpreter's own shutdown would then run beside them, and a worker that needs the GIL at that moment (to free
-    a tensor) aborts the process ("terminate called without an active exception", exit code -6): a finished run
-    reported as failed. Leaving with os._exit skips that shutdown; the kernel releases the output folder's lock."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+def gather_for_saving(accelerator: Accelerator, model, own_fsdp2: bool) -> tuple[torch.nn.Module, dict] | None:
+    """(model, full state dict) for `save_pretrained` on the main process, None on the others. Every process takes
+    part: FSDP and ZeRO-3 gather the shards."""
+    if own_fsdp2:
+        state_dict = full_state_dict(model)
+    else:
+        state_dict = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        return None
+    return model_and_weights_to_save(accelerator.unwrap_model(model), state_dict)
+
+
+def peak_gpu_memory(accelerator) -> dict:
+    """This process's peak of allocated CUDA memory (weights, optimizer state, activations), for the record; none on
+    other devices. A host-side counter of PyTorch's allocator: reading it waits for nothing."""
+    if accelerator.device.type != "cuda":
+        return {}
+    return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(accelerator.device) / 2**30, 3)}

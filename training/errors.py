@@ -2,6 +2,8 @@
 importing the command-line definitions. Each message is one line that says what is wrong and what to do; the scripts
 print it as `<script>.py: error: ...` and exit 2 (bad input) or 1 (a fault while running)."""
 
+import contextlib
+
 
 class UserInputError(ValueError):
     """Bad input found before training starts. The message says what is wrong and how to fix it."""
@@ -9,3 +11,13 @@ class UserInputError(ValueError):
 
 class RunError(RuntimeError):
     """A fault met while training (a non-finite loss, a full disk). The message says what is intact and what to do."""
+
+
+@contextlib.contextmanager
+def as_user_input_error(*kinds: type[Exception]):
+    """The library's refusals of `kinds` (a folder overlap, a link out, a bad weights file), raised on as
+    UserInputError with their message: one line, exit 2."""
+    try:
+        yield
+    except kinds as error:
+        raise UserInputError(str(error)) from None

@@ -8,7 +8,6 @@ With --push_to_hub each checkpoint is also exported this way for the Hub (`push_
 
 import math
 import os
-import platform
 import shutil
 import sys
 
@@ -72,18 +71,6 @@ def plot_loss_curve(history: list[dict], path: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
-
-
-def hardware_description(num_processes: int, device_type: str) -> str:
-    cpu = platform.processor() or platform.machine()
-    return f"{num_processes} x {device_type} process(es) on {os.cpu_count()} CPU cores ({cpu}, {platform.system()})"
-
-
-def human_count(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
 
 
 def perplexity(loss: float) -> float:

@@ -28,69 +28,47 @@ replaced with --overwrite_output_dir), is refused; SIGTERM or Ctrl-C finishes th
 with 128 + the signal's number and one line saying how to resume; only a finished run is published as the model.
 """
 
+if __name__ == "__main__":  # run as a script: training/entry.py handles the signals and checks the input first
+    from hf_tinytx_training.entry import launch
+
+    launch(__file__, __package__)  # imports this file again as a module, runs its main(), exits
+
 import contextlib
 import json
 import os
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-if __name__ == "__main__" and not __package__:  # `python training/finetune.py` in a checkout: run the package's module
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this checkout's hf_tinytx first)
-    from hf_tinytx_training.cli import run_checkout_script
-
-    run_checkout_script(__file__, "hf_tinytx_training.finetune")
-
-from .preemption import StopRequests, Stopped, stop_message
-
-
-STOP = StopRequests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
-if __name__ == "__main__":
-    STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
-
-from .args import build_parser, hub_repo_id, write_args_json  # noqa: E402  (after the handler: loads HfArgumentParser)
-from .errors import UserInputError  # noqa: E402
-from .finetune_args import (  # noqa: E402
-    WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags, preflight,
-)
-from .sft_records import has_chat, read_records  # noqa: E402
-
-if __name__ == "__main__":
-    # Flags, model folder and data first, before torch and transformers load (~8 s on a small CPU): bad input is
-    # refused at once. main() checks them again with Trainer's flags parsed too, and reads the data files again
-    # (a second's work for a file of ~100k records, small next to fine-tuning on them).
-    try:
-        preflight()
-    except UserInputError as early_error:
-        sys.stderr.write(f"finetune.py: error: {early_error}\n")
-        sys.exit(2)
-
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    MANIFEST_NAME, folders_to_create, is_disk_full, mib, open_new, record_written, regular_files,
-    remove_created, remove_tree, remove_written, writing_into, written_before,
+    folders_to_create, is_disk_full, mib, remove_created, remove_tree,
 )
 from hf_tinytx.quiet import quiet_notices
 
 from . import cards, checkpoints, cluster, cpu_memory, distributed
-from .errors import RunError
+from .callbacks import (
+    CHECKPOINT, CHECKPOINT_STAGING, OPTIMIZER_FLAGS, OPTIMIZER_FLAGS_FILE, CheckpointsAside, StopAtStepEnd,
+    optimizer_flags,
+)
+from .args import build_parser, hub_repo_id, write_args_json
+from .errors import RunError, UserInputError
+from .finetune_args import WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags
 from .hub import HubPusher, push_final
-from .output_dir import refuse_earlier_run, refuse_links_out, release_lock, remove_checkpoints, take_lock
+from .output_dir import claim, refuse_links_out, release_lock, remove_earlier_merge, replacing_earlier_files
+from .preemption import Stopped, stop_message, stop_requests
 from .sft_data import build_examples, ensure_chat_template, pad_collator
+from .sft_records import has_chat, read_records
 
 
+STOP = stop_requests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
 RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
-CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
-# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
-CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
 
 
 def main(argv=None):
@@ -98,7 +76,8 @@ def main(argv=None):
     args, training_args = parse_args(argv)
     where = destinations(args, training_args)
     set_seed(training_args.seed)  # before the LoRA weights are drawn
-    announce_cpu_settings(training_args)
+    if training_args.device.type == "cpu" and training_args.process_index == 0:
+        cpu_memory.train_on_cpu("--bf16" if training_args.bf16 else None)
     cluster.check_shared_folder(where.output_dir, training_args.world_size, training_args.process_index == 0)
     tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
     lock = claim_output_dir(args, training_args, where)  # held until the model is saved
@@ -108,27 +87,19 @@ def main(argv=None):
         if STOP.received or not cluster.is_peer_failure(error):
             raise
         saved = checkpoints.steps_saved(where.checkpoints_dir, CHECKPOINT)
-        raise RunError(cluster.lost_peer_message(error, training_args.ddp_timeout, "",
-                                                 os.path.join(where.checkpoints_dir, f"{CHECKPOINT}{saved[-1]}") if saved else None, how="")) from None
+        newest = os.path.join(where.checkpoints_dir, f"{CHECKPOINT}{saved[-1]}") if saved else None
+        raise RunError(cluster.lost_peer_message(error, training_args.ddp_timeout, "", newest, how="")) from None
     if not trainer.is_world_process_zero():
         return  # under torchrun every process holds the same weights: one writes them, and pushes
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
-    facts.update(training_facts(args, training_args, trainer, metrics))
+    facts.update(cards.training_facts(args, training_args, trainer, metrics))
     save_folders(trainer.model, tokenizer, args, where, metrics, facts)
     try:
         not_pushed = push_result(args, training_args, where, trainer.state.global_step) if where.pushed_dir else None
     finally:
-        release_lock(lock, where.output_dir)  # the finished folder keeps no stale .lock, also when a signal ended the push
+        release_lock(lock, where.output_dir)  # no stale .lock in the finished folder, also when a signal ended the push
     if not_pushed:
         raise RunError(not_pushed)  # exit 1, as pretrain.py: a push that was asked for and did not happen
-
-
-def announce_cpu_settings(training_args: TrainingArguments) -> None:
-    if training_args.device.type == "cpu" and training_args.process_index == 0:
-        if cpu_memory.keep_freed_memory():
-            print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
-        if training_args.bf16 and not distributed.cpu_runs_bf16_fast():
-            print(distributed.slow_bf16("--bf16"))
 
 
 def setup(args: FinetuneArguments, training_args: TrainingArguments):
@@ -169,7 +140,7 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
         processing_class=tokenizer,
         callbacks=[aside := CheckpointsAside(where, resume_dir)],
     )
-    trainer.add_callback(StopAtStepEnd(trainer.accelerator))
+    trainer.add_callback(StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
     with checkpoints.disk_space_guard(where.checkpoint_staging, where.checkpoints_dir, CHECKPOINT):
         result = trainer.train(resume_from_checkpoint=resume_dir)
@@ -228,10 +199,8 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
     it holds an earlier run; with --overwrite_output_dir that run's checkpoints go now. Returns the lock's handle."""
     if training_args.process_index != 0:
         return None
-    lock = take_lock(where.output_dir)
-    refuse_earlier_run(where.output_dir, output_dir_flags(args, training_args))
-    if args.overwrite_output_dir:
-        remove_checkpoints(where.checkpoints_dir)
+    lock = claim(where.output_dir, where.checkpoints_dir, args.overwrite_output_dir,
+                 recheck=output_dir_flags(args, training_args))
     remove_tree(where.checkpoint_staging)  # a killed save's partial checkpoint (never resumable), or a planted link
     return lock
 
@@ -257,18 +226,6 @@ def resume_point(training_args: TrainingArguments, where: Destinations) -> str |
     return folder
 
 
-# Flags whose values Trainer's optimizer.pt and scheduler.pt hold (each group's lr, betas, eps and weight decay, the
-# schedule's base rate): a resume would bring the old values back, so it must keep them. Trainer builds the
-# schedule's shape and length from the command line again, so those flags apply on resume.
-OPTIMIZER_FLAGS = ("optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
-OPTIMIZER_FLAGS_FILE = "optimizer_flags.json"  # beside Trainer's files in each checkpoint
-
-
-def optimizer_flags(training_args) -> dict:
-    return {flag: str(getattr(getattr(training_args, flag), "value", getattr(training_args, flag)))
-            for flag in OPTIMIZER_FLAGS}
-
-
 def refuse_optimizer_change(folder: str, training_args) -> None:
     """A changed optimizer flag would be silently undone by the checkpoint's optimizer state while the run's record
     said otherwise: refused, naming each flag (a checkpoint written before this record has none to compare)."""
@@ -286,61 +243,6 @@ def refuse_optimizer_change(folder: str, training_args) -> None:
         )
 
 
-class CheckpointsAside(TrainerCallback):
-    """Trainer writes checkpoint-N in place; pointed at a staging folder instead (destinations), each checkpoint it
-    has finished is checksummed, flushed and renamed into checkpoints/ whole, then the oldest beyond --save_total_limit
-    go. A kill, a signal or a full disk mid-save never leaves a partial checkpoint where a resume looks."""
-
-    def __init__(self, where: Destinations, resumed: str | None):
-        self.where, self.resumed = where, resumed
-        self.saved: tuple[int, str] | None = None  # the newest checkpoint's (step, folder), the same on every process
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.resumed:  # the state is the checkpoint's by now
-            self.saved = (state.global_step, self.resumed)
-
-    def on_save(self, args, state, control, **kwargs):
-        distributed_barrier()  # every process has written its part (its RNG state)
-        if state.is_world_process_zero:
-            self.move_in(args, state)
-        distributed_barrier()
-        self.saved = (state.global_step, self.final_folder(state))
-
-    def final_folder(self, state) -> str:
-        return os.path.join(self.where.checkpoints_dir, f"{CHECKPOINT}{state.global_step}")
-
-    def move_in(self, args, state) -> None:
-        final = self.final_folder(state)
-        written = os.path.join(self.where.checkpoint_staging, os.path.basename(final))
-        if state.best_model_checkpoint == written:  # Trainer recorded where it wrote: a resume must find it here
-            state.best_model_checkpoint = final
-            state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
-        checkpoints.write_json(os.path.join(written, OPTIMIZER_FLAGS_FILE), optimizer_flags(args))
-        checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
-        checkpoints.rename_into_place(written, final)
-        checkpoints.prune(self.where.checkpoints_dir, self.where.keep_checkpoints, CHECKPOINT)
-
-
-class StopAtStepEnd(TrainerCallback):
-    """training/preemption.py's stop requests (SIGTERM, SIGINT), honoured when an optimizer step ends: a checkpoint is
-    saved and training stops, every process at the same step. Trainer's --enable_jit_checkpoint saves in the middle of
-    a step (before the optimizer has stepped) and reports a finished run, so this replaces it and is always on: a
-    signal costs at most one step and one save."""
-
-    def __init__(self, accelerator):
-        self.accelerator = accelerator
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if STOP.asked(self.accelerator) is not None:  # one all-reduce on a launch: the processes agree
-            control.should_save = control.should_training_stop = True
-        return control
-
-
-def distributed_barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-
-
 def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict) -> None:
     """The model (or adapter) folder, then with --merge the merged one (safetensors). Each is written into a staging
     folder inside it and then moved in (hf_tinytx.folders.writing_into): a run killed while saving leaves the folder's
@@ -349,8 +251,8 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
         write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"]})
-        write_json(staged / "finetune_metrics.json", metrics)
-        write_card(where.output_dir, staged, "adapter" if args.use_peft else "full", facts, where)
+        checkpoints.write_json(staged / "finetune_metrics.json", metrics, indent=2)
+        cards.write_card(where.output_dir, staged, "adapter" if args.use_peft else "full", facts, where)
     print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {where.output_dir}")
 
     if args.merge:
@@ -358,10 +260,10 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
         with saving_into(where.merged_dir, merged, where, saved=where.output_dir) as staged:
             merged.save_pretrained(staged)  # a TinyTx also gets its code files and auto_map here
             tokenizer.save_pretrained(staged)
-            write_card(where.merged_dir, staged, "merged", facts, where)
+            cards.write_card(where.merged_dir, staged, "merged", facts, where)
         print(f"Merged model saved to {where.merged_dir}")
     elif os.path.dirname(where.merged_dir) == where.output_dir:  # an earlier run's merged/ is part of the folder
-        remove_earlier_merge(where.merged_dir)
+        remove_earlier_merge(where.merged_dir, WRITER)
 
 
 @contextlib.contextmanager
@@ -371,7 +273,7 @@ def saving_into(folder: str, model, where: Destinations, saved: str | None = Non
     of the failed save is left. `saved`: the folder already saved by this run (the adapter, before the merge)."""
     created = folders_to_create(folder)
     try:
-        with replacing_earlier_files(folder) as staged:
+        with replacing_earlier_files(folder, WRITER) as staged:
             yield staged
     except Exception as error:
         full = is_disk_full(error, folder)
@@ -391,29 +293,6 @@ def saving_into(folder: str, model, where: Destinations, saved: str | None = Non
             f"{mib(free)} free); the partial save was removed: free some space there, or point "
             f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}."
         ) from None
-
-
-def remove_earlier_merge(merged_dir: str) -> None:
-    """Removes the merged model an earlier fine-tune with --merge recorded writing into `merged_dir`, and the folder
-    once empty: this run merged nothing, so it would stand for a model the folder no longer holds."""
-    earlier = written_before(merged_dir, WRITER)
-    if earlier:
-        remove_written(merged_dir, earlier | {MANIFEST_NAME})
-        with contextlib.suppress(OSError):  # something else is in it: it stays
-            os.rmdir(merged_dir)
-
-
-@contextlib.contextmanager
-def replacing_earlier_files(folder: str):
-    """`writing_into(folder)`, then the files an earlier fine-tune recorded writing there and this one did not write
-    go (an adapter's after a full fine-tune and the reverse, which would otherwise load in place of the new model),
-    and what this one wrote is recorded. Files no fine-tune wrote are never touched."""
-    earlier = written_before(folder, WRITER)
-    with writing_into(folder) as staged:
-        yield staged
-        written = set(regular_files(staged))
-    remove_written(folder, earlier - written)
-    record_written(folder, WRITER, written)
 
 
 def build_datasets(args, tokenizer, model, train_records, validation_records):
@@ -541,61 +420,3 @@ def lora_targets(model, requested: str):
     return present
 
 
-def training_facts(args: FinetuneArguments, training_args: TrainingArguments, trainer: Trainer, metrics) -> dict:
-    """What the model cards report about the run, read before a merge changes the model."""
-    model = trainer.model
-    logged = [row for row in trainer.state.log_history if "loss" in row]  # every --logging_steps steps
-    lora = None
-    if args.use_peft:
-        config = model.peft_config["default"]
-        targets = config.target_modules  # a set of names, or "all-linear"
-        lora = {"r": config.r, "alpha": config.lora_alpha, "dropout": config.lora_dropout,
-                "target_modules": targets if isinstance(targets, str) else ", ".join(sorted(targets))}
-    return {
-        "base_model": args.model_name_or_path, "base_is_hub": not os.path.isdir(args.model_name_or_path),
-        "model_type": model.config.model_type, "tinytx": model.config.model_type == "tinytx",
-        "trust_remote_code": args.trust_remote_code,
-        "train_file": args.train_file, "validation_file": args.validation_file, "packing": args.packing,
-        "steps": trainer.state.global_step, "epochs": trainer.state.epoch or 0.0,
-        "per_device_train_batch_size": training_args.per_device_train_batch_size,
-        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-        "num_devices": training_args.world_size, "learning_rate": training_args.learning_rate,
-        "lr_scheduler_type": getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type),
-        "warmup_steps": training_args.warmup_steps, "seed": training_args.seed,
-        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "total_parameters": sum(p.numel() for p in model.parameters()),
-        "train_loss": metrics["train_loss"], "eval_loss": metrics.get("eval_loss"),
-        "last_logged_step": logged[-1]["step"] if logged else None,
-        "last_logged_loss": logged[-1]["loss"] if logged else None,
-        "lora": lora,
-    }
-
-
-def write_card(folder: str, staged, kind: str, facts: dict, where: Destinations) -> None:
-    """README.md of a saved folder, written into its staging folder; the folder that goes to the Hub is named (and
-    loaded) by its repo id."""
-    pushed = folder == where.pushed_dir
-    context = {**facts, "kind": kind, "load_from": where.hub_model_id if pushed else folder,
-               "model_name": where.hub_model_id if pushed else os.path.basename(folder)}
-    cards.finetuned_card(context).save(os.path.join(staged, "README.md"))
-
-
-def write_json(path: str | os.PathLike, values: dict) -> None:
-    with open_new(path) as f:
-        json.dump(values, f, indent=2, sort_keys=True, default=str)
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except (UserInputError, RunError) as error:
-        sys.stderr.write(f"finetune.py: error: {error}\n")  # one write: processes of a launch may say it at once
-        distributed.exit_launched_process(2 if isinstance(error, UserInputError) else 1)  # (as a finished run)
-        sys.exit(2 if isinstance(error, UserInputError) else 1)
-    except Stopped as stopped:
-        if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
-            sys.stderr.write(f"{stopped}\n")
-        sys.stderr.flush()
-        distributed.exit_launched_process(stopped.exit_code)
-        sys.exit(stopped.exit_code)
-    distributed.exit_launched_process()

@@ -14,7 +14,7 @@ import torch
 from transformers import get_scheduler
 
 from . import distributed
-from .schedules import CLOCK_SHAPES
+from .schedules import CLOCK_SHAPES, Clock
 
 
 class StackedMuon(torch.optim.Muon):
@@ -127,36 +127,6 @@ def make_optimizer(model: torch.nn.Module, train_args) -> torch.optim.Optimizer:
              "lr": muon_lr}]
     adamw = [{"params": [p for p in matrices if id(p) in outer], **decayed}, {"params": vectors, **plain}]
     return MuonWithAdamW(muon, adamw, betas)
-
-
-class Clock:
-    """The training seconds every process agrees on: the slowest process's, so all of them take the same learning
-    rate and stop at the same step. Carried across a resume in the checkpoint state."""
-
-    def __init__(self, budget_seconds: float, accelerator):
-        self.budget = budget_seconds
-        self.accelerator = accelerator
-        self.before = 0.0  # trained by the runs this one resumes (set from the checkpoint)
-        self.seconds = 0.0
-
-    def resume_at(self, seconds: float) -> None:
-        self.before = self.seconds = seconds
-
-    def read(self, seconds_this_process: float) -> float:
-        seconds = torch.tensor(self.before + seconds_this_process, dtype=torch.float64)
-        if self.accelerator.num_processes > 1:
-            seconds = seconds.to(self.accelerator.device)
-            torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
-        self.seconds = seconds.item()
-        return self.seconds
-
-    @property
-    def progress(self) -> float:
-        return min(1.0, self.seconds / self.budget) if self.budget else 0.0
-
-    @property
-    def ran_out(self) -> bool:
-        return bool(self.budget) and self.seconds >= self.budget
 
 
 def make_schedule(optimizer, train_args, max_train_steps: int | None, num_processes: int, clock: Clock):

@@ -8,7 +8,7 @@ import contextlib
 import fcntl
 import os
 
-from .errors import UserInputError
+from .errors import UserInputError, as_user_input_error
 from .light_library import folders
 
 
@@ -43,10 +43,8 @@ def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") ->
 
 def refuse_links_out(folder: str) -> list[str]:
     """The folder's files (hf_tinytx.folders.regular_files); a link in it that leads out of it is a one-line error."""
-    try:
+    with as_user_input_error(folders.UnsafeLinkError):
         return folders.regular_files(folder)
-    except folders.UnsafeLinkError as error:
-        raise UserInputError(str(error)) from None
 
 
 def check_second_destination(folder: str, flag: str, output_dir: str, train_args, writer: str, default: str) -> None:
@@ -70,10 +68,8 @@ def check_second_destination(folder: str, flag: str, output_dir: str, train_args
 
 def refuse_overlap(source: str, destination: str, flag_names: tuple[str, str], reason: str = folders.READ_APART):
     """hf_tinytx.folders.refuse_overlap as a UserInputError: `destination` neither `source`, inside nor above it."""
-    try:
+    with as_user_input_error(folders.OverlapError):
         folders.refuse_overlap(source, destination, flag_names, reason=reason)
-    except folders.OverlapError as error:
-        raise UserInputError(str(error)) from None
 
 
 def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") -> None:
@@ -129,6 +125,18 @@ def take_lock(output_dir: str):
     return handle
 
 
+def claim(output_dir: str, checkpoints_dir: str, replace: bool, recheck=None):
+    """Locks output_dir for this process once every input check has passed, and returns the lock's handle. `recheck`:
+    the flags to ask again with, under the lock, whether the folder holds an earlier run (`refuse_earlier_run`);
+    `replace` (--overwrite_output_dir): only now may the earlier run's checkpoints go."""
+    lock = take_lock(output_dir)
+    if recheck is not None:
+        refuse_earlier_run(output_dir, recheck)
+    if replace:
+        remove_checkpoints(checkpoints_dir)
+    return lock
+
+
 def release_lock(handle, output_dir: str) -> None:
     """A finished run takes its lock file away, so the model folder it leaves holds no stale `.lock`. Unlinked while
     still held: a run that opens the name from now on locks a new file, and this run writes nothing more."""
@@ -142,3 +150,34 @@ def release_lock(handle, output_dir: str) -> None:
 def remove_checkpoints(checkpoints_dir: str) -> None:
     """--overwrite_output_dir: the earlier run's checkpoints go, once every input check has passed."""
     folders.remove_tree(checkpoints_dir)
+
+
+def refuse_writing_where_read(model_args, output_dir: str) -> None:
+    """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir would
+    otherwise remove its checkpoints, and the export replace its model)."""
+    for flag, folder in (("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name)):
+        if folder and os.path.isdir(folder):
+            refuse_overlap(folder, output_dir, (flag, "--output_dir"))
+
+
+@contextlib.contextmanager
+def replacing_earlier_files(folder: str, writer: str):
+    """`writing_into(folder)`, then the files an earlier run of `writer` recorded writing there and this one did not
+    write go (an adapter's after a full fine-tune and the reverse, which would otherwise load in place of the new
+    model), and what this one wrote is recorded. Files no fine-tune wrote are never touched."""
+    earlier = folders.written_before(folder, writer)
+    with folders.writing_into(folder) as staged:
+        yield staged
+        written = set(folders.regular_files(staged))
+    folders.remove_written(folder, earlier - written)
+    folders.record_written(folder, writer, written)
+
+
+def remove_earlier_merge(merged_dir: str, writer: str) -> None:
+    """Removes the merged model an earlier fine-tune with --merge recorded writing into `merged_dir`, and the folder
+    once empty: this run merged nothing, so it would stand for a model the folder no longer holds."""
+    earlier = folders.written_before(merged_dir, writer)
+    if earlier:
+        folders.remove_written(merged_dir, earlier | {folders.MANIFEST_NAME})
+        with contextlib.suppress(OSError):  # something else is in it: it stays
+            os.rmdir(merged_dir)

@@ -23,6 +23,7 @@ whose launcher died (torchrun's agent killed alone) counts as having got SIGTERM
 
 import atexit
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -105,6 +106,13 @@ class StopRequests:
         if accelerator.num_processes > 1:
             torch.distributed.all_reduce(counts)
         return signal_of(counts.tolist())
+
+
+@functools.cache
+def stop_requests(program: str) -> StopRequests:
+    """The one StopRequests of `program` in this process: training/entry.py installs it before the script's module
+    loads, and the script's module reads the same one."""
+    return StopRequests(program)
 
 
 def ignore_stop_signals(pid: int | None) -> None:

@@ -19,6 +19,11 @@ Hub repo; the final model goes to the repo root once it is complete on disk. Upl
 wait for them is bounded (--hub_timeout).
 """
 
+if __name__ == "__main__":  # run as a script: training/entry.py handles the signals and checks the input first
+    from hf_tinytx_training.entry import launch
+
+    launch(__file__, __package__)  # imports this file again as a module, runs its main(), exits
+
 import math
 import os
 import sys
@@ -26,50 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-
-if __name__ == "__main__" and not __package__:  # `python training/pretrain.py` in a checkout: run the package's module
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this checkout's hf_tinytx first)
-    from hf_tinytx_training.cli import run_checkout_script
-
-    run_checkout_script(__file__, "hf_tinytx_training.pretrain")
-
-from .preemption import StopRequests, Stopped, signal_of, stop_message
-
-
-STOP = StopRequests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
-if __name__ == "__main__":
-    STOP.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
-
-from .cluster import refuse_lone_process
-from .args import (
-    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
-    planned_by_clock, warn_if_token_in_argv,
-)
-from .errors import RunError, UserInputError
-from .config_file import config_file_path, read_config_file
-from .data_files import local_data_files
-from .output_dir import check_output_dir, refuse_overlap, release_lock, remove_checkpoints, take_lock
-
-
-if __name__ == "__main__":
-    # The flags, the output folder, the model's config file and the data files first, before torch and transformers
-    # load (~7 s on a small CPU): a typo, --help, a folder holding an earlier run, a broken config or a wrong path is
-    # answered at once. main() checks them again, which costs nothing.
-    warn_if_token_in_argv(sys.argv[1:], "pretrain.py")
-    try:
-        early_model_args, early_data_args, early_train_args = parse_args()
-        refuse_lone_process()
-        check_output_dir(os.path.abspath(early_train_args.output_dir), early_train_args)
-        if not early_model_args.init_from:
-            read_config_file(config_file_path(early_model_args))
-        if early_data_args.train_file:
-            local_data_files(early_data_args)
-    except UserInputError as early_error:
-        sys.stderr.write(f"pretrain.py: error: {early_error}\n")
-        sys.exit(2)
-
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import ProjectConfiguration, set_seed
@@ -79,18 +41,30 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.cpu_training import speed_up_cpu_training
-from hf_tinytx.folders import is_disk_full
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cluster, cpu_memory, distributed, export
-from .data import (
-    DEFAULT_CORPUS_DOCUMENTS, PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
+from .args import (
+    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
+    planned_by_clock,
 )
+from .cluster import refuse_lone_process
+from .data import (
+    PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
+)
+from .errors import RunError, UserInputError
 from .hub import HubPusher, push_final
 from .model_config import check_model_builds, load_model_config
-from .optimization import Clock, make_optimizer, make_schedule
+from .optimization import make_optimizer, make_schedule
+from .output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
+from .preemption import Stopped, signal_of, stop_message, stop_requests
+from .probes import ProbeReport, run_probes_and_samples
 from .run_log import RunLog
+from .schedules import Clock
 from .tokenizer import load_tokenizer
+
+
+STOP = stop_requests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
 
 
 @dataclass
@@ -102,7 +76,6 @@ class Progress:
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
     saved_step: int | None = None  # the step of the newest checkpoint this launch saved or resumed from
-    stop_signal: int | None = None  # a stop signal some process got, as agreed by all at the last step
     train_seconds: float = 0.0  # this launch's time in `fit`
     stopped_by_clock: bool = False
 
@@ -221,7 +194,8 @@ def setup(model_args, data_args, train_args) -> Run:
     if resume_dir:
         resume(run, resume_dir)
     run.log.start(run.progress.step)
-    accelerator.init_trackers("tinytx-pretrain", config=flat_scalars(args_to_dict(model_args, data_args, train_args)))
+    config = cards.flat_scalars(args_to_dict(model_args, data_args, train_args))
+    accelerator.init_trackers("tinytx-pretrain", config=config)
     return run
 
 
@@ -245,14 +219,6 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
     return model_config, sharding
 
 
-def refuse_writing_where_read(model_args, output_dir: str) -> None:
-    """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir would
-    otherwise remove its checkpoints, and the export replace its model)."""
-    for flag, folder in (("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name)):
-        if folder and os.path.isdir(folder):
-            refuse_overlap(folder, output_dir, (flag, "--output_dir"))
-
-
 def start_accelerator(model_args, train_args, output_dir: str, model_config, sharding: str | None):
     """(Accelerator, whether training/distributed.py shards the model), checked against the batch and the model."""
     accelerator = Accelerator(
@@ -271,10 +237,8 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
         accelerator.print("The Accelerate config asks for GPUs, but this machine has none: the processes train on "
                           "its CPUs over gloo.")
     if accelerator.device.type == "cpu":
-        if cpu_memory.keep_freed_memory():
-            accelerator.print(cpu_memory.ANNOUNCEMENT)  # no page faults for the same activations every step
-        if train_args.mixed_precision == "bf16" and not distributed.cpu_runs_bf16_fast():  # valid, but slow
-            accelerator.print(distributed.slow_bf16("--mixed_precision bf16"))
+        bf16 = "--mixed_precision bf16" if train_args.mixed_precision == "bf16" else None
+        cpu_memory.train_on_cpu(bf16, accelerator.print)
     own_fsdp2 = distributed.shards_itself(accelerator, sharding)
     apply_total_batch_size(train_args, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
@@ -309,10 +273,8 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         packed = tokenize_and_pack(
             raw, tokenizer, data_args.block_size, data_args.text_column, data_args.preprocessing_num_workers
         )
-        if accelerator.is_main_process:
-            lock = take_lock(output_dir)
-        if replacing:  # every input check has passed: only now may the earlier run's training files go
-            remove_checkpoints(checkpoints_dir)
+        if accelerator.is_main_process:  # every input check has passed
+            lock = claim(output_dir, checkpoints_dir, replace=replacing)
         if accelerator.is_main_process and not os.path.isdir(saved_tokenizer):
             checkpoints.save_tokenizer(tokenizer, checkpoints_dir)
     if hasattr(packed.train, "__len__"):
@@ -358,7 +320,7 @@ def make_model(model_args, model_config, tokenizer, accelerator: Accelerator, ow
     if accelerator.device.type == "cpu":
         speed_up_cpu_training(model)  # hf_tinytx/cpu_training.py: two speed paths the model file does not carry
     num_parameters = sum(distributed.full_shape(p).numel() for p in model.parameters())
-    accelerator.print(f"TinyTx with {num_parameters:,} parameters ({export.human_count(num_parameters)})")
+    accelerator.print(f"TinyTx with {num_parameters:,} parameters ({cards.human_count(num_parameters)})")
     if own_fsdp2:
         model = distributed.shard_model(model)
         accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
@@ -431,41 +393,132 @@ def training_state(run: Run) -> checkpoints.TrainingState:
 
 def fit(run: Run) -> None:
     """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
-    progress = run.progress
+    progress, args = run.progress, run.train_args
     announce_plan(run)
     bar = tqdm(total=run.max_train_steps, initial=progress.step, desc="train",
                disable=not run.accelerator.is_local_main_process)
+    pace = Pace(started=time.perf_counter(), first_step=progress.step)
+    batches = micro_batches(run)
     run.model.train()
-    start = (time.perf_counter(), progress.step)
-    no_loss = (torch.zeros((), device=run.accelerator.device), 0)  # (summed loss x targets, targets) of a step
-    sums = no_loss
     STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
     try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
         while not training_done(run):
-            for batch in epoch_batches(run):
-                sums, step_loss = train_micro_batch(run, batch, sums)
-                progress.batch_in_epoch += 1
-                if step_loss is None:  # within a gradient accumulation
-                    continue
-                count_and_log_step(run, step_loss, start, bar)
-                if progress.stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
-                    stop_for_signal(run, progress.stop_signal)
-                evaluate_and_save_when_due(run, bar)
-                if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
-                    run.clock.read(time.perf_counter() - start[0])
-                sums = no_loss
-                if training_done(run):
-                    break
-            else:
-                progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+            loss, stop_signal = train_step(run, batches)
+            progress.step += 1
+            log_step(run, loss, pace, bar)
+            if stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
+                stop_for_signal(run, stop_signal)
+            more = steps_left(run) != 0  # after the last step `finish` evaluates and saves
+            if more and progress.step % args.eval_steps == 0:
+                log_evaluation(run, bar)
+            if more and args.checkpointing_steps and progress.step % args.checkpointing_steps == 0:
+                save_checkpoint(run)
+            if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
+                run.clock.read(pace.seconds())
     finally:
         bar.close()
-    progress.train_seconds = time.perf_counter() - start[0]
+    progress.train_seconds = pace.seconds()
     progress.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
     if run.own_fsdp2 or distributed.zero_stage(run.accelerator) is not None:  # every process says what it holds
         line = distributed.shard_report(run.model, run.optimizer, run.accelerator)
         sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
         sys.stdout.flush()
+
+
+@dataclass
+class Pace:
+    """This launch's time in `fit`, and the step it started from: tokens per second are this launch's alone."""
+
+    started: float  # time.perf_counter() when `fit` began
+    first_step: int
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@dataclass
+class StepLoss:
+    """The optimizer step under way's loss, summed over its micro-batches on the device: read back once, at its end."""
+
+    summed: torch.Tensor  # loss x targets
+    targets: int = 0
+
+    def add(self, loss: torch.Tensor, input_ids: torch.Tensor) -> None:
+        targets = input_ids.numel() - input_ids.shape[0]  # every token but each block's first
+        self.summed, self.targets = self.summed + loss.detach().float() * targets, self.targets + targets
+
+
+def train_step(run: Run, batches) -> tuple[float, int | None]:
+    """One optimizer step: forward and backward over its micro-batches (Accelerate's `accumulate` says which ends the
+    step), then the gradient's check, clipping and the update. Returns the step's mean loss over every process's
+    targets and the stop signal any process got (`read_step`)."""
+    accelerator, model, args = run.accelerator, run.model, run.train_args
+    step_loss = StepLoss(torch.zeros((), device=accelerator.device))
+    for batch in batches:
+        with accelerator.accumulate(model):
+            # Labels are the inputs: the model shifts them by one position to score each next token.
+            loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+            accelerator.backward(loss)
+            step_loss.add(loss, batch["input_ids"])
+            step_ends = accelerator.sync_gradients
+            if step_ends:
+                # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
+                norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
+                read_back = read_step(run, step_loss, norm)
+            run.optimizer.step()
+            run.lr_scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        run.progress.batch_in_epoch += 1
+        if step_ends:
+            return read_back
+    raise AssertionError("micro_batches never ends")
+
+
+def micro_batches(run: Run):
+    """Every micro-batch from where the run stands: the rest of the current epoch, then epoch after epoch; the run's
+    progress moves to the next epoch when one ends."""
+    while True:
+        yield from epoch_batches(run)
+        run.progress.epoch, run.progress.batch_in_epoch = run.progress.epoch + 1, 0
+
+
+def epoch_batches(run: Run):
+    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on.
+
+    Accelerate's loader tells the sampler (or a streamed dataset) its own count of passes each time it is iterated,
+    and that count starts at 0 in every process: set to the run's epoch here, a resumed run reads every later epoch
+    as the uninterrupted run did, instead of epoch 0's order again."""
+    run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
+    if run.progress.batch_in_epoch:
+        return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
+    return run.train_dataloader
+
+
+def read_step(run: Run, step_loss: StepLoss, norm) -> tuple[float, int | None]:
+    """The step's loss (token-weighted over every process) and gradient norm, read back from the device together (the
+    step's one wait for it); either one non-finite stops the run. The one all-reduce also carries the stop signals
+    each process got, so that all of them stop after the same step: returns (loss, the signal or None)."""
+    norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+    device = step_loss.summed.device
+    summed = torch.cat([step_loss.summed.view(1),
+                        torch.tensor([float(step_loss.targets), *STOP.counts()], device=device)])
+    if run.accelerator.num_processes > 1:
+        torch.distributed.all_reduce(summed)
+    values = torch.cat([summed, torch.as_tensor(norm, device=device).float().view(1)]).tolist()
+    loss_value, norm_value = values[0] / values[1], values[-1]
+    for what, value in (("training loss", loss_value), ("gradient norm", norm_value)):
+        if not math.isfinite(value):
+            raise RunError(nonfinite_message(run, f"the {what} is {value}"))
+    return loss_value, signal_of(values[2:-1])
+
+
+def nonfinite_message(run: Run, what: str) -> str:
+    saved = checkpoints.steps_saved(run.checkpoints_dir)
+    intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
+    return (f"Stopped at step {run.progress.step + 1}: {what}, so the weights would turn to NaN; nothing was "
+            f"exported and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep "
+            f"--max_grad_norm on.")
 
 
 def announce_plan(run: Run) -> None:
@@ -488,90 +541,21 @@ def steps_left(run: Run) -> int | None:
     return None if run.max_train_steps is None else max(0, run.max_train_steps - run.progress.step)
 
 
-def epoch_batches(run: Run):
-    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on.
-
-    Accelerate's loader tells the sampler (or a streamed dataset) its own count of passes each time it is iterated,
-    and that count starts at 0 in every process: set to the run's epoch here, a resumed run reads every later epoch
-    as the uninterrupted run did, instead of epoch 0's order again."""
-    run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
-    if run.progress.batch_in_epoch:
-        return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
-    return run.train_dataloader
-
-
-def count_and_log_step(run: Run, step_loss: float, start: tuple[float, int], bar) -> None:
-    """After an optimizer step: count it, and log it to metrics.jsonl and the progress bar."""
-    run.progress.step += 1
-    step = run.progress.step
-    elapsed = time.perf_counter() - start[0]
-    tokens_per_second = (step - start[1]) * run.tokens_per_step / elapsed
-    run.log.log({"step": step, "loss": round(step_loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
+def log_step(run: Run, loss: float, pace: Pace, bar) -> None:
+    """The step just counted, to metrics.jsonl and the progress bar."""
+    step, elapsed = run.progress.step, pace.seconds()
+    tokens_per_second = (step - pace.first_step) * run.tokens_per_step / elapsed
+    run.log.log({"step": step, "loss": round(loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
                  "tokens": step * run.tokens_per_step, "tokens_per_second": round(tokens_per_second),
                  "elapsed_seconds": round(elapsed, 2)})
     bar.update(1)
-    bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
 
 
-def train_micro_batch(run: Run, batch, sums: tuple) -> tuple[tuple, float | None]:
-    """Forward and backward; on the last micro-batch of a step, the check and the optimizer step. Returns the step's
-    (loss x targets summed on the device, targets) so far and, after an optimizer step, its mean loss over every
-    process's targets (read back, else None)."""
-    accelerator, args = run.accelerator, run.train_args
-    step_loss = None
-    with accelerator.accumulate(run.model):
-        # Labels are the inputs: the model shifts them by one position to score each next token.
-        loss = run.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-        accelerator.backward(loss)
-        targets = batch["input_ids"].numel() - batch["input_ids"].shape[0]  # every token but each block's first
-        sums = (sums[0] + loss.detach().float() * targets, sums[1] + targets)
-        if accelerator.sync_gradients:
-            # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
-            norm = accelerator.clip_grad_norm_(run.model.parameters(), args.max_grad_norm or math.inf)
-            step_loss = read_step(run, *sums, norm)
-        run.optimizer.step()
-        run.lr_scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
-    return sums, step_loss
-
-
-def read_step(run: Run, loss_sum: torch.Tensor, targets: int, norm) -> float:
-    """The step's loss (token-weighted over every process) and gradient norm, read back from the device together (the
-    step's one wait for it); either one non-finite stops the run. The one all-reduce also carries the stop signals
-    each process got, so that all of them stop after the same step."""
-    norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
-    device = loss_sum.device
-    summed = torch.cat([loss_sum.view(1), torch.tensor([float(targets), *STOP.counts()], device=device)])
-    if run.accelerator.num_processes > 1:
-        torch.distributed.all_reduce(summed)
-    values = torch.cat([summed, torch.as_tensor(norm, device=device).float().view(1)]).tolist()
-    loss_value, norm_value = values[0] / values[1], values[-1]
-    run.progress.stop_signal = signal_of(values[2:-1])
-    for what, value in (("training loss", loss_value), ("gradient norm", norm_value)):
-        if not math.isfinite(value):
-            raise RunError(nonfinite_message(run, f"the {what} is {value}"))
-    return loss_value
-
-
-def nonfinite_message(run: Run, what: str) -> str:
-    saved = checkpoints.steps_saved(run.checkpoints_dir)
-    intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
-    return (f"Stopped at step {run.progress.step + 1}: {what}, so the weights would turn to NaN; nothing was "
-            f"exported and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep "
-            f"--max_grad_norm on.")
-
-
-def evaluate_and_save_when_due(run: Run, bar) -> None:
-    """Every --eval_steps an evaluation, every --checkpointing_steps a checkpoint; neither after the last step
-    (`finish` does both)."""
-    args, step = run.train_args, run.progress.step
-    if step % args.eval_steps == 0 and steps_left(run) != 0:
-        metrics = evaluate(run)
-        run.log.log({"step": step, **metrics})
-        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    if args.checkpointing_steps and step % args.checkpointing_steps == 0 and steps_left(run) != 0:
-        save_checkpoint(run)
+def log_evaluation(run: Run, bar) -> None:
+    metrics = evaluate(run)
+    run.log.log({"step": run.progress.step, **metrics})
+    bar.write(f"step {run.progress.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
@@ -581,10 +565,10 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
                            model_config=run.accelerator.unwrap_model(run.model).config)
     run.progress.saved_step = run.progress.step
     if run.train_args.push_to_hub and push:
-        to_save = gather_for_saving(run)
+        to_save = distributed.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
         if run.pusher is not None:
             export.push_checkpoint(run.pusher, *to_save, run.tokenizer, run.log, run.checkpoints_dir,
-                                   run.progress.step, training_record(run))
+                                   run.progress.step, cards.training_record(run))
 
 
 def stop_for_signal(run: Run, signum: int) -> None:
@@ -618,7 +602,7 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     stop_if_asked(run)
     metrics = evaluate(run)
     clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if progress.stopped_by_clock else {}
-    memory = peak_gpu_memory(accelerator)
+    memory = distributed.peak_gpu_memory(accelerator)
     run.log.log({"step": progress.step, **metrics, **clock, **memory, "final": True})
     accelerator.print(
         f"validation: loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
@@ -637,14 +621,6 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
             run.log.log({"step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
                          "final": True})
     return metrics, probe_results
-
-
-def peak_gpu_memory(accelerator) -> dict:
-    """This process's peak of allocated CUDA memory (weights, optimizer state, activations), for the record; none on
-    other devices. A host-side counter of PyTorch's allocator: reading it waits for nothing."""
-    if accelerator.device.type != "cuda":
-        return {}
-    return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(accelerator.device) / 2**30, 3)}
 
 
 @torch.no_grad()
@@ -675,43 +651,6 @@ def evaluate(run: Run) -> dict:
     }
 
 
-@dataclass
-class ProbeReport:
-    """What the run learnt, beyond the loss: each probe kind's accuracy beside what guessing scores, and samples."""
-
-    accuracy: dict[str, float] = field(default_factory=dict)
-    chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
-    samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
-
-
-def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> ProbeReport:
-    """Probe accuracies (does the model pick the right continuation?) and a few greedy generations."""
-    report = ProbeReport()
-    if train_args.num_probes_per_kind <= 0 and train_args.num_samples <= 0:
-        return report
-    from hf_tinytx.corpus import make_probes
-    from hf_tinytx.probes import chance_levels, score_probes
-
-    model.eval()
-    probes = make_probes(num_per_kind=max(train_args.num_probes_per_kind, 1))
-    if train_args.num_probes_per_kind > 0:
-        scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
-        report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
-        report.chance = chance_levels(probes)
-        accelerator.print("probe accuracy: " + ", ".join(
-            f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
-    prompts = []
-    for kind in ("coref", "copy", "coref_new_nouns", "recall"):
-        prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]
-    for prompt in prompts[: train_args.num_samples]:
-        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
-        output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
-        completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        report.samples.append((prompt[-80:], completion))
-        accelerator.print(f"sample: ...{prompt[-80:]!s}[{completion}]")
-    return report
-
-
 # ---------------------------------------------------------------------------------------------------- export
 
 
@@ -721,12 +660,12 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     ends it as `Stopped`, the model folder being complete."""
     accelerator = run.accelerator
     stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
-    to_save = gather_for_saving(run)
+    to_save = distributed.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
     not_pushed = None
     if accelerator.is_main_process:
-        card = cards.pretrained_card(card_context(run, final_metrics, probe_results))
+        card = cards.pretrained_card(cards.card_context(run, final_metrics, probe_results))
         names = export.export_final(run.output_dir, run.checkpoints_dir, *to_save, run.tokenizer, card, run.log.rows,
-                                    training_record(run))
+                                    cards.training_record(run))
         accelerator.print(f"Model folder: {run.output_dir}")
         try:
             if run.pusher is not None:
@@ -742,103 +681,3 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     return not_pushed
 
 
-def gather_for_saving(run: Run) -> tuple[torch.nn.Module, dict] | None:
-    """(model, full state dict) for `save_pretrained` on the main process, None on the others. Every process takes
-    part: FSDP and ZeRO-3 gather the shards."""
-    if run.own_fsdp2:
-        state_dict = distributed.full_state_dict(run.model)
-    else:
-        state_dict = run.accelerator.get_state_dict(run.model)
-    if not run.accelerator.is_main_process:
-        return None
-    return distributed.model_and_weights_to_save(run.accelerator.unwrap_model(run.model), state_dict)
-
-
-def card_context(run: Run, metrics: dict, probe_results: ProbeReport) -> dict:
-    """What model_cards/tinytx_model_card.md shows."""
-    model_args, data_args, train_args = run.model_args, run.data_args, run.train_args
-    name = os.path.basename(run.output_dir)
-    return {
-        "model_name": name,
-        "repo_id": train_args.hub_model_id or name,
-        "local_path": run.output_dir,  # absolute
-        "hub_id": train_args.hub_model_id if train_args.push_to_hub else None,
-        "init_from": model_args.init_from,
-        "config": run.accelerator.unwrap_model(run.model).config,
-        "num_parameters": run.num_parameters,
-        "num_parameters_text": export.human_count(run.num_parameters),
-        "tokenizer_description": model_args.tokenizer_name or model_args.init_from
-        or f"byte-level BPE trained on the training text; {model_args.vocab_size} tokens asked",
-        "data_description": describe_data(data_args),
-        "dataset_id": data_args.dataset_name
-        or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
-        "dataset_is_hub": bool(data_args.dataset_name),
-        "synthetic_data": not (data_args.dataset_name or data_args.train_file),
-        "tokens_seen": run.progress.step * run.tokens_per_step,
-        "steps": run.progress.step,
-        "planned_steps": run.max_train_steps,
-        "stopped_by_clock": run.progress.stopped_by_clock,
-        "global_batch_size": run.tokens_per_step // data_args.block_size,
-        "block_size": data_args.block_size,
-        "hyperparameters": args_to_dict(train_args),
-        "hardware": export.hardware_description(run.accelerator.num_processes, run.accelerator.device.type),
-        "train_seconds": run.progress.train_seconds,
-        "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
-                 "bits_per_byte": metrics["bits_per_byte"]},
-        "eval_tokens": metrics["eval_tokens"],
-        "probes": probe_results.accuracy,
-        "chance": probe_results.chance,
-        "samples": probe_results.samples,
-        "example_prompt": "The dog didn't cross the street because it was too",
-    }
-
-
-def describe_data(data_args) -> str:
-    if data_args.dataset_name:
-        return f"the Hub dataset `{data_args.dataset_name}` ({data_args.dataset_config_name or 'default config'})"
-    if data_args.train_file:
-        return f"local files `{data_args.train_file}`"
-    return (
-        "the embedded synthetic corpus of `hf_tinytx.corpus` (coreference, recall and copy documents), "
-        f"{data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS:,} documents"
-    )
-
-
-def training_record(run: Run) -> dict:
-    """training_args.json: every argument (never the Hub token) and the transformers version."""
-    return {**args_to_dict(run.model_args, run.data_args, run.train_args), "transformers": transformers.__version__}
-
-
-def flat_scalars(values: dict) -> dict:
-    """Trackers accept numbers, strings and booleans only."""
-    return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
-
-
-def leave_stopped(stopped: Stopped) -> None:
-    if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
-        sys.stderr.write(f"{stopped}\n")
-    sys.stderr.flush()
-    distributed.exit_launched_process(stopped.exit_code)
-    sys.exit(stopped.exit_code)
-
-
-if __name__ == "__main__":
-    try:
-        main()
-        distributed.exit_launched_process()
-    except Stopped as stopped:
-        leave_stopped(stopped)
-    except (UserInputError, RunError) as error:
-        # One write, newline included: every process of a launch may say it at once, and print() writes the newline
-        # separately, so two processes' lines could run together.
-        sys.stderr.write(f"pretrain.py: error: {error}\n")
-        sys.exit(2 if isinstance(error, UserInputError) else 1)
-    except Exception as error:
-        if STOP.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
-            leave_stopped(STOP.stopped_with_a_peer(error))
-        if not is_disk_full(error):
-            raise
-        where = getattr(error, "filename", None) or "the output folder"
-        sys.stderr.write(f"pretrain.py: error: No space left on the device while writing {where}; the checkpoints "
-                         f"saved so far are intact: free some space and rerun with --resume_from_checkpoint latest.\n")
-        sys.exit(1)

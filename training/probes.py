@@ -1,0 +1,41 @@
+"""What a pre-trained model learnt beyond its loss: the probes of hf_tinytx.probes scored on it, beside what guessing
+scores, and a few greedy samples, for the log and the model card."""
+
+from dataclasses import dataclass, field
+
+from hf_tinytx.corpus import make_probes
+from hf_tinytx.probes import chance_levels, score_probes
+
+
+@dataclass
+class ProbeReport:
+    """What the run learnt, beyond the loss: each probe kind's accuracy beside what guessing scores, and samples."""
+
+    accuracy: dict[str, float] = field(default_factory=dict)
+    chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
+    samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
+
+
+def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> ProbeReport:
+    """Probe accuracies (does the model pick the right continuation?) and a few greedy generations."""
+    report = ProbeReport()
+    if train_args.num_probes_per_kind <= 0 and train_args.num_samples <= 0:
+        return report
+    model.eval()
+    probes = make_probes(num_per_kind=max(train_args.num_probes_per_kind, 1))
+    if train_args.num_probes_per_kind > 0:
+        scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
+        report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
+        report.chance = chance_levels(probes)
+        accelerator.print("probe accuracy: " + ", ".join(
+            f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
+    prompts = []
+    for kind in ("coref", "copy", "coref_new_nouns", "recall"):
+        prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]
+    for prompt in prompts[: train_args.num_samples]:
+        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
+        output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
+        completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        report.samples.append((prompt[-80:], completion))
+        accelerator.print(f"sample: ...{prompt[-80:]!s}[{completion}]")
+    return report
