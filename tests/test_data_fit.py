@@ -25,7 +25,8 @@ def test_a_page_gets_a_shorter_block_and_a_smaller_batch_each_said_in_a_line():
     assert 1000 // 64 >= 8  # one optimizer step fits
     assert len(plan.notes) == 2
     assert plan.notes[0].startswith("--block_size 64 instead of 128: the validation text holds 89 tokens")
-    assert plan.notes[1].startswith("--per_device_train_batch_size 8 instead of 16: the text makes 15 training")
+    assert plan.notes[1].startswith("--per_device_train_batch_size 8 instead of 16: the text makes 15 training "
+                                    "block(s)")
 
 
 def test_one_paragraph_validates_on_the_end_of_its_own_text():
@@ -68,6 +69,7 @@ def test_a_run_that_reads_its_blocks_too_often_is_warned_with_a_step_count_that_
     assert passes(600, 8, 15) == 320
     warning = memorising_warning(600, 8, 15)
     assert warning.startswith("Warning: 600 steps of 8 blocks read the 15 training blocks 320 times")
+    assert memorising_warning(10, 8, 8) is None  # ten passes: not yet
     steps = int(warning.split("--max_train_steps ")[1].split()[0])
     assert memorising_warning(steps, 8, 15) is None
     assert memorising_warning(600, 16, 40_000) is None  # the built-in corpus's default run
@@ -83,6 +85,7 @@ def test_samples_start_where_the_validation_documents_do():
     # block 1 starts mid-document (10 is not a start); 11 alone is too short; 16 17 18 runs to the block's end
     assert document_starts(blocks, eos, count=5, length=3) == [[5, 6, 7], [8, 9], [12, 13], [16, 17, 18]]
     assert document_starts(blocks, eos, count=2, length=8) == [[5, 6, 7], [8, 9]]
+    assert document_starts(blocks, eos, count=0) == []
 
 
 def test_the_sizes_a_command_sets_are_read_from_its_flags_and_its_file(tmp_path):

@@ -440,6 +440,7 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
     with disk_space_guard(temporary, checkpoints_dir):
         tokenizer.save_pretrained(temporary)
         fsync_tree(temporary)
+        remove_tree(final)  # one a start that failed before its first checkpoint saved (a kill here: none, retrained)
         os.replace(temporary, final)
         fsync_dir(checkpoints_dir)
 

@@ -208,18 +208,19 @@ def tokenize(raw: DatasetDict, tokenizer, text_column: str, num_proc=None, held_
         ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         return {"input_ids": [doc + [eos] for doc in ids], "num_bytes": [len(text.encode("utf-8")) for text in texts]}
 
-    tokens, counts = {}, {}
+    tokens = {}
     with datasets_cache_space():  # each map writes its result into the cache
         for name in ("train", "validation"):
             split = raw[name].select_columns([text_column])  # other columns would not survive packing anyway
             map_options = {"num_proc": num_proc, "desc": f"Tokenizing {name}"} if isinstance(split, Dataset) else {}
             tokens[name] = split.map(to_ids, batched=True, remove_columns=[text_column], **map_options)
-        counts = (sum(tokens["validation"]["num_bytes"]), num_tokens_of(tokens["validation"]))
-        if not counts[1]:  # no validation documents (one document in all): the ratio of the training text's start
-            start = tokens["train"].select(range(min(1000, len(tokens["train"]))))
-            counts = (sum(start["num_bytes"]), num_tokens_of(start))
-        train, validation = (tokens[name].remove_columns(["num_bytes"]) for name in ("train", "validation"))
-    return Tokens(train, validation, counts[0] / max(counts[1], 1), held_out)
+        measured = tokens["validation"]
+        if len(measured) == 0:  # no validation documents (one document in all): the training text's start
+            measured = tokens["train"].select(range(min(1000, len(tokens["train"]))))
+            tokens["validation"] = Dataset.from_dict({"input_ids": []})  # (mapping no rows gave no columns)
+        bytes_per_token = sum(measured["num_bytes"]) / max(num_tokens_of(measured), 1)
+        train, validation = (tokens[name].select_columns(["input_ids"]) for name in ("train", "validation"))
+    return Tokens(train, validation, bytes_per_token, held_out)
 
 
 def pack(tokens: Tokens, block_size: int, num_proc=None, validation_from_end: int = 0) -> PackedData:
@@ -412,6 +413,8 @@ def document_starts(validation: Dataset, eos_token_id: int, count: int, length: 
     block: the prompts of a run's samples on its own text. Documents start at the validation's first token and right
     after each EOS."""
     starts = []
+    if count <= 0:
+        return starts
     for number, block in enumerate(validation["input_ids"]):
         block = [int(token) for token in block]
         points = ([0] if number == 0 else []) + [i + 1 for i, token in enumerate(block) if token == eos_token_id]

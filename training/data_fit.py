@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 
 MIN_BLOCK = 16  # a shorter block leaves the model too little context to learn from
-MEMORISING_PASSES = 20  # more passes over the same blocks than this and the model learns the text by heart
+MEMORISING_PASSES = 10  # more passes over the same blocks than this and the model learns the text by heart
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,10 @@ def notes_for(text: Text, asked: Asked, block: int, batch: int, validation: int,
     total = sum(text.train_chunks) + text.validation_tokens
     notes = []
     if validation:
-        notes.append(f"Validation: the last {validation} of the text's {total:,} tokens (the documents held out hold "
-                     f"{text.validation_tokens}, fewer than one block); set --validation_file to choose it.")
+        why = (f"the documents held out hold {text.validation_tokens}, fewer than one block" if text.validation_tokens
+               else "a single document: none to hold out")
+        notes.append(f"Validation: the last {validation} of the text's {total:,} tokens ({why}); set "
+                     f"--validation_file to choose it.")
     if block != asked.block_size:
         why = (f"the validation text holds {text.validation_tokens} tokens" if not validation
                else f"the text holds {total:,} tokens")
@@ -105,7 +107,7 @@ def notes_for(text: Text, asked: Asked, block: int, batch: int, validation: int,
                      f"{asked.block_size}; set --block_size to keep it.")
     if batch != asked.per_device_train_batch_size:
         notes.append(f"--per_device_train_batch_size {batch} instead of {asked.per_device_train_batch_size}: the text "
-                     f"makes {train_blocks} training blocks of {block} tokens, fewer than one batch of "
+                     f"makes {train_blocks} training block(s) of {block} tokens, fewer than one batch of "
                      f"{asked.per_device_train_batch_size} x {asked.num_processes} process(es).")
     return notes
 

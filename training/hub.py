@@ -311,7 +311,8 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
     report_final_push(pusher, finished and job.ok, what, folder, say)
     if finished and job.ok:
         return None
-    return f"The {what} was NOT pushed to {pusher.repo_id}; the local folder {folder} is complete: push it with {retry}."
+    return (f"The {what} was NOT pushed to {pusher.repo_id}; the local folder {folder} is complete: push it with "
+            f"{retry}.")
 
 
 def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, say=print) -> None:

@@ -18,6 +18,9 @@ MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json
 # What else marks an earlier run: its checkpoints, pretrain's log, finetune's LoRA adapter and arguments.
 TRAINING_FILES = ("checkpoints", "metrics.jsonl", "adapter_config.json", "finetune_args.json")
 RUN_FILES = (*MODEL_FILES, *TRAINING_FILES)
+# All that a pretrain start which failed before its first checkpoint leaves in checkpoints/: the tokenizer it saved
+# (checkpoints.TOKENIZER_DIR, maybe still under its temporary name). No run to lose: the next start replaces it.
+STARTED_ONLY = ("tokenizer", ".tmp_tokenizer")
 
 
 def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") -> None:
@@ -77,7 +80,8 @@ def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") 
     lock is held: a run that finished between the first check and the lock is not overwritten."""
     if train_args.resume_from_checkpoint or not os.path.isdir(output_dir):
         return
-    earlier_run = sorted(set(os.listdir(output_dir)) & set(RUN_FILES))
+    earlier_run = sorted(name for name in set(os.listdir(output_dir)) & set(RUN_FILES)
+                         if not only_started(os.path.join(output_dir, name)))
     if earlier_run and not train_args.overwrite_output_dir:
         raise UserInputError(
             f"{flag} {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
@@ -86,6 +90,12 @@ def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") 
         )
     # With --overwrite_output_dir the old checkpoints go once the data has passed its checks, metrics.jsonl starts
     # afresh with training, and the export replaces the old model files; anything else in the folder is kept.
+
+
+def only_started(path: str) -> bool:
+    """A checkpoints/ folder holding no checkpoint, only what a start that failed left (STARTED_ONLY)."""
+    return os.path.basename(path) == "checkpoints" and os.path.isdir(path) and not os.path.islink(path) \
+        and set(os.listdir(path)) <= set(STARTED_ONLY)
 
 
 def refuse_if_locked(output_dir: str, flag: str = "--output_dir") -> None:

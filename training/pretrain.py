@@ -44,13 +44,15 @@ from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cluster, cpu_memory, distributed, export
+from . import data_fit
 from .args import (
-    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule, parse_args,
-    planned_by_clock,
+    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule,
+    explicit_flags, parse_args, planned_by_clock,
 )
 from .cluster import refuse_lone_process
 from .data import (
-    PackedData, load_text_datasets, make_dataloaders, tokenize_and_pack, training_texts,
+    PackedData, Tokens, chunk_tokens, document_starts, load_texts, make_dataloaders, num_tokens_of, pack, tokenize,
+    training_texts,
 )
 from .errors import RunError, UserInputError
 from .hub import HubPusher, push_final
@@ -124,9 +126,10 @@ class Run:
 def main(argv=None) -> None:
     quiet_notices()
     model_args, data_args, train_args = parse_args(argv)
+    explicit = explicit_flags(sys.argv[1:] if argv is None else list(argv))  # sizes the user chose are kept
     run = None
     try:
-        run = setup(model_args, data_args, train_args)
+        run = setup(model_args, data_args, train_args, explicit)
         fit(run)
         final_metrics, probe_results = finish(run)
         not_pushed = export_and_push(run, final_metrics, probe_results)
@@ -148,7 +151,7 @@ def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str
 # ---------------------------------------------------------------------------------------------------- setup
 
 
-def setup(model_args, data_args, train_args) -> Run:
+def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) -> Run:
     """Every input checked, then the accelerator, the data, the model, its optimizer and schedule, and the
     checkpoint to resume from, if any."""
     output_dir = os.path.abspath(train_args.output_dir)
@@ -164,9 +167,12 @@ def setup(model_args, data_args, train_args) -> Run:
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
     tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
-                                           model_config)
+                                           model_config, explicit)
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
     global_batch = tokens_per_step // data_args.block_size
+    if hasattr(packed.train, "__len__") and (warning := data_fit.memorising_warning(max_train_steps, global_batch,
+                                                                                    len(packed.train))):
+        accelerator.print(warning)
     sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
     model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
     clock = Clock(train_args.max_train_seconds, accelerator)
@@ -247,16 +253,20 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
     return accelerator, own_fsdp2
 
 
-def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config):
-    """The tokenizer (the run's saved one, a named one, or a BPE trained now), the packed datasets, and the lock on
-    the output folder, taken once every input has passed its checks and before the run's first write."""
+def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit):
+    """The tokenizer (the run's saved one, a named one, or a BPE trained now), the packed datasets (sizes fitted to a
+    small text), and the lock on the output folder, taken once every input has passed its checks and before the run's
+    first write."""
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     lock = None
     saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
     with accelerator.main_process_first():  # the main process fills the datasets cache and saves the tokenizer
-        raw = load_text_datasets(data_args, seed=train_args.seed)
+        raw, held_out = load_texts(data_args, seed=train_args.seed)
         replacing = train_args.overwrite_output_dir and not resume_dir and accelerator.is_main_process
-        if os.path.isdir(saved_tokenizer) and not replacing:
+        # A resumed run reuses its tokenizer, and the other processes the one the main process saved; a fresh start
+        # makes its own (one saved by a start that failed before its first checkpoint is replaced).
+        fresh = accelerator.is_main_process and not resume_dir
+        if os.path.isdir(saved_tokenizer) and not fresh:
             tokenizer = load_tokenizer(saved_tokenizer, what=f"The run's saved tokenizer {saved_tokenizer}")
         elif model_args.tokenizer_name or model_args.init_from:
             tokenizer = load_tokenizer(model_args.tokenizer_name or checkpoints.tokenizer_source(model_args.init_from))
@@ -270,17 +280,42 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
                 accelerator.print(f"The text holds merges for {len(tokenizer)} tokens only: the vocabulary has "
                                   f"{len(tokenizer)} of the {model_args.vocab_size} asked (nothing to fix: BPE stops "
                                   f"when no pair of tokens repeats, and the model is built with {len(tokenizer)}).")
-        packed = tokenize_and_pack(
-            raw, tokenizer, data_args.block_size, data_args.text_column, data_args.preprocessing_num_workers
-        )
+        tokens = tokenize(raw, tokenizer, data_args.text_column, data_args.preprocessing_num_workers, held_out)
+        packed = fit_and_pack(tokens, data_args, train_args, accelerator, explicit)
         if accelerator.is_main_process:  # every input check has passed
             lock = claim(output_dir, checkpoints_dir, replace=replacing)
-        if accelerator.is_main_process and not os.path.isdir(saved_tokenizer):
+        if fresh or (accelerator.is_main_process and not os.path.isdir(saved_tokenizer)):
             checkpoints.save_tokenizer(tokenizer, checkpoints_dir)
     if hasattr(packed.train, "__len__"):
         accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
                           f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")
     return tokenizer, packed, lock
+
+
+def fit_and_pack(tokens: Tokens, data_args, train_args, accelerator, explicit: frozenset) -> PackedData:
+    """The blocks at the sizes asked; for a text too small for them, at the sizes data_fit.py fits to it (each change
+    said in a line, and kept in the run's arguments), or one line saying what cannot fit, before anything is written."""
+    workers = data_args.preprocessing_num_workers
+    packed = pack(tokens, data_args.block_size, workers)
+    per_step = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps \
+        * accelerator.num_processes
+    if not hasattr(packed.train, "__len__"):  # streamed: only its validation can be measured
+        if len(packed.validation) == 0:
+            raise UserInputError(f"The validation text is shorter than one block of {data_args.block_size} tokens "
+                                 f"({num_tokens_of(tokens.validation)} tokens); lower --block_size.")
+        return packed
+    if len(packed.validation) and len(packed.train) >= per_step:
+        return packed
+    text = data_fit.Text(chunk_tokens(tokens.train), num_tokens_of(tokens.validation), tokens.held_out)
+    asked = data_fit.Asked(data_args.block_size, train_args.per_device_train_batch_size,
+                           train_args.gradient_accumulation_steps, accelerator.num_processes, explicit)
+    plan = data_fit.fit(text, asked, share=data_args.validation_split_percentage / 100)
+    if plan.problem:
+        raise UserInputError(plan.problem)
+    for note in plan.notes:
+        accelerator.print(note)
+    data_args.block_size, train_args.per_device_train_batch_size = plan.block_size, plan.per_device_train_batch_size
+    return pack(tokens, plan.block_size, workers, plan.validation_from_end)
 
 
 def build_model(model_args, model_config, tokenizer):
@@ -405,7 +440,10 @@ def fit(run: Run) -> None:
         while not training_done(run):
             loss, stop_signal = train_step(run, batches)
             progress.step += 1
-            log_step(run, loss, pace, bar)
+            seconds = pace.seconds()  # one reading for the clock and the log: the run stops on what it logged
+            if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
+                run.clock.read(seconds)
+            log_step(run, loss, pace, seconds, bar)
             if stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
                 stop_for_signal(run, stop_signal)
             more = steps_left(run) != 0  # after the last step `finish` evaluates and saves
@@ -413,8 +451,6 @@ def fit(run: Run) -> None:
                 log_evaluation(run, bar)
             if more and args.checkpointing_steps and progress.step % args.checkpointing_steps == 0:
                 save_checkpoint(run)
-            if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
-                run.clock.read(pace.seconds())
     finally:
         bar.close()
     progress.train_seconds = pace.seconds()
@@ -541,9 +577,9 @@ def steps_left(run: Run) -> int | None:
     return None if run.max_train_steps is None else max(0, run.max_train_steps - run.progress.step)
 
 
-def log_step(run: Run, loss: float, pace: Pace, bar) -> None:
-    """The step just counted, to metrics.jsonl and the progress bar."""
-    step, elapsed = run.progress.step, pace.seconds()
+def log_step(run: Run, loss: float, pace: Pace, elapsed: float, bar) -> None:
+    """The step just counted, `elapsed` seconds into this launch, to metrics.jsonl and the progress bar."""
+    step = run.progress.step
     tokens_per_second = (step - pace.first_step) * run.tokens_per_step / elapsed
     run.log.log({"step": step, "loss": round(loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
                  "tokens": step * run.tokens_per_step, "tokens_per_second": round(tokens_per_second),
@@ -616,11 +652,20 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
         # the model again to save milliseconds (a 3-step tiny run took 137 s with those compiles, 69 s without).
         with torch.compiler.set_stance("force_eager"):
             probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer,
-                                                   run.train_args, accelerator)
+                                                   run.train_args, accelerator, own_text_prompts(run))
         if probe_results.accuracy:
             run.log.log({"step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
                          "final": True})
     return metrics, probe_results
+
+
+def own_text_prompts(run: Run) -> list[str] | None:
+    """The samples' prompts for a run on the user's text, its validation documents' first words; None for the
+    built-in corpus, whose probes and prompts test what it was written to teach."""
+    if not (run.data_args.train_file or run.data_args.dataset_name):
+        return None
+    starts = document_starts(run.packed.validation, run.tokenizer.eos_token_id, run.train_args.num_samples)
+    return [run.tokenizer.decode(ids) for ids in starts]
 
 
 @torch.no_grad()

@@ -16,22 +16,31 @@ class ProbeReport:
     samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
 
 
-def run_probes_and_samples(model, tokenizer, train_args, accelerator) -> ProbeReport:
-    """Probe accuracies (does the model pick the right continuation?) and a few greedy generations."""
+def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompts: list[str] | None = None):
+    """Probe accuracies (does the model pick the right continuation?) and a few greedy generations. The probes test
+    what the built-in corpus teaches; a run on other text (`own_prompts`: its validation documents' first words) gets
+    samples from its own text instead."""
     report = ProbeReport()
-    if train_args.num_probes_per_kind <= 0 and train_args.num_samples <= 0:
+    if own_prompts is not None:
+        if train_args.num_probes_per_kind > 0:
+            accelerator.print("No probes: they test what the built-in corpus teaches (coreference, recall, copying), "
+                              "not this text; the samples below continue its validation documents.")
+        prompts = own_prompts[: train_args.num_samples]
+    elif train_args.num_probes_per_kind <= 0 and train_args.num_samples <= 0:
         return report
-    model.eval()
-    probes = make_probes(num_per_kind=max(train_args.num_probes_per_kind, 1))
-    if train_args.num_probes_per_kind > 0:
-        scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
-        report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
-        report.chance = chance_levels(probes)
-        accelerator.print("probe accuracy: " + ", ".join(
-            f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
-    prompts = []
-    for kind in ("coref", "copy", "coref_new_nouns", "recall"):
-        prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]
+    else:
+        probes = make_probes(num_per_kind=max(train_args.num_probes_per_kind, 1))
+        model.eval()
+        if train_args.num_probes_per_kind > 0:
+            scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
+            report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
+            report.chance = chance_levels(probes)
+            accelerator.print("probe accuracy: " + ", ".join(
+                f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
+        prompts = []
+        for kind in ("coref", "copy", "coref_new_nouns", "recall"):
+            prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]
+    model.eval()  # (already, after the probes)
     for prompt in prompts[: train_args.num_samples]:
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
         output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
