@@ -23,6 +23,7 @@ from datasets import Dataset, DatasetDict
 
 from hf_tinytx.folders import is_disk_full, mib
 
+from . import data_fit
 from .args import DataArguments
 from .errors import RunError, UserInputError
 from .data_files import local_data_files
@@ -262,6 +263,32 @@ def chunk_tokens(split: Dataset) -> tuple[int, ...]:
     """Tokens per 1000-document batch of a tokenized split: what packing cuts into blocks, batch by batch."""
     lengths = [len(ids) for ids in split["input_ids"]]
     return tuple(sum(lengths[i : i + 1000]) for i in range(0, len(lengths), 1000)) or (0,)
+
+
+def pack_fitted(tokens: Tokens, data_args, train_args, num_processes: int, explicit: frozenset, say) -> PackedData:
+    """The blocks at the sizes asked; for a text too small for them, at the sizes data_fit.py fits to it (each change
+    said through `say` and set in the run's arguments, so that its record shows them), or one line saying what cannot
+    fit. Called before anything is written."""
+    workers = data_args.preprocessing_num_workers
+    packed = pack(tokens, data_args.block_size, workers)
+    per_step = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps * num_processes
+    if not hasattr(packed.train, "__len__"):  # streamed: only its validation can be measured
+        if len(packed.validation) == 0:
+            raise UserInputError(f"The validation text is shorter than one block of {data_args.block_size} tokens "
+                                 f"({num_tokens_of(tokens.validation)} tokens); lower --block_size.")
+        return packed
+    if len(packed.validation) and len(packed.train) >= per_step:
+        return packed
+    text = data_fit.Text(chunk_tokens(tokens.train), num_tokens_of(tokens.validation), tokens.held_out)
+    asked = data_fit.Asked(data_args.block_size, train_args.per_device_train_batch_size,
+                           train_args.gradient_accumulation_steps, num_processes, explicit)
+    plan = data_fit.fit(text, asked, share=data_args.validation_split_percentage / 100)
+    if plan.problem:
+        raise UserInputError(plan.problem)
+    for note in plan.notes:
+        say(note)
+    data_args.block_size, train_args.per_device_train_batch_size = plan.block_size, plan.per_device_train_batch_size
+    return pack(tokens, plan.block_size, workers, plan.validation_from_end)
 
 
 def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column: str, num_proc=None) -> PackedData:

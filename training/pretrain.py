@@ -44,23 +44,20 @@ from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cluster, cpu_memory, distributed, export
-from . import data_fit
 from .args import (
     DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule,
     explicit_flags, parse_args, planned_by_clock,
 )
 from .cluster import refuse_lone_process
-from .data import (
-    PackedData, Tokens, chunk_tokens, document_starts, load_texts, make_dataloaders, num_tokens_of, pack, tokenize,
-    training_texts,
-)
+from .data import PackedData, load_texts, make_dataloaders, pack_fitted, tokenize, training_texts
+from .data_fit import memorising_warning
 from .errors import RunError, UserInputError
 from .hub import HubPusher, push_final
 from .model_config import check_model_builds, load_model_config
 from .optimization import make_optimizer, make_schedule
 from .output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
 from .preemption import Stopped, signal_of, stop_message, stop_requests
-from .probes import ProbeReport, run_probes_and_samples
+from .probes import ProbeReport, own_text_prompts, run_probes_and_samples
 from .run_log import RunLog
 from .schedules import Clock
 from .tokenizer import load_tokenizer
@@ -170,8 +167,8 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
                                            model_config, explicit)
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
     global_batch = tokens_per_step // data_args.block_size
-    if hasattr(packed.train, "__len__") and (warning := data_fit.memorising_warning(max_train_steps, global_batch,
-                                                                                    len(packed.train))):
+    if hasattr(packed.train, "__len__") and (warning := memorising_warning(max_train_steps, global_batch,
+                                                                           len(packed.train))):
         accelerator.print(warning)
     sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
     model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
@@ -281,7 +278,8 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
                                   f"{len(tokenizer)} of the {model_args.vocab_size} asked (nothing to fix: BPE stops "
                                   f"when no pair of tokens repeats, and the model is built with {len(tokenizer)}).")
         tokens = tokenize(raw, tokenizer, data_args.text_column, data_args.preprocessing_num_workers, held_out)
-        packed = fit_and_pack(tokens, data_args, train_args, accelerator, explicit)
+        packed = pack_fitted(tokens, data_args, train_args, accelerator.num_processes, explicit,
+                             say=accelerator.print)
         if accelerator.is_main_process:  # every input check has passed
             lock = claim(output_dir, checkpoints_dir, replace=replacing)
         if fresh or (accelerator.is_main_process and not os.path.isdir(saved_tokenizer)):
@@ -290,32 +288,6 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
                           f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")
     return tokenizer, packed, lock
-
-
-def fit_and_pack(tokens: Tokens, data_args, train_args, accelerator, explicit: frozenset) -> PackedData:
-    """The blocks at the sizes asked; for a text too small for them, at the sizes data_fit.py fits to it (each change
-    said in a line, and kept in the run's arguments), or one line saying what cannot fit, before anything is written."""
-    workers = data_args.preprocessing_num_workers
-    packed = pack(tokens, data_args.block_size, workers)
-    per_step = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps \
-        * accelerator.num_processes
-    if not hasattr(packed.train, "__len__"):  # streamed: only its validation can be measured
-        if len(packed.validation) == 0:
-            raise UserInputError(f"The validation text is shorter than one block of {data_args.block_size} tokens "
-                                 f"({num_tokens_of(tokens.validation)} tokens); lower --block_size.")
-        return packed
-    if len(packed.validation) and len(packed.train) >= per_step:
-        return packed
-    text = data_fit.Text(chunk_tokens(tokens.train), num_tokens_of(tokens.validation), tokens.held_out)
-    asked = data_fit.Asked(data_args.block_size, train_args.per_device_train_batch_size,
-                           train_args.gradient_accumulation_steps, accelerator.num_processes, explicit)
-    plan = data_fit.fit(text, asked, share=data_args.validation_split_percentage / 100)
-    if plan.problem:
-        raise UserInputError(plan.problem)
-    for note in plan.notes:
-        accelerator.print(note)
-    data_args.block_size, train_args.per_device_train_batch_size = plan.block_size, plan.per_device_train_batch_size
-    return pack(tokens, plan.block_size, workers, plan.validation_from_end)
 
 
 def build_model(model_args, model_config, tokenizer):
@@ -651,21 +623,13 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
         # Eagerly, under --torch_compile too: probes and samples come in many shapes, and each new one would compile
         # the model again to save milliseconds (a 3-step tiny run took 137 s with those compiles, 69 s without).
         with torch.compiler.set_stance("force_eager"):
+            prompts = own_text_prompts(run.data_args, run.packed.validation, run.tokenizer, run.train_args.num_samples)
             probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer,
-                                                   run.train_args, accelerator, own_text_prompts(run))
+                                                   run.train_args, accelerator, prompts)
         if probe_results.accuracy:
             run.log.log({"step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
                          "final": True})
     return metrics, probe_results
-
-
-def own_text_prompts(run: Run) -> list[str] | None:
-    """The samples' prompts for a run on the user's text, its validation documents' first words; None for the
-    built-in corpus, whose probes and prompts test what it was written to teach."""
-    if not (run.data_args.train_file or run.data_args.dataset_name):
-        return None
-    starts = document_starts(run.packed.validation, run.tokenizer.eos_token_id, run.train_args.num_samples)
-    return [run.tokenizer.decode(ids) for ids in starts]
 
 
 @torch.no_grad()

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from hf_tinytx.corpus import make_probes
 from hf_tinytx.probes import chance_levels, score_probes
 
+from .data import document_starts
+
 
 @dataclass
 class ProbeReport:
@@ -14,6 +16,14 @@ class ProbeReport:
     accuracy: dict[str, float] = field(default_factory=dict)
     chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
     samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
+
+
+def own_text_prompts(data_args, validation, tokenizer, count: int) -> list[str] | None:
+    """The samples' prompts for a run on the user's text, its validation documents' first words; None for the
+    built-in corpus, whose probes and prompts test what it was written to teach."""
+    if not (data_args.train_file or data_args.dataset_name):
+        return None
+    return [tokenizer.decode(ids) for ids in document_starts(validation, tokenizer.eos_token_id, count)]
 
 
 def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompts: list[str] | None = None):
