@@ -209,9 +209,19 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(bad_input_r
     assert not (folder / "out").exists()
 
 
-def test_a_half_written_tokenizer_is_named(run_pretrain, tmp_path):
-    tokenizer_dir = tmp_path / "out" / "checkpoints" / "tokenizer"
+def test_a_half_written_tokenizer_is_named_when_a_resume_needs_it(run_pretrain, tmp_path):
+    """The run's saved tokenizer, damaged, is named when a checkpoint is resumed (its ids are the ones trained); with
+    no checkpoint beside it (a start that died first) a fresh start makes a new one instead."""
+    out = tmp_path / "out"
+    tokenizer_dir = out / "checkpoints" / "tokenizer"
     tokenizer_dir.mkdir(parents=True)
     (tokenizer_dir / "special_tokens_map.json").write_text("{}")
-    result = run_pretrain("--output_dir", tmp_path / "out", "--resume_from_checkpoint", "latest", check=False)
+    run_pretrain("--output_dir", out, "--resume_from_checkpoint", "latest", "--max_train_steps", 2, *QUIET)
+    assert (tokenizer_dir / "tokenizer.json").is_file()  # replaced by the fresh start's
+
+    for name in os.listdir(tokenizer_dir):
+        if name != "special_tokens_map.json":
+            os.unlink(tokenizer_dir / name)
+    result = run_pretrain("--output_dir", out, "--resume_from_checkpoint", "latest", "--max_train_steps", 4,
+                          check=False)
     one_line_error(result, str(tokenizer_dir), "no tokenizer files")
