@@ -113,6 +113,13 @@ def workers_under(pid: int, script: str = "pretrain") -> list[int]:
             command(p) and "accelerate" not in command(p)]
 
 
+def node_of(pid: int) -> str:
+    """The SLURM_NODEID that srun gave the process (its launcher's, inherited)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        variables = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    return variables[b"SLURM_NODEID"].decode()
+
+
 # ---- the recipes, run as written, equal one process
 
 def slurm_job(tmp_path, folder, *flags, port):
@@ -130,7 +137,9 @@ def test_the_slurm_recipe_survives_a_frozen_node_and_resumes_on_one_process_exac
     wait_for(folder / "checkpoints" / "step_20", job)
     workers = workers_under(job.pid)
     assert len(workers) == 2
-    frozen = max(workers)
+    # The first node's worker: its survivor is then srun's second task, whose exit srun must see while the first
+    # task (the frozen node's launcher, which may host the rendezvous store and so never fails by itself) runs on.
+    frozen = next(pid for pid in workers if node_of(pid) == "0")
     os.kill(frozen, signal.SIGSTOP)
     frozen_at = time.monotonic()
     code, output = finish(job, timeout=BOUND + 60)

@@ -49,7 +49,7 @@ def srun(argv) -> int:
                "SLURM_STEP_NUM_TASKS": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes)}
         tasks.append(subprocess.Popen(argv, env=env, start_new_session=True))
     status = 0
-    while any(task.poll() is None for task in tasks):
+    while [task.poll() for task in tasks].count(None):  # every task polled each round: `any` would stop at the first
         failed = [task.returncode for task in tasks if task.returncode not in (None, 0)]
         if failed and not status:
             status = failed[0] if failed[0] > 0 else 128 - failed[0]
