@@ -31,10 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-import transformers
-
-from hf_tinytx.quiet import quiet_notices
-from hf_tinytx.serve_requests import Limits
+import transformers  # lazy: it loads torch only when a model class is touched
 
 PROG = "python -m hf_tinytx.serve"
 DEFAULT_MAX_TOKENS_CAP = 1024  # transformers serve's own default for a request that names no max_tokens
@@ -143,7 +140,11 @@ def with_limit_options(Serve, signals: StopSignals):
         error = model_argument_error(serve_params["force_model"])
         if error:
             usage_error(error)
+        check_serving_layout()
+        # hf_tinytx only now: importing it loads torch, and `tinytx serve --help` runs this file before torch loads
+        from hf_tinytx.quiet import quiet_notices
         from hf_tinytx.serve_guard import expose_tinytx_classes, install
+        from hf_tinytx.serve_requests import Limits
 
         quiet_notices()
         expose_tinytx_classes()
@@ -177,15 +178,26 @@ def with_limit_options(Serve, signals: StopSignals):
     return serve_command
 
 
+def serve_import_error(error: ImportError):
+    sys.exit(f"this transformers ({transformers.__version__}) lacks the `serve` this launcher wraps ({error}): "
+             'pip install -U "hf_tinytx[serving]" (transformers >= 5.25)')
+
+
+def check_serving_layout() -> None:
+    """The server's modules that serve_guard patches, imported before serving (they load torch, so not for --help)."""
+    try:
+        from transformers.cli.serving import chat_completion, completion, server  # noqa: F401
+        from transformers.cli.serving.model_manager import ModelLoader  # noqa: F401  (5.25's layout)
+    except ImportError as error:  # a transformers with another layout of the server
+        serve_import_error(error)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         from transformers.cli.serve import Serve
-        from transformers.cli.serving import chat_completion, completion, server  # noqa: F401
-        from transformers.cli.serving.model_manager import ModelLoader  # noqa: F401  (5.25's layout)
         from transformers.utils.import_utils import is_serve_available
-    except ImportError as error:  # a transformers without the serve command, or with another layout of it
-        sys.exit(f"this transformers ({transformers.__version__}) lacks the `serve` this launcher wraps ({error}): "
-                 'pip install -U "hf_tinytx[serving]" (transformers >= 5.25)')
+    except ImportError as error:  # a transformers without the serve command
+        serve_import_error(error)
     if not is_serve_available():
         sys.exit('transformers serve needs FastAPI, uvicorn and openai: pip install "hf_tinytx[serving]"')
     import typer

@@ -13,7 +13,8 @@ the same flags and keeps what the scripts do before `main()`: bad input refused 
 handled from the first line, one-line errors and their exit status. Nothing heavy is imported here: `tinytx --help`
 and every `tinytx <command> --help` are answered without torch. The library's modules (convert, interpret) load torch
 as soon as they are imported (hf_tinytx/__init__.py), so their flags are parsed here first, with their parsers read
-from hf_tinytx/command_flags.py alone.
+from hf_tinytx/command_flags.py alone; `serve --help` runs hf_tinytx/serve.py read alone, which imports the
+package only to serve.
 """
 
 import difflib
@@ -82,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         from .light_library import command_flags
 
         getattr(command_flags, EARLY_PARSERS[command])().parse_args(flags)
+    if command == "serve" and {"-h", "--help"} & set(flags):  # its help is typer's, over transformers' Serve
+        from . import light_library
+
+        light_library.load("serve").main(flags)  # the launcher's file read alone: it prints the help and exits
     run_as_main(COMMANDS[command][0], flags)
     return 0
 

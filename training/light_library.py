@@ -11,7 +11,7 @@ import os
 import sys
 
 
-def _load(name: str):
+def load(name: str):
     if f"hf_tinytx.{name}" in sys.modules:
         return sys.modules[f"hf_tinytx.{name}"]
     package = importlib.util.find_spec("hf_tinytx")  # a top-level package is found without being imported
@@ -22,7 +22,7 @@ def _load(name: str):
     return module
 
 
-sources = _load("sources")
-folders = _load("folders")  # the folder rules the output folder's checks share with convert
-stored_weights = _load("stored_weights")  # the safetensors headers' check convert runs on its source folder
-command_flags = _load("command_flags")  # the flags of convert and interpret, for `tinytx` to parse first
+sources = load("sources")
+folders = load("folders")  # the folder rules the output folder's checks share with convert
+stored_weights = load("stored_weights")  # the safetensors headers' check convert runs on its source folder
+command_flags = load("command_flags")  # the flags of convert and interpret, for `tinytx` to parse first
