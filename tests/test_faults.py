@@ -1,6 +1,6 @@
 """training/pretrain.py under faults injected from outside (tests/helpers/faults.py): SIGKILL during the export, an
 output folder that is a mount point, two runs on one folder, a full disk, a Hub that never answers, and a campaign of
-random kills (benchmarks/kill_campaign.py --quick).
+random kills (python -m benchmarks.kill_campaign --quick).
 
 What must hold whatever happens: a file of the user's in --output_dir survives untouched, the newest complete
 checkpoint stays loadable, `--resume_from_checkpoint latest` finishes the run with exactly the weights of a run that

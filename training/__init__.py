@@ -14,8 +14,10 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     errors.py        UserInputError and RunError, raised anywhere without importing the flags
     args.py          pretrain's flags and their checks, run before torch loads (`preflight`) and again in `main`
     finetune_args.py finetune's flags and the checks run before torch loads
+    finetune_model.py finetune's base model and tokenizer, checked against each other, and its LoRA adapter
     config_file.py   the model's config file (a --model_config or a preset's, configs/), read without torch
     model_config.py  the TinyTxConfig built from it, checked against the launch
+    model_build.py   pretrain's model built from that config (or --init_from), placed, and sharded on CPUs
     schedules.py     the run's clock (--max_train_seconds) and the learning-rate shapes over it
     optimization.py  the optimizer (AdamW, or Muon with AdamW) and the learning-rate schedule
     data.py          datasets in, packed token blocks out, and their loaders

@@ -47,7 +47,7 @@ class CheckpointsAside(TrainerCallback):
         self.saved = (state.global_step, self.final_folder(state))
 
     def final_folder(self, state) -> str:
-        return os.path.join(self.where.checkpoints_dir, f"{CHECKPOINT}{state.global_step}")
+        return self.where.layout.path(state.global_step)
 
     def move_in(self, args, state) -> None:
         final = self.final_folder(state)
@@ -58,7 +58,7 @@ class CheckpointsAside(TrainerCallback):
         checkpoints.write_json(os.path.join(written, OPTIMIZER_FLAGS_FILE), optimizer_flags(args))
         checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
         checkpoints.rename_into_place(written, final)
-        checkpoints.prune(self.where.checkpoints_dir, self.where.keep_checkpoints, CHECKPOINT)
+        checkpoints.prune(self.where.layout, self.where.keep_checkpoints)
 
 
 class StopAtStepEnd(TrainerCallback):

@@ -27,6 +27,7 @@ from .generate import (
     add_generation_flags,
     context_length,
     early_checks,
+    exit_status,
     generation_settings,
     load_model,
     read_json,
@@ -126,7 +127,8 @@ def converse(model, tokenizer, settings: dict, lines) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def command():
         path = early_checks(args)
         check_chat_ready(args.folder, path)
         model, tokenizer = load_model(path, args.device, args.trust_remote_code)
@@ -136,14 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         seed(args.seed)
         notice(f"Chatting with {args.folder}: {RESET} starts a new conversation, {EXIT} or Ctrl-D ends it.")
         converse(model, tokenizer, settings, user_lines())
-    except UserInputError as error:
-        sys.stdout.flush()
-        sys.stderr.write(f"{PROG}: error: {error}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stdout.write("\n")
-        return 130
-    return 0
+
+    return exit_status(PROG, command)
 
 
 if __name__ == "__main__":

@@ -52,11 +52,26 @@ RANDOM_STATES = "random_states"  # Accelerate's random_states_<process index>.pk
 DEEPSPEED_DIR = "pytorch_model"  # where Accelerate has DeepSpeed write its states
 
 
-def steps_saved(checkpoints_dir: str, prefix: str = STEP_PREFIX) -> list[int]:
-    if not os.path.isdir(checkpoints_dir):
-        return []
-    name = re.compile(rf"^{re.escape(prefix)}(\d+)$")
-    return sorted(int(m.group(1)) for m in map(name.match, os.listdir(checkpoints_dir)) if m)
+@dataclass(frozen=True)
+class Layout:
+    """A run's checkpoints folder and how its checkpoints are named: pretrain's step_N, or Trainer's checkpoint-N
+    (finetune). What lists, picks, sets aside or prunes checkpoints takes one."""
+
+    folder: str
+    prefix: str = STEP_PREFIX
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.folder, f"{self.prefix}{step}")
+
+    def steps(self) -> list[int]:
+        if not os.path.isdir(self.folder):
+            return []
+        name = re.compile(rf"^{re.escape(self.prefix)}(\d+)$")
+        return sorted(int(m.group(1)) for m in map(name.match, os.listdir(self.folder)) if m)
+
+    def newest(self) -> str | None:
+        steps = self.steps()
+        return self.path(steps[-1]) if steps else None
 
 
 @dataclass
@@ -78,12 +93,13 @@ def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: in
     """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`:
     (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`. The model's config goes
     beside the weights, so that --init_from can start a new run from any checkpoint."""
-    final = os.path.join(checkpoints_dir, f"step_{state.step}")
-    temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}step_{state.step}")
+    layout = Layout(checkpoints_dir)
+    final = layout.path(state.step)
+    temporary = os.path.join(checkpoints_dir, TEMPORARY_PREFIX + os.path.basename(final))
     if accelerator.is_main_process:
         remove_tree(temporary)  # left by a run killed while saving this step (or a link planted at its name)
     accelerator.wait_for_everyone()
-    with disk_space_guard(temporary, checkpoints_dir):
+    with disk_space_guard(temporary, layout):
         accelerator.save_state(temporary)  # model (safetensors), optimizer, scheduler, RNG of every process
         if sharded:
             save_sharded(temporary, *sharded, is_main_process=accelerator.is_main_process)
@@ -94,7 +110,7 @@ def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: in
             write_json(os.path.join(temporary, STATE_FILE), asdict(state))
             write_json(os.path.join(temporary, CHECKSUM_FILE), checksums(temporary))
             rename_into_place(temporary, final)
-            prune(checkpoints_dir, keep)
+            prune(layout, keep)
     accelerator.wait_for_everyone()
     return final
 
@@ -387,7 +403,7 @@ def holds_weights(name: str) -> bool:
             or os.path.basename(name) == ".metadata")
 
 
-def find_resumable(resume_from: str | None, checkpoints_dir: str, say, prefix: str = STEP_PREFIX) -> str | None:
+def find_resumable(resume_from: str | None, layout: Layout, say) -> str | None:
     """The checkpoint to continue from: the given folder, or with 'latest' the newest intact one (or None)."""
     if not resume_from:
         return None
@@ -397,11 +413,11 @@ def find_resumable(resume_from: str | None, checkpoints_dir: str, say, prefix: s
         if problem:
             raise UserInputError(
                 f"--resume_from_checkpoint {resume_from} cannot be resumed from: {problem}. Give an intact "
-                f"checkpoints/{prefix}N folder, or 'latest' for the newest intact one."
+                f"checkpoints/{layout.prefix}N folder, or 'latest' for the newest intact one."
             )
         return folder
-    for step in reversed(steps_saved(checkpoints_dir, prefix)):
-        folder = os.path.join(checkpoints_dir, f"{prefix}{step}")
+    for step in reversed(layout.steps()):
+        folder = layout.path(step)
         problem = problem_with(folder)
         if problem is None:
             return folder
@@ -409,11 +425,11 @@ def find_resumable(resume_from: str | None, checkpoints_dir: str, say, prefix: s
     return None
 
 
-def set_aside_after(checkpoints_dir: str, step: int, say, prefix: str = STEP_PREFIX) -> None:
+def set_aside_after(layout: Layout, step: int, say) -> None:
     """Renames every step_N with N > step (newer but abandoned, or damaged) so `latest` never picks it again."""
-    for newer in steps_saved(checkpoints_dir, prefix):
+    for newer in layout.steps():
         if newer > step:
-            folder = set_aside(os.path.join(checkpoints_dir, f"{prefix}{newer}"), "abandoned")
+            folder = set_aside(layout.path(newer), "abandoned")
             say(f"Set aside {os.path.basename(folder)}: this run continues from step {step}.")
 
 
@@ -426,9 +442,9 @@ def set_aside(folder: str, reason: str) -> str:
     return target
 
 
-def prune(checkpoints_dir: str, keep: int | None, prefix: str = STEP_PREFIX) -> None:
-    for old in steps_saved(checkpoints_dir, prefix)[:-keep] if keep else []:
-        shutil.rmtree(os.path.join(checkpoints_dir, f"{prefix}{old}"))
+def prune(layout: Layout, keep: int | None) -> None:
+    for old in layout.steps()[:-keep] if keep else []:
+        shutil.rmtree(layout.path(old))
 
 
 def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
@@ -437,7 +453,7 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
     final = os.path.join(checkpoints_dir, TOKENIZER_DIR)
     temporary = os.path.join(checkpoints_dir, f"{TEMPORARY_PREFIX}{TOKENIZER_DIR}")
     remove_tree(temporary)
-    with disk_space_guard(temporary, checkpoints_dir):
+    with disk_space_guard(temporary, Layout(checkpoints_dir)):
         tokenizer.save_pretrained(temporary)
         fsync_tree(temporary)
         remove_tree(final)  # one a start that failed before its first checkpoint saved (a kill here: none, retrained)
@@ -449,8 +465,8 @@ class disk_space_guard:
     """Turns "no space left" while writing `path` into a RunError that names the path, the space needed and free,
     and the newest checkpoint that is still intact; the half-written `path` is removed to give the space back."""
 
-    def __init__(self, path: str, checkpoints_dir: str, prefix: str = STEP_PREFIX):
-        self.path, self.checkpoints_dir, self.prefix = path, checkpoints_dir, prefix
+    def __init__(self, path: str, layout: Layout):
+        self.path, self.layout = path, layout
 
     def __enter__(self):
         return self
@@ -461,12 +477,11 @@ class disk_space_guard:
         written = folder_size(self.path)
         if os.path.isdir(self.path) and os.path.basename(self.path).startswith((TEMPORARY_PREFIX, STAGING_NAME)):
             shutil.rmtree(self.path, ignore_errors=True)
-        raise RunError(disk_full_message(self.path, written, self.checkpoints_dir, self.prefix)) from None
+        raise RunError(disk_full_message(self.path, written, self.layout)) from None
 
 
-def disk_full_message(path: str, needed_at_least: int, checkpoints_dir: str, prefix: str = STEP_PREFIX) -> str:
-    steps = steps_saved(checkpoints_dir, prefix)
-    previous = os.path.join(checkpoints_dir, f"{prefix}{steps[-1]}") if steps else None
+def disk_full_message(path: str, needed_at_least: int, layout: Layout) -> str:
+    previous = layout.newest()
     needed = max(needed_at_least, folder_size(previous) if previous else 0)
     free = shutil.disk_usage(os.path.dirname(path)).free
     intact = (f"the earlier checkpoint {previous} is intact: free some space and rerun with "

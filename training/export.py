@@ -18,7 +18,7 @@ from hf_tinytx.folders import STAGING_NAME, publish, regular_files, remove_tree,
 
 from . import cards
 from .args import write_args_json
-from .checkpoints import disk_space_guard
+from .checkpoints import Layout, disk_space_guard
 from .errors import RunError
 
 
@@ -43,7 +43,7 @@ def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, token
             f"in {checkpoints_dir} are kept. Lower --learning_rate or set --max_grad_norm, and train again."
         )
     staged = os.path.join(output_dir, STAGING_NAME)
-    with disk_space_guard(staged, checkpoints_dir):
+    with disk_space_guard(staged, Layout(checkpoints_dir)):
         staged = staging_folder(output_dir)
         write_model_folder(staged, model, state_dict, tokenizer, card, history, training_args, "2GB")
         names = regular_files(staged)

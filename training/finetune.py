@@ -37,13 +37,11 @@ import contextlib
 import json
 import os
 import shutil
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+from transformers import Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
@@ -60,10 +58,11 @@ from .callbacks import (
 from .args import build_parser, hub_repo_id, write_args_json
 from .errors import RunError, UserInputError
 from .finetune_args import WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags
+from .finetune_model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
 from .hub import HubPusher, push_final
 from .output_dir import claim, refuse_links_out, release_lock, remove_earlier_merge, replacing_earlier_files
 from .preemption import Stopped, stop_message, stop_requests
-from .sft_data import build_examples, ensure_chat_template, pad_collator
+from .sft_data import build_examples, pad_collator
 from .sft_records import has_chat, read_records
 
 
@@ -86,8 +85,7 @@ def main(argv=None):
     except RuntimeError as error:  # a collective another process broke (frozen past --ddp_timeout, or gone)
         if STOP.received or not cluster.is_peer_failure(error):
             raise
-        saved = checkpoints.steps_saved(where.checkpoints_dir, CHECKPOINT)
-        newest = os.path.join(where.checkpoints_dir, f"{CHECKPOINT}{saved[-1]}") if saved else None
+        newest = where.layout.newest()
         raise RunError(cluster.lost_peer_message(error, training_args.ddp_timeout, "", newest, how="")) from None
     if not trainer.is_world_process_zero():
         return  # under torchrun every process holds the same weights: one writes them, and pushes
@@ -142,7 +140,7 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
     )
     trainer.add_callback(StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
-    with checkpoints.disk_space_guard(where.checkpoint_staging, where.checkpoints_dir, CHECKPOINT):
+    with checkpoints.disk_space_guard(where.checkpoint_staging, where.layout):
         result = trainer.train(resume_from_checkpoint=resume_dir)
     if trainer.is_world_process_zero():
         with contextlib.suppress(OSError):
@@ -175,6 +173,10 @@ class Destinations:
     checkpoint_staging: str  # Trainer's output_dir: where it writes a checkpoint before it is moved in
     keep_checkpoints: int | None  # --save_total_limit, applied here: Trainer would only ever see the staging folder
     hub_token: str | None = field(default=None, repr=False)  # for HubPusher only: never in TrainingArguments' pickle
+
+    @property
+    def layout(self) -> checkpoints.Layout:
+        return checkpoints.Layout(self.checkpoints_dir, CHECKPOINT)
 
 
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
@@ -213,15 +215,14 @@ def resume_point(training_args: TrainingArguments, where: Destinations) -> str |
     main_process = training_args.process_index == 0
     say = print if main_process else (lambda *_: None)
     with training_args.main_process_first(desc="finding the checkpoint to resume"):  # one process renames
-        folder = checkpoints.find_resumable(training_args.resume_from_checkpoint, where.checkpoints_dir, say,
-                                            CHECKPOINT)
+        folder = checkpoints.find_resumable(training_args.resume_from_checkpoint, where.layout, say)
         if folder is None:
             say(f"No intact checkpoint in {where.checkpoints_dir} yet: starting from scratch.")
             return None
         step = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))["global_step"]
         refuse_optimizer_change(folder, training_args)
         if main_process:
-            checkpoints.set_aside_after(where.checkpoints_dir, step, say, CHECKPOINT)
+            checkpoints.set_aside_after(where.layout, step, say)
     say(f"Resuming from {folder} at step {step}")
     return folder
 
@@ -285,9 +286,9 @@ def saving_into(folder: str, model, where: Destinations, saved: str | None = Non
         free = shutil.disk_usage(existing).free
         kept = (f"the LoRA adapter in {saved} is saved; rerun with --overwrite_output_dir" if saved
                 else "rerun the same command")
-        saves = checkpoints.steps_saved(where.checkpoints_dir, CHECKPOINT)
-        if saves and not saved:
-            kept = f"the checkpoint {CHECKPOINT}{saves[-1]} is intact: rerun with --resume_from_checkpoint latest"
+        newest = where.layout.newest()
+        if newest and not saved:
+            kept = f"the checkpoint {os.path.basename(newest)} is intact: rerun with --resume_from_checkpoint latest"
         raise RunError(
             f"No space left on the device while saving {folder} (about {mib(needed)} needed, "
             f"{mib(free)} free); the partial save was removed: free some space there, or point "
@@ -346,77 +347,3 @@ def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str
     if summary:
         print(summary)
     return examples
-
-
-def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):
-    """The tokenizer saved with --model_name_or_path, ready for fine-tuning: a pad token, and with chat records a chat
-    template (training/tokenizer.py's load_tokenizer reads a --tokenizer_name for pre-training instead)."""
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise UserInputError("The tokenizer has neither a pad nor an EOS token; give it a pad token first.")
-        tokenizer.pad_token = tokenizer.eos_token  # padding positions carry label -100, so its id never matters
-    if chat and ensure_chat_template(tokenizer):
-        print("The tokenizer had no chat template: added the default one (saved with the model).")
-    return tokenizer
-
-
-def load_model(args: FinetuneArguments):
-    model_options = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation:
-        model_options["attn_implementation"] = args.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
-
-
-def check_vocabulary(model, tokenizer, name: str) -> None:
-    """A tokenizer with ids past the model's embedding fails mid-training (an index error inside the first step);
-    refused now, before the output folder is touched."""
-    rows = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > rows:
-        raise UserInputError(
-            f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
-            f"{rows} rows; save the tokenizer the model was trained with into the folder, or grow the model first "
-            f"(model.resize_token_embeddings(len(tokenizer)); model.save_pretrained(folder))."
-        )
-
-
-def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
-    from peft import LoraConfig, get_peft_model
-
-    if training_args.gradient_checkpointing or training_args.activation_checkpointing:
-        model.enable_input_require_grads()  # a frozen embedding gives checkpointed layers no grad to pass on
-    lora_config = LoraConfig(
-        task_type="CAUSAL_LM",
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        target_modules=lora_targets(model, args.lora_target_modules),
-    )
-    # PEFT records the base as the model's name_or_path: the Hub id, or the absolute folder from model_source, so
-    # the adapter loads from any working directory.
-    with warnings.catch_warnings():
-        # PEFT reads `is_gradient_checkpointing`, which transformers 5.2x deprecates: a warning for PEFT, not for us.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        model = get_peft_model(model, lora_config)
-    model.print_trainable_parameters()
-    return model
-
-
-def lora_targets(model, requested: str):
-    """The requested module names the model has (a plain-MLP TinyTx has no gate_proj), or "all-linear"."""
-    if requested.strip() == "all-linear":
-        return "all-linear"
-    names = [name.strip() for name in requested.split(",") if name.strip()]
-    linear = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    present = [name for name in names if name in linear]
-    if not present:
-        raise UserInputError(
-            f"None of --lora_target_modules {names} is a linear layer of this model; its linear layers are "
-            f"{sorted(linear)} (or pass all-linear)."
-        )
-    skipped = sorted(set(names) - set(present))
-    if skipped:
-        print(f"LoRA: the model has no {skipped}; adapting {present}.")
-    return present
-
-

@@ -278,21 +278,29 @@ def run(args: argparse.Namespace, folder: str) -> None:
     continue_prompt(model, tokenizer, args.prompt, settings, TextStreamer(tokenizer, skip_special_tokens=True))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def exit_status(prog: str, command) -> int:
+    """Runs `command()`: 0; a UserInputError is one line `prog: error: ...` and 2; Ctrl-C ends the line and 130."""
     try:
-        if args.prompt == "":
-            raise UserInputError("the prompt is empty: give some text to continue.")
-        folder = early_checks(args)
-        run(args, folder)
+        command()
     except UserInputError as error:
         sys.stdout.flush()
-        sys.stderr.write(f"{PROG}: error: {error}\n")
+        sys.stderr.write(f"{prog}: error: {error}\n")
         return 2
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         return 130
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def command():
+        if args.prompt == "":
+            raise UserInputError("the prompt is empty: give some text to continue.")
+        run(args, early_checks(args))
+
+    return exit_status(PROG, command)
 
 
 if __name__ == "__main__":

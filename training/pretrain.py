@@ -37,10 +37,9 @@ from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
-from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cluster, cpu_memory, distributed, export
@@ -53,6 +52,7 @@ from .data import PackedData, load_texts, make_dataloaders, pack_fitted, tokeniz
 from .data_fit import memorising_warning
 from .errors import RunError, UserInputError
 from .hub import HubPusher, push_final
+from .model_build import make_model
 from .model_config import check_model_builds, load_model_config
 from .optimization import make_optimizer, make_schedule
 from .output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
@@ -111,6 +111,10 @@ class Run:
         return os.path.join(self.output_dir, "checkpoints")
 
     @property
+    def layout(self) -> checkpoints.Layout:
+        return checkpoints.Layout(self.checkpoints_dir)
+
+    @property
     def signature(self) -> dict:
         return run_signature(self.data_args, self.train_args, self.tokens_per_step, self.accelerator.num_processes)
 
@@ -141,8 +145,8 @@ def main(argv=None) -> None:
 def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str:
     """A collective another process broke (it froze past --ddp_timeout, or died): where the run stands, one line."""
     where = f" during step {run.progress.step + 1}" if run is not None else " before training started"
-    saved = checkpoints.steps_saved(os.path.join(os.path.abspath(train_args.output_dir), "checkpoints"))
-    return cluster.lost_peer_message(error, train_args.ddp_timeout, where, f"step_{saved[-1]}" if saved else None)
+    newest = checkpoints.Layout(os.path.join(os.path.abspath(train_args.output_dir), "checkpoints")).newest()
+    return cluster.lost_peer_message(error, train_args.ddp_timeout, where, newest and os.path.basename(newest))
 
 
 # ---------------------------------------------------------------------------------------------------- setup
@@ -160,7 +164,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
 
     # One process decides (they might not all see the same folder), every process gets its answer.
     resume_dir = cluster.decided_by_main(accelerator, lambda: checkpoints.find_resumable(
-        train_args.resume_from_checkpoint, checkpoints_dir, accelerator.print))
+        train_args.resume_from_checkpoint, checkpoints.Layout(checkpoints_dir), accelerator.print))
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
     tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
@@ -290,51 +294,6 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
     return tokenizer, packed, lock
 
 
-def build_model(model_args, model_config, tokenizer):
-    if not model_args.init_from:
-        model_config.vocab_size = len(tokenizer)
-    elif len(tokenizer) > model_config.vocab_size:
-        raise UserInputError(
-            f"The tokenizer has {len(tokenizer)} tokens but the --init_from model only {model_config.vocab_size}; "
-            f"use the tokenizer saved with that model (leave --tokenizer_name out)."
-        )
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        setattr(model_config, name, getattr(tokenizer, name))
-    options = {"config": model_config, "attn_implementation": model_args.attn_implementation}
-    if model_args.init_from and checkpoints.holds_whole_weights(model_args.init_from):
-        model = AutoModelForCausalLM.from_pretrained(model_args.init_from, **options)
-    else:
-        model = AutoModelForCausalLM.from_config(**options)
-        if model_args.init_from:  # a checkpoint that FSDP2 or DeepSpeed wrote partitioned
-            checkpoints.load_partitioned_weights(model, model_args.init_from)
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        setattr(model.generation_config, name, getattr(tokenizer, name))
-    if model_args.gradient_checkpointing:  # each layer's activations recomputed in the backward pass
-        # The switch's name since transformers 5.2x (the old one warns there); 5.10.4 has only the old one.
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if model_args.torch_compile:
-        model.compile()  # in place: a torch.compile wrapper would save every weight under "_orig_mod."
-    return model
-
-
-def make_model(model_args, model_config, tokenizer, accelerator: Accelerator, own_fsdp2: bool):
-    """(model, its parameter count): built where the launch wants it, sharded here under FSDP2 on CPUs."""
-    with distributed.building_model(accelerator):
-        model = build_model(model_args, model_config, tokenizer)
-    if accelerator.device.type == "cpu":
-        speed_up_cpu_training(model)  # hf_tinytx/cpu_training.py: two speed paths the model file does not carry
-    num_parameters = sum(distributed.full_shape(p).numel() for p in model.parameters())
-    accelerator.print(f"TinyTx with {num_parameters:,} parameters ({cards.human_count(num_parameters)})")
-    if own_fsdp2:
-        model = distributed.shard_model(model)
-        accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
-                          "shards on GPUs only")
-    return model, num_parameters
-
-
 def plan_steps(data_args, train_args, num_processes: int) -> tuple[int | None, int]:
     """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else None when
     --max_train_seconds plans the run, else 600."""
@@ -379,7 +338,7 @@ def resume(run: Run, folder: str) -> None:
     # Next to a step count the clock bounds each launch, like a job's time slot: resumed, the run gets its
     # --max_train_seconds again and goes on towards the planned step count.
     if run.accelerator.is_main_process:
-        checkpoints.set_aside_after(run.checkpoints_dir, progress.step, run.accelerator.print)
+        checkpoints.set_aside_after(run.layout, progress.step, run.accelerator.print)
     run.accelerator.wait_for_everyone()
     written_by = state.run_signature["num_processes"]
     elsewhere = f" (written by {written_by} process(es), now {run.accelerator.num_processes})" \
@@ -522,8 +481,8 @@ def read_step(run: Run, step_loss: StepLoss, norm) -> tuple[float, int | None]:
 
 
 def nonfinite_message(run: Run, what: str) -> str:
-    saved = checkpoints.steps_saved(run.checkpoints_dir)
-    intact = f"checkpoint step_{saved[-1]} is intact" if saved else "no checkpoint was saved"
+    newest = run.layout.newest()
+    intact = f"checkpoint {os.path.basename(newest)} is intact" if newest else "no checkpoint was saved"
     return (f"Stopped at step {run.progress.step + 1}: {what}, so the weights would turn to NaN; nothing was "
             f"exported and {intact}. Lower --learning_rate (now {run.train_args.learning_rate}) or keep "
             f"--max_grad_norm on.")

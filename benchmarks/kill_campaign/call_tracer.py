@@ -2,7 +2,7 @@
 exact moment (a checkpoint's weights, a rename, a move out of a staging folder) a run makes, and what each call
 touched, so that a trial can be killed right before or after any one of them (tests/helpers/launch.py --kill-at).
 
-    python benchmarks/kill_campaign_trace.py --calls OUT.json --count LABEL=FUNCTION[,FUNCTION...]:TEXT ... SCRIPT ARGS
+    python benchmarks/kill_campaign/call_tracer.py --calls OUT.json --count LABEL=FUNCTION[,...]:TEXT ... SCRIPT ARGS
 
 Each process (each rank under torchrun) writes OUT.rankR.json, {label: [the calls' path arguments, in order]},
 rewritten after every counted call: a process that leaves with os._exit still leaves its counts. The functions are
@@ -19,7 +19,8 @@ import threading
 
 
 def main():
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, root)  # the repository root, for tests.helpers
     from tests.helpers.launch import _texts, wrap
 
     parser = argparse.ArgumentParser(allow_abbrev=False)

@@ -1,4 +1,4 @@
-"""The kill campaign's trials of training/pretrain.py on two nodes (benchmarks/kill_campaign.py explains the design).
+"""The kill campaign's trials of training/pretrain.py on two nodes (__main__.py explains the design).
 
 Two "nodes" on one host: two `torchrun --nnodes 2 --nproc_per_node 1 --rdzv-backend c10d` launches started together,
 their command holding `--resume_from_checkpoint latest` and `--ddp_timeout 10`, with `--max-restarts` 0 or 1. Once a
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign_common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
+from benchmarks.kill_campaign.common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
 from tests.helpers.fake_slurm import alive, descendants
 from tests.helpers.faults import PRETRAIN
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
@@ -83,7 +83,7 @@ class Nodes:
         result = run_process([sys.executable, str(PRETRAIN), *FLAGS, "--output_dir", str(output_dir)], self.env,
                              self.folder)
         if result.returncode != 0:
-            sys.exit(f"kill_campaign.py: the two-node reference run failed:\n{result.stderr[-3000:]}")
+            sys.exit(f"kill_campaign: the two-node reference run failed:\n{result.stderr[-3000:]}")
         self.reference = {"seconds": result.seconds, "output_dir": output_dir}
         say(f"nodes reference (1 process): {result.seconds:.1f} s")
 

@@ -1,4 +1,4 @@
-"""The kill campaign's trials of training/pretrain.py (benchmarks/kill_campaign.py explains the design).
+"""The kill campaign's trials of training/pretrain.py (__main__.py explains the design).
 
 Kills: SIGKILL at a random time, during the export (counted from the line that opens it), or right before/after an
 exact call (a checkpoint's weights or optimizer state, a rename in checkpoints/, a move out of the export's staging
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign_common import (
+from benchmarks.kill_campaign.common import (
     KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, last_error, plant_links, resume_and_judge, run_process,
     say, stop_outcome, write_notes,
 )
@@ -82,9 +82,9 @@ class Pretrain:
                                   str(output_dir)], self.env, self.folder,
                                  marks={"training": TRAINING_LINE, "export": EXPORT_LINE})
             if result.returncode != 0:
-                sys.exit(f"kill_campaign.py: the pretrain reference run failed:\n{result.stderr[-3000:]}")
+                sys.exit(f"kill_campaign: the pretrain reference run failed:\n{result.stderr[-3000:]}")
             if "export" not in result.marks or "training" not in result.marks:
-                sys.exit(f"kill_campaign.py: the pretrain reference printed no line matching {EXPORT_LINE!r} or "
+                sys.exit(f"kill_campaign: the pretrain reference printed no line matching {EXPORT_LINE!r} or "
                          f"{TRAINING_LINE!r}; update them.")
             self.references[name] = {"seconds": result.seconds, "output_dir": output_dir,
                                      "export_seconds": result.seconds - result.marks["export"],
@@ -98,7 +98,7 @@ class Pretrain:
             old = [*command_flags(self.steps, None), "--num_hidden_layers", str(OLD_LAYERS), "--output_dir",
                    str(self.folder / "old_3_layers")]
             if run_process([sys.executable, str(PRETRAIN), *old], self.env, self.folder).returncode != 0:
-                sys.exit("kill_campaign.py: the pretrain run of the 3-layer model failed")
+                sys.exit("kill_campaign: the pretrain run of the 3-layer model failed")
 
     def plans(self) -> list[dict]:
         """Every random choice, made up front so that a seed names the same campaign whatever happens in it. The kill

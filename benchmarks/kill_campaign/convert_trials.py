@@ -1,4 +1,4 @@
-"""The kill campaign's trials of `python -m hf_tinytx.convert --to llama` (benchmarks/kill_campaign.py explains the
+"""The kill campaign's trials of `python -m hf_tinytx.convert --to llama` (__main__.py explains the
 design).
 
 Two TinyTx models of one architecture (seeds 0 and 1, "old" and "new") and their Llama conversions, made here. Each
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign_common import (
+from benchmarks.kill_campaign.common import (
     KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, file_digests, last_error, links_kept, lost_reasons, notes_kept,
     plan_call, plant_links, quiet_transformers, read_calls, repo_env, rerun_until_done, row, run_process, say, tail,
     traced, verdict, write_notes,
@@ -67,7 +67,7 @@ class Convert:
             tokenizer.save_pretrained(self.folder / f"tinytx_{name}")
             result = self.convert(f"tinytx_{name}", self.folder / f"ref_{name}" / "llama")
             if result.returncode != 0:
-                sys.exit(f"kill_campaign.py: converting the {name} model failed:\n{result.stderr[-3000:]}")
+                sys.exit(f"kill_campaign: converting the {name} model failed:\n{result.stderr[-3000:]}")
             self.logits[name] = logits_of(self.folder / f"ref_{name}" / "llama")
         self.source_digests = file_digests(self.folder / "tinytx_new")
         destination = self.destination("reference")
@@ -76,7 +76,7 @@ class Convert:
                                                                   str(self.folder / "convert_shim.py")])
         problem = self.differs_from_new(destination) if result.returncode == 0 else last_error(result)
         if problem:
-            sys.exit(f"kill_campaign.py: the convert reference run did not end with the new model: {problem}")
+            sys.exit(f"kill_campaign: the convert reference run did not end with the new model: {problem}")
         self.calls, self.seconds = read_calls(calls_file), result.seconds
         say(f"convert reference: {result.seconds:.1f} s; calls: "
             + ", ".join(f"{label} {len(calls)}" for label, calls in self.calls.items()))
@@ -86,7 +86,7 @@ class Convert:
                                                                       str(self.folder / "convert_shim.py")])
             problem = self.differs_from_new(destination) if result.returncode == 0 else last_error(result)
             if problem:
-                sys.exit(f"kill_campaign.py: the convert run over the 3-layer model did not end with the new one: "
+                sys.exit(f"kill_campaign: the convert run over the 3-layer model did not end with the new one: "
                          f"{problem}")
             self.shape_calls = read_calls(calls_file)
 

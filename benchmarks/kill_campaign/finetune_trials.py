@@ -1,4 +1,4 @@
-"""The kill campaign's trials of training/finetune.py (benchmarks/kill_campaign.py explains the design).
+"""The kill campaign's trials of training/finetune.py (__main__.py explains the design).
 
 A tiny TinyTx base folder and prompt/response JSONL, made here; a full fine-tune of STEPS steps with a checkpoint every
 SAVE_STEPS, one process, and (outside --quick) two under torchrun. Kills: SIGKILL at a random time, during the final
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign_common import (
+from benchmarks.kill_campaign.common import (
     KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, TORCHRUN, killed_at, last_error, plan_call,
     plant_links, quiet_transformers, read_calls, resume_and_judge, run_process, say, stop_outcome, traced,
     write_notes,
@@ -92,14 +92,14 @@ class Finetune:
             result = run_process(command, self.env[config], self.folder, timeout=600,
                                  marks={"training": TRAINING_LINE, "publish": PUBLISH_LINE})
             if result.returncode != 0:
-                sys.exit(f"kill_campaign.py: the finetune reference ({config}) failed:\n{result.stderr[-3000:]}")
+                sys.exit(f"kill_campaign: the finetune reference ({config}) failed:\n{result.stderr[-3000:]}")
             if set(result.marks) != {"training", "publish"}:
-                sys.exit(f"kill_campaign.py: the finetune reference printed no line matching {TRAINING_LINE!r} or "
+                sys.exit(f"kill_campaign: the finetune reference printed no line matching {TRAINING_LINE!r} or "
                          f"{PUBLISH_LINE!r}; update them.")
             calls = read_calls(calls_file)
             missing = [label for label in CALLS if not calls.get(label)]
             if missing:
-                sys.exit(f"kill_campaign.py: the finetune reference ({config}) made no call of {missing}.")
+                sys.exit(f"kill_campaign: the finetune reference ({config}) made no call of {missing}.")
             self.references[config] = {
                 "seconds": result.seconds, "output_dir": output_dir, "calls": calls,
                 "training_start": result.marks["training"],

@@ -12,8 +12,8 @@ that loads (for convert: the old model or the new one, never neither)?
 Run it from the repository root (`-m`): the faults come from tests/helpers/faults.py and tests/helpers/launch.py,
 shared with the tests; nothing in training/ or hf_tinytx/ knows of them.
 
-Per command (kill_campaign_pretrain.py, kill_campaign_finetune.py, kill_campaign_convert.py), first a straight
-reference run, timed (and, for finetune and convert, run under kill_campaign_trace.py, which counts the exact calls a
+Per command (pretrain_trials.py, finetune_trials.py, convert_trials.py), first a straight
+reference run, timed (and, for finetune and convert, run under call_tracer.py, which counts the exact calls a
 trial may be killed at). Then each trial starts the same command into a fresh folder holding my_notes.txt and stops
 it at a moment drawn from --seed:
 
@@ -33,7 +33,7 @@ folder loads as the old model or the new one, or refuses to load in one line for
 folders, leading to a user's file and folder: what they lead to must never change). --shape_trials and --link_trials
 count them per command; --quick runs one of each for convert.
 
-Outside --quick, "nodes" (kill_campaign_nodes.py) trains pretrain on two simulated nodes (two torchrun launches, c10d)
+Outside --quick, "nodes" (nodes_trials.py) trains pretrain on two simulated nodes (two torchrun launches, c10d)
 and injects a node's fault: its worker or its agent killed (kill -9), or its worker frozen (SIGSTOP); it measures how
 soon every other process is gone (0 may hang past the bound), then resumes on 1 process or on 2 nodes until the run
 ends, bit for bit equal to one process with the same --total_batch_size.
@@ -67,16 +67,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 try:
-    from benchmarks.kill_campaign_common import row, say, table
-    from benchmarks.kill_campaign_convert import Convert
-    from benchmarks.kill_campaign_finetune import Finetune
-    from benchmarks.kill_campaign_nodes import Nodes
-    from benchmarks.kill_campaign_pretrain import Pretrain
+    from benchmarks.kill_campaign.common import row, say, table
+    from benchmarks.kill_campaign.convert_trials import Convert
+    from benchmarks.kill_campaign.finetune_trials import Finetune
+    from benchmarks.kill_campaign.nodes_trials import Nodes
+    from benchmarks.kill_campaign.pretrain_trials import Pretrain
     from tests.helpers.tiny import REPO_ROOT, pretrain_env
 except ModuleNotFoundError as error:
     if error.name not in ("tests", "benchmarks"):
         raise
-    sys.exit("kill_campaign.py: run it from the repository root as `python -m benchmarks.kill_campaign`.")
+    sys.exit("kill_campaign: run it from the repository root as `python -m benchmarks.kill_campaign`.")
 
 
 COMMANDS = ("pretrain", "finetune", "convert", "nodes")  # nodes: pretrain on two simulated nodes (not in --quick)

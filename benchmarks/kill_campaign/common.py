@@ -1,4 +1,4 @@
-"""What the kill campaign's trials of every command share (benchmarks/kill_campaign.py explains the design): running a
+"""What the kill campaign's trials of every command share (__main__.py explains the design): running a
 command and stopping it from outside at a moment, a reference run timed and its exact calls counted, the user's file,
 what a folder holds after a kill, the row of a trial and its table."""
 
@@ -20,7 +20,7 @@ NOTES = "My own notes, kept in the output folder: no training run may touch them
 MOVES = ("os.replace", "os.rename")  # either may move a file into place; they share one call count
 MAX_RERUNS = 3
 RERUN_KILL_CHANCE = 0.3
-TRACE = Path(__file__).with_name("kill_campaign_trace.py")
+TRACE = Path(__file__).with_name("call_tracer.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
@@ -98,7 +98,7 @@ def with_leftovers_killed(group: int) -> None:
 
 
 def traced(command_prefix: list, calls_file: Path, counted: dict) -> list:
-    """The prefix that runs a script under kill_campaign_trace.py, counting {label: (functions, text)}."""
+    """The prefix that runs a script under call_tracer.py, counting {label: (functions, text)}."""
     specs = [f"--count={label}={','.join(functions)}:{text}" for label, (functions, text) in counted.items()]
     return [*command_prefix, str(TRACE), "--calls", str(calls_file), *specs]
 
