@@ -21,7 +21,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.helpers import fake_slurm
-from tests.helpers.fake_slurm import alive
+from tests.helpers.fake_slurm import alive, node_of, workers_under
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
 
@@ -99,25 +99,6 @@ def straight(tmp_path_factory):
     code, output = run([sys.executable, PRETRAIN, *FLAGS, "--output_dir", str(folder)], folder.parent)
     assert code == 0, output[-3000:]
     return folder
-
-
-def workers_under(pid: int, script: str = "pretrain") -> list[int]:
-    """The training processes (not the launchers) started below `pid`."""
-    def command(p):
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-    return [p for p in fake_slurm.descendants(pid) if script in command(p) and "torch.distributed.run" not in
-            command(p) and "accelerate" not in command(p)]
-
-
-def node_of(pid: int) -> str:
-    """The SLURM_NODEID that srun gave the process (its launcher's, inherited)."""
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        variables = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-    return variables[b"SLURM_NODEID"].decode()
 
 
 # ---- the recipes, run as written, equal one process

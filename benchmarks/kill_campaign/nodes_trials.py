@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign.common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
-from tests.helpers.fake_slurm import alive, descendants
+from tests.helpers.fake_slurm import alive, descendants, workers_under
 from tests.helpers.faults import PRETRAIN
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
 
@@ -47,16 +47,6 @@ def torchrun(port: int, run_id: str, max_restarts: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend",
             "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
             f"join_timeout={JOIN_TIMEOUT}", "--max-restarts", str(max_restarts)]
-
-
-def workers(pid: int) -> list[int]:
-    def command(p):
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-    return [p for p in descendants(pid) if "pretrain" in command(p) and "torch.distributed.run" not in command(p)]
 
 
 def fewer_than(launched: int, outputs: list[str]) -> bool:
@@ -112,7 +102,7 @@ class Nodes:
             time.sleep(0.05)
         time.sleep(plan["delay"])
         node = nodes[plan["node"]]
-        every, mine = [p for other in nodes for p in workers(other.pid)], workers(node.pid)
+        every, mine = [p for other in nodes for p in workers_under(other.pid)], workers_under(node.pid)
         targets = [node.pid] if plan["kind"] == "kill agent" else mine
         if not mine or node.poll() is not None:
             return None, every, []

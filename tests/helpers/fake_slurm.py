@@ -92,3 +92,25 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def command_line(pid: int) -> str:
+    """The process's command line as one string ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def workers_under(pid: int, script: str = "pretrain") -> list[int]:
+    """The training processes (not the launchers: torchrun, accelerate) started below `pid`."""
+    return [p for p in descendants(pid) if script in (line := command_line(p)) and "torch.distributed.run" not in line
+            and "accelerate" not in line]
+
+
+def node_of(pid: int) -> str:
+    """The SLURM_NODEID that srun gave the process (its launcher's, inherited)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        variables = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    return variables[b"SLURM_NODEID"].decode()
