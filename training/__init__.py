@@ -12,7 +12,7 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     chat.py          `tinytx chat`: a terminal chat over a folder's chat template
     working_dir.py   from the folder above a clone named hf_tinytx, the installed package, not the clone's folder
     errors.py        UserInputError and RunError, raised anywhere without importing the flags
-    args.py          pretrain's flags and their checks, run before torch loads (`preflight`) and again in `main`
+    args.py          pretrain's flags, their checks (before torch loads: `preflight`; again in `main`), the step plan
     finetune_args.py finetune's flags and the checks run before torch loads
     finetune_model.py finetune's base model and tokenizer, checked against each other, and its LoRA adapter
     config_file.py   the model's config file (a --model_config or a preset's, configs/), read without torch
@@ -25,7 +25,8 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     data_files.py    local data files found and checked before torch loads
     sft_records.py   finetune's data files read and checked (text, prompt/response, chat)
     sft_data.py      finetune's records tokenized into rows, and their collator
-    tokenizer.py     loading a named tokenizer (training one lives in hf_tinytx.tokenization)
+    tokenizer.py     the run's tokenizer: a named one, the run's saved one, or a BPE trained on the data
+    evaluation.py    the validation loss (and perplexity, bits per byte), every block counted once
     checkpoints.py   resumable checkpoints: save, verify, find, load, prune (output_dir/checkpoints/)
     callbacks.py     finetune's Trainer callbacks: checkpoints moved in whole, a stop at a step's end
     preemption.py    SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, a line, exit 128 + signal

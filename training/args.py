@@ -320,6 +320,19 @@ def planned_by_clock(train_args: PretrainArguments) -> bool:
         and train_args.max_train_tokens is None
 
 
+def plan_steps(data_args: DataArguments, train_args: PretrainArguments, num_processes: int) -> tuple[int | None, int]:
+    """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else None when
+    --max_train_seconds plans the run, else 600."""
+    tokens_per_step = (train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
+                       * num_processes * data_args.block_size)
+    if planned_by_clock(train_args):
+        return None, tokens_per_step
+    steps = train_args.max_train_steps
+    if steps is None:
+        steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 600
+    return steps, tokens_per_step
+
+
 def _check_scheduler(name: str) -> None:
     """Builds and steps the schedule on a dummy optimizer: what fails here would fail at the first training step."""
     import torch

@@ -83,9 +83,21 @@ class TrainingState:
     step: int  # optimizer steps completed
     epoch: int
     batch_in_epoch: int  # micro-batches of the epoch already trained on
-    run_signature: dict  # what fixes the data order (pretrain.run_signature): a resume must have the same
+    run_signature: dict  # what fixes the data order (make_run_signature): a resume must have the same
     planned_steps: int | None = None  # None: planned in seconds
-    train_seconds: float = 0.0  # on the run's clock (optimization.Clock): a schedule in seconds goes on from it
+    train_seconds: float = 0.0  # on the run's clock (schedules.Clock): a schedule in seconds goes on from it
+
+
+def make_run_signature(train_args, block_size: int, global_batch: int, num_processes: int) -> dict:
+    """What a resume must keep (DATA_ORDER, OPTIMIZER_STATE) and what it may change, as TrainingState records it."""
+    return {
+        "seed": train_args.seed,
+        "block_size": block_size,
+        "global_batch": global_batch,
+        "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
+        "num_processes": num_processes,
+        **{key: getattr(train_args, key) for key in OPTIMIZER_STATE},
+    }
 
 
 def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None,

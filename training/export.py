@@ -6,7 +6,6 @@ is ever moved or deleted, an interrupted export is simply redone by resuming, an
 With --push_to_hub each checkpoint is also exported this way for the Hub (`push_checkpoint`).
 """
 
-import math
 import os
 import shutil
 import sys
@@ -71,10 +70,6 @@ def plot_loss_curve(history: list[dict], path: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
-
-
-def perplexity(loss: float) -> float:
-    return math.exp(loss) if loss < 50 else float("inf")
 
 
 def push_checkpoint(pusher, model, state_dict, tokenizer, log, checkpoints_dir: str, step: int,

@@ -41,16 +41,16 @@ from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.quiet import quiet_notices
-from hf_tinytx.tokenization import train_bpe_tokenizer
 from . import cards, checkpoints, cluster, cpu_memory, distributed, export
 from .args import (
     DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule,
-    explicit_flags, parse_args, planned_by_clock,
+    explicit_flags, parse_args, plan_steps,
 )
 from .cluster import refuse_lone_process
 from .data import PackedData, load_texts, make_dataloaders, pack_fitted, tokenize, training_texts
 from .data_fit import memorising_warning
 from .errors import RunError, UserInputError
+from .evaluation import validation_metrics
 from .hub import HubPusher, push_final
 from .model_build import make_model
 from .model_config import check_model_builds, load_model_config
@@ -60,7 +60,7 @@ from .preemption import Stopped, signal_of, stop_message, stop_requests
 from .probes import ProbeReport, own_text_prompts, run_probes_and_samples
 from .run_log import RunLog
 from .schedules import Clock
-from .tokenizer import load_tokenizer
+from .tokenizer import run_tokenizer
 
 
 STOP = stop_requests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
@@ -116,7 +116,9 @@ class Run:
 
     @property
     def signature(self) -> dict:
-        return run_signature(self.data_args, self.train_args, self.tokens_per_step, self.accelerator.num_processes)
+        global_batch = self.tokens_per_step // self.data_args.block_size
+        return checkpoints.make_run_signature(self.train_args, self.data_args.block_size, global_batch,
+                                              self.accelerator.num_processes)
 
     @property
     def sharded(self) -> tuple | None:
@@ -267,20 +269,9 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         # A resumed run reuses its tokenizer, and the other processes the one the main process saved; a fresh start
         # makes its own (one saved by a start that failed before its first checkpoint is replaced).
         fresh = accelerator.is_main_process and not resume_dir
-        if os.path.isdir(saved_tokenizer) and not fresh:
-            tokenizer = load_tokenizer(saved_tokenizer, what=f"The run's saved tokenizer {saved_tokenizer}")
-        elif model_args.tokenizer_name or model_args.init_from:
-            tokenizer = load_tokenizer(model_args.tokenizer_name or checkpoints.tokenizer_source(model_args.init_from))
-        else:
-            accelerator.print(
-                f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens asked) on the data..."
-            )
-            texts = training_texts(raw["train"], data_args.text_column)
-            tokenizer = train_bpe_tokenizer(texts, model_args.vocab_size, model_config.max_position_embeddings)
-            if len(tokenizer) < model_args.vocab_size:
-                accelerator.print(f"The text holds merges for {len(tokenizer)} tokens only: the vocabulary has "
-                                  f"{len(tokenizer)} of the {model_args.vocab_size} asked (nothing to fix: BPE stops "
-                                  f"when no pair of tokens repeats, and the model is built with {len(tokenizer)}).")
+        tokenizer = run_tokenizer(model_args, saved_tokenizer, os.path.isdir(saved_tokenizer) and not fresh,
+                                  lambda: training_texts(raw["train"], data_args.text_column),
+                                  model_config.max_position_embeddings, say=accelerator.print)
         tokens = tokenize(raw, tokenizer, data_args.text_column, data_args.preprocessing_num_workers, held_out)
         packed = pack_fitted(tokens, data_args, train_args, accelerator.num_processes, explicit,
                              say=accelerator.print)
@@ -292,31 +283,6 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
                           f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")
     return tokenizer, packed, lock
-
-
-def plan_steps(data_args, train_args, num_processes: int) -> tuple[int | None, int]:
-    """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else None when
-    --max_train_seconds plans the run, else 600."""
-    tokens_per_step = (train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
-                       * num_processes * data_args.block_size)
-    if planned_by_clock(train_args):
-        return None, tokens_per_step
-    steps = train_args.max_train_steps
-    if steps is None:
-        steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 600
-    return steps, tokens_per_step
-
-
-def run_signature(data_args, train_args, tokens_per_step: int, num_processes: int) -> dict:
-    """What a resume must keep (checkpoints.DATA_ORDER, checkpoints.OPTIMIZER_STATE) and what it may change."""
-    return {
-        "seed": train_args.seed,
-        "block_size": data_args.block_size,
-        "global_batch": tokens_per_step // data_args.block_size,
-        "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
-        "num_processes": num_processes,
-        **{key: getattr(train_args, key) for key in checkpoints.OPTIMIZER_STATE},
-    }
 
 
 def resume(run: Run, folder: str) -> None:
@@ -591,32 +557,8 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     return metrics, probe_results
 
 
-@torch.no_grad()
 def evaluate(run: Run) -> dict:
-    """Mean loss over the validation blocks, each counted once: every process scores its blocks one by one, and
-    `gather_for_metrics` drops the copies that pad the last batch when the blocks do not divide evenly over the
-    processes (a batch's mean loss would count them). Every block has as many targets, so the mean is exact."""
-    run.model.eval()
-    losses, full = [], None
-    for batch in run.eval_dataloader:  # always to the end (see make_dataloaders)
-        ids, blocks = batch["input_ids"], batch["input_ids"].shape[0]
-        full = full or blocks
-        # A short last batch is topped up with copies of its first block, scored and dropped: one shape, so that
-        # --torch_compile does not compile the forward again for it.
-        padded = torch.cat([ids, ids[:1].expand(full - blocks, -1)]) if blocks < full else ids
-        logits = run.model(input_ids=padded, use_cache=False).logits[:blocks, :-1].float()  # float32, as the loss
-        per_token = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
-        losses.append(run.accelerator.gather_for_metrics(per_token.view(blocks, -1).mean(dim=1)))
-    run.model.train()
-    losses = torch.cat(losses)
-    mean_loss = losses.double().mean().item()
-    return {
-        "eval_loss": mean_loss,
-        "perplexity": export.perplexity(mean_loss),
-        # bits per byte = total nats / (ln 2 * total bytes), with bytes = tokens * (bytes per validation token)
-        "bits_per_byte": mean_loss / (math.log(2) * run.packed.bytes_per_token),
-        "eval_tokens": len(losses) * (ids.shape[1] - 1),
-    }
+    return validation_metrics(run.model, run.eval_dataloader, run.accelerator, run.packed.bytes_per_token)
 
 
 # ---------------------------------------------------------------------------------------------------- export

@@ -1,13 +1,31 @@
-"""Loading a named tokenizer (a folder or Hub id) for training; a new byte-level BPE is trained by
-`hf_tinytx.tokenization.train_bpe_tokenizer`."""
+"""The tokenizer a run trains with: loaded by name (a folder or Hub id), the run's saved one, or a byte-level BPE
+trained on the data (`hf_tinytx.tokenization.train_bpe_tokenizer`)."""
 
 import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_tinytx.sources import TOKENIZER_MARKERS
+from hf_tinytx.tokenization import train_bpe_tokenizer
 
+from .checkpoints import tokenizer_source
 from .errors import UserInputError
+
+
+def run_tokenizer(model_args, saved: str, reuse_saved: bool, texts, max_length: int, say) -> PreTrainedTokenizerFast:
+    """Pretrain's tokenizer: the one saved in `saved` when `reuse_saved` (a resumed run, or a process other than the
+    main one), else --tokenizer_name (or --init_from's), else a byte-level BPE trained now on `texts()`."""
+    if reuse_saved:
+        return load_tokenizer(saved, what=f"The run's saved tokenizer {saved}")
+    if model_args.tokenizer_name or model_args.init_from:
+        return load_tokenizer(model_args.tokenizer_name or tokenizer_source(model_args.init_from))
+    say(f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens asked) on the data...")
+    tokenizer = train_bpe_tokenizer(texts(), model_args.vocab_size, max_length)
+    if len(tokenizer) < model_args.vocab_size:
+        say(f"The text holds merges for {len(tokenizer)} tokens only: the vocabulary has {len(tokenizer)} of the "
+            f"{model_args.vocab_size} asked (nothing to fix: BPE stops when no pair of tokens repeats, and the model is "
+            f"built with {len(tokenizer)}).")
+    return tokenizer
 
 
 def load_tokenizer(name_or_path: str, what: str | None = None) -> PreTrainedTokenizerFast:
