@@ -30,6 +30,19 @@ DEFAULT_AUTO_MAP = {
 }
 
 
+# The network's sizes: each one a positive integer.
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
 class TinyTxConfig(PreTrainedConfig):
     r"""
     Configuration of a TinyTx model: a decoder-only ("writer stack") transformer with rotary positions.
@@ -122,16 +135,7 @@ class TinyTxConfig(PreTrainedConfig):
     def _validate_sizes(self):
         # Ours, not transformers' `validate_*` hooks (5.10.4 has them): those run after __post_init__ and raise no
         # ValueError.
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "max_position_embeddings",
-        ):
+        for name in SIZE_FIELDS:
             value = getattr(self, name)
             if not _is_positive_int(value):
                 raise ValueError(f"TinyTxConfig: `{name}` must be a positive integer, got {value!r}.")

@@ -28,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig, PreTra
 from transformers.initialization import no_init_weights
 
 from .command_flags import convert_parser
-from .configuration_tinytx import TinyTxConfig
+from .configuration_tinytx import SIZE_FIELDS, TinyTxConfig
 from .folders import (
     MANIFEST_NAME,
     STAGING_NAME,
@@ -54,15 +54,8 @@ from .sources import TOKENIZER_FILES
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
 SHARED_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
+    *SIZE_FIELDS,
     "hidden_act",
-    "max_position_embeddings",
     "rope_parameters",
     "rms_norm_eps",
     "initializer_range",
