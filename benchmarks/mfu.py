@@ -17,7 +17,7 @@ GPU by default) sampled in turn with the training steps, so both see the same ma
     python benchmarks/mfu.py                   # the 10M shape of shapes.SHAPES, fp32 on CPU
     python benchmarks/mfu.py --quick
     python benchmarks/mfu.py --config training/configs/model-base.json --batch_size 8 --seq_len 1024 \\
-        --device cuda --dtype bf16             # ~124M on a GPU (what benchmarks/gpu_check.sh runs)
+        --device cuda --dtype bf16             # ~124M on a GPU (what benchmarks/gpu/check.sh runs)
 
 Prints a table, then one JSON line with every figure.
 """

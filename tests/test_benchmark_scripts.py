@@ -184,7 +184,7 @@ def test_shakespeare_without_text_says_what_to_give(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU dry run; with a GPU the session runs for real")
 def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_path):
-    """`DRY_RUN=1 bash benchmarks/gpu_session.sh OUT` on a copy of the checkout (as the GPU machine gets one): the
+    """`DRY_RUN=1 bash benchmarks/gpu/session.sh OUT` on a copy of the checkout (as the GPU machine gets one): the
     project installed from it into a folder of its own, then every step on a tiny model on CPU. A CPU has nothing to
     wait for, so the sync check only runs its steps here; on a GPU they run under set_sync_debug_mode("error"). The
     training check stops a run with SIGTERM and resumes it: on CPU the weights must match the straight run exactly."""
@@ -197,9 +197,9 @@ def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_pat
             shutil.copy2(BENCHMARKS.parent / name, root / name)
     env = pretrain_env(tmp_path, DRY_RUN="1", PYTHON=sys.executable, SITE=str(tmp_path / "site"),
                        WORK=str(tmp_path / "work"))
-    result = subprocess.run(["bash", str(root / "benchmarks" / "gpu_session.sh"), str(out)], env=env,
+    result = subprocess.run(["bash", str(root / "benchmarks" / "gpu" / "session.sh"), str(out)], env=env,
                             capture_output=True, text=True, timeout=400)
-    assert result.returncode == 0 and "gpu_session.sh: every step ran" in result.stdout, result.stdout[-4000:]
+    assert result.returncode == 0 and "gpu/session.sh: every step ran" in result.stdout, result.stdout[-4000:]
     written = {"session.log", "results.jsonl", "pretrain.log", "metrics_straight.jsonl"}
     assert {p.name for p in out.iterdir()} == written
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -223,7 +223,7 @@ def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_pat
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the script runs for minutes")
 def test_gpu_check_without_gpu_exits_cleanly(tmp_path):
     result = subprocess.run(
-        ["bash", str(BENCHMARKS / "gpu_check.sh")], env=pretrain_env(tmp_path, PYTHON=sys.executable),
+        ["bash", str(BENCHMARKS / "gpu" / "check.sh")], env=pretrain_env(tmp_path, PYTHON=sys.executable),
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -233,7 +233,7 @@ def test_gpu_check_without_gpu_exits_cleanly(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the session runs for real")
 def test_gpu_session_without_gpu_or_dry_run_installs_nothing_and_exits_cleanly(tmp_path):
     env = pretrain_env(tmp_path, PYTHON=sys.executable, SITE=str(tmp_path / "site"))
-    result = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), str(tmp_path / "out")], env=env,
+    result = subprocess.run(["bash", str(BENCHMARKS / "gpu" / "session.sh"), str(tmp_path / "out")], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "no CUDA GPU here" in result.stdout and "DRY_RUN=1" in result.stdout

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks in one go (under 5 minutes on one recent GPU); on a machine without CUDA it says so and exits 0.
 #
-#   bash benchmarks/gpu_check.sh            # PYTHON=/path/to/python to pick the interpreter (default: python)
+#   bash benchmarks/gpu/check.sh            # PYTHON=/path/to/python to pick the interpreter (default: python)
 #
-# 1. flash-attention vs sdpa parity in bf16 on a TinyTx (gpu_check.py parity: flash-attn package, else the
+# 1. flash-attention vs sdpa parity in bf16 on a TinyTx (check.py parity: flash-attn package, else the
 #    kernels-community kernel, else sdpa's own flash kernel)
 # 2. bf16 training MFU at ~124M parameters (training/configs/model-base.json), batch 8 x seq 1024 (mfu.py)
 # 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic, static and compiled static cache,
-#    beside the bandwidth floor (gpu_check.py)
-# 4. no host-device synchronisation in a training step or a decoding step (gpu_check.py syncs,
+#    beside the bandwidth floor (check.py)
+# 4. no host-device synchronisation in a training step or a decoding step (check.py syncs,
 #    torch.cuda.set_sync_debug_mode("error"))
 # With 2 or more GPUs (all of them are used; written, not yet run: this project's CI has no GPU):
 # 5. DDP vs FSDP2 vs DeepSpeed ZeRO-3 pre-training at the `base` preset, bf16, flash attention when installed:
@@ -18,12 +18,12 @@
 # Each step prints a table and a JSON line; one failing step does not stop the others; the exit status is 1 if any
 # step failed.
 set -u
-cd "$(dirname "$0")"
+cd "$(dirname "$0")"  # benchmarks/gpu: check.py here, mfu.py and memory_per_rank.py in ..
 PYTHON=${PYTHON:-python}
-export PYTHONPATH="$(cd .. && pwd)${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$(cd ../.. && pwd)${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "gpu_check.sh: no CUDA GPU here (torch.cuda.is_available() is False); these checks need one. Nothing run."
+    echo "gpu/check.sh: no CUDA GPU here (torch.cuda.is_available() is False); these checks need one. Nothing run."
     exit 0
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
@@ -33,19 +33,19 @@ run() {  # run NAME SECONDS COMMAND...: a time limit per step, so one hang canno
     local name=$1 limit=$2
     shift 2
     echo; echo "== $name"
-    timeout "$limit" "$@" || { echo "gpu_check.sh: $name failed (exit $?)"; failed+=("$name"); }
+    timeout "$limit" "$@" || { echo "gpu/check.sh: $name failed (exit $?)"; failed+=("$name"); }
 }
 
-run "flash parity (bf16)" 90 "$PYTHON" gpu_check.py parity
-if [ -f ../training/configs/model-base.json ]; then
-    run "training MFU, ~124M, bf16, seq 1024" 120 "$PYTHON" mfu.py --config ../training/configs/model-base.json \
+run "flash parity (bf16)" 90 "$PYTHON" check.py parity
+if [ -f ../../training/configs/model-base.json ]; then
+    run "training MFU, ~124M, bf16, seq 1024" 120 "$PYTHON" ../mfu.py --config ../../training/configs/model-base.json \
         --batch_size 8 --seq_len 1024 --device cuda --dtype bf16 --repeats 10
 else
-    run "training MFU, 10M shape, bf16, seq 1024" 120 "$PYTHON" mfu.py --shape 10M --batch_size 8 --seq_len 1024 \
+    run "training MFU, 10M shape, bf16, seq 1024" 120 "$PYTHON" ../mfu.py --shape 10M --batch_size 8 --seq_len 1024 \
         --device cuda --dtype bf16 --repeats 10
 fi
-run "generation tokens/s, ~124M, bf16" 90 "$PYTHON" gpu_check.py generate
-run "host-device syncs in a training and a decoding step, ~124M, bf16" 90 "$PYTHON" gpu_check.py syncs
+run "generation tokens/s, ~124M, bf16" 90 "$PYTHON" check.py generate
+run "host-device syncs in a training and a decoding step, ~124M, bf16" 90 "$PYTHON" check.py syncs
 
 NGPU=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 if [ "$NGPU" -ge 2 ]; then
@@ -57,14 +57,14 @@ if [ "$NGPU" -ge 2 ]; then
         echo "(ZeRO-3 left out: deepspeed is not installed; pip install -e '.[deepspeed]' to include it)"
     fi
     # shellcheck disable=SC2086
-    run "memory and tokens/s per rank ($MODES), base, bf16, $NGPU GPUs ($ATTN)" 600 "$PYTHON" memory_per_rank.py \
+    run "memory and tokens/s per rank ($MODES), base, bf16, $NGPU GPUs ($ATTN)" 600 "$PYTHON" ../memory_per_rank.py \
         --device cuda --preset base --ranks "$NGPU" --steps 20 --block_size 1024 --batch_size 8 \
-        --attn_implementation "$ATTN" --modes $MODES --output results/gpu_memory_per_rank
+        --attn_implementation "$ATTN" --modes $MODES --output ../results/gpu_memory_per_rank
     TP_SCRIPT=$(mktemp --suffix .py)
     cat > "$TP_SCRIPT" <<'PY'
 import os, sys, tempfile, torch, torch.distributed as dist
 sys.path.insert(0, os.getcwd())
-from gpu_check import config_from_file
+from check import config_from_file
 from hf_tinytx import TinyTxForCausalLM
 folder = sys.argv[1]
 if not os.environ.get("WORLD_SIZE"):  # one process: build, save, and write the reference logits
@@ -96,7 +96,7 @@ fi
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then
-    echo "gpu_check.sh: FAILED: ${failed[*]}"
+    echo "gpu/check.sh: FAILED: ${failed[*]}"
     exit 1
 fi
-echo "gpu_check.sh: all checks ran"
+echo "gpu/check.sh: all checks ran"

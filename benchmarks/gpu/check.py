@@ -1,9 +1,9 @@
-"""The GPU-only checks that benchmarks/gpu_check.sh runs: flash-attention parity, and generation speed.
+"""The GPU-only checks that benchmarks/gpu/check.sh runs: flash-attention parity, and generation speed.
 
-    python benchmarks/gpu_check.py parity      # bf16 logits of a flash backend vs sdpa, both against an fp32 reference
-    python benchmarks/gpu_check.py generate    # greedy new tokens/s of the ~124M model, batch 1 and 8, dynamic,
+    python benchmarks/gpu/check.py parity      # bf16 logits of a flash backend vs sdpa, both against an fp32 reference
+    python benchmarks/gpu/check.py generate    # greedy new tokens/s of the ~124M model, batch 1 and 8, dynamic,
                                                # static and compiled static cache, beside the bandwidth floor
-    python benchmarks/gpu_check.py syncs       # does a training step or a decoding step wait on the GPU?
+    python benchmarks/gpu/check.py syncs       # does a training step or a decoding step wait on the GPU?
 
 Flash backend: transformers' "flash_attention_2" when the flash-attn package imports, else "kernels-community/
 flash-attn" when the kernels package can load it (from its local cache: the GPU machine may be offline), else
@@ -35,7 +35,7 @@ import torch
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
 
 
-BASE_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "model-base.json"
+BASE_CONFIG = Path(__file__).resolve().parents[2] / "training" / "configs" / "model-base.json"
 
 
 def config_from_file(vocab_size: int = 50304, path: Path = BASE_CONFIG) -> TinyTxConfig:
@@ -286,7 +286,7 @@ def main():
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the code path (bf16 on CPU), no figures")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_check.py: no CUDA GPU here (torch.cuda.is_available() is False); nothing to check.")
+        print("gpu/check.py: no CUDA GPU here (torch.cuda.is_available() is False); nothing to check.")
         return 0
     return {"parity": parity, "generate": generate, "syncs": syncs}[args.check](args)
 

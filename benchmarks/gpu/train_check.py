@@ -1,7 +1,7 @@
 """The README's training command on a GPU: throughput, MFU and peak memory, then a preempted run resumed bit for bit.
 
-    python benchmarks/gpu_train_check.py --output_dir /tmp/gpu_train          # ~124M (base preset), bf16, compiled
-    python benchmarks/gpu_train_check.py --output_dir /tmp/dry --device cpu   # the same code path on a tiny model
+    python benchmarks/gpu/train_check.py --output_dir /tmp/gpu_train          # ~124M (base preset), bf16, compiled
+    python benchmarks/gpu/train_check.py --output_dir /tmp/dry --device cpu   # the same code path on a tiny model
 
 Three launches of `tinytx pretrain` (python -m hf_tinytx_training.pretrain) with the same flags (--max_train_steps,
 --checkpointing_steps at half way):
@@ -26,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from report import print_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: report.py and mfu.py, reused here
+from report import print_report  # noqa: E402
 
 PRETRAIN = ["-m", "hf_tinytx_training.pretrain"]  # as `tinytx pretrain` runs it: from the installed package
 
@@ -152,7 +154,7 @@ def main(args) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_train_check.py: no CUDA GPU here (torch.cuda.is_available() is False); --device cpu runs the code "
+        print("gpu/train_check.py: no CUDA GPU here (torch.cuda.is_available() is False); --device cpu runs the code "
               "path on a tiny model. Nothing run.")
         return 0
     out = Path(args.output_dir)
@@ -168,7 +170,7 @@ def main(args) -> int:
         code = launch(flags, folder, log, **kwargs)
         timings[name] = time.perf_counter() - begin
         if code != (0 if name == "straight" else 128 + signal.SIGTERM):
-            print(f"gpu_train_check.py: the {name} run exited {code}; see {log}")
+            print(f"gpu/train_check.py: the {name} run exited {code}; see {log}")
             return 1
     straight_rows, stopped_rows = rows(straight / "metrics.jsonl"), rows(resumed / "metrics.jsonl")
     stopped_at = last_step(resumed / "metrics.jsonl")
@@ -176,7 +178,7 @@ def main(args) -> int:
     code = launch([*flags, "--resume_from_checkpoint", "latest"], resumed, log)
     timings["resumed"] = time.perf_counter() - begin
     if code != 0:
-        print(f"gpu_train_check.py: the resumed run exited {code}; see {log}")
+        print(f"gpu/train_check.py: the resumed run exited {code}; see {log}")
         return 1
     resumed_rows = rows(resumed / "metrics.jsonl")
     tokens_per_s = steady_tokens_per_second([row for row in straight_rows if "loss" in row])
@@ -210,5 +212,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # mfu.py beside this file
     sys.exit(main(parse_args()))
