@@ -47,8 +47,8 @@ SETTINGS = {
         # Claims 4 and 6, on the corpus: ~0.66M parameters, 2 layers (the fewest that can chain "find the earlier
         # mention" and "copy what followed"). lr 1e-3: at 3e-3 the copying circuit did not form (tried).
         model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4),
-        vocab_size=1024, num_documents=30000, block_size=512, batch_size=8, train_seconds=150.0, lr=1e-3,
-        probes_per_kind=50, head_texts=16,
+        vocab_size=1024, num_documents=30000, block_size=512, batch_size=8, train_steps=1600, lr=1e-3,
+        probes_per_kind=100, head_texts=16, seeds=(0, 1, 2),
         # Claim 3, the lookup task: 16 pairs as in Zoology's smaller settings; width 64 (~150k parameters) is where
         # Zoology's two-layer attention already solves MQAR, and it keeps a step at 512 tokens under a second.
         lookup_task=dict(num_pairs=16, num_keys=64, num_values=64, num_fillers=16),
@@ -64,8 +64,8 @@ SETTINGS = {
         scaling_lengths=(128, 256), scaling_hidden=64, scaling_heads=2, scaling_repeats=3,
         step_lengths=(32, 64), step_batch=4, step_repeats=3, single_lengths=(32, 64),
         model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
-        vocab_size=320, num_documents=300, block_size=128, batch_size=4, train_seconds=6.0, lr=3e-3,
-        probes_per_kind=4, head_texts=3,
+        vocab_size=320, num_documents=300, block_size=128, batch_size=4, train_steps=40, lr=3e-3,
+        probes_per_kind=4, head_texts=3, seeds=(0, 1),
         lookup_task=dict(num_pairs=8, num_keys=32, num_values=32, num_fillers=8),
         lookup_model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
         lookup_stages=(("copy", 48), ("copy+lookup", 48), ("copy+lookup", 96)),
@@ -90,15 +90,15 @@ class Budget:
         return f"{self.steps} steps" if self.steps else f"{self.seconds:.0f} s"
 
 
-def budget_from(parser, seconds: float | None, steps: int | None, default_seconds: float, flag: str) -> Budget:
-    """--X_steps wins over --X_seconds, which wins over the mode's default seconds."""
+def budget_from(parser, seconds: float | None, steps: int | None, default: Budget, flag: str) -> Budget:
+    """--X_steps wins over --X_seconds, which wins over the mode's default."""
     if steps is not None:
         if steps < 1:
             parser.error(f"--{flag}_steps must be at least 1, got {steps}.")
         return Budget(steps=steps)
     if seconds is not None and seconds <= 0:
         parser.error(f"--{flag}_seconds must be positive, got {seconds}.")
-    return Budget(seconds=seconds if seconds is not None else default_seconds)
+    return Budget(seconds=seconds) if seconds is not None else default
 
 
 def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
@@ -111,9 +111,15 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
     parser.add_argument("--model", help="a trained TinyTx folder for claims 4 and 6 (default: the one trained here)")
     parser.add_argument("--lookup_seconds", type=float, help="claim 3: training time per model (full run: 200)")
     parser.add_argument("--lookup_steps", type=int, help="claim 3: training steps per model instead of seconds")
-    parser.add_argument("--train_seconds", type=float, help="claims 4 and 6: corpus training time (full run: 150)")
-    parser.add_argument("--train_steps", type=int, help="claims 4 and 6: corpus training steps instead of seconds")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train_steps", type=int, help="claims 4 and 6: corpus training steps (full run: %d)"
+                        % SETTINGS["full"]["train_steps"])
+    parser.add_argument("--train_seconds", type=float, help="claims 4 and 6: corpus training time instead of steps")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+",
+        help="claim 4: a corpus model trained and scored per seed (default: 0 1 2; --quick: 0 1). The first seed's "
+        "model is claim 6's too, and the first seed seeds every other claim",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, help="one seed: the same as --seeds SEED")
     parser.add_argument(
         "--threads", type=int, default=1,
         help="CPU threads for torch (default 1: on a shared machine, threads that wait on each other's preempted "
@@ -123,10 +129,17 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}.")
+    if args.seed is not None and args.seeds:
+        parser.error("give --seeds or --seed, not both.")
     settings = SETTINGS["quick" if args.quick else "full"]
+    args.seeds = args.seeds or ([args.seed] if args.seed is not None else list(settings["seeds"]))
+    if len(set(args.seeds)) < len(args.seeds):
+        parser.error(f"--seeds repeats a seed ({' '.join(map(str, args.seeds))}); give each once.")
+    args.seed = args.seeds[0]
     args.out = args.out or str(HERE / "results" / ("quick" if args.quick else "") / "seed_claims")
-    lookup = budget_from(parser, args.lookup_seconds, args.lookup_steps, settings["lookup_seconds"], "lookup")
-    corpus = budget_from(parser, args.train_seconds, args.train_steps, settings["train_seconds"], "train")
+    lookup = budget_from(parser, args.lookup_seconds, args.lookup_steps, Budget(seconds=settings["lookup_seconds"]),
+                         "lookup")
+    corpus = budget_from(parser, args.train_seconds, args.train_steps, Budget(steps=settings["train_steps"]), "train")
     return args, settings, lookup, corpus
 
 
@@ -434,27 +447,47 @@ def claim_lookup_head(settings: dict, model, task: LookupTask, seed: int, out_di
     return {"rows": rows, "distance": distance, "weight_on_value_at_questions": on_value, "map": "lookup_head.png"}
 
 
-def claim_coref(settings: dict, model, tokenizer, out_dir: Path) -> dict:
-    probes = make_probes(settings["probes_per_kind"], recall_distances=())
-    coref_probes = [p for p in probes if p.kind in ("coref", "coref_new_nouns")]
-    accuracy = score_probes(model, tokenizer, coref_probes, batch_size=16)
-    maps = attention_maps(model, tokenizer, EXAMPLE_SENTENCE)
+def claim_coref(args, settings: dict, budget: Budget, first: "CorpusModel", out_dir: Path, log) -> dict:
+    """Claim 4 on a corpus model per seed (the first seed's is `first`, already trained; with --model, that one
+    alone): accuracy on held-out sentences and on unseen nouns, and the best heads. The first model's heads are drawn."""
+    rows = [coref_row(settings, first)]
+    for seed in [] if args.model else args.seeds[1:]:
+        log(f"claim 4: training the corpus model of seed {seed} for {budget.describe()}")
+        rows.append(coref_row(settings, train_corpus_model(settings, budget, seed)))
+    maps = attention_maps(first.model, first.tokenizer, EXAMPLE_SENTENCE)
+    for query, where in (("it", "at 'it'"), ("last", "at the final 'The'")):
+        layer, head = rows[0]["heads"][query]["layer"], rows[0]["heads"][query]["head"]
+        save_figure(render_attention_map(maps.weights[layer, head], maps.tokens,
+                                         f"layer {layer}, head {head}: best referent head {where}"),
+                    out_dir / f"coref_head_{query}.png")  # fmt: skip
+    spread = {kind: {"mean": statistics.mean(r[kind] for r in rows), "min": min(r[kind] for r in rows),
+                     "max": max(r[kind] for r in rows)} for kind in ("coref", "coref_new_nouns")}  # fmt: skip
+    return {"rows": rows, **spread, "chance": 0.5, "probes_per_kind": settings["probes_per_kind"],
+            "maps": {"it": "coref_head_it.png", "last": "coref_head_last.png"}}  # fmt: skip
+
+
+def coref_row(settings: dict, corpus: "CorpusModel") -> dict:
+    """One model's "it": accuracy on fresh sentences with training nouns and with unseen nouns; and for the query at
+    "it" and at the final "The", the head the search ranks first on the seen nouns, with its weight on the referent
+    and on the other noun, on seen and on unseen nouns."""
+    model, tokenizer = corpus.model, corpus.tokenizer
+    probes = [p for p in make_probes(settings["probes_per_kind"], recall_distances=())
+              if p.kind in ("coref", "coref_new_nouns")]  # fmt: skip
+    accuracy = score_probes(model, tokenizer, probes, batch_size=16)
     heads = {}
     for query in ("it", "last"):
-        scores = coref_head_scores(model, tokenizer, [p for p in coref_probes if p.kind == "coref"], query)
-        flat = int(torch.argmax(scores["score"]))
-        layer, head = divmod(flat, scores["score"].shape[1])
-        png = out_dir / f"coref_head_{query}.png"
-        where = "at 'it'" if query == "it" else "at the final 'The'"
-        save_figure(render_attention_map(maps.weights[layer, head], maps.tokens,
-                                         f"layer {layer}, head {head}: best referent head {where}"), png)  # fmt: skip
+        seen, unseen = (coref_head_scores(model, tokenizer, [p for p in probes if p.kind == kind], query)
+                        for kind in ("coref", "coref_new_nouns"))  # fmt: skip
+        layer, head = divmod(int(torch.argmax(seen["score"])), seen["score"].shape[1])
         heads[query] = {
-            "layer": layer, "head": head, "score": float(scores["score"][layer, head]),
-            "referent_weight": float(scores["referent"][layer, head]),
-            "other_weight": float(scores["other"][layer, head]),
-            "agreement": float(scores["agreement"][layer, head]), "map": png.name,
+            "layer": layer, "head": head, "score": float(seen["score"][layer, head]),
+            "agreement": float(seen["agreement"][layer, head]),
+            "referent_weight": float(seen["referent"][layer, head]), "other_weight": float(seen["other"][layer, head]),
+            "unseen_referent_weight": float(unseen["referent"][layer, head]),
+            "unseen_other_weight": float(unseen["other"][layer, head]),
         }  # fmt: skip
-    return {"coref": accuracy["coref"], "coref_new_nouns": accuracy["coref_new_nouns"], "chance": 0.5, "heads": heads}
+    return {"seed": corpus.seed, **corpus.training, "coref": accuracy["coref"],
+            "coref_new_nouns": accuracy["coref_new_nouns"], "heads": heads}  # fmt: skip
 
 
 def claim_positions() -> dict:
@@ -487,23 +520,41 @@ def claim_heads(settings: dict, model, untrained, tokenizer, texts: list[str]) -
     return {"rows": rows, "texts": len(texts)}
 
 
-def corpus_model(args, settings: dict, budget: Budget, log) -> tuple:
-    """The model for claims 4 and 6: --model, or a TinyTx trained here on the corpus. Returns the model, its
-    tokenizer, the same model untrained, held-out texts and where the model came from."""
-    log("building the tokenizer and the corpus")
-    tokenizer, blocks, validation = build_data(settings, args.seed)
+@dataclass
+class CorpusModel:
+    """A model for claims 4 and 6, with its tokenizer: trained here on the corpus of `seed`, or given (--model)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    untrained: torch.nn.Module  # the same shape, as initialised: what the head search compares against
+    validation: list[str]  # held-out corpus texts
+    seed: int | None
+    training: dict  # steps and seconds ({} for a given model)
+    source: str
+
+
+def train_corpus_model(settings: dict, budget: Budget, seed: int) -> CorpusModel:
+    tokenizer, blocks, validation = build_data(settings, seed)
+    model = build_tinytx(settings, tokenizer, seed)
+    feed = CorpusFeed(blocks, settings["batch_size"], seed)
+    training = train_in_turns({"tinytx": model}, {"tinytx": feed}, budget, settings["lr"])["tinytx"]
+    source = f"a TinyTx trained here on the corpus of seed {seed} ({training['steps']} steps, {training['seconds']:.0f} s)"
+    return CorpusModel(model, tokenizer, build_tinytx(settings, tokenizer, seed + 1).eval(), validation, seed,
+                       {"steps": training["steps"], "seconds": training["seconds"]}, source)
+
+
+def corpus_model(args, settings: dict, budget: Budget, log) -> CorpusModel:
+    """The model for claims 4 and 6: --model, or a TinyTx trained here on the corpus of the first seed."""
     if args.model:
         from hf_tinytx.interpret.__main__ import load_model_and_tokenizer
 
+        _, _, validation = build_data(settings, args.seed)
         model, tokenizer = load_model_and_tokenizer(args.model)
         untrained = TinyTxForCausalLM._from_config(model.config, attn_implementation="eager").eval()
-        return model, tokenizer, untrained, validation, args.model
-    log(f"training TinyTx on the corpus for {budget.describe()} (claims 4 and 6)")
-    model = build_tinytx(settings, tokenizer, args.seed)
-    feed = CorpusFeed(blocks, settings["batch_size"], args.seed)
-    training = train_in_turns({"tinytx": model}, {"tinytx": feed}, budget, settings["lr"])["tinytx"]
-    source = f"a TinyTx trained here on the corpus ({budget.describe()}, {training['steps']} steps)"
-    return model, tokenizer, build_tinytx(settings, tokenizer, args.seed + 1).eval(), validation, source
+        return CorpusModel(model, tokenizer, untrained, validation, None, {}, args.model)
+    log(f"building the tokenizer and the corpus of seed {args.seed}; training TinyTx on it for {budget.describe()} "
+        f"(claims 4 and 6)")
+    return train_corpus_model(settings, budget, args.seed)
 
 
 def main(argv=None) -> None:
@@ -519,17 +570,19 @@ def main(argv=None) -> None:
     results = {"mode": "quick" if args.quick else "full", "load": {"start": os.getloadavg()[0]}}
     log("claim 1: attention time at n and 2n")
     results["quadratic"] = claim_quadratic(settings)
-    model, tokenizer, untrained, validation, results["model_source"] = corpus_model(args, settings, corpus_budget, log)
+    corpus = corpus_model(args, settings, corpus_budget, log)
+    results["model_source"] = corpus.source
     log("claim 2: training step time vs sequence length, and one sequence per step by length and cores")
-    results["sequential"] = claim_sequential(settings, tokenizer, args.seed)
+    results["sequential"] = claim_sequential(settings, corpus.tokenizer, args.seed)
     log(f"claim 3: training TinyTx and the LSTM on lookups for {lookup_budget.describe()} each")
     results["lookup"], lookup_models, task = claim_lookup(settings, lookup_budget, args.seed)
-    log("claim 4: resolving 'it'")
-    results["coref"] = claim_coref(settings, model, tokenizer, out_dir)
+    log(f"claim 4: resolving 'it' (seeds {' '.join(map(str, args.seeds))})")
+    results["coref"] = claim_coref(args, settings, corpus_budget, corpus, out_dir, log)
     log("claim 5: permutation and separation checks")
     results["positions"] = claim_positions()
     log("claim 6: head roles, and the lookup head")
-    results["heads"] = claim_heads(settings, model, untrained, tokenizer, validation[: settings["head_texts"]])
+    results["heads"] = claim_heads(settings, corpus.model, corpus.untrained, corpus.tokenizer,
+                                   corpus.validation[: settings["head_texts"]])
     results["lookup_head"] = claim_lookup_head(settings, lookup_models["tinytx"], task, args.seed, out_dir)
     draw_figures(results, out_dir)
     results["seconds"] = time.perf_counter() - started

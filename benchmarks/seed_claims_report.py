@@ -103,11 +103,57 @@ def cores_spoiled(single: dict) -> bool:
     return single["cores"] > 1 and cores_gain(single, "tinytx") < 1 and cores_gain(single, "lstm") < 1
 
 
+def spread(figure: dict) -> str:
+    """A figure over seeds: the mean and, when the seeds differ, their range."""
+    if figure["min"] == figure["max"]:
+        return f"{figure['mean']:.2f}"
+    return f"{figure['mean']:.2f} (range {figure['min']:.2f}-{figure['max']:.2f})"
+
+
+def seeds_said(coref: dict) -> str:
+    seeds = [row["seed"] for row in coref["rows"]]
+    if seeds == [None]:
+        return "the given model"
+    steps = sorted({row["steps"] for row in coref["rows"]})
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, {'/'.join(map(str, steps))} steps each"
+
+
+def first_seed(coref: dict) -> str:
+    return f"seed {coref['rows'][0]['seed']}'s " if len(coref["rows"]) > 1 else ""
+
+
+def coref_section(coref: dict) -> list[str]:
+    """Claim 4 per seed: the accuracies, and for the heads at "it" and at the final "The" their weight on the referent
+    against the other noun, on seen and unseen nouns."""
+
+    def head(row, query):
+        h = row["heads"][query]
+        return [f"{h['layer']}.{h['head']}", f"{h['referent_weight']:.2f} vs {h['other_weight']:.2f}",
+                f"{h['unseen_referent_weight']:.2f} vs {h['unseen_other_weight']:.2f}"]  # fmt: skip
+
+    rows = [[row["seed"] if row["seed"] is not None else "given", row.get("steps", "-"),
+             round(row["seconds"]) if "seconds" in row else "-", row["coref"], row["coref_new_nouns"],
+             *head(row, "last"), *head(row, "it")] for row in coref["rows"]]  # fmt: skip
+    header = ["seed", "steps", "seconds", "held-out sentences", "unseen nouns", "head at \"The\"",
+              "referent vs other", "(unseen nouns)", "head at \"it\"", "referent vs other", "(unseen nouns)"]
+    return [
+        "## 4. Resolving \"it\", seed by seed",
+        f"Accuracy over {coref['probes_per_kind']} fresh sentences each (chance 0.50): with the training frames' "
+        "nouns, and with nouns no training document contains. The heads are the ones the head search ranks first "
+        "on the seen sentences; their weight on each noun is averaged over the sentences.",
+        markdown_table(header, rows),
+        "At the token \"it\" a causal model has not yet read the adjective that decides the referent, so the "
+        "resolution is read where the noun must be predicted (the final \"The\"). The maps are the first seed's "
+        "heads on the example sentence.",
+        "![coref head](coref_head_last.png) ![it head](coref_head_it.png)",
+    ]
+
+
 def claims_table(r: dict) -> list[tuple[str, str, str]]:
     """(claim, what the seeds say, what was measured here) for each claim."""
     q, s, d, c, p, h = (r[k] for k in ("quadratic", "sequential", "lookup", "coref", "positions", "heads"))
     first, last, single = s["rows"][0], s["rows"][-1], s["single_sequence"]
-    it, resolved = c["heads"]["it"], c["heads"]["last"]
+    it, resolved = c["rows"][0]["heads"]["it"], c["rows"][0]["heads"]["last"]
     by_role = {row["role"]: row for row in h["rows"]}
     prev, bos = by_role["previous_token"], by_role["first_token"]
     lookup_head = next(row for row in r["lookup_head"]["rows"] if row["role"] == "induction")
@@ -159,10 +205,12 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
          f"of 8 copied that far back: TinyTx {curve('tinytx', 'copy')}; LSTM {curve('lstm', 'copy')}"),
         ("4. The animal didn't cross the street because it was too tired",
          "attention lets \"it\" pull information from the animal rather than the street",
-         f"resolving \"it\": {c['coref']:.2f} on held-out sentences, {c['coref_new_nouns']:.2f} with unseen nouns "
-         f"(chance 0.50); best head at the final \"The\" ({resolved['layer']}.{resolved['head']}) puts "
-         f"{resolved['referent_weight']:.2f} on the referent vs {resolved['other_weight']:.2f} on the other noun; "
-         f"at \"it\" itself ({it['layer']}.{it['head']}) {it['referent_weight']:.2f} vs {it['other_weight']:.2f}"),
+         f"resolving \"it\" ({seeds_said(c)}): {spread(c['coref'])} on held-out sentences, "
+         f"{spread(c['coref_new_nouns'])} with nouns no training document holds (chance 0.50, {c['probes_per_kind']} "
+         f"probes each); {first_seed(c)}best head at the final \"The\" ({resolved['layer']}.{resolved['head']}) puts "
+         f"{resolved['referent_weight']:.2f} on the referent vs {resolved['other_weight']:.2f} on the other noun "
+         f"({resolved['unseen_referent_weight']:.2f} vs {resolved['unseen_other_weight']:.2f} with unseen nouns); at "
+         f"\"it\" itself ({it['layer']}.{it['head']}) {it['referent_weight']:.2f} vs {it['other_weight']:.2f}"),
         ("5. Attention is permutation-invariant; rotary scores depend on separation",
          "shuffle the input and the output shuffles identically; rotated q·k depends on m − n",
          f"shuffle error without positions {p['permutation_max_error_without_rope']:.1e} (with RoPE "
@@ -251,10 +299,7 @@ def write_report(results: dict, out_dir: Path) -> str:
         + (" Both models ran slower on more cores than on one: other processes spoiled those rows, and their "
            "cross-over means nothing." if cores_spoiled(single) else ""),
         *lookup_sections(results["lookup"], results["lookup_head"]),
-        "## 4. The head that resolves \"it\"",
-        "At the token \"it\" a causal model has not yet read the adjective that decides the referent, so the "
-        "resolution is read where the noun must be predicted (the final \"The\").",
-        "![coref head](coref_head_last.png) ![it head](coref_head_it.png)",
+        *coref_section(results["coref"]),
         "## 6. Head roles of the corpus model (best head per role)",
         markdown_table(["role", "layer.head", "score", "untrained model's best", "even spread"],
                        [[r["role"], f"{r['layer']}.{r['head']}", r["score"], r["untrained_best"], r["even_spread"]]

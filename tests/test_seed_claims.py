@@ -209,3 +209,27 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     roles = {row["role"] for row in figures["lookup_head"]["rows"]}
     assert roles == {"previous_token", "first_token", "induction"}  # the lookup head is ranked among all roles
     assert json.loads((out / "results.json").read_text())["mode"] == "quick"
+
+    # Claim 4 on a corpus model per seed (quick: seeds 0 and 1), trained for the budget in steps, each seed a row.
+    coref = figures["coref"]
+    assert [row["seed"] for row in coref["rows"]] == [0, 1] and all(row["steps"] == 40 for row in coref["rows"])
+    for row in coref["rows"]:
+        assert 0 <= row["coref"] <= 1 and 0 <= row["coref_new_nouns"] <= 1 and row["seconds"] > 0
+        for head in row["heads"].values():
+            assert all(0 <= head[key] <= 1 for key in ("referent_weight", "other_weight", "unseen_referent_weight",
+                                                       "unseen_other_weight"))  # fmt: skip
+    assert coref["coref_new_nouns"]["min"] <= coref["coref_new_nouns"]["mean"] <= coref["coref_new_nouns"]["max"]
+    section = report[report.index("## 4. Resolving"):]
+    assert [line.split("|")[1].strip() for line in section.splitlines() if re.match(r"\| [01] \|", line)] == ["0", "1"]
+
+
+def test_seed_flags_pick_the_claim_4_seeds_and_refuse_repeats_before_torch_loads(capsys):
+    args, settings, _, corpus = seed_claims.parse_arguments(["--seed", "7"])
+    assert args.seeds == [7] and args.seed == 7 and corpus.steps == settings["train_steps"]
+    args, *_ = seed_claims.parse_arguments(["--seeds", "3", "4", "--train_seconds", "5"])
+    assert args.seeds == [3, 4] and args.seed == 3
+    assert seed_claims.parse_arguments([])[0].seeds == list(seed_claims.SETTINGS["full"]["seeds"])
+    for argv, message in ((["--seeds", "1", "1"], "repeats a seed"), (["--seed", "1", "--seeds", "2"], "not both")):
+        with pytest.raises(SystemExit):
+            seed_claims.parse_arguments(argv)
+        assert message in capsys.readouterr().err
