@@ -1,6 +1,5 @@
-"""benchmarks/seed_claims.py: the lookup task and its curriculum (benchmarks/lookup_task.py), the cross-over,
---quick end to end (the report of benchmarks/seed_claims_report.py included), and the LSTM baseline it compares
-against."""
+"""benchmarks/seed_claims/ (python -m benchmarks.seed_claims): the lookup task and its curriculum (lookup_task.py), the
+cross-over, --quick end to end (the report of report.py included), and the LSTM baseline it compares against."""
 
 import json
 import re
@@ -15,15 +14,14 @@ import torch
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 
 
-from benchmarks.lstm_baseline import LSTMLanguageModel, lstm_matching, lstm_parameters
+from benchmarks.seed_claims import __main__ as seed_claims
+from benchmarks.seed_claims import lookup_task
+from benchmarks.seed_claims.lstm_baseline import LSTMLanguageModel, lstm_matching, lstm_parameters
 from hf_tinytx.corpus import make_probes
 from hf_tinytx.probes import candidate_log_probs, score_probes
 
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))  # seed_claims imports its siblings as a script run from benchmarks/ does
-import lookup_task  # noqa: E402
-import seed_claims  # noqa: E402
 
 
 TASK = lookup_task.LookupTask(num_pairs=6, num_keys=10, num_values=10, num_fillers=4)
@@ -174,8 +172,8 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     before = {path: path.read_bytes() for path in committed.rglob("*") if path.is_file()}
     shutil.rmtree(out, ignore_errors=True)
     result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "seed_claims.py"), "--quick", "--lookup_steps", "30"],
-        env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        [sys.executable, "-m", "benchmarks.seed_claims", "--quick", "--lookup_steps", "30"],
+        env=pretrain_env(tmp_path), cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert before and {path: path.read_bytes() for path in committed.rglob("*") if path.is_file()} == before

@@ -4,10 +4,10 @@ The two explainer texts the project started from make six checkable claims. This
 machine and writes a report: a table of claims (what the seeds say, what was measured here), the detail tables
 and the figures.
 
-    python benchmarks/seed_claims.py                    # ~10 minutes on a quiet 2-core CPU
-    python benchmarks/seed_claims.py --quick            # everything at toy scale, into benchmarks/results/quick/
-    python benchmarks/seed_claims.py --model out/tinytx # claims 4 and 6 on a model trained by training/pretrain.py
-    python benchmarks/seed_claims.py --lookup_steps 1500 --train_steps 500   # budgets in steps, not seconds
+    python -m benchmarks.seed_claims                    # ~10 minutes on a quiet 2-core CPU
+    python -m benchmarks.seed_claims --quick            # everything at toy scale, into benchmarks/results/quick/
+    python -m benchmarks.seed_claims --model out/tinytx # claims 4 and 6 on a model trained by training/pretrain.py
+    python -m benchmarks.seed_claims --lookup_steps 1500 --train_steps 500   # budgets in steps, not seconds
 
 1. Twice the window, about four times the looking work: one attention layer timed at n and 2n (attention_scaling).
 2. Token 50 waits for token 49: training tokens/s of TinyTx and of an LSTM with about as many parameters, how each
@@ -24,8 +24,8 @@ and the figures.
 Writes REPORT.md, results.json and PNGs to --out (default benchmarks/results/seed_claims/; with --quick
 benchmarks/results/quick/seed_claims/, a scratch folder git ignores, so a toy run never replaces the committed
 report). Prints the claims table,
-then, last, one JSON line with the figures. The lookup task lives in lookup_task.py, the report and figures in
-seed_claims_report.py.
+then, last, one JSON line with the figures. The lookup task lives in lookup_task.py, the LSTM in lstm_baseline.py, the
+report and figures in report.py, all three beside this file.
 """
 
 import argparse
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-HERE = Path(__file__).resolve().parent
+BENCHMARKS = Path(__file__).resolve().parents[1]
 
 # Everything that differs between --quick and the full run.
 SETTINGS = {
@@ -102,7 +102,8 @@ def budget_from(parser, seconds: float | None, steps: int | None, default: Budge
 
 
 def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.seed_claims", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--out", help="folder for the report (default benchmarks/results/seed_claims, or with --quick the scratch "
         "folder benchmarks/results/quick/seed_claims)",
@@ -136,7 +137,7 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
     if len(set(args.seeds)) < len(args.seeds):
         parser.error(f"--seeds repeats a seed ({' '.join(map(str, args.seeds))}); give each once.")
     args.seed = args.seeds[0]
-    args.out = args.out or str(HERE / "results" / ("quick" if args.quick else "") / "seed_claims")
+    args.out = args.out or str(BENCHMARKS / "results" / ("quick" if args.quick else "") / "seed_claims")
     lookup = budget_from(parser, args.lookup_seconds, args.lookup_steps, Budget(seconds=settings["lookup_seconds"]),
                          "lookup")
     corpus = budget_from(parser, args.train_seconds, args.train_steps, Budget(steps=settings["train_steps"]), "train")
@@ -148,11 +149,12 @@ if __name__ == "__main__":  # --help, a mistyped flag or a bad budget are answer
 
 import torch  # noqa: E402
 
-from attention_scaling import attention_flops, time_interleaved  # noqa: E402  (siblings in benchmarks/)
+from attention_scaling import attention_flops, time_interleaved  # noqa: E402  (scripts in benchmarks/: see __init__)
 from common import count_parameters, interleaved_medians  # noqa: E402
-from lstm_baseline import lstm_matching  # noqa: E402
-from lookup_task import LookupFeed, LookupTask, copy_probes, lookup_probes  # noqa: E402
-from seed_claims_report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
+
+from .lookup_task import LookupFeed, LookupTask, copy_probes, lookup_probes  # noqa: E402
+from .lstm_baseline import lstm_matching  # noqa: E402
+from .report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
 
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.corpus import default_corpus, make_probes  # noqa: E402
