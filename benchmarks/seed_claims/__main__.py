@@ -4,10 +4,10 @@ The two explainer texts the project started from make six checkable claims. This
 machine and writes a report: a table of claims (what the seeds say, what was measured here), the detail tables
 and the figures.
 
-    python -m benchmarks.seed_claims                    # ~10 minutes on a quiet 2-core CPU
+    python -m benchmarks.seed_claims                    # ~20 minutes on a quiet 2-core CPU (3 seeds for claim 4)
     python -m benchmarks.seed_claims --quick            # everything at toy scale, into benchmarks/results/quick/
     python -m benchmarks.seed_claims --model out/tinytx # claims 4 and 6 on a model trained by training/pretrain.py
-    python -m benchmarks.seed_claims --lookup_steps 1500 --train_steps 500   # budgets in steps, not seconds
+    python -m benchmarks.seed_claims --seed 21 --lookup_steps 1500   # one seed for claim 4; claim 3 in steps too
 
 1. Twice the window, about four times the looking work: one attention layer timed at n and 2n (attention_scaling).
 2. Token 50 waits for token 49: training tokens/s of TinyTx and of an LSTM with about as many parameters, how each
