@@ -47,7 +47,7 @@ SETTINGS = {
         # Claims 4 and 6, on the corpus: ~0.66M parameters, 2 layers (the fewest that can chain "find the earlier
         # mention" and "copy what followed"). lr 1e-3: at 3e-3 the copying circuit did not form (tried).
         model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4),
-        vocab_size=1024, num_documents=30000, block_size=512, batch_size=8, train_steps=1600, lr=1e-3,
+        vocab_size=1024, num_documents=30000, block_size=512, batch_size=8, train_steps=600, lr=1e-3,
         probes_per_kind=100, head_texts=16, seeds=(0, 1, 2),
         # Claim 3, the lookup task: 16 pairs as in Zoology's smaller settings; width 64 (~150k parameters) is where
         # Zoology's two-layer attention already solves MQAR, and it keeps a step at 512 tokens under a second.
