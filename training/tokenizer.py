@@ -23,8 +23,8 @@ def run_tokenizer(model_args, saved: str, reuse_saved: bool, texts, max_length: 
     tokenizer = train_bpe_tokenizer(texts(), model_args.vocab_size, max_length)
     if len(tokenizer) < model_args.vocab_size:
         say(f"The text holds merges for {len(tokenizer)} tokens only: the vocabulary has {len(tokenizer)} of the "
-            f"{model_args.vocab_size} asked (nothing to fix: BPE stops when no pair of tokens repeats, and the model is "
-            f"built with {len(tokenizer)}).")
+            f"{model_args.vocab_size} asked (nothing to fix: BPE stops when no pair of tokens repeats, and the model "
+            f"is built with {len(tokenizer)}).")
     return tokenizer
 
 

@@ -118,7 +118,7 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
     parser.add_argument(
         "--seeds", type=int, nargs="+",
         help="claim 4: a corpus model trained and scored per seed (default: 0 1 2; --quick: 0 1). The first seed's "
-        "model is claim 6's too, and the first seed seeds every other claim",
+        "model is claim 6's too, and the first seed seeds every other claim (with --model, that model alone)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, help="one seed: the same as --seeds SEED")
     parser.add_argument(
@@ -451,7 +451,8 @@ def claim_lookup_head(settings: dict, model, task: LookupTask, seed: int, out_di
 
 def claim_coref(args, settings: dict, budget: Budget, first: "CorpusModel", out_dir: Path, log) -> dict:
     """Claim 4 on a corpus model per seed (the first seed's is `first`, already trained; with --model, that one
-    alone): accuracy on held-out sentences and on unseen nouns, and the best heads. The first model's heads are drawn."""
+    alone): accuracy on held-out sentences and on unseen nouns, and the best heads. The first model's heads are
+    drawn."""
     rows = [coref_row(settings, first)]
     for seed in [] if args.model else args.seeds[1:]:
         log(f"claim 4: training the corpus model of seed {seed} for {budget.describe()}")
@@ -540,7 +541,8 @@ def train_corpus_model(settings: dict, budget: Budget, seed: int) -> CorpusModel
     model = build_tinytx(settings, tokenizer, seed)
     feed = CorpusFeed(blocks, settings["batch_size"], seed)
     training = train_in_turns({"tinytx": model}, {"tinytx": feed}, budget, settings["lr"])["tinytx"]
-    source = f"a TinyTx trained here on the corpus of seed {seed} ({training['steps']} steps, {training['seconds']:.0f} s)"
+    source = (f"a TinyTx trained here on the corpus of seed {seed} ({training['steps']} steps, "
+              f"{training['seconds']:.0f} s)")
     return CorpusModel(model, tokenizer, build_tinytx(settings, tokenizer, seed + 1).eval(), validation, seed,
                        {"steps": training["steps"], "seconds": training["seconds"]}, source)
 
@@ -550,7 +552,7 @@ def corpus_model(args, settings: dict, budget: Budget, log) -> CorpusModel:
     if args.model:
         from hf_tinytx.interpret.__main__ import load_model_and_tokenizer
 
-        _, _, validation = build_data(settings, args.seed)
+        validation = default_corpus(num_documents=settings["num_documents"], seed=args.seed)["validation"]
         model, tokenizer = load_model_and_tokenizer(args.model)
         untrained = TinyTxForCausalLM._from_config(model.config, attn_implementation="eager").eval()
         return CorpusModel(model, tokenizer, untrained, validation, None, {}, args.model)
