@@ -5,12 +5,14 @@ Three kinds of document, each built on the examples in the project's explainer t
 
 * ``coref`` (Winograd-style): "The animal didn't cross the street because it was too tired. The animal was too
   tired." The adjective decides what "it" means, so the noun after "The" in the second sentence is predictable only
-  by resolving "it" against the first sentence.
+  by resolving "it" against the first sentence. With :data:`RULE_MIX`, half the statements use two made-up nouns
+  ("The blick didn't cross the tromp ..."), either of which may be the referent, so the noun's class cannot give the
+  answer away.
 * ``recall``: facts stated early ("The code for the blue door is 4 7 1."), neutral filler sentences, then the fact's
   opening again ("The code for the blue door is"), whose continuation must be fetched from far back. The amount of
   filler sets the distance, in words, between the fact and the question.
-* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", with neutral filler between the two (as many words as
-  a recall document's distance, often none): a list held over a distance, one word at a time.
+* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk." (with RULE_MIX, some words made up), neutral filler between
+  the two (as many words as a recall document's distance, often none): a list held over a distance, a word at a time.
 
 Everything is plain Python (``random.Random``), so the same seed gives the same text on every machine.
 
@@ -30,6 +32,26 @@ from dataclasses import dataclass
 
 KINDS = ("coref", "recall", "copy")
 PROBE_KINDS = ("coref", "coref_new_nouns", "recall", "copy")
+
+
+@dataclass(frozen=True)
+class Mix:
+    """How documents are drawn. The default is the built-in corpus that `tinytx pretrain` trains on: kinds drawn
+    alike, only real nouns. :data:`RULE_MIX` is the corpus of `python -m benchmarks.seed_claims`' claim 4, built so
+    that "it" can be resolved only by the rule (see :func:`_made_up_noun`)."""
+
+    kind_weights: tuple[float, ...] | None = None  # odds of coref, recall, copy; None: uniform
+    made_up_share: float = 0.0  # of coreference statements whose two nouns are both made up
+    copy_made_up_share: float = 0.0  # of listed words that are made up: copying must work for any word
+
+    def weights(self, kinds: tuple[str, ...]) -> list[float] | None:
+        return None if self.kind_weights is None else [self.kind_weights[KINDS.index(kind)] for kind in kinds]
+
+
+DEFAULT_MIX = Mix()
+# Coreference documents are short and hold one hard word per statement (the referent after "The"), so they are drawn
+# four times as often as each of the others.
+RULE_MIX = Mix(kind_weights=(4, 1, 1), made_up_share=0.5, copy_made_up_share=0.3)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -57,8 +79,8 @@ COREF_TEMPLATES = (
         a_adjectives=("tired", "scared", "weak", "sleepy", "slow"),
         b_nouns=("street", "road", "river", "bridge", "field", "track"),
         b_adjectives=("wide", "busy", "long", "muddy", "dangerous"),
-        held_out_a_nouns=("fox", "mule"),
-        held_out_b_nouns=("canal", "meadow"),
+        held_out_a_nouns=("fox", "mule", "donkey", "lamb"),
+        held_out_b_nouns=("canal", "meadow", "creek", "pasture"),
     ),
     CorefTemplate(
         sentence="The {a} would not fit in the {b} because it was too {adjective}.",
@@ -66,8 +88,8 @@ COREF_TEMPLATES = (
         a_adjectives=("large", "big", "tall", "thick"),
         b_nouns=("case", "box", "bag", "drawer", "suitcase", "basket"),
         b_adjectives=("small", "narrow", "tiny", "full", "shallow"),
-        held_out_a_nouns=("kettle", "helmet"),
-        held_out_b_nouns=("crate", "locker"),
+        held_out_a_nouns=("kettle", "helmet", "blanket", "trumpet"),
+        held_out_b_nouns=("crate", "locker", "pouch", "barrel"),
     ),
     CorefTemplate(
         sentence="The {a} could not cut the {b} because it was too {adjective}.",
@@ -75,8 +97,8 @@ COREF_TEMPLATES = (
         a_adjectives=("dull", "blunt", "rusty", "short"),
         b_nouns=("rope", "log", "wire", "branch", "bone", "cable"),
         b_adjectives=("thick", "hard", "tough", "strong"),
-        held_out_a_nouns=("sickle", "chisel"),
-        held_out_b_nouns=("plank", "cord"),
+        held_out_a_nouns=("sickle", "chisel", "dagger", "sword"),
+        held_out_b_nouns=("plank", "cord", "twig", "chain"),
     ),
     CorefTemplate(
         sentence="The {a} could not go through the {b} because it was too {adjective}.",
@@ -84,8 +106,8 @@ COREF_TEMPLATES = (
         a_adjectives=("wide", "big", "tall", "long"),
         b_nouns=("tunnel", "gate", "door", "gap", "arch"),
         b_adjectives=("narrow", "low", "small", "tight"),
-        held_out_a_nouns=("wagon", "trailer"),
-        held_out_b_nouns=("doorway", "passage"),
+        held_out_a_nouns=("wagon", "trailer", "lorry", "carriage"),
+        held_out_b_nouns=("doorway", "passage", "hallway", "alley"),
     ),
     CorefTemplate(
         sentence="The {a} did not eat the {b} because it was too {adjective}.",
@@ -93,8 +115,8 @@ COREF_TEMPLATES = (
         a_adjectives=("full", "sick", "sleepy", "shy"),
         b_nouns=("soup", "bread", "meat", "cake", "rice", "fish"),
         b_adjectives=("hot", "cold", "salty", "dry", "spicy"),
-        held_out_a_nouns=("hamster", "parrot"),
-        held_out_b_nouns=("porridge", "pudding"),
+        held_out_a_nouns=("hamster", "parrot", "piglet", "toddler"),
+        held_out_b_nouns=("porridge", "pudding", "pasta", "stew"),
     ),
 )
 
@@ -111,11 +133,43 @@ class _CorefItem:
     adjective: str
 
 
-def _coref_item(rng: random.Random, held_out: bool = False) -> _CorefItem:
+# Made-up nouns ("a blick", "the tromp"), a fresh one each time, in either role of any frame. With only the frames'
+# real nouns, a model can answer from the noun's class (animals get tired, streets are wide) and is lost on a noun it
+# has never seen; a made-up noun has no class, so the only way to name the referent is the rule: read the role from
+# the adjective and copy the noun that stands in that place. Their letters come in English-like syllables, so the
+# tokenizer's pieces for them also spell real words the corpus never shows (the held-out nouns among them).
+_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y", "z",
+           "bl", "br", "ch", "cl", "cr", "dr", "fl", "gl", "gr", "pl", "pr", "sc", "sh", "sk", "sl", "sm", "sn",
+           "sp", "st", "sw", "th", "tr", "wh")  # fmt: skip
+_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ea", "ee", "oa", "oo", "ou", "ow", "ay", "y")
+_CODAS = ("", "", "", "b", "ck", "d", "dge", "ft", "g", "k", "l", "ll", "m", "mp", "n", "nd", "ng", "nk", "nt",
+          "p", "r", "rd", "rk", "rn", "rt", "s", "sh", "sk", "st", "t", "tch", "th", "x")  # fmt: skip
+_ENDINGS = ("", "", "", "", "", "le", "er", "et", "y", "on", "el", "ow", "ing", "age", "ish")
+
+
+def _made_up_noun(rng: random.Random) -> str:
+    """A pronounceable non-word of one or two syllables, never one of :data:`HELD_OUT_NOUNS`."""
+    while True:
+        syllables = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                            for _ in range(rng.choice((1, 1, 2))))  # fmt: skip
+        noun = syllables + rng.choice(_ENDINGS)
+        if 3 <= len(noun) <= 8 and noun not in HELD_OUT_NOUNS:
+            return noun
+
+
+def _coref_item(rng: random.Random, nouns: str = "real", made_up_share: float = 0.0) -> _CorefItem:
+    """`nouns`: "real" (the frame's own nouns or, for `made_up_share` of statements, two made-up ones) or "held_out"
+    (the "coref_new_nouns" probes)."""
     template = rng.choice(COREF_TEMPLATES)
-    a_nouns = template.held_out_a_nouns if held_out else template.a_nouns
-    b_nouns = template.held_out_b_nouns if held_out else template.b_nouns
-    a, b = rng.choice(a_nouns), rng.choice(b_nouns)
+    if nouns == "held_out":
+        a, b = rng.choice(template.held_out_a_nouns), rng.choice(template.held_out_b_nouns)
+    elif made_up_share and rng.random() < made_up_share:  # no draw at 0: the default corpus stays as it was
+        a = _made_up_noun(rng)
+        b = _made_up_noun(rng)
+        while b == a:
+            b = _made_up_noun(rng)
+    else:
+        a, b = rng.choice(template.a_nouns), rng.choice(template.b_nouns)
     # A fair coin for which noun "it" means, so the first-named noun is never a free guess.
     if rng.random() < 0.5:
         referent, other, adjective = a, b, rng.choice(template.a_adjectives)
@@ -125,10 +179,10 @@ def _coref_item(rng: random.Random, held_out: bool = False) -> _CorefItem:
     return _CorefItem(statement, referent, other, adjective)
 
 
-def _coref_document(rng: random.Random) -> str:
+def _coref_document(rng: random.Random, mix: Mix) -> str:
     sentences = []
     for _ in range(rng.randint(1, 4)):
-        item = _coref_item(rng)
+        item = _coref_item(rng, made_up_share=mix.made_up_share)
         sentences += [item.statement, f"The {item.referent} was too {item.adjective}."]
     return " ".join(sentences)
 
@@ -312,9 +366,15 @@ COPY_WORDS = tuple(
 COPY_MIN_WORDS, COPY_MAX_WORDS = 3, 12
 
 
-def _copy_words(rng: random.Random) -> list[str]:
+def _copy_words(rng: random.Random, made_up_share: float = 0.0) -> list[str]:
     # Distinct words, so each word has exactly one successor to copy.
-    return rng.sample(COPY_WORDS, rng.randint(COPY_MIN_WORDS, COPY_MAX_WORDS))
+    words = rng.sample(COPY_WORDS, rng.randint(COPY_MIN_WORDS, COPY_MAX_WORDS))
+    for i in range(len(words) if made_up_share else 0):
+        if rng.random() < made_up_share:
+            made_up = _made_up_noun(rng)
+            if made_up not in words:
+                words[i] = made_up
+    return words
 
 
 def _copy_episode(rng: random.Random, words: list[str], gap: int) -> str:
@@ -324,10 +384,11 @@ def _copy_episode(rng: random.Random, words: list[str], gap: int) -> str:
     return f"Repeat: {sequence}.{filler} Again: {sequence}."
 
 
-def _copy_document(rng: random.Random, max_distance: int) -> str:
+def _copy_document(rng: random.Random, max_distance: int, mix: Mix) -> str:
     episodes = []
     for _ in range(rng.randint(1, 3)):
-        episodes.append(_copy_episode(rng, _copy_words(rng), _log_uniform_distance(rng, max_distance)))
+        words = _copy_words(rng, mix.copy_made_up_share)
+        episodes.append(_copy_episode(rng, words, _log_uniform_distance(rng, max_distance)))
     return " ".join(episodes)
 
 
@@ -346,13 +407,16 @@ def _check_int(name: str, value, minimum: int | None = None) -> None:
         raise ValueError(f"`{name}` must be {wanted}, got {value!r}.")
 
 
-def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], max_recall_distance: int) -> list[str]:
+def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], max_recall_distance: int,
+               mix: Mix) -> list[str]:
     makers = {
-        "coref": _coref_document,
+        "coref": lambda r: _coref_document(r, mix),
         "recall": lambda r: _recall_document(r, max_recall_distance),
-        "copy": lambda r: _copy_document(r, max_recall_distance),
+        "copy": lambda r: _copy_document(r, max_recall_distance, mix),
     }
-    return [makers[rng.choice(kinds)](rng) for _ in range(num_documents)]
+    weights = mix.weights(kinds)
+    draw = (lambda: rng.choice(kinds)) if weights is None else (lambda: rng.choices(kinds, weights)[0])
+    return [makers[draw()](rng) for _ in range(num_documents)]
 
 
 def generate_documents(
@@ -360,8 +424,10 @@ def generate_documents(
     seed: int = 0,
     kinds: tuple[str, ...] = ("coref", "recall", "copy"),
     max_recall_distance: int = 200,
+    mix: Mix = DEFAULT_MIX,
 ) -> list[str]:
-    """`num_documents` documents, each of a kind drawn uniformly from `kinds`; the same seed gives the same list.
+    """`num_documents` documents, each of a kind drawn from `kinds` (alike, or with the odds of `mix`); the same seed
+    gives the same list.
 
     `max_recall_distance` caps the words between a fact and its question in recall documents, and the filler
     between a list and its repetition in copy documents (both drawn log-uniformly from 0 to the cap). No document
@@ -374,23 +440,24 @@ def generate_documents(
     unknown = [kind for kind in kinds if kind not in KINDS]
     if not kinds or unknown:
         raise ValueError(f"`kinds` must be a non-empty tuple drawn from {KINDS}, got {kinds!r}.")
-    return _documents(_rng("documents", seed), num_documents, kinds, max_recall_distance)
+    return _documents(_rng("documents", seed), num_documents, kinds, max_recall_distance, mix)
 
 
-def default_corpus(num_documents: int = 20000, seed: int = 0) -> dict[str, list[str]]:
-    """The training corpus: `num_documents` training documents and a validation split one twentieth as large.
+def default_corpus(num_documents: int = 20000, seed: int = 0, mix: Mix = DEFAULT_MIX) -> dict[str, list[str]]:
+    """The training corpus: `num_documents` training documents and a validation split one twentieth as large, both
+    drawn as `mix` says (the default: the built-in corpus of `tinytx pretrain`).
 
     Validation comes from its own seed stream and drops any document that also occurs in training, so the two
     splits are disjoint.
     """
     _check_int("num_documents", num_documents, 1)
-    train = generate_documents(num_documents, seed=seed)
+    train = generate_documents(num_documents, seed=seed, mix=mix)
     seen = set(train)
     rng = _rng("validation", seed)
     validation: list[str] = []
     num_validation = max(1, num_documents // 20)
     while len(validation) < num_validation:
-        document = _documents(rng, 1, KINDS, 200)[0]
+        document = _documents(rng, 1, KINDS, 200, mix)[0]
         if document not in seen:
             seen.add(document)
             validation.append(document)
@@ -414,7 +481,7 @@ class Probe:
 
 
 def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
-    item = _coref_item(rng, held_out=held_out)
+    item = _coref_item(rng, nouns="held_out" if held_out else "real")
     return Probe(
         kind="coref_new_nouns" if held_out else "coref",
         prompt=f"{item.statement} The",
@@ -482,6 +549,9 @@ __all__ = [
     "COREF_TEMPLATES",
     "HELD_OUT_NOUNS",
     "KINDS",
+    "DEFAULT_MIX",
+    "RULE_MIX",
+    "Mix",
     "PROBE_KINDS",
     "CorefTemplate",
     "Probe",

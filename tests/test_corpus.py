@@ -8,6 +8,7 @@ import pytest
 from hf_tinytx.corpus import (
     COREF_TEMPLATES,
     HELD_OUT_NOUNS,
+    RULE_MIX,
     default_corpus,
     generate_documents,
     make_probes,
@@ -71,6 +72,30 @@ def test_coref_documents_name_the_referent_of_it():
     assert checked > 300
 
 
+def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing_away():
+    """RULE_MIX (claim 4's corpus): half the statements name two made-up nouns; the default corpus names none."""
+    frame_words = set().union(*(_words(" ".join((t.sentence, *t.a_nouns, *t.b_nouns, *t.a_adjectives,
+                                                 *t.b_adjectives))) for t in COREF_TEMPLATES))
+    assert all(_words(document) <= frame_words for document in generate_documents(300, seed=2, kinds=("coref",)))
+    referents = {"a": 0, "b": 0}
+    made_up = set()
+    for document in generate_documents(300, seed=2, kinds=("coref",), mix=RULE_MIX):
+        for statement in SENTENCE_END.split(document)[::2]:
+            first, second, adjective = re.fullmatch(
+                r"The (\w+) .* the (\w+) because it was too (\w+)\.", statement
+            ).groups()
+            template = next(
+                t for t in COREF_TEMPLATES if t.sentence.format(a=first, b=second, adjective=adjective) == statement
+            )
+            if first in template.a_nouns and second in template.b_nouns:
+                continue  # the frame's own nouns
+            assert first != second
+            made_up |= {first, second}
+            referents["a" if adjective in template.a_adjectives else "b"] += 1
+    assert referents["a"] > 50 and referents["b"] > 50
+    assert len(made_up) > 500  # fresh nouns, not a second fixed list to learn
+
+
 @pytest.mark.parametrize("distance", [0, 10, 50, 200, 400])
 def test_recall_probes_ask_at_exactly_the_requested_distance(distance):
     for probe in [p for p in make_probes(20, seed=5, recall_distances=(distance,)) if p.kind == "recall"]:
@@ -107,8 +132,8 @@ def test_copy_documents_repeat_their_words():
 
 
 def test_held_out_nouns_never_appear_in_documents():
-    corpus = default_corpus(num_documents=2000, seed=0)
-    documents = generate_documents(2000, seed=9) + corpus["train"] + corpus["validation"]
+    corpus, rule = default_corpus(num_documents=2000, seed=0), default_corpus(num_documents=2000, seed=0, mix=RULE_MIX)
+    documents = generate_documents(2000, seed=9) + corpus["train"] + corpus["validation"] + rule["train"]
     seen = set().union(*(_words(document) for document in documents))
     assert HELD_OUT_NOUNS.isdisjoint(seen)
     # ...while the probes that test generalisation are made of exactly those nouns.

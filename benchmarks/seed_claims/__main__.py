@@ -44,11 +44,14 @@ SETTINGS = {
     "full": dict(
         scaling_lengths=(512, 1024, 2048), scaling_hidden=256, scaling_heads=4, scaling_repeats=5,
         step_lengths=(64, 128, 256, 512), step_batch=8, step_repeats=5, single_lengths=(64, 128, 256, 512, 1024),
-        # Claims 4 and 6, on the corpus: ~0.66M parameters, 2 layers (the fewest that can chain "find the earlier
-        # mention" and "copy what followed"). lr 1e-3: at 3e-3 the copying circuit did not form (tried).
-        model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4),
-        vocab_size=1024, num_documents=30000, block_size=512, batch_size=8, train_steps=600, lr=1e-3,
-        probes_per_kind=100, head_texts=16, seeds=(0, 1, 2),
+        # Claims 4 and 6, on the corpus: ~0.53M parameters (input and output embeddings shared), 2 layers (the fewest
+        # that can chain "find the earlier mention" and "copy what followed"). Blocks of 128 (a coreference document
+        # is ~60 tokens), lr 2e-3 after 50 warm-up steps: 1e-3 on blocks of 512 left unseen nouns at chance, 5e-3 did
+        # no better (tried). 200 probes per kind: at 50, one probe moves an accuracy by 0.02.
+        model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                   tie_word_embeddings=True),
+        vocab_size=1024, num_documents=30000, block_size=128, batch_size=16, train_steps=900, lr=2e-3, warmup=50,
+        probes_per_kind=200, head_texts=16, seeds=(0, 1, 2),
         # Claim 3, the lookup task: 16 pairs as in Zoology's smaller settings; width 64 (~150k parameters) is where
         # Zoology's two-layer attention already solves MQAR, and it keeps a step at 512 tokens under a second.
         lookup_task=dict(num_pairs=16, num_keys=64, num_values=64, num_fillers=16),
@@ -64,7 +67,7 @@ SETTINGS = {
         scaling_lengths=(128, 256), scaling_hidden=64, scaling_heads=2, scaling_repeats=3,
         step_lengths=(32, 64), step_batch=4, step_repeats=3, single_lengths=(32, 64),
         model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
-        vocab_size=320, num_documents=300, block_size=128, batch_size=4, train_steps=40, lr=3e-3,
+        vocab_size=320, num_documents=300, block_size=128, batch_size=4, train_steps=40, lr=3e-3, warmup=10,
         probes_per_kind=4, head_texts=3, seeds=(0, 1),
         lookup_task=dict(num_pairs=8, num_keys=32, num_values=32, num_fillers=8),
         lookup_model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
@@ -157,7 +160,7 @@ from .lstm_baseline import lstm_matching  # noqa: E402
 from .report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
 
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
-from hf_tinytx.corpus import default_corpus, make_probes  # noqa: E402
+from hf_tinytx.corpus import RULE_MIX, default_corpus, make_probes  # noqa: E402
 from hf_tinytx.interpret import (  # noqa: E402
     attention_maps,
     attention_weights,
@@ -182,10 +185,11 @@ EXAMPLE_SENTENCE = "The animal didn't cross the street because it was too tired.
 
 
 def build_data(settings: dict, seed: int):
-    """A BPE trained on the corpus, and the training split cut into (blocks, block_size) token ids."""
+    """A BPE trained on the corpus, and the training split cut into (blocks, block_size) token ids. The corpus is
+    RULE_MIX's: half its statements name two made-up nouns, so that only the rule resolves "it" there."""
     from hf_tinytx.tokenization import train_bpe_tokenizer
 
-    corpus = default_corpus(num_documents=settings["num_documents"], seed=seed)
+    corpus = default_corpus(num_documents=settings["num_documents"], seed=seed, mix=RULE_MIX)
     tokenizer = train_bpe_tokenizer([corpus["train"]], settings["vocab_size"], model_max_length=4096)
     stream = []
     for ids in tokenizer(corpus["train"], add_special_tokens=False)["input_ids"]:
@@ -540,7 +544,8 @@ def train_corpus_model(settings: dict, budget: Budget, seed: int) -> CorpusModel
     tokenizer, blocks, validation = build_data(settings, seed)
     model = build_tinytx(settings, tokenizer, seed)
     feed = CorpusFeed(blocks, settings["batch_size"], seed)
-    training = train_in_turns({"tinytx": model}, {"tinytx": feed}, budget, settings["lr"])["tinytx"]
+    training = train_in_turns({"tinytx": model}, {"tinytx": feed}, budget, settings["lr"],
+                              settings["warmup"])["tinytx"]
     source = (f"a TinyTx trained here on the corpus of seed {seed} ({training['steps']} steps, "
               f"{training['seconds']:.0f} s)")
     return CorpusModel(model, tokenizer, build_tinytx(settings, tokenizer, seed + 1).eval(), validation, seed,
@@ -552,7 +557,8 @@ def corpus_model(args, settings: dict, budget: Budget, log) -> CorpusModel:
     if args.model:
         from hf_tinytx.interpret.__main__ import load_model_and_tokenizer
 
-        validation = default_corpus(num_documents=settings["num_documents"], seed=args.seed)["validation"]
+        corpus = default_corpus(num_documents=settings["num_documents"], seed=args.seed, mix=RULE_MIX)
+        validation = corpus["validation"]
         model, tokenizer = load_model_and_tokenizer(args.model)
         untrained = TinyTxForCausalLM._from_config(model.config, attn_implementation="eager").eval()
         return CorpusModel(model, tokenizer, untrained, validation, None, {}, args.model)
