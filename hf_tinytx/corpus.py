@@ -157,11 +157,11 @@ def _made_up_noun(rng: random.Random) -> str:
             return noun
 
 
-def _coref_item(rng: random.Random, nouns: str = "real", made_up_share: float = 0.0) -> _CorefItem:
-    """`nouns`: "real" (the frame's own nouns or, for `made_up_share` of statements, two made-up ones) or "held_out"
-    (the "coref_new_nouns" probes)."""
+def _coref_item(rng: random.Random, held_out: bool = False, made_up_share: float = 0.0) -> _CorefItem:
+    """A statement with the frame's held-out nouns (the "coref_new_nouns" probes), or its own nouns; or, for
+    `made_up_share` of statements, two made-up ones."""
     template = rng.choice(COREF_TEMPLATES)
-    if nouns == "held_out":
+    if held_out:
         a, b = rng.choice(template.held_out_a_nouns), rng.choice(template.held_out_b_nouns)
     elif made_up_share and rng.random() < made_up_share:  # no draw at 0: the default corpus stays as it was
         a = _made_up_noun(rng)
@@ -481,7 +481,7 @@ class Probe:
 
 
 def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
-    item = _coref_item(rng, nouns="held_out" if held_out else "real")
+    item = _coref_item(rng, held_out=held_out)
     return Probe(
         kind="coref_new_nouns" if held_out else "coref",
         prompt=f"{item.statement} The",
