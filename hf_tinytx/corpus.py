@@ -491,6 +491,24 @@ def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
     )
 
 
+def made_up_coref_probes(num_probes: int = 100, seed: int = 12345) -> list[Probe]:
+    """Coreference probes whose two nouns are fresh made-up words (kind "coref_made_up"), in either role: no noun
+    class can answer them, only the rule. Made-up words are drawn from a small syllable grammar, so one may also occur
+    in a RULE_MIX training document; the pair and its sentence are fresh draws. For ablations of claim 4 (not among
+    :data:`PROBE_KINDS`, which every model card reports)."""
+    _check_int("num_probes", num_probes, 1)
+    _check_int("seed", seed)
+    rng = _rng("probes/coref_made_up", seed)
+    real = set().union(*(template.a_nouns + template.b_nouns for template in COREF_TEMPLATES))
+    probes = []
+    while len(probes) < num_probes:
+        item = _coref_item(rng, made_up_share=1.0)
+        if {item.referent, item.other} & real:
+            continue  # a syllable draw can spell a frame's noun ("cow"): that one has a class
+        probes.append(Probe("coref_made_up", f"{item.statement} The", f" {item.referent}", (f" {item.other}",), 0))
+    return probes
+
+
 def _recall_probe(rng: random.Random, distance: int) -> Probe:
     episode = _recall_episode(rng, distance)
     return Probe("recall", episode.prompt, episode.answer, episode.distractors, episode.distance)
@@ -557,5 +575,6 @@ __all__ = [
     "Probe",
     "default_corpus",
     "generate_documents",
+    "made_up_coref_probes",
     "make_probes",
 ]

@@ -11,6 +11,7 @@ from hf_tinytx.corpus import (
     RULE_MIX,
     default_corpus,
     generate_documents,
+    made_up_coref_probes,
     make_probes,
 )
 
@@ -94,6 +95,23 @@ def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing
             referents["a" if adjective in template.a_adjectives else "b"] += 1
     assert referents["a"] > 50 and referents["b"] > 50
     assert len(made_up) > 500  # fresh nouns, not a second fixed list to learn
+
+
+def test_made_up_coref_probes_ask_for_a_made_up_noun_in_either_role():
+    probes = made_up_coref_probes(200, seed=3)
+    assert made_up_coref_probes(200, seed=3) == probes and made_up_coref_probes(200, seed=4) != probes
+    frame_nouns = set().union(*(t.a_nouns + t.b_nouns for t in COREF_TEMPLATES))
+    firsts = 0
+    for probe in probes:
+        first, second, adjective = re.fullmatch(r"The (\w+) .* the (\w+) because it was too (\w+)\. The",
+                                                probe.prompt).groups()  # fmt: skip
+        template = next(t for t in COREF_TEMPLATES
+                        if t.sentence.format(a=first, b=second, adjective=adjective) + " The" == probe.prompt)
+        assert probe.kind == "coref_made_up" and {first, second}.isdisjoint(frame_nouns | HELD_OUT_NOUNS)
+        referent = first if adjective in template.a_adjectives else second
+        assert probe.answer == f" {referent}" and probe.distractors == (f" {({first, second} - {referent}).pop()}",)
+        firsts += referent == first
+    assert 70 < firsts < 130  # the referent is either noun, so "the first one" scores at chance
 
 
 @pytest.mark.parametrize("distance", [0, 10, 50, 200, 400])
@@ -186,6 +204,7 @@ def test_copy_probes_ask_for_the_next_repeated_word():
         (lambda: generate_documents(-1), "num_documents"),
         (lambda: generate_documents(5, max_recall_distance=-3), "max_recall_distance"),
         (lambda: make_probes(0), "num_per_kind"),
+        (lambda: made_up_coref_probes(0), "num_probes"),
         (lambda: make_probes(2, recall_distances=10), "recall_distances"),
         (lambda: default_corpus(0), "num_documents"),
     ],

@@ -231,3 +231,41 @@ def test_seed_flags_pick_the_claim_4_seeds_and_refuse_repeats_before_torch_loads
         with pytest.raises(SystemExit):
             seed_claims.parse_arguments(argv)
         assert message in capsys.readouterr().err
+
+
+def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_path):
+    """benchmarks/seed_claims/rule_ablation.py: claim 4's model on a mix set by flags, its three "it" accuracies
+    every --every steps, as a table and as JSON."""
+    out = tmp_path / "ablation.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.seed_claims.rule_ablation", "--quick", "--steps", "6", "--every", "4",
+         "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers", "1", "--out", str(out)],
+        env=pretrain_env(tmp_path), cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures == json.loads(out.read_text())
+    assert figures["mix"] == {"kind_weights": [1.0, 0.0, 0.0], "made_up_share": 1.0, "copy_made_up_share": 0.3}
+    assert figures["model"]["num_hidden_layers"] == 1 and figures["probes_per_kind"] == 4
+    assert [row["step"] for row in figures["curve"]] == [4, 6]  # every 4 steps, and the last
+    for row in figures["curve"]:
+        assert all(row[kind] in (0, 0.25, 0.5, 0.75, 1) for kind in ("coref", "coref_new_nouns", "coref_made_up"))
+        assert row["loss"] > 0 and row["seconds"] >= 0
+    rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [row.split("|")[1].strip() for row in rows] == ["4", "6"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--made_up", "1.5"], "--made_up"), (["--kind_weights", "0", "0", "0"], "--kind_weights"),
+     (["--steps", "0"], "--steps")],
+)  # fmt: skip
+def test_rule_ablation_refuses_bad_flags_by_name(argv, message, capsys):
+    from benchmarks.seed_claims import rule_ablation
+
+    with pytest.raises(SystemExit):
+        rule_ablation.parse_arguments(argv)
+    assert message in capsys.readouterr().err
+    settings = rule_ablation.settings_for(rule_ablation.parse_arguments(["--hidden", "64", "--vocab", "300"]))
+    assert settings["model"]["hidden_size"] == 64 and settings["model"]["intermediate_size"] == 192
+    assert settings["vocab_size"] == 300 and seed_claims.SETTINGS["full"]["model"]["hidden_size"] == 128

@@ -160,7 +160,7 @@ from .lstm_baseline import lstm_matching  # noqa: E402
 from .report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
 
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
-from hf_tinytx.corpus import RULE_MIX, default_corpus, make_probes  # noqa: E402
+from hf_tinytx.corpus import RULE_MIX, Mix, default_corpus, make_probes  # noqa: E402
 from hf_tinytx.interpret import (  # noqa: E402
     attention_maps,
     attention_weights,
@@ -184,12 +184,12 @@ EXAMPLE_SENTENCE = "The animal didn't cross the street because it was too tired.
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def build_data(settings: dict, seed: int):
+def build_data(settings: dict, seed: int, mix: Mix = RULE_MIX):
     """A BPE trained on the corpus, and the training split cut into (blocks, block_size) token ids. The corpus is
-    RULE_MIX's: half its statements name two made-up nouns, so that only the rule resolves "it" there."""
+    RULE_MIX's (half its statements name two made-up nouns, so that only the rule resolves "it" there), or `mix`'s."""
     from hf_tinytx.tokenization import train_bpe_tokenizer
 
-    corpus = default_corpus(num_documents=settings["num_documents"], seed=seed, mix=RULE_MIX)
+    corpus = default_corpus(num_documents=settings["num_documents"], seed=seed, mix=mix)
     tokenizer = train_bpe_tokenizer([corpus["train"]], settings["vocab_size"], model_max_length=4096)
     stream = []
     for ids in tokenizer(corpus["train"], add_special_tokens=False)["input_ids"]:
