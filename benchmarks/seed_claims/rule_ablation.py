@@ -77,6 +77,17 @@ def probe_sets(settings: dict) -> list:
     return probes + made_up_coref_probes(count)
 
 
+def score_row(model, tokenizer, probes, step: int, seconds: float, recent_losses: list[float]) -> dict:
+    """The three accuracies at this step, printed as a table row as soon as they are known."""
+    model.eval()
+    accuracy = claims.score_probes(model, tokenizer, probes, batch_size=16)
+    row = {"step": step, "seconds": round(seconds, 1), "loss": sum(recent_losses) / len(recent_losses),
+           **{kind: accuracy[kind] for kind in ("coref", "coref_new_nouns", "coref_made_up")}}
+    print(f"| {step} | {seconds:.0f} | {row['loss']:.3f} | {row['coref']:.2f} | {row['coref_new_nouns']:.2f} | "
+          f"{row['coref_made_up']:.2f} |", flush=True)
+    return row
+
+
 def main(argv=None) -> dict:
     args = parse_arguments(argv)
     torch.set_num_threads(args.threads)
@@ -87,6 +98,7 @@ def main(argv=None) -> dict:
     feed = claims.CorpusFeed(blocks, settings["batch_size"], args.seed)
     optimizer = claims.make_optimizer(model, settings["lr"])
     probes, steps, curve, losses, seconds = probe_sets(settings), settings["train_steps"], [], [], 0.0
+    print("| step | s | loss | seen nouns | unseen nouns | made-up nouns |\n|---|---|---|---|---|---|", flush=True)
     for step in range(steps):
         input_ids, labels = feed.batch(step / steps)
         for group in optimizer.param_groups:
@@ -96,17 +108,10 @@ def main(argv=None) -> dict:
         losses.append(claims.training_step(model, optimizer, input_ids, labels)[0])
         seconds += time.perf_counter() - start
         if (step + 1) % args.every == 0 or step + 1 == steps:
-            model.eval()
-            accuracy = claims.score_probes(model, tokenizer, probes, batch_size=16)
-            curve.append({"step": step + 1, "seconds": round(seconds, 1), "loss": sum(losses[-10:]) / len(losses[-10:]),
-                          **{kind: accuracy[kind] for kind in ("coref", "coref_new_nouns", "coref_made_up")}})
+            curve.append(score_row(model, tokenizer, probes, step + 1, seconds, losses[-10:]))
     result = {"benchmark": "seed_claims.rule_ablation", "seed": args.seed, "mix": dataclasses.asdict(mix),
               "model": settings["model"], "vocab_size": len(tokenizer), "lr": settings["lr"],
               "batch_size": settings["batch_size"], "probes_per_kind": settings["probes_per_kind"], "curve": curve}
-    print("| step | s | loss | seen nouns | unseen nouns | made-up nouns |\n|---|---|---|---|---|---|")
-    for row in curve:
-        print(f"| {row['step']} | {row['seconds']:.0f} | {row['loss']:.3f} | {row['coref']:.2f} | "
-              f"{row['coref_new_nouns']:.2f} | {row['coref_made_up']:.2f} |")
     print(json.dumps(result))
     if args.out:
         with open(args.out, "w") as f:
