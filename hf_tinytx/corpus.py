@@ -5,13 +5,13 @@ Three kinds of document, each built on the examples in the project's explainer t
 
 * ``coref`` (Winograd-style): "The animal didn't cross the street because it was too tired. The animal was too
   tired." The adjective decides what "it" means, so the noun after "The" in the second sentence is predictable only
-  by resolving "it" against the first sentence. With :data:`RULE_MIX`, half the statements use two made-up nouns
+  by resolving "it" against the first sentence. With :data:`RULE_MIX`, three statements in four use two made-up nouns
   ("The blick didn't cross the tromp ..."), either of which may be the referent, so the noun's class cannot give the
   answer away.
 * ``recall``: facts stated early ("The code for the blue door is 4 7 1."), neutral filler sentences, then the fact's
   opening again ("The code for the blue door is"), whose continuation must be fetched from far back. The amount of
   filler sets the distance, in words, between the fact and the question.
-* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk." (with RULE_MIX, some words made up), neutral filler between
+* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", neutral filler between
   the two (as many words as a recall document's distance, often none): a list held over a distance, a word at a time.
 
 Everything is plain Python (``random.Random``), so the same seed gives the same text on every machine.
@@ -42,16 +42,16 @@ class Mix:
 
     kind_weights: tuple[float, ...] | None = None  # odds of coref, recall, copy; None: uniform
     made_up_share: float = 0.0  # of coreference statements whose two nouns are both made up
-    copy_made_up_share: float = 0.0  # of listed words that are made up: copying must work for any word
 
     def weights(self, kinds: tuple[str, ...]) -> list[float] | None:
         return None if self.kind_weights is None else [self.kind_weights[KINDS.index(kind)] for kind in kinds]
 
 
 DEFAULT_MIX = Mix()
-# Coreference documents are short and hold one hard word per statement (the referent after "The"), so they are drawn
-# four times as often as each of the others.
-RULE_MIX = Mix(kind_weights=(4, 1, 1), made_up_share=0.5, copy_made_up_share=0.3)
+# Coreference documents only, three statements in four with made-up nouns: with recall and copy documents beside them
+# (drawn 4 : 1 : 1) and half the nouns made up, a 2-layer model was still at chance on made-up nouns after 900 steps
+# (`python -m benchmarks.seed_claims.rule_ablation`). The real quarter keeps the frames' own nouns in the vocabulary.
+RULE_MIX = Mix(kind_weights=(1, 0, 0), made_up_share=0.75)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -366,15 +366,9 @@ COPY_WORDS = tuple(
 COPY_MIN_WORDS, COPY_MAX_WORDS = 3, 12
 
 
-def _copy_words(rng: random.Random, made_up_share: float = 0.0) -> list[str]:
+def _copy_words(rng: random.Random) -> list[str]:
     # Distinct words, so each word has exactly one successor to copy.
-    words = rng.sample(COPY_WORDS, rng.randint(COPY_MIN_WORDS, COPY_MAX_WORDS))
-    for i in range(len(words) if made_up_share else 0):
-        if rng.random() < made_up_share:
-            made_up = _made_up_noun(rng)
-            if made_up not in words:
-                words[i] = made_up
-    return words
+    return rng.sample(COPY_WORDS, rng.randint(COPY_MIN_WORDS, COPY_MAX_WORDS))
 
 
 def _copy_episode(rng: random.Random, words: list[str], gap: int) -> str:
@@ -387,7 +381,7 @@ def _copy_episode(rng: random.Random, words: list[str], gap: int) -> str:
 def _copy_document(rng: random.Random, max_distance: int, mix: Mix) -> str:
     episodes = []
     for _ in range(rng.randint(1, 3)):
-        words = _copy_words(rng, mix.copy_made_up_share)
+        words = _copy_words(rng)
         episodes.append(_copy_episode(rng, words, _log_uniform_distance(rng, max_distance)))
     return " ".join(episodes)
 
@@ -440,6 +434,8 @@ def generate_documents(
     unknown = [kind for kind in kinds if kind not in KINDS]
     if not kinds or unknown:
         raise ValueError(f"`kinds` must be a non-empty tuple drawn from {KINDS}, got {kinds!r}.")
+    if mix.weights(kinds) is not None and not any(mix.weights(kinds)):
+        raise ValueError(f"The mix gives no weight to any of `kinds` {kinds!r}; ask for a kind it draws.")
     return _documents(_rng("documents", seed), num_documents, kinds, max_recall_distance, mix)
 
 

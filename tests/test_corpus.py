@@ -74,7 +74,7 @@ def test_coref_documents_name_the_referent_of_it():
 
 
 def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing_away():
-    """RULE_MIX (claim 4's corpus): half the statements name two made-up nouns; the default corpus names none."""
+    """RULE_MIX (claim 4's corpus): three statements in four name two made-up nouns; the default corpus names none."""
     frame_words = set().union(*(_words(" ".join((t.sentence, *t.a_nouns, *t.b_nouns, *t.a_adjectives,
                                                  *t.b_adjectives))) for t in COREF_TEMPLATES))
     assert all(_words(document) <= frame_words for document in generate_documents(300, seed=2, kinds=("coref",)))
@@ -205,6 +205,7 @@ def test_copy_probes_ask_for_the_next_repeated_word():
         (lambda: generate_documents(5, max_recall_distance=-3), "max_recall_distance"),
         (lambda: make_probes(0), "num_per_kind"),
         (lambda: made_up_coref_probes(0), "num_probes"),
+        (lambda: generate_documents(5, kinds=("copy",), mix=RULE_MIX), "no weight"),
         (lambda: make_probes(2, recall_distances=10), "recall_distances"),
         (lambda: default_corpus(0), "num_documents"),
     ],

@@ -6,9 +6,10 @@ changed by flags, scored along the way on three kinds of "it" probe:
 * made-up nouns (`coref_made_up`): two fresh non-words, so only the rule (the adjective names the role, the answer
   copies the noun in that role) can answer. Chance is 0.50 for all three.
 
-    python -m benchmarks.seed_claims.rule_ablation                             # claim 4's own settings, seed 0
-    python -m benchmarks.seed_claims.rule_ablation --made_up 1.0 --kind_weights 1 0 0   # the rule and nothing else
-    python -m benchmarks.seed_claims.rule_ablation --layers 3 --out rule.json
+    python -m benchmarks.seed_claims.rule_ablation                 # claim 4's own settings and corpus, seed 0
+    python -m benchmarks.seed_claims.rule_ablation --made_up 1.0   # every statement made up: the rule and nothing else
+    python -m benchmarks.seed_claims.rule_ablation --kind_weights 4 1 1 --made_up 0.5 --hidden 128 --lr 2e-3 \
+        --steps 900 --out rule.json                                # claim 4 as it was before (0.60 on made-up nouns)
 
 Prints a table (step, seconds, loss, the three accuracies) and one JSON line; --out also writes the JSON there.
 """
@@ -16,6 +17,8 @@ Prints a table (step, seconds, loss, the three accuracies) and one JSON line; --
 import argparse
 import dataclasses
 import json
+import shlex
+import sys
 import time
 
 import torch
@@ -41,7 +44,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--made_up", type=float, default=claims.RULE_MIX.made_up_share,
                         help="share of statements with two made-up nouns (default RULE_MIX's, %(default)s)")
     parser.add_argument("--kind_weights", type=float, nargs=3, default=claims.RULE_MIX.kind_weights,
-                        metavar=("COREF", "RECALL", "COPY"), help="odds of each document kind (default 4 1 1)")
+                        metavar=("COREF", "RECALL", "COPY"), help="odds of each document kind (default RULE_MIX's, 1 0 0)")
     parser.add_argument("--probes", type=int, help="probes per kind (default 200; scored every --every steps)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     parser.add_argument("--out", help="also write the JSON here")
@@ -92,7 +95,7 @@ def main(argv=None) -> dict:
     args = parse_arguments(argv)
     torch.set_num_threads(args.threads)
     settings = settings_for(args)
-    mix = claims.Mix(tuple(args.kind_weights), args.made_up, claims.RULE_MIX.copy_made_up_share)
+    mix = claims.Mix(tuple(args.kind_weights), args.made_up)
     tokenizer, blocks, _ = claims.build_data(settings, args.seed, mix)
     model = claims.build_tinytx(settings, tokenizer, args.seed)
     feed = claims.CorpusFeed(blocks, settings["batch_size"], args.seed)
@@ -109,7 +112,9 @@ def main(argv=None) -> dict:
         seconds += time.perf_counter() - start
         if (step + 1) % args.every == 0 or step + 1 == steps:
             curve.append(score_row(model, tokenizer, probes, step + 1, seconds, losses[-10:]))
-    result = {"benchmark": "seed_claims.rule_ablation", "seed": args.seed, "mix": dataclasses.asdict(mix),
+    flags = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.seed_claims.rule_ablation", *flags])
+    result = {"benchmark": "seed_claims.rule_ablation", "command": command, "seed": args.seed, "mix": dataclasses.asdict(mix),
               "model": settings["model"], "vocab_size": len(tokenizer), "lr": settings["lr"],
               "batch_size": settings["batch_size"], "probes_per_kind": settings["probes_per_kind"], "curve": curve}
     print(json.dumps(result))
