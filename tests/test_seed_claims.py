@@ -236,7 +236,9 @@ def test_seed_flags_pick_the_claim_4_seeds_and_refuse_repeats_before_torch_loads
 def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_path):
     """benchmarks/seed_claims/rule_ablation.py: claim 4's model on a mix set by flags, its three "it" accuracies
     every --every steps, as a table and as JSON."""
-    out = tmp_path / "ablation.json"
+    out, elsewhere = tmp_path / "ablation.json", tmp_path / "elsewhere.json"
+    elsewhere.write_text("keep")
+    out.symlink_to(elsewhere)  # a link planted at --out is replaced, never written through
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.seed_claims.rule_ablation", "--quick", "--steps", "6", "--every", "4",
          "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers", "1", "--out", str(out)],
@@ -244,7 +246,7 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert figures == json.loads(out.read_text())
+    assert figures == json.loads(out.read_text()) and not out.is_symlink() and elsewhere.read_text() == "keep"
     assert figures["command"].startswith("python -m benchmarks.seed_claims.rule_ablation --quick --steps 6 ")
     assert figures["mix"] == {"kind_weights": [1.0, 0.0, 0.0], "made_up_share": 1.0}
     assert figures["model"]["num_hidden_layers"] == 1 and figures["probes_per_kind"] == 4
@@ -259,7 +261,8 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
 @pytest.mark.parametrize(
     "argv, message",
     [(["--made_up", "1.5"], "--made_up"), (["--kind_weights", "0", "0", "0"], "--kind_weights"),
-     (["--steps", "0"], "--steps")],
+     (["--steps", "0"], "--steps"), (["--out", "/nonexistent/folder/ablation.json"], "--out"),
+     (["--out", "."], "--out")],
 )  # fmt: skip
 def test_rule_ablation_refuses_bad_flags_by_name(argv, message, capsys):
     from benchmarks.seed_claims import rule_ablation

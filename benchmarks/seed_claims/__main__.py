@@ -44,7 +44,7 @@ SETTINGS = {
     "full": dict(
         scaling_lengths=(512, 1024, 2048), scaling_hidden=256, scaling_heads=4, scaling_repeats=5,
         step_lengths=(64, 128, 256, 512), step_batch=8, step_repeats=5, single_lengths=(64, 128, 256, 512, 1024),
-        # Claims 4 and 6, on RULE_MIX's corpus: ~0.16M parameters (input and output embeddings shared), 2 layers (the
+        # Claims 4 and 6, on RULE_MIX's corpus: ~0.17M parameters (input and output embeddings shared), 2 layers (the
         # fewest that can chain "read the role from the adjective" and "copy the noun in that role"). Blocks of 128 (a
         # coreference document is ~60 tokens). The rule arrives late and suddenly (rule_ablation.py): width 64 at lr
         # 5e-3 learns it at 1,000-2,000 steps, width 128 at 2e-3 at 2,000-2,500; 3,500 steps leave room after it for

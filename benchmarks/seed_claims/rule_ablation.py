@@ -9,7 +9,7 @@ changed by flags, scored along the way on three kinds of "it" probe:
     python -m benchmarks.seed_claims.rule_ablation                 # claim 4's own settings and corpus, seed 0
     python -m benchmarks.seed_claims.rule_ablation --made_up 1.0   # every statement made up: the rule and nothing else
     python -m benchmarks.seed_claims.rule_ablation --kind_weights 4 1 1 --made_up 0.5 --hidden 128 --lr 2e-3 \
-        --steps 900 --out rule.json                                # claim 4 as it was before (0.60 on made-up nouns)
+        --steps 900 --out rule.json                                # close to claim 4's recipe before this one
 
 Prints a table (step, seconds, loss, the three accuracies) and one JSON line; --out also writes the JSON there.
 """
@@ -17,6 +17,7 @@ Prints a table (step, seconds, loss, the three accuracies) and one JSON line; --
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -25,6 +26,7 @@ import torch
 
 from benchmarks.seed_claims import __main__ as claims
 from hf_tinytx.corpus import made_up_coref_probes
+from hf_tinytx.folders import open_new
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -44,7 +46,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--made_up", type=float, default=claims.RULE_MIX.made_up_share,
                         help="share of statements with two made-up nouns (default RULE_MIX's, %(default)s)")
     parser.add_argument("--kind_weights", type=float, nargs=3, default=claims.RULE_MIX.kind_weights,
-                        metavar=("COREF", "RECALL", "COPY"), help="odds of each document kind (default RULE_MIX's, 1 0 0)")
+                        metavar=("COREF", "RECALL", "COPY"), help="odds of each document kind (default RULE_MIX's)")
     parser.add_argument("--probes", type=int, help="probes per kind (default 200; scored every --every steps)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     parser.add_argument("--out", help="also write the JSON here")
@@ -57,6 +59,9 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         parser.error(f"--made_up is a share between 0 and 1, got {args.made_up}.")
     if min(args.kind_weights) < 0 or max(args.kind_weights) <= 0:
         parser.error(f"--kind_weights must be odds (>= 0, one of them > 0), got {args.kind_weights}.")
+    # Checked now, not after the training: the JSON is the last thing written.
+    if args.out and (os.path.isdir(args.out) or not os.path.isdir(os.path.dirname(os.path.abspath(args.out)))):
+        parser.error(f"--out must be a file path in an existing folder, got {args.out!r}; create the folder first.")
     return args
 
 
@@ -114,12 +119,13 @@ def main(argv=None) -> dict:
             curve.append(score_row(model, tokenizer, probes, step + 1, seconds, losses[-10:]))
     flags = sys.argv[1:] if argv is None else argv
     command = shlex.join(["python", "-m", "benchmarks.seed_claims.rule_ablation", *flags])
-    result = {"benchmark": "seed_claims.rule_ablation", "command": command, "seed": args.seed, "mix": dataclasses.asdict(mix),
-              "model": settings["model"], "vocab_size": len(tokenizer), "lr": settings["lr"],
-              "batch_size": settings["batch_size"], "probes_per_kind": settings["probes_per_kind"], "curve": curve}
+    result = {"benchmark": "seed_claims.rule_ablation", "command": command, "seed": args.seed,
+              "mix": dataclasses.asdict(mix), "model": settings["model"], "vocab_size": len(tokenizer),
+              "lr": settings["lr"], "batch_size": settings["batch_size"],
+              "probes_per_kind": settings["probes_per_kind"], "curve": curve}
     print(json.dumps(result))
     if args.out:
-        with open(args.out, "w") as f:
+        with open_new(args.out) as f:  # never through a link planted at --out
             json.dump(result, f, indent=2)
     return result
 
