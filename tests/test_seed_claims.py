@@ -241,7 +241,8 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
     out.symlink_to(elsewhere)  # a link planted at --out is replaced, never written through
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.seed_claims.rule_ablation", "--quick", "--steps", "6", "--every", "4",
-         "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers", "1", "--out", str(out)],
+         "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers", "1", "--documents", "200",
+         "--out", str(out)],
         env=pretrain_env(tmp_path), cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -250,6 +251,7 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
     assert figures["command"].startswith("python -m benchmarks.seed_claims.rule_ablation --quick --steps 6 ")
     assert figures["mix"] == {"kind_weights": [1.0, 0.0, 0.0], "made_up_share": 1.0}
     assert figures["model"]["num_hidden_layers"] == 1 and figures["probes_per_kind"] == 4
+    assert figures["num_documents"] == 200
     assert [row["step"] for row in figures["curve"]] == [4, 6]  # every 4 steps, and the last
     for row in figures["curve"]:
         assert all(row[kind] in (0, 0.25, 0.5, 0.75, 1) for kind in ("coref", "coref_new_nouns", "coref_made_up"))
@@ -261,7 +263,8 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
 @pytest.mark.parametrize(
     "argv, message",
     [(["--made_up", "1.5"], "--made_up"), (["--kind_weights", "0", "0", "0"], "--kind_weights"),
-     (["--steps", "0"], "--steps"), (["--out", "/nonexistent/folder/ablation.json"], "--out"),
+     (["--steps", "0"], "--steps"), (["--documents", "0"], "--documents"),
+     (["--out", "/nonexistent/folder/ablation.json"], "--out"),
      (["--out", "."], "--out")],
 )  # fmt: skip
 def test_rule_ablation_refuses_bad_flags_by_name(argv, message, capsys):

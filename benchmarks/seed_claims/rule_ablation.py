@@ -41,6 +41,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help=f"warm-up steps (default {full['warmup']})")
     parser.add_argument("--batch", type=int, help=f"blocks per step (default {full['batch_size']})")
     parser.add_argument("--vocab", type=int, help=f"BPE vocabulary (default {full['vocab_size']})")
+    parser.add_argument("--documents", type=int, help=f"training documents (default {full['num_documents']})")
     parser.add_argument("--hidden", type=int, help=f"model width (default {full['model']['hidden_size']})")
     parser.add_argument("--layers", type=int, help=f"layers (default {full['model']['num_hidden_layers']})")
     parser.add_argument("--made_up", type=float, default=claims.RULE_MIX.made_up_share,
@@ -51,7 +52,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
-    for name in ("steps", "every", "lr", "warmup", "batch", "vocab", "hidden", "layers", "probes", "threads"):
+    for name in ("steps", "every", "lr", "warmup", "batch", "vocab", "documents", "hidden", "layers", "probes",
+                 "threads"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name} must be positive, got {value}.")
@@ -69,7 +71,8 @@ def settings_for(args: argparse.Namespace) -> dict:
     settings = dict(claims.SETTINGS["quick" if args.quick else "full"])
     settings["model"] = dict(settings["model"])
     for flag, key in (("steps", "train_steps"), ("lr", "lr"), ("warmup", "warmup"), ("batch", "batch_size"),
-                      ("vocab", "vocab_size"), ("probes", "probes_per_kind")):  # fmt: skip
+                      ("vocab", "vocab_size"), ("documents", "num_documents"),
+                      ("probes", "probes_per_kind")):  # fmt: skip
         if getattr(args, flag) is not None:
             settings[key] = getattr(args, flag)
     if args.hidden is not None:
@@ -121,7 +124,7 @@ def main(argv=None) -> dict:
     command = shlex.join(["python", "-m", "benchmarks.seed_claims.rule_ablation", *flags])
     result = {"benchmark": "seed_claims.rule_ablation", "command": command, "seed": args.seed,
               "mix": dataclasses.asdict(mix), "model": settings["model"], "vocab_size": len(tokenizer),
-              "lr": settings["lr"], "batch_size": settings["batch_size"],
+              "lr": settings["lr"], "batch_size": settings["batch_size"], "num_documents": settings["num_documents"],
               "probes_per_kind": settings["probes_per_kind"], "curve": curve}
     print(json.dumps(result))
     if args.out:
