@@ -14,10 +14,10 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
-import socket
 import time
 import urllib.request
 import zipfile

@@ -44,10 +44,10 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
+from transformers.masking_utils import create_causal_mask  # noqa: E402
 
 from hf_tinytx import TinyTxConfig  # noqa: E402
 from hf_tinytx.modeling_tinytx import TinyTxAttention, TinyTxRotaryEmbedding  # noqa: E402
-from transformers.masking_utils import create_causal_mask  # noqa: E402
 
 
 BACKENDS = ("eager", "sdpa")

@@ -9,11 +9,10 @@ import time
 from collections.abc import Callable
 
 import torch
+from shapes import SHAPES
 
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
 from hf_tinytx.convert import tinytx_to_llama
-
-from shapes import SHAPES
 
 
 def build_pair(shape: str, attn_implementation: str = "sdpa", seed: int = 0):

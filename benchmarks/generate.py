@@ -69,8 +69,8 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
-
 from common import count_parameters, interleaved_samples, paired_ratio  # noqa: E402
+
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.convert import convert_folder  # noqa: E402
 from hf_tinytx.corpus import default_corpus  # noqa: E402

@@ -124,7 +124,9 @@ def main() -> None:
 
 
 def table(rows: list[dict], args, modes: list[str]) -> list[str]:
-    mib = lambda values: ", ".join(f"{b / 2**20:,.0f}" for b in values) or "-"
+    def mib(values):
+        return ", ".join(f"{b / 2**20:,.0f}" for b in values) or "-"
+
     lines = [f"Peak memory per rank, {args.ranks} {args.device} ranks, `{args.preset}` preset "
              f"({rows[0]['parameters']:,} parameters), {args.steps} steps, batch {args.batch_size} x "
              f"{args.block_size} per rank:", "",

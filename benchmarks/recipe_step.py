@@ -30,8 +30,8 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
-
 from common import interleaved_samples, medians, paired_ratio  # noqa: E402
+
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's hf_tinytx
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from report import print_report
 
+
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "training" / "pretrain.py"
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"

@@ -50,13 +50,12 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
+from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
+from gpt_baseline import GPT  # noqa: E402
 
 from hf_tinytx import TinyTxForCausalLM, modeling_tinytx  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.cpu_memory import keep_freed_memory  # noqa: E402
-
-from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
-from gpt_baseline import GPT  # noqa: E402
 
 
 def make_step(model: torch.nn.Module, batch: torch.Tensor):

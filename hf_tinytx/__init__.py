@@ -2,33 +2,42 @@
 
 Importing the package registers the "tinytx" model type with transformers' Auto classes, so
 `AutoConfig.for_model("tinytx", ...)` and `AutoModelForCausalLM.from_pretrained(folder)` work natively.
+
+The import is light: it loads neither torch nor transformers. The classes load when first touched
+(`hf_tinytx.TinyTxForCausalLM`), and the registration runs when transformers loads its Auto classes
+(hf_tinytx/auto_registration.py). So the torch-free modules (folders, sources, stored_weights, command_flags) serve
+the commands' checks in milliseconds.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+import importlib
 
-from .configuration_tinytx import TinyTxConfig
-from .modeling_tinytx import TinyTxForCausalLM, TinyTxForSequenceClassification, TinyTxModel, TinyTxPreTrainedModel
+from .auto_registration import register_when_transformers_loads
 
 
 __version__ = "0.1.0"
 
-AutoConfig.register(TinyTxConfig.model_type, TinyTxConfig, exist_ok=True)
-AutoModel.register(TinyTxConfig, TinyTxModel, exist_ok=True)
-AutoModelForCausalLM.register(TinyTxConfig, TinyTxForCausalLM, exist_ok=True)
-AutoModelForSequenceClassification.register(TinyTxConfig, TinyTxForSequenceClassification, exist_ok=True)
+# Each public class and the module that defines it, imported on first use (PEP 562).
+_CLASSES = {
+    "TinyTxConfig": "configuration_tinytx",
+    "TinyTxPreTrainedModel": "modeling_tinytx",
+    "TinyTxModel": "modeling_tinytx",
+    "TinyTxForCausalLM": "modeling_tinytx",
+    "TinyTxForSequenceClassification": "modeling_tinytx",
+}
 
-# `save_pretrained` then writes `auto_map` into config.json and copies the two code files next to the weights, so
-# the folder also loads with `trust_remote_code=True` where this package is not installed.
-TinyTxConfig.register_for_auto_class()
-TinyTxModel.register_for_auto_class("AutoModel")
-TinyTxForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-TinyTxForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+__all__ = [*_CLASSES, "__version__"]
 
-__all__ = [
-    "TinyTxConfig",
-    "TinyTxPreTrainedModel",
-    "TinyTxModel",
-    "TinyTxForCausalLM",
-    "TinyTxForSequenceClassification",
-    "__version__",
-]
+
+def __getattr__(name: str):
+    if name not in _CLASSES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_CLASSES[name]}", __name__), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_CLASSES})
+
+
+register_when_transformers_loads()

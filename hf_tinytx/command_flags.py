@@ -1,9 +1,8 @@
 """The flags of the library's commands, `python -m hf_tinytx.convert` and `python -m hf_tinytx.interpret`.
 
-Python's standard library only, on purpose: running either module imports hf_tinytx/__init__.py first, which
-registers the model with transformers and so loads torch (~7 s, ~30 s on a busy machine). The `tinytx` command
-(training/cli.py) reads this file on its own (training/light_library.py says how) and parses the flags with these
-parsers before it runs the module, so `tinytx convert --help` and a mistyped flag are answered at once.
+Python's standard library only, on purpose: the two modules load torch as they import (seconds). The `tinytx`
+command (training/cli.py) parses the flags with these parsers before it runs the module, so `tinytx convert --help`
+and a mistyped flag are answered at once.
 """
 
 import argparse

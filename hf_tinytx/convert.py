@@ -46,8 +46,8 @@ from .folders import (
     would_replace,
     written_before,
 )
-from .quiet import quiet_notices
 from .modeling_tinytx import TinyTxForCausalLM
+from .quiet import quiet_notices
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
 from .sources import TOKENIZER_FILES
 

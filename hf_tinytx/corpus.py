@@ -141,10 +141,10 @@ class _CorefItem:
 # tokenizer's pieces for them also spell real words the corpus never shows (the held-out nouns among them).
 _ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y", "z",
            "bl", "br", "ch", "cl", "cr", "dr", "fl", "gl", "gr", "pl", "pr", "sc", "sh", "sk", "sl", "sm", "sn",
-           "sp", "st", "sw", "th", "tr", "wh")  # fmt: skip
+           "sp", "st", "sw", "th", "tr", "wh")
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ea", "ee", "oa", "oo", "ou", "ow", "ay", "y")
 _CODAS = ("", "", "", "b", "ck", "d", "dge", "ft", "g", "k", "l", "ll", "m", "mp", "n", "nd", "ng", "nk", "nt",
-          "p", "r", "rd", "rk", "rn", "rt", "s", "sh", "sk", "st", "t", "tch", "th", "x")  # fmt: skip
+          "p", "r", "rd", "rk", "rn", "rt", "s", "sh", "sk", "st", "t", "tch", "th", "x")
 _ENDINGS = ("", "", "", "", "", "le", "er", "et", "y", "on", "el", "ow", "ing", "age", "ish")
 
 
@@ -152,7 +152,7 @@ def _made_up_noun(rng: random.Random) -> str:
     """A pronounceable non-word of one or two syllables, never one of :data:`HELD_OUT_NOUNS`."""
     while True:
         syllables = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
-                            for _ in range(rng.choice((1, 1, 2))))  # fmt: skip
+                            for _ in range(rng.choice((1, 1, 2))))
         noun = syllables + rng.choice(_ENDINGS)
         if 3 <= len(noun) <= 8 and noun not in HELD_OUT_NOUNS:
             return noun
@@ -193,10 +193,10 @@ def _coref_document(rng: random.Random, mix: Mix) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 NAMES = ("Mia", "Leo", "Ava", "Sam", "Noah", "Emma", "Omar", "Lily", "Jack", "Zoe",
-         "Ravi", "Nina", "Ben", "Sara", "Tom", "Ana", "Ivan", "Maya", "Eli", "Rosa")  # fmt: skip
+         "Ravi", "Nina", "Ben", "Sara", "Tom", "Ana", "Ivan", "Maya", "Eli", "Rosa")
 COLORS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "grey", "pink", "silver")
 CITIES = ("Paris", "Lima", "Oslo", "Cairo", "Delhi", "Rome", "Tokyo", "Dublin",
-          "Quito", "Accra", "Madrid", "Berlin", "Vienna", "Prague", "Lisbon", "Nairobi")  # fmt: skip
+          "Quito", "Accra", "Madrid", "Berlin", "Vienna", "Prague", "Lisbon", "Nairobi")
 MAX_FACTS_PER_DOCUMENT = 3
 _RECALL_DISTRACTORS = 3
 
@@ -258,25 +258,25 @@ def _recall_distractors(rng: random.Random, fact: _Fact, others: list[_Fact]) ->
 _FILLER_SUBJECTS = (
     "The farmer", "A teacher", "The old man", "Her neighbour", "The children", "A young woman",
     "The baker", "His sister", "The driver", "A tall stranger", "The students", "Our uncle",
-)  # fmt: skip
+)
 _FILLER_VERBS = (
     "walked to", "looked at", "talked about", "waited near", "cleaned", "painted",
     "visited", "sat beside", "thought about", "drew a picture of", "wrote a letter about", "sang about",
-)  # fmt: skip
+)
 _FILLER_PLACES = (
     "the garden", "the market", "the old church", "the kitchen", "the quiet library", "the long hill",
     "the village square", "the school", "the small farm", "the harbour", "the museum", "the train station",
-)  # fmt: skip
+)
 _FILLER_TAILS = (
     "", " in the morning", " after lunch", " before the rain", " for a while",
     " on Sunday", " with a friend", " late at night", " once again",
-)  # fmt: skip
+)
 _FILLER_SAYINGS = (
     "It was a quiet day.", "The sky was calm.", "Nothing else happened.", "The wind was cold that evening.",
     "Everyone was busy.", "The clock on the wall ticked slowly.", "A bell rang somewhere far away.",
     "Later the rain stopped.", "The streets were empty at dawn.", "Somebody laughed in the next room.",
     "The tea was still warm.", "Summer came early that year.",
-)  # fmt: skip
+)
 # Short sentences, 1 to 3 words, so filler can hit any word count exactly.
 _FILLER_SHORT = ("Later.", "Silence.", "Time passed.", "It rained.", "All was quiet.", "Nobody spoke.")
 

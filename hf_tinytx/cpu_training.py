@@ -15,7 +15,6 @@ GPUs and `torch.compile` need neither: they have fused kernels, or fuse the plai
 
 import torch
 from torch import nn
-
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

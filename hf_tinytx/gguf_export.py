@@ -34,7 +34,14 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_tinytx import TinyTxConfig
 from .folders import (
-    STAGING_NAME, folders_to_create, fsync_dir, is_disk_full, mib, open_new, refuse_overlap, remove_created,
+    STAGING_NAME,
+    folders_to_create,
+    fsync_dir,
+    is_disk_full,
+    mib,
+    open_new,
+    refuse_overlap,
+    remove_created,
 )
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama

@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import transformers  # lazy: it loads torch only when a model class is touched
 
+
 PROG = "python -m hf_tinytx.serve"
 DEFAULT_MAX_TOKENS_CAP = 1024  # transformers serve's own default for a request that names no max_tokens
 DEFAULT_MAX_REQUEST_SECONDS = 60.0

@@ -1,7 +1,7 @@
 """Where a model or a tokenizer is read from: a local folder or a Hub id, and which files make a tokenizer.
 
 Python's standard library and huggingface_hub only, on purpose: the training scripts check a model argument before
-torch loads, so they read this file without running hf_tinytx/__init__.py (training/light_library.py says how).
+torch loads.
 """
 
 from pathlib import Path

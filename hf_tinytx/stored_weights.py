@@ -3,8 +3,8 @@ data), with a damaged file (truncated, a garbled header, a header length past th
 JSON) reported as one ValueError line naming the file and what to do.
 
 Python's standard library and safetensors only, on purpose: finetune.py checks its base model's weights this way
-before torch loads (training/light_library.py reads this file without running hf_tinytx/__init__.py), and convert
-and the GGUF export check a source folder with the same function (saved_folder.py), so every command says the same.
+before torch loads. Convert and the GGUF export check a source folder with the same function (saved_folder.py), so
+every command says the same.
 """
 
 import json

@@ -10,7 +10,12 @@ import torch
 
 from tests.helpers.faults import TmpfsUnavailable, tmpfs
 from tests.helpers.tiny import (
-    REPO_ROOT, TINY_PRETRAIN_ARGS, build_byte_bpe_tokenizer, build_tiny_config, build_tiny_model, pretrain_env,
+    REPO_ROOT,
+    TINY_PRETRAIN_ARGS,
+    build_byte_bpe_tokenizer,
+    build_tiny_config,
+    build_tiny_model,
+    pretrain_env,
 )
 
 

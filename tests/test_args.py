@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from tests.helpers.tiny import REPO_ROOT, pretrain_env, run_side_by_side
 from hf_tinytx_training.args import ALL_ARGUMENTS, build_parser, parse_args
 from hf_tinytx_training.errors import UserInputError
+from tests.helpers.tiny import REPO_ROOT, pretrain_env, run_side_by_side
 
 
 RECORD = '{"prompt": "Q:", "response": " A"}\n'

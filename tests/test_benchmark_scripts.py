@@ -17,9 +17,12 @@ from transformers.activations import GELUActivation
 
 from hf_tinytx import modeling_tinytx
 from hf_tinytx.modeling_tinytx import TinyTxRMSNorm
+from hf_tinytx_training.distributed import cpu_runs_bf16_fast
 from tests.helpers.engines import require_llama_cpp
 from tests.helpers.tiny import pretrain_env
-from hf_tinytx_training.distributed import cpu_runs_bf16_fast
+
+
+pytestmark = pytest.mark.deep
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

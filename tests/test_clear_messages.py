@@ -23,7 +23,7 @@ from tests.helpers.tiny import (
 )
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
 PRETRAIN = REPO_ROOT / "training" / "pretrain.py"

@@ -25,7 +25,7 @@ from tests.helpers.fake_slurm import alive, node_of, workers_under
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 STEPS = 120  # ~21 steps an epoch: five epoch boundaries
 FLAGS = [*TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_size", "16", "--max_train_steps",

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers.tiny import build_tiny_config
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -22,6 +21,7 @@ from hf_tinytx.convert import (
     tinytx_to_llama,
 )
 from hf_tinytx.convert import main as convert_main
+from tests.helpers.tiny import build_tiny_config
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -354,7 +354,7 @@ def test_overwrite_keeps_the_destination_folder_itself(tmp_path):
     assert sorted(path.name for path in destination.iterdir()) == [
         ".tinytx-written.json", "config.json", "configuration_tinytx.py", "generation_config.json",
         "model.safetensors", "modeling_tinytx.py",
-    ]  # fmt: skip
+    ]
 
 
 def test_a_leftover_staging_folder_does_not_count_as_content(tmp_path):
@@ -483,6 +483,7 @@ def test_overwrite_refuses_a_folder_holding_a_training_run(tmp_path, capsys):
 CONVERT_SCRIPT = "import sys\nfrom hf_tinytx.convert import main\nsys.exit(main())\n"
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("kill", [("before", 1), ("before", 3), ("after", "last")], ids=["first", "third", "config"])
 def test_a_killed_overwrite_leaves_the_old_or_the_new_model_and_the_users_files(tmp_path, kill):
     """Killed at a move out of the staging folder: the folder loads as the old model or the new one (`publish` moves
@@ -600,6 +601,7 @@ def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.deep
 def test_a_full_disk_is_one_line_and_the_earlier_conversion_stays(tmp_path, mounted):
     small, large = tmp_path / "small", tmp_path / "large"
     tiny_llama(hidden_size=8, intermediate_size=16, num_attention_heads=2).save_pretrained(small)

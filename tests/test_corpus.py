@@ -104,7 +104,7 @@ def test_made_up_coref_probes_ask_for_a_made_up_noun_in_either_role():
     firsts = 0
     for probe in probes:
         first, second, adjective = re.fullmatch(r"The (\w+) .* the (\w+) because it was too (\w+)\. The",
-                                                probe.prompt).groups()  # fmt: skip
+                                                probe.prompt).groups()
         template = next(t for t in COREF_TEMPLATES
                         if t.sentence.format(a=first, b=second, adjective=adjective) + " The" == probe.prompt)
         assert probe.kind == "coref_made_up" and {first, second}.isdisjoint(frame_nouns | HELD_OUT_NOUNS)
@@ -145,7 +145,7 @@ def test_copy_documents_repeat_their_words():
         assert all(first == second for first, _, second in episodes)
         assert all("Repeat" not in gap and "Again" not in gap for _, gap, _ in episodes)
     gaps = [len(gap.split()) for document in generate_documents(300, seed=4, kinds=("copy",), max_recall_distance=60)
-            for _, gap, _ in re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)]  # fmt: skip
+            for _, gap, _ in re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)]
     assert min(gaps) == 0 and 30 < max(gaps) <= 60  # from no filler at all to near the cap
 
 

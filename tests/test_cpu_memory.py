@@ -12,9 +12,11 @@ import sys
 import pytest
 
 
-pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="the settings are glibc's (Linux)"
-)
+pytestmark = [
+    pytest.mark.deep,
+    pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                       reason="the settings are glibc's (Linux)"),
+]
 
 CHILD = """
 import json, resource, statistics, sys

@@ -1,8 +1,14 @@
 """training/data_fit.py: the sizes a run picks for a small text, what it says, and what it refuses."""
 
 from hf_tinytx_training.data_fit import (
-    MIN_BLOCK, Asked, Text, fit, memorising_warning, passes,
+    MIN_BLOCK,
+    Asked,
+    Text,
+    fit,
+    memorising_warning,
+    passes,
 )
+
 
 DEFAULTS = dict(block_size=128, per_device_train_batch_size=16, gradient_accumulation_steps=1, num_processes=1)
 

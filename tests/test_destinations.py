@@ -14,6 +14,9 @@ from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_m
 from tests.test_finetune import prompt_records, write_jsonl
 
 
+pytestmark = pytest.mark.deep
+
+
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
 QUICK = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "--disable_tqdm", "true",
          "--save_strategy", "no", "--report_to", "none"]

@@ -23,12 +23,17 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.helpers.faults import (
-    KILL_MARK, KILLED, PRETRAIN, run_killed_after_line, run_killed_at, silent_server,
+    KILL_MARK,
+    KILLED,
+    PRETRAIN,
+    run_killed_after_line,
+    run_killed_at,
+    silent_server,
 )
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 STEPS = 6
 # A checkpoint every step and none pruned: every kill finds the previous step saved, and a full disk comes soon.
@@ -60,13 +65,6 @@ def describe(result) -> str:
 def assert_completed(result):
     assert result.returncode == 0, describe(result)
     assert "Traceback" not in result.stderr, describe(result)
-
-
-def assert_same_weights(expected_dir: Path, actual_dir: Path):
-    expected, actual = load_file(expected_dir / "model.safetensors"), load_file(actual_dir / "model.safetensors")
-    assert expected.keys() == actual.keys()
-    different = [name for name in expected if not torch.equal(expected[name], actual[name])]
-    assert not different, f"weights differ from the uninterrupted run's: {different}"
 
 
 def assert_notes_kept(output_dir: Path):

@@ -171,6 +171,7 @@ def succeeded(result):
     assert result.returncode == 0, f"finetune.py failed\nSTDOUT:\n{result.stdout}\nSTDERR:\n{result.stderr}"
 
 
+@pytest.mark.deep
 def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     succeeded(runs["results"]["full"])
     out = runs["root"] / "full"

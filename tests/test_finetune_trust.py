@@ -13,16 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.helpers.faults import KILL_MARK, KILLED, run_killed_at
-from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
+from tests.helpers.tiny import assert_same_weights, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.test_finetune import FINETUNE, prompt_records, write_jsonl
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 STEPS = 30  # ~70 ms a step here: a signal sent after the first logged step lands well before the last
 FLAGS = ["--model_name_or_path", "base", "--train_file", "train.jsonl", "--max_steps", STEPS,
@@ -59,12 +57,6 @@ def one_line(result, prefix="finetune.py: ") -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith(prefix)]
     assert len(lines) == 1, describe(result)
     return lines[0]
-
-
-def assert_same_weights(expected: Path, actual: Path):
-    a, b = load_file(expected / "model.safetensors"), load_file(actual / "model.safetensors")
-    assert a.keys() == b.keys()
-    assert not [name for name in a if not torch.equal(a[name], b[name])], "weights differ from the straight run's"
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,7 @@ def test_greedy_generate_gives_the_tokens_and_text_of_model_generate(tiny, capsy
     assert capsys.readouterr().out == tokenizer.decode(expected[0], skip_special_tokens=True) + "\n"
 
 
+@pytest.mark.deep
 def test_compiled_generate_gives_the_eager_text(tiny, runs):
     result = runs["compiled"]
     assert result.returncode == 0, result.stderr[-3000:]

@@ -26,6 +26,7 @@ from hf_tinytx.gguf_export import rotate_half_to_interleaved, write_gguf
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
 from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_config
 
+
 NEW_TOKENS = 32
 N_CTX = 256
 # The tiny model of every test; the llama.cpp comparisons use it trained for a few seconds (see `trained_weights`).
@@ -464,6 +465,7 @@ def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.deep
 def test_a_full_disk_is_one_line_and_the_old_file_stays(folder, tmp_path, mounted):
     source = folder()  # ~0.6 MB of f32 weights; the disk holds 64 KiB
     with mounted(tmp_path / "disk", "64k") as disk:

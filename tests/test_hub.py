@@ -146,6 +146,7 @@ def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
     assert_token_nowhere(local_hub.token, [tmp_path], [push.stdout, push.stderr, load.stdout, load.stderr])
 
 
+@pytest.mark.deep
 def test_failing_hub_never_blocks_or_breaks_training(local_hub, work):
     local_hub.fail_commits(None, status=503, retry_after=0)  # every commit fails; Retry-After 0 keeps this short
     repo_id = f"{local_hub.user}/always-down"

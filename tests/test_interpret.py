@@ -32,6 +32,7 @@ from hf_tinytx.interpret.head_roles import locate_coref_probe
 from hf_tinytx.sources import local_folder_or_hub_id
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
+
 TEXT = "The cat sat on the mat."
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -23,6 +23,7 @@ from tests.helpers.tiny import pretrain_env
 from tests.test_readme import section_block
 from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, MAX_TOKENS, Server, train_tiny_chat_model
 
+
 pytestmark = pytest.mark.engine
 
 README_PAGE = "docs/serving.md"  # the page of the recipes, and their section:
@@ -79,7 +80,6 @@ def run_in_llama_cpp(workdir, name: str, code: str) -> subprocess.CompletedProce
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
 def test_python_snippet_prints_generates_text(workdir):
     snippet = readme_block("python", 'Llama("out/tinytx.gguf"')
     assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
@@ -88,7 +88,6 @@ def test_python_snippet_prints_generates_text(workdir):
     assert result.stdout == prompt_text(workdir, README_PROMPT, README_MAX_TOKENS) + "\n"
 
 
-@pytest.mark.slow
 def test_no_repack_snippet_turns_llama_cpps_extra_buffers_off_and_q8_0_runs(workdir):
     """The setting itself (on Intel AMX CPUs llama.cpp 0.3.36 segfaults in its q8_0 repacking without it; this
     machine may not have AMX, so what is checked is that the snippet sets what Llama() reads, and q8_0 runs)."""
@@ -122,7 +121,6 @@ def server(workdir):
         started.stop()
 
 
-@pytest.mark.slow
 def test_readme_client_snippet_prints_generates_text(server, workdir):
     snippet = readme_block("python", "OpenAI(")
     assert "http://localhost:8001/v1" in snippet and f'model="{SERVED_MODEL}"' in snippet, snippet
@@ -146,7 +144,6 @@ def ask(client, chat: bool, stream: bool) -> str:
     return "".join(choice.text for choice in choices)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
 def test_server_replies_with_generates_text(server, workdir, chat, stream):
@@ -159,7 +156,6 @@ def test_server_replies_with_generates_text(server, workdir, chat, stream):
     assert ask(server.client(), chat, stream) == greedy_text(workdir, inputs, MAX_TOKENS)
 
 
-@pytest.mark.slow
 def test_the_servers_default_repeat_penalty_is_what_parts_it_from_generate(server, workdir):
     """Why the README asks for repeat_penalty 1.0: the server's default (1.1) changes the greedy text here."""
     client = server.client()

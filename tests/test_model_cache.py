@@ -17,7 +17,7 @@ def test_assisted_decoding_with_cropping_equals_greedy(tiny_model):
     with torch.no_grad():
         plain = generate(model, input_ids, max_new_tokens=24).sequences
         assisted = model.generate(input_ids, assistant_model=assistant, max_new_tokens=24, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)  # fmt: skip
+                                  eos_token_id=None, pad_token_id=0)
     assert torch.equal(assisted, plain)
 
 

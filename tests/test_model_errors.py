@@ -188,7 +188,7 @@ def test_a_forward_past_max_position_embeddings_warns_once_and_changes_nothing(t
         within = short(ids[:, :16]).logits
         assert not caplog.records  # 16 tokens of 16: no warning
         logits = short(ids).logits
-        short(ids).logits
+        short(ids)
         # A generation that crosses the limit token by token: one warning in all, not one per new length.
         short.generate(ids[:, :14], max_new_tokens=6, do_sample=False, pad_token_id=0)
         reference = long(ids).logits

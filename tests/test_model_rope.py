@@ -52,15 +52,15 @@ def test_rotation_is_bit_for_bit_llamas(rope_type):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply
 
-    from tests.helpers.tiny import build_tiny_config
     from hf_tinytx.modeling_tinytx import TinyTxRotaryEmbedding, apply_rotary_pos_emb
+    from tests.helpers.tiny import build_tiny_config
 
     rope = {"rope_type": rope_type, "rope_theta": 10000.0}
     if rope_type == "llama3":
         rope.update(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)
     config = build_tiny_config(rope_parameters=rope)
     llama_config = LlamaConfig(**{k: getattr(config, k) for k in ("hidden_size", "num_attention_heads",
-                               "num_key_value_heads", "max_position_embeddings")}, rope_parameters=rope)  # fmt: skip
+                               "num_key_value_heads", "max_position_embeddings")}, rope_parameters=rope)
     positions = torch.arange(40)[None] * 3
     q, k = torch.randn(2, 1, 4, 40, config.head_dim).unbind(0)
     ours = apply_rotary_pos_emb(q, k, *TinyTxRotaryEmbedding(config)(q, positions))

@@ -10,6 +10,9 @@ import pytest
 from tests.test_readme import section_block
 from tests.test_serve import train_tiny_chat_model
 
+
+pytestmark = pytest.mark.deep
+
 pytest.importorskip("onnxruntime", reason="the onnx extra (pip install -e '.[test]') installs onnxruntime")
 
 PAGE, SECTION = "docs/serving.md", "ONNX and `torch.export`"

@@ -16,7 +16,6 @@ import pytest
 
 from tests.helpers.tiny import REPO_ROOT, kill_after_call, pretrain_env
 
-pytestmark = pytest.mark.slow
 
 WORDS = ("the miller kept his grain in the old mill by the river and sold bread to every village while the children "
          "of the valley played on the bridge until the evening bell rang").split()
@@ -67,6 +66,7 @@ def test_one_paragraph_trains_on_its_own_end_as_validation(tmp_path):
     assert recorded["block_size"] < 128 and recorded["per_device_train_batch_size"] < 16  # what it trained with
 
 
+@pytest.mark.deep
 def test_a_page_gets_a_shorter_block_and_batch_and_keeps_its_held_out_paragraph(tmp_path):
     texts = paragraphs(12, 45)
     (tmp_path / "page").mkdir()
@@ -79,6 +79,7 @@ def test_a_page_gets_a_shorter_block_and_batch_and_keeps_its_held_out_paragraph(
                      re.M)
 
 
+@pytest.mark.deep
 def test_many_files_keep_the_sizes_asked_and_say_nothing_of_them(tmp_path):
     texts = paragraphs(300, 60, seed=1)
     (tmp_path / "books").mkdir()
@@ -101,6 +102,7 @@ def test_sizes_given_that_cannot_fit_are_refused_in_one_line_before_anything_is_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.deep
 def test_a_start_killed_before_its_first_checkpoint_does_not_block_the_next(tmp_path):
     texts = paragraphs(12, 45)
     (tmp_path / "page.txt").write_text("\n\n".join(texts))

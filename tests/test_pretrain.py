@@ -14,13 +14,10 @@ import yaml
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
 
 
-pytestmark = pytest.mark.slow
-
-
 @pytest.fixture(scope="module")
 def trained_folder(tmp_path_factory):
     """One 40-step run shared by the tests below (the run is the expensive part)."""
-    from tests.helpers.tiny import TINY_PRETRAIN_ARGS, REPO_ROOT, pretrain_env
+    from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
     tmp_path = tmp_path_factory.mktemp("pretrain")
     output_dir = tmp_path / "model"
@@ -144,6 +141,7 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
     assert module.startswith("transformers_modules") and 1 <= int(new_tokens) <= 4
 
 
+@pytest.mark.deep
 def test_report_to_every_tracker_writes_the_logged_rows(run_pretrain, tmp_path):
     """--report_to hands the rows of metrics.jsonl to Accelerate's trackers: TensorBoard's event files, trackio's
     database and wandb's offline run get the same losses at the same steps, the evaluations at theirs, and the run's

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from tests.helpers.tiny import LAUNCH, pretrain_env
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 STEPS = 6
 # Two processes average their gradients in a different order than one process summing the same 16 blocks, so the

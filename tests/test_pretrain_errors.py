@@ -9,9 +9,6 @@ import pytest
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
 
-pytestmark = pytest.mark.slow
-
-
 def empty_dataset_file(folder):
     (folder / "empty.jsonl").write_text("")
     return ["--train_file", folder / "empty.jsonl"]

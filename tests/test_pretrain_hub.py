@@ -11,11 +11,10 @@ import torch
 from safetensors.torch import load, load_file
 
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
+from tests.helpers.tiny import assert_same_weights
 from tests.test_hub import assert_token_nowhere, client_env, last_json_line, run_python
-from tests.test_pretrain_trust import assert_same_weights, rows
+from tests.test_pretrain_trust import rows
 
-
-pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 4, 2  # checkpoints at steps 2 and 4
 FAST_RUN = ["--max_train_steps", STEPS, "--checkpointing_steps", EVERY, "--eval_steps", 100,
@@ -106,6 +105,7 @@ def test_checkpoints_and_final_model_reach_the_hub_and_load_by_repo_id(local_hub
                          [result.stdout, result.stderr, load_run.stdout, load_run.stderr])
 
 
+@pytest.mark.deep
 def test_failing_hub_does_not_fail_training_or_the_local_folder(local_hub, run_pretrain, tmp_path):
     # Every commit is refused with a 4xx, which neither the client nor the pusher retries, so this stays fast.
     local_hub.fail_commits(None, status=422)
@@ -168,6 +168,7 @@ def upload_text_dataset(local_hub, tmp_path, repo_id: str) -> Path:
     return folder
 
 
+@pytest.mark.deep
 def test_a_hub_dataset_trains_the_same_model_as_its_files_read_locally(local_hub, run_pretrain, tmp_path):
     repo_id = f"{local_hub.user}/tiny-text"
     folder = upload_text_dataset(local_hub, tmp_path, repo_id)

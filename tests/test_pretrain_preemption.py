@@ -13,13 +13,11 @@ import sys
 import threading
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -65,12 +63,6 @@ def run(command, env, cwd) -> subprocess.CompletedProcess:
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "Traceback" not in result.stderr
     return result
-
-
-def assert_same_weights(expected, actual):
-    a, b = load_file(expected / "model.safetensors"), load_file(actual / "model.safetensors")
-    assert a.keys() == b.keys()
-    assert not [name for name in a if not torch.equal(a[name], b[name])], "weights differ from the straight run's"
 
 
 def training_steps(folder) -> list[int]:

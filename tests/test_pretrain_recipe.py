@@ -10,12 +10,15 @@ import pytest
 import torch
 
 from hf_tinytx import TinyTxForCausalLM
-from tests.helpers.tiny import build_tiny_config, kill_after_call, pretrain_env
-from tests.test_pretrain_trust import QUIET, assert_same_weights, rows
 from hf_tinytx_training import distributed, optimization
 from hf_tinytx_training.args import PretrainArguments
 from hf_tinytx_training.optimization import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
 from hf_tinytx_training.schedules import Clock
+from tests.helpers.tiny import assert_same_weights, build_tiny_config, kill_after_call, pretrain_env
+from tests.test_pretrain_trust import QUIET, rows
+
+
+pytestmark = pytest.mark.deep
 
 
 def train_rows(folder):

@@ -12,8 +12,6 @@ from safetensors.torch import load_file
 from tests.helpers.tiny import kill_after_call
 
 
-pytestmark = pytest.mark.slow
-
 STEPS = 8
 
 

@@ -9,24 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env, run_side_by_side
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
 QUIET = ["--num_probes_per_kind", 0, "--num_samples", 0]
-
-
-def weights(folder):
-    return load_file(os.path.join(folder, "model.safetensors"))
-
-
-def assert_same_weights(a, b):
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        assert torch.equal(wa[name], wb[name]), f"{name} differs"
 
 
 def rows(folder):

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 import hf_tinytx
-from tests.helpers.tiny import build_tiny_config
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
+from tests.helpers.tiny import build_tiny_config
 
 
 NEW_TOKENS = 16

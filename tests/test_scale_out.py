@@ -21,7 +21,7 @@ from tests.helpers.remote_code import BLOCK_HF_TINYTX
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep
 
 STEPS = 8
 # Sharded ranks reduce-scatter their gradients, one process sums the same 16 blocks: equal up to float32 rounding.
@@ -320,8 +320,8 @@ def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_a
 
     from accelerate.utils import DistributedType
 
-    from hf_tinytx_training.errors import UserInputError
     from hf_tinytx_training.distributed import apply_flags_to_deepspeed_config
+    from hf_tinytx_training.errors import UserInputError
 
     def accelerator(settings: dict):
         state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2, deepspeed_config=settings))

@@ -11,14 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
-
-
 from benchmarks.seed_claims import __main__ as seed_claims
 from benchmarks.seed_claims import lookup_task
 from benchmarks.seed_claims.lstm_baseline import LSTMLanguageModel, lstm_matching, lstm_parameters
 from hf_tinytx.corpus import make_probes
 from hf_tinytx.probes import candidate_log_probs, score_probes
+from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
@@ -130,7 +128,7 @@ def test_crossover_is_where_tinytx_stays_ahead():
         return {"threads": threads, "length": length, "tinytx_tokens_per_s": tinytx, "lstm_tokens_per_s": lstm}
 
     rows = [row(1, 64, 1, 2), row(1, 128, 3, 2), row(1, 256, 1, 2), row(2, 64, 1, 2), row(2, 128, 3, 2),
-            row(2, 256, 4, 2)]  # fmt: skip
+            row(2, 256, 4, 2)]
     assert seed_claims.crossover_lengths(rows) == {1: None, 2: 128}
 
 
@@ -165,7 +163,6 @@ def test_lstm_is_scored_by_score_probes_like_a_causal_lm():
         model(input_ids=torch.tensor([[len(tokenizer)]]))
 
 
-@pytest.mark.slow
 def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     # No --out: a quick run writes into the scratch folder git ignores, never over the committed report.
     out, committed = BENCHMARKS / "results" / "quick" / "seed_claims", BENCHMARKS / "results" / "seed_claims"
@@ -174,7 +171,7 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.seed_claims", "--quick", "--lookup_steps", "30"],
         env=pretrain_env(tmp_path), cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert before and {path: path.read_bytes() for path in committed.rglob("*") if path.is_file()} == before
     assert subprocess.run(["git", "check-ignore", "-q", str(out / "REPORT.md")], cwd=BENCHMARKS).returncode == 0
@@ -187,7 +184,7 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
         assert len(cells) == 3 and all(cells), row
         assert re.search(r"\d", cells[2]) and "nan" not in cells[2].lower(), row  # a measured number in each row
     for png in ("step_time.png", "lookup_by_distance.png", "lookup_head.png", "coref_head_it.png",
-                "coref_head_last.png"):  # fmt: skip
+                "coref_head_last.png"):
         assert (out / png).stat().st_size > 0
         assert f"]({png})" in report
     assert "load average" in report
@@ -215,7 +212,7 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
         assert 0 <= row["coref"] <= 1 and 0 <= row["coref_new_nouns"] <= 1 and row["seconds"] > 0
         for head in row["heads"].values():
             assert all(0 <= head[key] <= 1 for key in ("referent_weight", "other_weight", "unseen_referent_weight",
-                                                       "unseen_other_weight"))  # fmt: skip
+                                                       "unseen_other_weight"))
     assert coref["coref_new_nouns"]["min"] <= coref["coref_new_nouns"]["mean"] <= coref["coref_new_nouns"]["max"]
     section = report[report.index("## 4. Resolving"):]
     assert [line.split("|")[1].strip() for line in section.splitlines() if re.match(r"\| [01] \|", line)] == ["0", "1"]
@@ -244,7 +241,7 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
          "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers", "1", "--documents", "200",
          "--out", str(out)],
         env=pretrain_env(tmp_path), cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures == json.loads(out.read_text()) and not out.is_symlink() and elsewhere.read_text() == "keep"
@@ -266,7 +263,7 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
      (["--steps", "0"], "--steps"), (["--documents", "0"], "--documents"),
      (["--out", "/nonexistent/folder/ablation.json"], "--out"),
      (["--out", "."], "--out")],
-)  # fmt: skip
+)
 def test_rule_ablation_refuses_bad_flags_by_name(argv, message, capsys):
     from benchmarks.seed_claims import rule_ablation
 

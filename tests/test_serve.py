@@ -248,7 +248,6 @@ def chat(client, model: str, stream: bool) -> str:
     return answer.choices[0].message.content
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_completions_and_chat_match_generate(servers, folders, stream):
     client, model = servers["folder"].client(), str(folders["chat"])
@@ -256,14 +255,12 @@ def test_completions_and_chat_match_generate(servers, folders, stream):
     assert chat(client, model, stream) == greedy_text(folders["chat"], chat=True)
 
 
-@pytest.mark.slow
 def test_a_hub_id(servers, folders):
     client = servers["any"].client()
     assert complete(client, HUB_REPO, stream=False) == greedy_text(folders["chat"], chat=False)
     assert chat(client, HUB_REPO, stream=True) == greedy_text(folders["chat"], chat=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_chat_without_a_template_is_a_400_that_names_the_fix(servers, folders, stream):
     client, model = servers["any"].client(), str(folders["plain"])
@@ -277,7 +274,6 @@ def test_chat_without_a_template_is_a_400_that_names_the_fix(servers, folders, s
     assert complete(client, model, stream) == greedy_text(folders["plain"], chat=False)
 
 
-@pytest.mark.slow
 def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
     """`transformers chat MODEL URL` (the interactive client shipped with transformers), fed from stdin."""
     model, server = str(folders["chat"]), servers["folder"]
@@ -292,7 +288,6 @@ def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
     assert reply in " ".join(result.stdout.split()), result.stdout[-3000:]
 
 
-@pytest.mark.slow
 def test_plain_transformers_serve_still_stops_at_start_up(servers, folders, tmp_path):
     """The negative control: without the launcher the same folder cannot be served, `--trust-remote-code` or not.
     If this fails because it now starts, transformers learned to serve remote-code models: update the README."""

@@ -21,8 +21,17 @@ import pytest
 from tests.helpers.fake_slurm import alive, descendants
 from tests.helpers.tiny import build_tiny_model, pretrain_env, run_side_by_side
 from tests.test_serve import (
-    COMPLETION_PROMPT, LAUNCHER, MAX_TOKENS, READY_TIMEOUT_S, Server, greedy_text, train_tiny_chat_model,
+    COMPLETION_PROMPT,
+    LAUNCHER,
+    MAX_TOKENS,
+    READY_TIMEOUT_S,
+    Server,
+    greedy_text,
+    train_tiny_chat_model,
 )
+
+
+pytestmark = pytest.mark.deep
 
 
 CAP = 50_000  # the "any" server's --max_tokens_cap
@@ -166,7 +175,6 @@ def assert_openai_400(status: int, reply: dict, param: str | None) -> str:
     return message
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_COMPLETIONS, ids=list(BAD_COMPLETIONS))
 def test_a_bad_completion_request_is_a_400_naming_the_field(servers, chat_folder, case):
     fields, param = BAD_COMPLETIONS[case]
@@ -189,7 +197,6 @@ BAD_CHATS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_CHATS, ids=list(BAD_CHATS))
 def test_a_bad_chat_request_is_a_400_naming_the_field(servers, chat_folder, case):
     fields, param = BAD_CHATS[case]
@@ -197,7 +204,6 @@ def test_a_bad_chat_request_is_a_400_naming_the_field(servers, chat_folder, case
     assert_openai_400(*post(servers["any"], "/v1/chat/completions", body), param)
 
 
-@pytest.mark.slow
 def test_bodies_that_are_not_requests_and_unknown_models(servers, chat_folder, tmp_path):
     server = servers["any"]
     assert_openai_400(*post(server, "/v1/completions", b"{not json"), None)
@@ -220,7 +226,6 @@ def test_bodies_that_are_not_requests_and_unknown_models(servers, chat_folder, t
 # ---- long requests, clients that leave, many clients ----
 
 
-@pytest.mark.slow
 def test_max_request_seconds_ends_a_long_request(servers, long_folder):
     """A request for LONG_TOKENS tokens (minutes, unbounded) returns after about --max_request_seconds."""
     server = servers["any"]
@@ -233,7 +238,6 @@ def test_max_request_seconds_ends_a_long_request(servers, long_folder):
     assert TIME_LIMIT_S * 0.9 <= elapsed < TIME_LIMIT_S + 30, elapsed  # 30 s: loading the model, a loaded machine
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_a_client_that_leaves_stops_its_generation(servers, stream):
     """Raw socket: a request for LONG_TOKENS tokens, the socket closed mid-generation; the server's CPU use falls to
@@ -257,7 +261,6 @@ def test_a_client_that_leaves_stops_its_generation(servers, stream):
     assert next_request < max(10 * baseline, baseline + 10), (next_request, baseline)
 
 
-@pytest.mark.slow
 def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder):
     """16 clients at once (completions and chats, streamed or not) on one server: every answer is greedy `generate`'s
     text, and bad requests among them are still 400s."""
@@ -289,7 +292,6 @@ def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder
 # ---- stop signals and the model argument ----
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder, tmp_path, signum):
     """A stop signal while a long request generates: the request gets what was generated, the server exits
@@ -328,7 +330,6 @@ def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder
     assert "Traceback" not in server.output() and "leaked" not in server.output(), server.output()[-3000:]
 
 
-@pytest.mark.slow
 def test_a_model_argument_that_is_not_a_model_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "empty").mkdir()
     cases = {

@@ -22,6 +22,9 @@ from tests.helpers.faults import KILL_MARK, KILLED, run_killed_at
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 
 
+pytestmark = pytest.mark.deep
+
+
 STAGING = ".tinytx-staging"
 MOVES = ("os.replace", "os.rename")  # either may move a staged file into place; they share one call count
 CONVERT_SCRIPT = "import sys\nfrom hf_tinytx.convert import main\nsys.exit(main())\n"
@@ -216,7 +219,8 @@ def check_training_walk(tmp_path, script, first_args, again_args, cwd) -> None:
     def one(point):
         copy = tmp_path / f"kill-{point[0]}-{point[1]}"
         shutil.copytree(original, copy, symlinks=True)
-        return point, copy, run_killed_at([*map(str, again_args), "--output_dir", str(copy)], env=pretrain_env(tmp_path),
+        command = [*map(str, again_args), "--output_dir", str(copy)]
+        return point, copy, run_killed_at(command, env=pretrain_env(tmp_path),
                                           cwd=cwd, function=MOVES, match=STAGING, nth=point[1], when=point[0],
                                           script=script, timeout=300)
 
@@ -236,14 +240,12 @@ def check_training_walk(tmp_path, script, first_args, again_args, cwd) -> None:
     assert (unconfigured / "notes.txt").read_text() == NOTES
 
 
-@pytest.mark.slow
 def test_pretrain_overwrite_with_fewer_layers_killed_in_its_publish(tmp_path):
     first = [*SHORT_PRETRAIN, "--num_hidden_layers", "3"]
     again = [*SHORT_PRETRAIN, "--num_hidden_layers", "2", "--overwrite_output_dir"]
     check_training_walk(tmp_path, PRETRAIN, first, again, tmp_path)
 
 
-@pytest.mark.slow
 def test_finetune_overwrite_with_fewer_layers_killed_in_its_publish(tmp_path):
     from tests.test_finetune import QUICK, prompt_records, write_jsonl
 

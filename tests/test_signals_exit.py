@@ -15,7 +15,8 @@ import pytest
 from tests.helpers.faults import silent_server
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
-pytestmark = pytest.mark.slow
+
+pytestmark = pytest.mark.deep
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
 FINETUNE = str(REPO_ROOT / "training" / "finetune.py")

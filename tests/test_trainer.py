@@ -10,7 +10,6 @@ from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, 
 import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
 
 
-
 def pad_collator(tokenizer):
     """Right padding; padded positions are masked out of attention and of the loss (labels -100)."""
     return DataCollatorForLanguageModeling(tokenizer, mlm=False)

@@ -26,6 +26,7 @@ from tests.helpers.tiny import REPO_ROOT, pretrain_env
 from tests.test_readme import section_block
 from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, Server, train_tiny_chat_model
 
+
 pytestmark = pytest.mark.engine
 
 README_PAGE = "docs/serving.md"  # the page of the recipes, and their section:
@@ -166,13 +167,11 @@ def started_readme_snippet(workdir):
 # ---- offline: vllm.LLM ----
 
 
-@pytest.mark.slow
 def test_vllm_picks_its_transformers_backend_for_tinytx_and_its_own_llama_for_the_export(offline):
     assert offline["tinytx"]["architecture"] == "TransformersForCausalLM"
     assert offline["llama"]["architecture"] == "LlamaForCausalLM"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tinytx", "llama"])
 def test_offline_prompt_ids_and_greedy_tokens_equal_transformers(offline, expected, name):
     computed = {key: offline[name][key] for key in expected[name]}
@@ -189,7 +188,6 @@ def readme_text(workdir) -> str:
     return text
 
 
-@pytest.mark.slow
 def test_readme_offline_snippet_prints_generates_text(workdir, started_readme_snippet):
     returncode = started_readme_snippet.wait(timeout=600)
     stdout = (workdir / "readme_vllm_offline.out").read_text(errors="replace")
@@ -217,7 +215,6 @@ def ask(client, chat: bool, stream: bool) -> tuple[list[int], str]:
     return tokens, "".join(texts)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
 def test_server_replies_with_generates_tokens_and_text(server, workdir, expected, chat, stream):
@@ -228,7 +225,6 @@ def test_server_replies_with_generates_tokens_and_text(server, workdir, expected
     assert text == tokenizer.decode(want, skip_special_tokens=True)
 
 
-@pytest.mark.slow
 def test_readme_client_snippet_prints_generates_text(server, workdir):
     snippet = readme_block("python", "OpenAI(")
     assert "http://localhost:8000/v1" in snippet and f'model="{SERVED_MODEL}"' in snippet, snippet

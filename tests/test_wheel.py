@@ -164,7 +164,7 @@ def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
     )
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_launchers_run_the_module_as_the_readme_says(tmp_path):
     """README: `torchrun --nproc_per_node 2 -m hf_tinytx_training.pretrain` and `accelerate launch --config_file
     CONFIG -m hf_tinytx_training.pretrain`, CONFIG from the installed package's configs folder, from any folder."""

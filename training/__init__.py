@@ -34,7 +34,6 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     distributed.py   sharding (FSDP2 on CPUs, DeepSpeed's settings), the device, the weights gathered for saving
     cpu_memory.py    training on a CPU: freed memory kept in the process, and what is said about it
     output_dir.py    the output folder: checked before anything is written, claimed (locked), what may be replaced
-    light_library.py hf_tinytx's torch-free modules (sources, folders, stored_weights), read before torch loads
     run_log.py       metrics.jsonl, the run's record, kept across resumes
     probes.py        what a pre-trained model learnt beyond its loss: probe accuracies and samples
     cards.py         every model card, and what each says of its run

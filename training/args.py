@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
+from hf_tinytx import sources
+
 from .cluster import refuse_lone_process
 from .config_file import config_file_path, read_config_file
 from .data_files import local_data_files
 from .errors import UserInputError
-from .light_library import sources
 from .output_dir import check_output_dir
 from .schedules import CLOCK_SHAPES
 

@@ -336,7 +336,7 @@ def load_partitioned_weights(model, folder: str) -> None:
     with deepspeed_reads_weights_only():  # its consolidation unpickles with weights_only=False
         state = get_fp32_state_dict_from_zero_checkpoint(folder, tag=DEEPSPEED_DIR)
     missing, unexpected = model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
-    tied = set((getattr(model, "_tied_weights_keys", None) or {}))
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
     if unexpected or set(missing) - tied:
         raise RunError(f"{folder}'s DeepSpeed states do not fit the model of its config.json (missing "
                        f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}).")

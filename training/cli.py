@@ -80,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(error + "\n")
         return 2
     if command in EARLY_PARSERS:  # --help, or a bad flag, ends here (exit 0, 2) before the module loads torch
-        from .light_library import command_flags
+        from hf_tinytx import command_flags
 
         getattr(command_flags, EARLY_PARSERS[command])().parse_args(flags)
     if command == "serve" and {"-h", "--help"} & set(flags):  # its help is typer's, over transformers' Serve
-        from . import light_library
+        from hf_tinytx import serve
 
-        light_library.load("serve").main(flags)  # the launcher's file read alone: it prints the help and exits
+        serve.main(flags)  # it prints the help and exits
     run_as_main(COMMANDS[command][0], flags)
     return 0
 

@@ -25,8 +25,8 @@ from hf_tinytx.folders import is_disk_full, mib
 
 from . import data_fit
 from .args import DataArguments
-from .errors import RunError, UserInputError
 from .data_files import local_data_files
+from .errors import RunError, UserInputError
 
 
 DEFAULT_CORPUS_DOCUMENTS = 12000

@@ -21,12 +21,13 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from importlib.util import find_spec
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 from .cli import missing_extra, run_as_main
 from .errors import RunError, UserInputError
-from .preemption import StopRequests, Stopped, stop_requests
+from .preemption import Stopped, StopRequests, stop_requests
 
 
 # Each script's torch-free module, holding the `preflight()` that checks its input before the heavy imports.

@@ -46,16 +46,25 @@ from transformers import Trainer, TrainingArguments, set_seed
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx.folders import (
-    folders_to_create, is_disk_full, mib, remove_created, remove_tree,
+    folders_to_create,
+    is_disk_full,
+    mib,
+    remove_created,
+    remove_tree,
 )
 from hf_tinytx.quiet import quiet_notices
 
 from . import cards, checkpoints, cluster, cpu_memory, distributed
+from .args import build_parser, hub_repo_id, write_args_json
 from .callbacks import (
-    CHECKPOINT, CHECKPOINT_STAGING, OPTIMIZER_FLAGS, OPTIMIZER_FLAGS_FILE, CheckpointsAside, StopAtStepEnd,
+    CHECKPOINT,
+    CHECKPOINT_STAGING,
+    OPTIMIZER_FLAGS,
+    OPTIMIZER_FLAGS_FILE,
+    CheckpointsAside,
+    StopAtStepEnd,
     optimizer_flags,
 )
-from .args import build_parser, hub_repo_id, write_args_json
 from .errors import RunError, UserInputError
 from .finetune_args import WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags
 from .finetune_model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model

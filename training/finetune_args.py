@@ -12,10 +12,11 @@ import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from hf_tinytx import sources, stored_weights
+
 from .args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag, warn_if_token_in_argv
 from .cluster import refuse_lone_process
 from .errors import UserInputError, as_user_input_error
-from .light_library import sources, stored_weights
 from .output_dir import check_output_dir, check_second_destination, refuse_overlap
 from .sft_records import read_records
 

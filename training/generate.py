@@ -28,8 +28,9 @@ import re
 import shutil
 import sys
 
+from hf_tinytx import sources, stored_weights
+
 from .errors import UserInputError
-from .light_library import sources, stored_weights
 
 
 PROG = "tinytx generate"
@@ -195,10 +196,10 @@ def resolve_device(name: str):
 
 def load_model(folder: str, device_name: str, trust_remote_code: bool):
     """(model in eval mode on the device, tokenizer); a folder transformers cannot load is one line."""
-    import hf_tinytx  # noqa: F401  (registers "tinytx", so a TinyTx folder loads without remote code)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
+    import hf_tinytx  # noqa: F401  (registers "tinytx", so a TinyTx folder loads without remote code)
     from hf_tinytx.quiet import quiet_notices
 
     quiet_notices()
@@ -208,8 +209,9 @@ def load_model(folder: str, device_name: str, trust_remote_code: bool):
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError) as error:
-        raise UserInputError(f"could not load a causal LM from {folder} ({' '.join(str(error).split())}); give a "
-                             "folder save_pretrained wrote, and add --trust_remote_code if it ships its own code.")
+        reason = " ".join(str(error).split())
+        raise UserInputError(f"could not load a causal LM from {folder} ({reason}); give a folder save_pretrained "
+                             "wrote, and add --trust_remote_code if it ships its own code.") from None
     return model.to(device).eval(), tokenizer
 
 

@@ -290,7 +290,9 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
     deadline = started + timeout
     patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)
     retry = f"`hf upload {pusher.repo_id} {folder}{patterns}`"
-    asked = lambda: bool(stop.received)
+    def asked():
+        return bool(stop.received)
+
     snapshot = tempfile.mkdtemp(prefix=".hub-final-", dir=folder)
     try:
         link_or_copy(folder, snapshot, names)

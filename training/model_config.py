@@ -10,8 +10,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_tinytx.sources import local_folder_or_hub_id
 
-from .errors import UserInputError
 from .config_file import config_file_path, read_config_file
+from .errors import UserInputError
 
 
 OVERRIDES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

@@ -8,8 +8,9 @@ import contextlib
 import fcntl
 import os
 
+from hf_tinytx import folders
+
 from .errors import UserInputError, as_user_input_error
-from .light_library import folders
 
 
 LOCK_FILE = ".lock"

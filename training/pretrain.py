@@ -41,10 +41,18 @@ from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.quiet import quiet_notices
+
 from . import cards, checkpoints, cluster, cpu_memory, distributed, export
 from .args import (
-    DataArguments, ModelArguments, PretrainArguments, apply_total_batch_size, args_to_dict, check_schedule,
-    explicit_flags, parse_args, plan_steps,
+    DataArguments,
+    ModelArguments,
+    PretrainArguments,
+    apply_total_batch_size,
+    args_to_dict,
+    check_schedule,
+    explicit_flags,
+    parse_args,
+    plan_steps,
 )
 from .cluster import refuse_lone_process
 from .data import PackedData, load_texts, make_dataloaders, pack_fitted, tokenize, training_texts

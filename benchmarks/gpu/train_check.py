@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: report.py and mfu.py, reused here
 from report import print_report  # noqa: E402
 
+
 PRETRAIN = ["-m", "hf_tinytx_training.pretrain"]  # as `tinytx pretrain` runs it: from the installed package
 
 

@@ -66,6 +66,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+
 try:
     from benchmarks.kill_campaign.common import row, say, table
     from benchmarks.kill_campaign.convert_trials import Convert
@@ -169,7 +170,8 @@ def nodes_line(rows: list[dict], c: dict, summary: dict) -> str:
     gone = [r["seconds_to_gone"] for r in rows if r.get("seconds_to_gone") is not None]
     spread = f"{min(gone):.0f}-{max(gone):.0f} s" if gone else "-"
     return (f"after a node's fault every other process was gone in {spread} (bound {summary['bound_seconds']} s); "
-            f"{c['hung']} hung past the bound; {c['separate_runs']} launches trained with fewer processes than launched")
+            f"{c['hung']} hung past the bound; "
+            f"{c['separate_runs']} launches trained with fewer processes than launched")
 
 
 def folders_line(c: dict) -> str:

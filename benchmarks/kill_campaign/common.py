@@ -16,6 +16,7 @@ from pathlib import Path
 from tests.helpers.faults import KILL_MARK, KILLED, LAUNCH
 from tests.helpers.tiny import REPO_ROOT
 
+
 NOTES = "My own notes, kept in the output folder: no training run may touch them.\n"
 MOVES = ("os.replace", "os.rename")  # either may move a file into place; they share one call count
 MAX_RERUNS = 3

@@ -20,9 +20,28 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign.common import (
-    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, file_digests, last_error, links_kept, lost_reasons, notes_kept,
-    plan_call, plant_links, quiet_transformers, read_calls, repo_env, rerun_until_done, row, run_process, say, tail,
-    traced, verdict, write_notes,
+    KILLED,
+    MAX_RERUNS,
+    MOVES,
+    RERUN_KILL_CHANCE,
+    file_digests,
+    last_error,
+    links_kept,
+    lost_reasons,
+    notes_kept,
+    plan_call,
+    plant_links,
+    quiet_transformers,
+    read_calls,
+    repo_env,
+    rerun_until_done,
+    row,
+    run_process,
+    say,
+    tail,
+    traced,
+    verdict,
+    write_notes,
 )
 from tests.helpers.faults import run_killed_at
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model

@@ -17,12 +17,28 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign.common import (
-    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, TORCHRUN, killed_at, last_error, plan_call,
-    plant_links, quiet_transformers, read_calls, resume_and_judge, run_process, say, stop_outcome, traced,
+    KILLED,
+    MAX_RERUNS,
+    MOVES,
+    RERUN_KILL_CHANCE,
+    SIGNALS,
+    TORCHRUN,
+    killed_at,
+    last_error,
+    plan_call,
+    plant_links,
+    quiet_transformers,
+    read_calls,
+    resume_and_judge,
+    run_process,
+    say,
+    stop_outcome,
+    traced,
     write_notes,
 )
 from tests.helpers.faults import run_killed_at
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model
+
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
 STEPS, SAVE_STEPS = 16, 4  # checkpoints 4, 8, 12 and 16 (the newest two kept)
@@ -84,7 +100,8 @@ class Finetune:
         build_tiny_model(vocab_size=320).save_pretrained(self.folder / "base")
         tokenizer.save_pretrained(self.folder / "base")
         (self.folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompt_records(16)))
-        for config in (name for name, count in self.counts.items() if count or (name == "1 proc" and self.link_trials)):
+        wanted = [name for name, count in self.counts.items() if count or (name == "1 proc" and self.link_trials)]
+        for config in wanted:
             output_dir = self.folder / f"reference_{config.replace(' ', '_')}"
             calls_file = output_dir.with_name(f"{output_dir.name}.calls")
             command = [*traced(self.prefix(config), calls_file, CALLS), str(FINETUNE), *flags(config),

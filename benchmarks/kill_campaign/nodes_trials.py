@@ -26,6 +26,7 @@ from tests.helpers.fake_slurm import alive, descendants, workers_under
 from tests.helpers.faults import PRETRAIN
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
 
+
 STEPS, EVERY = 40, 5
 FLAGS = [*TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_size", "16", "--max_train_steps",
          str(STEPS), "--checkpointing_steps", str(EVERY), "--eval_steps", "1000", "--num_probes_per_kind", "0",
@@ -164,7 +165,8 @@ class Nodes:
         equal = code == 0 and same_weights(self.reference["output_dir"] / "model.safetensors",
                                            output_dir / "model.safetensors")
         lost = not notes_kept(output_dir)
-        error = ("HUNG past the bound; " if hung else "") + ("TRAINED WITH FEWER PROCESSES THAN LAUNCHED; " if any(split) else "")
+        error = (("HUNG past the bound; " if hung else "")
+                 + ("TRAINED WITH FEWER PROCESSES THAN LAUNCHED; " if any(split) else ""))
         if not equal:
             error += f"the final model differs, or no run exited 0 (last exit {code})"
         return row(plan, moment=moment, killed=struck is not None, first_exit=max(codes, key=abs),

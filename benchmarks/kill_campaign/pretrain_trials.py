@@ -18,11 +18,22 @@ import time
 from pathlib import Path
 
 from benchmarks.kill_campaign.common import (
-    KILLED, MAX_RERUNS, MOVES, RERUN_KILL_CHANCE, SIGNALS, last_error, plant_links, resume_and_judge, run_process,
-    say, stop_outcome, write_notes,
+    KILLED,
+    MAX_RERUNS,
+    MOVES,
+    RERUN_KILL_CHANCE,
+    SIGNALS,
+    last_error,
+    plant_links,
+    resume_and_judge,
+    run_process,
+    say,
+    stop_outcome,
+    write_notes,
 )
 from tests.helpers.faults import PRETRAIN, run_killed_after, run_killed_after_line, run_killed_at
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
+
 
 FINISHED_LINE = "Model folder: "  # printed once the export is complete
 EXPORT_LINE = r"validation: loss"  # printed after the final evaluation; the final checkpoint and the export follow

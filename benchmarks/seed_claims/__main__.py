@@ -78,7 +78,7 @@ SETTINGS = {
         lookup_batch=8, lookup_lr=1e-2, lookup_warmup=10, lookup_seconds=6.0,
         lookup_distances=(12, 25, 50, 100, 200, 400), lookup_probes=4, map_distance=200,
     ),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -125,14 +125,14 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
         "--seeds", type=int, nargs="+",
         help="claim 4: a corpus model trained and scored per seed (default: 0 1 2; --quick: 0 1). The first seed's "
         "model is claim 6's too, and the first seed seeds every other claim (with --model, that model alone)",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, help="one seed: the same as --seeds SEED")
     parser.add_argument(
         "--threads", type=int, default=1,
         help="CPU threads for torch (default 1: on a shared machine, threads that wait on each other's preempted "
         "partners make small kernels many times slower, and the comparison noisy; claim 2 also measures on all "
         "cores, whatever this says)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}.")
@@ -154,13 +154,8 @@ if __name__ == "__main__":  # --help, a mistyped flag or a bad budget are answer
     parse_arguments(None)
 
 import torch  # noqa: E402
-
 from attention_scaling import attention_flops, time_interleaved  # noqa: E402  (scripts in benchmarks/: see __init__)
 from common import count_parameters, interleaved_medians  # noqa: E402
-
-from .lookup_task import LookupFeed, LookupTask, copy_probes, lookup_probes  # noqa: E402
-from .lstm_baseline import lstm_matching  # noqa: E402
-from .report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
 
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.corpus import RULE_MIX, Mix, default_corpus, make_probes  # noqa: E402
@@ -177,6 +172,10 @@ from hf_tinytx.interpret import (  # noqa: E402
     uniform_baseline,
 )
 from hf_tinytx.probes import score_probes  # noqa: E402
+
+from .lookup_task import LookupFeed, LookupTask, copy_probes, lookup_probes  # noqa: E402
+from .lstm_baseline import lstm_matching  # noqa: E402
+from .report import draw_figures, render_lookup_map, save_figure, write_report  # noqa: E402
 
 
 EXAMPLE_SENTENCE = "The animal didn't cross the street because it was too tired. The"
@@ -209,7 +208,7 @@ def build_tinytx(settings: dict, tokenizer, seed: int) -> TinyTxForCausalLM:
     config = TinyTxConfig(
         vocab_size=len(tokenizer), max_position_embeddings=1024, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **settings["model"],
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     return TinyTxForCausalLM._from_config(config, attn_implementation="sdpa")
 
@@ -301,7 +300,7 @@ def train_in_turns(models: dict, feeds: dict, budget: Budget, lr: float, warmup_
         name: {"steps": s["steps"], "tokens": s["tokens"], "seconds": s["seconds"],
                "tokens_per_s": s["tokens"] / s["seconds"], "final_loss": statistics.mean(s["losses"][-10:])}
         for name, s in stats.items()
-    }  # fmt: skip
+    }
 
 
 @torch.no_grad()
@@ -331,7 +330,7 @@ def claim_quadratic(settings: dict) -> dict:
         rows.append({
             "n": n, "eager_ms": times["eager"][n] * 1e3, "sdpa_ms": times["sdpa"][n] * 1e3,
             "attention_gflop": attention_flops(n, settings["scaling_hidden"]) / 1e9,
-        })  # fmt: skip
+        })
     growth = {
         backend: statistics.median(times[backend][2 * n] / times[backend][n] for n in lengths if 2 * n in lengths)
         for backend in ("eager", "sdpa")
@@ -349,7 +348,7 @@ def claim_sequential(settings: dict, tokenizer, seed: int) -> dict:
     def step_medians(batch_size: int, length: int) -> dict[str, float]:
         batch = torch.randint(0, len(tokenizer), (batch_size, length), generator=torch.Generator().manual_seed(seed))
         runs = {name: (lambda m=model, o=optimizers[name]: training_step(m, o, batch, batch))
-                for name, model in models.items()}  # fmt: skip
+                for name, model in models.items()}
         return interleaved_medians(runs, repeats=settings["step_repeats"], warmup=1)
 
     batch_size = settings["step_batch"]
@@ -357,11 +356,11 @@ def claim_sequential(settings: dict, tokenizer, seed: int) -> dict:
     for length in settings["step_lengths"]:
         medians = step_medians(batch_size, length)
         rows.append({"length": length, **{f"{name}_step_ms": t * 1e3 for name, t in medians.items()},
-                     **{f"{name}_tokens_per_s": batch_size * length / t for name, t in medians.items()}})  # fmt: skip
+                     **{f"{name}_tokens_per_s": batch_size * length / t for name, t in medians.items()}})
     growth = {}
     for name in models:
         ratios = [b[f"{name}_step_ms"] / a[f"{name}_step_ms"] for a, b in zip(rows, rows[1:])
-                  if b["length"] == 2 * a["length"]]  # fmt: skip
+                  if b["length"] == 2 * a["length"]]
         growth[name] = statistics.median(ratios) if ratios else float("nan")
 
     # The seeds' point is about parallel hardware: attention's positions are independent work, the LSTM's are a
@@ -384,7 +383,7 @@ def claim_sequential(settings: dict, tokenizer, seed: int) -> dict:
         "step_time_growth_when_length_doubles": growth,
         "single_sequence": {"cores": all_cores, "rows": single, "crossover": crossover_lengths(single),
                             "load_average": [load_before, os.getloadavg()[0]]},
-    }  # fmt: skip
+    }
 
 
 def crossover_lengths(single: list[dict]) -> dict[int, int | None]:
@@ -403,7 +402,7 @@ def crossover_lengths(single: list[dict]) -> dict[int, int | None]:
 
 def build_lookup_pair(settings: dict, task: LookupTask, seed: int) -> dict[str, torch.nn.Module]:
     config = TinyTxConfig(vocab_size=task.vocab_size, max_position_embeddings=1024, bos_token_id=0, eos_token_id=0,
-                          pad_token_id=0, **settings["lookup_model"])  # fmt: skip
+                          pad_token_id=0, **settings["lookup_model"])
     torch.manual_seed(seed)
     tinytx = TinyTxForCausalLM._from_config(config, attn_implementation="sdpa")
     torch.manual_seed(seed)
@@ -424,11 +423,11 @@ def claim_lookup(settings: dict, budget: Budget, seed: int) -> tuple[dict, dict,
     for distance in settings["lookup_distances"]:
         generator = torch.Generator().manual_seed(seed + distance)
         probes = {"lookup": lookup_probes(task, settings["lookup_probes"], distance, generator),
-                  "copy": copy_probes(task, settings["lookup_probes"], distance, generator)}  # fmt: skip
+                  "copy": copy_probes(task, settings["lookup_probes"], distance, generator)}
         rows.append({"distance": distance, **{f"{name}_{kind}": probe_accuracy(model, *probes[kind])
-                                              for name, model in models.items() for kind in probes}})  # fmt: skip
+                                              for name, model in models.items() for kind in probes}})
     results = {"rows": rows, "training": training, "budget": budget.describe(), "task": vars(task),
-               "chance": 1 / task.num_pairs, "probes_per_distance": settings["lookup_probes"]}  # fmt: skip
+               "chance": 1 / task.num_pairs, "probes_per_distance": settings["lookup_probes"]}
     return results, models, task
 
 
@@ -440,18 +439,18 @@ def claim_lookup_head(settings: dict, model, task: LookupTask, seed: int, out_di
     sequences = [row.tolist() for row in ids]
     untrained = build_lookup_pair(settings, task, seed + 1)["tinytx"].eval()
     found = {"trained": find_heads(model, None, sequences, top=1),
-             "untrained": find_heads(untrained, None, sequences, top=1)}  # fmt: skip
+             "untrained": find_heads(untrained, None, sequences, top=1)}
     even = {"previous_token": uniform_baseline(len(sequences[0])), "first_token": uniform_baseline(len(sequences[0])),
-            "induction": statistics.mean(induction_baseline(s) for s in sequences)}  # fmt: skip
+            "induction": statistics.mean(induction_baseline(s) for s in sequences)}
     rows = [{"role": role, "layer": best[0].layer, "head": best[0].head, "score": best[0].score,
              "untrained_best": found["untrained"][role][0].score, "even_spread": even[role]}
-            for role, best in found["trained"].items()]  # fmt: skip
+            for role, best in found["trained"].items()]
     lookup = next(row for row in rows if row["role"] == "induction")
     weights = attention_weights(model, ids)[lookup["layer"], :, lookup["head"]]  # (probes, n, n)
     questions = torch.nonzero(labels[0] != -100).flatten() - 1  # the same places in every probe of one call
     on_value = weights[:, questions, questions - distance + 1].mean().item()
     title = (f"layer {lookup['layer']}, head {lookup['head']}, the lookup head found: "
-             f"questions {distance} tokens after their keys")  # fmt: skip
+             f"questions {distance} tokens after their keys")
     save_figure(render_lookup_map(weights[0], labels[0], distance, title), out_dir / "lookup_head.png")
     return {"rows": rows, "distance": distance, "weight_on_value_at_questions": on_value, "map": "lookup_head.png"}
 
@@ -469,11 +468,11 @@ def claim_coref(args, settings: dict, budget: Budget, first: "CorpusModel", out_
         layer, head = rows[0]["heads"][query]["layer"], rows[0]["heads"][query]["head"]
         save_figure(render_attention_map(maps.weights[layer, head], maps.tokens,
                                          f"layer {layer}, head {head}: best referent head {where}"),
-                    out_dir / f"coref_head_{query}.png")  # fmt: skip
+                    out_dir / f"coref_head_{query}.png")
     spread = {kind: {"mean": statistics.mean(r[kind] for r in rows), "min": min(r[kind] for r in rows),
-                     "max": max(r[kind] for r in rows)} for kind in ("coref", "coref_new_nouns")}  # fmt: skip
+                     "max": max(r[kind] for r in rows)} for kind in ("coref", "coref_new_nouns")}
     return {"rows": rows, **spread, "chance": 0.5, "probes_per_kind": settings["probes_per_kind"],
-            "maps": {"it": "coref_head_it.png", "last": "coref_head_last.png"}}  # fmt: skip
+            "maps": {"it": "coref_head_it.png", "last": "coref_head_last.png"}}
 
 
 def coref_row(settings: dict, corpus: "CorpusModel") -> dict:
@@ -482,12 +481,12 @@ def coref_row(settings: dict, corpus: "CorpusModel") -> dict:
     and on the other noun, on seen and on unseen nouns."""
     model, tokenizer = corpus.model, corpus.tokenizer
     probes = [p for p in make_probes(settings["probes_per_kind"], recall_distances=())
-              if p.kind in ("coref", "coref_new_nouns")]  # fmt: skip
+              if p.kind in ("coref", "coref_new_nouns")]
     accuracy = score_probes(model, tokenizer, probes, batch_size=16)
     heads = {}
     for query in ("it", "last"):
         seen, unseen = (coref_head_scores(model, tokenizer, [p for p in probes if p.kind == kind], query)
-                        for kind in ("coref", "coref_new_nouns"))  # fmt: skip
+                        for kind in ("coref", "coref_new_nouns"))
         layer, head = divmod(int(torch.argmax(seen["score"])), seen["score"].shape[1])
         heads[query] = {
             "layer": layer, "head": head, "score": float(seen["score"][layer, head]),
@@ -495,9 +494,9 @@ def coref_row(settings: dict, corpus: "CorpusModel") -> dict:
             "referent_weight": float(seen["referent"][layer, head]), "other_weight": float(seen["other"][layer, head]),
             "unseen_referent_weight": float(unseen["referent"][layer, head]),
             "unseen_other_weight": float(unseen["other"][layer, head]),
-        }  # fmt: skip
+        }
     return {"seed": corpus.seed, **corpus.training, "coref": accuracy["coref"],
-            "coref_new_nouns": accuracy["coref_new_nouns"], "heads": heads}  # fmt: skip
+            "coref_new_nouns": accuracy["coref_new_nouns"], "heads": heads}
 
 
 def claim_positions() -> dict:
@@ -521,12 +520,12 @@ def claim_heads(settings: dict, model, untrained, tokenizer, texts: list[str]) -
     uniform = statistics.mean(uniform_baseline(len(i)) for i in ids)
     repeating = [i for i in ids if len(induction_targets(i)[0])]
     even = {"previous_token": uniform, "first_token": uniform,
-            "induction": statistics.mean(induction_baseline(i) for i in repeating) if repeating else 0.0}  # fmt: skip
+            "induction": statistics.mean(induction_baseline(i) for i in repeating) if repeating else 0.0}
     rows = []
     for role in found["trained"]:
         best, random_best = found["trained"][role][0], found["untrained"][role][0]
         rows.append({"role": role, "layer": best.layer, "head": best.head, "score": best.score,
-                     "untrained_best": random_best.score, "even_spread": even.get(role, 0.0)})  # fmt: skip
+                     "untrained_best": random_best.score, "even_spread": even.get(role, 0.0)})
     return {"rows": rows, "texts": len(texts)}
 
 

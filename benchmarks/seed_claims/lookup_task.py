@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 import torch
 
 
-
 @dataclass(frozen=True)
 class LookupTask:
     """A small synthetic vocabulary for long-range lookups: id 0 opens every sequence, then filler, key and value

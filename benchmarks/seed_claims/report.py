@@ -52,7 +52,7 @@ def plot_lookup_curves(d: dict, path: Path) -> None:
     for name, colour in (("tinytx", "tab:blue"), ("lstm", "tab:orange")):
         for kind, style in (("lookup", "o-"), ("copy", "s--")):
             ax.plot(distances, [row[f"{name}_{kind}"] for row in d["rows"]], style, color=colour,
-                    label=f"{LABELS[name]} {kind}")  # fmt: skip
+                    label=f"{LABELS[name]} {kind}")
     ax.axhline(d["chance"], color="k", linestyle=":", label=f"chance (1 of {d['task']['num_pairs']} values)")
     ax.set_xscale("log")
     ax.minorticks_off()  # the log axis's own minor labels would overprint the distances
@@ -129,11 +129,11 @@ def coref_section(coref: dict) -> list[str]:
     def head(row, query):
         h = row["heads"][query]
         return [f"{h['layer']}.{h['head']}", f"{h['referent_weight']:.2f} vs {h['other_weight']:.2f}",
-                f"{h['unseen_referent_weight']:.2f} vs {h['unseen_other_weight']:.2f}"]  # fmt: skip
+                f"{h['unseen_referent_weight']:.2f} vs {h['unseen_other_weight']:.2f}"]
 
     rows = [[row["seed"] if row["seed"] is not None else "given", row.get("steps", "-"),
              round(row["seconds"]) if "seconds" in row else "-", row["coref"], row["coref_new_nouns"],
-             *head(row, "last"), *head(row, "it")] for row in coref["rows"]]  # fmt: skip
+             *head(row, "last"), *head(row, "it")] for row in coref["rows"]]
     header = ["seed", "steps", "seconds", "held-out sentences", "unseen nouns", "head at \"The\"",
               "referent vs other", "(unseen nouns)", "head at \"it\"", "referent vs other", "(unseen nouns)"]
     return [
@@ -158,7 +158,7 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
     prev, bos = by_role["previous_token"], by_role["first_token"]
     lookup_head = next(row for row in r["lookup_head"]["rows"] if row["role"] == "induction")
     on_value = r["lookup_head"]["weight_on_value_at_questions"]
-    t, l = d["training"]["tinytx"], d["training"]["lstm"]
+    t, lstm = d["training"]["tinytx"], d["training"]["lstm"]
 
     def curve(name, kind):
         return " / ".join(f"{row[f'{name}_{kind}']:.2f}" for row in d["rows"])
@@ -166,7 +166,7 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
     def speeds(threads):
         rows = [row for row in single["rows"] if row["threads"] == threads]
         return ", ".join(f"{row['length']}: {row['tinytx_tokens_per_s']:,.0f} vs {row['lstm_tokens_per_s']:,.0f}"
-                         for row in (rows[0], rows[-1]))  # fmt: skip
+                         for row in (rows[0], rows[-1]))
 
     def crossing(threads):
         length = single["crossover"][threads]
@@ -181,7 +181,7 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
                if cores_spoiled(single) else
                f"TinyTx reads more tokens/s {crossing(1)} on 1 core, {crossing(cores)} on {cores} cores; at the "
                f"longest, {cores} cores speed TinyTx up ×{gain('tinytx'):.2f}, "
-               f"the LSTM ×{gain('lstm'):.2f}")  # fmt: skip
+               f"the LSTM ×{gain('lstm'):.2f}")
     return [
         ("1. Twice the window, about four times the looking work",
          "pairing every token with every token grows with n²",
@@ -201,8 +201,8 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
          f"{d['task']['num_pairs']} key-value pairs, each key asked later (MQAR), after {d['budget']} of training "
          f"each; value right with the key {' / '.join(str(row['distance']) for row in d['rows'])} tokens back: "
          f"TinyTx ({t['parameters']:,} parameters, {t['steps']} steps) {curve('tinytx', 'lookup')}; LSTM "
-         f"({l['parameters']:,}, {l['steps']} steps) {curve('lstm', 'lookup')} (chance {d['chance']:.2f}). A list "
-         f"of 8 copied that far back: TinyTx {curve('tinytx', 'copy')}; LSTM {curve('lstm', 'copy')}"),
+         f"({lstm['parameters']:,}, {lstm['steps']} steps) {curve('lstm', 'lookup')} (chance {d['chance']:.2f}). "
+         f"A list of 8 copied that far back: TinyTx {curve('tinytx', 'copy')}; LSTM {curve('lstm', 'copy')}"),
         ("4. The animal didn't cross the street because it was too tired",
          "attention lets \"it\" pull information from the animal rather than the street",
          f"resolving \"it\" ({seeds_said(c)}): {spread(c['coref'])} on held-out sentences, "
@@ -225,7 +225,7 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
          f"corpus model: previous-token head {prev['layer']}.{prev['head']}: {prev['score']:.2f} (untrained best "
          f"{prev['untrained_best']:.2f}, even spread {prev['even_spread']:.2f}); first-token head "
          f"{bos['layer']}.{bos['head']}: {bos['score']:.2f} (untrained {bos['untrained_best']:.2f})"),
-    ]  # fmt: skip
+    ]
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:
@@ -240,7 +240,7 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 def lookup_sections(d: dict, head: dict) -> list[str]:
     """The report's claim 3 part: training, accuracy by distance, the task, the lookup head."""
     stages = {name: "; ".join(f"{kind} {length} from step {step}" for step, kind, length in t["stages"])
-              for name, t in d["training"].items()}  # fmt: skip
+              for name, t in d["training"].items()}
     return [
         "## 3. Lookups by distance (same parameters, same training budget, same curriculum)",
         markdown_table(["model", "parameters", "steps", "tokens seen", "train s", "tokens/s", "final loss",
@@ -266,7 +266,7 @@ def lookup_sections(d: dict, head: dict) -> list[str]:
                        [[r["role"], f"{r['layer']}.{r['head']}", r["score"], r["untrained_best"], r["even_spread"]]
                         for r in head["rows"]]),
         "![the lookup head](lookup_head.png)",
-    ]  # fmt: skip
+    ]
 
 
 def write_report(results: dict, out_dir: Path) -> str:
@@ -304,7 +304,7 @@ def write_report(results: dict, out_dir: Path) -> str:
         markdown_table(["role", "layer.head", "score", "untrained model's best", "even spread"],
                        [[r["role"], f"{r['layer']}.{r['head']}", r["score"], r["untrained_best"], r["even_spread"]]
                         for r in h["rows"]]),
-    ]  # fmt: skip
+    ]
     text = "\n\n".join(sections) + "\n"
     (out_dir / "REPORT.md").write_text(text)
     return table
@@ -314,5 +314,5 @@ def draw_figures(results: dict, out_dir: Path) -> None:
     s, d = results["sequential"], results["lookup"]
     plot_lines([r["length"] for r in s["rows"]], {name: [r[f"{name}_step_ms"] for r in s["rows"]] for name in LABELS},
                "sequence length", "training step (ms, median)", "Step time vs length, same parameters",
-               out_dir / "step_time.png", logx=True)  # fmt: skip
+               out_dir / "step_time.png", logx=True)
     plot_lookup_curves(d, out_dir / "lookup_by_distance.png")

@@ -72,7 +72,7 @@ def settings_for(args: argparse.Namespace) -> dict:
     settings["model"] = dict(settings["model"])
     for flag, key in (("steps", "train_steps"), ("lr", "lr"), ("warmup", "warmup"), ("batch", "batch_size"),
                       ("vocab", "vocab_size"), ("documents", "num_documents"),
-                      ("probes", "probes_per_kind")):  # fmt: skip
+                      ("probes", "probes_per_kind")):
         if getattr(args, flag) is not None:
             settings[key] = getattr(args, flag)
     if args.hidden is not None:

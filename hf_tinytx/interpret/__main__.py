@@ -17,8 +17,9 @@ from .head_roles import find_heads, induction_baseline, uniform_baseline
 
 def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A causal LM with eager attention (the only kind that returns weights) and its tokenizer."""
-    import hf_tinytx  # noqa: F401  (registers "tinytx" so plain folders load without remote code)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import hf_tinytx  # noqa: F401  (registers "tinytx" so plain folders load without remote code)
 
     try:
         name_or_path = local_folder_or_hub_id(name_or_path)

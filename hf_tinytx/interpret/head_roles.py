@@ -26,6 +26,7 @@ import torch
 
 from .attention_maps import attention_weights
 
+
 ROLES = {
     "previous_token": "mean weight on position i-1",
     "first_token": "mean weight on position 0",

@@ -28,7 +28,7 @@ def _attention_layer(hidden_size: int, num_heads: int, seed: int) -> tuple[TinyT
     config = TinyTxConfig(
         hidden_size=hidden_size, num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
         num_hidden_layers=1, vocab_size=16,
-    )  # fmt: skip
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     layer = TinyTxAttention(config, layer_idx=0).eval()
@@ -64,7 +64,7 @@ def rotary_separation_check(
 ) -> PositionCheck:
     """max |q_m.k_n - q_{m+s}.k_{n+s}| over random q, k, m, n, s; contrast: |q_m.k_n - q_m.k_{n+s}|."""
     config = TinyTxConfig(hidden_size=head_dim, num_attention_heads=1, num_hidden_layers=1, vocab_size=16,
-                          intermediate_size=head_dim, max_position_embeddings=2 * max_position)  # fmt: skip
+                          intermediate_size=head_dim, max_position_embeddings=2 * max_position)
     rotary = TinyTxRotaryEmbedding(config)
     generator = torch.Generator().manual_seed(seed)
 

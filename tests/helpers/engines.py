@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers.tiny import REPO_ROOT
 
+
 LLAMA_CPP_PYTHON = REPO_ROOT / ".venv-llamacpp" / "bin" / "python"
 LLAMA_CPP_HINT = (
     "python3 -m venv .venv-llamacpp && CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-llamacpp/bin/pip install "

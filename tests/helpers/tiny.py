@@ -41,7 +41,6 @@ def build_tiny_config(**overrides):
 def build_tiny_model(seed=0, attn_implementation="eager", **overrides):
     """A seeded TinyTxForCausalLM in eval mode, fp32."""
     import torch
-
     from transformers import AutoModelForCausalLM
 
     import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
@@ -101,3 +100,14 @@ LAUNCH = str(Path(__file__).with_name("launch.py"))
 def kill_after_call(target: str, nth: int) -> list[str]:
     """A `run_pretrain` launcher that SIGKILLs the run right after the Nth call of `target` (see launch.py)."""
     return [sys.executable, LAUNCH, "--kill-at", f"after:{target}:{nth}"]
+
+
+def assert_same_weights(expected, actual) -> None:
+    """Two model folders hold bit-for-bit the same weights: what an interrupted and resumed run must end with."""
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = load_file(Path(expected) / "model.safetensors"), load_file(Path(actual) / "model.safetensors")
+    assert a.keys() == b.keys(), f"different tensors: {sorted(a.keys() ^ b.keys())}"
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"weights differ from the reference run's: {different}"
