@@ -52,7 +52,7 @@ def rank_main(report: str, script_args: list[str]) -> None:
                                 * 1024, "peak_cuda_bytes": cuda}) + "\n")
 
     atexit.register(record)
-    # A process of a multi-process launch ends with os._exit (training/distributed.exit_launched_process), which
+    # A process of a multi-process launch ends with os._exit (training/cli.exit_launched_process), which
     # skips atexit: record there too.
     leave = os._exit
 

@@ -250,7 +250,7 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
 
 def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
     """Under torchrun both processes train; one of them writes the folders and pushes, and neither runs the
-    interpreter's shutdown beside gloo's threads (training/distributed.exit_launched_process)."""
+    interpreter's shutdown beside gloo's threads (training/cli.exit_launched_process)."""
     from safetensors.torch import load_file
 
     result = runs["results"]["lora_ddp"]

@@ -6,11 +6,11 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
 
     pretrain.py      pre-training on Accelerate: setup -> fit -> finish -> export_and_push
     finetune.py      supervised fine-tuning with Trainer, optionally LoRA: setup -> fit -> save_folders -> push_result
-    entry.py         how both scripts start and end: signals first, bad input before torch loads, one exit status
-    cli.py           the `tinytx` command: runs a subcommand's module as `python -m` does (__main__.py: `-m` on it)
+    cli.py           the `tinytx` command (a subcommand's module run as `python -m` does; __main__.py: `-m` on
+                     it); how both scripts start and end (signals first, bad input before torch loads, one exit
+                     status); a clone named hf_tinytx in the working folder looked past
     generate.py      `tinytx generate`: a prompt continued and streamed; the library alone, no Accelerate
     chat.py          `tinytx chat`: a terminal chat over a folder's chat template
-    working_dir.py   from the folder above a clone named hf_tinytx, the installed package, not the clone's folder
     errors.py        UserInputError and RunError, raised anywhere without importing the flags
     args.py          pretrain's flags, their checks (before torch loads: `preflight`; again in `main`), the step plan
     finetune_args.py finetune's flags and the checks run before torch loads
@@ -41,7 +41,7 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     hub.py           uploads to the Hugging Face Hub in the background, and the final push
 """
 
-from .working_dir import look_past_a_clone_named_hf_tinytx
+from .cli import look_past_a_clone_named_hf_tinytx
 
 
 look_past_a_clone_named_hf_tinytx()  # before anything imports hf_tinytx

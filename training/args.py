@@ -168,7 +168,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
 
 def preflight(argv: list[str] | None = None) -> None:
     """The flags, the output folder, the model's config file and the data files, checked before torch and
-    transformers load (training/entry.py; UserInputError if bad)."""
+    transformers load (training/cli.py; UserInputError if bad)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     warn_if_token_in_argv(argv, "pretrain.py")
     model_args, data_args, train_args = parse_args(argv)

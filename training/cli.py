@@ -1,4 +1,4 @@
-"""`tinytx`: the project's tools under one command, installed with the package.
+"""`tinytx`: the project's tools under one command, and how the two training scripts start and end.
 
     tinytx pretrain [flags]                  pre-train a TinyTx model         (python -m hf_tinytx_training.pretrain)
     tinytx finetune [flags]                  fine-tune a causal LM (Trainer)  (python -m hf_tinytx_training.finetune)
@@ -8,19 +8,37 @@
     tinytx generate FOLDER PROMPT [flags]    continue a prompt, streamed      (python -m hf_tinytx_training.generate)
     tinytx chat FOLDER [flags]               chat in the terminal             (python -m hf_tinytx_training.chat)
 
-A subcommand runs its module exactly as `python -m` does (its `__main__` block, which calls `main()`), so it takes
-the same flags and keeps what the scripts do before `main()`: bad input refused before torch loads, SIGTERM/SIGINT
-handled from the first line, one-line errors and their exit status. Nothing heavy is imported here: `tinytx --help`
-and every `tinytx <command> --help` are answered without torch. The library's modules (convert, interpret) load torch
-as soon as they are imported (hf_tinytx/__init__.py), so their flags are parsed here first, with their parsers read
-from hf_tinytx/command_flags.py alone; `serve --help` runs hf_tinytx/serve.py read alone, which imports the
-package only to serve.
+A subcommand runs its module as `python -m` does. Nothing heavy is imported here, so `tinytx --help` and every
+`tinytx <command> --help` are answered without torch. convert and interpret load torch as they import, so their flags
+are parsed here first (hf_tinytx/command_flags.py).
+
+pretrain.py and finetune.py call `start_script` above their imports and `finish_script` at their end:
+
+    start_script: the stop signals handled (preemption.py) -> the torch-free checks (`preflight`: bad input is one
+                  line and exit 2, before torch loads)
+    the script's imports (torch, transformers: seconds) -> its main() -> finish_script: the exit status
+
+The exit status, the same for both scripts:
+    0            the run finished
+    2            bad input (UserInputError), before or after torch loaded
+    1            a fault while running (RunError: a non-finite loss, a lost peer, a push that did not happen), or a
+                 full disk
+    128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped), or a peer that left at the signal first
 """
 
 import difflib
+import importlib
+import logging
+import os
 import runpy
 import sys
+from collections.abc import Callable
+from importlib.machinery import PathFinder
 from importlib.util import find_spec
+from typing import NoReturn
+
+from .errors import RunError, UserInputError
+from .preemption import Stopped, StopRequests, stop_requests
 
 
 COMMANDS = {  # subcommand -> (module run as __main__, what it does)
@@ -83,10 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         from hf_tinytx import command_flags
 
         getattr(command_flags, EARLY_PARSERS[command])().parse_args(flags)
-    if command == "serve" and {"-h", "--help"} & set(flags):  # its help is typer's, over transformers' Serve
-        from hf_tinytx import serve
-
-        serve.main(flags)  # it prints the help and exits
     run_as_main(COMMANDS[command][0], flags)
     return 0
 
@@ -95,6 +109,117 @@ def run_as_main(module: str, flags: list[str]) -> None:
     """Runs `module` as `python -m module flags...` would; its sys.exit() ends the process with its status."""
     sys.argv = [module, *flags]  # alter_sys puts the module's file first, as `python -m` does
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+# ---- the training scripts: started before torch loads, ended with one exit status
+
+# Each script's torch-free module, holding the `preflight()` that checks its input before the heavy imports.
+EARLY_CHECKS = {"pretrain": "args", "finetune": "finetune_args"}
+
+
+def start_script(script_file: str, package: str | None) -> StopRequests:
+    """Called by pretrain.py and finetune.py above their imports (`__file__`, `__package__`): handles the stop
+    signals, then checks the input (exit 2 and one line if bad). Returns the stop requests for `finish_script`."""
+    script = os.path.splitext(os.path.basename(script_file))[0]
+    program = f"{script}.py"
+    if not package:  # `python training/pretrain.py` in a checkout (also under torchrun or accelerate launch)
+        use_this_checkout(script_file)
+    error = None if {"-h", "--help"} & set(sys.argv[1:]) else missing_extra(script)  # the flags need no extra
+    if error:
+        sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))
+    stop = stop_requests(program)
+    stop.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
+    try:
+        importlib.import_module(f"{__package__}.{EARLY_CHECKS[script]}").preflight()
+    except UserInputError as error:
+        sys.stderr.write(f"{program}: error: {error}\n")
+        sys.exit(2)
+    return stop
+
+
+def use_this_checkout(script_file: str) -> None:
+    """A checkout's script imports the installed hf_tinytx_training: it must be this very folder (an editable install
+    of this checkout). The checkout's top then comes first on sys.path, in place of training/ (whose module names
+    would otherwise shadow libraries')."""
+    module = f"{__package__}.{os.path.splitext(os.path.basename(script_file))[0]}"
+    spec = find_spec(module)
+    name = os.path.basename(script_file)
+    if spec is None or os.path.realpath(spec.origin) != os.path.realpath(script_file):
+        installed = f"it is installed from {os.path.dirname(spec.origin)}" if spec else "it is not installed"
+        sys.exit(f"{name}: error: hf_tinytx_training must be this checkout's training/ ({installed}); run "
+                 f"`pip install -e .` in this checkout, or use the installed `tinytx {name[:-3]}`.")
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(script_file)))
+
+
+def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
+    """`main()`, and the process's end: every way a run ends becomes its exit status and at most one line."""
+    program = stop.program
+    try:
+        main()
+    except Stopped as stopped:
+        leave_stopped(stopped)
+    except (UserInputError, RunError) as error:
+        # One write, newline included: every process of a launch may say it at once, and print() writes the newline
+        # separately, so two processes' lines could run together.
+        sys.stderr.write(f"{program}: error: {error}\n")
+        leave(2 if isinstance(error, UserInputError) else 1)
+    except Exception as error:
+        if stop.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
+            leave_stopped(stop.stopped_with_a_peer(error))
+        from hf_tinytx.folders import is_disk_full  # loaded with the script's module by now
+
+        if not is_disk_full(error):
+            raise
+        where = getattr(error, "filename", None) or "the output folder"
+        sys.stderr.write(f"{program}: error: No space left on the device while writing {where}; the checkpoints "
+                         f"saved so far are intact: free some space and rerun with --resume_from_checkpoint latest.\n")
+        leave(1)
+    leave(0)
+
+
+def leave_stopped(stopped: Stopped) -> NoReturn:
+    if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
+        sys.stderr.write(f"{stopped}\n")
+    sys.stderr.flush()
+    leave(stopped.exit_code)
+
+
+def leave(code: int) -> NoReturn:
+    exit_launched_process(code)
+    sys.exit(code)
+
+
+def exit_launched_process(code: int = 0) -> None:
+    """Ends a process of a multi-process launch at once, once its run has ended: every file is written and closed,
+    the trackers are finished and the process groups destroyed, but a gloo group's worker threads live on while
+    anything still references the group (DeepSpeed and FSDP2 keep references past `destroy_process_group`). The
+    interpreter's own shutdown would then run beside them, and a worker that needs the GIL at that moment (to free
+    a tensor) aborts the process ("terminate called without an active exception", exit code -6): a finished run
+    reported as failed. Leaving with os._exit skips that shutdown; the kernel releases the output folder's lock."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+# ---- the working directory must not stand in for the installed hf_tinytx
+
+# A clone keeps git's default folder name, `hf_tinytx`. From the folder above it, `python -m ...` puts that folder first
+# on sys.path; the clone's top has no __init__.py, so Python takes it for a namespace package named hf_tinytx and stops
+# there (an editable install's finder is asked only after every sys.path entry). The commands look past it.
+def look_past_a_clone_named_hf_tinytx() -> None:
+    """Drops the working directory from sys.path when all it offers under the name hf_tinytx is a checkout's folder
+    (a namespace package holding hf_tinytx/__init__.py); an installed or a real package found first is kept."""
+    spec = PathFinder.find_spec("hf_tinytx")
+    if spec is None or spec.origin not in (None, "namespace"):  # none, or a real package: nothing shadows it
+        return
+    here = os.path.realpath(os.getcwd())
+    if not os.path.isfile(os.path.join(here, "hf_tinytx", "hf_tinytx", "__init__.py")):
+        return
+    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or ".") != here]
+    if getattr(sys.modules.get("hf_tinytx"), "__file__", True) is None:  # the namespace, already imported
+        del sys.modules["hf_tinytx"]
 
 
 if __name__ == "__main__":

@@ -291,19 +291,6 @@ def pack_fitted(tokens: Tokens, data_args, train_args, num_processes: int, expli
     return pack(tokens, plan.block_size, workers, plan.validation_from_end)
 
 
-def tokenize_and_pack(raw: DatasetDict, tokenizer, block_size: int, text_column: str, num_proc=None) -> PackedData:
-    """Both steps at the sizes asked, refusing a split shorter than one block."""
-    tokens = tokenize(raw, tokenizer, text_column, num_proc)
-    packed = pack(tokens, block_size, num_proc)
-    for name in ("train", "validation"):
-        split = getattr(packed, name)
-        if isinstance(split, Dataset) and len(split) == 0:
-            raise UserInputError(
-                f"The {name} text is shorter than one block of {block_size} tokens "
-                f"({num_tokens_of(getattr(tokens, name))} tokens); lower --block_size or give more text."
-            )
-    return packed
-
 
 @contextlib.contextmanager
 def datasets_cache_space():

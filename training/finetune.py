@@ -28,10 +28,10 @@ replaced with --overwrite_output_dir), is refused; SIGTERM or Ctrl-C finishes th
 with 128 + the signal's number and one line saying how to resume; only a finished run is published as the model.
 """
 
-if __name__ == "__main__":  # run as a script: training/entry.py handles the signals and checks the input first
-    from hf_tinytx_training.entry import launch
+if __name__ == "__main__":  # the stop signals handled and the input checked before torch loads (training/cli.py)
+    from hf_tinytx_training.cli import start_script
 
-    launch(__file__, __package__)  # imports this file again as a module, runs its main(), exits
+    start_script(__file__, __package__)
 
 import contextlib
 import json
@@ -53,10 +53,9 @@ from hf_tinytx.folders import (
     remove_tree,
 )
 from hf_tinytx.quiet import quiet_notices
-
-from . import cards, checkpoints, cluster, cpu_memory, distributed
-from .args import build_parser, hub_repo_id, write_args_json
-from .callbacks import (
+from hf_tinytx_training import cards, checkpoints, cluster, cpu_memory, distributed
+from hf_tinytx_training.args import build_parser, hub_repo_id, write_args_json
+from hf_tinytx_training.callbacks import (
     CHECKPOINT,
     CHECKPOINT_STAGING,
     OPTIMIZER_FLAGS,
@@ -65,14 +64,27 @@ from .callbacks import (
     StopAtStepEnd,
     optimizer_flags,
 )
-from .errors import RunError, UserInputError
-from .finetune_args import WRITER, FinetuneArguments, check_args, check_destinations, model_source, output_dir_flags
-from .finetune_model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
-from .hub import HubPusher, push_final
-from .output_dir import claim, refuse_links_out, release_lock, remove_earlier_merge, replacing_earlier_files
-from .preemption import Stopped, stop_message, stop_requests
-from .sft_data import build_examples, pad_collator
-from .sft_records import has_chat, read_records
+from hf_tinytx_training.errors import RunError, UserInputError
+from hf_tinytx_training.finetune_args import (
+    WRITER,
+    FinetuneArguments,
+    check_args,
+    check_destinations,
+    model_source,
+    output_dir_flags,
+)
+from hf_tinytx_training.finetune_model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
+from hf_tinytx_training.hub import HubPusher, push_final
+from hf_tinytx_training.output_dir import (
+    claim,
+    refuse_links_out,
+    release_lock,
+    remove_earlier_merge,
+    replacing_earlier_files,
+)
+from hf_tinytx_training.preemption import Stopped, stop_message, stop_requests
+from hf_tinytx_training.sft_data import build_examples, pad_collator
+from hf_tinytx_training.sft_records import has_chat, read_records
 
 
 STOP = stop_requests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
@@ -356,3 +368,9 @@ def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str
     if summary:
         print(summary)
     return examples
+
+
+if __name__ == "__main__":
+    from hf_tinytx_training.cli import finish_script
+
+    finish_script(main, STOP)

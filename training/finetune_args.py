@@ -79,7 +79,7 @@ class EarlyTrainerFlags:
 
 def preflight(argv: list[str] | None = None) -> None:
     """The flags, the model folder and the data files checked before the heavy imports (UserInputError if bad;
-    training/entry.py). main() checks them again with Trainer's flags parsed too, and reads the data files again (a
+    training/cli.py). main() checks them again with Trainer's flags parsed too, and reads the data files again (a
     second's work for a file of ~100k records, small next to fine-tuning on them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:

@@ -110,8 +110,8 @@ class StopRequests:
 
 @functools.cache
 def stop_requests(program: str) -> StopRequests:
-    """The one StopRequests of `program` in this process: training/entry.py installs it before the script's module
-    loads, and the script's module reads the same one."""
+    """The one StopRequests of `program` in this process: training/cli.py installs it before the script's imports,
+    and the script reads the same one."""
     return StopRequests(program)
 
 

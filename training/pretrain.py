@@ -19,10 +19,10 @@ Hub repo; the final model goes to the repo root once it is complete on disk. Upl
 wait for them is bounded (--hub_timeout).
 """
 
-if __name__ == "__main__":  # run as a script: training/entry.py handles the signals and checks the input first
-    from hf_tinytx_training.entry import launch
+if __name__ == "__main__":  # the stop signals handled and the input checked before torch loads (training/cli.py)
+    from hf_tinytx_training.cli import start_script
 
-    launch(__file__, __package__)  # imports this file again as a module, runs its main(), exits
+    start_script(__file__, __package__)
 
 import math
 import os
@@ -41,9 +41,8 @@ from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.quiet import quiet_notices
-
-from . import cards, checkpoints, cluster, cpu_memory, distributed, export
-from .args import (
+from hf_tinytx_training import cards, checkpoints, cluster, cpu_memory, distributed, export
+from hf_tinytx_training.args import (
     DataArguments,
     ModelArguments,
     PretrainArguments,
@@ -54,21 +53,21 @@ from .args import (
     parse_args,
     plan_steps,
 )
-from .cluster import refuse_lone_process
-from .data import PackedData, load_texts, make_dataloaders, pack_fitted, tokenize, training_texts
-from .data_fit import memorising_warning
-from .errors import RunError, UserInputError
-from .evaluation import validation_metrics
-from .hub import HubPusher, push_final
-from .model_build import make_model
-from .model_config import check_model_builds, load_model_config
-from .optimization import make_optimizer, make_schedule
-from .output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
-from .preemption import Stopped, signal_of, stop_message, stop_requests
-from .probes import ProbeReport, own_text_prompts, run_probes_and_samples
-from .run_log import RunLog
-from .schedules import Clock
-from .tokenizer import run_tokenizer
+from hf_tinytx_training.cluster import refuse_lone_process
+from hf_tinytx_training.data import PackedData, load_texts, make_dataloaders, pack_fitted, tokenize, training_texts
+from hf_tinytx_training.data_fit import memorising_warning
+from hf_tinytx_training.errors import RunError, UserInputError
+from hf_tinytx_training.evaluation import validation_metrics
+from hf_tinytx_training.hub import HubPusher, push_final
+from hf_tinytx_training.model_build import make_model
+from hf_tinytx_training.model_config import check_model_builds, load_model_config
+from hf_tinytx_training.optimization import make_optimizer, make_schedule
+from hf_tinytx_training.output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
+from hf_tinytx_training.preemption import Stopped, signal_of, stop_message, stop_requests
+from hf_tinytx_training.probes import ProbeReport, own_text_prompts, run_probes_and_samples
+from hf_tinytx_training.run_log import RunLog
+from hf_tinytx_training.schedules import Clock
+from hf_tinytx_training.tokenizer import run_tokenizer
 
 
 STOP = stop_requests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
@@ -599,3 +598,7 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     return not_pushed
 
 
+if __name__ == "__main__":
+    from hf_tinytx_training.cli import finish_script
+
+    finish_script(main, STOP)
