@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.args import PretrainArguments  # noqa: E402
-from hf_tinytx_training.optimization import StackedMuon, make_optimizer  # noqa: E402
+from hf_tinytx_training.optim.optimizers import StackedMuon, make_optimizer  # noqa: E402
 
 
 def build(args):

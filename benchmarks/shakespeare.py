@@ -48,7 +48,7 @@ DEFAULT_FLAGS = [
 
 def default_flags() -> list[str]:
     """DEFAULT_FLAGS, in fp32 where bf16 would be slow: a CPU without AVX-512 or AMX has no fast bf16 matmul."""
-    from hf_tinytx_training.distributed import cpu_runs_bf16_fast, has_gpu
+    from hf_tinytx_training.distributed.sharding import cpu_runs_bf16_fast, has_gpu
 
     if has_gpu() or cpu_runs_bf16_fast():
         return DEFAULT_FLAGS

@@ -7,7 +7,8 @@ within a few percent. All run in the same process, interleaved; we report the me
 ratios TinyTx / GPT and TinyTx / Llama (below 1 means TinyTx is faster) as medians of per-round ratios. With
 `--compile`, each model also runs under `torch.compile` (the same step, compiled forward and backward).
 
-The process keeps freed memory for reuse as training/pretrain.py does on a CPU (training/cpu_memory.py), for every
+The process keeps freed memory for reuse as training/pretrain.py does on a CPU (training/distributed/cpu_memory.py),
+for every
 model alike; `--glibc_malloc` leaves glibc's defaults instead, under which TinyTx and Llama page-fault their
 activations back in every step, and the GPT far fewer (benchmarks/results/train_step.txt).
 
@@ -55,7 +56,7 @@ from gpt_baseline import GPT  # noqa: E402
 
 from hf_tinytx import TinyTxForCausalLM, modeling_tinytx  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
-from hf_tinytx_training.cpu_memory import keep_freed_memory  # noqa: E402
+from hf_tinytx_training.distributed.cpu_memory import keep_freed_memory  # noqa: E402
 
 
 def make_step(model: torch.nn.Module, batch: torch.Tensor):

@@ -1,1 +1,4 @@
-"""Model card templates (Jinja), installed as hf_tinytx_training.model_cards and rendered by training/cards.py."""
+"""Model card templates (Jinja), installed as hf_tinytx_training.model_cards.
+
+Rendered by training/publish/cards.py.
+"""

@@ -154,7 +154,7 @@ def test_each_model_preset_is_the_size_its_file_says(preset, vocab_size, paramet
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hf_tinytx_training.model_config import load_model_config
+    from hf_tinytx_training.model.config import load_model_config
 
     model_args, _, _ = parse_args(["--model_preset", preset])
     config = load_model_config(model_args)
@@ -171,7 +171,7 @@ def test_a_model_config_file_in_yaml_reads_like_json(tmp_path):
 
     import yaml
 
-    from hf_tinytx_training.model_config import load_model_config
+    from hf_tinytx_training.model.config import load_model_config
 
     fields = {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4,
               "qk_norm": True, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}

@@ -17,7 +17,7 @@ from transformers.activations import GELUActivation
 
 from hf_tinytx import modeling_tinytx
 from hf_tinytx.modeling_tinytx import TinyTxRMSNorm
-from hf_tinytx_training.distributed import cpu_runs_bf16_fast
+from hf_tinytx_training.distributed.sharding import cpu_runs_bf16_fast
 from tests.helpers.engines import require_llama_cpp
 from tests.helpers.tiny import pretrain_env
 

@@ -351,7 +351,7 @@ def test_finetune_refuses_node_local_folders_and_a_frozen_node_ends_it_within_dd
 def test_the_lost_peer_line_tells_a_frozen_peer_from_one_that_left(text, frozen):
     """Found under load: a peer frozen past --ddp_timeout surfaced as a store wait's "wait timeout", which the line
     called a process that left."""
-    from hf_tinytx_training.cluster import lost_peer_message
+    from hf_tinytx_training.distributed.cluster import lost_peer_message
 
     line = lost_peer_message(RuntimeError(text), 10, " during step 8", "out/checkpoints/step_8")
     assert ("did not answer within --ddp_timeout 10 s" in line) == frozen, line

@@ -1,4 +1,4 @@
-"""training/cpu_memory.py: a training step whose logits are 32 MiB (vocabulary 4,096, batch 8 x 256) page-faults them
+"""distributed/cpu_memory.py: a training step whose logits are 32 MiB (vocabulary 4,096, batch 8 x 256) page-faults them
 back in every step under glibc's defaults, and not once the process keeps freed memory. Each run is a child process:
 the settings are process-wide and one-way.
 """
@@ -22,7 +22,7 @@ CHILD = """
 import json, resource, statistics, sys
 import torch
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
-from hf_tinytx_training.cpu_memory import keep_freed_memory
+from hf_tinytx_training.distributed.cpu_memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.manual_seed(0)
 config = TinyTxConfig(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

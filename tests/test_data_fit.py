@@ -1,6 +1,6 @@
-"""training/data_fit.py: the sizes a run picks for a small text, what it says, and what it refuses."""
+"""training/data/fit.py: the sizes a run picks for a small text, what it says, and what it refuses."""
 
-from hf_tinytx_training.data_fit import (
+from hf_tinytx_training.data.fit import (
     MIN_BLOCK,
     Asked,
     Text,
@@ -84,7 +84,7 @@ def test_a_run_that_reads_its_blocks_too_often_is_warned_with_a_step_count_that_
 def test_samples_start_where_the_validation_documents_do():
     from datasets import Dataset
 
-    from hf_tinytx_training.data import document_starts
+    from hf_tinytx_training.data.packing import document_starts
 
     eos = 0
     blocks = Dataset.from_dict({"input_ids": [[5, 6, 7, 0, 8, 9], [10, 0, 11, 0, 12, 13], [14, 15, 0, 16, 17, 18]]})

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
-from hf_tinytx_training import distributed
+from hf_tinytx_training.distributed import sharding
 from tests.helpers.tiny import LAUNCH, build_byte_bpe_tokenizer, build_tiny_model, run_side_by_side
 
 
@@ -185,8 +185,8 @@ def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     announced = "Freed memory stays in the process" in runs["results"]["full"].stdout
     assert announced == (platform.libc_ver()[0] == "glibc")
     # --bf16 on a CPU whose oneDNN has no bf16 kernels (AVX2 only): one line says it is slow there
-    warned = distributed.slow_bf16("--bf16") in runs["results"]["full"].stdout
-    assert warned == (not distributed.cpu_runs_bf16_fast())
+    warned = sharding.slow_bf16("--bf16") in runs["results"]["full"].stdout
+    assert warned == (not sharding.cpu_runs_bf16_fast())
 
     # The final model went to the Hub, without the checkpoints kept next to it.
     hub_files = runs["hub_files"]["tiny-sft"]
@@ -326,7 +326,7 @@ def test_model_cards_describe_the_run_and_how_to_load_it(runs, folder, kind, rep
 
 def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
     """Labels are -100 on every prompt token: what remains to learn is exactly the replies (and their EOS)."""
-    from hf_tinytx_training.sft_data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
+    from hf_tinytx_training.sft.data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
 
     tokenizer = byte_bpe_tokenizer()
     assert ensure_chat_template(tokenizer)
@@ -356,7 +356,7 @@ def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
 def test_batches_are_padded_on_the_right_with_labels_ignored(byte_bpe_tokenizer, tokenizer_side):
     """The library collator gives exactly the rows below, even for a tokenizer set to pad on the left (for batched
     generation), which keeps that setting."""
-    from hf_tinytx_training.sft_data import IGNORE_INDEX, pad_collator
+    from hf_tinytx_training.sft.data import IGNORE_INDEX, pad_collator
 
     tokenizer = byte_bpe_tokenizer()
     tokenizer.padding_side = tokenizer_side
@@ -379,7 +379,7 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
     from transformers import TrainingArguments
 
     from hf_tinytx_training.errors import UserInputError
-    from hf_tinytx_training.finetune_args import FinetuneArguments, check_args
+    from hf_tinytx_training.sft.args import FinetuneArguments, check_args
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -389,7 +389,7 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
         check_args(args, TrainingArguments(output_dir="unused"))
 
 
-# ---- what finetune does with data the rows cannot hold whole, or cannot hold at all (training/sft_data.py) ----
+# ---- what finetune does with data the rows cannot hold whole, or cannot hold at all (training/sft/data.py) ----
 
 LONG_TEXT = "word " * 100  # ~300 tokens, against --max_seq_length 32
 RAISING_TEMPLATE = ("{% if messages|length > 2 %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"

@@ -18,7 +18,7 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from hf_tinytx_training import chat, generate
-from hf_tinytx_training.sft_data import DEFAULT_CHAT_TEMPLATE
+from hf_tinytx_training.sft.data import DEFAULT_CHAT_TEMPLATE
 from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.test_wheel import HIDE_MODULES
 

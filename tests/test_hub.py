@@ -1,4 +1,4 @@
-"""Pushing to the Hub (training/hub.py) against a local Hub server (tests/helpers/hub_server.py).
+"""Pushing to the Hub (training/publish/hub.py) against a local Hub server (tests/helpers/hub_server.py).
 
 `huggingface_hub` reads `HF_ENDPOINT` when first imported, so everything that talks to the server runs in a
 subprocess whose environment points at it, with a fresh `HF_HOME`.
@@ -70,7 +70,7 @@ def work(tmp_path):
 PUSHER_PRELUDE = """
 import json, logging, os, sys, time
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)  # as chatty as possible: logs must stay token-free
-from hf_tinytx_training.hub import HubPusher
+from hf_tinytx_training.publish.hub import HubPusher
 """
 
 
@@ -239,7 +239,7 @@ def test_wrong_token_is_a_clear_failure_not_a_crash(local_hub, work):
 
 
 def test_push_async_of_a_missing_folder_is_reported_not_raised(tmp_path, monkeypatch):
-    from hf_tinytx_training import hub
+    from hf_tinytx_training.publish import hub
 
     pusher = hub.HubPusher("tester/never-reached", token="hf_" + "z" * 30)
     pusher.push_async(str(tmp_path / "no-such-checkpoint"), "checkpoint 9")

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from hf_tinytx import TinyTxForCausalLM
-from hf_tinytx_training import distributed, optimization
 from hf_tinytx_training.args import PretrainArguments
-from hf_tinytx_training.optimization import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
-from hf_tinytx_training.schedules import Clock
+from hf_tinytx_training.distributed import sharding
+from hf_tinytx_training.optim import optimizers
+from hf_tinytx_training.optim.optimizers import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
+from hf_tinytx_training.optim.schedules import Clock
 from tests.helpers.tiny import assert_same_weights, build_tiny_config, kill_after_call, pretrain_env
 from tests.test_pretrain_trust import QUIET, rows
 
@@ -72,7 +73,7 @@ def test_weight_decay_and_muon_learning_rate_reach_their_groups(optimizer):
 def test_stacked_muon_makes_torch_muons_update(monkeypatch):
     """Newton-Schulz on a stack of same-shaped matrices (tall ones transposed) is torch.optim.Muon's arithmetic.
     Both in bf16, as torch's always is (ours is fp32 on a CPU without fast bf16: the next test)."""
-    monkeypatch.setattr(optimization, "iteration_dtype", lambda device_type: torch.bfloat16)
+    monkeypatch.setattr(optimizers, "iteration_dtype", lambda device_type: torch.bfloat16)
     shapes = [(32, 32), (32, 32), (88, 32), (32, 88), (88, 32)]
     generator = torch.Generator().manual_seed(0)
     ours = [torch.nn.Parameter(0.05 * torch.randn(shape, generator=generator)) for shape in shapes]
@@ -98,7 +99,7 @@ def test_stacked_muon_makes_torch_muons_update(monkeypatch):
 
 def test_newton_schulz_runs_in_bf16_only_where_bf16_is_fast():
     """On a CPU without AVX-512 or AMX a bf16 matmul takes a slow path (~40x fp32's): there the iteration is fp32."""
-    expected = torch.bfloat16 if distributed.cpu_runs_bf16_fast() else torch.float32
+    expected = torch.bfloat16 if sharding.cpu_runs_bf16_fast() else torch.float32
     assert newton_schulz(torch.randn(3, 8, 16), (3.4445, -4.775, 2.0315), 5, 1e-7).dtype == expected
 
 
@@ -242,7 +243,7 @@ def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path)
     run_pretrain("--output_dir", fp32, "--max_train_steps", 3, *QUIET)
     result = run_pretrain("--output_dir", bf16, "--mixed_precision", "bf16", "--max_train_steps", 3, *QUIET)
     # Where oneDNN has no bf16 kernels (an AVX2-only CPU) the run says bf16 is slow here and how to train faster.
-    assert (distributed.slow_bf16("--mixed_precision bf16") in result.stdout) == (not distributed.cpu_runs_bf16_fast())
+    assert (sharding.slow_bf16("--mixed_precision bf16") in result.stdout) == (not sharding.cpu_runs_bf16_fast())
     fp32_losses = [row["loss"] for row in train_rows(fp32)]
     bf16_losses = [row["loss"] for row in train_rows(bf16)]
     assert len(bf16_losses) == 3 and all(math.isfinite(loss) for loss in bf16_losses)

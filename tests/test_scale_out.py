@@ -245,7 +245,7 @@ def test_muon_under_a_sharded_config_stops_before_the_data(tmp_path):
 
 
 # ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate's own DeepSpeed path, on DeepSpeed's CPU accelerator over gloo
-# (deepspeed is in the test extra; nothing is compiled: training/distributed.py keeps DeepSpeed from building its
+# (deepspeed is in the test extra; nothing is compiled: distributed/sharding.py keeps DeepSpeed from building its
 # shared-memory all-reduce).
 
 def deepspeed_run(folder, stage: int, *flags, check=True):
@@ -320,7 +320,7 @@ def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_a
 
     from accelerate.utils import DistributedType
 
-    from hf_tinytx_training.distributed import apply_flags_to_deepspeed_config
+    from hf_tinytx_training.distributed.sharding import apply_flags_to_deepspeed_config
     from hf_tinytx_training.errors import UserInputError
 
     def accelerator(settings: dict):

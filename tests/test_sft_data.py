@@ -1,5 +1,5 @@
 """Fine-tuning data in, rows out, nothing lost unsaid: what max_seq_length cuts or drops is counted
-(training/sft_data.py RowCounts), and input the tokenizer cannot take (a lone surrogate, a chat template that raises
+(training/sft/data.py RowCounts), and input the tokenizer cannot take (a lone surrogate, a chat template that raises
 or does not parse) is refused in one line naming the file and line."""
 
 import json
@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from hf_tinytx_training.errors import UserInputError
-from hf_tinytx_training.sft_data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
-from hf_tinytx_training.sft_records import read_records
+from hf_tinytx_training.sft.data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
+from hf_tinytx_training.sft.records import read_records
 
 
 ROW = 32  # max_seq_length of these tests

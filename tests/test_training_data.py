@@ -7,7 +7,7 @@ import torch
 from accelerate import Accelerator
 from datasets import Dataset
 
-from hf_tinytx_training.data import EpochShuffleSampler, PackedData, ShiftingBlocks, make_dataloaders
+from hf_tinytx_training.data.packing import EpochShuffleSampler, PackedData, ShiftingBlocks, make_dataloaders
 
 
 def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
@@ -59,7 +59,7 @@ def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
     """--train_file takes .txt (one document per paragraph), .json, .jsonl and .parquet, and a glob over several
     files; --validation_file the same. Each reads the same documents."""
     from hf_tinytx_training.args import DataArguments
-    from hf_tinytx_training.data import load_text_datasets
+    from hf_tinytx_training.data.packing import load_text_datasets
 
     documents = [f"Document {i} says one thing.\nAnd then another." for i in range(6)]
     train, validation = documents[:4], documents[4:]

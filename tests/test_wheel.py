@@ -57,7 +57,7 @@ def test_wheel_problems_names_each_fault():
 
 def test_the_finetune_records_are_valid_and_include_chats(tmp_path):
     """finetune reads them (its own reader), and the chats give the model the template `tinytx serve` chat needs."""
-    from hf_tinytx_training.sft_records import read_records
+    from hf_tinytx_training.sft.records import read_records
 
     (tmp_path / "sft.jsonl").write_text(wheel_check.finetune_records(6))
     records = read_records(str(tmp_path / "sft.jsonl"))
@@ -168,7 +168,7 @@ def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
 def test_launchers_run_the_module_as_the_readme_says(tmp_path):
     """README: `torchrun --nproc_per_node 2 -m hf_tinytx_training.pretrain` and `accelerate launch --config_file
     CONFIG -m hf_tinytx_training.pretrain`, CONFIG from the installed package's configs folder, from any folder."""
-    from hf_tinytx_training.config_file import CONFIGS_DIR
+    from hf_tinytx_training.model.config_file import CONFIGS_DIR
     from tests.helpers.tiny import TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
     flags = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "2", "--num_probes_per_kind", "0", "--num_samples", "0"]

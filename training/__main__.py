@@ -2,7 +2,7 @@
 
 import sys
 
-from .cli import main
+from hf_tinytx_training.cli import main
 
 
 sys.exit(main())

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from hf_tinytx import sources
-
-from .cluster import refuse_lone_process
-from .config_file import config_file_path, read_config_file
-from .data_files import local_data_files
-from .errors import UserInputError
-from .output_dir import check_output_dir
-from .schedules import CLOCK_SHAPES
+from hf_tinytx_training.data.files import local_data_files
+from hf_tinytx_training.distributed.cluster import refuse_lone_process
+from hf_tinytx_training.errors import UserInputError
+from hf_tinytx_training.model.config_file import config_file_path, read_config_file
+from hf_tinytx_training.optim.schedules import CLOCK_SHAPES
+from hf_tinytx_training.publish.output_dir import check_output_dir
 
 
 @dataclass

@@ -4,7 +4,7 @@ functions (`save_state`, `load_state`) what a checkpoint holds:
     checkpoints/tokenizer/   the run's tokenizer, saved once (a resumed run must reuse it)
     checkpoints/step_N/      Accelerate's `save_state` (model as safetensors, optimizer, scheduler, RNG of every
                              process) + trainer_state.json (`TrainingState`) + checksums.json (sha256 of each file)
-                             A model sharded by training/distributed.py (FSDP2 on CPUs) keeps its model and optimizer
+                             A model sharded by distributed/sharding.py (FSDP2 on CPUs) keeps its model and optimizer
                              state sharded: sharded/ (torch.distributed.checkpoint, one file per process + .metadata)
                              and scheduler.bin, next to Accelerate's RNG files.
 
@@ -27,8 +27,7 @@ import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
-
-from .errors import RunError, UserInputError
+from hf_tinytx_training.errors import RunError, UserInputError
 
 
 STEP_PREFIX = "step_"  # pretrain's step_N; finetune keeps Trainer's checkpoint-N (prefix "checkpoint-")

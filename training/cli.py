@@ -37,8 +37,8 @@ from importlib.machinery import PathFinder
 from importlib.util import find_spec
 from typing import NoReturn
 
-from .errors import RunError, UserInputError
-from .preemption import Stopped, StopRequests, stop_requests
+from hf_tinytx_training.distributed.preemption import Stopped, StopRequests, stop_requests
+from hf_tinytx_training.errors import RunError, UserInputError
 
 
 COMMANDS = {  # subcommand -> (module run as __main__, what it does)
@@ -114,7 +114,7 @@ def run_as_main(module: str, flags: list[str]) -> None:
 # ---- the training scripts: started before torch loads, ended with one exit status
 
 # Each script's torch-free module, holding the `preflight()` that checks its input before the heavy imports.
-EARLY_CHECKS = {"pretrain": "args", "finetune": "finetune_args"}
+EARLY_CHECKS = {"pretrain": "args", "finetune": "sft.args"}
 
 
 def start_script(script_file: str, package: str | None) -> StopRequests:

@@ -12,7 +12,7 @@ Every `TrainingArguments` flag works too (--num_train_epochs, --max_steps, --per
 
 What ends up where:
     output_dir/              the fine-tuned model (full) or the LoRA adapter, plus the tokenizer: load it from here;
-                             README.md is its model card (training/cards.py), finetune_*.json the arguments and metrics
+                             README.md is its model card (publish/cards.py), finetune_*.json the arguments and metrics
     output_dir/checkpoints/  Trainer's resumable checkpoints, checkpoint-N, each written aside, checksummed and
                              renamed in whole (--save_strategy, --resume_from_checkpoint PATH or latest)
     output_dir/merged/       with --merge: base model + adapter folded into plain weights (safetensors), with a card
@@ -53,9 +53,29 @@ from hf_tinytx.folders import (
     remove_tree,
 )
 from hf_tinytx.quiet import quiet_notices
-from hf_tinytx_training import cards, checkpoints, cluster, cpu_memory, distributed
+from hf_tinytx_training import checkpoints
 from hf_tinytx_training.args import build_parser, hub_repo_id, write_args_json
-from hf_tinytx_training.callbacks import (
+from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
+from hf_tinytx_training.distributed.preemption import Stopped, stop_message, stop_requests
+from hf_tinytx_training.errors import RunError, UserInputError
+from hf_tinytx_training.publish import cards
+from hf_tinytx_training.publish.hub import HubPusher, push_final
+from hf_tinytx_training.publish.output_dir import (
+    claim,
+    refuse_links_out,
+    release_lock,
+    remove_earlier_merge,
+    replacing_earlier_files,
+)
+from hf_tinytx_training.sft.args import (
+    WRITER,
+    FinetuneArguments,
+    check_args,
+    check_destinations,
+    model_source,
+    output_dir_flags,
+)
+from hf_tinytx_training.sft.callbacks import (
     CHECKPOINT,
     CHECKPOINT_STAGING,
     OPTIMIZER_FLAGS,
@@ -64,27 +84,9 @@ from hf_tinytx_training.callbacks import (
     StopAtStepEnd,
     optimizer_flags,
 )
-from hf_tinytx_training.errors import RunError, UserInputError
-from hf_tinytx_training.finetune_args import (
-    WRITER,
-    FinetuneArguments,
-    check_args,
-    check_destinations,
-    model_source,
-    output_dir_flags,
-)
-from hf_tinytx_training.finetune_model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
-from hf_tinytx_training.hub import HubPusher, push_final
-from hf_tinytx_training.output_dir import (
-    claim,
-    refuse_links_out,
-    release_lock,
-    remove_earlier_merge,
-    replacing_earlier_files,
-)
-from hf_tinytx_training.preemption import Stopped, stop_message, stop_requests
-from hf_tinytx_training.sft_data import build_examples, pad_collator
-from hf_tinytx_training.sft_records import has_chat, read_records
+from hf_tinytx_training.sft.data import build_examples, pad_collator
+from hf_tinytx_training.sft.model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
+from hf_tinytx_training.sft.records import has_chat, read_records
 
 
 STOP = stop_requests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
@@ -343,11 +345,11 @@ def push_result(args, training_args, where: Destinations, steps: int) -> str | N
 
 def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
     defaults = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not distributed.has_gpu():
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not sharding.has_gpu():
         # Without it Trainer runs each process of a CPU launch as a run of its own, all writing the same folder.
         defaults["use_cpu"] = True
         cluster.start_cpu_group(argv)  # before TrainingArguments starts the group, without the timeout
-    if not distributed.has_gpu():
+    if not sharding.has_gpu():
         defaults["dataloader_pin_memory"] = False  # pinning needs an accelerator: torch warns at every loader
     parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)
     args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)

@@ -5,7 +5,7 @@
     accelerate launch --config_file training/configs/accelerate-ddp.yaml training/pretrain.py --model_preset small
     torchrun --nproc_per_node 2 training/pretrain.py              # CPU data parallelism
     accelerate launch --config_file training/configs/accelerate-fsdp2.yaml --num_processes 2 training/pretrain.py
-                                                                  # FSDP2 (GPUs, or CPUs: see training/distributed.py)
+                                                                  # FSDP2 (GPUs, or CPUs: distributed/sharding.py)
 
 The story, one function each: `setup` (arguments, data and tokenizer, model, optimizer, resume) -> `fit` (the
 training loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and_push` (the model folder, the Hub).
@@ -13,7 +13,7 @@ training loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and
 Every input is checked before anything is written. A checkpoint is always saved at the end of training, before the
 export, so a run interrupted at any moment continues with `--resume_from_checkpoint latest`. SIGTERM or SIGINT (a
 preempted job, Ctrl-C) stops the run at the next step boundary with a checkpoint and exit status 128 + the signal's
-number, exporting nothing (training/preemption.py). With --push_to_hub every
+number, exporting nothing (training/distributed/preemption.py). With --push_to_hub every
 checkpoint is also exported as a complete model folder and uploaded in the background to checkpoints/step_N/ of the
 Hub repo; the final model goes to the repo root once it is complete on disk. Uploads never stop training, and every
 wait for them is bounded (--hub_timeout).
@@ -41,7 +41,7 @@ from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
 from hf_tinytx.quiet import quiet_notices
-from hf_tinytx_training import cards, checkpoints, cluster, cpu_memory, distributed, export
+from hf_tinytx_training import checkpoints
 from hf_tinytx_training.args import (
     DataArguments,
     ModelArguments,
@@ -53,21 +53,30 @@ from hf_tinytx_training.args import (
     parse_args,
     plan_steps,
 )
-from hf_tinytx_training.cluster import refuse_lone_process
-from hf_tinytx_training.data import PackedData, load_texts, make_dataloaders, pack_fitted, tokenize, training_texts
-from hf_tinytx_training.data_fit import memorising_warning
+from hf_tinytx_training.data.fit import memorising_warning
+from hf_tinytx_training.data.packing import (
+    PackedData,
+    load_texts,
+    make_dataloaders,
+    pack_fitted,
+    tokenize,
+    training_texts,
+)
+from hf_tinytx_training.data.tokenizer import run_tokenizer
+from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
+from hf_tinytx_training.distributed.cluster import refuse_lone_process
+from hf_tinytx_training.distributed.preemption import Stopped, signal_of, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
 from hf_tinytx_training.evaluation import validation_metrics
-from hf_tinytx_training.hub import HubPusher, push_final
-from hf_tinytx_training.model_build import make_model
-from hf_tinytx_training.model_config import check_model_builds, load_model_config
-from hf_tinytx_training.optimization import make_optimizer, make_schedule
-from hf_tinytx_training.output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
-from hf_tinytx_training.preemption import Stopped, signal_of, stop_message, stop_requests
+from hf_tinytx_training.model.build import make_model
+from hf_tinytx_training.model.config import check_model_builds, load_model_config
+from hf_tinytx_training.optim.optimizers import make_optimizer, make_schedule
+from hf_tinytx_training.optim.schedules import Clock
 from hf_tinytx_training.probes import ProbeReport, own_text_prompts, run_probes_and_samples
-from hf_tinytx_training.run_log import RunLog
-from hf_tinytx_training.schedules import Clock
-from hf_tinytx_training.tokenizer import run_tokenizer
+from hf_tinytx_training.publish import cards, export
+from hf_tinytx_training.publish.hub import HubPusher, push_final
+from hf_tinytx_training.publish.output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
+from hf_tinytx_training.publish.run_log import RunLog
 
 
 STOP = stop_requests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
@@ -110,7 +119,7 @@ class Run:
     log: RunLog
     pusher: HubPusher | None  # on the main process with --push_to_hub
     lock: TextIO | None  # on the main process: the output folder's lock, held until the export
-    own_fsdp2: bool  # sharded by training/distributed.py, not by Accelerate (FSDP2 on CPUs)
+    own_fsdp2: bool  # sharded by training/distributed/sharding.py, not by Accelerate (FSDP2 on CPUs)
     progress: Progress = field(default_factory=Progress)
 
     @property
@@ -129,7 +138,8 @@ class Run:
 
     @property
     def sharded(self) -> tuple | None:
-        """(model, optimizer, scheduler) when training/distributed.py shards them: saved beside Accelerate's state."""
+        """(model, optimizer, scheduler) when training/distributed/sharding.py shards them: saved beside
+        Accelerate's state."""
         return (self.model, self.optimizer, self.lr_scheduler) if self.own_fsdp2 else None
 
 
@@ -166,8 +176,8 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     checkpoint to resume from, if any."""
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
-    model_config, sharding = check_inputs(model_args, data_args, train_args, output_dir)
-    accelerator, own_fsdp2 = start_accelerator(model_args, train_args, output_dir, model_config, sharding)
+    model_config, sharded_by = check_inputs(model_args, data_args, train_args, output_dir)
+    accelerator, own_fsdp2 = start_accelerator(model_args, train_args, output_dir, model_config, sharded_by)
     cluster.check_shared_folder(output_dir, accelerator.num_processes, accelerator.is_main_process)
     set_seed(train_args.seed)
 
@@ -188,7 +198,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     clock = Clock(train_args.max_train_seconds, accelerator)
     optimizer = make_optimizer(model, train_args)
     lr_scheduler = make_schedule(optimizer, train_args, max_train_steps, accelerator.num_processes, clock)
-    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = distributed.prepare(
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = sharding.prepare(
         accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
     if sampler is not None and len(train_dataloader) == 0:
@@ -228,17 +238,18 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
             f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
             f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
         )
-    sharding = distributed.asked_sharding()
-    if train_args.optimizer == "muon" and sharding:
-        raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharding} does "
+    sharded_by = sharding.asked_sharding()
+    if train_args.optimizer == "muon" and sharded_by:
+        raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharded_by} does "
                              f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
-    return model_config, sharding
+    return model_config, sharded_by
 
 
-def start_accelerator(model_args, train_args, output_dir: str, model_config, sharding: str | None):
-    """(Accelerator, whether training/distributed.py shards the model), checked against the batch and the model."""
+def start_accelerator(model_args, train_args, output_dir: str, model_config, sharded_by: str | None):
+    """(Accelerator, whether training/distributed/sharding.py shards the model), checked against the batch and
+    the model."""
     accelerator = Accelerator(
-        **distributed.device_options(sharding, train_args.ddp_timeout),
+        **sharding.device_options(sharded_by, train_args.ddp_timeout),
         mixed_precision=train_args.mixed_precision,
         gradient_accumulation_steps=train_args.gradient_accumulation_steps,
         log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
@@ -249,16 +260,16 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
     )
     if (problem := cluster.check_process_count(accelerator.num_processes)):
         raise UserInputError(problem)
-    if distributed.gpu_config_without_gpus():
+    if sharding.gpu_config_without_gpus():
         accelerator.print("The Accelerate config asks for GPUs, but this machine has none: the processes train on "
                           "its CPUs over gloo.")
     if accelerator.device.type == "cpu":
         bf16 = "--mixed_precision bf16" if train_args.mixed_precision == "bf16" else None
         cpu_memory.train_on_cpu(bf16, accelerator.print)
-    own_fsdp2 = distributed.shards_itself(accelerator, sharding)
+    own_fsdp2 = sharding.shards_itself(accelerator, sharded_by)
     apply_total_batch_size(train_args, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
-    distributed.apply_flags_to_deepspeed_config(accelerator, train_args)
+    sharding.apply_flags_to_deepspeed_config(accelerator, train_args)
     check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
     return accelerator, own_fsdp2
 
@@ -295,7 +306,7 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
 def resume(run: Run, folder: str) -> None:
     """Continues from the checkpoint in `folder`: its weights, optimizer, schedule and RNG (checkpoints.load_state),
     its step and place in the data, and for a run planned in seconds its clock."""
-    deepspeed = distributed.zero_stage(run.accelerator) is not None
+    deepspeed = sharding.zero_stage(run.accelerator) is not None
     state = checkpoints.load_state(folder, run.accelerator, run.signature, (run.model, run.optimizer,
                                    run.lr_scheduler), run.own_fsdp2, deepspeed_engine=run.model if deepspeed else None)
     progress = run.progress
@@ -359,8 +370,8 @@ def fit(run: Run) -> None:
         bar.close()
     progress.train_seconds = pace.seconds()
     progress.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
-    if run.own_fsdp2 or distributed.zero_stage(run.accelerator) is not None:  # every process says what it holds
-        line = distributed.shard_report(run.model, run.optimizer, run.accelerator)
+    if run.own_fsdp2 or sharding.zero_stage(run.accelerator) is not None:  # every process says what it holds
+        line = sharding.shard_report(run.model, run.optimizer, run.accelerator)
         sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
         sys.stdout.flush()
 
@@ -505,7 +516,7 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
                            model_config=run.accelerator.unwrap_model(run.model).config)
     run.progress.saved_step = run.progress.step
     if run.train_args.push_to_hub and push:
-        to_save = distributed.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
+        to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
         if run.pusher is not None:
             export.push_checkpoint(run.pusher, *to_save, run.tokenizer, run.log, run.checkpoints_dir,
                                    run.progress.step, cards.training_record(run))
@@ -542,7 +553,7 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     stop_if_asked(run)
     metrics = evaluate(run)
     clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if progress.stopped_by_clock else {}
-    memory = distributed.peak_gpu_memory(accelerator)
+    memory = sharding.peak_gpu_memory(accelerator)
     run.log.log({"step": progress.step, **metrics, **clock, **memory, "final": True})
     accelerator.print(
         f"validation: loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
@@ -550,7 +561,7 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
         + (f"; peak GPU memory {memory['peak_gpu_memory_gib']:.2f} GiB" if memory else "")
     )
     probe_results = ProbeReport()
-    sharded = run.own_fsdp2 or distributed.zero_stage(accelerator) == 3
+    sharded = run.own_fsdp2 or sharding.zero_stage(accelerator) == 3
     if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process
         # Eagerly, under --torch_compile too: probes and samples come in many shapes, and each new one would compile
         # the model again to save milliseconds (a 3-step tiny run took 137 s with those compiles, 69 s without).
@@ -577,7 +588,7 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     ends it as `Stopped`, the model folder being complete."""
     accelerator = run.accelerator
     stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
-    to_save = distributed.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
+    to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
     not_pushed = None
     if accelerator.is_main_process:
         card = cards.pretrained_card(cards.card_context(run, final_metrics, probe_results))

@@ -5,8 +5,7 @@ from dataclasses import dataclass, field
 
 from hf_tinytx.corpus import make_probes
 from hf_tinytx.probes import chance_levels, score_probes
-
-from .data import document_starts
+from hf_tinytx_training.data.packing import document_starts
 
 
 @dataclass

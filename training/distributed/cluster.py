@@ -1,0 +1,204 @@
+"""A launch across processes and machines: what must hold before training starts and while it runs.
+
+- Every process the launcher was asked for takes part. `lone_process_problem` (the environment alone, before torch
+  loads) catches the launches that start this script once per machine, or once in all, however many processes were
+  asked for; `check_process_count` compares the process group with the launcher's count once it has formed.
+- Every wait between processes is bounded: the process group gets --ddp_timeout (`process_group_kwargs`), so a
+  collective that a frozen or vanished process never joins raises instead of hanging, and `lost_peer_message` turns
+  that error into one line naming the step and the checkpoint to resume from.
+- Every process writes into one shared --output_dir (`check_shared_folder`): a folder local to each node would leave
+  each checkpoint incomplete on every node.
+- A worker whose launcher died stops (`launcher_gone`, which preemption.py counts as a SIGTERM): torchrun starts its
+  workers in their own session, so nothing else would stop them, and they would train on alone.
+
+Nothing here imports torch at the top: the scripts run the first check before torch loads.
+"""
+
+import os
+import secrets
+import socket
+
+
+MPI_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")  # what Accelerate reads under mpirun
+
+
+def lone_process_problem(env=os.environ) -> str | None:
+    """Why this process trains alone though its launcher was asked for more, or None. Read from the environment the
+    launchers set, so it is answered before torch loads."""
+    under_mpi = any(name in env for name in MPI_SIZES)
+    if "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env and "WORLD_SIZE" not in env and not under_mpi:
+        # Accelerate's simple launcher sets MASTER_ADDR only when more than one process or machine was asked for.
+        return ("`accelerate launch` was asked for several processes or machines but started this script once, alone: "
+                "its CPU launcher (--cpu, use_cpu: true, or a launch without a config) starts several only through "
+                "mpirun. Launch with a multi-GPU, FSDP or DeepSpeed config and without --cpu (on machines without "
+                "GPUs the processes train on their CPUs over gloo), or with torchrun (docs/scaling.md).")
+    deepspeed_runner = "LOCAL_SIZE" in env and "TORCHELASTIC_RUN_ID" not in env
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and deepspeed_runner \
+            and int(env.get("WORLD_SIZE", "1")) == 1:
+        # Accelerate hands several machines to DeepSpeed's own runner (pdsh by default), which, finding no
+        # hostfile, starts one local process; with one machine Accelerate uses torchrun (TORCHELASTIC_RUN_ID).
+        return ("Accelerate started DeepSpeed's multi-machine runner (pdsh), which started this process alone (it "
+                "found no hostfile); add --deepspeed_multinode_launcher standard to `accelerate launch` on each "
+                "machine (torchrun on every node, docs/scaling.md), or give DeepSpeed a hostfile.")
+    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and "WORLD_SIZE" not in env and not under_mpi:
+        return (f"srun started {env['SLURM_STEP_NUM_TASKS']} tasks and each runs this script alone; start one "
+                f"launcher per node instead (srun --ntasks-per-node 1 torchrun ...: training/configs/slurm.sbatch).")
+    return None
+
+
+def refuse_lone_process() -> None:
+    """`lone_process_problem` as the UserInputError the scripts stop with."""
+    from hf_tinytx_training.errors import UserInputError
+
+    problem = lone_process_problem()
+    if problem:
+        raise UserInputError(problem)
+
+
+def launched_size(env=os.environ) -> int:
+    """The process count the launcher was asked for."""
+    for name in ("WORLD_SIZE", *MPI_SIZES):
+        if name in env:
+            return int(env[name])
+    return 1
+
+
+def check_process_count(num_processes: int) -> str | None:
+    """Why the process group that formed is smaller or larger than the launch, or None."""
+    asked = launched_size()
+    if num_processes == asked:
+        return None
+    return (f"The launcher asked for {asked} processes but {num_processes} formed the process group; check the "
+            f"launcher's process and machine counts (--nproc_per_node, --nnodes, --num_processes, --num_machines).")
+
+
+def process_group_kwargs(ddp_timeout: float, backend: str | None = None):
+    """Accelerate's handler that gives the process group its timeout (and a backend, when one must be named)."""
+    from datetime import timedelta
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    options = {"timeout": timedelta(seconds=ddp_timeout)}
+    if backend:
+        options["backend"] = backend
+    return InitProcessGroupKwargs(**options)
+
+
+def start_cpu_group(argv: list[str]) -> None:
+    """Starts the process group of a CPU launch under Trainer with its --ddp_timeout (default 1800 s, Trainer's):
+    TrainingArguments gives the timeout to every other device's group but not to a --use_cpu one, which it starts
+    while the flags are parsed, so a frozen peer would hang the others for good. Trainer then keeps this group."""
+    import argparse
+    from datetime import timedelta
+
+    from accelerate import PartialState
+
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--ddp_timeout", type=int, default=1800)
+    early.add_argument("--ddp_backend", default=None)
+    flags, _ = early.parse_known_args(argv)
+    PartialState(cpu=True, backend=flags.ddp_backend, timeout=timedelta(seconds=flags.ddp_timeout))
+
+
+# What gloo, NCCL and torch say when a peer process is gone or never answers.
+PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "pair closure",
+                 "Timed out", "timed out", "Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL")
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether `error` is a collective that another process of the launch broke (left it, or never joined it)."""
+    import torch.distributed
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not isinstance(error, RuntimeError):
+        return False
+    return isinstance(error, torch.distributed.DistError) or any(text in str(error) for text in PEER_FAILURES)
+
+
+ANY_PROCESS_COUNT = " (any process count, with the same --total_batch_size)"  # pretrain's elastic resume
+
+
+def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newest_checkpoint: str | None,
+                      how: str = ANY_PROCESS_COUNT) -> str:
+    """One line: what became of the other process, where this run stands (`where`: " during step 8", or ""), and how
+    to go on."""
+    text = str(error).lower()  # gloo says "Timed out", a store's wait "wait timeout after 10000ms"
+    if "timed out" in text or "timeout" in text:
+        what = (f"Another process of the launch did not answer within --ddp_timeout {ddp_timeout:g} s (frozen, or "
+                f"lost with its node)")
+    else:
+        what = "Another process of the launch left (killed, or lost with its node)"
+    saved = f"checkpoint {newest_checkpoint} is intact" if newest_checkpoint else "no checkpoint was saved yet"
+    return (f"{what}{where}; {saved}: once every node is back, run the same command with "
+            f"--resume_from_checkpoint latest{how}.")
+
+
+def decided_by_main(accelerator, decide):
+    """`decide()` on the main process, and its answer (or the UserInputError it raised) on every process: processes
+    that might not see the same files must not each decide for themselves."""
+    import torch.distributed
+
+    from hf_tinytx_training.errors import UserInputError
+
+    outcome = [None]
+    if accelerator.is_main_process:
+        try:
+            outcome = [("answer", decide())]
+        except UserInputError as error:
+            outcome = [("refused", str(error))]
+    if accelerator.num_processes > 1:
+        torch.distributed.broadcast_object_list(outcome, src=0)
+    kind, value = outcome[0]
+    if kind == "refused":
+        raise UserInputError(value)
+    return value
+
+
+def check_shared_folder(output_dir: str, num_processes: int, is_main_process: bool) -> None:
+    """Proves that every process sees the main process's --output_dir: the main process writes a fresh token there
+    and every other process must read it back. Raises (every process alike) naming the hosts that could not."""
+    import torch.distributed
+
+    from hf_tinytx_training.errors import UserInputError
+
+    if num_processes == 1:
+        return
+    created = not os.path.isdir(output_dir)
+    token = [f".tinytx-shared-{secrets.token_hex(8)}"]
+    path = None
+    if is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+        path = os.path.join(output_dir, token[0])
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        os.write(descriptor, token[0].encode())
+        os.close(descriptor)
+    torch.distributed.broadcast_object_list(token, src=0)
+    mine = os.path.join(output_dir, token[0])
+    try:
+        with open(mine, encoding="utf-8") as f:
+            sees = f.read() == token[0]
+    except OSError:
+        sees = False
+    views = [None] * num_processes
+    torch.distributed.all_gather_object(views, (sees, socket.gethostname()))
+    if is_main_process:
+        os.remove(path)
+        if created and not os.listdir(output_dir):
+            os.rmdir(output_dir)  # a refused start leaves nothing behind
+    blind = [f"process {rank} (host {host})" for rank, (seen, host) in enumerate(views) if not seen]
+    if blind:
+        raise UserInputError(
+            f"--output_dir {output_dir} is not one folder shared by every process: what the main process wrote "
+            f"there is missing for {', '.join(blind)}. Put --output_dir on storage every node mounts at the same "
+            f"path (NFS, Lustre, a shared volume): each process writes its part of every checkpoint there."
+        )
+
+
+class LauncherWatch:
+    """Tells whether the launcher (torchrun's agent) that started this worker is still alive: a worker's parent is
+    its agent, and a worker whose agent died is handed to another parent."""
+
+    def __init__(self, env=os.environ):
+        self.parent = os.getppid() if "TORCHELASTIC_RUN_ID" in env else None
+
+    def launcher_gone(self) -> bool:
+        return self.parent is not None and os.getppid() != self.parent

@@ -1,0 +1,158 @@
+"""Preemption: SIGTERM (what SLURM and Kubernetes send before they kill a job) and SIGINT (Ctrl-C) stop a run at the
+next optimizer step boundary, with a resumable checkpoint, instead of killing it where it stands.
+
+- Before training starts there is nothing to save: the process says so in one line and leaves at once.
+- Once `training()` is called a signal only marks the request; the script asks `asked()` (or reads `counts()`
+  through its own all-reduce) at each step boundary, so every process of a launch stops at the same step, saves,
+  and raises `Stopped`.
+- The ranks of a launch get the signal a moment apart: one still setting up leaves at once, and one already training
+  then finds a collective broken; that failure, after a signal, is reported as the stop it is (`peer_left`).
+- The exit status is 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a shell reports a process a
+  signal ended and as `accelerate launch` exits on one.
+
+- A signal during the final Hub push ends its wait (publish/hub.py polls `received`): the model is complete on disk.
+- Processes this one forks (datasets' tokenization workers) die with it (`children_die_with_parent`), whatever ends
+  it: they would otherwise live on, orphaned, waiting for work from a parent that is gone.
+- Once the interpreter starts shutting down, the stop signals are ignored: Python then puts back the default actions,
+  so a second signal during the exit would end the process as killed (-15) instead of with its 128 + signal.
+
+torchrun and `accelerate launch` forward SIGTERM and SIGINT to every rank, then SIGKILL what is still alive after a
+grace period (torchrun: --shutdown_timeout, 30 s by default; `accelerate launch` with one process: 5 s). A worker
+whose launcher died (torchrun's agent killed alone) counts as having got SIGTERM: nothing else would ever stop it.
+"""
+
+import atexit
+import ctypes
+import functools
+import os
+import signal
+import sys
+
+from hf_tinytx_training.distributed.cluster import LauncherWatch
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RESUME_ADVICE = "resume with the same command and --resume_from_checkpoint latest"
+
+
+class Stopped(Exception):
+    """A run stopped by a signal at a step boundary, its checkpoint saved; the message is the one line to print."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class StopRequests:
+    """The stop signals this process received; install() once, at the start of the script."""
+
+    def __init__(self, program: str):
+        self.program = program
+        self.received: list[int] = []
+        self.deferred = False  # False until training starts: a signal then ends the process at once
+        self.pid = None
+        self.launcher = None
+
+    def install(self) -> None:
+        self.pid = os.getpid()  # forked workers (tokenization) inherit the handler but must not speak for the run
+        self.launcher = LauncherWatch()
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handle)
+        # Registered first, so run last of the exit handlers: every Python-level cleanup still has the handler.
+        atexit.register(ignore_stop_signals, self.pid)
+        children_die_with_parent()
+
+    def training(self) -> None:
+        """From now on a signal is honoured at the next step boundary."""
+        self.deferred = True
+
+    def _handle(self, signum, frame) -> None:
+        self.received.append(signum)
+        if self.deferred and os.getpid() == self.pid:
+            return
+        # Nothing trained yet, so nothing to save; leave as the signal would, with a line (one write) and a status.
+        if os.environ.get("RANK", "0") == "0" and os.getpid() == self.pid:
+            sys.stderr.write(f"{self.program}: stopped by {signal.Signals(signum).name} before training started; "
+                             f"{RESUME_ADVICE}.\n")
+            sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(128 + signum)
+
+    def peer_left(self, error: BaseException) -> bool:
+        """Whether `error` is most likely another process of the launch leaving at the signal this one got too: a
+        process still setting up leaves at once, while one already training waits for it in a collective."""
+        return bool(self.received) and int(os.environ.get("WORLD_SIZE", "1")) > 1 and isinstance(error, RuntimeError)
+
+    def stopped_with_a_peer(self, error: BaseException) -> Stopped:
+        signum = self.received[0]
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        return Stopped(f"{self.program}: stopped by {signal.Signals(signum).name}: another process of the launch "
+                       f"left first ({reason}); the checkpoints saved so far are intact: {RESUME_ADVICE}.", signum)
+
+    def counts(self) -> list[float]:
+        """1 or 0 for each of STOP_SIGNALS: whether this process got it (numbers an all-reduce can sum)."""
+        if self.launcher is not None and self.launcher.launcher_gone() and signal.SIGTERM not in self.received:
+            self.received.append(signal.SIGTERM)
+            sys.stderr.write(f"{self.program}: the launcher that started this process (PID {self.launcher.parent}) "
+                             f"is gone; stopping at this step with a checkpoint, as on SIGTERM.\n")
+        return [float(signum in self.received) for signum in STOP_SIGNALS]
+
+    def asked(self, accelerator) -> int | None:
+        """The signal any process of the launch got (one all-reduce with several), or None; every process calls it
+        at the same point and gets the same answer."""
+        import torch  # not at the top: the script installs the handlers before torch loads (~7 s)
+
+        counts = torch.tensor(self.counts(), device=accelerator.device)
+        if accelerator.num_processes > 1:
+            torch.distributed.all_reduce(counts)
+        return signal_of(counts.tolist())
+
+
+@functools.cache
+def stop_requests(program: str) -> StopRequests:
+    """The one StopRequests of `program` in this process: training/cli.py installs it before the script's imports,
+    and the script reads the same one."""
+    return StopRequests(program)
+
+
+def ignore_stop_signals(pid: int | None) -> None:
+    """From the interpreter's last exit handler on: a late signal leaves the chosen exit status alone (Python's
+    shutdown would otherwise restore the default action, and the process would end as killed by it)."""
+    if os.getpid() == pid:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_forking_pid = [None]
+
+
+def children_die_with_parent() -> None:
+    """Every process forked from now on gets SIGKILL from the kernel when the process (strictly: the thread) that
+    forked it ends. datasets' `map(num_proc=...)` workers are forked by multiprocess, which offers no hook of its own;
+    SIGTERM to this process alone (what torchrun sends a rank) leaves them no parent to wait for and, unkilled,
+    they would live on with PID 1 as their parent. Linux only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+
+    def in_child():
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != _forking_pid[0]:  # the parent was gone before the request took effect
+            os._exit(128 + signal.SIGKILL)
+
+    os.register_at_fork(before=lambda: _forking_pid.__setitem__(0, os.getpid()), after_in_child=in_child)
+
+
+def signal_of(counts: list[float]) -> int | None:
+    """The signal that summed `counts` stand for (SIGTERM first: a shutdown outranks a Ctrl-C), or None."""
+    return next((int(signum) for signum, count in zip(STOP_SIGNALS, counts) if count), None)
+
+
+def stop_message(program: str, signum: int, step: int, planned: int | None, saved: str) -> str:
+    of = f" of {planned}" if planned is not None else ""
+    return (f"{program}: stopped at step {step}{of} by {signal.Signals(signum).name}; checkpoint {saved} is saved, "
+            f"nothing was exported: {RESUME_ADVICE}.")

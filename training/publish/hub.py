@@ -1,0 +1,329 @@
+"""Push checkpoints and the final model to the Hugging Face Hub without ever stopping training.
+
+`HubPusher.push_async` queues a folder and returns at once; one background thread uploads the queued folders in
+order (so an older checkpoint never lands after a newer one). Failures are retried a bounded number of times, then
+logged and kept in `failures`; they never raise into the training loop. `push` (for the final model) goes through
+the same queue, waits for its turn (at most `timeout` seconds) and returns whether it worked.
+
+Why not `huggingface_hub`'s `run_as_future`: its executor's thread is joined when the interpreter exits, so a Hub
+that accepts a connection and never answers would hang the run's exit forever; this worker is a daemon thread, and
+every wait here is bounded.
+
+Snapshots: `push_async` hard-links the folder's files into a hidden sibling folder before returning (copying where
+links are impossible), so the caller may delete or rotate the checkpoint, or save a new one under the same name by
+writing new files, while the upload runs. Rewriting a file in place (same inode) during an upload is not covered:
+save each checkpoint into a fresh folder. `push` blocks, so it uploads the folder as is.
+
+Token: `None` lets `huggingface_hub` find one (the `HF_TOKEN` variable or the `hf auth login` cache). It is kept in
+memory only, never logged, and scrubbed from every error message this module reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from hf_tinytx.folders import link_or_copy
+from hf_tinytx_training.distributed.preemption import Stopped, StopRequests
+
+
+logger = logging.getLogger(__name__)
+
+# Anything shaped like a Hub token or an Authorization header value, in case a message carries one we don't know.
+POLL_S = 0.2  # how long a stop signal may wait for a wait to notice it
+_TOKEN_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?i)(bearer\s+)[^\s'\")]+"))
+
+
+@dataclass
+class _Job:
+    folder: str
+    commit_message: str
+    path_in_repo: str | None
+    snapshot: str | None = None  # our private copy, removed once uploaded
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+
+
+class HubPusher:
+    """Uploads folders to one Hub repo from a background thread; see the module docstring."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        token: str | None = None,
+        private: bool = False,
+        max_attempts: int = 3,
+        retry_wait_s: float = 5.0,
+    ):
+        # Each attempt is a whole `upload_folder`, which already retries 5xx answers itself (about 23 s); these
+        # attempts cover longer outages and network errors. Waits double: 5 s, then 10 s.
+        self.repo_id = repo_id
+        self.private = private
+        self.max_attempts = max(1, max_attempts)
+        self.retry_wait_s = retry_wait_s
+        self._token = token
+        self._repo_ready = False
+        self._failures: list[str] = []
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Job] = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
+
+    def __repr__(self) -> str:  # the default one would show the token
+        return f"HubPusher(repo_id={self.repo_id!r}, private={self.private})"
+
+    # ------------------------------------------------------------------------------------------------ public API
+
+    def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> None:
+        """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises."""
+        try:
+            job = _Job(str(folder), commit_message, path_in_repo)
+            job.snapshot = _snapshot(job.folder)
+            self._enqueue(job)
+        except Exception as e:  # e.g. the folder vanished: report, don't stop training
+            self._record_failure(commit_message, e)
+
+    def push(self, folder: str, commit_message: str, path_in_repo: str | None = None, timeout=None) -> bool:
+        """Upload `folder` after the queued uploads, wait for it (at most `timeout` s), return whether it got there."""
+        started = time.monotonic()
+        job = self.submit(folder, commit_message, path_in_repo)
+        if not wait_until(job.done.is_set, job.done.wait, None if timeout is None else started + timeout):
+            self.note_unfinished(commit_message, time.monotonic() - started, timeout)
+            return False
+        return job.ok
+
+    def submit(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> _Job:
+        """Queue an upload of `folder` as it is (no snapshot) and return its job: `job.done` is set once it ended."""
+        job = _Job(str(folder), commit_message, path_in_repo)
+        self._enqueue(job)
+        return job
+
+    def wait(self, timeout: float | None = None, stop=None) -> bool:
+        """Wait until every queued upload has finished (or failed); False if `timeout` ran out first, or `stop()`
+        turned true (a stop signal: see `wait_until`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return wait_until(lambda: not self._pending, self._wait_idle, deadline, stop)
+
+    def _wait_idle(self, seconds: float | None) -> None:
+        with self._idle:
+            if self._pending:
+                self._idle.wait(seconds)
+
+    def note_unfinished(self, commit_message: str, waited: float, timeout: float | None) -> None:
+        """Records an upload not waited for to its end, with the true time waited (the flag may have allowed more)."""
+        limit = f" (--hub_timeout {timeout:g} s)" if timeout is not None else ""
+        with self._lock:
+            self._failures.append(f"Hub push {commit_message!r} to {self.repo_id} did not finish within "
+                                  f"{waited:.0f} s{limit}: the Hub is slow or not answering")
+
+    @property
+    def failures(self) -> list[str]:
+        """Messages of the uploads that finally failed (tokens scrubbed)."""
+        with self._lock:
+            return list(self._failures)
+
+    # ------------------------------------------------------------------------------------------------ worker
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._worker is None or not self._worker.is_alive():
+                # A daemon thread: an interpreter exiting without `wait()` must not hang on a dead Hub.
+                self._worker = threading.Thread(target=self._run, name="hub-pusher", daemon=True)
+                self._worker.start()
+        self._queue.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                job.ok = self._upload_with_retries(job)
+            except BaseException as e:  # never let the worker die with jobs still queued
+                self._record_failure(job.commit_message, e)
+            finally:
+                if job.snapshot:
+                    shutil.rmtree(job.snapshot, ignore_errors=True)
+                job.done.set()
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _upload_with_retries(self, job: _Job) -> bool:
+        wait_s = self.retry_wait_s
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                self._upload(job)
+                logger.info("Pushed %r to the Hub repo %s.", job.commit_message, self.repo_id)
+                return True
+            except Exception as e:
+                final = attempt == self.max_attempts or _is_permanent(e)
+                if final:
+                    self._record_failure(job.commit_message, e)
+                    return False
+                logger.warning(
+                    "Hub push %r failed (attempt %d of %d), retrying in %.0f s: %s",
+                    job.commit_message, attempt, self.max_attempts, wait_s, self._scrub(_describe(e)),
+                )
+                time.sleep(wait_s)
+                wait_s *= 2
+        return False
+
+    def _upload(self, job: _Job) -> None:
+        # Imported here: the training script only needs huggingface_hub when it pushes.
+        from huggingface_hub import create_repo, upload_folder
+
+        if not self._repo_ready:
+            create_repo(self.repo_id, token=self._token, private=self.private, exist_ok=True)
+            self._repo_ready = True
+        upload_folder(
+            repo_id=self.repo_id,
+            folder_path=job.snapshot or job.folder,
+            path_in_repo=job.path_in_repo,
+            commit_message=job.commit_message,
+            token=self._token,
+        )
+
+    # ------------------------------------------------------------------------------------------------ reporting
+
+    def _record_failure(self, commit_message: str, error: BaseException) -> None:
+        message = self._scrub(f"Hub push {commit_message!r} to {self.repo_id} failed: {_describe(error)}")
+        logger.error("%s", message)
+        with self._lock:
+            self._failures.append(message)
+
+    def _scrub(self, text: str) -> str:
+        for token in {self._token, _token_from_client()} - {None, ""}:
+            text = text.replace(token, "***")
+        text = _TOKEN_PATTERNS[0].sub("***", text)
+        return _TOKEN_PATTERNS[1].sub(r"\1***", text)
+
+
+def wait_until(done, sleep, deadline: float | None, stop=None) -> bool:
+    """Whether `done()` came true before the monotonic `deadline` (None: no limit) and before `stop()` did; `sleep(s)`
+    waits for a change (at most s seconds). With a `stop`, the waits are slices of POLL_S: a stop signal's handler
+    only records the signal (distributed/preemption.py) and a wait on a lock resumes after it, so one long wait would
+    sit out the whole --hub_timeout after a Ctrl-C."""
+    while not done():
+        if stop is not None and stop():
+            return False
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        if stop is not None:
+            left = POLL_S if left is None else min(left, POLL_S)
+        sleep(left)
+    return True
+
+
+def _snapshot(folder: str) -> str:
+    """Hard-link (or copy) `folder` into a new hidden sibling folder, which lives on the same file system."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"No folder to push at {folder}")
+    parent, name = os.path.split(os.path.abspath(folder))
+    target = tempfile.mkdtemp(prefix=f".hub-push-{name}-", dir=parent)
+    try:
+        link_or_copy(folder, target)  # refuses a link that leaves the folder
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
+
+
+def _is_permanent(error: BaseException) -> bool:
+    """Errors another attempt cannot fix: 4xx answers (auth, not found, bad request), a missing folder, bad values."""
+    status = _http_status(error)
+    if status is not None:
+        return _is_permanent_status(status)
+    return isinstance(error, (FileNotFoundError, NotADirectoryError, ValueError))
+
+
+def _is_permanent_status(status: int) -> bool:
+    return 400 <= status < 500 and status not in (408, 429)  # timeout, rate limit: worth another try
+
+
+def _http_status(error: BaseException) -> int | None:
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _describe(error: BaseException) -> str:
+    status = _http_status(error)
+    head = f"{type(error).__name__}" + (f" (HTTP {status})" if status else "")
+    hint = " (check the token: it is missing, wrong, or lacks write access)" if status in (401, 403) else ""
+    # One line, so a training log stays one event per line.
+    text = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return f"{head}{hint}: {text}"
+
+
+def _token_from_client() -> str | None:
+    """The token `huggingface_hub` would use when none was given, so it can be scrubbed too."""
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- the final push
+
+
+def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message: str, what: str, timeout: float,
+               exclude: tuple[str, ...], stop: StopRequests, say=print) -> str | None:
+    """Uploads `names` of `folder` to the repo's root after the queued uploads, within `timeout` s in all, then says
+    how every upload went; returns None once the model is on the Hub, else the one line (what is complete, the command
+    that retries) to end the run with, non-zero: a push asked for that did not happen is no success. The files are
+    hard-linked into a hidden folder inside `folder` first, so the upload sends exactly them. `exclude`: the
+    `hf upload --exclude` patterns that leave out what `names` leaves out. A stop signal (`stop`) ends the wait as
+    `Stopped`: the model is complete on disk, so there is nothing to finish first."""
+    started = time.monotonic()
+    deadline = started + timeout
+    patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)
+    retry = f"`hf upload {pusher.repo_id} {folder}{patterns}`"
+    def asked():
+        return bool(stop.received)
+
+    snapshot = tempfile.mkdtemp(prefix=".hub-final-", dir=folder)
+    try:
+        link_or_copy(folder, snapshot, names)
+        if not pusher.wait(timeout=min(300, timeout), stop=asked) and not asked():
+            say(f"Checkpoint uploads are still running; the {what}'s upload follows them...")
+        job = pusher.submit(snapshot, commit_message)
+        finished = wait_until(job.done.is_set, job.done.wait, deadline, stop=asked)
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)
+    waited = time.monotonic() - started
+    if not finished and asked():
+        signum = stop.received[0]
+        raise Stopped(f"{stop.program}: stopped by {signal.Signals(signum).name} after {waited:.0f} s of the Hub "
+                      f"push, which did not finish; the local folder {folder} is complete: push it with {retry}.",
+                      signum)
+    if not finished:
+        pusher.note_unfinished(commit_message, waited, timeout)
+    report_final_push(pusher, finished and job.ok, what, folder, say)
+    if finished and job.ok:
+        return None
+    return (f"The {what} was NOT pushed to {pusher.repo_id}; the local folder {folder} is complete: push it with "
+            f"{retry}.")
+
+
+def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, say=print) -> None:
+    """A summary at the very end, so a failed upload is not lost in the training log (never with the token)."""
+    failures, repo_id = pusher.failures, pusher.repo_id
+    if pushed and not failures:
+        say(f"Pushed the {what} to the Hub as {repo_id}.")
+        return
+    say(f"Hub push to {repo_id}: {len(failures)} upload(s) failed:")
+    for message in failures:
+        say(f"  - {message}")
+    if pushed:
+        say(f"The {what} did reach the Hub; the local folder {folder} is complete.")

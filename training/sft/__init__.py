@@ -1,0 +1,1 @@
+"""Supervised fine-tuning's pieces for finetune.py: flags, records, rows, the base model and LoRA, callbacks."""

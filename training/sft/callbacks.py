@@ -1,0 +1,81 @@
+"""The Trainer callbacks finetune.py runs with: each checkpoint moved into checkpoints/ whole (`CheckpointsAside`),
+and a stop signal honoured at a step's end with a checkpoint (`StopAtStepEnd`)."""
+
+import os
+
+import torch
+from transformers import TrainerCallback
+
+from hf_tinytx_training import checkpoints
+from hf_tinytx_training.distributed.preemption import StopRequests
+
+
+CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
+# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
+CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
+# Flags whose values Trainer's optimizer.pt and scheduler.pt hold (each group's lr, betas, eps and weight decay, the
+# schedule's base rate): a resume would bring the old values back, so it must keep them. Trainer builds the
+# schedule's shape and length from the command line again, so those flags apply on resume.
+OPTIMIZER_FLAGS = ("optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
+OPTIMIZER_FLAGS_FILE = "optimizer_flags.json"  # beside Trainer's files in each checkpoint
+
+
+def optimizer_flags(training_args) -> dict:
+    return {flag: str(getattr(getattr(training_args, flag), "value", getattr(training_args, flag)))
+            for flag in OPTIMIZER_FLAGS}
+
+
+class CheckpointsAside(TrainerCallback):
+    """Trainer writes checkpoint-N in place; pointed at a staging folder instead (destinations), each checkpoint it
+    has finished is checksummed, flushed and renamed into checkpoints/ whole, then the oldest beyond --save_total_limit
+    go. A kill, a signal or a full disk mid-save never leaves a partial checkpoint where a resume looks. `where`:
+    finetune.Destinations."""
+
+    def __init__(self, where, resumed: str | None):
+        self.where, self.resumed = where, resumed
+        self.saved: tuple[int, str] | None = None  # the newest checkpoint's (step, folder), the same on every process
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.resumed:  # the state is the checkpoint's by now
+            self.saved = (state.global_step, self.resumed)
+
+    def on_save(self, args, state, control, **kwargs):
+        distributed_barrier()  # every process has written its part (its RNG state)
+        if state.is_world_process_zero:
+            self.move_in(args, state)
+        distributed_barrier()
+        self.saved = (state.global_step, self.final_folder(state))
+
+    def final_folder(self, state) -> str:
+        return self.where.layout.path(state.global_step)
+
+    def move_in(self, args, state) -> None:
+        final = self.final_folder(state)
+        written = os.path.join(self.where.checkpoint_staging, os.path.basename(final))
+        if state.best_model_checkpoint == written:  # Trainer recorded where it wrote: a resume must find it here
+            state.best_model_checkpoint = final
+            state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
+        checkpoints.write_json(os.path.join(written, OPTIMIZER_FLAGS_FILE), optimizer_flags(args))
+        checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
+        checkpoints.rename_into_place(written, final)
+        checkpoints.prune(self.where.layout, self.where.keep_checkpoints)
+
+
+class StopAtStepEnd(TrainerCallback):
+    """The stop requests of distributed/preemption.py (SIGTERM, SIGINT), honoured when an optimizer step ends: a
+    checkpoint is saved and training stops, every process at the same step. Trainer's --enable_jit_checkpoint saves
+    in the middle of a step (before the optimizer has stepped) and reports a finished run, so this replaces it and is
+    always on: a signal costs at most one step and one save."""
+
+    def __init__(self, accelerator, stop: StopRequests):
+        self.accelerator, self.stop = accelerator, stop
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stop.asked(self.accelerator) is not None:  # one all-reduce on a launch: the processes agree
+            control.should_save = control.should_training_stop = True
+        return control
+
+
+def distributed_barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()

@@ -1,0 +1,85 @@
+"""The model finetune trains: the base folder's (or Hub id's) model and tokenizer, checked against each other, ready
+for fine-tuning (a pad token, a chat template for chat records), and with --use_peft its LoRA adapter (PEFT)."""
+
+import warnings
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+
+from hf_tinytx_training.errors import UserInputError
+from hf_tinytx_training.sft.args import FinetuneArguments
+from hf_tinytx_training.sft.data import ensure_chat_template
+
+
+def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):
+    """The tokenizer saved with --model_name_or_path, ready for fine-tuning: a pad token, and with chat records a chat
+    template (training/data/tokenizer.py's load_tokenizer reads a --tokenizer_name for pre-training instead)."""
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise UserInputError("The tokenizer has neither a pad nor an EOS token; give it a pad token first.")
+        tokenizer.pad_token = tokenizer.eos_token  # padding positions carry label -100, so its id never matters
+    if chat and ensure_chat_template(tokenizer):
+        print("The tokenizer had no chat template: added the default one (saved with the model).")
+    return tokenizer
+
+
+def load_model(args: FinetuneArguments):
+    model_options = {"trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation:
+        model_options["attn_implementation"] = args.attn_implementation
+    return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
+
+
+def check_vocabulary(model, tokenizer, name: str) -> None:
+    """A tokenizer with ids past the model's embedding fails mid-training (an index error inside the first step);
+    refused now, before the output folder is touched."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise UserInputError(
+            f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+            f"{rows} rows; save the tokenizer the model was trained with into the folder, or grow the model first "
+            f"(model.resize_token_embeddings(len(tokenizer)); model.save_pretrained(folder))."
+        )
+
+
+def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
+    from peft import LoraConfig, get_peft_model
+
+    if training_args.gradient_checkpointing or training_args.activation_checkpointing:
+        model.enable_input_require_grads()  # a frozen embedding gives checkpointed layers no grad to pass on
+    lora_config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=lora_targets(model, args.lora_target_modules),
+    )
+    # PEFT records the base as the model's name_or_path: the Hub id, or the absolute folder from model_source, so
+    # the adapter loads from any working directory.
+    with warnings.catch_warnings():
+        # PEFT reads `is_gradient_checkpointing`, which transformers 5.2x deprecates: a warning for PEFT, not for us.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        model = get_peft_model(model, lora_config)
+    model.print_trainable_parameters()
+    return model
+
+
+def lora_targets(model, requested: str):
+    """The requested module names the model has (a plain-MLP TinyTx has no gate_proj), or "all-linear"."""
+    if requested.strip() == "all-linear":
+        return "all-linear"
+    names = [name.strip() for name in requested.split(",") if name.strip()]
+    linear = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    present = [name for name in names if name in linear]
+    if not present:
+        raise UserInputError(
+            f"None of --lora_target_modules {names} is a linear layer of this model; its linear layers are "
+            f"{sorted(linear)} (or pass all-linear)."
+        )
+    skipped = sorted(set(names) - set(present))
+    if skipped:
+        print(f"LoRA: the model has no {skipped}; adapting {present}.")
+    return present
+
+
