@@ -6,8 +6,8 @@ process, interleaved, and we report medians, the ratio between backends, and the
 Peak memory is the rise of the process's peak resident set during one forward, measured in a fresh subprocess per
 (backend, n) so that earlier allocations cannot hide it.
 
-    python benchmarks/attention_scaling.py            # n = 256 ... 8192, writes benchmarks/results/attention_scaling.*
-    python benchmarks/attention_scaling.py --quick    # n = 128 ... 1024, a few seconds, into benchmarks/results/quick/
+    python -m benchmarks.attention_scaling            # n = 256 ... 8192, writes benchmarks/results/attention_scaling.*
+    python -m benchmarks.attention_scaling --quick    # n = 128 ... 1024, a few seconds, into benchmarks/results/quick/
 
 Prints a table, then one JSON line with every figure.
 """
@@ -109,16 +109,16 @@ def peak_memory_mib(backend: str, n: int, hidden_size: int, num_heads: int) -> f
     Linux lets a process reset its own peak-RSS mark (`echo 5 > /proc/self/clear_refs`), so the peak of the forward
     is not hidden by the larger peak of importing torch."""
     code = (
-        "from attention_scaling import build_layer, read_rss_kib\n"
+        "from benchmarks.attention_scaling import build_layer, read_rss_kib\n"
         "forward = build_layer(%r, %d, %d, %d)\n"
         "open('/proc/self/clear_refs', 'w').write('5')\n"
         "before = read_rss_kib('VmRSS')\n"
         "forward()\n"
         "print((read_rss_kib('VmHWM') - before) / 1024)\n"
     ) % (backend, n, hidden_size, num_heads)
-    # From benchmarks/, where `python -c` finds this module as a sibling.
+    # From the checkout's root, where `python -c` finds the benchmarks package.
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True, check=True
     )
     return float(result.stdout.strip().splitlines()[-1])
 

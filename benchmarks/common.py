@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from shapes import SHAPES
 
+from benchmarks.shapes import SHAPES
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
 from hf_tinytx.convert import tinytx_to_llama
 

@@ -19,8 +19,8 @@ over rounds of tokens/s over llama.cpp-f32's in the same round. The weights are 
 them); the arg-max tokens of the f32 engines are compared and how many agree is printed. The floor row is the
 batch-1 decoding step's matrix-vector products alone: every token streams all the weights once.
 
-    python benchmarks/generate.py                       # 1.1M and 25M, batch 1 and 8
-    python benchmarks/generate.py --shapes 1.1M --batch_sizes 1 --repeats 3
+    python -m benchmarks.generate                       # 1.1M and 25M, batch 1 and 8
+    python -m benchmarks.generate --shapes 1.1M --batch_sizes 1 --repeats 3
 
 Prints a table, then one JSON line with every figure.
 """
@@ -69,8 +69,8 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
-from common import count_parameters, interleaved_samples, paired_ratio  # noqa: E402
 
+from benchmarks.common import count_parameters, interleaved_samples, paired_ratio  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.convert import convert_folder  # noqa: E402
 from hf_tinytx.corpus import default_corpus  # noqa: E402

@@ -1,8 +1,8 @@
 """Peak resident memory per rank: DDP vs FSDP2 vs DeepSpeed ZeRO-2 and ZeRO-3, 2 CPU ranks, `small` preset.
 
-    python benchmarks/memory_per_rank.py                      # writes benchmarks/results/memory_per_rank.{json,txt}
-    python benchmarks/memory_per_rank.py --steps 3 --modes ddp fsdp2
-    python benchmarks/memory_per_rank.py --device cuda --preset base --ranks 8 --modes ddp fsdp2 zero3   # GPUs, bf16
+    python -m benchmarks.memory_per_rank                      # writes benchmarks/results/memory_per_rank.{json,txt}
+    python -m benchmarks.memory_per_rank --steps 3 --modes ddp fsdp2
+    python -m benchmarks.memory_per_rank --device cuda --preset base --ranks 8 --modes ddp fsdp2 zero3   # GPUs, bf16
 
 Each mode runs training/pretrain.py for a few steps on 2 processes (gloo, OMP_NUM_THREADS=1 each); every rank runs
 the script through this file's `--rank` mode, which records its own peak resident set size (getrusage ru_maxrss) when
@@ -142,7 +142,7 @@ def table(rows: list[dict], args, modes: list[str]) -> list[str]:
               "besides, not counted here). Peak RSS also counts Python, torch, the data pipeline, the full model "
               "each rank builds before sharding, and rank 0's gathered export.",
               "", "tokens/s: measured on a machine shared with other work, under load: compare memory, not time."]
-    return lines + ["", f"Command: python benchmarks/memory_per_rank.py {options} --modes {' '.join(modes)}"]
+    return lines + ["", f"Command: python -m benchmarks.memory_per_rank {options} --modes {' '.join(modes)}"]
 
 
 if __name__ == "__main__":

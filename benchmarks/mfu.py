@@ -14,9 +14,9 @@ The AdamW update, norms, activations and the softmax are not counted: they are o
 The roof is measured, not looked up: the median FLOP/s of an n x n @ n x n matmul (fp32 2048 on CPU, bf16 8192 on
 GPU by default) sampled in turn with the training steps, so both see the same machine state.
 
-    python benchmarks/mfu.py                   # the 10M shape of shapes.SHAPES, fp32 on CPU
-    python benchmarks/mfu.py --quick
-    python benchmarks/mfu.py --config training/configs/model-base.json --batch_size 8 --seq_len 1024 \\
+    python -m benchmarks.mfu                   # the 10M shape of shapes.SHAPES, fp32 on CPU
+    python -m benchmarks.mfu --quick
+    python -m benchmarks.mfu --config training/configs/model-base.json --batch_size 8 --seq_len 1024 \\
         --device cuda --dtype bf16             # ~124M on a GPU (what benchmarks/gpu/check.sh runs)
 
 Prints a table, then one JSON line with every figure.
@@ -27,7 +27,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from shapes import SHAPES
+from benchmarks.shapes import SHAPES
 
 
 def parse_args(argv=None):
@@ -54,9 +54,9 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
-from common import count_parameters, interleaved_medians  # noqa: E402
-from report import print_report  # noqa: E402
 
+from benchmarks.common import count_parameters, interleaved_medians  # noqa: E402
+from benchmarks.report import print_report  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 

@@ -1,8 +1,8 @@
 """The training step of the tinyshakespeare recipe, side by side: torch.optim.Muon vs our StackedMuon (the optimizer
 step alone), and a whole step (forward, backward, clipping, Muon + AdamW) in fp32 vs bf16 autocast.
 
-    python benchmarks/recipe_step.py                  # the tiny preset, vocabulary 1,024, 16 x 128 tokens a step
-    python benchmarks/recipe_step.py --hidden_size 192 --intermediate_size 512
+    python -m benchmarks.recipe_step                  # the tiny preset, vocabulary 1,024, 16 x 128 tokens a step
+    python -m benchmarks.recipe_step --hidden_size 192 --intermediate_size 512
 
 Both sides of each row run in the same process, in alternating order each round; ratios are medians of the per-round
 ratios. Prints a table, then one JSON line.
@@ -10,8 +10,6 @@ ratios. Prints a table, then one JSON line.
 
 import argparse
 import json
-import os
-import sys
 
 
 def parse_args(argv=None):
@@ -30,10 +28,8 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
-from common import interleaved_samples, medians, paired_ratio  # noqa: E402
 
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's hf_tinytx
+from benchmarks.common import interleaved_samples, medians, paired_ratio  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.args import PretrainArguments  # noqa: E402

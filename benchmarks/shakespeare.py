@@ -1,7 +1,7 @@
 """Tiny Shakespeare in a fixed wall-clock budget: the real training/pretrain.py, end to end, scored in bits per byte.
 
-    python benchmarks/shakespeare.py                          # ../shared/data/tinyshakespeare.txt, 160 s of training
-    python benchmarks/shakespeare.py --text my.txt --max_train_seconds 30 --model_preset small --learning_rate 1e-3
+    python -m benchmarks.shakespeare                          # ../shared/data/tinyshakespeare.txt, 160 s of training
+    python -m benchmarks.shakespeare --text my.txt --max_train_seconds 30 --model_preset small --learning_rate 1e-3
 
 What happens:
 1. The text is split at a blank line near 90%: the first part trains (tokenizer included), the last 10% is held out.
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import print_report
+from benchmarks.report import print_report
 
 
 REPO = Path(__file__).resolve().parents[1]

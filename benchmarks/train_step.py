@@ -12,11 +12,11 @@ for every
 model alike; `--glibc_malloc` leaves glibc's defaults instead, under which TinyTx and Llama page-fault their
 activations back in every step, and the GPT far fewer (benchmarks/results/train_step.txt).
 
-    python benchmarks/train_step.py                 # both shapes, 20 steps each side
-    python benchmarks/train_step.py --compile       # also compiled vs compiled
-    python benchmarks/train_step.py --quick         # fewer steps
-    python benchmarks/train_step.py --profile --shapes 0.8M   # where each eager step's time goes, by op
-    python benchmarks/train_step.py --attribute     # TinyTx with its design choices swapped for the GPT's
+    python -m benchmarks.train_step                 # both shapes, 20 steps each side
+    python -m benchmarks.train_step --compile       # also compiled vs compiled
+    python -m benchmarks.train_step --quick         # fewer steps
+    python -m benchmarks.train_step --profile --shapes 0.8M   # where each eager step's time goes, by op
+    python -m benchmarks.train_step --attribute     # TinyTx with its design choices swapped for the GPT's
 
 Prints a table, then one JSON line with every figure.
 """
@@ -28,7 +28,7 @@ import resource
 import statistics
 from unittest import mock
 
-from shapes import SHAPES
+from benchmarks.shapes import SHAPES
 
 
 def parse_args(argv=None):
@@ -51,9 +51,9 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
     ARGS = parse_args()
 
 import torch  # noqa: E402
-from common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
-from gpt_baseline import GPT  # noqa: E402
 
+from benchmarks.common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
+from benchmarks.gpt_baseline import GPT  # noqa: E402
 from hf_tinytx import TinyTxForCausalLM, modeling_tinytx  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.distributed.cpu_memory import keep_freed_memory  # noqa: E402

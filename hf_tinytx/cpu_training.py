@@ -4,11 +4,11 @@ copied into every checkpoint) and put in through transformers' and torch's publi
 `speed_up_cpu_training(model)` is what `tinytx pretrain` and `tinytx finetune` call on a model they train on a CPU:
 - RMSNorm with its backward written out: torch has no fused CPU kernel for it (`rms_norm` runs as ~6 elementwise
   kernels forward and ~10 backward; this is 3 passes over the activations forward and 7 backward), which takes ~4% off
-  a whole eager training step at 0.8M (`python benchmarks/train_step.py`, docs/performance.md). Each norm becomes a
+  a whole eager training step at 0.8M (`python -m benchmarks.train_step`, docs/performance.md). Each norm becomes a
   `CpuTrainingRMSNorm`, a subclass with the same parameter, so state dicts and saved folders do not change.
 - Under bf16 autocast the attention itself in fp32 (the projections around it stay bf16): torch's CPU flash
   attention runs its backward ~5x slower in bf16 than in fp32, which cancelled what the bf16 matmuls gained
-  (`python benchmarks/recipe_step.py`). It is an attention backend registered with `AttentionInterface`, which the
+  (`python -m benchmarks.recipe_step`). It is an attention backend registered with `AttentionInterface`, which the
   model switches to with `set_attn_implementation`; outside autocast it is plain sdpa.
 GPUs and `torch.compile` need neither: they have fused kernels, or fuse the plain formula themselves.
 """

@@ -1,6 +1,6 @@
 """The benchmark scripts run and end with one JSON line holding their figures. Smoke tests only: speed is what the
-benchmarks measure, never what a test asserts. Each script runs as a subprocess from benchmarks/, as a user runs it,
-at its smallest settings."""
+benchmarks measure, never what a test asserts. Each script runs as a subprocess from the checkout's root
+(`python -m benchmarks.NAME`), as a user runs it, at its smallest settings."""
 
 import copy
 import json
@@ -30,7 +30,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 def run_script(args, tmp_path, timeout=120, check=True):
     result = subprocess.run(
-        args, cwd=BENCHMARKS, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=timeout
+        args, cwd=BENCHMARKS.parent, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=timeout
     )
     if check and result.returncode != 0:
         raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -45,7 +45,8 @@ def final_json(stdout: str) -> dict:
 
 
 def python(script, *flags):
-    return [sys.executable, script, *map(str, flags)]
+    """`python -m benchmarks.NAME FLAGS` for "NAME.py", from the checkout's root, as the docs run them."""
+    return [sys.executable, "-m", f"benchmarks.{script.removesuffix('.py')}", *map(str, flags)]
 
 
 def test_train_step(tmp_path):
@@ -80,8 +81,7 @@ def test_train_step_attribution_times_each_swap_beside_tinytx_and_the_gpt(tmp_pa
 
 
 def test_the_attribution_variants_swap_what_they_say(tiny_model):
-    sys.path.insert(0, str(BENCHMARKS))  # train_step imports its siblings as a script run from benchmarks/ does
-    import train_step
+    from benchmarks import train_step
 
     model = tiny_model(attn_implementation="sdpa")
     layers = model.config.num_hidden_layers

@@ -1,9 +1,9 @@
 """The GPU-only checks that benchmarks/gpu/check.sh runs: flash-attention parity, and generation speed.
 
-    python benchmarks/gpu/check.py parity      # bf16 logits of a flash backend vs sdpa, both against an fp32 reference
-    python benchmarks/gpu/check.py generate    # greedy new tokens/s of the ~124M model, batch 1 and 8, dynamic,
+    python -m benchmarks.gpu.check parity      # bf16 logits of a flash backend vs sdpa, both against an fp32 reference
+    python -m benchmarks.gpu.check generate    # greedy new tokens/s of the ~124M model, batch 1 and 8, dynamic,
                                                # static and compiled static cache, beside the bandwidth floor
-    python benchmarks/gpu/check.py syncs       # does a training step or a decoding step wait on the GPU?
+    python -m benchmarks.gpu.check syncs       # does a training step or a decoding step wait on the GPU?
 
 Flash backend: transformers' "flash_attention_2" when the flash-attn package imports, else "kernels-community/
 flash-attn" when the kernels package can load it (from its local cache: the GPU machine may be offline), else

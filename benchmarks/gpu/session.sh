@@ -76,22 +76,23 @@ step() {  # step NAME SECONDS COMMAND...: at most SECONDS, and never past the ov
     [ "$code" -eq 0 ] || { echo "gpu/session.sh: $name failed (exit $code)"; failed+=("$name"); }
 }
 
-cd benchmarks/gpu  # check.py and train_check.py here, mfu.py in ..
-step "flash vs sdpa parity, bf16" 90 "$PYTHON" check.py parity "${DEVICE[@]}"
-step "host-device syncs, training and decoding step" 90 "$PYTHON" check.py syncs "${DEVICE[@]}" "${SYNCS[@]}"
-step "training MFU, bf16, eager" 60 "$PYTHON" ../mfu.py "${DEVICE[@]}" "${MFU[@]}"
-step "training MFU, bf16, torch.compile" 150 "$PYTHON" ../mfu.py "${DEVICE[@]}" "${MFU[@]}" --compile
+# From the checkout's root, each benchmark as a module of the benchmarks package.
+step "flash vs sdpa parity, bf16" 90 "$PYTHON" -m benchmarks.gpu.check parity "${DEVICE[@]}"
+step "host-device syncs, training and decoding step" 90 "$PYTHON" -m benchmarks.gpu.check syncs "${DEVICE[@]}" \
+    "${SYNCS[@]}"
+step "training MFU, bf16, eager" 60 "$PYTHON" -m benchmarks.mfu "${DEVICE[@]}" "${MFU[@]}"
+step "training MFU, bf16, torch.compile" 150 "$PYTHON" -m benchmarks.mfu "${DEVICE[@]}" "${MFU[@]}" --compile
 rm -rf "$WORK"
 step "pretrain (base on a GPU), bf16, compiled; SIGTERM and resume" 300 \
-    "$PYTHON" train_check.py --output_dir "$WORK" "${DEVICE[@]}"
+    "$PYTHON" -m benchmarks.gpu.train_check --output_dir "$WORK" "${DEVICE[@]}"
 cp "$WORK/pretrain.log" "$OUT_DIR/pretrain.log" 2>/dev/null
 cp "$WORK/straight/metrics.jsonl" "$OUT_DIR/metrics_straight.jsonl" 2>/dev/null
 if [ -f "$WORK/straight/model.safetensors" ]; then
     step "generate, the trained model, dynamic/static/compiled cache" 150 \
-        "$PYTHON" check.py generate --model "$WORK/straight" "${DEVICE[@]}" "${GENERATE[@]}"
+        "$PYTHON" -m benchmarks.gpu.check generate --model "$WORK/straight" "${DEVICE[@]}" "${GENERATE[@]}"
 else
     step "generate, random ~124M (no trained model), dynamic/static/compiled cache" 150 \
-        "$PYTHON" check.py generate "${DEVICE[@]}" "${GENERATE[@]}"
+        "$PYTHON" -m benchmarks.gpu.check generate "${DEVICE[@]}" "${GENERATE[@]}"
 fi
 
 echo

@@ -1,7 +1,7 @@
 """The README's training command on a GPU: throughput, MFU and peak memory, then a preempted run resumed bit for bit.
 
-    python benchmarks/gpu/train_check.py --output_dir /tmp/gpu_train          # ~124M (base preset), bf16, compiled
-    python benchmarks/gpu/train_check.py --output_dir /tmp/dry --device cpu   # the same code path on a tiny model
+    python -m benchmarks.gpu.train_check --output_dir /tmp/gpu_train          # ~124M (base preset), bf16, compiled
+    python -m benchmarks.gpu.train_check --output_dir /tmp/dry --device cpu   # the same code path on a tiny model
 
 Three launches of `tinytx pretrain` (python -m hf_tinytx_training.pretrain) with the same flags (--max_train_steps,
 --checkpointing_steps at half way):
@@ -26,9 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: report.py and mfu.py, reused here
-from report import print_report  # noqa: E402
+from benchmarks.report import print_report  # noqa: E402
 
 
 PRETRAIN = ["-m", "hf_tinytx_training.pretrain"]  # as `tinytx pretrain` runs it: from the installed package
@@ -112,7 +110,8 @@ def steady_tokens_per_second(training_rows: list[dict]) -> float:
 def matmul_tflops(device: str) -> float:
     """FLOP/s of one large matmul on this device (bf16 8192 on a GPU, fp32 2048 on CPU): MFU's roof, as mfu.py's."""
     import torch
-    from mfu import make_matmul, synchronized
+
+    from benchmarks.mfu import make_matmul, synchronized
 
     size, dtype = (8192, torch.bfloat16) if device == "cuda" else (2048, torch.float32)
     matmul = synchronized(make_matmul(size, dtype, device), device)
@@ -127,8 +126,7 @@ def matmul_tflops(device: str) -> float:
 
 
 def flops_per_token(folder: Path, seq_len: int) -> float:
-    from mfu import flops_per_token as weight_and_attention
-
+    from benchmarks.mfu import flops_per_token as weight_and_attention
     from hf_tinytx import TinyTxForCausalLM
 
     model = TinyTxForCausalLM.from_pretrained(folder)

@@ -154,9 +154,9 @@ if __name__ == "__main__":  # --help, a mistyped flag or a bad budget are answer
     parse_arguments(None)
 
 import torch  # noqa: E402
-from attention_scaling import attention_flops, time_interleaved  # noqa: E402  (scripts in benchmarks/: see __init__)
-from common import count_parameters, interleaved_medians  # noqa: E402
 
+from benchmarks.attention_scaling import attention_flops, time_interleaved  # noqa: E402  (scripts in benchmarks/: see __init__)
+from benchmarks.common import count_parameters, interleaved_medians  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.corpus import RULE_MIX, Mix, default_corpus, make_probes  # noqa: E402
 from hf_tinytx.interpret import (  # noqa: E402
