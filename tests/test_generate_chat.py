@@ -1,4 +1,4 @@
-"""`tinytx generate` and `tinytx chat` (training/generate.py, chat.py) on a tiny saved TinyTx folder.
+"""`tinytx generate` and `tinytx chat` (hf_tinytx/generate.py, chat.py) on a tiny saved TinyTx folder.
 
 Greedy `tinytx generate` prints exactly what the README's Python prints for the same prompt (eager, and with
 --compile's static cache and compiled forward, and without the `train` extra installed); a seeded sample prints the
@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers.utils import logging as transformers_logging
 
-from hf_tinytx_training import chat, generate
+from hf_tinytx import chat, generate
 from hf_tinytx_training.sft.data import DEFAULT_CHAT_TEMPLATE
 from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.test_wheel import HIDE_MODULES

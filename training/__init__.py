@@ -13,8 +13,6 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     checkpoints.py       resumable checkpoints: save, verify, find, load, prune (output_dir/checkpoints/)
     evaluation.py        the validation loss (and perplexity, bits per byte), every block counted once
     probes.py            what a pre-trained model learnt beyond its loss: probe accuracies and samples
-    generate.py          `tinytx generate`: a prompt continued and streamed; the library alone, no Accelerate
-    chat.py              `tinytx chat`: a terminal chat over a folder's chat template
 
     data/files.py        local data files found and checked before torch loads
     data/tokenizer.py    the run's tokenizer: a named one, the run's saved one, or a BPE trained on the data

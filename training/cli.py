@@ -5,8 +5,8 @@
     tinytx convert --to llama SRC DST        TinyTx <-> Llama, or GGUF        (python -m hf_tinytx.convert)
     tinytx serve MODEL [flags]               OpenAI-compatible server         (python -m hf_tinytx.serve)
     tinytx interpret MODEL TEXT [flags]      attention maps and head roles    (python -m hf_tinytx.interpret)
-    tinytx generate FOLDER PROMPT [flags]    continue a prompt, streamed      (python -m hf_tinytx_training.generate)
-    tinytx chat FOLDER [flags]               chat in the terminal             (python -m hf_tinytx_training.chat)
+    tinytx generate FOLDER PROMPT [flags]    continue a prompt, streamed      (python -m hf_tinytx.generate)
+    tinytx chat FOLDER [flags]               chat in the terminal             (python -m hf_tinytx.chat)
 
 A subcommand runs its module as `python -m` does. Nothing heavy is imported here, so `tinytx --help` and every
 `tinytx <command> --help` are answered without torch. convert and interpret load torch as they import, so their flags
@@ -47,8 +47,8 @@ COMMANDS = {  # subcommand -> (module run as __main__, what it does)
     "convert": ("hf_tinytx.convert", "convert a saved folder: TinyTx <-> Llama, or TinyTx -> one GGUF file"),
     "serve": ("hf_tinytx.serve", "serve a model with transformers' OpenAI-compatible server"),
     "interpret": ("hf_tinytx.interpret", "draw attention maps and rank heads by role"),
-    "generate": ("hf_tinytx_training.generate", "continue a prompt with a model folder, streaming the tokens"),
-    "chat": ("hf_tinytx_training.chat", "chat with a model folder over its chat template, in the terminal"),
+    "generate": ("hf_tinytx.generate", "continue a prompt with a model folder, streaming the tokens"),
+    "chat": ("hf_tinytx.chat", "chat with a model folder over its chat template, in the terminal"),
 }
 # The library's commands whose flags are parsed before their module runs: command -> its parser in command_flags.
 EARLY_PARSERS = {"convert": "convert_parser", "interpret": "interpret_parser"}

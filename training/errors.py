@@ -1,12 +1,14 @@
 """The two errors the training scripts end with, in a module of their own so that any module can raise them without
 importing the command-line definitions. Each message is one line that says what is wrong and what to do; the scripts
-print it as `<script>.py: error: ...` and exit 2 (bad input) or 1 (a fault while running)."""
+print it as `<script>.py: error: ...` and exit 2 (bad input, hf_tinytx.errors.UserInputError) or 1 (a fault while
+running, RunError)."""
 
 import contextlib
 
+from hf_tinytx.errors import UserInputError
 
-class UserInputError(ValueError):
-    """Bad input found before training starts. The message says what is wrong and how to fix it."""
+
+__all__ = ["RunError", "UserInputError", "as_user_input_error"]
 
 
 class RunError(RuntimeError):

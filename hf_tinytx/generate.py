@@ -29,7 +29,7 @@ import shutil
 import sys
 
 from hf_tinytx import sources, stored_weights
-from hf_tinytx_training.errors import UserInputError
+from hf_tinytx.errors import UserInputError
 
 
 PROG = "tinytx generate"

@@ -21,8 +21,8 @@ import importlib.util
 import os
 import sys
 
-from hf_tinytx_training.errors import UserInputError
-from hf_tinytx_training.generate import (
+from hf_tinytx.errors import UserInputError
+from hf_tinytx.generate import (
     OneLineParser,
     add_generation_flags,
     context_length,
