@@ -1,6 +1,6 @@
 """training/pretrain.py under faults injected from outside (tests/helpers/faults.py): SIGKILL during the export, an
 output folder that is a mount point, two runs on one folder, a full disk, a Hub that never answers, and a campaign of
-random kills (python -m benchmarks.kill_campaign --quick).
+random kills (python -m tests.kill_campaign --quick).
 
 What must hold whatever happens: a file of the user's in --output_dir survives untouched, the newest complete
 checkpoint stays loadable, `--resume_from_checkpoint latest` finishes the run with exactly the weights of a run that
@@ -390,7 +390,7 @@ def test_kill_campaign_quick(tmp_path):
     move. Every rerun ends bit for bit on the straight run, nothing is lost or written through a link, and every
     stop signal keeps its promise (a stop line and exit 128 + signal, or a finished run)."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.kill_campaign", "--quick", "--out", str(tmp_path / "results")],
+        [sys.executable, "-m", "tests.kill_campaign", "--quick", "--out", str(tmp_path / "results")],
         cwd=REPO_ROOT, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, describe(result)

@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign.common import (
+from tests.helpers.faults import run_killed_at
+from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+from tests.kill_campaign.common import (
     KILLED,
     MAX_RERUNS,
     MOVES,
@@ -43,8 +45,6 @@ from benchmarks.kill_campaign.common import (
     verdict,
     write_notes,
 )
-from tests.helpers.faults import run_killed_at
-from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 
 MANIFEST = ".tinytx-written.json"

@@ -2,7 +2,7 @@
 exact moment (a checkpoint's weights, a rename, a move out of a staging folder) a run makes, and what each call
 touched, so that a trial can be killed right before or after any one of them (tests/helpers/launch.py --kill-at).
 
-    python benchmarks/kill_campaign/call_tracer.py --calls OUT.json --count LABEL=FUNCTION[,...]:TEXT ... SCRIPT ARGS
+    python tests/kill_campaign/call_tracer.py --calls OUT.json --count LABEL=FUNCTION[,...]:TEXT ... SCRIPT ARGS
 
 Each process (each rank under torchrun) writes OUT.rankR.json, {label: [the calls' path arguments, in order]},
 rewritten after every counted call: a process that leaves with os._exit still leaves its counts. The functions are

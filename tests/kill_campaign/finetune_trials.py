@@ -16,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign.common import (
+from tests.helpers.faults import run_killed_at
+from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model
+from tests.kill_campaign.common import (
     KILLED,
     MAX_RERUNS,
     MOVES,
@@ -36,8 +38,6 @@ from benchmarks.kill_campaign.common import (
     traced,
     write_notes,
 )
-from tests.helpers.faults import run_killed_at
-from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model
 
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"

@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign.common import (
+from tests.helpers.faults import PRETRAIN, run_killed_after, run_killed_after_line, run_killed_at
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
+from tests.kill_campaign.common import (
     KILLED,
     MAX_RERUNS,
     MOVES,
@@ -31,8 +33,6 @@ from benchmarks.kill_campaign.common import (
     stop_outcome,
     write_notes,
 )
-from tests.helpers.faults import PRETRAIN, run_killed_after, run_killed_after_line, run_killed_at
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
 
 
 FINISHED_LINE = "Model folder: "  # printed once the export is complete

@@ -4,10 +4,10 @@ or convert's same command) always end with exactly the result of a run never int
 in the output folder always survive, and does the folder hold, at every moment seen after a kill, no model yet or one
 that loads (for convert: the old model or the new one, never neither)?
 
-    python -m benchmarks.kill_campaign                   # all four, 51 trials: about 20 minutes on 2 shared cores
-    python -m benchmarks.kill_campaign --quick           # 2 trials per command (convert 4), 3 minutes; writes nothing
-    python -m benchmarks.kill_campaign --commands finetune --finetune_trials 12 --seed 1
-    python -m benchmarks.kill_campaign --commands nodes --out benchmarks/results/kill_campaign_nodes
+    python -m tests.kill_campaign                   # all four, 51 trials: about 20 minutes on 2 shared cores
+    python -m tests.kill_campaign --quick           # 2 trials per command (convert 4), 3 minutes; writes nothing
+    python -m tests.kill_campaign --commands finetune --finetune_trials 12 --seed 1
+    python -m tests.kill_campaign --commands nodes --out benchmarks/results/kill_campaign_nodes
 
 Run it from the repository root (`-m`): the faults come from tests/helpers/faults.py and tests/helpers/launch.py,
 shared with the tests; nothing in training/ or hf_tinytx/ knows of them.
@@ -68,16 +68,16 @@ from pathlib import Path
 
 
 try:
-    from benchmarks.kill_campaign.common import row, say, table
-    from benchmarks.kill_campaign.convert_trials import Convert
-    from benchmarks.kill_campaign.finetune_trials import Finetune
-    from benchmarks.kill_campaign.nodes_trials import Nodes
-    from benchmarks.kill_campaign.pretrain_trials import Pretrain
     from tests.helpers.tiny import REPO_ROOT, pretrain_env
+    from tests.kill_campaign.common import row, say, table
+    from tests.kill_campaign.convert_trials import Convert
+    from tests.kill_campaign.finetune_trials import Finetune
+    from tests.kill_campaign.nodes_trials import Nodes
+    from tests.kill_campaign.pretrain_trials import Pretrain
 except ModuleNotFoundError as error:
     if error.name not in ("tests", "benchmarks"):
         raise
-    sys.exit("kill_campaign: run it from the repository root as `python -m benchmarks.kill_campaign`.")
+    sys.exit("kill_campaign: run it from the repository root as `python -m tests.kill_campaign`.")
 
 
 COMMANDS = ("pretrain", "finetune", "convert", "nodes")  # nodes: pretrain on two simulated nodes (not in --quick)
@@ -274,7 +274,7 @@ def main():
     print("\n" + report)
     if not args.quick:
         args.out.mkdir(parents=True, exist_ok=True)
-        header = (f"python -m benchmarks.kill_campaign {' '.join(sys.argv[1:])}".rstrip()
+        header = (f"python -m tests.kill_campaign {' '.join(sys.argv[1:])}".rstrip()
                   + f"  (source {summary['source']}; {began_clock:%Y-%m-%d %H:%M}-{ended_clock:%H:%M} UTC, "
                   f"{seconds:.0f} s, {os.cpu_count()} CPUs, 1-minute load average {loads['start']:.2f} at the start, "
                   f"{loads['mean']:.2f} on average (max {loads['max']:.2f}, sampled every 10 s), "

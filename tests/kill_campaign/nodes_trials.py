@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.kill_campaign.common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
 from tests.helpers.fake_slurm import alive, descendants, workers_under
 from tests.helpers.faults import PRETRAIN
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
+from tests.kill_campaign.common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
 
 
 STEPS, EVERY = 40, 5
