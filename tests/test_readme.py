@@ -80,7 +80,7 @@ COMPILE_PREFIX = (
 # In the order a user follows them: the README's quick start writes out/tinytx, which the pages after it use.
 PAGES = [
     Page("README.md", (
-        Step("The two commands", "bash", skip="installs packages and runs the whole test suite, this test included"),
+        Step("Quick start", "bash", skip="installs packages, trains the default model and runs the quick stage"),
         Step("The `tinytx` command", "bash"),
         Step("Using the model in Python", "python", check="assert type(model).__name__ == 'TinyTxForCausalLM'"),
         Step("Loading with and without the package", "python",
@@ -97,7 +97,7 @@ PAGES = [
         Step("Training on your own text", "bash", prefix=WRITE_MY_TEXTS,
              append={"python training/pretrain.py": [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4"]},
              check="test -f out/mine/model.safetensors && grep -q my_texts out/mine/training_args.json"),
-        Step("Tests", "bash", skip="the whole test suite, this test included"),
+        Step("Tests", "bash", skip="the three test stages, this test included"),
     )),
     Page("docs/training.md"),
     Page("docs/finetuning.md", (
@@ -277,7 +277,7 @@ def test_the_pages_relative_links_resolve():
     assert not broken, "\n".join(broken)
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_readme_runs_top_to_bottom(tmp_path):
     workdir = tmp_path / "user"
     workdir.mkdir()
@@ -322,7 +322,7 @@ def test_readme_runs_top_to_bottom(tmp_path):
 SHORT_RUN = ["--max_train_steps", "4", "--eval_steps", "100", "--num_probes_per_kind", "0", "--num_samples", "0"]
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 @pytest.mark.parametrize("pushed", [False, True], ids=["local", "pushed"])
 def test_model_card_snippets_load_and_generate(pushed, run_pretrain, local_hub, tmp_path):
     """The card's "How to use" code, run from a folder other than the model's, with the package and without it: it
