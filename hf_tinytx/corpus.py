@@ -48,10 +48,9 @@ class Mix:
 
 
 DEFAULT_MIX = Mix()
-# Coreference documents only, three statements in four with made-up nouns: the rule is learnt late and all at once
-# (`python -m benchmarks.seed_claims.rule_ablation`), and recall and copy documents beside them only slow it (drawn
-# 4 : 1 : 1 with half the nouns made up: 0.60 on made-up nouns after 900 steps, seed 0). The real quarter keeps the
-# frames' own nouns in the vocabulary.
+# Coreference documents only, three statements in four with made-up nouns, so that only the rule answers most of
+# them; the real quarter keeps the frames' own nouns in the vocabulary. How this mix was chosen, with its figures:
+# docs/attention.md (`python -m benchmarks.seed_claims.rule_ablation`).
 RULE_MIX = Mix(kind_weights=(1, 0, 0), made_up_share=0.75)
 
 
