@@ -85,10 +85,9 @@ HELP_SAYS = {  # the command's flags -> a line of their help
 
 @pytest.mark.parametrize("command", HELP_SAYS, ids=[name or "tinytx" for name in HELP_SAYS])
 def test_tinytx_help_answers_before_torch_loads(command, tmp_path):
-    """`tinytx --help` lists the commands, `tinytx <command> --help` the command's flags; none imports torch (convert,
-    interpret and serve are the library's modules, which load torch on import: tinytx parses their flags first, or
-    runs serve's file alone). Run from
-    the folder above a clone with git's default name, `hf_tinytx`, which Python would take for the package."""
+    """`tinytx --help` lists the commands, `tinytx <command> --help` the command's flags; none imports torch (convert
+    and interpret load torch as they import, so tinytx parses their flags first). Run from the folder above a clone
+    with git's default name, `hf_tinytx`, which Python would take for the package."""
     (tmp_path / "hf_tinytx").symlink_to(REPO_ROOT, target_is_directory=True)
     argv = [command, "--help"] if command else ["--help"]
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv],
