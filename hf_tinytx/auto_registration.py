@@ -2,8 +2,8 @@
 
 Registering needs the config and model classes, and those load torch (seconds). So `import hf_tinytx` only asks to
 be told when the modules involved finish loading: transformers' Auto modules (`configuration_auto`, `modeling_auto`)
-and ours (`configuration_tinytx`, `modeling_tinytx`). Whichever pair completes last does the registering. A user who
-touches an Auto class or one of our classes has loaded torch by then anyway.
+and ours (`configuration_tinytx`, `modeling_tinytx`). The first of a pair to finish loading does the registering,
+loading the other. A user who touches an Auto class or one of our classes has loaded torch by then anyway.
 
     import hf_tinytx                                         # milliseconds: nothing registered yet
     from transformers import AutoModelForCausalLM           # Auto modules load: "tinytx" is registered
@@ -29,8 +29,8 @@ def _loaded(name: str) -> bool:
 
 
 def register_config() -> None:
-    """AutoConfig learns "tinytx", once both its module and ours have loaded."""
-    if "config" in _registered or not _loaded(CONFIG_AUTO) or OUR_CONFIG in _loading:
+    """AutoConfig learns "tinytx" as soon as either side has loaded (the other loads then: torch is loaded by now)."""
+    if "config" in _registered or OUR_CONFIG in _loading or not (_loaded(CONFIG_AUTO) or _loaded(OUR_CONFIG)):
         return
     _registered.add("config")
     from transformers import AutoConfig
@@ -44,8 +44,8 @@ def register_config() -> None:
 
 
 def register_models() -> None:
-    """The Auto model classes learn TinyTx's, once both modeling modules have loaded."""
-    if "models" in _registered or not _loaded(MODELING_AUTO) or OUR_MODELING in _loading:
+    """The Auto model classes learn TinyTx's as soon as either modeling module has loaded."""
+    if "models" in _registered or OUR_MODELING in _loading or not (_loaded(MODELING_AUTO) or _loaded(OUR_MODELING)):
         return
     _registered.add("models")
     register_config()

@@ -122,3 +122,16 @@ def test_importing_hf_tinytx_loads_neither_torch_nor_transformers():
             "assert hf_tinytx.TinyTxForCausalLM.__module__ == 'hf_tinytx.modeling_tinytx'\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_config_saved_before_any_auto_class_loads_still_carries_its_code(tmp_path):
+    """The registration also runs when our config class loads first: a config saved alone gets `auto_map` and
+    configuration_tinytx.py beside it, as with the package's former eager registration."""
+    code = ("import os, sys\nfrom hf_tinytx import TinyTxConfig\n"
+            "assert 'transformers.models.auto.modeling_auto' not in sys.modules\n"
+            "config = TinyTxConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)\n"
+            "config.save_pretrained(sys.argv[1])\n"
+            "assert 'configuration_tinytx.py' in os.listdir(sys.argv[1]), os.listdir(sys.argv[1])\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "config")], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
