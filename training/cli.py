@@ -117,9 +117,10 @@ def run_as_main(module: str, flags: list[str]) -> None:
 EARLY_CHECKS = {"pretrain": "args", "finetune": "sft.args"}
 
 
-def start_script(script_file: str, package: str | None) -> StopRequests:
+def start_script(script_file: str, package: str | None) -> None:
     """Called by pretrain.py and finetune.py above their imports (`__file__`, `__package__`): handles the stop
-    signals, then checks the input (exit 2 and one line if bad). Returns the stop requests for `finish_script`."""
+    signals, then checks the input (exit 2 and one line if bad). The script reads the same stop requests later
+    (`stop_requests` keeps one per program) and hands them to `finish_script`."""
     script = os.path.splitext(os.path.basename(script_file))[0]
     program = f"{script}.py"
     if not package:  # `python training/pretrain.py` in a checkout (also under torchrun or accelerate launch)
@@ -127,14 +128,13 @@ def start_script(script_file: str, package: str | None) -> StopRequests:
     error = None if {"-h", "--help"} & set(sys.argv[1:]) else missing_extra(script)  # the flags need no extra
     if error:
         sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))
-    stop = stop_requests(program)
-    stop.install()  # first: a signal while the libraries load ends the run with a line, not a traceback or a bare -15
+    # First: a signal while the libraries load ends the run with a line, not a traceback or a bare -15.
+    stop_requests(program).install()
     try:
         importlib.import_module(f"{__package__}.{EARLY_CHECKS[script]}").preflight()
     except UserInputError as error:
         sys.stderr.write(f"{program}: error: {error}\n")
         sys.exit(2)
-    return stop
 
 
 def use_this_checkout(script_file: str) -> None:
