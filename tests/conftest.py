@@ -94,3 +94,19 @@ def run_pretrain(tmp_path):
         return result
 
     return run
+
+
+@pytest.fixture(scope="session")
+def reference_pretrain(tmp_path_factory):
+    """training/pretrain.py and its reference run (tests/helpers/reference.py), trained once per test process."""
+    from tests.helpers.reference import pretrain_command
+
+    return pretrain_command(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def reference_finetune(tmp_path_factory):
+    """training/finetune.py and its reference run, trained once per test process."""
+    from tests.helpers.reference import finetune_command
+
+    return finetune_command(tmp_path_factory)

@@ -1,5 +1,5 @@
-"""A training run you can trust: nothing trains on wrong numbers, damage is found and routed around, bad input is
-refused before anything is written. Every fault comes from outside the script (a killed process, damaged files)."""
+"""A training run you can trust: nothing trains on wrong numbers, evaluation and recomputation change nothing, bad
+input is refused before anything is written. Interrupted runs and damaged checkpoints: tests/test_interruptions.py."""
 
 import json
 import os
@@ -32,68 +32,6 @@ def one_line_error(result, *words):
     return errors[0]
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """An uninterrupted 6-step run: what every interrupted or damaged run must end up equal to."""
-    import subprocess
-
-    tmp = tmp_path_factory.mktemp("straight")
-    command = [sys.executable, PRETRAIN, *TINY_PRETRAIN_ARGS, "--output_dir", str(tmp / "out"), "--max_train_steps",
-               "6", *map(str, QUIET)]
-    result = subprocess.run(command, env=pretrain_env(tmp), cwd=tmp, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return tmp / "out"
-
-
-def test_damaged_checkpoints_are_skipped_and_the_run_still_ends_bit_for_bit(run_pretrain, tmp_path, straight):
-    out = tmp_path / "run"
-    first = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--checkpointing_steps", 2,
-                         "--checkpoints_total_limit", 10, *QUIET)
-    assert "Token indices sequence length" not in first.stderr  # packing makes long documents harmless: no warning
-    assert_same_weights(out, straight)  # checkpointing does not change training
-    assert sorted(os.listdir(straight / "checkpoints")) == ["step_6", "tokenizer"]  # without the flag: one, at the end
-    checkpoints = out / "checkpoints"
-    assert sorted(os.listdir(checkpoints)) == ["step_2", "step_4", "step_6", "tokenizer"]
-
-    # Starting over into the same folder is refused, and the advice it gives works (followed below).
-    refused = run_pretrain("--output_dir", out, "--max_train_steps", 6, *QUIET, check=False)
-    assert "--resume_from_checkpoint latest" in one_line_error(refused, "already holds an earlier run")
-
-    # Bit rot in the newest checkpoint's weights, a missing optimizer state in the one before.
-    data = bytearray((checkpoints / "step_6" / "model.safetensors").read_bytes())
-    data[-8:-4] = bytes(255 - b for b in data[-8:-4])
-    (checkpoints / "step_6" / "model.safetensors").write_bytes(bytes(data))
-    (checkpoints / "step_4" / "optimizer.bin").unlink()
-    resumed = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--checkpointing_steps", 2,
-                           "--checkpoints_total_limit", 10, "--resume_from_checkpoint", "latest", *QUIET)
-    assert "step_6: model.safetensors does not match its checksum" in resumed.stdout
-    assert "step_4: optimizer.bin is missing" in resumed.stdout
-    assert "at step 2" in resumed.stdout
-    assert_same_weights(out, straight)
-    # The damaged ones are kept for inspection, out of `latest`'s way; every step and the final result logged once.
-    assert sorted(os.listdir(checkpoints)) == ["abandoned_step_4", "abandoned_step_6", "step_2", "step_4", "step_6",
-                                               "tokenizer"]
-    logged = rows(out)
-    assert [r["step"] for r in logged if "loss" in r] == [1, 2, 3, 4, 5, 6]
-    assert len([r for r in logged if r.get("final") and "eval_loss" in r]) == 1
-
-    # Resuming a finished run re-exports the same model and logs its final evaluation once, not twice.
-    again = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--resume_from_checkpoint", "latest", *QUIET)
-    assert "at step 6" in again.stdout
-    assert_same_weights(out, straight)
-    assert len([r for r in rows(out) if r.get("final") and "eval_loss" in r]) == 1
-
-    # Resuming from an older checkpoint by its path: the newer ones are set aside (a later `latest` must not pick a
-    # step this run abandoned), and training from step 2 again ends where it did.
-    older = run_pretrain("--output_dir", out, "--max_train_steps", 6, "--checkpointing_steps", 2,
-                         "--checkpoints_total_limit", 10, "--resume_from_checkpoint", checkpoints / "step_2", *QUIET)
-    assert "at step 2" in older.stdout
-    for step in (4, 6):
-        assert f"Set aside abandoned_step_{step}.1: this run continues from step 2." in older.stdout
-    assert_same_weights(out, straight)
-    assert {"abandoned_step_4.1", "abandoned_step_6.1", "step_2", "step_4", "step_6"} <= set(os.listdir(checkpoints))
-
-
 def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_pretrain, tmp_path):
     """With gradient accumulation, evaluating on a few batches mid-run once left Accelerate stepping the optimizer on
     every micro-batch. Evaluation must not change what is trained."""
@@ -108,12 +46,12 @@ def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_
     assert all(r["tokens"] == r["step"] * 8 * 64 for r in steps)  # 2 micro-batches of 4 blocks of 64 tokens a step
 
 
-def test_gradient_checkpointing_trains_the_same_model(run_pretrain, tmp_path, straight):
+def test_gradient_checkpointing_trains_the_same_model(run_pretrain, tmp_path, reference_pretrain):
     """--gradient_checkpointing recomputes each layer's activations in the backward pass: the same arithmetic, so the
     same weights bit for bit, with no deprecation warning from transformers (the switch was renamed in 5.2x)."""
     result = run_pretrain("--output_dir", tmp_path / "run", "--max_train_steps", 6, "--gradient_checkpointing", *QUIET)
     assert "checkpointing_enable` is deprecated" not in result.stderr
-    assert_same_weights(tmp_path / "run", straight)
+    assert_same_weights(tmp_path / "run", reference_pretrain.reference)
 
 
 def test_a_diverging_run_stops_before_its_weights_turn_to_nan(run_pretrain, tmp_path):

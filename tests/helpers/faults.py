@@ -8,6 +8,7 @@ Nothing here reaches into training/: every fault is something a real machine can
   second file moved out of the staging folder".
 - `run_killed_after_line`: SIGKILL once the output shows a line matching a pattern (then `delay` seconds later).
 - `run_killed_after`: SIGKILL `seconds` after the start.
+- `run_signalled`: any signal, once a line of the output matches a pattern (what a scheduler or a user sends).
 - `tmpfs(size)`: a small RAM file system mounted on a folder (root only), always unmounted again.
 - `silent_server()`: a TCP server on 127.0.0.1 that accepts connections, reads what comes and never answers.
 
@@ -52,9 +53,11 @@ def run_killed_at(
     when: str = "before",
     script=PRETRAIN,
     timeout: float = 300,
+    signum: int = signal.SIGKILL,
 ) -> subprocess.CompletedProcess:
-    """Runs `script args` in a child Python that SIGKILLs itself right `when` ("before" or "after") the `nth` call of
-    `function` (a dotted name, or several sharing one count) whose str/bytes/path arguments contain `match`.
+    """Runs `script args` in a child Python that SIGKILLs itself (or sends itself `signum`) right `when` ("before" or
+    "after") the `nth` call of `function` (a dotted name, or several sharing one count) whose str/bytes/path arguments
+    contain `match`.
 
     Returns the CompletedProcess: returncode -9 if the call came, else whatever the script returned. The stderr of a
     killed run ends with a line starting with KILL_MARK that names the call. With "after", a call that raises counts
@@ -64,8 +67,8 @@ def run_killed_at(
     if when not in ("before", "after"):
         raise ValueError(f"when must be 'before' or 'after', got {when!r}")
     functions = ",".join([function] if isinstance(function, str) else function)
-    command = [sys.executable, str(LAUNCH), "--kill-at", f"{when}:{functions}:{nth}:{match}", str(script),
-               *map(str, args)]
+    command = [sys.executable, str(LAUNCH), "--kill-at", f"{when}:{functions}:{nth}:{match}",
+               "--signal", signal.Signals(signum).name, str(script), *map(str, args)]
     return subprocess.run(command, env=_unbuffered(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -137,6 +140,33 @@ def _run_and_kill(command, pattern, delay, env, cwd, timeout) -> subprocess.Comp
         command, process.returncode,
         b"".join(outputs["stdout"]).decode(errors="replace"), b"".join(outputs["stderr"]).decode(errors="replace"),
     )
+
+
+def run_signalled(command, signum, pattern: str, env, cwd, timeout=300) -> subprocess.CompletedProcess:
+    """Runs `command`, sends it `signum` once a line of its output (a line ends at \\n or \\r) matches `pattern`, and
+    waits for it to end. The output is stdout and stderr together."""
+    process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    chunks, regex = [], re.compile(pattern)
+
+    def read():
+        pending, sent = b"", False
+        for chunk in iter(lambda: process.stdout.read1(65536), b""):
+            chunks.append(chunk)
+            *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+            if not sent and any(regex.search(line.decode(errors="replace")) for line in lines):
+                process.send_signal(signum)
+                sent = True
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        reader.join(timeout=10)
+    return subprocess.CompletedProcess(command, process.returncode, b"".join(chunks).decode(errors="replace"), "")
 
 
 class TmpfsUnavailable(RuntimeError):

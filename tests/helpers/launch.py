@@ -7,6 +7,8 @@
                                    dotted FUNCTIONS (comma-separated, one count) whose str/bytes/path arguments contain
                                    TEXT (every call when TEXT is left out). Its last words on stderr start with
                                    KILL_MARK and name the call. A call that raises counts but kills nothing.
+--signal SIGNAME                   with --kill-at: sends this signal instead (SIGTERM: what a scheduler sends) and
+                                   lets the call go on; the script's own handler decides what happens next.
 --hash-weights PREFIX              when Accelerator.end_training runs, writes PREFIX.rankR.json with a sha256 of the
                                    weights this process holds (so a test can compare data-parallel ranks).
 --mark-at-exit PREFIX              if the interpreter's shutdown runs (atexit handlers), writes PREFIX.rankR there.
@@ -64,17 +66,18 @@ def _texts(args, kwargs):
             yield os.fsdecode(value)
 
 
-def kill_at(spec: str) -> None:
+def kill_at(spec: str, signum: int = signal.SIGKILL) -> None:
     when, functions, nth, text = (spec.split(":", 3) + [""])[:4]
     if when not in ("before", "after"):
         raise SystemExit(f"launch.py: --kill-at starts with before: or after:, got {spec!r}")
     lock, calls = threading.Lock(), [0]
+    mark = KILL_MARK if signum == signal.SIGKILL else f"[launch] {signal.Signals(signum).name}"
 
     def die(name, args, kwargs):
         sys.stdout.flush()
-        sys.stderr.write(f"{KILL_MARK} {when} call {nth} of {name}{tuple(_texts(args, kwargs))}\n")
+        sys.stderr.write(f"{mark} {when} call {nth} of {name}{tuple(_texts(args, kwargs))}\n")
         sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signum)
 
     def counting(name):
         def around(original, args, kwargs):
@@ -122,12 +125,13 @@ def mark_at_exit(prefix: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--kill-at")
+    parser.add_argument("--signal", default="SIGKILL")
     parser.add_argument("--hash-weights")
     parser.add_argument("--mark-at-exit")
     parser.add_argument("script")
     options, script_args = parser.parse_known_args()
     if options.kill_at:
-        kill_at(options.kill_at)
+        kill_at(options.kill_at, signal.Signals[options.signal])
     if options.hash_weights:
         hash_weights(options.hash_weights)
     if options.mark_at_exit:

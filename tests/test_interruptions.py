@@ -1,0 +1,572 @@
+"""Interrupted training runs, both commands (pretrain and finetune): the one kill/resume matrix.
+
+Every fault comes from outside the script (tests/helpers/faults.py): a stop signal, a SIGKILL at an exact call, a full
+disk, a second run on the same folder, a Hub that never answers. Whatever happens, a file of the user's in the output
+folder survives, the newest intact checkpoint loads, and `--resume_from_checkpoint latest` ends with exactly the
+weights of the run that was never interrupted (the reference, trained once per command).
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tests.helpers.faults import KILL_MARK, KILLED, run_signalled, silent_server
+from tests.helpers.reference import Command, describe, error_line, succeeded
+from tests.helpers.tiny import REPO_ROOT, assert_same_weights, pretrain_env
+from tests.test_finetune import prompt_records, write_jsonl
+
+
+deep = pytest.mark.deep
+NOTES = "My own notes, kept in the output folder: no training run may touch them.\n"
+STAGING = ".tinytx-staging"  # the export's hidden folder inside the output folder
+MOVES = ("os.replace", "os.rename")  # either may move a staged file into place; they share one call count
+STEP = "accelerate.Accelerator.backward"  # called once a step by both scripts: a signal after call N lands in step N
+
+
+def with_notes(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "my_notes.txt").write_text(NOTES)
+    return path
+
+
+def assert_notes_kept(output_dir: Path):
+    assert (output_dir / "my_notes.txt").read_text() == NOTES, os.listdir(output_dir)
+
+
+def flip_last_bytes(path: Path):
+    data = bytearray(path.read_bytes())
+    data[-8:-4] = bytes(255 - b for b in data[-8:-4])
+    path.write_bytes(bytes(data))
+
+
+def tmpfs_bytes(folder: Path) -> int:
+    """What the files under `folder` take on a tmpfs: whole 4 KiB pages each."""
+    return sum(-(-path.stat().st_size // 4096) * 4096 for path in folder.rglob("*") if path.is_file())
+
+
+@pytest.fixture
+def pretrain(reference_pretrain) -> Command:
+    return reference_pretrain
+
+
+@pytest.fixture
+def finetune(reference_finetune) -> Command:
+    return reference_finetune
+
+
+@pytest.fixture(params=["pretrain", pytest.param("finetune", marks=deep)])
+def command(request) -> Command:
+    """Each test that takes it runs once for each training command."""
+    return request.getfixturevalue(f"reference_{request.param}")
+
+
+# ---------------------------------------------------------------- stop signals
+
+
+@deep
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bit(command, tmp_path, signum):
+    """What a scheduler (SIGTERM) or a user (Ctrl-C) sends mid-run: the step ends, a checkpoint is saved, nothing is
+    exported, and the exit status (128 + the signal) and one line say how to resume. Resuming (by `latest` after
+    SIGTERM, by the checkpoint's path after SIGINT) ends with the reference's weights."""
+    out = tmp_path / "run"
+    flags = ["--enable_jit_checkpoint"] if command.name == "finetune" and signum == signal.SIGINT else []
+    stopped = command.at_call(out, *flags, function=STEP, nth=3, signum=signum)
+    assert stopped.returncode == 128 + signum, describe(stopped)
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, describe(stopped)
+    step, name, checkpoint = command.stop_line(stopped.stdout + stopped.stderr)
+    assert (step, name) == (3, signal.Signals(signum).name)
+    assert checkpoint in (f"step_{step}", str(command.checkpoint(out, step)))
+    assert (command.checkpoint(out, step) / "checksums.json").is_file()
+    assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
+
+    resume = ["--resume_from_checkpoint", "latest" if signum == signal.SIGTERM else command.checkpoint(out, step)]
+    if signum == signal.SIGTERM:  # the checkpoint's optimizer state would undo a changed rate: refused
+        refused = command.run(out, *flags, *resume, "--learning_rate", "1e-3")
+        line = error_line(refused, command.name, "resume with --learning_rate", "but this run has --learning_rate")
+        assert refused.returncode == 2 and re.search(r"was trained with --learning_rate 0\.00[35],", line), line
+        assert not (out / "model.safetensors").exists()
+    if command.name == "pretrain":
+        assert command.steps_logged(out, final=False) == list(range(1, step + 1))
+        if signum == signal.SIGTERM:  # a full disk mid-append tears the last line: the resume drops it and says so
+            with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write('{"step": %d, "loss": 4.1' % (step + 1))
+    resumed = command.run(out, *flags, *resume)
+    succeeded(resumed)
+    assert f"{command.resumed} {command.checkpoint(out, step)} at step {step}" in resumed.stdout, describe(resumed)
+    assert_same_weights(command.reference, out)
+    if command.name == "pretrain":
+        torn = [line for line in resumed.stdout.splitlines() if "torn last line" in line]
+        assert len(torn) == (signum == signal.SIGTERM), resumed.stdout[-3000:]
+        assert not torn or f"line {step + 1} of {out / 'metrics.jsonl'}" in torn[0]
+        assert command.steps_logged(out) == list(range(1, command.steps + 1))
+
+
+@deep
+def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume_only_saves(command, tmp_path):
+    """A SIGTERM in the last step: the run stops with that step's checkpoint instead of spending a preempted job's
+    seconds on evaluating and saving the model. The resume trains no step, evaluates, and saves the reference."""
+    out, flags = tmp_path / "run", []
+    if command.name == "finetune":
+        flags = ["--validation_file", write_jsonl(tmp_path / "validation.jsonl", prompt_records(64, offset=100))]
+    stopped = command.at_call(out, *flags, function=STEP, nth=command.steps, signum=signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, describe(stopped)
+    assert command.stop_line(stopped.stdout + stopped.stderr)[0] == command.steps
+    assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
+
+    resumed = command.run(out, *flags, "--resume_from_checkpoint", "latest")
+    succeeded(resumed)
+    assert f"{command.resumed} {command.checkpoint(out, command.steps)} at step {command.steps}" in resumed.stdout
+    assert "eval_loss" in resumed.stdout or "validation: loss" in resumed.stdout  # the evaluation the signal cut
+    assert_same_weights(command.reference, out)
+    if command.name == "pretrain":
+        assert command.steps_logged(out) == list(range(1, command.steps + 1))
+
+
+@deep
+def test_a_stop_signal_while_the_run_starts_ends_it_at_once_with_a_line(command, tmp_path):
+    """The handler is installed before anything heavy is imported: a SIGTERM while transformers loads (Python's
+    import log says when) or while pretrain trains its tokenizer ends the run with the stop line, not a bare -15."""
+    args = command.command(tmp_path / "out")[1:]
+    when = r"import time:.*\| +transformers\."
+    if command.name == "pretrain":
+        when = r"^Training a byte-level BPE tokenizer"
+    stopped = run_signalled([sys.executable, "-X", "importtime", *args], signal.SIGTERM, when,
+                            pretrain_env(command.cwd), command.cwd)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout[-3000:]
+    assert "Traceback" not in stopped.stdout
+    assert (f"{command.name}.py: stopped by SIGTERM before training started; resume with the same command and "
+            "--resume_from_checkpoint latest.") in stopped.stdout.splitlines(), stopped.stdout[-3000:]
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+# ---------------------------------------------------------------- SIGKILL and damage
+
+
+def test_a_kill_mid_checkpoint_and_damage_fall_back_to_the_newest_intact_checkpoint(command, tmp_path):
+    """Killed right after the fifth checkpoint's weights were written (under a temporary name), the four before stay
+    whole and loadable. Then bit rot hits the newest and the one before loses its optimizer state: `latest` skips both
+    with a line, sets them aside (renamed, kept) and resumes from the one before, ending bit for bit on the
+    reference; the resume keeps the newest two checkpoints and leaves no temporary folder."""
+    out = tmp_path / "run"
+    killed = command.at_call(out, *command.every(), function="safetensors.torch.save_file",
+                             match=f"checkpoints{os.sep}.tmp", nth=5)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    intact = [command.interval * n for n in (1, 2, 3, 4)]
+    checkpoints = out / "checkpoints"
+    assert sorted(name for name in os.listdir(checkpoints) if not name.startswith((".", "tokenizer"))) == sorted(
+        command.checkpoint(out, step).name for step in intact)
+    assert not (out / "model.safetensors").exists()  # no final export from a killed run
+    newest = command.checkpoint(out, intact[-1])
+    weights = load_file(newest / "model.safetensors")
+    assert weights and all(torch.isfinite(t).all() for t in weights.values())
+    state = json.loads((newest / "trainer_state.json").read_text())
+    assert state.get("step", state.get("global_step")) == intact[-1]
+
+    flip_last_bytes(newest / "model.safetensors")
+    (command.checkpoint(out, intact[-2]) / command.optimizer_file).unlink()
+    resumed = command.run(out, *command.every(limit=2), "--resume_from_checkpoint", "latest")
+    succeeded(resumed)
+    assert re.search(rf"{newest.name}\b.*model\.safetensors does not match its checksum", resumed.stdout)
+    assert re.search(rf"{intact[-2]}\b.*{command.optimizer_file} is missing", resumed.stdout), describe(resumed)
+    assert f"{command.resumed} {command.checkpoint(out, intact[-3])} at step {intact[-3]}" in resumed.stdout
+    assert_same_weights(command.reference, out)
+    names = set(os.listdir(checkpoints))
+    assert {f"abandoned_{command.checkpoint(out, step).name}" for step in intact[-2:]} <= names
+    assert sorted(name for name in names if name.startswith(("step_", "checkpoint-"))) == sorted(
+        command.checkpoint(out, step).name for step in (command.steps - command.interval, command.steps))
+    assert not [name for name in names if name.startswith(".tmp")], names
+    if command.name == "pretrain":
+        assert command.steps_logged(out) == list(range(1, command.steps + 1))
+
+
+@deep
+@pytest.mark.parametrize("function, nth", [("os.mkdir", 1), (MOVES, 2)], ids=["staging-created", "second-file-moved"])
+def test_a_kill_during_the_export_keeps_user_files_and_the_resume_ends_bit_for_bit(command, tmp_path, function, nth):
+    """Killed once the export's staging folder exists, or after two of its files moved into the output folder: the
+    last step's checkpoint is there, and the resume finishes the export without a staging folder left."""
+    out = with_notes(tmp_path / "run")
+    killed = command.at_call(out, *command.every(), function=function, match=STAGING, nth=nth)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, (
+        f"not killed in the export (no call of {function} with {STAGING} in its arguments)\n" + describe(killed))
+    assert_notes_kept(out)
+    assert command.checkpoint(out, command.steps).is_dir(), sorted(os.listdir(out / "checkpoints"))
+
+    succeeded(command.run(out, *command.every(), "--resume_from_checkpoint", "latest"))
+    assert_same_weights(command.reference, out)
+    assert_notes_kept(out)
+    assert not [name for name in os.listdir(out) if name.startswith(STAGING)], "staging folder left behind"
+
+
+@deep
+def test_a_run_killed_in_its_first_step_leaves_no_stuck_lock(command, tmp_path):
+    out = with_notes(tmp_path / "run")
+    killed = command.at_call(out, function=STEP, nth=1, when="before")
+    assert killed.returncode == KILLED, describe(killed)
+    succeeded(command.run(out, "--resume_from_checkpoint", "latest"))
+    assert_same_weights(command.reference, out)
+    assert_notes_kept(out)
+
+
+# ---------------------------------------------------------------- disk, folder, Hub
+
+
+@deep
+def test_a_full_disk_is_one_line_naming_the_intact_checkpoint_and_the_resume_ends_bit_for_bit(command, tmp_path,
+                                                                                                 mounted):
+    """A tmpfs with room for two and a half checkpoints (and the rest of the run): the third cannot fit."""
+    reference_checkpoint = command.checkpoint(command.reference, command.steps)
+    room = tmpfs_bytes(reference_checkpoint) * 5 // 2 + 16 * 4096
+    if command.name == "pretrain":
+        room += tmpfs_bytes(command.reference / "checkpoints" / "tokenizer")
+    with mounted(tmp_path / "small", f"{room // 1024}k") as out:
+        with_notes(out)
+        result = command.run(out, *command.every())
+        assert result.returncode not in (0, KILLED), f"the run did not fail on a full disk\n{describe(result)}"
+        line = error_line(result, command.name, "No space left on the device while writing", str(out))
+        saved = sorted(int(m[1]) for m in map(re.compile(r"(?:step_|checkpoint-)(\d+)$").match,
+                                               os.listdir(out / "checkpoints")) if m)
+        assert saved and saved[-1] < command.steps, os.listdir(out / "checkpoints")
+        assert f"checkpoint {command.checkpoint(out, saved[-1]).name} is intact" in line.replace(
+            str(out / "checkpoints") + os.sep, ""), line
+        weights = load_file(command.checkpoint(out, saved[-1]) / "model.safetensors")
+        assert weights and all(torch.isfinite(tensor).all() for tensor in weights.values())
+        assert not [name for name in os.listdir(out / "checkpoints") if name.startswith(".tmp")], "partial left"
+        assert_notes_kept(out)
+        shutil.copytree(out, tmp_path / "moved", symlinks=True)
+    succeeded(command.run(tmp_path / "moved", *command.every(), "--resume_from_checkpoint", "latest"))
+    assert_same_weights(command.reference, tmp_path / "moved")
+    assert_notes_kept(tmp_path / "moved")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "moved").config.model_type == "tinytx"
+
+
+def wait_for_line(logs: list[Path], processes, pattern: str, timeout: float = 120) -> int:
+    """The index of the first process whose log shows `pattern`; fails if none does before all exit or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for index, log in enumerate(logs):
+            if re.search(pattern, log.read_text(errors="replace"), re.MULTILINE):
+                return index
+        if all(process.poll() is not None for process in processes):
+            break
+        time.sleep(0.05)
+    pytest.fail(f"no run printed {pattern!r}:\n" + "\n".join(log.read_text()[-2000:] for log in logs))
+
+
+@deep
+def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_it_finished(command, tmp_path):
+    """Two runs started together: whichever takes the folder first trains (held still here, keeping its lock), the
+    other is refused in one line naming it. After it finished, a new run is refused too (the advice names
+    --resume_from_checkpoint latest and --overwrite_output_dir), and an overwrite removes what the earlier run wrote
+    but not the user's files."""
+    out = with_notes(tmp_path / "run")
+    logs, processes = [tmp_path / "a.log", tmp_path / "b.log"], []
+    env = {**pretrain_env(command.cwd), "PYTHONUNBUFFERED": "1"}
+    try:
+        for log in logs:
+            with open(log, "w") as f:
+                processes.append(subprocess.Popen(command.command(out), env=env, cwd=command.cwd, stdout=f, stderr=f))
+        winner = wait_for_line(logs, processes, r"^Training for|'loss'")
+        processes[winner].send_signal(signal.SIGSTOP)
+        loser = processes[1 - winner]
+        try:
+            loser.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the second run waited for the first one instead of being refused")
+        processes[winner].send_signal(signal.SIGCONT)
+        processes[winner].wait(timeout=180)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                process.wait()
+    refused = logs[1 - winner].read_text()
+    assert loser.returncode == 2 and "Traceback" not in refused, refused[-3000:]
+    assert f"is in use by another training run (process {processes[winner].pid})" in refused, refused[-3000:]
+    assert processes[winner].returncode == 0, logs[winner].read_text()[-5000:]
+    assert_same_weights(command.reference, out)
+
+    saved = (out / "model.safetensors").read_bytes()
+    again = command.run(out)
+    error_line(again, command.name, "already holds an earlier run", "--resume_from_checkpoint latest",
+               "--overwrite_output_dir")
+    assert again.returncode == 2 and (out / "model.safetensors").read_bytes() == saved
+
+    stale = command.checkpoint(out, command.steps) / "stale.txt"
+    stale.write_text("the earlier run's")
+    succeeded(command.run(out, "--overwrite_output_dir", "--learning_rate", "1e-3"))
+    assert (out / "model.safetensors").read_bytes() != saved and not stale.exists()
+    assert_notes_kept(out)
+
+
+@deep
+def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(command, tmp_path):
+    from tests.test_hub import assert_token_nowhere
+
+    token = "hf_silent" + os.urandom(16).hex()
+    out = with_notes(tmp_path / "run")
+    with silent_server() as server:
+        env = {k: v for k, v in pretrain_env(command.cwd).items()
+               if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+        env.update(HF_ENDPOINT=server.url, HF_TOKEN=token, HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0",
+                   HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        start = time.monotonic()
+        try:
+            result = command.run(out, *command.every(), "--push_to_hub", "--hub_model_id", "me/tiny",
+                                 "--hub_timeout", 5, env=env, timeout=150)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{command.name}.py still waited on a silent Hub after 150 s")
+        elapsed, connections = time.monotonic() - start, server.connections
+
+    assert result.returncode == 1 and "Traceback" not in result.stderr, describe(result)  # asked, not done: no success
+    assert connections >= 1, "the run never reached the (silent) Hub: HF_ENDPOINT was not used"
+    assert elapsed < 120, f"{elapsed:.0f} s on a Hub that never answers"
+    assert "did not finish within 5 s" in result.stdout + result.stderr, describe(result)
+    assert "was NOT pushed" in result.stderr, describe(result)
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "tinytx"  # complete on disk
+    assert_notes_kept(out)
+    assert_token_nowhere(token, [tmp_path], [result.stdout, result.stderr])
+
+
+# ---------------------------------------------------------------- what only one of the two commands has
+
+
+@deep
+def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
+    """On a copy of the finished reference (checkpoints 2, 4 and 6): a changed batch size or optimizer flag is
+    refused before training; a resume of the finished run re-exports the same model and logs its final evaluation
+    once; a resume from an older checkpoint by its path sets the newer ones aside (numbered when the name is taken)
+    and ends where it did; a longer run on another schedule applies it; a line before the last in metrics.jsonl that
+    is not JSON is named in one line."""
+    out = tmp_path / "run"
+    shutil.copytree(pretrain.reference, out)
+    checkpoints = out / "checkpoints"
+    resume = ["--resume_from_checkpoint", "latest"]
+    refused = pretrain.run(out, *resume, "--per_device_train_batch_size", 4)
+    assert "resume with the same --seed, --block_size and --total_batch_size (on any process count)" in error_line(
+        refused, "pretrain")
+    for flag, value, was in (("--learning_rate", "1e-3", "0.003"), ("--weight_decay", "0.0", "0.1"),
+                             ("--adam_beta2", "0.99", "0.95")):
+        refused = pretrain.run(out, *resume, flag, value)
+        line = error_line(refused, "pretrain", f"was trained with {flag} {was}, but this run has {flag} {float(value)}",
+                          f"resume with {flag} {was}, or start a new run", "--init_from")
+        assert refused.returncode == 2, line
+    assert sorted(os.listdir(checkpoints)) == ["step_2", "step_4", "step_6", "tokenizer"]
+
+    again = pretrain.run(out, *resume)
+    assert "at step 6" in again.stdout
+    assert_same_weights(pretrain.reference, out)
+    assert pretrain.steps_logged(out) == list(range(1, 7))
+
+    (checkpoints / "abandoned_step_4").mkdir()  # set aside by an earlier resume: the new one is numbered
+    older = pretrain.run(out, *pretrain.every(limit=10), "--resume_from_checkpoint", checkpoints / "step_2")
+    succeeded(older)
+    assert "at step 2" in older.stdout
+    assert "Set aside abandoned_step_4.1: this run continues from step 2." in older.stdout
+    assert "Set aside abandoned_step_6: this run continues from step 2." in older.stdout
+    assert_same_weights(pretrain.reference, out)
+
+    longer = pretrain.run(out, *resume, "--max_train_steps", 10, "--lr_scheduler_type", "constant_with_warmup",
+                          "--overwrite_output_dir")
+    assert "at step 6" in longer.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "loss" in row]
+    assert [row["step"] for row in rows] == list(range(1, 11))
+    assert [row["lr"] for row in rows[6:]] == [pytest.approx(3e-3)] * 4, rows[6:]
+
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = lines[2][:20] + "\n"
+    (out / "metrics.jsonl").write_text("".join(lines))
+    exported = (out / "model.safetensors").read_bytes()
+    damaged = pretrain.run(out, *resume, "--max_train_steps", 10)
+    assert damaged.returncode == 1
+    error_line(damaged, "pretrain", f"{out / 'metrics.jsonl'} line 3 is not a metrics row")
+    assert (out / "model.safetensors").read_bytes() == exported
+
+
+@deep
+def test_pretrain_seeds_decide_the_run(pretrain, tmp_path):
+    """The reference and every resume agree because they are seeded alike (--seed, default 42): another seed starts
+    from other weights on other batches, so its first loss is another."""
+    def first_loss(folder):
+        return next(json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()
+                    if '"loss"' in line)
+
+    succeeded(pretrain.run(tmp_path / "same", "--max_train_steps", 1))
+    succeeded(pretrain.run(tmp_path / "other", "--max_train_steps", 1, "--seed", 7))
+    losses = [first_loss(folder) for folder in (pretrain.reference, tmp_path / "same", tmp_path / "other")]
+    assert losses[0] == losses[1] != losses[2], losses
+
+
+@deep
+def test_pretrain_into_a_mount_point(pretrain, tmp_path, mounted):
+    with mounted(tmp_path / "mnt", "64m") as out:
+        with_notes(out)
+        succeeded(pretrain.run(out))
+        assert os.path.ismount(out) and (out / "config.json").is_file()
+        assert_same_weights(pretrain.reference, out)
+        assert_notes_kept(out)
+
+
+# 40 documents make 144-191 blocks of 64 tokens: three batches of 48 an epoch, so the 6 steps run two epochs.
+EPOCHS_OF_THREE = ["--num_train_documents", 40, "--per_device_train_batch_size", 48]
+
+
+@deep
+def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_epoch(pretrain, tmp_path):
+    """Dropout draws random numbers every step: a resumed run must draw exactly those the uninterrupted one drew.
+    And the resume lands inside the second epoch: it must read that epoch's blocks in the same order (not epoch 0's
+    again, as resumed runs once did) and skip the batch it had trained on."""
+    values = json.loads((REPO_ROOT / "training" / "configs" / "model-tiny.json").read_text())
+    (tmp_path / "dropout.json").write_text(json.dumps({**values, "attention_dropout": 0.1}))
+    flags = ["--model_config", tmp_path / "dropout.json", *EPOCHS_OF_THREE, *pretrain.every()]
+    ran = pretrain.run(tmp_path / "straight", *flags)
+    succeeded(ran)
+    blocks = int(re.search(r"([\d,]+) training and", ran.stdout).group(1).replace(",", ""))
+    assert blocks // 48 == 3, f"{blocks} blocks: not three batches an epoch any more; change EPOCHS_OF_THREE"
+    # Killed right after step 5's checkpoint weights were written: the run resumes from step 4, in the second epoch.
+    out = tmp_path / "run"
+    killed = pretrain.at_call(out, *flags, function="safetensors.torch.save_file", match="checkpoints", nth=5)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    assert "step_4" in os.listdir(out / "checkpoints") and "step_5" not in os.listdir(out / "checkpoints")
+    resumed = pretrain.run(out, *flags, "--resume_from_checkpoint", "latest")
+    succeeded(resumed)
+    assert re.search(r"Resumed from \S*step_4\b", resumed.stdout), describe(resumed)
+    assert_same_weights(tmp_path / "straight", out)
+
+
+@deep
+def test_finetune_killed_while_replacing_a_model_leaves_one_that_loads(finetune, tmp_path):
+    """A second fine-tune replacing the first (--overwrite_output_dir), killed while it saves: first when its weights
+    are written (the folder still holds the first run's files, byte for byte), then after two of its files were moved
+    in (the new weights beside the first run's config: the folder still loads); a third run then saves completely."""
+    out = tmp_path / "run"
+    shutil.copytree(finetune.reference, out)
+    again = ["--learning_rate", "1e-3", "--overwrite_output_dir"]  # weights that differ from the first's
+
+    def files():
+        return {path.name: path.read_bytes() for path in out.iterdir() if path.is_file() and path.name != ".lock"}
+
+    saved = files()
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(saved)
+    killed = finetune.at_call(out, *again, function="safetensors.torch.save_file", match=STAGING, nth=1)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    assert files() == saved, "the killed save changed the folder's model"
+
+    killed = finetune.at_call(out, *again, function=MOVES, match=STAGING, nth=2)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    assert files()["config.json"] == saved["config.json"], "the config is moved in last"
+    assert files()["model.safetensors"] != saved["model.safetensors"], "the weights are moved in first"
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "tinytx"
+
+    succeeded(finetune.run(out, *again))
+    assert files()["model.safetensors"] != saved["model.safetensors"]
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "tinytx"
+    assert not (out / STAGING).exists(), "staging folder left behind"
+
+
+@deep
+def test_finetune_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does_not(finetune, tmp_path):
+    """A LoRA run with --merge, then a full fine-tune with --overwrite_output_dir into the same folder: the adapter's
+    files and merged/ go (they would sit beside the new model, and PEFT would load the old adapter); notes stay."""
+    out = with_notes(tmp_path / "run")
+    succeeded(finetune.run(out, "--max_steps", 2, "--use_peft", "--merge"))
+    assert (out / "adapter_config.json").is_file() and (out / "merged" / "model.safetensors").is_file()
+
+    succeeded(finetune.run(out, "--max_steps", 2, "--overwrite_output_dir"))
+    assert not list(out.glob("adapter_*")) and not (out / "merged").exists()
+    assert_notes_kept(out)
+    assert type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "TinyTxForCausalLM"
+
+    succeeded(finetune.run(out, "--max_steps", 2, "--use_peft", "--overwrite_output_dir"))
+    assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+
+
+@deep
+def test_kill_campaign_quick(tmp_path):
+    """Two trials per command (pretrain, finetune, convert): a SIGKILL at a random time or an exact call, and a
+    SIGTERM mid-training; convert also publishes over a model of another shape and over planted links, killed at a
+    move. Every rerun ends bit for bit on the straight run, nothing is lost or written through a link, and every
+    stop signal keeps its promise (a stop line and exit 128 + signal, or a finished run)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.kill_campaign", "--quick", "--out", str(tmp_path / "results")],
+        cwd=REPO_ROOT, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=900,
+    )
+    succeeded(result)
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["benchmark"] == "kill_campaign" and summary["mode"] == "quick"
+    assert summary["commands"] == ["pretrain", "finetune", "convert"], summary["commands"]
+    for name, counts in summary["per_command"].items():
+        tried = 4 if name == "convert" else 2  # convert: also a publish of another shape, and planted links
+        assert counts["tried"] == tried and counts["lost"] == 0 and counts["bit_for_bit"] == tried, (name, counts)
+        assert f"{name}: {tried} tried, {tried} resumed bit for bit, 0 lost" in result.stdout
+    convert = summary["per_command"]["convert"]
+    assert convert["shape_trials"] == 1 and convert["link_trials"] == 1 and convert["written_through_links"] == 0
+    assert "planted links: 1 trials, 0 written through" in result.stdout
+    assert "overall: 8 tried, 8 resumed bit for bit, 0 lost; 0 written through a planted link" in result.stdout
+    failed = [trial for trial in summary["trials"] if not trial["equal"] or trial["lost"] or trial["error"]]
+    assert not failed, json.dumps(failed, indent=1)
+    assert all(trial["killed"] for trial in summary["trials"] if trial["stop"] is None), summary["trials"]
+    assert summary["signal_trials"] == 2 and summary["stop_promises_kept"] == 2, summary["stops"]
+    assert not (tmp_path / "results").exists()  # --quick writes no results
+
+
+@deep
+def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_ends_bit_for_bit(pretrain, tmp_path):
+    """torchrun forwards SIGTERM to each rank (then SIGKILLs after --shutdown_timeout, 30 s): the ranks may get it a
+    step apart, agree on one step in the step's all-reduce, save one checkpoint together, and stop. torchrun itself
+    then exits 1 with its own SignalException; the run's line is rank 0's. 60 steps: a signal sent at the first
+    progress bar lands mid-run."""
+    env = pretrain_env(tmp_path, OMP_NUM_THREADS="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command = [*torchrun, *pretrain.command(tmp_path / "straight")[1:], "--per_device_train_batch_size", 4,
+               "--max_train_steps", 60]
+    straight = subprocess.run(list(map(str, command)), env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+    succeeded(straight)
+    out = tmp_path / "run"
+    command = [str(out) if part == str(tmp_path / "straight") else str(part) for part in command]
+    stopped = run_signalled(command, signal.SIGTERM, r"^train:.*\| *[1-9]\d*/", env, tmp_path)
+    assert stopped.returncode == 1, stopped.stdout[-4000:]  # torchrun's status after a signal
+    found = re.findall(r"^pretrain\.py: stopped at step (\d+) of 60 by SIGTERM; checkpoint step_\1 is saved",
+                       stopped.stdout, re.MULTILINE)
+    assert len(found) == 1, stopped.stdout[-4000:]
+    assert (out / "checkpoints" / f"step_{found[0]}" / "checksums.json").is_file()
+    assert not (out / "model.safetensors").exists()
+
+    succeeded(subprocess.run([*command, "--resume_from_checkpoint", "latest"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300))
+    assert_same_weights(tmp_path / "straight", out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == list(range(1, 61))
+
+
+def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_one_line(tmp_path):
+    """trainer_state.json as pretrain.py has always written it reads back whole; one that lacks a field a resume needs
+    (not written by pretrain.py) is one line naming the field, not a KeyError."""
+    from hf_tinytx_training import checkpoints
+    from hf_tinytx_training.errors import UserInputError
+
+    signature = {"seed": 42, "block_size": 64, "global_batch": 8, "gradient_accumulation_steps": 1, "num_processes": 1}
+    written = {"step": 6, "epoch": 1, "batch_in_epoch": 3, "run_signature": signature, "planned_steps": 8,
+               "train_seconds": 2.5}
+    (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
+    state = checkpoints.read_training_state(str(tmp_path))
+    assert dataclasses.asdict(state) == written
+
+    (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps({"step": 6, "run_signature": signature}))
+    with pytest.raises(UserInputError, match=r"has no epoch, batch_in_epoch: it is not a checkpoint of pretrain\.py"):
+        checkpoints.read_training_state(str(tmp_path))
