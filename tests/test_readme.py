@@ -130,13 +130,14 @@ PAGES = [
     Page("docs/scaling.md"),
     Page("docs/faults.md"),
     Page("docs/performance.md", (
-        Step("Performance", "python", prefix=COMPILE_PREFIX,
+        Step("Decoding on a CPU", "python", prefix=COMPILE_PREFIX,
              check="assert torch.equal(output_ids, eager_ids)\n"
                    "assert torch._dynamo.utils.counters['stats']['unique_graphs'] >= 2  # prefill and decoding step"),
-        Step("Performance", "bash",
+        Step("GPUs", "bash",
              skip="downloads ~55 MB of Python 3.12 wheels for the offline GPU machine; run before a GPU session"),
     )),
     Page("docs/model.md"),
+    Page("docs/results.md"),
 ]
 
 
