@@ -50,7 +50,7 @@ class Mix:
 DEFAULT_MIX = Mix()
 # Coreference documents only, three statements in four with made-up nouns, so that only the rule answers most of
 # them; the real quarter keeps the frames' own nouns in the vocabulary. How this mix was chosen, with its figures:
-# docs/attention.md (`python -m benchmarks.seed_claims.rule_ablation`).
+# docs/results.md (`python -m benchmarks.seed_claims.rule_ablation`).
 RULE_MIX = Mix(kind_weights=(1, 0, 0), made_up_share=0.75)
 
 

@@ -163,20 +163,13 @@ def one_line(result, script: str, exit_code: int = 2) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("name", FINETUNE_CASES)
-def test_finetune_refuses_in_one_line_and_writes_nothing(root, refusals, name):
-    line = one_line(refusals[f"finetune-{name}"], "finetune.py")
-    for words in FINETUNE_CASES[name][1]:
+@pytest.mark.parametrize("script, name", [*(("finetune", name) for name in FINETUNE_CASES),
+                                          *(("pretrain", name) for name in PRETRAIN_CASES)])
+def test_bad_input_is_refused_in_one_line_and_nothing_is_written(root, refusals, script, name):
+    line = one_line(refusals[f"{script}-{name}"], f"{script}.py")
+    for words in (FINETUNE_CASES if script == "finetune" else PRETRAIN_CASES)[name][1]:
         assert words in line, line
-    assert not (root / f"out-finetune-{name}").exists()
-
-
-@pytest.mark.parametrize("name", PRETRAIN_CASES)
-def test_pretrain_refuses_in_one_line_and_writes_nothing(root, refusals, name):
-    line = one_line(refusals[f"pretrain-{name}"], "pretrain.py")
-    for words in PRETRAIN_CASES[name][1]:
-        assert words in line, line
-    assert not (root / f"out-pretrain-{name}").exists()
+    assert not (root / f"out-{script}-{name}").exists()
 
 
 def test_a_full_datasets_cache_names_the_cache_and_the_rerun_elsewhere_trains(root, tmp_path, mounted):

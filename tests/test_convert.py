@@ -21,7 +21,7 @@ from hf_tinytx.convert import (
     tinytx_to_llama,
 )
 from hf_tinytx.convert import main as convert_main
-from tests.helpers.tiny import build_tiny_config
+from tests.helpers.tiny import build_tiny_config, greedy
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -78,17 +78,6 @@ def tiny_tinytx(seed: int = 0, **overrides) -> hf_tinytx.TinyTxForCausalLM:
 def sample_inputs(seed: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (2, 12), generator=generator)
-
-
-def greedy(model, input_ids: torch.Tensor) -> torch.Tensor:
-    return model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        pad_token_id=0,
-    )
 
 
 def assert_same_function(reference, converted) -> None:

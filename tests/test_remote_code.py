@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import hf_tinytx
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
-from tests.helpers.tiny import build_tiny_config
+from tests.helpers.tiny import build_tiny_config, greedy
 
 
 NEW_TOKENS = 16
@@ -70,14 +70,7 @@ def test_saved_folder_loads_as_remote_code_without_the_package(tmp_path):
     input_ids = torch.randint(3, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
-    expected_tokens = model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        pad_token_id=0,
-    )
+    expected_tokens = greedy(model, input_ids, NEW_TOKENS)
     reference_file = tmp_path / "reference.safetensors"
     save_file({"input_ids": input_ids, "logits": logits.contiguous()}, reference_file)
     script = tmp_path / "load_as_remote_code.py"

@@ -50,6 +50,14 @@ def build_tiny_model(seed=0, attn_implementation="eager", **overrides):
     return model.eval()
 
 
+def greedy(model, input_ids, new_tokens: int = 16):
+    """Exactly `new_tokens` greedy tokens after `input_ids` (no early end): two loaders of one model agree on them."""
+    import torch
+
+    return model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+
 def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
     """A byte-level BPE trained in memory by the library trainer: <pad>=0, <s>=1, </s>=2, as in `build_tiny_config`."""
     from hf_tinytx.tokenization import train_bpe_tokenizer
