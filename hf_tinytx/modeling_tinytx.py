@@ -239,12 +239,8 @@ class TinyTxAttention(nn.Module):
             self.k_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        **kwargs: Unpack[TransformersKwargs],
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None, cache: Cache | None = None, **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -299,12 +295,8 @@ class TinyTxDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = TinyTxRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        **kwargs: Unpack[TransformersKwargs],
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None, cache: Cache | None = None, **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         # Mix across positions.
         residual = hidden_states
@@ -392,12 +384,9 @@ class TinyTxModel(TinyTxPreTrainedModel):
     @auto_docstring
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        use_cache: bool | None = None,
+        input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None, use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast:
         r"""
@@ -551,16 +540,10 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
     @can_return_tuple
     @auto_docstring
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Unpack[TransformersKwargs],
+        self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None, labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0, **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""
         cache (`Cache`, *optional*):
