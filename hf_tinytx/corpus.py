@@ -72,53 +72,38 @@ class CorefTemplate:
     held_out_b_nouns: tuple[str, ...]
 
 
-COREF_TEMPLATES = (
-    CorefTemplate(
-        sentence="The {a} didn't cross the {b} because it was too {adjective}.",
-        a_nouns=("animal", "dog", "horse", "cow", "goat", "sheep", "cat", "child"),
-        a_adjectives=("tired", "scared", "weak", "sleepy", "slow"),
-        b_nouns=("street", "road", "river", "bridge", "field", "track"),
-        b_adjectives=("wide", "busy", "long", "muddy", "dangerous"),
-        held_out_a_nouns=("fox", "mule", "donkey", "lamb"),
-        held_out_b_nouns=("canal", "meadow", "creek", "pasture"),
-    ),
-    CorefTemplate(
-        sentence="The {a} would not fit in the {b} because it was too {adjective}.",
-        a_nouns=("bandage", "book", "ball", "trophy", "lamp", "coat", "shoe", "bottle"),
-        a_adjectives=("large", "big", "tall", "thick"),
-        b_nouns=("case", "box", "bag", "drawer", "suitcase", "basket"),
-        b_adjectives=("small", "narrow", "tiny", "full", "shallow"),
-        held_out_a_nouns=("kettle", "helmet", "blanket", "trumpet"),
-        held_out_b_nouns=("crate", "locker", "pouch", "barrel"),
-    ),
-    CorefTemplate(
-        sentence="The {a} could not cut the {b} because it was too {adjective}.",
-        a_nouns=("knife", "saw", "blade", "axe", "razor"),
-        a_adjectives=("dull", "blunt", "rusty", "short"),
-        b_nouns=("rope", "log", "wire", "branch", "bone", "cable"),
-        b_adjectives=("thick", "hard", "tough", "strong"),
-        held_out_a_nouns=("sickle", "chisel", "dagger", "sword"),
-        held_out_b_nouns=("plank", "cord", "twig", "chain"),
-    ),
-    CorefTemplate(
-        sentence="The {a} could not go through the {b} because it was too {adjective}.",
-        a_nouns=("truck", "bus", "van", "cart", "car", "tractor"),
-        a_adjectives=("wide", "big", "tall", "long"),
-        b_nouns=("tunnel", "gate", "door", "gap", "arch"),
-        b_adjectives=("narrow", "low", "small", "tight"),
-        held_out_a_nouns=("wagon", "trailer", "lorry", "carriage"),
-        held_out_b_nouns=("doorway", "passage", "hallway", "alley"),
-    ),
-    CorefTemplate(
-        sentence="The {a} did not eat the {b} because it was too {adjective}.",
-        a_nouns=("cat", "dog", "bird", "baby", "puppy", "rabbit"),
-        a_adjectives=("full", "sick", "sleepy", "shy"),
-        b_nouns=("soup", "bread", "meat", "cake", "rice", "fish"),
-        b_adjectives=("hot", "cold", "salty", "dry", "spicy"),
-        held_out_a_nouns=("hamster", "parrot", "piglet", "toddler"),
-        held_out_b_nouns=("porridge", "pudding", "pasta", "stew"),
-    ),
-)
+# Each frame, then the words of its noun `a` and of its noun `b`: nouns | adjectives that make "it" mean that noun |
+# held-out nouns (only ever used by the "coref_new_nouns" probes).
+_FRAMES = """
+The {a} didn't cross the {b} because it was too {adjective}.
+    a: animal dog horse cow goat sheep cat child | tired scared weak sleepy slow | fox mule donkey lamb
+    b: street road river bridge field track | wide busy long muddy dangerous | canal meadow creek pasture
+The {a} would not fit in the {b} because it was too {adjective}.
+    a: bandage book ball trophy lamp coat shoe bottle | large big tall thick | kettle helmet blanket trumpet
+    b: case box bag drawer suitcase basket | small narrow tiny full shallow | crate locker pouch barrel
+The {a} could not cut the {b} because it was too {adjective}.
+    a: knife saw blade axe razor | dull blunt rusty short | sickle chisel dagger sword
+    b: rope log wire branch bone cable | thick hard tough strong | plank cord twig chain
+The {a} could not go through the {b} because it was too {adjective}.
+    a: truck bus van cart car tractor | wide big tall long | wagon trailer lorry carriage
+    b: tunnel gate door gap arch | narrow low small tight | doorway passage hallway alley
+The {a} did not eat the {b} because it was too {adjective}.
+    a: cat dog bird baby puppy rabbit | full sick sleepy shy | hamster parrot piglet toddler
+    b: soup bread meat cake rice fish | hot cold salty dry spicy | porridge pudding pasta stew
+"""
+
+
+def _read_frames(table: str) -> tuple[CorefTemplate, ...]:
+    lines = table.strip().splitlines()
+    templates = []
+    for sentence, a, b in zip(lines[0::3], lines[1::3], lines[2::3]):
+        (a_nouns, a_adjectives, a_held), (b_nouns, b_adjectives, b_held) = (
+            [tuple(part.split()) for part in role.split(":", 1)[1].split("|")] for role in (a, b))
+        templates.append(CorefTemplate(sentence, a_nouns, a_adjectives, b_nouns, b_adjectives, a_held, b_held))
+    return tuple(templates)
+
+
+COREF_TEMPLATES = _read_frames(_FRAMES)
 
 HELD_OUT_NOUNS = frozenset(
     noun for template in COREF_TEMPLATES for noun in template.held_out_a_nouns + template.held_out_b_nouns
