@@ -135,17 +135,15 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: TinyTxConfig, name: st
     writer.add_name(name)
     writer.add_file_type(OUTTYPES[outtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    sizes = {  # GGUF key (the writer's add_<key>) -> the config's value
+        "vocab_size": config.vocab_size, "context_length": config.max_position_embeddings,
+        "embedding_length": config.hidden_size, "block_count": config.num_hidden_layers,
+        "feed_forward_length": config.intermediate_size, "head_count": config.num_attention_heads,
+        "head_count_kv": config.num_key_value_heads, "key_length": config.head_dim, "value_length": config.head_dim,
+        "rope_dimension_count": config.head_dim, "layer_norm_rms_eps": config.rms_norm_eps,
+    }
+    for key, value in sizes.items():
+        getattr(writer, f"add_{key}")(value)
 
     rope = config.rope_parameters
     writer.add_rope_freq_base(rope["rope_theta"])
