@@ -27,14 +27,8 @@ def save(folder):
     torch.manual_seed(0)
     # Grouped-query attention, qk_norm and tied embeddings: the code paths a plain Llama checkpoint would not cover.
     config = hf_tinytx.TinyTxConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        qk_norm=True,
-        tie_word_embeddings=True,
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, qk_norm=True, tie_word_embeddings=True,
         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
     )
     model = hf_tinytx.TinyTxForCausalLM(config).eval()

@@ -11,14 +11,8 @@ SHAPES = {
     ),
     # ~10M parameters with a small BPE vocabulary and tied embeddings.
     "10M": (
-        dict(
-            vocab_size=4096,
-            hidden_size=384,
-            intermediate_size=1024,
-            num_hidden_layers=5,
-            num_attention_heads=6,
-            tie_word_embeddings=True,
-        ),
+        dict(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_hidden_layers=5, num_attention_heads=6,
+             tie_word_embeddings=True),
         8,
         256,
     ),

@@ -30,15 +30,9 @@ from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokeniz
 NEW_TOKENS = 32
 N_CTX = 256
 # The tiny model of every test; the llama.cpp comparisons use it trained for a few seconds (see `trained_weights`).
-MODEL = dict(
-    vocab_size=320,  # > the tokenizer's 300 tokens: the unused embedding rows are written as [PAD] tokens
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=N_CTX,
-)
+# vocab_size 320 > the tokenizer's 300 tokens: the unused embedding rows are written as [PAD] tokens.
+MODEL = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=N_CTX)
 # Every model feature the export maps onto llama.cpp, each a model of its own (written as f32), all with the trained
 # weights except "head-dim-32", whose shapes differ: it gets large random weights (peaked logits, position-dependent
 # attention), so a wrong RoPE layout or scaling shows in the logits either way.

@@ -162,16 +162,8 @@ PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl"}
 
 
 def test_auto_round_trip(tmp_path: Path):
-    config = AutoConfig.for_model(
-        "tinytx",
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
-    )
+    config = AutoConfig.for_model("tinytx", vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
     assert isinstance(config, hf_tinytx.TinyTxConfig)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()

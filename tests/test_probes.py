@@ -26,16 +26,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer):
     torch.manual_seed(0)
-    config = TinyTxConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+    config = TinyTxConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, max_position_embeddings=2048, bos_token_id=None, eos_token_id=None)
     return TinyTxForCausalLM(config)
 
 
