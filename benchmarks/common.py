@@ -7,6 +7,7 @@ of each in turn (so a noisy neighbour slows both), reported as medians.
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
@@ -23,6 +24,23 @@ def build_pair(shape: str, attn_implementation: str = "sdpa", seed: int = 0):
     tinytx = TinyTxForCausalLM._from_config(config, attn_implementation=attn_implementation)
     llama = tinytx_to_llama(tinytx)
     return {"tinytx": tinytx, "llama": llama}, batch_size, seq_len
+
+
+def make_train_step(model: torch.nn.Module, batch: torch.Tensor, dtype: torch.dtype = torch.float32):
+    """One AdamW step on `batch` as a function of no arguments. bf16 autocasts over fp32 master weights, the usual
+    mixed precision."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    autocast = (lambda: torch.autocast(batch.device.type, dtype=dtype)) if dtype != torch.float32 else nullcontext
+
+    def step():
+        with autocast():
+            loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
 
 
 def count_parameters(model: torch.nn.Module) -> int:

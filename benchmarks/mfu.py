@@ -23,7 +23,6 @@ Prints a table, then one JSON line with every figure.
 """
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
@@ -55,7 +54,7 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
 
 import torch  # noqa: E402
 
-from benchmarks.common import count_parameters, interleaved_medians  # noqa: E402
+from benchmarks.common import count_parameters, interleaved_medians, make_train_step  # noqa: E402
 from benchmarks.report import print_report  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
@@ -101,23 +100,6 @@ def synchronized(fn, device: str):
             torch.cuda.synchronize()
         return run
     return fn
-
-
-def make_train_step(model, batch, dtype):
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    device_type = batch.device.type
-    # bf16: autocast over fp32 master weights, the usual mixed precision; fp32: nothing to do.
-    autocast = (lambda: torch.autocast(device_type, dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
-
-    def step():
-        with autocast():
-            loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
 
 
 def make_matmul(size: int, dtype, device: str):

@@ -52,24 +52,18 @@ if __name__ == "__main__":  # --help and a mistyped flag are answered before tor
 
 import torch  # noqa: E402
 
-from benchmarks.common import build_pair, count_parameters, interleaved_samples, medians, paired_ratio  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    build_pair,
+    count_parameters,
+    interleaved_samples,
+    make_train_step,
+    medians,
+    paired_ratio,
+)
 from benchmarks.gpt_baseline import GPT  # noqa: E402
 from hf_tinytx import TinyTxForCausalLM, modeling_tinytx  # noqa: E402
 from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.distributed.cpu_memory import keep_freed_memory  # noqa: E402
-
-
-def make_step(model: torch.nn.Module, batch: torch.Tensor):
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-
-    def step():
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
 
 
 def counting_faults(step, faults: list):
@@ -109,7 +103,7 @@ def main(args):
         vocab_size = models["tinytx"].config.vocab_size
         batch = torch.randint(0, vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
         faults = {name: [] for name in models}
-        steps = {name: counting_faults(make_step(model, batch), faults[name]) for name, model in models.items()}
+        steps = {name: counting_faults(make_train_step(model, batch), faults[name]) for name, model in models.items()}
         samples = interleaved_samples(steps, repeats=repeats, warmup=3)
         seconds = medians(samples)
         for suffix in ("", " compiled") if args.compile else ("",):
@@ -142,7 +136,7 @@ def profile_steps(shapes: list[str], steps: int = 10) -> None:
         batch = torch.randint(0, models["tinytx"].config.vocab_size, (batch_size, seq_len),
                               generator=torch.Generator().manual_seed(0))
         for name in ("tinytx", "gpt"):
-            step = make_step(models[name], batch)
+            step = make_train_step(models[name], batch)
             for _ in range(3):
                 step()
             with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -196,7 +190,7 @@ def attribute_steps(shapes: list[str], repeats: int, malloc: str) -> None:
                     "all three": with_layernorm(with_gelu_mlp(tinytx)), "GPT": models["gpt"]}
         batch = torch.randint(0, tinytx.config.vocab_size, (batch_size, seq_len),
                               generator=torch.Generator().manual_seed(0))
-        steps = {name: make_step(model, batch) for name, model in variants.items()}
+        steps = {name: make_train_step(model, batch) for name, model in variants.items()}
         for name in ("no RoPE", "all three"):
             steps[name] = without_rope(steps[name])
         samples = interleaved_samples(steps, repeats=repeats, warmup=3)
