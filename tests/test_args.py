@@ -1,6 +1,7 @@
 """Flags of both training scripts (training/args.py: build_parser): spelled in full or refused, and every mistake is
 one line on stderr with exit status 2, a typo named together with the flag it was probably meant to be."""
 
+import argparse
 import subprocess
 import sys
 
@@ -74,6 +75,37 @@ def test_bad_input_is_refused_before_torch_loads(tmp_path, script, flags, messag
     imported = {line.split("|")[-1].strip() for line in imports}
     assert "json" in imported, "the import log was read"
     assert "torch" not in imported and "transformers.training_args" not in imported
+
+
+@pytest.mark.parametrize("script, flag", [("pretrain", "--max_train_steps"), ("finetune", "--num_train_epochs")])
+def test_help_lists_the_flags_before_torch_loads(tmp_path, script, flag):
+    """finetune's help lists Trainer's flags too, read from transformers' source (training/sft/trainer_help.py)."""
+    command = [sys.executable, "-X", "importtime", str(REPO_ROOT / "training" / f"{script}.py"), "--help"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "json" in imported and "torch" not in imported
+    assert flag in result.stdout and f"usage: {script}.py" in result.stdout
+
+
+def test_finetunes_help_before_torch_describes_each_flag_as_trainingarguments_does():
+    """Flag for flag the same names, help, choices and defaults, but for a default transformers computes as it
+    imports (the optimizer's, from torch's version), which the help leaves out."""
+    from transformers import TrainingArguments
+
+    from hf_tinytx_training.sft.args import finetune_parser
+    from hf_tinytx_training.sft.trainer_help import _from_source
+
+    def described(training_arguments):
+        return [(action.option_strings, action.help, list(action.choices or ()), action.nargs, action.const,
+                 action.required, action.default) for action in finetune_parser(training_arguments)._actions]
+
+    light, real = described(_from_source()), described(TrainingArguments)
+    assert len(light) == len(real) > 100
+    unshown = [row[0] for row in light if row[-1] == argparse.SUPPRESS and row[0] != ["-h", "--help"]]
+    assert unshown == [["--optim"]]
+    for ours, theirs in zip(light, real):
+        assert ours[:-1] == theirs[:-1] and ours[-1] in (theirs[-1], argparse.SUPPRESS)
 
 
 def parse_failure(capsys, flags) -> str:

@@ -75,6 +75,7 @@ def test_the_ci_pretrain_flags_parse_and_stay_tiny():
 HELP_SAYS = {  # the command's flags -> a line of their help
     "": "finetune   fine-tune",
     "pretrain": "--max_train_steps",
+    "finetune": "--num_train_epochs",  # one of Trainer's flags, listed without importing TrainingArguments
     "convert": "--outtype",
     "interpret": "--coref_probes",
     "serve": "--max_tokens_cap",

@@ -38,6 +38,7 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     publish/hub.py       uploads to the Hugging Face Hub in the background, and the final push
 
     sft/args.py          finetune's flags and the checks run before torch loads
+    sft/trainer_help.py  Trainer's flags read from transformers' source, for --help before torch loads
     sft/records.py       finetune's data files read and checked (text, prompt/response, chat)
     sft/data.py          finetune's records tokenized into rows, and their collator
     sft/model.py         finetune's base model and tokenizer, checked against each other, and its LoRA adapter

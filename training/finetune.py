@@ -54,7 +54,7 @@ from hf_tinytx.folders import (
 )
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx_training import checkpoints
-from hf_tinytx_training.args import build_parser, hub_repo_id, write_args_json
+from hf_tinytx_training.args import hub_repo_id, write_args_json
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.preemption import Stopped, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
@@ -72,6 +72,7 @@ from hf_tinytx_training.sft.args import (
     FinetuneArguments,
     check_args,
     check_destinations,
+    finetune_parser,
     model_source,
     output_dir_flags,
 )
@@ -344,14 +345,14 @@ def push_result(args, training_args, where: Destinations, steps: int) -> str | N
 
 
 def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
-    defaults = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}
+    defaults = {}
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not sharding.has_gpu():
         # Without it Trainer runs each process of a CPU launch as a run of its own, all writing the same folder.
         defaults["use_cpu"] = True
         cluster.start_cpu_group(argv)  # before TrainingArguments starts the group, without the timeout
     if not sharding.has_gpu():
         defaults["dataloader_pin_memory"] = False  # pinning needs an accelerator: torch warns at every loader
-    parser = build_parser((FinetuneArguments, TrainingArguments), **defaults)
+    parser = finetune_parser(TrainingArguments, **defaults)
     args, training_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     check_args(args, training_args)
     args.model_name_or_path = model_source(args.model_name_or_path)  # a local base as an absolute path

@@ -1,7 +1,7 @@
-"""finetune.py's own arguments and the checks that need no library beyond Python's and huggingface_hub's.
+"""finetune.py's own arguments, its --help and the checks that need no library beyond Python's and huggingface_hub's.
 
-`preflight` runs them before torch and transformers load (~8 s of imports on a small CPU), so a bad flag, a missing
-model folder or a bad line of data is refused in about a second. finetune.py's `parse_args` then parses every flag,
+`preflight` runs them before torch loads (~8 s of imports on a small CPU), so --help, a bad flag, a missing model
+folder or a bad line of data is answered in about a second. finetune.py's `parse_args` then parses every flag,
 Trainer's included, and runs the same checks on the full `TrainingArguments`.
 """
 
@@ -12,16 +12,25 @@ import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from transformers import HfArgumentParser
+
 from hf_tinytx import sources, stored_weights
 from hf_tinytx_training.args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag, warn_if_token_in_argv
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.errors import UserInputError, as_user_input_error
 from hf_tinytx_training.publish.output_dir import check_output_dir, check_second_destination, refuse_overlap
 from hf_tinytx_training.sft.records import read_records
+from hf_tinytx_training.sft.trainer_help import training_arguments_for_help
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 WRITER = "tinytx finetune"  # its name in the record of the files it wrote into a folder (hf_tinytx.folders)
+TRAINER_DEFAULTS = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}  # finetune's, over Trainer's
+DESCRIPTION = (
+    "Fine-tunes a causal LM (a model folder or a Hub id) with transformers' Trainer, in full or as a LoRA adapter "
+    "(--use_peft). finetune's own flags come first, then every flag of transformers' TrainingArguments. Without a "
+    "GPU, --dataloader_pin_memory defaults to False, and a launch of several processes sets --use_cpu."
+)
 
 
 @dataclass
@@ -81,8 +90,8 @@ def preflight(argv: list[str] | None = None) -> None:
     training/cli.py). main() checks them again with Trainer's flags parsed too, and reads the data files again (a
     second's work for a file of ~100k records, small next to fine-tuning on them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        return  # the full help lists Trainer's flags too, so parse_args answers it
+    if "-h" in argv or "--help" in argv:  # every flag, Trainer's too, listed and exit 0
+        finetune_parser(training_arguments_for_help()).parse_known_args(argv)
     warn_if_token_in_argv(argv, "finetune.py")
     refuse_lone_process()
     parser = build_parser((FinetuneArguments, EarlyTrainerFlags))
@@ -94,6 +103,13 @@ def preflight(argv: list[str] | None = None) -> None:
     model_source(args.model_name_or_path)
     for path in filter(None, (args.train_file, args.validation_file)):
         read_records(path)
+
+
+def finetune_parser(training_arguments: type, **defaults) -> HfArgumentParser:
+    """finetune's flags and those of `training_arguments` (TrainingArguments, or its torch-free twin for --help)."""
+    parser = build_parser((FinetuneArguments, training_arguments), **TRAINER_DEFAULTS, **defaults)
+    parser.description = DESCRIPTION
+    return parser
 
 
 def check_args(args: FinetuneArguments, trainer_flags) -> None:
