@@ -3,17 +3,13 @@
     tinytx chat out/chat-lora/merged
     printf 'Count on from 45.\\n/exit\\n' | tinytx chat out/chat-lora/merged     # turns from a pipe work alike
 
-Each line read from standard input is a user turn. The reply is generated from the whole conversation so far,
-`tokenizer.apply_chat_template(messages, add_generation_prompt=True)`, and streamed to standard output as it comes,
-each ended by a newline (transformers' `TextStreamer`); it then joins the conversation as the assistant's turn. `/reset`
-starts a new conversation, `/exit` (or the end of the input, Ctrl-D) ends it; notices go to standard error. A reply
-stops at the model's last position (`max_position_embeddings`), with a notice; a turn that leaves no room is refused
-with one (/reset, and go on).
+Each line read from standard input is a user turn. The reply is generated from the whole conversation so far
+(the tokenizer's chat template) and streamed to standard output; it then joins the conversation. `/reset` starts a
+new conversation, `/exit` (or Ctrl-D) ends it; notices go to standard error. A reply stops at the model's last
+position, with a notice.
 
-The folder must be a model whose tokenizer has a chat template: finetune adds one when it trains on chat records
-(`{"messages": [...]}`); pretrain writes none, since a pre-trained model only continues text (`tinytx generate`). A
-folder without one is refused in one line before torch loads, as are the folder and flag mistakes `tinytx generate`
-refuses (generate.py); the flags are generate's, without the prompt and --compile.
+The folder's tokenizer must have a chat template: finetune adds one when it trains on chat records; pretrain writes
+none (use `tinytx generate`). The flags are generate's, without the prompt and --compile.
 """
 
 import argparse

@@ -16,9 +16,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 MLP_TYPES = ("gated", "plain")
-# The largest RoPE scaling `factor` accepted. Published long-context models stretch their trained context 4x to 40x
-# (Llama 3.1: 8, DeepSeek-V3's YaRN: 40), so 1024 leaves ample room while still catching a typo such as 1e30 or a
-# rope_theta (1e4, 5e5, ...) written into `factor`.
+# The largest RoPE scaling `factor` accepted: published models stretch their context 4x to 40x, and 1024 still
+# catches a typo such as 1e30, or a rope_theta written into `factor`.
 MAX_ROPE_FACTOR = 1024.0
 # Every Auto class a saved folder can be opened with as remote code. `save_pretrained` on its own only writes the
 # saving model's class, so a causal-LM checkpoint could not be opened with `AutoModel` where hf_tinytx is missing.
@@ -31,16 +30,8 @@ DEFAULT_AUTO_MAP = {
 
 
 # The network's sizes: each one a positive integer.
-SIZE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-)
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 class TinyTxConfig(PreTrainedConfig):
@@ -192,9 +183,8 @@ class TinyTxConfig(PreTrainedConfig):
                 f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
                 f"{['default', *ROPE_INIT_FUNCTIONS]}."
             )
-        # transformers checks only which keys each type needs (and merely warns about a factor below 1), so the
-        # values themselves are checked here: an infinite or tiny theta, or a huge factor, computes angles that
-        # make every position alike, and the model still runs.
+        # transformers checks only which keys each type needs: an infinite or tiny theta, or a huge factor, would make
+        # every position alike, and the model would still run.
         theta = params.get("rope_theta")
         if not (_is_finite_number(theta) and theta > 1):
             raise ValueError(
@@ -209,8 +199,7 @@ class TinyTxConfig(PreTrainedConfig):
             )
         partial = params.get("partial_rotary_factor")
         if partial is not None and (partial != 1.0 or isinstance(partial, bool)):
-            # TinyTx rotates every dimension of a head (its GGUF export refuses anything else): a fraction would be
-            # stored and silently ignored.
+            # TinyTx rotates every dimension of a head: a fraction would be stored and silently ignored.
             raise ValueError(
                 f"TinyTxConfig: `partial_rotary_factor` must be 1.0 (RoPE on every dimension of a head), got "
                 f"{partial!r}; TinyTx has no partial rotary embeddings, so remove the key."

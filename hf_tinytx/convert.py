@@ -1,21 +1,16 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
 """Converts between Llama and TinyTx, in memory or folder to folder.
 
-A TinyTx model with `qk_norm=False` and `mlp_type="gated"` is the same network as a Llama model: the same layers
-under the same module names, so the state dicts have identical keys and shapes. Converting is therefore mostly
-config translation; the weights are copied as they are, in their dtype, onto the same device.
+A TinyTx model with `qk_norm=False` and `mlp_type="gated"` is the same network as a Llama model, with the same
+module names, so converting is config translation; the weights are copied as they are.
 
     python -m hf_tinytx.convert --to tinytx path/to/llama path/to/tinytx
     python -m hf_tinytx.convert --to llama path/to/tinytx path/to/llama [--overwrite]
     python -m hf_tinytx.convert --to gguf path/to/tinytx model.gguf [--outtype f32|f16|q8_0] [--overwrite]
 
-The command reads and writes safetensors only, copies the tokenizer files and `generation_config.json`, refuses a
-source folder with a link that leads out of it, and writes the output into a staging folder inside the destination
-whose files are then moved in one by one (`hf_tinytx.folders.publish`), and a mount point works as the destination.
-Before it writes anything it refuses a destination that overlaps the source or goes through a link, and weights whose
-names and shapes (read from the safetensors headers) differ from what the config describes (`saved_folder.py`). It
-records the files it wrote (`.tinytx-written.json`): `--overwrite` replaces those and no others. `--to gguf`
-(hf_tinytx/gguf_export.py, needs the `gguf` extra) writes one file for llama.cpp, with the tokenizer inside.
+Safetensors only. Before writing, the weights' headers are checked against the config (`saved_folder.py`). The
+output is published through a staging folder (`folders.publish`), and `--overwrite` replaces only the files an
+earlier conversion recorded writing.
 """
 
 import copy
@@ -54,19 +49,8 @@ from .sources import TOKENIZER_FILES
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
 SHARED_FIELDS = (
-    *SIZE_FIELDS,
-    "hidden_act",
-    "rope_parameters",
-    "rms_norm_eps",
-    "initializer_range",
-    "tie_word_embeddings",
-    "attention_bias",
-    "mlp_bias",
-    "attention_dropout",
-    "use_cache",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
+    *SIZE_FIELDS, "hidden_act", "rope_parameters", "rms_norm_eps", "initializer_range", "tie_word_embeddings",
+    "attention_bias", "mlp_bias", "attention_dropout", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id",
     "dtype",
 )
 
@@ -138,9 +122,7 @@ def _check_model_type(config: PreTrainedConfig, expected: str, caller: str) -> N
         raise ValueError(f"{caller}: expected a {expected!r} config, got model_type={model_type!r}.")
 
 
-def convert_folder(
-    source: str | os.PathLike, destination: str | os.PathLike, to: str, overwrite: bool = False
-) -> Path:
+def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to: str, overwrite: bool = False) -> Path:
     """Converts the checkpoint folder `source` to `to` ("llama" or "tinytx") and saves it as `destination`."""
     source, destination = Path(source), Path(destination)
     if to not in ("llama", "tinytx"):

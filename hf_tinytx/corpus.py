@@ -4,25 +4,16 @@
 Three kinds of document, each built on the examples in the project's explainer texts:
 
 * ``coref`` (Winograd-style): "The animal didn't cross the street because it was too tired. The animal was too
-  tired." The adjective decides what "it" means, so the noun after "The" in the second sentence is predictable only
-  by resolving "it" against the first sentence. With :data:`RULE_MIX`, three statements in four use two made-up nouns
-  ("The blick didn't cross the tromp ..."), either of which may be the referent, so the noun's class cannot give the
-  answer away.
-* ``recall``: facts stated early ("The code for the blue door is 4 7 1."), neutral filler sentences, then the fact's
-  opening again ("The code for the blue door is"), whose continuation must be fetched from far back. The amount of
-  filler sets the distance, in words, between the fact and the question.
-* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", neutral filler between
-  the two (as many words as a recall document's distance, often none): a list held over a distance, a word at a time.
+  tired." Only resolving "it" predicts the noun after "The". With :data:`RULE_MIX`, three statements in four use two
+  made-up nouns, so the noun's class cannot give the answer away.
+* ``recall``: facts stated early ("The code for the blue door is 4 7 1."), filler, then the fact's opening again,
+  whose continuation must be fetched from far back. The filler sets the distance in words.
+* ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", with filler between the two.
 
-Everything is plain Python (``random.Random``), so the same seed gives the same text on every machine.
-
-Seed streams. Each use draws from its own generator, seeded with a string naming the stream and the seed:
-``"hf_tinytx.corpus/documents/{seed}"`` for :func:`generate_documents` (and the training split of
-:func:`default_corpus`), ``".../validation/{seed}"`` for the validation split, and ``".../probes/{kind}/{seed}"``
-for :func:`make_probes`. String seeds go through SHA-512 inside ``random``, so the streams are unrelated even for
-equal integer seeds, and do not depend on ``PYTHONHASHSEED``. Probes therefore use the training templates but are
-fresh draws. Coreference sentences come from a small grammar, so a probe sentence may also occur in training (that is
-learning the rule, not cheating); ``coref_new_nouns`` probes use :data:`HELD_OUT_NOUNS`, which no document contains.
+Each use draws from its own ``random.Random``, seeded with a string naming the stream and the seed
+(``"hf_tinytx.corpus/documents/{seed}"``, ``.../validation/{seed}``, ``.../probes/{kind}/{seed}``): the same text on
+every machine, and unrelated streams. A probe sentence may also occur in training (that is learning the rule);
+``coref_new_nouns`` probes use :data:`HELD_OUT_NOUNS`, which no document contains.
 """
 
 import math
@@ -54,9 +45,7 @@ DEFAULT_MIX = Mix()
 RULE_MIX = Mix(kind_weights=(1, 0, 0), made_up_share=0.75)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Coreference
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Coreference
 
 
 @dataclass(frozen=True)
@@ -118,11 +107,9 @@ class _CorefItem:
     adjective: str
 
 
-# Made-up nouns ("a blick", "the tromp"), a fresh one each time, in either role of any frame. With only the frames'
-# real nouns, a model can answer from the noun's class (animals get tired, streets are wide) and is lost on a noun it
-# has never seen; a made-up noun has no class, so the only way to name the referent is the rule: read the role from
-# the adjective and copy the noun that stands in that place. Their letters come in English-like syllables, so the
-# tokenizer's pieces for them also spell real words the corpus never shows (the held-out nouns among them).
+# Made-up nouns ("a blick", "the tromp"), in either role of any frame. A real noun's class can give the answer away
+# (animals get tired, streets are wide); a made-up noun has none, so only the rule names the referent. English-like
+# syllables, so that the tokenizer's pieces for them also spell real words the corpus never shows.
 _ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y", "z",
            "bl", "br", "ch", "cl", "cr", "dr", "fl", "gl", "gr", "pl", "pr", "sc", "sh", "sk", "sl", "sm", "sn",
            "sp", "st", "sw", "th", "tr", "wh")
@@ -172,9 +159,7 @@ def _coref_document(rng: random.Random, mix: Mix) -> str:
     return " ".join(sentences)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Recall: facts, filler, question
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Recall: facts, filler, question
 
 NAMES = ("Mia", "Leo", "Ava", "Sam", "Noah", "Emma", "Omar", "Lily", "Jack", "Zoe",
          "Ravi", "Nina", "Ben", "Sara", "Tom", "Ana", "Ivan", "Maya", "Eli", "Rosa")
@@ -315,13 +300,8 @@ def _recall_episode(rng: random.Random, distance: int) -> _RecallEpisode:
     opening = [_filler_sentence(rng) for _ in range(rng.randint(0, 2))]
     rng.shuffle(before)
     parts = opening + before + [queried.sentence] + between + [queried.question]
-    return _RecallEpisode(
-        prompt=" ".join(parts),
-        answer=queried.answer,
-        ending=queried.ending,
-        distractors=_recall_distractors(rng, queried, others),
-        distance=distance,
-    )
+    return _RecallEpisode(" ".join(parts), queried.answer, queried.ending, _recall_distractors(rng, queried, others),
+                          distance)
 
 
 def _log_uniform_distance(rng: random.Random, max_distance: int) -> int:
@@ -334,9 +314,7 @@ def _recall_document(rng: random.Random, max_distance: int) -> str:
     return episode.prompt + episode.answer + episode.ending
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Copying
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Copying
 
 COPY_WORDS = tuple(
     """apple river stone cloud green quick happy window garden music paper silver winter summer candle forest
@@ -371,9 +349,7 @@ def _copy_document(rng: random.Random, max_distance: int, mix: Mix) -> str:
     return " ".join(episodes)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Documents
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Documents
 
 
 def _rng(stream: str, seed: int) -> random.Random:
@@ -398,13 +374,8 @@ def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], m
     return [makers[draw()](rng) for _ in range(num_documents)]
 
 
-def generate_documents(
-    num_documents: int,
-    seed: int = 0,
-    kinds: tuple[str, ...] = ("coref", "recall", "copy"),
-    max_recall_distance: int = 200,
-    mix: Mix = DEFAULT_MIX,
-) -> list[str]:
+def generate_documents(num_documents: int, seed: int = 0, kinds: tuple[str, ...] = ("coref", "recall", "copy"),
+                       max_recall_distance: int = 200, mix: Mix = DEFAULT_MIX) -> list[str]:
     """`num_documents` documents, each of a kind drawn from `kinds` (alike, or with the odds of `mix`); the same seed
     gives the same list.
 
@@ -446,9 +417,7 @@ def default_corpus(num_documents: int = 20000, seed: int = 0, mix: Mix = DEFAULT
     return {"train": train, "validation": validation}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Probes
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Probes
 
 
 @dataclass(frozen=True)
@@ -464,20 +433,13 @@ class Probe:
 
 def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
     item = _coref_item(rng, held_out=held_out)
-    return Probe(
-        kind="coref_new_nouns" if held_out else "coref",
-        prompt=f"{item.statement} The",
-        answer=f" {item.referent}",
-        distractors=(f" {item.other}",),
-        distance=0,
-    )
+    kind = "coref_new_nouns" if held_out else "coref"
+    return Probe(kind, f"{item.statement} The", f" {item.referent}", (f" {item.other}",), distance=0)
 
 
 def made_up_coref_probes(num_probes: int = 100, seed: int = 12345) -> list[Probe]:
-    """Coreference probes whose two nouns are fresh made-up words (kind "coref_made_up"), in either role: no noun
-    class can answer them, only the rule. Made-up words are drawn from a small syllable grammar, so one may also occur
-    in a RULE_MIX training document; the pair and its sentence are fresh draws. For ablations of claim 4 (not among
-    :data:`PROBE_KINDS`, which every model card reports)."""
+    """Coreference probes whose two nouns are made-up words (kind "coref_made_up"): only the rule answers them. For
+    the ablations of claim 4; not among :data:`PROBE_KINDS`, which every model card reports."""
     _check_int("num_probes", num_probes, 1)
     _check_int("seed", seed)
     rng = _rng("probes/coref_made_up", seed)
@@ -510,12 +472,8 @@ def _copy_probe(rng: random.Random, gap: int) -> Probe:
     return Probe("copy", prompt, f" {answer}", distractors, distance=gap)
 
 
-def make_probes(
-    num_per_kind: int = 100,
-    seed: int = 12345,
-    recall_distances: tuple[int, ...] = (10, 50, 200, 400),
-    copy_distances: tuple[int, ...] = (0,),
-) -> list[Probe]:
+def make_probes(num_per_kind: int = 100, seed: int = 12345, recall_distances: tuple[int, ...] = (10, 50, 200, 400),
+                copy_distances: tuple[int, ...] = (0,)) -> list[Probe]:
     """Held-out test questions: `num_per_kind` each of coref and coref_new_nouns, `num_per_kind` recall probes per
     distance in `recall_distances` (words between fact and question, exact) and copy probes per distance in
     `copy_distances` (words of filler between the list and its repetition; 0: none).
@@ -546,17 +504,6 @@ def make_probes(
 
 
 __all__ = [
-    "COREF_TEMPLATES",
-    "HELD_OUT_NOUNS",
-    "KINDS",
-    "DEFAULT_MIX",
-    "RULE_MIX",
-    "Mix",
-    "PROBE_KINDS",
-    "CorefTemplate",
-    "Probe",
-    "default_corpus",
-    "generate_documents",
-    "made_up_coref_probes",
-    "make_probes",
+    "COREF_TEMPLATES", "HELD_OUT_NOUNS", "KINDS", "DEFAULT_MIX", "RULE_MIX", "Mix", "PROBE_KINDS", "CorefTemplate",
+    "Probe", "default_corpus", "generate_documents", "made_up_coref_probes", "make_probes",
 ]

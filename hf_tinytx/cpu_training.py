@@ -1,16 +1,12 @@
-"""Two speed paths for training TinyTx on a CPU, kept out of the model file (which holds the seeds' math only and is
-copied into every checkpoint) and put in through transformers' and torch's public extension points.
+"""Two speed paths for training TinyTx on a CPU, kept out of the model file (copied into every checkpoint) and put
+in through torch's and transformers' public extension points by `speed_up_cpu_training(model)`:
 
-`speed_up_cpu_training(model)` is what `tinytx pretrain` and `tinytx finetune` call on a model they train on a CPU:
-- RMSNorm with its backward written out: torch has no fused CPU kernel for it (`rms_norm` runs as ~6 elementwise
-  kernels forward and ~10 backward; this is 3 passes over the activations forward and 7 backward), which takes ~4% off
-  a whole eager training step at 0.8M (`python -m benchmarks.train_step`, docs/performance.md). Each norm becomes a
+- RMSNorm with its backward written out (torch has no fused CPU kernel for it): each norm becomes a
   `CpuTrainingRMSNorm`, a subclass with the same parameter, so state dicts and saved folders do not change.
-- Under bf16 autocast the attention itself in fp32 (the projections around it stay bf16): torch's CPU flash
-  attention runs its backward ~5x slower in bf16 than in fp32, which cancelled what the bf16 matmuls gained
-  (`python -m benchmarks.recipe_step`). It is an attention backend registered with `AttentionInterface`, which the
-  model switches to with `set_attn_implementation`; outside autocast it is plain sdpa.
-GPUs and `torch.compile` need neither: they have fused kernels, or fuse the plain formula themselves.
+- Under bf16 autocast, the attention itself in fp32 (torch's CPU flash attention runs its backward far slower in
+  bf16): an attention backend registered with `AttentionInterface`; outside autocast it is plain sdpa.
+
+GPUs and `torch.compile` need neither. The figures: docs/performance.md.
 """
 
 import torch

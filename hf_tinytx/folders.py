@@ -1,26 +1,9 @@
 """Reading and writing model folders safely: never through a link that leaves the folder, never half-written.
 
-- `regular_files(folder)`: the files to copy or upload. A symbolic link that resolves outside the folder is refused
-  (with its name), so a folder can never smuggle in a file from elsewhere on the machine.
-- `link_or_copy(folder, target)`: a snapshot of those files (hard links where possible, copies elsewhere).
-- `writing_into(destination)`: a staging folder to write a model into, published when the block ends (removed if
-  it raises).
-- `publish(staged, destination)`: moves freshly written files into a folder one `os.replace` each, after `fsync`,
-  weights first and `config.json` (a PEFT adapter's `adapter_config.json`) last, deleting nothing before its
-  replacement is in; a new model of another config (another shape) first takes the old config out of the folder.
-  At every moment the folder loads as the previous model or the new one, or refuses to load (no config): never as
-  a mix. Files that are not the model's are never touched, and it works when `destination` is a mount point.
-- `interrupted_save(folder)`: whether a killed `publish` left `folder` without its config (run the command again).
-- `refuse_overlap(source, destination, flag_names)`: a destination equal to, inside or above the source, or reached
-  a link, refused (OverlapError) before anything is written: no command writes where it reads.
-- `record_written` / `written_before` / `others_files` / `remove_written`: the record a command keeps of the files it
-  wrote into a destination, so that replacing its output later touches those files and no others.
-- `is_disk_full(error, folder)`: whether a write failed for lack of space (some writers say so without an errno).
-- `folders_to_create(path)` / `remove_created(folders)`: the folders a command is about to create for its output,
-  removed again (when empty) if it fails, so a failed run leaves no empty folder behind.
-- `open_new(path, mode)` / `remove_tree(path)`: every file a command creates in a destination (locks, staging files,
-  records, logs, exports) is opened by `open_new`, and every leftover folder removed by `remove_tree`: a link planted
-  at the name is removed itself, never written through nor emptied.
+A model is written into a staging folder and published one `os.replace` a file, config last (`writing_into`,
+`publish`), so the folder always loads as the old model or the new one. No command writes where it reads
+(`refuse_overlap`), and a record of what a command wrote (`record_written`) limits what a later `--overwrite`
+replaces. Every file a command creates is opened by `open_new`, which never writes through a link.
 """
 
 import contextlib
@@ -84,8 +67,7 @@ _OPEN_FLAGS = {"w": os.O_WRONLY | os.O_CREAT | os.O_EXCL, "a": os.O_WRONLY | os.
 
 def open_new(path: str | os.PathLike, mode: str = "w", encoding: str = "utf-8"):
     """Opens `path` to write ("w", "a", "a+"; with "b" for bytes), never through a link: a link at `path` is removed
-    (the link itself, never what it leads to), "w" unlinks any file there and creates a new one, and the open uses
-    O_NOFOLLOW (and O_EXCL for "w"), so a link planted in between is refused, never followed."""
+    (never what it leads to), "w" creates a new file, and O_NOFOLLOW refuses a link planted in between."""
     flags = _OPEN_FLAGS[mode.replace("b", "")] | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     with contextlib.suppress(FileNotFoundError):
         if os.path.islink(path) or (mode.startswith("w") and not os.path.isdir(path)):
@@ -95,8 +77,7 @@ def open_new(path: str | os.PathLike, mode: str = "w", encoding: str = "utf-8"):
 
 
 def remove_tree(path: str | os.PathLike) -> None:
-    """Removes the folder `path` and everything in it, or only the link if `path` is one (shutil.rmtree refuses a
-    link, and with ignore_errors leaves it for the next write to follow); nothing there is fine."""
+    """Removes the folder `path`, or only the link if `path` is one (which shutil.rmtree would leave in place)."""
     if os.path.islink(path):
         os.unlink(path)
     elif os.path.exists(path):
@@ -113,8 +94,7 @@ def folders_to_create(path: str | os.PathLike) -> list[Path]:
 
 
 def remove_created(folders: list[Path]) -> None:
-    """Removes `folders` (from `folders_to_create`) deepest first, each only if empty: a failed command takes back the
-    folders it made, never one that holds something."""
+    """Removes `folders` (from `folders_to_create`) deepest first, each only if empty: a failed command's own."""
     for folder in folders:
         try:
             folder.rmdir()
@@ -124,8 +104,7 @@ def remove_created(folders: list[Path]) -> None:
 
 
 def staging_folder(destination: str | os.PathLike) -> Path:
-    """A fresh, empty staging folder inside `destination` (created if needed); a leftover of a killed save is ours
-    to remove, nothing else is (a link at its name goes, never what it leads to)."""
+    """A fresh, empty staging folder inside `destination`; a killed save's leftover is removed first."""
     staged = Path(destination) / STAGING_NAME
     remove_tree(staged)
     staged.mkdir(parents=True)
@@ -134,8 +113,8 @@ def staging_folder(destination: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def writing_into(destination: str | os.PathLike):
-    """Yields a fresh `staging_folder(destination)` to write into; its files are published into `destination` when
-    the block ends, and the staging folder is removed if the block raises."""
+    """Yields a staging folder to write into, published into `destination` when the block ends (removed if it
+    raises)."""
     staged = staging_folder(destination)
     try:
         yield staged
@@ -163,22 +142,13 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 
 
 def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
-    """Moves every file of `staged` (a `staging_folder(destination)`) into `destination`, then removes `staged`.
+    """Moves every file of `staged` into `destination`, flushed, one `os.replace` each: the weights first (then the
+    old save's weight files the new ones do not replace go), the config last. Nothing is deleted before its
+    replacement is in place, and files that are not the model's are never touched.
 
-    Each file is flushed, then moved in with one `os.replace`: the weights first, then the earlier save's weight
-    files the new ones do not replace, then the rest (tokenizer, code, card), and the config (`config.json`, an
-    adapter's `adapter_config.json`) last. Nothing is deleted before its replacement is in place.
-
-    When the new config equals the old one and one rename swaps all the weights (a fine-tune, a re-export of the
-    same architecture), the old config stays until the new one replaces it: a reader (or a kill) mid-way finds the
-    previous model or the new one. Otherwise (another shape, another config, sharded weights, no old config) the old
-    configs are first moved out of the folder into `staged`: from then until the new config is in, the folder has
-    none and `from_pretrained` refuses it in one line, where the old config beside new weights would load as neither
-    model (layers it names but the weights lack get random values, weights it does not name are dropped). A kill in
-    that window leaves `interrupted_save(destination)` true; the same command, run again, saves the model whole.
-
-    Files that are not the model's are never touched, and it works when `destination` is a mount point (the staging
-    folder lives inside it, on the same file system).
+    Unless the new config equals the old and one weight file moves, the old configs are first moved out: until the
+    new config is in, `from_pretrained` refuses the folder in one line instead of loading old config with new
+    weights as neither model. A kill then leaves `interrupted_save(destination)` true; the same command redoes it.
     """
     staged, destination = Path(staged), Path(destination)
     names = regular_files(staged)
@@ -203,9 +173,8 @@ REPLACED_CONFIGS = ".replaced"  # inside the staging folder: the old configs `pu
 
 
 def _old_config_fits(staged: Path, destination: Path, weights: list[str]) -> bool:
-    """Whether the destination's configs may stay while the new weights move in: each config name is in both
-    folders or neither, with equal contents, and at most one weight file moves (shards of the same names would
-    otherwise mix two saves until the last moved)."""
+    """Whether the destination's configs may stay while the new weights move in: equal configs, and one weight file
+    (shards would mix two saves until the last moved)."""
     if len(weights) > 1:
         return False
     for name in CONFIG_NAMES:
@@ -223,8 +192,7 @@ def _json_or_none(path: Path):
 
 
 def _take_configs_out(staged: Path, destination: Path) -> None:
-    """Moves the destination's configs (a link as itself) into `staged`, removed with it once the new config is
-    in: a rename, so nothing is lost before the new model is whole, and a model's config is never the user's."""
+    """Moves the destination's configs (a link as itself) into `staged`, to go with it once the new config is in."""
     moved = False
     for name in CONFIG_NAMES:
         old = destination / name
@@ -257,21 +225,16 @@ def refuse_overlap(
     reason: str = READ_APART,
 ) -> None:
     """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
-    (links resolved), or a destination that is itself a link. `flag_names`
-    are how the command's user spells the two (e.g. "--model_name_or_path", "--output_dir"); `who` starts the line;
-    `reason` says why (two folders one run writes must not overlap either)."""
-    try:
-        _refuse_overlap(Path(source), Path(destination), *flag_names, reason)
-    except OverlapError as error:
-        raise OverlapError(f"{who}: {error}" if who else str(error)) from None
-
-
-def _refuse_overlap(source: Path, destination: Path, source_name: str, destination_name: str, reason: str) -> None:
+    (links resolved), or a destination that is a link. `flag_names` spell the two as the user does; `who` starts
+    the line."""
+    source, destination = Path(source), Path(destination)
+    source_name, destination_name = flag_names
+    start = f"{who}: " if who else ""
     if destination.is_symlink():  # a link higher up the path is resolved below, like any path (macOS's /tmp is one)
         raise OverlapError(
-            f"{destination_name} {os.fspath(destination)!r} is a link (to {str(destination.resolve())!r}); a command "
-            f"never writes through a link, so that it cannot empty or replace the folder it leads to: name the real "
-            f"path instead."
+            f"{start}{destination_name} {os.fspath(destination)!r} is a link (to {str(destination.resolve())!r}); a "
+            f"command never writes through a link, so that it cannot empty or replace the folder it leads to: name the "
+            f"real path instead."
         )
     real_source, real_destination = source.resolve(), destination.resolve()
     if real_source == real_destination:
@@ -283,19 +246,17 @@ def _refuse_overlap(source: Path, destination: Path, source_name: str, destinati
     else:
         return
     raise OverlapError(
-        f"{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; {reason}: "
-        f"choose a {destination_name} outside {source_name}."
+        f"{start}{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; "
+        f"{reason}: choose a {destination_name} outside {source_name}."
     )
 
 
 def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) -> bool:
-    """Whether `error` comes from a full disk. Some writers (numpy's tofile, safetensors, torch.save's bare stream
-    error) report it without an errno: given the `path` being written (a file or a folder), ask its file system while
-    the partial file still holds its space."""
+    """Whether `error` comes from a full disk. Some writers (numpy, safetensors, torch.save) report it without an
+    errno: then the file system of `path` is asked, while the partial file still holds its space."""
     if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error):
         return True
-    # Only the bare error types such writers raise: a refusal (FileExistsError, ...) on a nearly full disk is no
-    # full disk.
+    # Only the bare error types such writers raise: a refusal (FileExistsError, ...) is no full disk.
     if path is None or (type(error) not in (OSError, RuntimeError) and type(error).__name__ != "SafetensorError"):
         return False
     folder = path if os.path.isdir(path) else os.path.dirname(path)
@@ -315,8 +276,8 @@ MANIFEST_NAME = ".tinytx-written.json"
 
 
 def written_before(destination: str | os.PathLike, writer: str) -> set[str]:
-    """The files `writer` recorded writing into `destination` (empty when no record, a damaged one, or another's).
-    Only plain relative names inside the folder count: a record can never point a deletion elsewhere."""
+    """The files `writer` recorded writing into `destination`: plain relative names only, so that a record can never
+    point a deletion elsewhere."""
     try:
         record = json.loads((Path(destination) / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -368,8 +329,7 @@ def would_replace(name: str, new_files) -> bool:
 
 
 def remove_written(destination: str | os.PathLike, names) -> None:
-    """Removes files an earlier run recorded writing (links themselves, never what they lead to), then the folders
-    this leaves empty."""
+    """Removes files an earlier run recorded writing (links themselves), then the folders this leaves empty."""
     root = Path(destination)
     for name in sorted(names):
         path = root / name

@@ -4,19 +4,12 @@
     tinytx generate out/tinytx "Once" --do_sample --temperature 0.8 --top_p 0.95 --seed 0
     tinytx generate out/tinytx "Once" --compile     # static cache and a compiled forward (docs/performance.md)
 
-FOLDER is any folder `AutoModelForCausalLM` loads once hf_tinytx is imported (TinyTx, Llama, GPT-2, ...), with its
-tokenizer. What it prints is what the README's Python prints, `tokenizer.decode(model.generate(**tokenizer(prompt),
-...)[0], skip_special_tokens=True)`: the prompt and its continuation, streamed by transformers' `TextStreamer`. The
-folder's generation_config gives the end and padding tokens (and the sampling settings and `max_new_tokens` where it
-sets them); decoding is greedy unless --do_sample. --compile asks for a static key/value cache and, on a CPU, compiles
-the model's forward with `torch.compile` (inductor's C++ wrapper), the recipe of docs/performance.md: the first call
-compiles for 5-30 s, so it pays for long generations only. On an accelerator `generate` compiles a static cache's
-step by itself.
+FOLDER is any folder `AutoModelForCausalLM` loads once hf_tinytx is imported, with its tokenizer. It prints what
+the README's Python prints (the prompt and its continuation), streamed by transformers' `TextStreamer`. The folder's
+generation_config gives the defaults; decoding is greedy unless --do_sample.
 
-It needs the library alone (torch, transformers), not the `train` extra. The flags and the folder are checked before
-torch loads: a missing folder, one without a config, a tokenizer or weights, a damaged model.safetensors or a bad
-flag value is one line, `tinytx generate: error: ...`, exit 2. This module also holds what `tinytx chat` (chat.py)
-shares with it: the generation flags, the folder's checks, loading and the settings given to `generate`.
+The flags and the folder are checked before torch loads: a mistake is one line, `tinytx generate: error: ...`, exit 2.
+chat.py shares this module's flags, checks and loading.
 """
 
 import argparse
@@ -120,7 +113,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def check_folder(folder: str) -> str:
     """The model folder, as an absolute path, once it holds a config, a tokenizer and weights whose safetensors
-    headers read (the data itself is read when the model loads)."""
+    headers read."""
     path = os.path.abspath(os.path.expanduser(folder))
     if not os.path.exists(path):
         parent = os.path.dirname(path)
@@ -237,8 +230,8 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
 
 
 def compile_for_decoding(model) -> dict:
-    """docs/performance.md's recipe: on a CPU the forward is compiled here (`generate` compiles a static cache's step
-    by itself on accelerators only); the settings it adds to `generate`'s."""
+    """docs/performance.md's recipe: a static cache, and on a CPU the forward compiled here (`generate` compiles a
+    static cache's step by itself on accelerators only). Returns the settings it adds to `generate`'s."""
     import torch
 
     if model.device.type == "cpu":

@@ -4,21 +4,17 @@ it (Ollama, LM Studio, llama-cpp-python).
 
     python -m hf_tinytx.convert --to gguf path/to/tinytx model.gguf [--outtype f32|f16|q8_0] [--overwrite]
 
-Design choices, in the order a reader meets them:
-- The model is written as llama.cpp's "llama" architecture: a TinyTx model with the gated MLP and without qk_norm
-  is a Llama network (see convert.py). llama.cpp's Llama graph always uses SiLU, so other activations are refused,
-  and so are the RoPE types it has no twin for (dynamic, longrope, ...). A refusal comes before anything is written.
-- Queries and keys: Hugging Face Llama rotates dimension i with i + d/2 ("rotate half"); llama.cpp's Llama rotates
-  neighbours (2i, 2i+1). Permuting the rows of q_proj/k_proj within each head turns one into the other; the attention
-  scores, and so the outputs, are unchanged.
+Design choices:
+- The model is written as llama.cpp's "llama" architecture (a TinyTx model with the gated MLP and without qk_norm is
+  a Llama network, see convert.py). Activations other than SiLU and RoPE types llama.cpp lacks are refused, before
+  anything is written.
+- Hugging Face rotates dimension i with i + d/2 ("rotate half"), llama.cpp neighbours (2i, 2i+1): the rows of
+  q_proj/k_proj are permuted within each head, which leaves the attention scores unchanged.
 - Tied embeddings: only `token_embd` is written; llama.cpp uses it as the output head when `output` is absent.
-- The tokenizer must be a byte-level BPE with GPT-2's pre-tokenizer (what `hf_tinytx.tokenization` trains):
-  llama.cpp identifies pre-tokenizers by name, and ours is GPT-2's regex split, so it is written as "gpt-2".
-  Whether it adds BOS/EOS is read from the tokenizer itself.
-- Weights are written in f32, f16, or q8_0; one-dimensional tensors (norms, biases) stay f32 in every case, and a
-  matrix whose rows are not a multiple of q8_0's block of 32 values falls back to f16, as llama.cpp's converter does.
-- The file is written under a temporary name next to the destination, flushed, then renamed: the destination is
-  either the old file (or nothing) or the complete new one.
+- The tokenizer must be a byte-level BPE with GPT-2's regex split (what `hf_tinytx.tokenization` trains), written as
+  llama.cpp's "gpt-2" pre-tokenizer.
+- f32, f16 or q8_0; norms and biases stay f32, and a matrix whose rows q8_0's blocks of 32 do not divide gets f16.
+- The file is written under a temporary name beside the destination, then renamed over it.
 """
 
 import json
@@ -56,11 +52,8 @@ except ImportError as error:  # an optional extra: the rest of hf_tinytx works w
     ) from error
 
 
-OUTTYPES = {
-    "f32": gguf.LlamaFileType.ALL_F32,
-    "f16": gguf.LlamaFileType.MOSTLY_F16,
-    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-}
+OUTTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
 ARCHITECTURE = gguf.MODEL_ARCH.LLAMA
 # llama.cpp's name for GPT-2's regex split, which is what a ByteLevel pre-tokenizer without a prefix space does.
 PRE_TOKENIZER = "gpt-2"
@@ -68,9 +61,8 @@ PRE_TOKENIZER = "gpt-2"
 UNSUPPORTED_YARN_KEYS = ("attention_factor", "mscale", "mscale_all_dim")
 
 
-def write_gguf(
-    source: str | os.PathLike, destination: str | os.PathLike, outtype: str = "f32", overwrite: bool = False
-) -> Path:
+def write_gguf(source: str | os.PathLike, destination: str | os.PathLike, outtype: str = "f32",
+               overwrite: bool = False) -> Path:
     """Writes the TinyTx folder `source` (weights and tokenizer) as the GGUF file `destination`."""
     source, destination = Path(source), Path(destination)
     if outtype not in OUTTYPES:
@@ -277,15 +269,9 @@ def gguf_vocabulary(tokenizer: PreTrainedTokenizerFast, config: TinyTxConfig) ->
     chat_template = tokenizer.chat_template
     if isinstance(chat_template, dict):  # several named templates: GGUF stores them as a list
         chat_template = [{"name": name, "template": text} for name, text in chat_template.items()]
-    return GGUFVocabulary(
-        tokens=tokens,
-        token_types=[int(kind) for kind in token_types],
-        merges=_merges(spec["model"]["merges"]),
-        special_ids=special_ids,
-        add_bos=adds_bos(tokenizer),
-        add_eos=tokenizer.eos_token_id is not None and sample[-1:] == [tokenizer.eos_token_id],
-        chat_template=chat_template,
-    )
+    add_eos = tokenizer.eos_token_id is not None and sample[-1:] == [tokenizer.eos_token_id]
+    return GGUFVocabulary(tokens, [int(kind) for kind in token_types], _merges(spec["model"]["merges"]), special_ids,
+                          adds_bos(tokenizer), add_eos, chat_template)
 
 
 def _check_byte_level_bpe(spec: dict) -> None:

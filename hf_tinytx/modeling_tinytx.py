@@ -598,9 +598,4 @@ class TinyTxForSequenceClassification(GenericForSequenceClassification, TinyTxPr
     """TinyTx with a linear head on the last non-padding token's hidden state."""
 
 
-__all__ = [
-    "TinyTxPreTrainedModel",
-    "TinyTxModel",
-    "TinyTxForCausalLM",
-    "TinyTxForSequenceClassification",
-]
+__all__ = ["TinyTxPreTrainedModel", "TinyTxModel", "TinyTxForCausalLM", "TinyTxForSequenceClassification"]

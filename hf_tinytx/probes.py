@@ -27,9 +27,7 @@ def _leading_special_ids(tokenizer) -> list[int]:
     return [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
 
 
-def _split_candidate(
-    prompt_ids: list[int], full_ids: list[int], prompt: str, candidate: str
-) -> tuple[list[int], list[int]]:
+def _split_candidate(prompt_ids: list[int], full_ids: list[int], prompt: str, candidate: str) -> tuple[list, list]:
     """(context ids, candidate ids) from the tokens of `prompt` and of `prompt + candidate`. BPE may merge across the
     boundary, so the candidate's tokens are those of the whole text after its longest common prefix with the
     prompt's tokens."""
@@ -51,24 +49,15 @@ def _model_device(model) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def _forward_parameters(model) -> dict[str, inspect.Parameter] | None:
+def _forward_takes(model) -> tuple[bool, bool]:
+    """(logits_to_keep, attention_mask): whether the model's forward takes each. `logits_to_keep` only when named (a
+    `**kwargs` forward might hand it to a layer that rejects it); a forward that cannot be inspected takes the mask."""
     try:
-        return dict(inspect.signature(model.forward).parameters)
+        parameters = dict(inspect.signature(model.forward).parameters)
     except (AttributeError, TypeError, ValueError):
-        return None  # not inspectable: assume the usual transformers arguments
-
-
-def _takes_logits_to_keep(model) -> bool:
-    # Named explicitly only: a `**kwargs` forward might hand it to a layer that rejects it.
-    parameters = _forward_parameters(model)
-    return parameters is not None and "logits_to_keep" in parameters
-
-
-def _takes_attention_mask(model) -> bool:
-    parameters = _forward_parameters(model)
-    if parameters is None or "attention_mask" in parameters:
-        return True
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        return False, True
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return "logits_to_keep" in parameters, "attention_mask" in parameters or takes_kwargs
 
 
 @dataclass(frozen=True)
@@ -103,14 +92,11 @@ def _plan_inputs(split_candidates: list[tuple[list[int], list[int]]], rows: list
 
 
 @torch.no_grad()
-def _score_requests(
-    model, rows: list[list[int]], requests: list[_Request], batch_size: int, pad_id: int
-) -> list[float]:
+def _score_requests(model, rows: list[list[int]], requests: list[_Request], batch_size: int, pad_id: int) -> list:
     """Sum of log p(token | everything before it) over each request's tokens."""
     device = _model_device(model)
-    keep_logits_arg = _takes_logits_to_keep(model)
-    # The mask only marks right padding, which a causal model never looks back at; send it to models that take it.
-    send_mask = _takes_attention_mask(model)
+    # The mask only marks right padding, which a causal model never looks back at; sent to models that take it.
+    keep_logits_arg, send_mask = _forward_takes(model)
     requests_of_row: list[list[int]] = [[] for _ in rows]
     for index, request in enumerate(requests):
         requests_of_row[request.row].append(index)

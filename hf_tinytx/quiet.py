@@ -1,10 +1,8 @@
-"""Silences notices a user cannot act on, for the commands (training, conversion, serving); the library itself never
-calls this, so importing `hf_tinytx` changes no other package's logging.
+"""Silences notices a user cannot act on, for the commands; the library never calls this, so importing `hf_tinytx`
+changes no other package's logging.
 
-- DeepSpeed, when installed, is imported by transformers as soon as a model is saved or loaded, and on a machine
-  without an accelerator logs "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
-  detect it." at every command. Where torch itself sees no accelerator that line says nothing; elsewhere it may be
-  the one hint that a GPU went undetected, so it is kept.
+DeepSpeed, imported by transformers whenever a model is saved or loaded, logs "Setting accelerator to CPU. If you
+have GPU ..." at every command. Where torch sees no accelerator that line says nothing, so it is dropped there.
 """
 
 import logging

@@ -1,10 +1,9 @@
-"""Reads a saved model folder the way a converter must before it writes anything: its config, checked, and the names
-and shapes of its stored tensors (safetensors headers only, never the data), compared with what the config's model
-expects. Every problem is one ValueError line that names the file, what is wrong and what to do.
+"""Reads a saved model folder the way a converter must before it writes anything: its config, checked, and its
+stored tensors' names and shapes (safetensors headers only), compared with what the config's model expects. Each
+problem is one ValueError line.
 
-Why compare: `from_pretrained` fills a tensor the config expects but the files lack with random values and drops one
-the files hold but the config does not expect (a warning at most), so a config saying 3 layers over weights holding 2
-would convert into a different model without a word.
+Why compare: `from_pretrained` fills a tensor the files lack with random values and drops one the config does not
+expect, so a config saying 3 layers over weights holding 2 would convert into another model without a word.
 """
 
 import json
@@ -130,12 +129,9 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
         )
     if not has_safetensors(source):
         pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (source / name).exists()]
-        hint = (
+        hint = "" if not pickled else (
             f" It only has pickled weights ({pickled[0]}), which this tool does not load because unpickling can run "
-            "code; re-save it with `save_pretrained` (safetensors) in a trusted environment first."
-            if pickled
-            else ""
-        )
+            "code; re-save it with `save_pretrained` (safetensors) in a trusted environment first.")
         raise FileNotFoundError(f"convert: {str(source)!r} has no model.safetensors weights.{hint}")
     model_type = read_config_json(source, expected_type, "convert")["model_type"]
     if model_type != expected_type:

@@ -3,24 +3,18 @@ made safe to leave running.
 
     python -m hf_tinytx.serve out/tinytx --port 8000    # a folder or a Hub id; any `transformers serve` option
 
-Plain `transformers serve out/tinytx` stops at start-up with "module transformers has no attribute
-TinyTxForCausalLM", with or without `--trust-remote-code`: the server finds a model's class with
-`getattr(transformers, config.architectures[0])`, which sees only the classes built into transformers, not the Auto
-registry nor a checkpoint's `auto_map`. This launcher runs transformers' own `serve` command
-(`transformers.cli.serve.Serve`, the one behind `transformers serve`) with the arguments it was given, and:
+Plain `transformers serve out/tinytx` stops at start-up: the server finds a model's class with
+`getattr(transformers, config.architectures[0])`, which sees neither the Auto registry nor `auto_map`. This launcher
+runs transformers' own `Serve` with the arguments it was given, and:
 
 1. puts TinyTx's classes where that lookup looks (`transformers.TinyTxForCausalLM`, ...);
-2. checks the model argument first: a URL, a missing path or a folder that is not a model is one line, exit 2;
-3. checks every request (`hf_tinytx.serve_requests`, `hf_tinytx.serve_guard`): a bad field, a chat without a chat
-   template, `max_tokens` over the cap (`--max_tokens_cap`) or over the context left by the prompt are HTTP 400 with
-   a one-line reason in OpenAI's error shape; a generation stops when its client disconnects and after
-   `--max_request_seconds`;
-4. owns SIGINT and SIGTERM: in-flight generations end at their next token, their clients get what was generated
-   (within SHUTDOWN_S), and the process exits 128 + the signal's number (130, 143), whatever is still running; the
-   model's process exits with it. A second signal exits at once.
+2. checks the model argument first: a mistake is one line, exit 2;
+3. checks every request (serve_requests.py, serve_guard.py): a bad one is HTTP 400 with a one-line reason in OpenAI's
+   error shape; `max_tokens` is bounded by the cap and the context; a generation stops after --max_request_seconds;
+4. owns SIGINT and SIGTERM: generations in flight end at their next token, their clients get what was generated, and
+   the process exits 128 + the signal's number. A second signal exits at once.
 
-It needs the `serving` extra (`pip install "hf_tinytx[serving]"`: transformers >= 5.25, whose server runs each model in
-a process of its own, FastAPI, uvicorn and the `openai` types).
+It needs the `serving` extra (transformers >= 5.25, FastAPI, uvicorn, openai).
 """
 
 import os
@@ -88,9 +82,8 @@ def load_error(error: BaseException) -> str | None:
 
 
 def quiet_resource_tracker() -> None:
-    """The queues to the model's process hold semaphores that multiprocessing's resource tracker (a process it starts
-    with this environment) unlinks once this process exits; after `os._exit` it also warns that it did. The cleanup
-    stays, the warning goes: the exit is one line."""
+    """multiprocessing's resource tracker unlinks the model process's semaphores after `os._exit`, and warns that it
+    did: the cleanup stays, the warning goes."""
     quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
 

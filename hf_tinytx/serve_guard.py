@@ -1,16 +1,11 @@
-"""What `python -m hf_tinytx.serve` puts around transformers' server (`transformers.cli.serving`, >= 5.25), through
-the names `Serve` looks up when it starts: the model loader, the app factory and the two text handlers.
+"""What `python -m hf_tinytx.serve` puts around transformers' server (>= 5.25), through the names `Serve` looks up
+when it starts:
 
-- `TinyTxModelLoader`: transformers loads the model in a process of its own (spawned, so it imports afresh); the loader
-  travels there pickled, and makes TinyTx's classes visible to the server's class lookup before the model loads.
-- `RequestGuard`, an ASGI layer in front of the app: reads the body of `/v1/completions` and `/v1/chat/completions`,
-  answers a bad one with 400 (`hf_tinytx.serve_requests`), and counts the requests in flight. It refuses the
-  endpoints these checks do not cover. A client that leaves is transformers' own business (`CancelOnDisconnect`
-  stops its generation).
-- The handlers bound `max_tokens` by the model's context (max_position_embeddings minus the prompt) and by the cap,
-  and stop generation after `--max_request_seconds` (`generate`'s max_time).
-- `cancel_all`, for a stop signal: every generation in flight ends at its next token, and its client gets the text it
-  has.
+- `TinyTxModelLoader` makes TinyTx's classes visible in the model's own (spawned) process before the model loads.
+- `RequestGuard`, an ASGI layer, answers a bad body of /v1/completions and /v1/chat/completions with 400
+  (serve_requests.py), refuses the endpoints these checks do not cover, and counts the requests in flight.
+- The handlers bound `max_tokens` by the context left and the cap, and stop a generation after its max_time.
+- `cancel_all`, for a stop signal: every generation in flight ends at its next token.
 """
 
 import transformers

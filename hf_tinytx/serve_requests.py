@@ -58,18 +58,11 @@ def number(name: str, low: float, high: float, low_open: bool = False):
     return check
 
 
-def integer(name: str):
+def typed(name: str, ok, what: str):
+    """The check that `ok(value)` holds: else "`name` must be `what`, not `value`"."""
     def check(value, limits):
-        if not _integer(value):
-            raise RequestError(f"{name} must be a whole number, not {value!r}", name)
-
-    return check
-
-
-def boolean(name: str):
-    def check(value, limits):
-        if not isinstance(value, bool):
-            raise RequestError(f"{name} must be true or false, not {value!r}", name)
+        if not ok(value):
+            raise RequestError(f"{name} must be {what}, not {value!r}"[:300], name)
 
     return check
 
@@ -80,14 +73,6 @@ def string(name: str, empty_ok: bool = True):
             raise RequestError(f"{name} must be a string, not {type(value).__name__} {value!r}"[:300], name)
         if not empty_ok and not value.strip():
             raise RequestError(f"{name} is empty: send the text the model should continue", name)
-
-    return check
-
-
-def json_object(name: str):
-    def check(value, limits):
-        if not isinstance(value, dict):
-            raise RequestError(f"{name} must be a JSON object, not {value!r}"[:300], name)
 
     return check
 
@@ -186,9 +171,9 @@ COMMON = {
     "top_p": number("top_p", 0, 1, low_open=True),
     "frequency_penalty": number("frequency_penalty", -2, 2),
     "presence_penalty": neutral("presence_penalty", 0),
-    "stream": boolean("stream"),
-    "stream_options": json_object("stream_options"),
-    "seed": integer("seed"),
+    "stream": typed("stream", lambda value: isinstance(value, bool), "true or false"),
+    "stream_options": typed("stream_options", lambda value: isinstance(value, dict), "a JSON object"),
+    "seed": typed("seed", _integer, "a whole number"),
     "stop": check_stop,
     "n": neutral("n", 1),
     "logprobs": neutral("logprobs", None),
@@ -207,7 +192,7 @@ FIELDS = {
         **COMMON,
         "messages": check_messages,
         "max_completion_tokens": token_count("max_completion_tokens"),
-        "chat_template_kwargs": json_object("chat_template_kwargs"),
+        "chat_template_kwargs": typed("chat_template_kwargs", lambda value: isinstance(value, dict), "a JSON object"),
         "tools": list_of_objects("tools"),
     },
 }

@@ -10,17 +10,8 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 
 # Every file a saved tokenizer may consist of, its chat template included: what a conversion copies with a model.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 # A folder holding any one of these has a tokenizer AutoTokenizer can load (fast, or slow from its vocabulary); one
 # holding none was left half written or never held a tokenizer.
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",

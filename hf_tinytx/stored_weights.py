@@ -1,10 +1,8 @@
-"""The names and shapes of the tensors a saved model folder stores, read from the safetensors headers only (never the
-data), with a damaged file (truncated, a garbled header, a header length past the file's end, flipped bytes in its
-JSON) reported as one ValueError line naming the file and what to do.
+"""The names and shapes of the tensors a saved model folder stores, read from the safetensors headers only, with a
+damaged file reported as one ValueError line naming the file and what to do.
 
-Python's standard library and safetensors only, on purpose: finetune.py checks its base model's weights this way
-before torch loads. Convert and the GGUF export check a source folder with the same function (saved_folder.py), so
-every command says the same.
+Python's standard library and safetensors only: finetune.py checks its base model this way before torch loads, and
+convert and the GGUF export check their sources with it too (saved_folder.py), so every command says the same.
 """
 
 import json

@@ -3,20 +3,15 @@
 
 * previous-token: mean weight a token puts on the token just before it (position i-1);
 * first-token: mean weight on position 0 (a "resting place" many trained heads fall back to);
-* induction (lookup): at a token seen once before, weight on the token that followed it then, the head that finds
-  the earlier mention and reads what came next ("Harry Potter ... Harry" -> "Potter"; a key asked again -> its
-  value). Olsson et al. (2022) describe it; two layers suffice, a previous-token head below feeding it;
-* coreference: in the corpus's Winograd sentences ("The animal didn't cross the street because it was too tired.
-  The"), weight on the noun "it" refers to minus weight on the other noun, averaged over sentences.
+* induction (lookup): at a token seen once before, weight on the token that followed it then ("Harry Potter ...
+  Harry" -> "Potter"; Olsson et al., 2022);
+* coreference: in the corpus's Winograd sentences, weight on the noun "it" refers to minus weight on the other noun.
 
-A head that spreads its weight evenly over the i+1 visible tokens scores `uniform_baseline(n)` on the first two
-roles, `induction_baseline(ids)` on induction and zero on coreference; that is the bar a specialised head has to
-clear.
+A head that spreads its weight evenly scores `uniform_baseline(n)` on the first two roles, `induction_baseline(ids)`
+on induction and zero on coreference: the bar a specialised head has to clear.
 
-Where the coreference score is read matters in a causal model. At the token "it" the model has not yet seen the
-adjective that decides the referent ("tired" -> the animal, "wide" -> the street), so no head can know the answer
-there; `query="adjective"` and `query="last"` (the final "The", where the noun must be predicted) read the score
-where the sentence has been resolved.
+At the token "it" a causal model has not yet seen the adjective that decides the referent, so the coreference score
+is also read at the adjective (`query="adjective"`) and at the final "The" (`query="last"`).
 """
 
 import re
@@ -178,12 +173,8 @@ def locate_coref_probe(tokenizer, probe, query: str = "it") -> CorefSentence:
             match = re.search(r"(\w+)\.\s*\w*$", text)
             start, end = match.span(1)
         query_position = _tokens_covering(offsets, start, end)[-1]
-    return CorefSentence(
-        input_ids=list(encoding["input_ids"]),
-        query=query_position,
-        referent=_tokens_covering(offsets, *spans["referent"]),
-        other=_tokens_covering(offsets, *spans["other"]),
-    )
+    return CorefSentence(list(encoding["input_ids"]), query_position, _tokens_covering(offsets, *spans["referent"]),
+                         _tokens_covering(offsets, *spans["other"]))
 
 
 def coref_head_scores(model, tokenizer, probes, query: str = "it") -> dict[str, torch.Tensor]:
@@ -205,12 +196,8 @@ def coref_head_scores(model, tokenizer, probes, query: str = "it") -> dict[str, 
         other_total = other_total + on_other
         agree_total = agree_total + (on_referent > on_other).float()
     count = len(sentences)
-    return {
-        "referent": referent_total / count,
-        "other": other_total / count,
-        "score": (referent_total - other_total) / count,
-        "agreement": agree_total / count,
-    }
+    return {"referent": referent_total / count, "other": other_total / count,
+            "score": (referent_total - other_total) / count, "agreement": agree_total / count}
 
 
 def rank_heads(scores: torch.Tensor, top: int = 3) -> list[RankedHead]:
@@ -237,19 +224,7 @@ def find_heads(model, tokenizer, texts: list, coref_probes=None, top: int = 3) -
 
 
 __all__ = [
-    "COREF_QUERIES",
-    "ROLES",
-    "CorefSentence",
-    "RankedHead",
-    "coref_head_scores",
-    "find_heads",
-    "first_token_scores",
-    "induction_baseline",
-    "induction_scores",
-    "induction_targets",
-    "locate_coref_probe",
-    "positional_head_scores",
-    "previous_token_scores",
-    "rank_heads",
-    "uniform_baseline",
+    "COREF_QUERIES", "ROLES", "CorefSentence", "RankedHead", "coref_head_scores", "find_heads", "first_token_scores",
+    "induction_baseline", "induction_scores", "induction_targets", "locate_coref_probe", "positional_head_scores",
+    "previous_token_scores", "rank_heads", "uniform_baseline",
 ]

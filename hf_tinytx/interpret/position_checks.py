@@ -59,9 +59,8 @@ def permutation_check(n: int = 12, hidden_size: int = 64, num_heads: int = 4, se
 
 
 @torch.no_grad()
-def rotary_separation_check(
-    head_dim: int = 32, trials: int = 50, max_position: int = 1000, seed: int = 0
-) -> PositionCheck:
+def rotary_separation_check(head_dim: int = 32, trials: int = 50, max_position: int = 1000,
+                            seed: int = 0) -> PositionCheck:
     """max |q_m.k_n - q_{m+s}.k_{n+s}| over random q, k, m, n, s; contrast: |q_m.k_n - q_m.k_{n+s}|."""
     config = TinyTxConfig(hidden_size=head_dim, num_attention_heads=1, num_hidden_layers=1, vocab_size=16,
                           intermediate_size=head_dim, max_position_embeddings=2 * max_position)
