@@ -24,129 +24,97 @@ from hf_tinytx_training.optim.schedules import CLOCK_SHAPES
 from hf_tinytx_training.publish.output_dir import check_output_dir
 
 
+def flag(default, help: str):
+    """A dataclass field as HfArgumentParser reads it: the flag's default and its --help text."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class ModelArguments:
-    model_preset: str = field(
-        default="tiny", metadata={"help": "A model size from training/configs/ (tiny ~1M, small ~10M, base ~124M)."}
-    )
-    model_config: str | None = field(
-        default=None, metadata={"help": "A TinyTxConfig as a .json/.yaml file; replaces --model_preset."}
-    )
-    init_from: str | None = field(
-        default=None, metadata={"help": "Continue training the model (and tokenizer) in this saved model folder."}
-    )
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "A tokenizer folder or Hub id. Default: train a byte-level BPE on the data."}
-    )
-    vocab_size: int = field(default=2048, metadata={"help": "Vocabulary size of the BPE trained when none is named."})
-    hidden_size: int | None = field(default=None, metadata={"help": "Override the preset's width."})
-    intermediate_size: int | None = field(default=None, metadata={"help": "Override the preset's MLP width."})
-    num_hidden_layers: int | None = field(default=None, metadata={"help": "Override the preset's depth."})
-    num_attention_heads: int | None = field(default=None, metadata={"help": "Override the preset's head count."})
-    num_key_value_heads: int | None = field(default=None, metadata={"help": "Override the preset's kv heads."})
-    max_position_embeddings: int | None = field(default=None, metadata={"help": "Override the longest context."})
-    attn_implementation: str = field(default="sdpa", metadata={"help": "eager, sdpa, flash_attention_2, ..."})
-    torch_compile: bool = field(default=False, metadata={
-        "help": "Compile the model with torch.compile for training and evaluation (the final probes and samples run "
-                "eagerly: their many shapes would each compile again)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations to save memory."})
+    model_preset: str = flag("tiny", "A model size from training/configs/ (tiny ~1M, small ~10M, base ~124M).")
+    model_config: str | None = flag(None, "A TinyTxConfig as a .json/.yaml file; replaces --model_preset.")
+    init_from: str | None = flag(None, "Continue training the model (and tokenizer) in this saved model folder.")
+    tokenizer_name: str | None = flag(
+        None, "A tokenizer folder or Hub id. Default: train a byte-level BPE on the data.")
+    vocab_size: int = flag(2048, "Vocabulary size of the BPE trained when none is named.")
+    hidden_size: int | None = flag(None, "Override the preset's width.")
+    intermediate_size: int | None = flag(None, "Override the preset's MLP width.")
+    num_hidden_layers: int | None = flag(None, "Override the preset's depth.")
+    num_attention_heads: int | None = flag(None, "Override the preset's head count.")
+    num_key_value_heads: int | None = flag(None, "Override the preset's kv heads.")
+    max_position_embeddings: int | None = flag(None, "Override the longest context.")
+    attn_implementation: str = flag("sdpa", "eager, sdpa, flash_attention_2, ...")
+    torch_compile: bool = flag(
+        False, "Compile the model with torch.compile for training and evaluation (the final probes and samples run "
+        "eagerly: their many shapes would each compile again).")
+    gradient_checkpointing: bool = flag(False, "Recompute activations to save memory.")
 
 
 @dataclass
 class DataArguments:
-    dataset_name: str | None = field(default=None, metadata={"help": "A dataset on the Hub (datasets.load_dataset)."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "The Hub dataset's configuration."})
-    train_file: str | None = field(
-        default=None, metadata={"help": "Local training text: .txt/.json/.jsonl/.parquet file or glob."}
-    )
-    validation_file: str | None = field(default=None, metadata={"help": "Local validation text, same formats."})
-    text_column: str = field(default="text", metadata={"help": "The column holding the documents."})
-    streaming: bool = field(default=False, metadata={"help": "Stream the Hub dataset instead of downloading it."})
-    num_train_documents: int | None = field(
-        default=None,
-        metadata={"help": "Documents of the embedded default corpus (default 12000), or at most this many read."},
-    )
-    validation_split_percentage: int = field(
-        default=5, metadata={"help": "Percent of the documents held out when no validation split is given."}
-    )
-    block_size: int = field(default=128, metadata={"help": "Tokens per training sequence (packed documents)."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    dataset_name: str | None = flag(None, "A dataset on the Hub (datasets.load_dataset).")
+    dataset_config_name: str | None = flag(None, "The Hub dataset's configuration.")
+    train_file: str | None = flag(None, "Local training text: .txt/.json/.jsonl/.parquet file or glob.")
+    validation_file: str | None = flag(None, "Local validation text, same formats.")
+    text_column: str = flag("text", "The column holding the documents.")
+    streaming: bool = flag(False, "Stream the Hub dataset instead of downloading it.")
+    num_train_documents: int | None = flag(
+        None, "Documents of the embedded default corpus (default 12000), or at most this many read.")
+    validation_split_percentage: int = flag(5, "Percent of the documents held out when no validation split is given.")
+    block_size: int = flag(128, "Tokens per training sequence (packed documents).")
+    preprocessing_num_workers: int | None = flag(None, "Processes for tokenization.")
 
 
 @dataclass
 class PretrainArguments:
-    output_dir: str = field(default="out/tinytx", metadata={"help": "Where the model folder and checkpoints go."})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a model already exported in --output_dir."}
-    )
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "Sequences per device per micro-step."})
-    per_device_eval_batch_size: int = field(default=32, metadata={"help": "Sequences per device when evaluating."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-steps per optimizer step."})
-    total_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "Sequences per optimizer step over all processes: sets --gradient_accumulation_steps to "
-                  "this / (--per_device_train_batch_size x processes), which must divide it exactly."},
-    )
-    learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate of AdamW."})
-    optimizer: str = field(
-        default="adamw",
-        metadata={"help": "adamw, or muon: torch.optim.Muon for the matrices inside the blocks, AdamW for the "
-                  "embeddings, the output head and the norms (one process or DDP)."},
-    )
-    muon_learning_rate: float | None = field(
-        default=None, metadata={"help": "Peak learning rate of Muon (scaled to AdamW's update size); default: "
-                                "--learning_rate."}
-    )
-    weight_decay: float = field(default=0.1, metadata={"help": "Weight decay (2-D weights only)."})
-    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the gradient norm to this (0 disables)."})
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Any transformers.get_scheduler name."})
-    num_warmup_steps: int = field(default=30, metadata={"help": "Linear warmup steps."})
-    max_train_steps: int | None = field(
-        default=None, metadata={"help": "Optimizer steps. Default: from --max_train_tokens, else 600."}
-    )
-    max_train_tokens: int | None = field(default=None, metadata={"help": "Token budget; sets --max_train_steps."})
-    max_train_seconds: float = field(
-        default=0.0,
-        metadata={"help": "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock "
-                  "and ends at this second. With --max_train_steps or --max_train_tokens it only cuts the run short "
-                  "(the run then says so; --resume_from_checkpoint latest continues it for as long again). "
-                  "0: no clock."},
-    )
-    seed: int = field(default=0, metadata={"help": "Seed for initialisation, data order and splits."})
-    mixed_precision: str = field(default="no", metadata={"help": "no or bf16."})
-    eval_steps: int = field(default=200, metadata={"help": "Evaluate every N optimizer steps (and at the end)."})
-    max_eval_batches: int | None = field(default=None, metadata={
-        "help": "Evaluate on at most N batches of --per_device_eval_batch_size blocks, counted over all processes "
-                "(the same blocks on any process count)."})
-    checkpointing_steps: int | None = field(
-        default=None, metadata={"help": "Save a resumable checkpoint every N steps (one is always saved at the end)."}
-    )
-    checkpoints_total_limit: int | None = field(default=2, metadata={"help": "Keep only the last K checkpoints."})
-    resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "'latest' or a checkpoint folder to continue from exactly."}
-    )
-    report_to: str = field(
-        default="none", metadata={"help": "tensorboard, trackio, wandb (several joined by commas), all or none."}
-    )
-    num_probes_per_kind: int = field(default=100, metadata={"help": "Probe prompts per kind after training (0: off)."})
-    num_samples: int = field(default=3, metadata={"help": "Sample generations printed after training."})
-    push_to_hub: bool = field(
-        default=False, metadata={"help": "Upload each checkpoint (in the background) and the final model to the Hub."}
-    )
-    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id; default: the output dir name."})
-    hub_token: str | None = field(default=None, metadata={"help": "Hub token; default: HF_TOKEN / stored login."})
-    hub_private_repo: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
-    hub_timeout: float = field(
-        default=600.0, metadata={"help": "At the end, wait at most this many seconds for the uploads to finish."}
-    )
-    ddp_timeout: float = field(
-        default=1800.0,
-        metadata={"help": "Seconds a process waits for the others at any collective (a step's all-reduce, a barrier) "
-                  "before the run stops with a line naming the checkpoint to resume from: a frozen or lost node "
-                  "ends the job instead of hanging it (Trainer's flag and default). Raise it when the main process "
-                  "tokenizes a large corpus while the others wait."},
-    )
+    output_dir: str = flag("out/tinytx", "Where the model folder and checkpoints go.")
+    overwrite_output_dir: bool = flag(False, "Replace a model already exported in --output_dir.")
+    per_device_train_batch_size: int = flag(16, "Sequences per device per micro-step.")
+    per_device_eval_batch_size: int = flag(32, "Sequences per device when evaluating.")
+    gradient_accumulation_steps: int = flag(1, "Micro-steps per optimizer step.")
+    total_batch_size: int | None = flag(
+        None, "Sequences per optimizer step over all processes: sets --gradient_accumulation_steps to this / "
+        "(--per_device_train_batch_size x processes), which must divide it exactly.")
+    learning_rate: float = flag(3e-3, "Peak learning rate of AdamW.")
+    optimizer: str = flag(
+        "adamw", "adamw, or muon: torch.optim.Muon for the matrices inside the blocks, AdamW for the embeddings, the "
+        "output head and the norms (one process or DDP).")
+    muon_learning_rate: float | None = flag(
+        None, "Peak learning rate of Muon (scaled to AdamW's update size); default: --learning_rate.")
+    weight_decay: float = flag(0.1, "Weight decay (2-D weights only).")
+    adam_beta2: float = flag(0.95, "AdamW beta2.")
+    max_grad_norm: float = flag(1.0, "Clip the gradient norm to this (0 disables).")
+    lr_scheduler_type: str = flag("cosine", "Any transformers.get_scheduler name.")
+    num_warmup_steps: int = flag(30, "Linear warmup steps.")
+    max_train_steps: int | None = flag(None, "Optimizer steps. Default: from --max_train_tokens, else 600.")
+    max_train_tokens: int | None = flag(None, "Token budget; sets --max_train_steps.")
+    max_train_seconds: float = flag(
+        0.0, "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock and ends at "
+        "this second. With --max_train_steps or --max_train_tokens it only cuts the run short (the run then says so; "
+        "--resume_from_checkpoint latest continues it for as long again). 0: no clock.")
+    seed: int = flag(0, "Seed for initialisation, data order and splits.")
+    mixed_precision: str = flag("no", "no or bf16.")
+    eval_steps: int = flag(200, "Evaluate every N optimizer steps (and at the end).")
+    max_eval_batches: int | None = flag(
+        None, "Evaluate on at most N batches of --per_device_eval_batch_size blocks, counted over all processes (the "
+        "same blocks on any process count).")
+    checkpointing_steps: int | None = flag(
+        None, "Save a resumable checkpoint every N steps (one is always saved at the end).")
+    checkpoints_total_limit: int | None = flag(2, "Keep only the last K checkpoints.")
+    resume_from_checkpoint: str | None = flag(None, "'latest' or a checkpoint folder to continue from exactly.")
+    report_to: str = flag("none", "tensorboard, trackio, wandb (several joined by commas), all or none.")
+    num_probes_per_kind: int = flag(100, "Probe prompts per kind after training (0: off).")
+    num_samples: int = flag(3, "Sample generations printed after training.")
+    push_to_hub: bool = flag(False, "Upload each checkpoint (in the background) and the final model to the Hub.")
+    hub_model_id: str | None = flag(None, "Hub repo id; default: the output dir name.")
+    hub_token: str | None = flag(None, "Hub token; default: HF_TOKEN / stored login.")
+    hub_private_repo: bool = flag(False, "Create the Hub repo as private.")
+    hub_timeout: float = flag(600.0, "At the end, wait at most this many seconds for the uploads to finish.")
+    ddp_timeout: float = flag(
+        1800.0, "Seconds a process waits for the others at any collective (a step's all-reduce, a barrier) before the "
+        "run stops with a line naming the checkpoint to resume from: a frozen or lost node ends the job instead of "
+        "hanging it (Trainer's flag and default). Raise it when the main process tokenizes a large corpus while the "
+        "others wait.")
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)

@@ -15,7 +15,14 @@ from types import SimpleNamespace
 from transformers import HfArgumentParser
 
 from hf_tinytx import sources, stored_weights
-from hf_tinytx_training.args import build_parser, check_hub_repo_id, check_hub_timeout, env_flag, warn_if_token_in_argv
+from hf_tinytx_training.args import (
+    build_parser,
+    check_hub_repo_id,
+    check_hub_timeout,
+    env_flag,
+    flag,
+    warn_if_token_in_argv,
+)
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.errors import UserInputError, as_user_input_error
 from hf_tinytx_training.publish.output_dir import check_output_dir, check_second_destination, refuse_overlap
@@ -39,34 +46,20 @@ class FinetuneArguments:
     train_file: str = field(
         metadata={"help": ".jsonl of {prompt, response} or {messages} records, or .txt with one document per line."}
     )
-    validation_file: str | None = field(default=None, metadata={"help": "Held-out data in the same format."})
-    max_seq_length: int | None = field(
-        default=None, metadata={"help": "Longest training row in tokens. Default: min(1024, the model's context)."}
-    )
-    packing: bool = field(
-        default=False, metadata={"help": "Pack examples end to end into full rows instead of padding each one."}
-    )
-    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of every weight."})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (the update is scaled by alpha/r)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
-    lora_target_modules: str = field(
-        default=LLAMA_LINEAR_NAMES,
-        metadata={"help": "Comma-separated module names to adapt (those the model lacks are skipped), or all-linear."},
-    )
-    merge: bool = field(
-        default=False, metadata={"help": "With --use_peft: also save base + adapter merged into one model folder."}
-    )
-    merged_output_dir: str | None = field(
-        default=None, metadata={"help": "Where --merge writes; default output_dir/merged."}
-    )
-    attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa, ...; default: the model's."})
-    hub_timeout: float = field(
-        default=600.0, metadata={"help": "With --push_to_hub: wait at most this many seconds for the upload."}
-    )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow a checkpoint's own code (models transformers does not know)."}
-    )
+    validation_file: str | None = flag(None, "Held-out data in the same format.")
+    max_seq_length: int | None = flag(None, "Longest training row in tokens. Default: min(1024, the model's context).")
+    packing: bool = flag(False, "Pack examples end to end into full rows instead of padding each one.")
+    use_peft: bool = flag(False, "Train a LoRA adapter instead of every weight.")
+    lora_r: int = flag(8, "LoRA rank.")
+    lora_alpha: int = flag(16, "LoRA scaling numerator (the update is scaled by alpha/r).")
+    lora_dropout: float = flag(0.05, "Dropout on the LoRA input.")
+    lora_target_modules: str = flag(
+        LLAMA_LINEAR_NAMES, "Comma-separated module names to adapt (those the model lacks are skipped), or all-linear.")
+    merge: bool = flag(False, "With --use_peft: also save base + adapter merged into one model folder.")
+    merged_output_dir: str | None = flag(None, "Where --merge writes; default output_dir/merged.")
+    attn_implementation: str | None = flag(None, "eager, sdpa, ...; default: the model's.")
+    hub_timeout: float = flag(600.0, "With --push_to_hub: wait at most this many seconds for the upload.")
+    trust_remote_code: bool = flag(False, "Allow a checkpoint's own code (models transformers does not know).")
     overwrite_output_dir: bool = field(  # TrainingArguments dropped its flag of this name in transformers 5
         default=False,
         metadata={"help": "Replace the earlier run in --output_dir (its model and checkpoints; other files stay)."},
