@@ -8,16 +8,15 @@ functions (`save_state`, `load_state`) what a checkpoint holds:
                              state sharded: sharded/ (torch.distributed.checkpoint, one file per process + .metadata)
                              and scheduler.bin, next to Accelerate's RNG files.
 
-A checkpoint is written under a temporary name, flushed to disk, checksummed, and only then renamed to step_N, so a
-run killed mid-save leaves the earlier checkpoints as they were. A resume verifies the checksums and falls back to the
-newest intact checkpoint, saying which it skipped and why; checkpoints it will not continue from are set aside
-(renamed, never deleted) so that `latest` cannot pick them after the next interruption.
+A checkpoint is written under a temporary name, flushed, checksummed, then renamed to step_N: a kill mid-save leaves
+the earlier ones as they were. A resume verifies the checksums and falls back to the newest intact checkpoint; those
+it will not continue from are set aside (renamed, never deleted), so that `latest` never picks them.
 
-Nothing is unpickled with `weights_only=False`: Accelerate loads its files with `weights_only=True`, and DeepSpeed's
-checkpoint engine, which does not, is made to (`load_deepspeed_without_code`). Checksums only find damage, not a file
-replaced with its checksum recomputed beside it.
+Nothing is unpickled with `weights_only=False`, DeepSpeed's states included (`load_deepspeed_without_code`).
+Checksums find damage, not a file replaced with its checksum recomputed beside it.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,15 +37,12 @@ SHARDED_DIR = "sharded"
 SCHEDULER_FILE = "scheduler.bin"
 CONFIG_FILE = "config.json"
 # What fixes the order of the data, step by step: a resume must keep them. The process count and the accumulation
-# may change (elastic resume): with the same global batch every step reads the same blocks.
+# may change: with the same global batch every step reads the same blocks.
 DATA_ORDER = ("seed", "block_size", "global_batch")
-# Flags whose values a checkpoint's optimizer and schedule hold (each group's lr, betas and weight decay, the
-# schedule's base rates): loading the checkpoint would bring the old values back, so a resume must keep them. The
-# rest (steps, warm-up, the schedule's shape, clipping) is read from the command line on resume, and applied.
+# Flags whose values a checkpoint's optimizer and schedule hold: loading it would bring the old values back, so a
+# resume must keep them. The rest (steps, warm-up, the schedule's shape, clipping) may change on resume.
 OPTIMIZER_STATE = ("optimizer", "learning_rate", "muon_learning_rate", "weight_decay", "adam_beta2")
-# A checkpoint is a new folder written as .tmp_<name> and renamed in whole (one os.replace): not the STAGING_NAME
-# folder that `publish` empties file by file into a destination holding other files.
-TEMPORARY_PREFIX = ".tmp_"
+TEMPORARY_PREFIX = ".tmp_"  # a checkpoint is written as .tmp_<name>, then renamed in whole
 RANDOM_STATES = "random_states"  # Accelerate's random_states_<process index>.pkl
 DEEPSPEED_DIR = "pytorch_model"  # where Accelerate has DeepSpeed write its states
 
@@ -75,9 +71,8 @@ class Layout:
 
 @dataclass
 class TrainingState:
-    """Where a pretrain run stands, as trainer_state.json records it beside Accelerate's files (model, optimizer,
-    scheduler, the RNG of every process). `save_state` writes every field and `load_state` reads every field back: a
-    field added here is saved and resumed with no other change to this module."""
+    """Where a pretrain run stands, as trainer_state.json records it beside Accelerate's files. `save_state` writes
+    every field and `load_state` reads every field back."""
 
     step: int  # optimizer steps completed
     epoch: int
@@ -89,14 +84,9 @@ class TrainingState:
 
 def make_run_signature(train_args, block_size: int, global_batch: int, num_processes: int) -> dict:
     """What a resume must keep (DATA_ORDER, OPTIMIZER_STATE) and what it may change, as TrainingState records it."""
-    return {
-        "seed": train_args.seed,
-        "block_size": block_size,
-        "global_batch": global_batch,
-        "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
-        "num_processes": num_processes,
-        **{key: getattr(train_args, key) for key in OPTIMIZER_STATE},
-    }
+    return {"seed": train_args.seed, "block_size": block_size, "global_batch": global_batch,
+            "gradient_accumulation_steps": train_args.gradient_accumulation_steps, "num_processes": num_processes,
+            **{key: getattr(train_args, key) for key in OPTIMIZER_STATE}}
 
 
 def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None,
@@ -139,9 +129,8 @@ def rename_into_place(temporary: str, final: str) -> None:
 def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, sharded: bool,
                deepspeed_engine=None) -> TrainingState:
     """Puts what `save_state` wrote back into the model, optimizer and scheduler (`parts`) and the RNG (every process
-    takes part), and returns the TrainingState. A checkpoint written by another process count resumes too (its
-    schedule is counted again for this one), sharded states by resharding; what cannot be is refused before anything
-    is loaded, naming a route that works."""
+    takes part); returns the TrainingState. Another process count resumes too (sharded states reshard); what cannot
+    is refused before anything loads, naming a route that works."""
     state = read_training_state(folder)
     saved = state.run_signature
     if any(saved.get(key) != run_signature[key] for key in DATA_ORDER):
@@ -152,7 +141,8 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
             f"--init_from {folder}."
         )
     written_by, in_shards = saved.get("num_processes", 1), os.path.isdir(os.path.join(folder, SHARDED_DIR))
-    refuse_optimizer_change(folder, saved, run_signature)
+    refuse_optimizer_change(folder, saved, run_signature, OPTIMIZER_STATE,
+                            f"start a new run with the new ones from its weights with --init_from {folder}")
     refuse_layout_change(folder, written_by, accelerator.num_processes, in_shards, sharded, deepspeed_engine)
     check_random_state(folder, accelerator.process_index)
     if deepspeed_engine is not None:
@@ -171,16 +161,16 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     return state
 
 
-def refuse_optimizer_change(folder: str, saved: dict, run_signature: dict) -> None:
-    """A changed optimizer flag would be silently undone by the checkpoint's optimizer state, while this run's
-    record said otherwise: refused, naming each flag (a checkpoint older than the record has none to compare)."""
-    changed = [key for key in OPTIMIZER_STATE if key in saved and saved[key] != run_signature[key]]
+def refuse_optimizer_change(folder: str, saved: dict, now: dict, flags: tuple, way_on: str) -> None:
+    """A changed optimizer flag would be silently undone by the checkpoint's optimizer state: refused, naming each
+    (a checkpoint older than its record of `flags` has none to compare)."""
+    changed = [flag for flag in flags if flag in saved and saved[flag] != now[flag]]
     if changed:
-        was = ", ".join(f"--{key} {saved[key]}" for key in changed)
-        now = ", ".join(f"--{key} {run_signature[key]}" for key in changed)
+        was = ", ".join(f"--{flag} {saved[flag]}" for flag in changed)
         raise UserInputError(
-            f"{folder} was trained with {was}, but this run has {now}: its optimizer state holds the old values; "
-            f"resume with {was}, or start a new run with the new ones from its weights with --init_from {folder}."
+            f"{folder} was trained with {was}, but this run has "
+            f"{', '.join(f'--{flag} {now[flag]}' for flag in changed)}: its optimizer state holds the old values; "
+            f"resume with {was}, or {way_on}."
         )
 
 
@@ -204,9 +194,8 @@ def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards
 
 
 def check_random_state(folder: str, process_index: int) -> None:
-    """Accelerate skips an RNG file it cannot load without a word (dropout would then draw other numbers than the
-    interrupted run): a file that is there must load. A process the checkpoint's run did not have has none, and
-    keeps the seed's state."""
+    """Accelerate skips an RNG file it cannot load without a word (dropout would then draw other numbers): a file that
+    is there must load. A process the checkpoint's run did not have keeps the seed's state."""
     path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
     if not os.path.exists(path):
         return
@@ -280,9 +269,8 @@ def load_sharded(folder: str, model, optimizer, scheduler) -> None:
 
 
 def load_deepspeed_without_code(engine) -> None:
-    """Makes a DeepSpeed engine read its model and optimizer states with torch.load(weights_only=True): DeepSpeed's own
-    engine unpickles them with weights_only=False, so a planted pickle would run code on `--resume_from_checkpoint`.
-    Its ZeRO-2/3 states hold tensors, plain containers and three DeepSpeed classes of plain data, allow-listed here."""
+    """Makes a DeepSpeed engine read its states with torch.load(weights_only=True) (its own unpickles them, so a planted
+    pickle would run code on resume); three DeepSpeed classes of plain data are allow-listed."""
     engine.checkpoint_engine.load = load_weights_only  # DeepSpeed reads every state file through this method
 
 
@@ -342,20 +330,18 @@ def load_partitioned_weights(model, folder: str) -> None:
     model.tie_weights()
 
 
-class deepspeed_reads_weights_only:
-    """DeepSpeed's zero_to_fp32 loads every state file with torch.load(weights_only=False): while this is entered,
-    torch.load there reads through `load_weights_only` (tensors, plain containers, DeepSpeed's allow-listed
-    classes)."""
+@contextlib.contextmanager
+def deepspeed_reads_weights_only():
+    """DeepSpeed's zero_to_fp32 loads every state file with torch.load(weights_only=False): within this block its
+    torch.load reads through `load_weights_only`."""
+    import deepspeed.utils.zero_to_fp32 as consolidation
 
-    def __enter__(self):
-        import deepspeed.utils.zero_to_fp32 as consolidation
-
-        self.module, self.torch = consolidation, consolidation.torch
-        self.module.torch = _WeightsOnlyTorch(self.torch)
-
-    def __exit__(self, *exc):
-        self.module.torch = self.torch
-        return False
+    torch = consolidation.torch
+    consolidation.torch = _WeightsOnlyTorch(torch)
+    try:
+        yield
+    finally:
+        consolidation.torch = torch
 
 
 class _WeightsOnlyTorch:
@@ -407,9 +393,8 @@ def problem_with(folder: str) -> str | None:
 
 
 def holds_weights(name: str) -> bool:
-    """Whether a checkpoint file holds model weights: safetensors (one process, DDP), a distributed checkpoint's
-    .metadata (sharded/ here, Accelerate's FSDP2 with SHARDED_STATE_DICT), DeepSpeed's model states (ZeRO-3: one
-    zero_pp_rank_R_mp_rank_00_model_states.pt per process)."""
+    """Whether a checkpoint file holds model weights: safetensors, a distributed checkpoint's .metadata (FSDP2), or
+    DeepSpeed's model states."""
     return (name.endswith((".safetensors", "mp_rank_00_model_states.pt"))
             or os.path.basename(name) == ".metadata")
 
@@ -472,23 +457,19 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
         fsync_dir(checkpoints_dir)
 
 
-class disk_space_guard:
+@contextlib.contextmanager
+def disk_space_guard(path: str, layout: Layout):
     """Turns "no space left" while writing `path` into a RunError that names the path, the space needed and free,
-    and the newest checkpoint that is still intact; the half-written `path` is removed to give the space back."""
-
-    def __init__(self, path: str, layout: Layout):
-        self.path, self.layout = path, layout
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if error is None or not is_disk_full(error, self.path):
-            return False
-        written = folder_size(self.path)
-        if os.path.isdir(self.path) and os.path.basename(self.path).startswith((TEMPORARY_PREFIX, STAGING_NAME)):
-            shutil.rmtree(self.path, ignore_errors=True)
-        raise RunError(disk_full_message(self.path, written, self.layout)) from None
+    and the newest intact checkpoint; the half-written `path` is removed to give the space back."""
+    try:
+        yield
+    except Exception as error:
+        if not is_disk_full(error, path):
+            raise
+        written = folder_size(path)
+        if os.path.isdir(path) and os.path.basename(path).startswith((TEMPORARY_PREFIX, STAGING_NAME)):
+            shutil.rmtree(path, ignore_errors=True)
+        raise RunError(disk_full_message(path, written, layout)) from None
 
 
 def disk_full_message(path: str, needed_at_least: int, layout: Layout) -> str:

@@ -8,22 +8,13 @@
     tinytx generate FOLDER PROMPT [flags]    continue a prompt, streamed      (python -m hf_tinytx.generate)
     tinytx chat FOLDER [flags]               chat in the terminal             (python -m hf_tinytx.chat)
 
-A subcommand runs its module as `python -m` does. Nothing heavy is imported here, so `tinytx --help` and every
-`tinytx <command> --help` are answered without torch. convert and interpret load torch as they import, so their flags
-are parsed here first (hf_tinytx/command_flags.py).
+A subcommand runs its module as `python -m` does. Nothing heavy is imported here, so every `--help` is answered
+without torch (convert's and interpret's flags are parsed here first: hf_tinytx/command_flags.py).
 
-pretrain.py and finetune.py call `start_script` above their imports and `finish_script` at their end:
-
-    start_script: the stop signals handled (preemption.py) -> the torch-free checks (`preflight`: bad input is one
-                  line and exit 2, before torch loads)
-    the script's imports (torch, transformers: seconds) -> its main() -> finish_script: the exit status
-
-The exit status, the same for both scripts:
-    0            the run finished
-    2            bad input (UserInputError), before or after torch loaded
-    1            a fault while running (RunError: a non-finite loss, a lost peer, a push that did not happen), or a
-                 full disk
-    128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped), or a peer that left at the signal first
+pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, then `preflight`:
+bad input is one line and exit 2, before torch loads) and `finish_script` at their end. The exit status: 0 the run
+finished; 2 bad input (UserInputError); 1 a fault while running (RunError) or a full disk; 128 + signal stopped by
+SIGTERM or SIGINT with a checkpoint (Stopped).
 """
 
 import difflib
@@ -59,8 +50,8 @@ TRAIN_EXTRA = ("accelerate", "datasets", "matplotlib", "jinja2", "yaml", "tqdm")
 
 
 def missing_extra(command: str) -> str | None:
-    """The one-line error of a training command whose `train` extra is not installed, or None. Only looked up
-    (`find_spec`), never imported, so that nothing heavy loads."""
+    """The one-line error of a training command whose `train` extra is not installed, or None (looked up, never
+    imported)."""
     if command not in ("pretrain", "finetune"):
         return None
     missing = []
@@ -119,8 +110,7 @@ EARLY_CHECKS = {"pretrain": "args", "finetune": "sft.args"}
 
 def start_script(script_file: str, package: str | None) -> None:
     """Called by pretrain.py and finetune.py above their imports (`__file__`, `__package__`): handles the stop
-    signals, then checks the input (exit 2 and one line if bad). The script reads the same stop requests later
-    (`stop_requests` keeps one per program) and hands them to `finish_script`."""
+    signals, then checks the input (exit 2 and one line if bad)."""
     script = os.path.splitext(os.path.basename(script_file))[0]
     program = f"{script}.py"
     if not package:  # `python training/pretrain.py` in a checkout (also under torchrun or accelerate launch)
@@ -138,9 +128,8 @@ def start_script(script_file: str, package: str | None) -> None:
 
 
 def use_this_checkout(script_file: str) -> None:
-    """A checkout's script imports the installed hf_tinytx_training: it must be this very folder (an editable install
-    of this checkout). The checkout's top then comes first on sys.path, in place of training/ (whose module names
-    would otherwise shadow libraries')."""
+    """A checkout's script imports the installed hf_tinytx_training, which must be this very folder (an editable
+    install). The checkout's top then replaces training/ on sys.path (whose module names would shadow libraries')."""
     module = f"{__package__}.{os.path.splitext(os.path.basename(script_file))[0]}"
     spec = find_spec(module)
     name = os.path.basename(script_file)
@@ -159,8 +148,7 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
     except Stopped as stopped:
         leave_stopped(stopped)
     except (UserInputError, RunError) as error:
-        # One write, newline included: every process of a launch may say it at once, and print() writes the newline
-        # separately, so two processes' lines could run together.
+        # One write, newline included: the processes of a launch may say it at once.
         sys.stderr.write(f"{program}: error: {error}\n")
         leave(2 if isinstance(error, UserInputError) else 1)
     except Exception as error:
@@ -190,12 +178,9 @@ def leave(code: int) -> NoReturn:
 
 
 def exit_launched_process(code: int = 0) -> None:
-    """Ends a process of a multi-process launch at once, once its run has ended: every file is written and closed,
-    the trackers are finished and the process groups destroyed, but a gloo group's worker threads live on while
-    anything still references the group (DeepSpeed and FSDP2 keep references past `destroy_process_group`). The
-    interpreter's own shutdown would then run beside them, and a worker that needs the GIL at that moment (to free
-    a tensor) aborts the process ("terminate called without an active exception", exit code -6): a finished run
-    reported as failed. Leaving with os._exit skips that shutdown; the kernel releases the output folder's lock."""
+    """Ends a process of a multi-process launch at once, once its run has ended. A gloo group's worker threads live on
+    while DeepSpeed or FSDP2 still reference the group, and one that needs the GIL during the interpreter's shutdown
+    aborts the process (exit -6): a finished run reported as failed. os._exit skips that shutdown."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logging.shutdown()
         sys.stdout.flush()
@@ -205,12 +190,10 @@ def exit_launched_process(code: int = 0) -> None:
 
 # ---- the working directory must not stand in for the installed hf_tinytx
 
-# A clone keeps git's default folder name, `hf_tinytx`. From the folder above it, `python -m ...` puts that folder first
-# on sys.path; the clone's top has no __init__.py, so Python takes it for a namespace package named hf_tinytx and stops
-# there (an editable install's finder is asked only after every sys.path entry). The commands look past it.
 def look_past_a_clone_named_hf_tinytx() -> None:
-    """Drops the working directory from sys.path when all it offers under the name hf_tinytx is a checkout's folder
-    (a namespace package holding hf_tinytx/__init__.py); an installed or a real package found first is kept."""
+    """Drops the working directory from sys.path when all it offers under the name hf_tinytx is a clone's folder: from
+    the folder above a clone, Python takes the clone's top for a namespace package named hf_tinytx and stops there
+    (an editable install's finder is asked after every sys.path entry). A real package found first is kept."""
     spec = PathFinder.find_spec("hf_tinytx")
     if spec is None or spec.origin not in (None, "namespace"):  # none, or a real package: nothing shadows it
         return

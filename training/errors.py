@@ -1,7 +1,5 @@
-"""The two errors the training scripts end with, in a module of their own so that any module can raise them without
-importing the command-line definitions. Each message is one line that says what is wrong and what to do; the scripts
-print it as `<script>.py: error: ...` and exit 2 (bad input, hf_tinytx.errors.UserInputError) or 1 (a fault while
-running, RunError)."""
+"""The two errors the training scripts end with: one line that says what is wrong and what to do, printed as
+`<script>.py: error: ...` with exit 2 (bad input, UserInputError) or 1 (a fault while running, RunError)."""
 
 import contextlib
 

@@ -8,9 +8,8 @@ import torch
 
 @torch.no_grad()
 def validation_metrics(model, eval_dataloader, accelerator, bytes_per_token: float) -> dict:
-    """Mean loss over the validation blocks, each counted once: every process scores its blocks one by one, and
-    `gather_for_metrics` drops the copies that pad the last batch when the blocks do not divide evenly over the
-    processes (a batch's mean loss would count them). Every block has as many targets, so the mean is exact."""
+    """Mean loss over the validation blocks, each counted once: `gather_for_metrics` drops the copies that pad the
+    last batch over the processes. Every block has as many targets, so the mean of the blocks' means is exact."""
     model.eval()
     losses, full = [], None
     for batch in eval_dataloader:  # always to the end (see data.make_dataloaders)

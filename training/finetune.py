@@ -7,25 +7,16 @@
     python training/finetune.py --model_name_or_path out/tinytx --train_file data/chat.jsonl \
         --output_dir out/sft-lora --use_peft --merge --learning_rate 1e-3
 
-Every `TrainingArguments` flag works too (--num_train_epochs, --max_steps, --per_device_train_batch_size, ...).
---push_to_hub uploads once, at the end: the merged folder with --merge, else output_dir without its sub-folders.
+Every `TrainingArguments` flag works too. --push_to_hub uploads once, at the end: the merged folder with --merge,
+else output_dir without its sub-folders.
 
-What ends up where:
-    output_dir/              the fine-tuned model (full) or the LoRA adapter, plus the tokenizer: load it from here;
-                             README.md is its model card (publish/cards.py), finetune_*.json the arguments and metrics
-    output_dir/checkpoints/  Trainer's resumable checkpoints, checkpoint-N, each written aside, checksummed and
-                             renamed in whole (--save_strategy, --resume_from_checkpoint PATH or latest)
-    output_dir/merged/       with --merge: base model + adapter folded into plain weights (safetensors), with a card
+    output_dir/              the fine-tuned model (full) or the LoRA adapter, the tokenizer, the card, the arguments
+    output_dir/checkpoints/  Trainer's checkpoint-N, each written aside, checksummed and renamed in whole
+    output_dir/merged/       with --merge: base model + adapter folded into plain weights
 
-An adapter records its base as an absolute folder (or the Hub id), so it loads from any working directory.
-
-Reads top to bottom, `main` one call a step: arguments -> `setup` (data, checked before anything loads; tokenizer
-and model; LoRA) -> the output folder (locked) -> `fit` (the checkpoint to resume, Trainer) -> `save_folders` (save,
-merge) -> `push_result` (the Hub, through hub.push_final as pretrain's final model).
-
-Like pretrain.py: a second run on a busy --output_dir, or into one holding an earlier run (unless resumed, or
-replaced with --overwrite_output_dir), is refused; SIGTERM or Ctrl-C finishes the step, saves a checkpoint and exits
-with 128 + the signal's number and one line saying how to resume; only a finished run is published as the model.
+`main` reads top to bottom: arguments -> `setup` (data, tokenizer, model, LoRA) -> the output folder (locked) ->
+`fit` (Trainer) -> `save_folders` (save, merge) -> `push_result`. Like pretrain.py: a busy or earlier run's
+--output_dir is refused, and SIGTERM or Ctrl-C ends the step with a checkpoint and exit 128 + the signal's number.
 """
 
 if __name__ == "__main__":  # the stop signals handled and the input checked before torch loads (training/cli.py)
@@ -45,13 +36,7 @@ from transformers import Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
 from hf_tinytx.cpu_training import speed_up_cpu_training
-from hf_tinytx.folders import (
-    folders_to_create,
-    is_disk_full,
-    mib,
-    remove_created,
-    remove_tree,
-)
+from hf_tinytx.folders import folders_to_create, is_disk_full, mib, remove_created, remove_tree
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.args import hub_repo_id, write_args_json
@@ -178,9 +163,8 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
 
 
 def stop_if_asked(trainer: Trainer, aside: "CheckpointsAside") -> None:
-    """`Stopped` if any process got a stop signal and the step reached has its checkpoint: always so before the last
-    step (StopAtStepEnd saved it); after it, as in pretrain, a preempted job spends its seconds on no evaluation or
-    save that the resume can redo. Without a checkpoint to resume from (--save_strategy no), the run finishes."""
+    """`Stopped` if any process got a stop signal and the step reached has its checkpoint (StopAtStepEnd saved it):
+    a preempted job spends no seconds on what the resume can redo. Without one (--save_strategy no), the run goes on."""
     signum = STOP.asked(trainer.accelerator)
     step = trainer.state.global_step
     if signum is not None and aside.saved is not None and aside.saved[0] == step:
@@ -204,8 +188,8 @@ class Destinations:
 
 
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
-    """Where the run writes, checked for links out; Trainer is pointed at checkpoints/'s staging folder, kept from the
-    Hub and from the token (it pickles its arguments into every checkpoint's training_args.bin)."""
+    """Where the run writes. Trainer is pointed at checkpoints/'s staging folder, and kept from the Hub and the token
+    (it pickles its arguments into every checkpoint)."""
     output_dir, merged_dir = check_destinations(args, training_args)  # links out of either refused there too
     # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
     hub_model_id = hub_repo_id(training_args.hub_model_id, training_args.output_dir)
@@ -221,8 +205,8 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
 
 
 def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, where: Destinations):
-    """Locks output_dir (the main process, once every input check has passed) and asks again, under the lock, whether
-    it holds an earlier run; with --overwrite_output_dir that run's checkpoints go now. Returns the lock's handle."""
+    """Locks output_dir on the main process and asks again, under the lock, whether it holds an earlier run; returns
+    the lock's handle."""
     if training_args.process_index != 0:
         return None
     lock = claim(where.output_dir, where.checkpoints_dir, args.overwrite_output_dir,
@@ -232,8 +216,8 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
 
 
 def resume_point(training_args: TrainingArguments, where: Destinations) -> str | None:
-    """The checkpoint --resume_from_checkpoint names (a folder, or latest: the newest intact one). Damaged ones are
-    skipped with a word, and those newer than it set aside (renamed) so that a later `latest` never picks them."""
+    """The checkpoint --resume_from_checkpoint names (a folder, or latest: the newest intact one); those newer than it
+    are set aside."""
     if not training_args.resume_from_checkpoint:
         return None
     main_process = training_args.process_index == 0
@@ -244,34 +228,20 @@ def resume_point(training_args: TrainingArguments, where: Destinations) -> str |
             say(f"No intact checkpoint in {where.checkpoints_dir} yet: starting from scratch.")
             return None
         step = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))["global_step"]
-        refuse_optimizer_change(folder, training_args)
+        path = os.path.join(folder, OPTIMIZER_FLAGS_FILE)
+        if os.path.isfile(path):
+            checkpoints.refuse_optimizer_change(folder, checkpoints.read_json(path), optimizer_flags(training_args),
+                                                OPTIMIZER_FLAGS, "fine-tune its model anew with the new ones from "
+                                                "--model_name_or_path")
         if main_process:
             checkpoints.set_aside_after(where.layout, step, say)
     say(f"Resuming from {folder} at step {step}")
     return folder
 
 
-def refuse_optimizer_change(folder: str, training_args) -> None:
-    """A changed optimizer flag would be silently undone by the checkpoint's optimizer state while the run's record
-    said otherwise: refused, naming each flag (a checkpoint written before this record has none to compare)."""
-    path = os.path.join(folder, OPTIMIZER_FLAGS_FILE)
-    if not os.path.isfile(path):
-        return
-    saved, now = checkpoints.read_json(path), optimizer_flags(training_args)
-    changed = [flag for flag in OPTIMIZER_FLAGS if flag in saved and saved[flag] != now[flag]]
-    if changed:
-        was = ", ".join(f"--{flag} {saved[flag]}" for flag in changed)
-        raise UserInputError(
-            f"{folder} was trained with {was}, but this run has "
-            f"{', '.join(f'--{flag} {now[flag]}' for flag in changed)}: its optimizer state holds the old values; "
-            f"resume with {was}, or fine-tune its model anew with the new ones from --model_name_or_path."
-        )
-
-
 def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict) -> None:
-    """The model (or adapter) folder, then with --merge the merged one (safetensors). Each is written into a staging
-    folder inside it and then moved in (hf_tinytx.folders.writing_into): a run killed while saving leaves the folder's
-    previous model whole, never a new config beside half-written weights."""
+    """The model (or adapter) folder, then with --merge the merged one, each published through a staging folder: a
+    run killed while saving leaves the previous model whole."""
     with saving_into(where.output_dir, model, where) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
@@ -293,9 +263,8 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
 
 @contextlib.contextmanager
 def saving_into(folder: str, model, where: Destinations, saved: str | None = None):
-    """`replacing_earlier_files(folder)`, with a full disk said in one line naming `folder` (not another folder's
-    staging), the model's size as the space needed, and the folders this save created removed again, so nothing
-    of the failed save is left. `saved`: the folder already saved by this run (the adapter, before the merge)."""
+    """`replacing_earlier_files(folder)`, a full disk said in one line naming `folder` and the model's size, and the
+    folders this save created removed again. `saved`: the folder this run saved already (the adapter)."""
     created = folders_to_create(folder)
     try:
         with replacing_earlier_files(folder, WRITER) as staged:

@@ -10,13 +10,10 @@
 The story, one function each: `setup` (arguments, data and tokenizer, model, optimizer, resume) -> `fit` (the
 training loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and_push` (the model folder, the Hub).
 
-Every input is checked before anything is written. A checkpoint is always saved at the end of training, before the
-export, so a run interrupted at any moment continues with `--resume_from_checkpoint latest`. SIGTERM or SIGINT (a
-preempted job, Ctrl-C) stops the run at the next step boundary with a checkpoint and exit status 128 + the signal's
-number, exporting nothing (training/distributed/preemption.py). With --push_to_hub every
-checkpoint is also exported as a complete model folder and uploaded in the background to checkpoints/step_N/ of the
-Hub repo; the final model goes to the repo root once it is complete on disk. Uploads never stop training, and every
-wait for them is bounded (--hub_timeout).
+Every input is checked before anything is written. A checkpoint is always saved before the export, so a run
+interrupted at any moment continues with `--resume_from_checkpoint latest`; SIGTERM or SIGINT stops it at the next
+step boundary with a checkpoint (distributed/preemption.py). With --push_to_hub every checkpoint is also uploaded in
+the background, and the final model once it is complete on disk.
 """
 
 if __name__ == "__main__":  # the stop signals handled and the input checked before torch loads (training/cli.py)
@@ -84,8 +81,7 @@ STOP = stop_requests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the n
 
 @dataclass
 class Progress:
-    """What changes as the run trains; everything else in `Run` is fixed by `setup`. What a checkpoint records of it
-    is checkpoints.TrainingState (`training_state`, `resume`)."""
+    """What changes as the run trains; everything else in `Run` is fixed by `setup`."""
 
     step: int = 0  # optimizer steps completed
     epoch: int = 0
@@ -97,8 +93,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class Run:
-    """What a training run holds: built by `setup`, advanced by `fit` (in `progress` only), read by `finish` and
-    `export_and_push`."""
+    """What a training run holds: built by `setup`, advanced by `fit` (in `progress` only), read by the rest."""
 
     model_args: ModelArguments
     data_args: DataArguments
@@ -138,8 +133,7 @@ class Run:
 
     @property
     def sharded(self) -> tuple | None:
-        """(model, optimizer, scheduler) when training/distributed/sharding.py shards them: saved beside
-        Accelerate's state."""
+        """(model, optimizer, scheduler) when distributed/sharding.py shards them: saved beside Accelerate's state."""
         return (self.model, self.optimizer, self.lr_scheduler) if self.own_fsdp2 else None
 
 
@@ -172,8 +166,7 @@ def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str
 
 
 def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) -> Run:
-    """Every input checked, then the accelerator, the data, the model, its optimizer and schedule, and the
-    checkpoint to resume from, if any."""
+    """Every input checked, then the accelerator, the data, the model, its optimizer and schedule, and the resume."""
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     model_config, sharded_by = check_inputs(model_args, data_args, train_args, output_dir)
@@ -246,8 +239,7 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
 
 
 def start_accelerator(model_args, train_args, output_dir: str, model_config, sharded_by: str | None):
-    """(Accelerator, whether training/distributed/sharding.py shards the model), checked against the batch and
-    the model."""
+    """(Accelerator, whether distributed/sharding.py shards the model), checked against the batch and the model."""
     accelerator = Accelerator(
         **sharding.device_options(sharded_by, train_args.ddp_timeout),
         mixed_precision=train_args.mixed_precision,
@@ -275,9 +267,8 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
 
 
 def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit):
-    """The tokenizer (the run's saved one, a named one, or a BPE trained now), the packed datasets (sizes fitted to a
-    small text), and the lock on the output folder, taken once every input has passed its checks and before the run's
-    first write."""
+    """The tokenizer (the run's saved one, a named one, or a BPE trained now), the packed datasets, and the lock on
+    the output folder, taken once every input has passed its checks."""
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     lock = None
     saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
@@ -304,8 +295,8 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
 
 
 def resume(run: Run, folder: str) -> None:
-    """Continues from the checkpoint in `folder`: its weights, optimizer, schedule and RNG (checkpoints.load_state),
-    its step and place in the data, and for a run planned in seconds its clock."""
+    """Continues from the checkpoint in `folder`: its weights, optimizer, schedule and RNG, its step and place in the
+    data, and for a run planned in seconds its clock."""
     deepspeed = sharding.zero_stage(run.accelerator) is not None
     state = checkpoints.load_state(folder, run.accelerator, run.signature, (run.model, run.optimizer,
                                    run.lr_scheduler), run.own_fsdp2, deepspeed_engine=run.model if deepspeed else None)
@@ -400,9 +391,8 @@ class StepLoss:
 
 
 def train_step(run: Run, batches) -> tuple[float, int | None]:
-    """One optimizer step: forward and backward over its micro-batches (Accelerate's `accumulate` says which ends the
-    step), then the gradient's check, clipping and the update. Returns the step's mean loss over every process's
-    targets and the stop signal any process got (`read_step`)."""
+    """One optimizer step: forward and backward over its micro-batches, then the gradient's check, clipping and the
+    update. Returns the step's mean loss over every process's targets and the stop signal any process got."""
     accelerator, model, args = run.accelerator, run.model, run.train_args
     step_loss = StepLoss(torch.zeros((), device=accelerator.device))
     for batch in batches:
@@ -426,19 +416,16 @@ def train_step(run: Run, batches) -> tuple[float, int | None]:
 
 
 def micro_batches(run: Run):
-    """Every micro-batch from where the run stands: the rest of the current epoch, then epoch after epoch; the run's
-    progress moves to the next epoch when one ends."""
+    """Every micro-batch from where the run stands: the rest of the current epoch, then epoch after epoch."""
     while True:
         yield from epoch_batches(run)
         run.progress.epoch, run.progress.batch_in_epoch = run.progress.epoch + 1, 0
 
 
 def epoch_batches(run: Run):
-    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on.
-
-    Accelerate's loader tells the sampler (or a streamed dataset) its own count of passes each time it is iterated,
-    and that count starts at 0 in every process: set to the run's epoch here, a resumed run reads every later epoch
-    as the uninterrupted run did, instead of epoch 0's order again."""
+    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on. The
+    loader's own count of passes starts at 0 in every process: set to the run's epoch, a resumed run reads every
+    later epoch as the uninterrupted run did."""
     run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
     if run.progress.batch_in_epoch:
         return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
@@ -446,9 +433,9 @@ def epoch_batches(run: Run):
 
 
 def read_step(run: Run, step_loss: StepLoss, norm) -> tuple[float, int | None]:
-    """The step's loss (token-weighted over every process) and gradient norm, read back from the device together (the
-    step's one wait for it); either one non-finite stops the run. The one all-reduce also carries the stop signals
-    each process got, so that all of them stop after the same step: returns (loss, the signal or None)."""
+    """(loss, stop signal or None): the step's loss (token-weighted over every process) and gradient norm, read back
+    together; either one non-finite stops the run. The one all-reduce also carries each process's stop signals, so
+    that all of them stop after the same step."""
     norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
     device = step_loss.summed.device
@@ -524,7 +511,7 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
 
 def stop_for_signal(run: Run, signum: int) -> None:
     """Every process, at the same step boundary: the checkpoint (not pushed: a preempted job has seconds), then
-    `Stopped`, so nothing is exported as if the run had finished."""
+    `Stopped`, exporting nothing."""
     if run.progress.saved_step != run.progress.step:
         save_checkpoint(run, push=False)
     run.accelerator.end_training()  # the trackers' files closed
@@ -583,9 +570,8 @@ def evaluate(run: Run) -> dict:
 
 
 def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport") -> str | None:
-    """The model folder first (complete on disk), then the Hub. Returns None, or the one line saying that the final
-    model was not pushed (raised by `main` once every process is past the barrier); a stop signal during the push
-    ends it as `Stopped`, the model folder being complete."""
+    """The model folder first (complete on disk), then the Hub. Returns None, or the line saying that the final model
+    was not pushed (raised by `main` once every process is past the barrier)."""
     accelerator = run.accelerator
     stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
     to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)

@@ -26,9 +26,8 @@ def own_text_prompts(data_args, validation, tokenizer, count: int) -> list[str] 
 
 
 def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompts: list[str] | None = None):
-    """Probe accuracies (does the model pick the right continuation?) and a few greedy generations. The probes test
-    what the built-in corpus teaches; a run on other text (`own_prompts`: its validation documents' first words) gets
-    samples from its own text instead."""
+    """Probe accuracies and a few greedy generations. The probes test what the built-in corpus teaches; a run on other
+    text gets samples from its own validation documents (`own_prompts`) instead."""
     report = ProbeReport()
     if own_prompts is not None:
         if train_args.num_probes_per_kind > 0:

@@ -1,16 +1,9 @@
 """Training on a CPU: keep freed memory in the process instead of handing it back to the kernel after every step.
 
-A training step allocates the same activations, gradients and logits every step and frees them all by its end.
-glibc's malloc returns big blocks to the kernel when they are freed: blocks above a size it adapts as it goes (at
-most 32 MiB) get a mapping of their own, unmapped on free, and free space at the top of the heap beyond twice that
-size is trimmed. The next step page-faults every one of those pages back in, and the kernel zeroes each of them
-first. Measured on 2 cores at the 10M shape of benchmarks/train_step.py: 16,000-46,000 page faults a step (64-180 MB
-zeroed), and a step 2-10% longer.
-
-Two `mallopt` settings stop it: blocks up to 1 GiB come from the heap, and up to 1 GiB of free space stays at its
-top. The process keeps its peak memory between steps, as PyTorch's caching allocator does on a GPU (at 10M: 1.2 GiB
-resident, flat from the 90th step on, instead of 1.0 GiB). tcmalloc or jemalloc under LD_PRELOAD do the same job,
-so this stays out of the way when the user chose an allocator or glibc settings of their own.
+Every step allocates the same activations, gradients and logits and frees them by its end. glibc's malloc hands
+big blocks back to the kernel on free, so the next step page-faults them in again, zeroed (a step 2-10% longer at
+10M; docs/performance.md). Two `mallopt` settings keep up to 1 GiB in the process, as PyTorch's caching allocator
+does on a GPU. A user who chose an allocator (LD_PRELOAD) or glibc settings of their own is left alone.
 """
 
 import ctypes
@@ -47,8 +40,7 @@ def keep_freed_memory() -> bool:
 
 def train_on_cpu(bf16_flag: str | None, say=print) -> None:
     """What a run training on a CPU sets up and says: freed memory kept in the process, and, where the run asked for
-    bf16 (`bf16_flag`, the flag as the user spelled it) on a CPU without bf16 matrix instructions, that fp32 will be
-    faster (valid, but slow)."""
+    bf16 (`bf16_flag`, as the user spelled it) on a CPU without bf16 matrix instructions, that fp32 will be faster."""
     if keep_freed_memory():
         say(ANNOUNCEMENT)  # no page faults for the same activations every step
     if bf16_flag and not sharding.cpu_runs_bf16_fast():

@@ -1,24 +1,12 @@
 """Preemption: SIGTERM (what SLURM and Kubernetes send before they kill a job) and SIGINT (Ctrl-C) stop a run at the
-next optimizer step boundary, with a resumable checkpoint, instead of killing it where it stands.
+next optimizer step boundary, with a resumable checkpoint, and exit status 128 + the signal's number.
 
 - Before training starts there is nothing to save: the process says so in one line and leaves at once.
-- Once `training()` is called a signal only marks the request; the script asks `asked()` (or reads `counts()`
-  through its own all-reduce) at each step boundary, so every process of a launch stops at the same step, saves,
-  and raises `Stopped`.
-- The ranks of a launch get the signal a moment apart: one still setting up leaves at once, and one already training
-  then finds a collective broken; that failure, after a signal, is reported as the stop it is (`peer_left`).
-- The exit status is 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a shell reports a process a
-  signal ended and as `accelerate launch` exits on one.
-
-- A signal during the final Hub push ends its wait (publish/hub.py polls `received`): the model is complete on disk.
-- Processes this one forks (datasets' tokenization workers) die with it (`children_die_with_parent`), whatever ends
-  it: they would otherwise live on, orphaned, waiting for work from a parent that is gone.
-- Once the interpreter starts shutting down, the stop signals are ignored: Python then puts back the default actions,
-  so a second signal during the exit would end the process as killed (-15) instead of with its 128 + signal.
-
-torchrun and `accelerate launch` forward SIGTERM and SIGINT to every rank, then SIGKILL what is still alive after a
-grace period (torchrun: --shutdown_timeout, 30 s by default; `accelerate launch` with one process: 5 s). A worker
-whose launcher died (torchrun's agent killed alone) counts as having got SIGTERM: nothing else would ever stop it.
+- Once `training()` is called a signal only marks the request; every process asks `asked()` (or sums `counts()` in
+  its own all-reduce) at each step boundary, so all stop at the same step, save, and raise `Stopped`.
+- A rank that finds a collective broken after a signal reports the stop it is (`peer_left`): its peer left first.
+- Forked workers die with the process (`children_die_with_parent`); a worker whose launcher died counts as having
+  got SIGTERM; once the interpreter shuts down, the signals are ignored, so the exit status stays as chosen.
 """
 
 import atexit
@@ -116,8 +104,7 @@ def stop_requests(program: str) -> StopRequests:
 
 
 def ignore_stop_signals(pid: int | None) -> None:
-    """From the interpreter's last exit handler on: a late signal leaves the chosen exit status alone (Python's
-    shutdown would otherwise restore the default action, and the process would end as killed by it)."""
+    """From the interpreter's last exit handler on: a late signal leaves the chosen exit status alone."""
     if os.getpid() == pid:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
@@ -128,10 +115,8 @@ _forking_pid = [None]
 
 
 def children_die_with_parent() -> None:
-    """Every process forked from now on gets SIGKILL from the kernel when the process (strictly: the thread) that
-    forked it ends. datasets' `map(num_proc=...)` workers are forked by multiprocess, which offers no hook of its own;
-    SIGTERM to this process alone (what torchrun sends a rank) leaves them no parent to wait for and, unkilled,
-    they would live on with PID 1 as their parent. Linux only; elsewhere nothing changes."""
+    """Every process forked from now on gets SIGKILL from the kernel when the thread that forked it ends: datasets'
+    tokenization workers would otherwise live on, orphaned, after a SIGTERM to this process alone. Linux only."""
     if not sys.platform.startswith("linux"):
         return
     try:

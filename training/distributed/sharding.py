@@ -1,17 +1,10 @@
 """Sharded training: what the launch asked for, and torch's FSDP2 where Accelerate cannot do it (on CPUs).
 
-`accelerate launch --config_file training/configs/accelerate-fsdp2.yaml` tells the script what the config asks for
-through the environment (ACCELERATE_USE_FSDP, FSDP_VERSION, FSDP_RESHARD_AFTER_FORWARD). On GPUs Accelerate shards
-the model itself in `prepare`. On CPUs it turns FSDP off (its CPU data parallelism is DDP only) and would silently
-train unsharded, so this module does what Accelerate's FSDP2 does:
-
-- `fully_shard` on each decoder layer, then on the root (embeddings, final norm, head: tied embeddings stay one
-  parameter, in one group), on a CPU device mesh over gloo; parameters, gradients and AdamW's state are DTensors
-  sharded on their first dimension.
-- The optimizer and scheduler get Accelerate's own wrappers (a step only at the end of an accumulation, the
-  scheduler advanced once per process as `prepare` does), but stay out of `accelerator.save_state`, which would
-  pickle rank 0's shards only: `checkpoints.save_sharded` writes them with torch.distributed.checkpoint instead.
-- Exporting gathers the full state dict on rank 0 (`full_state_dict`), so the model folder is ordinary safetensors.
+`accelerate launch` passes its config through the environment (ACCELERATE_USE_FSDP, FSDP_VERSION, ...). On GPUs
+Accelerate shards the model in `prepare`; on CPUs it would silently train unsharded, so this module does what its
+FSDP2 does: `fully_shard` on each decoder layer and the root over gloo, Accelerate's own optimizer and scheduler
+wrappers, checkpoints through torch.distributed.checkpoint (`checkpoints.save_sharded`: Accelerate's `save_state`
+would keep rank 0's shards only), and a full state dict gathered on rank 0 for the export.
 """
 
 import contextlib
@@ -56,8 +49,8 @@ def has_gpu() -> bool:
 
 
 def cpu_runs_bf16_fast() -> bool:
-    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 or AMX). Without them (an AVX2-only CPU) a bf16 matmul
-    runs on a slow path: a 2,048 x 192 by 192 x 512 product took 307 ms in bf16, 4.7 in fp32 (AVX2 AMD EPYC)."""
+    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 or AMX); without them a bf16 matmul runs many times slower
+    than fp32."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
@@ -67,10 +60,9 @@ def slow_bf16(flag: str) -> str:
 
 
 def device_options(sharding: str | None, ddp_timeout: float) -> dict:
-    """Accelerator arguments for the device and the process group (whose collectives wait at most `ddp_timeout`
-    seconds for a peer). Without a GPU, say so explicitly: under torchrun Accelerate would otherwise not set up CPU
-    data parallelism. DeepSpeed is the exception: Accelerate turns it off when asked for the CPU, but runs it on
-    DeepSpeed's CPU accelerator when not asked, given gloo as the backend."""
+    """Accelerator arguments for the device and the process group (collectives wait at most `ddp_timeout` s). Without
+    a GPU, `cpu=True` (else torchrun gets no CPU data parallelism), but for DeepSpeed, which `cpu=True` turns off:
+    it runs on DeepSpeed's CPU accelerator over gloo."""
     if sharding == "deepspeed":
         quiet_deepspeed_deprecations()
     if has_gpu():
@@ -82,26 +74,22 @@ def device_options(sharding: str | None, ddp_timeout: float) -> dict:
 
 
 def quiet_deepspeed_deprecations() -> None:
-    """DeepSpeed's ZeRO calls torch.distributed's reduce_scatter_tensor and all_gather_into_tensor, which torch
-    deprecates with a FutureWarning on every call (122 lines in 30 steps): a note for DeepSpeed's authors, nothing a
-    user of this script can change."""
+    """DeepSpeed's ZeRO calls collectives torch deprecates with a FutureWarning on every call: nothing a user can
+    change."""
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
 
 
 def keep_deepspeed_from_compiling() -> None:
-    """DeepSpeed's CPU accelerator JIT-builds a C++ shared-memory all-reduce (deepspeed_shm_comm: a compiler, ninja
-    and about 2 minutes on 2 cores) whenever its communication backend starts, though only its inference all-reduce
-    uses it; training talks over gloo. DeepSpeed keeps its probe of the ops this machine can build in one dict whose
-    edits persist: marked unbuildable, the op is skipped, as on machines that are not Linux."""
+    """DeepSpeed's CPU accelerator JIT-builds a C++ shared-memory all-reduce (minutes, with a compiler) whenever its
+    communication starts, though training talks over gloo: marked unbuildable in DeepSpeed's probe, it is skipped."""
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def apply_flags_to_deepspeed_config(accelerator: Accelerator, train_args) -> None:
-    """Gives DeepSpeed's config the accumulation and clipping the flags ask for: DeepSpeed follows its own config, not
-    the script (Accelerate only warns, then uses DeepSpeed's value). "auto" or no value there takes the flag; another
-    number stops the run now."""
+    """Gives DeepSpeed's config the accumulation and clipping the flags ask for (DeepSpeed follows its own config):
+    "auto" or no value there takes the flag; another number stops the run now."""
     if zero_stage(accelerator) is None:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -124,10 +112,9 @@ def zero_stage(accelerator: Accelerator) -> int | None:
 
 @contextlib.contextmanager
 def building_model(accelerator: Accelerator):
-    """Where the model is built. Under ZeRO-3 transformers builds it partitioned (deepspeed.zero.Init) whenever
-    Accelerate's DeepSpeed config is stage 3, even with zero3_init_flag false, and then initializes the weights by
-    another path: the same seed gives other weights than on 1 process. With the flag false the model is built whole,
-    as on 1 process, and DeepSpeed partitions it in `prepare`."""
+    """Where the model is built. Under ZeRO-3 transformers builds it partitioned even with zero3_init_flag false, and
+    initializes it by another path (the same seed, other weights): with the flag false it is built whole here, as on
+    1 process, and DeepSpeed partitions it in `prepare`."""
     plugin = accelerator.state.deepspeed_plugin if zero_stage(accelerator) == 3 else None
     if plugin is None or plugin.zero3_init_flag:
         yield
@@ -214,10 +201,8 @@ def shard_report(model, optimizer, accelerator: Accelerator) -> str:
 
 
 def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module, dict]:
-    """(model, state dict) for `save_pretrained`. An FSDP-sharded model's class is a subclass made by torch (its
-    module is torch's, so transformers would copy torch's files as the model's code), hence an unsharded model of the
-    original class holding the gathered tensors (no copy), with a tied embedding tied again: the gathered state dict
-    holds it twice, as two tensors, and would be saved twice."""
+    """(model, state dict) for `save_pretrained`. An FSDP-sharded model's class is torch's subclass (transformers would
+    copy torch's files as its code), hence a plain model of the original class on the gathered tensors, tied again."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, FSDPModule):
@@ -232,8 +217,8 @@ def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module,
 
 
 def without_tied_copies(model, state_dict: dict) -> dict:
-    """DeepSpeed's gathered state dict clones every tensor, so a tied head is no longer the embedding's tensor and
-    would be saved as a second copy: leave it out, as save_pretrained does for a tie it can see."""
+    """DeepSpeed's gathered state dict clones every tensor, so a tied head would be saved as a second copy: left out,
+    as save_pretrained does for a tie it can see."""
     if not getattr(model.config, "tie_word_embeddings", False):
         return state_dict
     tied = {target for target, source in (getattr(model, "_tied_weights_keys", None) or {}).items()
@@ -261,8 +246,7 @@ def gather_for_saving(accelerator: Accelerator, model, own_fsdp2: bool) -> tuple
 
 
 def peak_gpu_memory(accelerator) -> dict:
-    """This process's peak of allocated CUDA memory (weights, optimizer state, activations), for the record; none on
-    other devices. A host-side counter of PyTorch's allocator: reading it waits for nothing."""
+    """This process's peak of allocated CUDA memory, for the record (a host-side counter: it waits for nothing)."""
     if accelerator.device.type != "cuda":
         return {}
     return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(accelerator.device) / 2**30, 3)}

@@ -59,9 +59,8 @@ def _build(model_type: str, values: dict, source: str):
 
 
 def refuse_unknown_keys(config, values: dict, path: str) -> None:
-    """A key the config keeps only as a stray attribute is a typo (`num_hidden_layer` would train the default depth
-    and land in config.json): refused with the nearest field. Keys the config takes in (legacy names such as
-    `rope_theta` become `rope_parameters`) are not in its dict under their own name, so they pass."""
+    """A key the config keeps only as a stray attribute is a typo (`num_hidden_layer` would train the default depth):
+    refused with the nearest field. Legacy names the config takes in (`rope_theta`) pass."""
     known = type(config)().to_dict()
     stored = config.to_dict()
     unknown = [key for key in values if key not in known and key in stored]

@@ -1,7 +1,5 @@
-"""The model's config file, read and checked without torch: a --model_config file (JSON or YAML) or a preset's.
-
-Its own module so that pretrain.py can refuse a missing or broken file before torch and transformers load (~7 s on a
-small CPU); training/model/config.py builds the TinyTxConfig from what this returns.
+"""The model's config file, read and checked without torch (so a broken one is refused before torch loads): a
+--model_config file (JSON or YAML) or a preset's. training/model/config.py builds the TinyTxConfig from it.
 """
 
 import importlib.resources

@@ -1,9 +1,8 @@
 """The optimizer (AdamW, or Muon for the hidden matrices with AdamW for the rest) and the learning-rate schedule,
 planned over optimizer steps or over the wall clock.
 
-Muon (torch.optim.Muon) orthogonalises each weight matrix's momentum before the update, as modded-nanogpt and
-nanochat do for the matrices inside the blocks; the token embeddings, the output head and the norm gains stay on
-AdamW, where Muon's argument does not apply (a lookup table and a classifier, not a linear map between hidden states).
+Muon orthogonalises each weight matrix's momentum before the update, as modded-nanogpt and nanochat do for the
+matrices inside the blocks; the embeddings, the output head and the norm gains stay on AdamW.
 """
 
 import functools
@@ -18,11 +17,9 @@ from hf_tinytx_training.optim.schedules import CLOCK_SHAPES, Clock
 
 
 class StackedMuon(torch.optim.Muon):
-    """torch.optim.Muon's update, with its Newton-Schulz iteration run once per matrix shape on a stack of matrices
-    instead of once per matrix: the same state (a momentum buffer per matrix, so checkpoints are interchangeable) and
-    the same arithmetic up to rounding, in a few large matmuls instead of dozens of small ones, which are mostly
-    per-call overhead at this size (the tiny preset's 28 matrices on 2 CPU cores: ~9 ms a step instead of ~27;
-    benchmarks/recipe_step.py)."""
+    """torch.optim.Muon's update, with its Newton-Schulz iteration run once per matrix shape on a stack instead of
+    once per matrix: the same state (checkpoints are interchangeable) and arithmetic up to rounding, in a few large
+    matmuls instead of dozens of small ones (benchmarks/recipe_step.py)."""
 
     def __init__(self, params, momentum: float):
         super().__init__(params, momentum=momentum, adjust_lr_fn="match_rms_adamw")  # the scale _update applies
@@ -67,16 +64,15 @@ def newton_schulz(stack: torch.Tensor, coefficients: tuple, steps: int, eps: flo
 
 @functools.cache
 def iteration_dtype(device_type: str) -> torch.dtype:
-    """bf16, as torch.optim.Muon, except on a CPU without bf16 matrix instructions (AVX-512 or AMX), where it is the
-    slow path: the 2.2M recipe's Newton-Schulz took 3.3 s a step in bf16 there, 76 ms in fp32 (AVX2 AMD EPYC)."""
+    """bf16, as torch.optim.Muon, except on a CPU without bf16 matrix instructions, where bf16 is the slow path."""
     if device_type == "cpu" and not sharding.cpu_runs_bf16_fast():
         return torch.float32
     return torch.bfloat16
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """Muon (StackedMuon) and torch.optim.AdamW as one optimizer: one object for the training loop, the learning-rate
-    schedule (which scales every group's own peak rate) and the checkpoints (one state dict holding both)."""
+    """Muon (StackedMuon) and torch.optim.AdamW as one optimizer, for the training loop, the learning-rate schedule
+    and the checkpoints (one state dict holding both)."""
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], adam_betas: tuple[float, float],
                  muon_momentum: float = 0.95):

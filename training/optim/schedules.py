@@ -1,6 +1,5 @@
-"""The run's clock: the learning-rate shapes a run planned by the clock (--max_train_seconds alone) can take, plain math
-read by the flag checks (args.py, before torch loads) and by the schedule itself (optimization.py), and `Clock`, the
-training seconds every process agrees on (the budget of --max_train_seconds)."""
+"""The run's clock: the learning-rate shapes a run planned by --max_train_seconds alone can take (plain math, read
+before torch loads), and `Clock`, the training seconds every process agrees on."""
 
 import math
 

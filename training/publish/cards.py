@@ -1,12 +1,6 @@
-"""Every model card the training scripts write, rendered in one place from the templates in model_cards/.
-
-- `pretrained_card`: the finished pre-trained model (metadata, `model-index` with evaluation results, architecture,
-  data, hyperparameters, hardware, how to use).
-- `checkpoint_card`: an intermediate checkpoint pushed to the Hub under checkpoints/step_N/.
-- `finetuned_card`: what finetune.py saved (full, adapter or merged), from `training_facts` (`write_card`).
-
-And what the cards say, gathered from a run: `card_context` (pretrain), `training_facts` (finetune), and
-`training_record` (training_args.json beside the weights).
+"""Every model card the training scripts write, rendered from the templates in model_cards/: the pre-trained model
+(`pretrained_card`, from `card_context`), a checkpoint pushed to the Hub (`checkpoint_card`), and what finetune.py
+saved (`finetuned_card`, from `training_facts`); and `training_record`, the training_args.json beside the weights.
 """
 
 import importlib.resources
@@ -32,40 +26,22 @@ def pretrained_card(context: dict) -> ModelCard:
     """`context` holds what the template uses: local_path (absolute) and hub_id (None unless the run pushed), config,
     eval metrics, probe accuracies, hyperparameters."""
     eval_results = [
-        EvalResult(
-            task_type="text-generation",
-            dataset_type=context["dataset_id"],
-            dataset_name=context["dataset_id"],
-            dataset_split="validation",
-            metric_type=metric,
-            metric_name=label,
-            metric_value=round(float(context["eval"][metric]), 4),
-        )
-        for metric, label in (
-            ("loss", "Validation loss"),
-            ("perplexity", "Perplexity"),
-            ("bits_per_byte", "Bits per byte"),
-        )
+        EvalResult(task_type="text-generation", dataset_type=context["dataset_id"], dataset_name=context["dataset_id"],
+                   dataset_split="validation", metric_type=metric, metric_name=label,
+                   metric_value=round(float(context["eval"][metric]), 4))
+        for metric, label in (("loss", "Validation loss"), ("perplexity", "Perplexity"),
+                              ("bits_per_byte", "Bits per byte"))
     ]
     eval_results += [
-        EvalResult(
-            task_type="text-generation",
-            dataset_type="hf_tinytx-probes",
-            dataset_name="hf_tinytx probes",
-            metric_type="accuracy",
-            metric_name=f"Probe accuracy: {name}",
-            metric_value=round(float(value), 4),
-        )
+        EvalResult(task_type="text-generation", dataset_type="hf_tinytx-probes", dataset_name="hf_tinytx probes",
+                   metric_type="accuracy", metric_name=f"Probe accuracy: {name}", metric_value=round(float(value), 4))
         for name, value in context.get("probes", {}).items()
     ]
     card_data = ModelCardData(
-        license="apache-2.0",
-        library_name="transformers",
-        pipeline_tag="text-generation",
+        license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
         tags=["tinytx", "causal-lm", "text-generation", "custom_code", "from-scratch"],
         datasets=[context["dataset_id"]] if context.get("dataset_is_hub") else None,
-        model_name=context["model_name"],
-        eval_results=eval_results,
+        model_name=context["model_name"], eval_results=eval_results,
     )
     return ModelCard.from_template(card_data, template_str=_template("tinytx_model_card.md"), **context)
 
@@ -88,13 +64,9 @@ def finetuned_card(context: dict) -> ModelCard:
     tags = ["text-generation", "fine-tuned", "sft"] + (["lora"] if context.get("lora") else [])
     if context["tinytx"] and not adapter:
         tags += ["tinytx", "custom_code"]  # the folder holds the model's code
-    card_data = ModelCardData(
-        # The Hub only accepts repo ids as base_model; a local base is named in the text instead. The data are
-        # always local files (no `datasets` entry).
+    card_data = ModelCardData(  # the Hub only accepts repo ids as base_model: a local base is named in the text
         base_model=context["base_model"] if context["base_is_hub"] else None,
-        library_name="peft" if adapter else "transformers",
-        pipeline_tag="text-generation",
-        tags=tags,
+        library_name="peft" if adapter else "transformers", pipeline_tag="text-generation", tags=tags,
         model_name=context["model_name"],
     )
     return ModelCard.from_template(card_data, template_str=_template("tinytx_finetune_card.md"), **context)
@@ -106,14 +78,10 @@ def card_context(run, metrics: dict, probe_results) -> dict:
     model_args, data_args, train_args = run.model_args, run.data_args, run.train_args
     name = os.path.basename(run.output_dir)
     return {
-        "model_name": name,
-        "repo_id": train_args.hub_model_id or name,
-        "local_path": run.output_dir,  # absolute
-        "hub_id": train_args.hub_model_id if train_args.push_to_hub else None,
-        "init_from": model_args.init_from,
+        "model_name": name, "repo_id": train_args.hub_model_id or name, "local_path": run.output_dir,  # absolute
+        "hub_id": train_args.hub_model_id if train_args.push_to_hub else None, "init_from": model_args.init_from,
         "config": run.accelerator.unwrap_model(run.model).config,
-        "num_parameters": run.num_parameters,
-        "num_parameters_text": human_count(run.num_parameters),
+        "num_parameters": run.num_parameters, "num_parameters_text": human_count(run.num_parameters),
         "tokenizer_description": model_args.tokenizer_name or model_args.init_from
         or f"byte-level BPE trained on the training text; {model_args.vocab_size} tokens asked",
         "data_description": describe_data(data_args),
@@ -121,22 +89,16 @@ def card_context(run, metrics: dict, probe_results) -> dict:
         or ("local-files" if data_args.train_file else "hf_tinytx-default-corpus"),
         "dataset_is_hub": bool(data_args.dataset_name),
         "synthetic_data": not (data_args.dataset_name or data_args.train_file),
-        "tokens_seen": run.progress.step * run.tokens_per_step,
-        "steps": run.progress.step,
-        "planned_steps": run.max_train_steps,
-        "stopped_by_clock": run.progress.stopped_by_clock,
-        "global_batch_size": run.tokens_per_step // data_args.block_size,
-        "block_size": data_args.block_size,
+        "tokens_seen": run.progress.step * run.tokens_per_step, "steps": run.progress.step,
+        "planned_steps": run.max_train_steps, "stopped_by_clock": run.progress.stopped_by_clock,
+        "global_batch_size": run.tokens_per_step // data_args.block_size, "block_size": data_args.block_size,
         "hyperparameters": args_to_dict(train_args),
         "hardware": hardware_description(run.accelerator.num_processes, run.accelerator.device.type),
         "train_seconds": run.progress.train_seconds,
         "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
                  "bits_per_byte": metrics["bits_per_byte"]},
-        "eval_tokens": metrics["eval_tokens"],
-        "probes": probe_results.accuracy,
-        "chance": probe_results.chance,
-        "samples": probe_results.samples,
-        "example_prompt": "The dog didn't cross the street because it was too",
+        "eval_tokens": metrics["eval_tokens"], "probes": probe_results.accuracy, "chance": probe_results.chance,
+        "samples": probe_results.samples, "example_prompt": "The dog didn't cross the street because it was too",
     }
 
 

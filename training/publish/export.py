@@ -1,9 +1,8 @@
 """The finished, shareable model folder: weights, config, code, tokenizer, model card, loss curve, arguments.
 
-The files are written into a staging folder inside the output folder and then moved in one by one
-(`hf_tinytx.folders.publish`): nothing else in the output folder (checkpoints, metrics.jsonl, the user's own files)
-is ever moved or deleted, an interrupted export is simply redone by resuming, and a mount point works as --output_dir.
-With --push_to_hub each checkpoint is also exported this way for the Hub (`push_checkpoint`).
+Written into a staging folder inside the output folder, then published file by file (`hf_tinytx.folders.publish`):
+nothing else in the folder is moved or deleted, and an interrupted export is redone by resuming. With --push_to_hub
+each checkpoint is also exported for the Hub (`push_checkpoint`).
 """
 
 import os
@@ -52,8 +51,7 @@ def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, token
 def plot_loss_curve(history: list[dict], path: str) -> None:
     train = [(row["step"], row["loss"]) for row in history if "loss" in row]
     evals = [(row["step"], row["eval_loss"]) for row in history if "eval_loss" in row]
-    # A bare Figure draws to a file with no display and no pyplot: neither the process's backend nor pyplot's global
-    # figures change, and a run that stops before exporting never imports matplotlib (~0.4 s).
+    # A bare Figure draws to a file without pyplot's backend or global figures; imported only when exporting.
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 4), dpi=100)
@@ -73,9 +71,8 @@ def plot_loss_curve(history: list[dict], path: str) -> None:
 
 def push_checkpoint(pusher, model, state_dict, tokenizer, log, checkpoints_dir: str, step: int,
                     training_record: dict) -> None:
-    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo, as a complete model folder (weights, config,
-    code, tokenizer, card) without the optimizer and RNG state. The pusher snapshots the folder by hard links before
-    returning, so our copy can go at once and pruning old checkpoints never pulls files from under an upload."""
+    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo as a complete model folder (no optimizer or RNG
+    state). The pusher snapshots the folder by hard links before returning, so our copy can go at once."""
     folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
     remove_tree(folder)  # left by a run killed while exporting this step
     card = cards.checkpoint_card(pusher.repo_id, step, log.last("loss"))

@@ -1,21 +1,12 @@
 """Push checkpoints and the final model to the Hugging Face Hub without ever stopping training.
 
-`HubPusher.push_async` queues a folder and returns at once; one background thread uploads the queued folders in
-order (so an older checkpoint never lands after a newer one). Failures are retried a bounded number of times, then
-logged and kept in `failures`; they never raise into the training loop. `push` (for the final model) goes through
-the same queue, waits for its turn (at most `timeout` seconds) and returns whether it worked.
+`HubPusher.push_async` snapshots a folder (hard links in a hidden sibling folder, so the checkpoint may be rotated
+meanwhile), queues it and returns at once; one daemon thread uploads the queue in order. Failures are retried a
+bounded number of times, then kept in `failures`; they never raise into the training loop. Every wait is bounded:
+`huggingface_hub`'s `run_as_future` joins its thread at exit, so a Hub that never answers would hang the run.
 
-Why not `huggingface_hub`'s `run_as_future`: its executor's thread is joined when the interpreter exits, so a Hub
-that accepts a connection and never answers would hang the run's exit forever; this worker is a daemon thread, and
-every wait here is bounded.
-
-Snapshots: `push_async` hard-links the folder's files into a hidden sibling folder before returning (copying where
-links are impossible), so the caller may delete or rotate the checkpoint, or save a new one under the same name by
-writing new files, while the upload runs. Rewriting a file in place (same inode) during an upload is not covered:
-save each checkpoint into a fresh folder. `push` blocks, so it uploads the folder as is.
-
-Token: `None` lets `huggingface_hub` find one (the `HF_TOKEN` variable or the `hf auth login` cache). It is kept in
-memory only, never logged, and scrubbed from every error message this module reports.
+Token: `None` lets `huggingface_hub` find one (HF_TOKEN or the `hf auth login` cache). It is never logged, and is
+scrubbed from every error message this module reports.
 """
 
 from __future__ import annotations
@@ -37,8 +28,8 @@ from hf_tinytx_training.distributed.preemption import Stopped, StopRequests
 
 logger = logging.getLogger(__name__)
 
-# Anything shaped like a Hub token or an Authorization header value, in case a message carries one we don't know.
 POLL_S = 0.2  # how long a stop signal may wait for a wait to notice it
+# Anything shaped like a Hub token or an Authorization header value, in case a message carries one we don't know.
 _TOKEN_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?i)(bearer\s+)[^\s'\")]+"))
 
 
@@ -55,14 +46,8 @@ class _Job:
 class HubPusher:
     """Uploads folders to one Hub repo from a background thread; see the module docstring."""
 
-    def __init__(
-        self,
-        repo_id: str,
-        token: str | None = None,
-        private: bool = False,
-        max_attempts: int = 3,
-        retry_wait_s: float = 5.0,
-    ):
+    def __init__(self, repo_id: str, token: str | None = None, private: bool = False, max_attempts: int = 3,
+                 retry_wait_s: float = 5.0):
         # Each attempt is a whole `upload_folder`, which already retries 5xx answers itself (about 23 s); these
         # attempts cover longer outages and network errors. Waits double: 5 s, then 10 s.
         self.repo_id = repo_id
@@ -184,13 +169,8 @@ class HubPusher:
         if not self._repo_ready:
             create_repo(self.repo_id, token=self._token, private=self.private, exist_ok=True)
             self._repo_ready = True
-        upload_folder(
-            repo_id=self.repo_id,
-            folder_path=job.snapshot or job.folder,
-            path_in_repo=job.path_in_repo,
-            commit_message=job.commit_message,
-            token=self._token,
-        )
+        upload_folder(repo_id=self.repo_id, folder_path=job.snapshot or job.folder, path_in_repo=job.path_in_repo,
+                      commit_message=job.commit_message, token=self._token)
 
     # ------------------------------------------------------------------------------------------------ reporting
 
@@ -209,9 +189,8 @@ class HubPusher:
 
 def wait_until(done, sleep, deadline: float | None, stop=None) -> bool:
     """Whether `done()` came true before the monotonic `deadline` (None: no limit) and before `stop()` did; `sleep(s)`
-    waits for a change (at most s seconds). With a `stop`, the waits are slices of POLL_S: a stop signal's handler
-    only records the signal (distributed/preemption.py) and a wait on a lock resumes after it, so one long wait would
-    sit out the whole --hub_timeout after a Ctrl-C."""
+    waits for a change (at most s seconds). With a `stop`, the waits are slices of POLL_S: a signal's handler only
+    records the signal, so one long wait would sit out the whole --hub_timeout after a Ctrl-C."""
     while not done():
         if stop is not None and stop():
             return False
@@ -242,12 +221,8 @@ def _is_permanent(error: BaseException) -> bool:
     """Errors another attempt cannot fix: 4xx answers (auth, not found, bad request), a missing folder, bad values."""
     status = _http_status(error)
     if status is not None:
-        return _is_permanent_status(status)
+        return 400 <= status < 500 and status not in (408, 429)  # timeout, rate limit: worth another try
     return isinstance(error, (FileNotFoundError, NotADirectoryError, ValueError))
-
-
-def _is_permanent_status(status: int) -> bool:
-    return 400 <= status < 500 and status not in (408, 429)  # timeout, rate limit: worth another try
 
 
 def _http_status(error: BaseException) -> int | None:
@@ -279,12 +254,10 @@ def _token_from_client() -> str | None:
 
 def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message: str, what: str, timeout: float,
                exclude: tuple[str, ...], stop: StopRequests, say=print) -> str | None:
-    """Uploads `names` of `folder` to the repo's root after the queued uploads, within `timeout` s in all, then says
-    how every upload went; returns None once the model is on the Hub, else the one line (what is complete, the command
-    that retries) to end the run with, non-zero: a push asked for that did not happen is no success. The files are
-    hard-linked into a hidden folder inside `folder` first, so the upload sends exactly them. `exclude`: the
-    `hf upload --exclude` patterns that leave out what `names` leaves out. A stop signal (`stop`) ends the wait as
-    `Stopped`: the model is complete on disk, so there is nothing to finish first."""
+    """Uploads `names` of `folder` (hard-linked into a hidden folder first) to the repo's root after the queued
+    uploads, within `timeout` s in all, then says how every upload went. Returns None once the model is on the Hub,
+    else the line to end the run with, naming the `hf upload` command (with `exclude`) that retries. A stop signal
+    ends the wait as `Stopped`: the model is complete on disk."""
     started = time.monotonic()
     deadline = started + timeout
     patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)

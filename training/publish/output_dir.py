@@ -52,8 +52,7 @@ def refuse_links_out(folder: str) -> list[str]:
 
 def check_second_destination(folder: str, flag: str, output_dir: str, train_args, writer: str, default: str) -> None:
     """A folder a run writes besides --output_dir (finetune's --merged_output_dir) gets the output folder's checks,
-    lies apart from it (unless it is the `default` sub-folder), and holds no other run nor another's model:
-    --overwrite_output_dir replaces only what `writer` recorded writing there (hf_tinytx.folders' record)."""
+    lies apart from it (unless it is the `default` sub-folder), and holds no other run nor another's model."""
     if folder != default:
         refuse_overlap(output_dir, folder, ("--output_dir", flag), "the folders one run writes never overlap")
     if os.path.isdir(folder):
@@ -88,8 +87,6 @@ def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") 
             f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new "
             f"folder."
         )
-    # With --overwrite_output_dir the old checkpoints go once the data has passed its checks, metrics.jsonl starts
-    # afresh with training, and the export replaces the old model files; anything else in the folder is kept.
 
 
 def only_started(path: str) -> bool:
@@ -136,30 +133,23 @@ def take_lock(output_dir: str):
 
 
 def claim(output_dir: str, checkpoints_dir: str, replace: bool, recheck=None):
-    """Locks output_dir for this process once every input check has passed, and returns the lock's handle. `recheck`:
-    the flags to ask again with, under the lock, whether the folder holds an earlier run (`refuse_earlier_run`);
-    `replace` (--overwrite_output_dir): only now may the earlier run's checkpoints go."""
+    """Locks output_dir once every input check has passed; returns the lock's handle. `recheck`: the flags to ask
+    again with, under the lock, whether it holds an earlier run; `replace`: only now may its checkpoints go."""
     lock = take_lock(output_dir)
     if recheck is not None:
         refuse_earlier_run(output_dir, recheck)
     if replace:
-        remove_checkpoints(checkpoints_dir)
+        folders.remove_tree(checkpoints_dir)  # --overwrite_output_dir: the earlier run's checkpoints
     return lock
 
 
 def release_lock(handle, output_dir: str) -> None:
-    """A finished run takes its lock file away, so the model folder it leaves holds no stale `.lock`. Unlinked while
-    still held: a run that opens the name from now on locks a new file, and this run writes nothing more."""
+    """A finished run takes its lock file away (unlinked while still held: a later run locks a new file)."""
     if handle is None:
         return
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(output_dir, LOCK_FILE))
     handle.close()
-
-
-def remove_checkpoints(checkpoints_dir: str) -> None:
-    """--overwrite_output_dir: the earlier run's checkpoints go, once every input check has passed."""
-    folders.remove_tree(checkpoints_dir)
 
 
 def refuse_writing_where_read(model_args, output_dir: str) -> None:
@@ -172,9 +162,8 @@ def refuse_writing_where_read(model_args, output_dir: str) -> None:
 
 @contextlib.contextmanager
 def replacing_earlier_files(folder: str, writer: str):
-    """`writing_into(folder)`, then the files an earlier run of `writer` recorded writing there and this one did not
-    write go (an adapter's after a full fine-tune and the reverse, which would otherwise load in place of the new
-    model), and what this one wrote is recorded. Files no fine-tune wrote are never touched."""
+    """`writing_into(folder)`; then the files an earlier run of `writer` wrote there and this one did not go (an
+    adapter's after a full fine-tune and the reverse), and what this one wrote is recorded."""
     earlier = folders.written_before(folder, writer)
     with folders.writing_into(folder) as staged:
         yield staged

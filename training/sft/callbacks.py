@@ -13,9 +13,8 @@ from hf_tinytx_training.distributed.preemption import StopRequests
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
 # In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
 CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
-# Flags whose values Trainer's optimizer.pt and scheduler.pt hold (each group's lr, betas, eps and weight decay, the
-# schedule's base rate): a resume would bring the old values back, so it must keep them. Trainer builds the
-# schedule's shape and length from the command line again, so those flags apply on resume.
+# Flags whose values Trainer's optimizer.pt and scheduler.pt hold: a resume would bring the old values back, so it
+# must keep them (the schedule's shape and length apply on resume).
 OPTIMIZER_FLAGS = ("optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
 OPTIMIZER_FLAGS_FILE = "optimizer_flags.json"  # beside Trainer's files in each checkpoint
 
@@ -26,10 +25,8 @@ def optimizer_flags(training_args) -> dict:
 
 
 class CheckpointsAside(TrainerCallback):
-    """Trainer writes checkpoint-N in place; pointed at a staging folder instead (destinations), each checkpoint it
-    has finished is checksummed, flushed and renamed into checkpoints/ whole, then the oldest beyond --save_total_limit
-    go. A kill, a signal or a full disk mid-save never leaves a partial checkpoint where a resume looks. `where`:
-    finetune.Destinations."""
+    """Trainer, pointed at a staging folder, writes checkpoint-N there; each finished one is checksummed and renamed
+    into checkpoints/ whole, then the oldest beyond --save_total_limit go. `where`: finetune.Destinations."""
 
     def __init__(self, where, resumed: str | None):
         self.where, self.resumed = where, resumed
@@ -62,10 +59,8 @@ class CheckpointsAside(TrainerCallback):
 
 
 class StopAtStepEnd(TrainerCallback):
-    """The stop requests of distributed/preemption.py (SIGTERM, SIGINT), honoured when an optimizer step ends: a
-    checkpoint is saved and training stops, every process at the same step. Trainer's --enable_jit_checkpoint saves
-    in the middle of a step (before the optimizer has stepped) and reports a finished run, so this replaces it and is
-    always on: a signal costs at most one step and one save."""
+    """SIGTERM and SIGINT honoured when an optimizer step ends: a checkpoint, then a stop, every process at the same
+    step (Trainer's --enable_jit_checkpoint saves mid-step and reports a finished run, so this replaces it)."""
 
     def __init__(self, accelerator, stop: StopRequests):
         self.accelerator, self.stop = accelerator, stop

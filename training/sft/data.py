@@ -1,10 +1,8 @@
 """Fine-tuning data: checked records (training/sft/records.py) in, token ids with response-only labels out.
 
-Text records learn every token, prompt/response records the response, chat records the assistant turns (rendered with
-the tokenizer's chat template). Labels are -100 (ignored by the loss) on every prompt token, so the model is never
-trained to write the prompt. Examples are then either padded one per row (the default) or packed end to end into rows
-of `max_seq_length`; what that cuts off or drops is counted (`RowCounts`), for finetune to say on the console and in
-the model card.
+Text records learn every token, prompt/response records the response, chat records the assistant turns. Labels are
+-100 (ignored by the loss) on every prompt token. Examples are padded one per row, or packed end to end; what that
+cuts off or drops is counted (`RowCounts`) for the console and the model card.
 """
 
 import copy
@@ -82,12 +80,9 @@ def _bos(tokenizer) -> list[int]:
 
 
 def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:
-    """Splits the rendered conversation at each assistant turn by rendering its prefixes.
-
-    Turn i of the assistant is the text between `template(messages[:i], add_generation_prompt=True)` and
-    `template(messages[:i + 1])`; this works for every template that renders a conversation as the concatenation of
-    its turns (all common ones do).
-    """
+    """Splits the rendered conversation at each assistant turn: turn i is the text between `template(messages[:i],
+    add_generation_prompt=True)` and `template(messages[:i + 1])` (for every template that renders a conversation as
+    the concatenation of its turns, as the common ones do)."""
     full = _render(tokenizer, messages, add_generation_prompt=False)
     segments, done = [], 0
     for i, message in enumerate(messages):
@@ -122,10 +117,8 @@ def _template_failure(error: jinja2.TemplateError, tokenizer, where: str | None 
         problem = f"does not parse ({error.message}, template line {error.lineno})"
     else:
         problem = f"failed on this conversation ({type(error).__name__}: {error})"
-    return (
-        f"{where}the tokenizer's chat template ({_template_source(tokenizer)}) {problem}; fix the template, or "
-        f"remove it to get the default one."
-    )
+    return (f"{where}the tokenizer's chat template ({_template_source(tokenizer)}) {problem}; fix the template, or "
+            f"remove it to get the default one.")
 
 
 def _template_source(tokenizer) -> str:
@@ -187,10 +180,8 @@ def build_examples(records: list[dict], tokenizer, max_seq_length: int, packing:
         # End to end, then cut: no padding is wasted; documents may attend to the one before them in the same row.
         ids = [token for example in tokenized for token in example["input_ids"]]
         labels = [label for example in tokenized for label in example["labels"]]
-        rows = [
-            {"input_ids": ids[i : i + max_seq_length], "labels": labels[i : i + max_seq_length]}
-            for i in range(0, len(ids), max_seq_length)
-        ]
+        rows = [{"input_ids": ids[i : i + max_seq_length], "labels": labels[i : i + max_seq_length]}
+                for i in range(0, len(ids), max_seq_length)]
     else:
         rows = [{key: values[:max_seq_length] for key, values in example.items()} for example in tokenized]
     # A row whose learnable tokens were all cut off (a prompt longer than max_seq_length) would only add zero loss.

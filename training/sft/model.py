@@ -48,13 +48,9 @@ def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
 
     if training_args.gradient_checkpointing or training_args.activation_checkpointing:
         model.enable_input_require_grads()  # a frozen embedding gives checkpointed layers no grad to pass on
-    lora_config = LoraConfig(
-        task_type="CAUSAL_LM",
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        target_modules=lora_targets(model, args.lora_target_modules),
-    )
+    targets = lora_targets(model, args.lora_target_modules)
+    lora_config = LoraConfig(task_type="CAUSAL_LM", r=args.lora_r, lora_alpha=args.lora_alpha,
+                             lora_dropout=args.lora_dropout, target_modules=targets)
     # PEFT records the base as the model's name_or_path: the Hub id, or the absolute folder from model_source, so
     # the adapter loads from any working directory.
     with warnings.catch_warnings():

@@ -135,8 +135,8 @@ def _check_messages(messages, where: str) -> list[dict]:
 
 
 def _text(text: str, where: str, what: str) -> str:
-    """The text, if it can be encoded: JSON's \\uXXXX escapes can spell half of a UTF-16 surrogate pair, which the file
-    check lets through (the line itself is ASCII) and the tokenizer then rejects with a TypeError."""
+    """The text, if it can be encoded: a JSON escape can spell half of a UTF-16 surrogate pair, which the tokenizer
+    would reject with a TypeError."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
