@@ -131,11 +131,9 @@ class TinyTxConfig(PreTrainedConfig):
             if not _is_positive_int(value):
                 raise ValueError(f"TinyTxConfig: `{name}` must be a positive integer, got {value!r}.")
         if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"TinyTxConfig: `num_attention_heads` ({self.num_attention_heads}) must divide `hidden_size` "
-                f"({self.hidden_size}); pick a head count such as "
-                f"{_divisors_hint(self.hidden_size, self.num_attention_heads)}."
-            )
+            raise ValueError(f"TinyTxConfig: `num_attention_heads` ({self.num_attention_heads}) must divide "
+                             f"`hidden_size` ({self.hidden_size}); pick a head count such as "
+                             f"{_divisors_hint(self.hidden_size, self.num_attention_heads)}.")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"TinyTxConfig: `num_key_value_heads` ({self.num_key_value_heads}) must divide `num_attention_heads` "
@@ -143,34 +141,26 @@ class TinyTxConfig(PreTrainedConfig):
                 f"one of {[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}."
             )
         if self.head_dim % 2 != 0:
-            raise ValueError(
-                f"TinyTxConfig: `head_dim` ({self.head_dim}) must be even, because rotary embeddings rotate pairs of "
-                f"dimensions; change `hidden_size`/`num_attention_heads` or set an even `head_dim`."
-            )
+            raise ValueError(f"TinyTxConfig: `head_dim` ({self.head_dim}) must be even, because rotary embeddings "
+                             "rotate pairs of dimensions; change `hidden_size`/`num_attention_heads` or set an even "
+                             "`head_dim`.")
         if self.hidden_act not in ACT2FN:
-            raise ValueError(
-                f"TinyTxConfig: unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)} "
-                f"(`silu` for the gated MLP, `gelu` or `relu` for the plain one)."
-            )
+            raise ValueError(f"TinyTxConfig: unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)} "
+                             "(`silu` for the gated MLP, `gelu` or `relu` for the plain one).")
         if self.mlp_type not in MLP_TYPES:
             raise ValueError(f"TinyTxConfig: `mlp_type` must be one of {MLP_TYPES}, got {self.mlp_type!r}.")
         if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
             raise ValueError(f"TinyTxConfig: `rms_norm_eps` must be a positive number, got {self.rms_norm_eps!r}.")
         if not (isinstance(self.attention_dropout, (int, float)) and 0.0 <= self.attention_dropout < 1.0):
-            raise ValueError(
-                f"TinyTxConfig: `attention_dropout` must be in [0, 1), got {self.attention_dropout!r}."
-            )
+            raise ValueError(f"TinyTxConfig: `attention_dropout` must be in [0, 1), got {self.attention_dropout!r}.")
         if not (isinstance(self.initializer_range, (int, float)) and self.initializer_range >= 0):
-            raise ValueError(
-                f"TinyTxConfig: `initializer_range` must be a non-negative number, got {self.initializer_range!r}."
-            )
+            raise ValueError("TinyTxConfig: `initializer_range` must be a non-negative number, got "
+                             f"{self.initializer_range!r}.")
         for name in ("pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
-                raise ValueError(
-                    f"TinyTxConfig: `{name}` ({value!r}) must be a token id in [0, vocab_size={self.vocab_size}) "
-                    f"or None."
-                )
+                raise ValueError(f"TinyTxConfig: `{name}` ({value!r}) must be a token id in [0, "
+                                 f"vocab_size={self.vocab_size}) or None.")
 
     def _validate_rope(self):
         params = self.rope_parameters
@@ -179,37 +169,29 @@ class TinyTxConfig(PreTrainedConfig):
         rope_type = params.get("rope_type", "default")
         # transformers only warns about an unknown type, then fails with a bare KeyError when the model is built.
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
-            raise ValueError(
-                f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
-                f"{['default', *ROPE_INIT_FUNCTIONS]}."
-            )
+            raise ValueError(f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
+                             f"{['default', *ROPE_INIT_FUNCTIONS]}.")
         # transformers checks only which keys each type needs: an infinite or tiny theta, or a huge factor, would make
         # every position alike, and the model would still run.
         theta = params.get("rope_theta")
         if not (_is_finite_number(theta) and theta > 1):
-            raise ValueError(
-                f"TinyTxConfig: `rope_parameters['rope_theta']` must be a finite number > 1 (the base of the rotary "
-                f"wavelengths, e.g. 10000.0 as in Llama 2 or 500000.0 as in Llama 3), got {theta!r}."
-            )
+            raise ValueError("TinyTxConfig: `rope_parameters['rope_theta']` must be a finite number > 1 (the base of "
+                             "the rotary wavelengths, e.g. 10000.0 as in Llama 2 or 500000.0 as in Llama 3), got "
+                             f"{theta!r}.")
         factor = params.get("factor")
         if factor is not None and not (_is_finite_number(factor) and 1.0 <= factor <= MAX_ROPE_FACTOR):
-            raise ValueError(
-                f"TinyTxConfig: `rope_parameters['factor']` must be a number in [1, {MAX_ROPE_FACTOR:g}] (how many "
-                f"times longer than training the context may get), got {factor!r}."
-            )
+            raise ValueError(f"TinyTxConfig: `rope_parameters['factor']` must be a number in [1, {MAX_ROPE_FACTOR:g}] "
+                             f"(how many times longer than training the context may get), got {factor!r}.")
         partial = params.get("partial_rotary_factor")
         if partial is not None and (partial != 1.0 or isinstance(partial, bool)):
             # TinyTx rotates every dimension of a head: a fraction would be stored and silently ignored.
-            raise ValueError(
-                f"TinyTxConfig: `partial_rotary_factor` must be 1.0 (RoPE on every dimension of a head), got "
-                f"{partial!r}; TinyTx has no partial rotary embeddings, so remove the key."
-            )
+            raise ValueError("TinyTxConfig: `partial_rotary_factor` must be 1.0 (RoPE on every dimension of a head), "
+                             f"got {partial!r}; TinyTx has no partial rotary embeddings, so remove the key.")
         try:
             self.validate_rope()  # transformers' own check of the keys each RoPE type needs
         except KeyError as error:
-            raise ValueError(
-                f"TinyTxConfig: {error.args[0]}; add the missing keys to `rope_parameters` (as for `LlamaConfig`)."
-            ) from None
+            raise ValueError(f"TinyTxConfig: {error.args[0]}; add the missing keys to `rope_parameters` (as for "
+                             "`LlamaConfig`).") from None
 
 
 def _is_finite_number(value) -> bool:

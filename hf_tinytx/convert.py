@@ -65,10 +65,8 @@ def llama_config_to_tinytx(config: LlamaConfig) -> TinyTxConfig:
     """The TinyTx config that describes the same network as a Llama config."""
     _check_model_type(config, "llama", "llama_config_to_tinytx")
     if getattr(config, "quantization_config", None) is not None:
-        raise ValueError(
-            "llama_config_to_tinytx: the Llama model is quantized (`quantization_config` is set); TinyTx converts "
-            "plain weights only. Load it without quantization (or dequantize it) first."
-        )
+        raise ValueError("llama_config_to_tinytx: the Llama model is quantized (`quantization_config` is set); TinyTx "
+                         "converts plain weights only. Load it without quantization (or dequantize it) first.")
     # `pretraining_tp` needs no check: it only split Llama's matmuls in old releases and no longer changes the output.
     values = {name: copy.deepcopy(getattr(config, name)) for name in SHARED_FIELDS}
     # Some Llama checkpoints store `pad_token_id=-1` to mean "no padding token"; TinyTx spells that None.
@@ -187,10 +185,8 @@ def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
         "some of its files were already replaced" if publishing
         else "nothing in it was changed and the partial output was removed"
     )
-    return (
-        f"convert: the disk is full while writing {destination} (about {mib(needed)} needed, "
-        f"{mib(free)} free); {outcome}: free some space and run the same command again."
-    )
+    return (f"convert: the disk is full while writing {destination} (about {mib(needed)} needed, {mib(free)} free); "
+            f"{outcome}: free some space and run the same command again.")
 
 
 def _check_destination(destination: Path, overwrite: bool) -> set[str]:
@@ -203,10 +199,8 @@ def _check_destination(destination: Path, overwrite: bool) -> set[str]:
     # A staging folder or a record alone is what a killed conversion leaves: the next one may use the folder.
     old = [path for path in destination.iterdir() if path.name not in (STAGING_NAME, MANIFEST_NAME)]
     if old and not overwrite:
-        raise FileExistsError(
-            f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace what an earlier "
-            "conversion wrote there, or choose another folder."
-        )
+        raise FileExistsError(f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace "
+                              "what an earlier conversion wrote there, or choose another folder.")
     # Before anything is written: every name a conversion can write (the exact list is checked again once staged).
     _refuse_others_files(
         destination, lambda name: would_replace(name, MAY_WRITE) or (name.endswith(".py") and "/" not in name)
@@ -220,11 +214,9 @@ def _refuse_others_files(destination: Path, replaced) -> None:
                     key=lambda name: (name not in ("config.json", "model.safetensors"), name))
     if others:
         shown = ", ".join(others[:SHOWN]) + (f" and {len(others) - SHOWN} more" if len(others) > SHOWN else "")
-        raise FileExistsError(
-            f"convert: destination {str(destination)!r} holds files that convert did not write ({shown}) and this "
-            "conversion would replace them; --overwrite only replaces an earlier conversion's files: choose another "
-            "folder, or move those files away first."
-        )
+        raise FileExistsError(f"convert: destination {str(destination)!r} holds files that convert did not write "
+                              f"({shown}) and this conversion would replace them; --overwrite only replaces an earlier "
+                              "conversion's files: choose another folder, or move those files away first.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,11 +36,9 @@ def regular_files(folder: str | os.PathLike) -> list[str]:
                 target = path.resolve()
                 if not target.is_relative_to(root):
                     cache = " (a Hub cache snapshot? `hf download REPO --local-dir DIR` gives real files)"
-                    raise UnsafeLinkError(
-                        f"{path} is a link to {target}, outside {root}; copy the file into the folder (or remove "
-                        f"the link) first: links out of a folder are never read or uploaded"
-                        f"{cache if '/blobs/' in str(target) else ''}."
-                    )
+                    raise UnsafeLinkError(f"{path} is a link to {target}, outside {root}; copy the file into the "
+                                          "folder (or remove the link) first: links out of a folder are never read or "
+                                          f"uploaded{cache if '/blobs/' in str(target) else ''}.")
                 if target.is_dir():
                     continue  # its files are listed where they really live
             if path.is_file():
@@ -231,11 +229,9 @@ def refuse_overlap(
     source_name, destination_name = flag_names
     start = f"{who}: " if who else ""
     if destination.is_symlink():  # a link higher up the path is resolved below, like any path (macOS's /tmp is one)
-        raise OverlapError(
-            f"{start}{destination_name} {os.fspath(destination)!r} is a link (to {str(destination.resolve())!r}); a "
-            f"command never writes through a link, so that it cannot empty or replace the folder it leads to: name the "
-            f"real path instead."
-        )
+        raise OverlapError(f"{start}{destination_name} {os.fspath(destination)!r} is a link (to "
+                           f"{str(destination.resolve())!r}); a command never writes through a link, so that it cannot "
+                           "empty or replace the folder it leads to: name the real path instead.")
     real_source, real_destination = source.resolve(), destination.resolve()
     if real_source == real_destination:
         relation = "is the same folder as"
@@ -245,10 +241,8 @@ def refuse_overlap(
         relation = "holds"
     else:
         return
-    raise OverlapError(
-        f"{start}{destination_name} {os.fspath(destination)!r} {relation} {source_name} {os.fspath(source)!r}; "
-        f"{reason}: choose a {destination_name} outside {source_name}."
-    )
+    raise OverlapError(f"{start}{destination_name} {os.fspath(destination)!r} {relation} {source_name} "
+                       f"{os.fspath(source)!r}; {reason}: choose a {destination_name} outside {source_name}.")
 
 
 def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) -> bool:

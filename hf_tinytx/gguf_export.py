@@ -47,9 +47,8 @@ from .tokenization import adds_bos
 try:
     import gguf
 except ImportError as error:  # an optional extra: the rest of hf_tinytx works without it
-    raise ImportError(
-        "convert --to gguf needs the `gguf` package (llama.cpp's own GGUF library): pip install 'hf_tinytx[gguf]'"
-    ) from error
+    raise ImportError("convert --to gguf needs the `gguf` package (llama.cpp's own GGUF library): pip install "
+                      "'hf_tinytx[gguf]'") from error
 
 
 OUTTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
@@ -94,30 +93,23 @@ def check_gguf_config(config: TinyTxConfig) -> None:
     if (reason := why_not_llama(config)) is not None:
         raise ValueError(f"gguf: {reason} (The GGUF file runs as llama.cpp's Llama architecture.)")
     if config.hidden_act not in ("silu", "swish"):
-        raise ValueError(
-            f"gguf: `hidden_act={config.hidden_act!r}` has no llama.cpp equivalent: its Llama graph always uses SiLU "
-            "in the MLP. Only models built with hidden_act='silu' convert to GGUF."
-        )
+        raise ValueError(f"gguf: `hidden_act={config.hidden_act!r}` has no llama.cpp equivalent: its Llama graph "
+                         "always uses SiLU in the MLP. Only models built with hidden_act='silu' convert to GGUF.")
     rope = config.rope_parameters
     rope_type = rope.get("rope_type", "default")
     if rope_type not in ("default", "linear", "llama3", "yarn"):
-        raise ValueError(
-            f"gguf: RoPE type {rope_type!r} has no llama.cpp equivalent for Llama models; 'default', 'linear', "
-            "'llama3' and 'yarn' convert."
-        )
+        raise ValueError(f"gguf: RoPE type {rope_type!r} has no llama.cpp equivalent for Llama models; 'default', "
+                         "'linear', 'llama3' and 'yarn' convert.")
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(
-            f"gguf: `partial_rotary_factor={rope['partial_rotary_factor']}` has no llama.cpp equivalent: its Llama "
-            "graph rotates every dimension of a head."
-        )
+        raise ValueError(f"gguf: `partial_rotary_factor={rope['partial_rotary_factor']}` has no llama.cpp equivalent: "
+                         "its Llama graph rotates every dimension of a head.")
     if rope_type == "yarn":
         extra = [key for key in UNSUPPORTED_YARN_KEYS if rope.get(key) is not None]
         if extra or rope.get("truncate", True) is not True:
             keys = extra or ["truncate"]
-            raise ValueError(
-                f"gguf: YaRN with {keys} has no llama.cpp setting (it derives the attention factor from `factor` and "
-                "always truncates the correction range); drop those keys from `rope_parameters` to convert."
-            )
+            raise ValueError(f"gguf: YaRN with {keys} has no llama.cpp setting (it derives the attention factor from "
+                             "`factor` and always truncates the correction range); drop those keys from "
+                             "`rope_parameters` to convert.")
         if rope.get("factor") is None:
             raise ValueError("gguf: YaRN needs an explicit `rope_parameters['factor']` for llama.cpp; set it.")
 
@@ -240,10 +232,8 @@ def gguf_vocabulary(tokenizer: PreTrainedTokenizerFast, config: TinyTxConfig) ->
     _check_byte_level_bpe(spec)
     vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
     if max(vocab.values()) >= config.vocab_size:
-        raise ValueError(
-            f"gguf: the tokenizer has token ids up to {max(vocab.values())}, but the model's embedding has only "
-            f"vocab_size={config.vocab_size} rows; the tokenizer does not belong to this model."
-        )
+        raise ValueError(f"gguf: the tokenizer has token ids up to {max(vocab.values())}, but the model's embedding "
+                         f"has only vocab_size={config.vocab_size} rows; the tokenizer does not belong to this model.")
     added = tokenizer.added_tokens_decoder
     by_id = {token_id: token for token, token_id in vocab.items()}
     tokens, token_types = [], []
@@ -293,10 +283,8 @@ def _check_byte_level_bpe(spec: dict) -> None:
     elif pre.get("add_prefix_space") or not pre.get("use_regex", True):
         problems.append("its ByteLevel pre-tokenizer adds a prefix space or skips GPT-2's regex split")
     if problems:
-        raise ValueError(
-            f"gguf: the tokenizer is not a byte-level BPE that llama.cpp's GPT-2 pre-tokenizer reproduces "
-            f"({'; '.join(problems)}); only tokenizers like those hf_tinytx.tokenization trains convert."
-        )
+        raise ValueError("gguf: the tokenizer is not a byte-level BPE that llama.cpp's GPT-2 pre-tokenizer reproduces "
+                         f"({'; '.join(problems)}); only tokenizers like those hf_tinytx.tokenization trains convert.")
 
 
 def _merges(merges: list) -> list[str]:
@@ -310,10 +298,8 @@ def _merges(merges: list) -> list[str]:
 
 def _load_tokenizer(source: Path, files: list[str]) -> PreTrainedTokenizerFast:
     if "tokenizer.json" not in files:
-        raise FileNotFoundError(
-            f"gguf: {str(source)!r} has no tokenizer.json; a GGUF file holds the tokenizer too, so save it into the "
-            "folder first (tokenizer.save_pretrained(folder))."
-        )
+        raise FileNotFoundError(f"gguf: {str(source)!r} has no tokenizer.json; a GGUF file holds the tokenizer too, so "
+                                "save it into the folder first (tokenizer.save_pretrained(folder)).")
     tokenizer = AutoTokenizer.from_pretrained(source)
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise ValueError(f"gguf: {str(source)!r} holds a slow tokenizer; only fast (tokenizer.json) ones convert.")
@@ -363,8 +349,7 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
         if full:
             existing = next(folder for folder in destination.parents if folder.exists())
             free = shutil.disk_usage(existing).free
-            raise OSError(
-                f"gguf: the disk is full while writing {destination} ({mib(free)} free once the partial "
-                "file was removed); nothing was changed: free some space and run the same command again."
-            ) from None
+            raise OSError(f"gguf: the disk is full while writing {destination} ({mib(free)} free once the partial file "
+                          "was removed); nothing was changed: free some space and run the same command "
+                          "again.") from None
         raise

@@ -354,10 +354,9 @@ def _check_tensor_parallel_heads(config: TinyTxConfig) -> None:
     Without this check an uneven split fails later, in the first forward, as a reshape error."""
     tp_size = getattr(getattr(config, "distributed_config", None), "tp_size", None) or 1
     if tp_size > 1 and config.num_key_value_heads % tp_size:
-        raise ValueError(
-            f"Tensor parallelism over {tp_size} processes needs num_key_value_heads ({config.num_key_value_heads}) "
-            f"to be divisible by {tp_size}; run on a process count that divides it (or 1 process)."
-        )
+        raise ValueError(f"Tensor parallelism over {tp_size} processes needs num_key_value_heads "
+                         f"({config.num_key_value_heads}) to be divisible by {tp_size}; run on a process count that "
+                         "divides it (or 1 process).")
 
 
 @auto_docstring
@@ -441,24 +440,20 @@ class TinyTxModel(TinyTxPreTrainedModel):
     def _check_shape(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
         # A single sequence's 1-D ids would fail below as a bare `IndexError: tuple index out of range`.
         if input_ids is not None and input_ids.dim() != 2:
-            raise ValueError(
-                f"TinyTxModel: `input_ids` must be 2-D (batch, sequence), got shape {tuple(input_ids.shape)}; add a "
-                f"batch dimension for a single sequence: `input_ids[None]` (or `input_ids.unsqueeze(0)`)."
-            )
+            raise ValueError("TinyTxModel: `input_ids` must be 2-D (batch, sequence), got shape "
+                             f"{tuple(input_ids.shape)}; add a batch dimension for a single sequence: "
+                             "`input_ids[None]` (or `input_ids.unsqueeze(0)`).")
         if inputs_embeds is not None and inputs_embeds.dim() != 3:
-            raise ValueError(
-                f"TinyTxModel: `inputs_embeds` must be 3-D (batch, sequence, hidden_size), got shape "
-                f"{tuple(inputs_embeds.shape)}; add a batch dimension for a single sequence: `inputs_embeds[None]`."
-            )
+            raise ValueError("TinyTxModel: `inputs_embeds` must be 3-D (batch, sequence, hidden_size), got shape "
+                             f"{tuple(inputs_embeds.shape)}; add a batch dimension for a single sequence: "
+                             "`inputs_embeds[None]`.")
         inputs = input_ids if inputs_embeds is None else inputs_embeds
         # Zero tokens (e.g. an empty prompt tokenized without BOS) would fail deep in attention with a reshape error.
         if inputs.shape[1] == 0:
             bos = self.config.bos_token_id
             example = f"`torch.tensor([[{bos}]])`" if bos is not None else "the tokenizer's BOS id"
-            raise ValueError(
-                f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is nothing to "
-                f"continue from; pass at least one token, e.g. the BOS id: {example}."
-            )
+            raise ValueError(f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is "
+                             f"nothing to continue from; pass at least one token, e.g. the BOS id: {example}.")
 
     def _warn_once_past_context(self, new_tokens: int, cache: Cache | None) -> None:
         """RoPE runs at any length and this changes no result, but positions past `max_position_embeddings` were
@@ -472,11 +467,10 @@ class TinyTxModel(TinyTxPreTrainedModel):
         length = new_tokens + (int(cache.get_seq_length()) if cache is not None else 0)
         if length > limit:
             self._warned_past_context = True
-            logger.warning(
-                f"TinyTxModel: a sequence of {length} tokens is longer than max_position_embeddings={limit}, the "
-                f"longest this model is configured for; positions past {limit} extrapolate RoPE and the outputs there "
-                f"may degrade (a RoPE scaling type in `rope_parameters` extends the context)."
-            )
+            logger.warning(f"TinyTxModel: a sequence of {length} tokens is longer than "
+                           f"max_position_embeddings={limit}, the longest this model is configured for; positions past "
+                           f"{limit} extrapolate RoPE and the outputs there may degrade (a RoPE scaling type in "
+                           "`rope_parameters` extends the context).")
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:
         # An out-of-range id would index past the embedding table: a bare IndexError on CPU, hence this check. On an
@@ -486,11 +480,9 @@ class TinyTxModel(TinyTxPreTrainedModel):
             return
         low, high = (int(bound) for bound in torch.aminmax(input_ids))  # one pass over the ids, not two
         if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(
-                f"TinyTxModel: `input_ids` must lie in [0, vocab_size={self.config.vocab_size}), but they span "
-                f"[{low}, {high}]. The tokenizer and the model disagree: use the tokenizer saved with this model, "
-                f"or build the model with vocab_size >= {high + 1}."
-            )
+            raise ValueError(f"TinyTxModel: `input_ids` must lie in [0, vocab_size={self.config.vocab_size}), but they "
+                             f"span [{low}, {high}]. The tokenizer and the model disagree: use the tokenizer saved "
+                             f"with this model, or build the model with vocab_size >= {high + 1}.")
 
     @staticmethod
     def _check_attention_mask(attention_mask, inputs_embeds: torch.Tensor, cache: Cache | None) -> None:
@@ -498,11 +490,9 @@ class TinyTxModel(TinyTxPreTrainedModel):
             return  # 4D masks and flex BlockMasks are the caller's own business
         batch_size, seq_len = inputs_embeds.shape[:2]
         if attention_mask.dim() != 2:
-            raise ValueError(
-                f"TinyTxModel: `attention_mask` must be 2D (batch, tokens) with 1 for real tokens and 0 for padding "
-                f"(or a prepared 4D mask), but it has shape {tuple(attention_mask.shape)}; a single sequence's 1D "
-                f"mask gets its batch dimension from `attention_mask[None]`."
-            )
+            raise ValueError("TinyTxModel: `attention_mask` must be 2D (batch, tokens) with 1 for real tokens and 0 "
+                             f"for padding (or a prepared 4D mask), but it has shape {tuple(attention_mask.shape)}; a "
+                             "single sequence's 1D mask gets its batch dimension from `attention_mask[None]`.")
         # The cached length is unknown under torch.compile (a static cache's length is a tensor there) and for paged
         # caches (no `get_seq_length`; continuous batching passes no 2D mask anyway): then check what shapes allow.
         past_seen_tokens = None
@@ -515,11 +505,10 @@ class TinyTxModel(TinyTxPreTrainedModel):
         if attention_mask.shape[0] != batch_size or not length_ok:
             cached = "some" if past_seen_tokens is None else past_seen_tokens
             expected = "cached + new tokens" if past_seen_tokens is None else past_seen_tokens + seq_len
-            raise ValueError(
-                f"TinyTxModel: the 2D `attention_mask` has shape {tuple(attention_mask.shape)}, but the input is "
-                f"batch {batch_size} x {seq_len} tokens (plus {cached} cached). It must be (batch, cached + new "
-                f"tokens) = ({batch_size}, {expected}): pass the mask the tokenizer returned with these `input_ids`."
-            )
+            raise ValueError(f"TinyTxModel: the 2D `attention_mask` has shape {tuple(attention_mask.shape)}, but the "
+                             f"input is batch {batch_size} x {seq_len} tokens (plus {cached} cached). It must be "
+                             f"(batch, cached + new tokens) = ({batch_size}, {expected}): pass the mask the tokenizer "
+                             "returned with these `input_ids`.")
 
 
 @auto_docstring

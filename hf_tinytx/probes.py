@@ -35,10 +35,9 @@ def _split_candidate(prompt_ids: list[int], full_ids: list[int], prompt: str, ca
     while common < min(len(prompt_ids), len(full_ids)) and prompt_ids[common] == full_ids[common]:
         common += 1
     if common == 0:
-        raise ValueError(
-            f"Probe prompt {prompt!r} leaves no token before the candidate {candidate!r}, so its first token has "
-            f"nothing to be predicted from; use a non-empty prompt or a tokenizer with a `bos_token`."
-        )
+        raise ValueError(f"Probe prompt {prompt!r} leaves no token before the candidate {candidate!r}, so its first "
+                         "token has nothing to be predicted from; use a non-empty prompt or a tokenizer with a "
+                         "`bos_token`.")
     if common == len(full_ids):
         raise ValueError(f"Candidate {candidate!r} adds no tokens to prompt {prompt!r}; candidates must be non-empty.")
     return full_ids[:common], full_ids[common:]

@@ -31,15 +31,11 @@ def read_config_json(folder: str | os.PathLike, expected_type: str, who: str) ->
     try:
         values = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(
-            f"{who}: {path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); fix that line "
-            "or save the model again with save_pretrained."
-        ) from None
+        raise ValueError(f"{who}: {path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
+                         "fix that line or save the model again with save_pretrained.") from None
     if not isinstance(values, dict):
-        raise ValueError(
-            f"{who}: {path} holds a JSON {type(values).__name__}, not an object of config fields; save the model "
-            "again with save_pretrained."
-        )
+        raise ValueError(f"{who}: {path} holds a JSON {type(values).__name__}, not an object of config fields; save "
+                         "the model again with save_pretrained.")
     model_type = values.get("model_type")
     if model_type is None:
         raise ValueError(
@@ -62,9 +58,8 @@ def load_config(folder: str | os.PathLike, config_class: type[PreTrainedConfig],
         return config_class.from_pretrained(folder)
     except (TypeError, ValueError, AttributeError, KeyError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(
-            f"{who}: {path} is not a valid {config_class.model_type} config ({reason}); fix that field."
-        ) from None
+        raise ValueError(f"{who}: {path} is not a valid {config_class.model_type} config ({reason}); fix that "
+                         "field.") from None
 
 
 def check_stored_weights(
@@ -87,11 +82,10 @@ def check_stored_weights(
     problems = [f"{kind}: {', '.join(names[:SHOWN])}{f' and {len(names) - SHOWN} more' if len(names) > SHOWN else ''}"
                 for kind, names in kinds if names]
     if problems:
-        raise ValueError(
-            f"{who}: the weights in {folder} do not match its config.json (num_hidden_layers="
-            f"{config.num_hidden_layers}, hidden_size={config.hidden_size}) — {'; '.join(problems)}; "
-            "fix config.json to describe these weights, or use the weights saved with it."
-        )
+        raise ValueError(f"{who}: the weights in {folder} do not match its config.json "
+                         f"(num_hidden_layers={config.num_hidden_layers}, hidden_size={config.hidden_size}) — "
+                         f"{'; '.join(problems)}; fix config.json to describe these weights, or use the weights saved "
+                         "with it.")
 
 
 def _tied(model_class: type[PreTrainedModel], config: PreTrainedConfig) -> dict[str, str]:
@@ -118,15 +112,12 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
     files = regular_files(source)
     config_file = source / "config.json"
     if not config_file.is_file() and interrupted_save(source):
-        raise FileNotFoundError(
-            f"convert: {str(source)!r} has no config.json: a save into it was killed before it finished (its "
-            f"{STAGING_NAME} folder is left); run the command that wrote it again to finish the model."
-        )
+        raise FileNotFoundError(f"convert: {str(source)!r} has no config.json: a save into it was killed before it "
+                                f"finished (its {STAGING_NAME} folder is left); run the command that wrote it again to "
+                                "finish the model.")
     if not config_file.is_file():
-        raise FileNotFoundError(
-            f"convert: {str(source)!r} has no config.json, so it is not a saved model folder; pass the folder that "
-            "`save_pretrained` wrote."
-        )
+        raise FileNotFoundError(f"convert: {str(source)!r} has no config.json, so it is not a saved model folder; pass "
+                                "the folder that `save_pretrained` wrote.")
     if not has_safetensors(source):
         pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (source / name).exists()]
         hint = "" if not pickled else (
@@ -135,25 +126,20 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
         raise FileNotFoundError(f"convert: {str(source)!r} has no model.safetensors weights.{hint}")
     model_type = read_config_json(source, expected_type, "convert")["model_type"]
     if model_type != expected_type:
-        raise ValueError(
-            f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a {expected_type!r} "
-            f"one; use `--to {'tinytx' if model_type == 'llama' else 'llama'}` for the other direction."
-        )
+        raise ValueError(f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a "
+                         f"{expected_type!r} one; use `--to {'tinytx' if model_type == 'llama' else 'llama'}` for the "
+                         "other direction.")
     return files
 
 
 def why_not_llama(config: PreTrainedConfig) -> str | None:
     """Why this TinyTx config has no Llama twin (a TinyTx-only feature), or None when it has one."""
     if config.qk_norm:
-        return (
-            "`qk_norm=True` has no Llama equivalent: the model normalises each head's queries and keys with learned "
-            "weights (`q_norm`/`k_norm`) that Llama does not have, so a Llama model would compute something else. "
-            "Only TinyTx models built with qk_norm=False convert to Llama."
-        )
+        return ("`qk_norm=True` has no Llama equivalent: the model normalises each head's queries and keys with "
+                "learned weights (`q_norm`/`k_norm`) that Llama does not have, so a Llama model would compute "
+                "something else. Only TinyTx models built with qk_norm=False convert to Llama.")
     if config.mlp_type != "gated":
-        return (
-            f"`mlp_type={config.mlp_type!r}` has no Llama equivalent: Llama's MLP is always the gated "
-            "down(act(gate(x)) * up(x)), and this model has no `gate_proj`. Only TinyTx models built with "
-            "mlp_type='gated' convert to Llama."
-        )
+        return (f"`mlp_type={config.mlp_type!r}` has no Llama equivalent: Llama's MLP is always the gated "
+                "down(act(gate(x)) * up(x)), and this model has no `gate_proj`. Only TinyTx models built with "
+                "mlp_type='gated' convert to Llama.")
     return None

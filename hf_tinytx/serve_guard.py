@@ -144,11 +144,9 @@ def prompt_room(model_config, prompt_tokens: int, body: dict, limits: Limits) ->
     return room if asked is None else asked[1]
 
 
-NO_CHAT_TEMPLATE = (
-    "{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain text to "
-    "/v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = '...'; "
-    "tokenizer.save_pretrained(folder)) and restart the server"
-)
+NO_CHAT_TEMPLATE = ("{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain "
+                    "text to /v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = "
+                    "'...'; tokenizer.save_pretrained(folder)) and restart the server")
 
 
 def error_response(error: RequestError):

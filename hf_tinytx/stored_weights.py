@@ -38,9 +38,8 @@ def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, 
                 shapes.update({key: (path, tuple(f.get_slice(key).get_shape())) for key in names})
         # safetensors' own SafetensorError, and whatever else a damaged file raises
         except Exception as error:  # noqa: BLE001
-            raise ValueError(
-                f"{who}: {path} is damaged or truncated ({str(error).strip()}); copy or save it again."
-            ) from None
+            raise ValueError(f"{who}: {path} is damaged or truncated ({str(error).strip()}); copy or save it "
+                             "again.") from None
     return shapes
 
 

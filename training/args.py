@@ -207,9 +207,8 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         raise UserInputError("A streamed dataset has no length: set --max_train_steps, --max_train_tokens or "
                              "--max_train_seconds.")
     if model_args.vocab_size < 260:
-        raise UserInputError(
-            f"--vocab_size must be at least 260 (256 bytes + special tokens), got {model_args.vocab_size}."
-        )
+        raise UserInputError("--vocab_size must be at least 260 (256 bytes + special tokens), got "
+                             f"{model_args.vocab_size}.")
     check_report_to(train_args.report_to)
     if train_args.push_to_hub:
         check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
@@ -242,11 +241,10 @@ def apply_total_batch_size(train_args: PretrainArguments, num_processes: int) ->
         return
     per_micro_step = train_args.per_device_train_batch_size * num_processes
     if total % per_micro_step:
-        raise UserInputError(
-            f"--total_batch_size {total} cannot be split over {num_processes} process(es) x "
-            f"--per_device_train_batch_size {train_args.per_device_train_batch_size}: it must be a multiple of "
-            f"{per_micro_step}; change the total, the per-device batch or the process count."
-        )
+        raise UserInputError(f"--total_batch_size {total} cannot be split over {num_processes} process(es) x "
+                             f"--per_device_train_batch_size {train_args.per_device_train_batch_size}: it must be a "
+                             f"multiple of {per_micro_step}; change the total, the per-device batch or the process "
+                             "count.")
     train_args.gradient_accumulation_steps = total // per_micro_step
 
 
@@ -276,10 +274,9 @@ def check_schedule(train_args: PretrainArguments) -> None:
     if not planned_by_clock(train_args):
         _check_scheduler(train_args.lr_scheduler_type)
     elif train_args.lr_scheduler_type not in CLOCK_SHAPES:
-        raise UserInputError(
-            f"--lr_scheduler_type {train_args.lr_scheduler_type!r} has no form over the clock (--max_train_seconds "
-            f"without a step count); use one of {', '.join(CLOCK_SHAPES)}, or give --max_train_steps."
-        )
+        raise UserInputError(f"--lr_scheduler_type {train_args.lr_scheduler_type!r} has no form over the clock "
+                             f"(--max_train_seconds without a step count); use one of {', '.join(CLOCK_SHAPES)}, or "
+                             "give --max_train_steps.")
 
 
 def planned_by_clock(train_args: PretrainArguments) -> bool:
@@ -307,10 +304,8 @@ def _check_scheduler(name: str) -> None:
     from transformers import SchedulerType, get_scheduler
 
     if name not in [kind.value for kind in SchedulerType]:
-        raise UserInputError(
-            f"--lr_scheduler_type {name!r} is not a transformers schedule; use cosine, linear, constant_with_warmup, "
-            f"warmup_stable_decay, ... (transformers.SchedulerType lists them)."
-        )
+        raise UserInputError(f"--lr_scheduler_type {name!r} is not a transformers schedule; use cosine, linear, "
+                             "constant_with_warmup, warmup_stable_decay, ... (transformers.SchedulerType lists them).")
     try:
         optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=1, num_training_steps=10)
@@ -318,10 +313,8 @@ def _check_scheduler(name: str) -> None:
         scheduler.step()
     except Exception as error:  # schedules that need extra arguments or a metric
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UserInputError(
-            f"--lr_scheduler_type {name!r} cannot run on the step count alone ({reason}); use cosine, linear or "
-            f"constant_with_warmup."
-        ) from None
+        raise UserInputError(f"--lr_scheduler_type {name!r} cannot run on the step count alone ({reason}); use cosine, "
+                             "linear or constant_with_warmup.") from None
 
 
 def hub_repo_id(hub_model_id: str | None, output_dir: str) -> str:
@@ -334,10 +327,8 @@ def check_hub_repo_id(hub_model_id: str | None, output_dir: str) -> None:
     repo_id = hub_repo_id(hub_model_id, output_dir)
     if not sources.is_repo_id(repo_id):
         named = "--hub_model_id" if hub_model_id else "The Hub repo id from --output_dir's name,"
-        raise UserInputError(
-            f"{named} {repo_id!r} is not a valid Hub repo id; set --hub_model_id to 'name' or 'owner/name' "
-            f"(letters, digits, '-', '_' and '.', at most 96 characters)."
-        )
+        raise UserInputError(f"{named} {repo_id!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
+                             "'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters).")
 
 
 def check_hub_timeout(hub_timeout: float) -> None:

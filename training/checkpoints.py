@@ -135,11 +135,9 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     saved = state.run_signature
     if any(saved.get(key) != run_signature[key] for key in DATA_ORDER):
         was, now = ({key: values.get(key) for key in DATA_ORDER} for values in (saved, run_signature))
-        raise UserInputError(
-            f"{folder} was written with {was}, but this run has {now}; resume with the same --seed, "
-            f"--block_size and --total_batch_size (on any process count), or start a new run from its weights with "
-            f"--init_from {folder}."
-        )
+        raise UserInputError(f"{folder} was written with {was}, but this run has {now}; resume with the same --seed, "
+                             "--block_size and --total_batch_size (on any process count), or start a new run from its "
+                             f"weights with --init_from {folder}.")
     written_by, in_shards = saved.get("num_processes", 1), os.path.isdir(os.path.join(folder, SHARDED_DIR))
     refuse_optimizer_change(folder, saved, run_signature, OPTIMIZER_STATE,
                             f"start a new run with the new ones from its weights with --init_from {folder}")
@@ -167,11 +165,9 @@ def refuse_optimizer_change(folder: str, saved: dict, now: dict, flags: tuple, w
     changed = [flag for flag in flags if flag in saved and saved[flag] != now[flag]]
     if changed:
         was = ", ".join(f"--{flag} {saved[flag]}" for flag in changed)
-        raise UserInputError(
-            f"{folder} was trained with {was}, but this run has "
-            f"{', '.join(f'--{flag} {now[flag]}' for flag in changed)}: its optimizer state holds the old values; "
-            f"resume with {was}, or {way_on}."
-        )
+        raise UserInputError(f"{folder} was trained with {was}, but this run has "
+                             f"{', '.join(f'--{flag} {now[flag]}' for flag in changed)}: its optimizer state holds the "
+                             f"old values; resume with {was}, or {way_on}.")
 
 
 def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards: bool, sharded: bool,
@@ -181,16 +177,14 @@ def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards
     in_deepspeed = os.path.isdir(os.path.join(folder, DEEPSPEED_DIR))
     if (in_deepspeed or deepspeed_engine is not None) and (written_by != processes or not in_deepspeed
                                                            or deepspeed_engine is None):
-        raise UserInputError(
-            f"{folder} was written by {written_by} process(es){' under DeepSpeed' if in_deepspeed else ''}; "
-            f"DeepSpeed resumes its partitioned states only on as many processes and under DeepSpeed: resume with "
-            f"the same launch, {way_on}."
-        )
+        raise UserInputError(f"{folder} was written by {written_by} "
+                             f"process(es){' under DeepSpeed' if in_deepspeed else ''}; DeepSpeed resumes its "
+                             "partitioned states only on as many processes and under DeepSpeed: resume with the same "
+                             f"launch, {way_on}.")
     if sharded and not in_shards:
-        raise UserInputError(
-            f"{folder} holds whole weights and optimizer state, which this FSDP2 run cannot shard: resume it without "
-            f"the FSDP2 config (one process, torchrun or accelerate-ddp.yaml, any process count), {way_on}."
-        )
+        raise UserInputError(f"{folder} holds whole weights and optimizer state, which this FSDP2 run cannot shard: "
+                             "resume it without the FSDP2 config (one process, torchrun or accelerate-ddp.yaml, any "
+                             f"process count), {way_on}.")
 
 
 def check_random_state(folder: str, process_index: int) -> None:
@@ -407,10 +401,8 @@ def find_resumable(resume_from: str | None, layout: Layout, say) -> str | None:
         folder = os.path.abspath(resume_from)
         problem = problem_with(folder) if os.path.isdir(folder) else "it is not a folder"
         if problem:
-            raise UserInputError(
-                f"--resume_from_checkpoint {resume_from} cannot be resumed from: {problem}. Give an intact "
-                f"checkpoints/{layout.prefix}N folder, or 'latest' for the newest intact one."
-            )
+            raise UserInputError(f"--resume_from_checkpoint {resume_from} cannot be resumed from: {problem}. Give an "
+                                 f"intact checkpoints/{layout.prefix}N folder, or 'latest' for the newest intact one.")
         return folder
     for step in reversed(layout.steps()):
         folder = layout.path(step)

@@ -282,11 +282,9 @@ def saving_into(folder: str, model, where: Destinations, saved: str | None = Non
         newest = where.layout.newest()
         if newest and not saved:
             kept = f"the checkpoint {os.path.basename(newest)} is intact: rerun with --resume_from_checkpoint latest"
-        raise RunError(
-            f"No space left on the device while saving {folder} (about {mib(needed)} needed, "
-            f"{mib(free)} free); the partial save was removed: free some space there, or point "
-            f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}."
-        ) from None
+        raise RunError(f"No space left on the device while saving {folder} (about {mib(needed)} needed, {mib(free)} "
+                       "free); the partial save was removed: free some space there, or point "
+                       f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}.") from None
 
 
 def build_datasets(args, tokenizer, model, train_records, validation_records):
@@ -332,10 +330,8 @@ def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str
     """The rows, with `.counts` (sft_data.RowCounts) for the card; what was cut or dropped is said on the console."""
     examples = build_examples(records, tokenizer, max_seq_length, packing)
     if not examples:
-        raise UserInputError(
-            f"No example in {path} keeps a token to learn within --max_seq_length {max_seq_length} (the prompts "
-            f"fill the whole row); raise --max_seq_length or shorten the prompts."
-        )
+        raise UserInputError(f"No example in {path} keeps a token to learn within --max_seq_length {max_seq_length} "
+                             "(the prompts fill the whole row); raise --max_seq_length or shorten the prompts.")
     summary = examples.counts.summary(path, max_seq_length, packing)
     if summary:
         print(summary)

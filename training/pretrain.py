@@ -195,11 +195,10 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
     if sampler is not None and len(train_dataloader) == 0:
-        raise UserInputError(
-            f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes ({global_batch}: "
-            f"{train_args.per_device_train_batch_size} per process x {accelerator.num_processes} process(es) x "
-            f"{train_args.gradient_accumulation_steps} accumulated); lower the batch size or add data."
-        )
+        raise UserInputError(f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes "
+                             f"({global_batch}: {train_args.per_device_train_batch_size} per process x "
+                             f"{accelerator.num_processes} process(es) x {train_args.gradient_accumulation_steps} "
+                             "accumulated); lower the batch size or add data.")
     # A token of None lets huggingface_hub find HF_TOKEN or the login cache; the pusher never shows it.
     pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo) \
         if train_args.push_to_hub and accelerator.is_main_process else None
@@ -227,10 +226,9 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
     refuse_writing_where_read(model_args, output_dir)
     model_config = load_model_config(model_args)  # before the data: a bad size should not wait for tokenization
     if data_args.block_size > model_config.max_position_embeddings:
-        raise UserInputError(
-            f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
-            f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
-        )
+        raise UserInputError(f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
+                             f"({model_config.max_position_embeddings}); lower --block_size or raise "
+                             "--max_position_embeddings.")
     sharded_by = sharding.asked_sharding()
     if train_args.optimizer == "muon" and sharded_by:
         raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharded_by} does "
@@ -247,9 +245,8 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
         log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
         project_config=ProjectConfiguration(project_dir=output_dir, logging_dir=os.path.join(output_dir, "runs")),
     )
-    accelerator.print(
-        f"{accelerator.num_processes} process(es) on {accelerator.device} ({accelerator.distributed_type})"
-    )
+    accelerator.print(f"{accelerator.num_processes} process(es) on {accelerator.device} "
+                      f"({accelerator.distributed_type})")
     if (problem := cluster.check_process_count(accelerator.num_processes)):
         raise UserInputError(problem)
     if sharding.gpu_config_without_gpus():

@@ -31,11 +31,9 @@ def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False)
             name_or_path, attn_implementation="eager", trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError) as error:
-        raise SystemExit(
-            f"Could not load a model and tokenizer from {name_or_path!r}: {error}\nGive a folder written by "
-            f"save_pretrained (e.g. training/pretrain.py's --output_dir) or a Hub id; add --trust_remote_code if "
-            f"the checkpoint ships its own modeling code."
-        ) from error
+        raise SystemExit(f"Could not load a model and tokenizer from {name_or_path!r}: {error}\nGive a folder written "
+                         "by save_pretrained (e.g. training/pretrain.py's --output_dir) or a Hub id; add "
+                         "--trust_remote_code if the checkpoint ships its own modeling code.") from error
     return model.eval(), tokenizer
 
 

@@ -39,10 +39,8 @@ def eager_attention(model):
         yield model
         return
     if not hasattr(model, "set_attn_implementation"):
-        raise ValueError(
-            f"{type(model).__name__} cannot switch to eager attention; load it with "
-            f"`attn_implementation=\"eager\"` to read its attention weights."
-        )
+        raise ValueError(f"{type(model).__name__} cannot switch to eager attention; load it with "
+                         "`attn_implementation=\"eager\"` to read its attention weights.")
     model.set_attn_implementation("eager")
     try:
         yield model
@@ -81,10 +79,8 @@ def attention_weights(model, input_ids: torch.Tensor) -> torch.Tensor:
         model.train(was_training)
     attentions = getattr(output, "attentions", None)
     if not attentions or any(a is None for a in attentions):
-        raise ValueError(
-            f"{type(model).__name__} returned no attention weights; it must support `output_attentions=True` "
-            f"with eager attention (TinyTx and Llama-style models do)."
-        )
+        raise ValueError(f"{type(model).__name__} returned no attention weights; it must support "
+                         "`output_attentions=True` with eager attention (TinyTx and Llama-style models do).")
     return torch.stack([a.detach().float().cpu() for a in attentions])
 
 
@@ -106,10 +102,8 @@ def _new_figure(size_inches, dpi: int):
         import matplotlib  # noqa: F401  (the package first: its submodule may be cached while it is missing)
         from matplotlib.figure import Figure
     except ImportError as error:
-        raise ImportError(
-            "Drawing attention maps needs matplotlib, which hf_tinytx does not install by itself: "
-            "`pip install matplotlib`."
-        ) from error
+        raise ImportError("Drawing attention maps needs matplotlib, which hf_tinytx does not install by itself: `pip "
+                          "install matplotlib`.") from error
     return Figure(figsize=size_inches, dpi=dpi)
 
 
@@ -153,9 +147,8 @@ def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, d
     for layer in layers:
         for head in heads:
             if not (0 <= layer < maps.num_layers and 0 <= head < maps.num_heads):
-                raise ValueError(
-                    f"No layer {layer} head {head}: the model has {maps.num_layers} layers of {maps.num_heads} heads."
-                )
+                raise ValueError(f"No layer {layer} head {head}: the model has {maps.num_layers} layers of "
+                                 f"{maps.num_heads} heads.")
             fig = render_attention_map(maps.weights[layer, head], maps.tokens, f"layer {layer}, head {head}", dpi=dpi)
             path = out_dir / f"layer{layer}_head{head}.png"
             with open_new(path, "wb") as f:  # a link at the name is replaced, never written through

@@ -91,9 +91,8 @@ def induction_baseline(input_ids: list[int]) -> float:
 
 def _check_weights(weights: torch.Tensor) -> None:
     if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2] or weights.shape[-1] < 2:
-        raise ValueError(
-            f"Expected attention weights (layers, heads, n, n) with n >= 2, got shape {tuple(weights.shape)}."
-        )
+        raise ValueError("Expected attention weights (layers, heads, n, n) with n >= 2, got shape "
+                         f"{tuple(weights.shape)}.")
 
 
 def _ids(tokenizer, text) -> list[int]:
@@ -155,9 +154,8 @@ def locate_coref_probe(tokenizer, probe, query: str = "it") -> CorefSentence:
     if probe.kind not in ("coref", "coref_new_nouns"):
         raise ValueError(f"Coreference scores need coref probes, got a {probe.kind!r} probe.")
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
-            "Locating words in tokens needs a fast tokenizer (character offsets); load it with use_fast=True."
-        )
+        raise ValueError("Locating words in tokens needs a fast tokenizer (character offsets); load it with "
+                         "use_fast=True.")
     text = probe.prompt
     encoding = tokenizer(text, return_offsets_mapping=True)
     offsets = encoding["offset_mapping"]

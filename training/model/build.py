@@ -16,10 +16,9 @@ def build_model(model_args, model_config, tokenizer):
     if not model_args.init_from:
         model_config.vocab_size = len(tokenizer)
     elif len(tokenizer) > model_config.vocab_size:
-        raise UserInputError(
-            f"The tokenizer has {len(tokenizer)} tokens but the --init_from model only {model_config.vocab_size}; "
-            f"use the tokenizer saved with that model (leave --tokenizer_name out)."
-        )
+        raise UserInputError(f"The tokenizer has {len(tokenizer)} tokens but the --init_from model only "
+                             f"{model_config.vocab_size}; use the tokenizer saved with that model (leave "
+                             "--tokenizer_name out).")
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(model_config, name, getattr(tokenizer, name))
     options = {"config": model_config, "attn_implementation": model_args.attn_implementation}

@@ -68,10 +68,8 @@ def refuse_unknown_keys(config, values: dict, path: str) -> None:
         key = unknown[0]
         close = difflib.get_close_matches(key, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UserInputError(
-            f"--model_config {path}: unknown key {key!r}{hint}; {type(config).__name__} has no such field, so fix or "
-            f"remove it (the fields: training/configs/model-tiny.json)."
-        )
+        raise UserInputError(f"--model_config {path}: unknown key {key!r}{hint}; {type(config).__name__} has no such "
+                             "field, so fix or remove it (the fields: training/configs/model-tiny.json).")
 
 
 def check_model_builds(config, attn_implementation: str, num_processes: int) -> None:
@@ -91,11 +89,9 @@ def check_model_builds(config, attn_implementation: str, num_processes: int) -> 
     needed = num_parameters * TRAINING_BYTES_PER_PARAMETER
     available = _memory_bytes() * num_processes
     if needed > available:
-        raise UserInputError(
-            f"The model has {num_parameters:,} parameters: training needs about {needed / 2**30:,.0f} GiB for "
-            f"weights, gradients and optimizer state, more than the {available / 2**30:,.0f} GiB here; choose a "
-            f"smaller --model_preset / --model_config."
-        )
+        raise UserInputError(f"The model has {num_parameters:,} parameters: training needs about {needed / 2**30:,.0f} "
+                             f"GiB for weights, gradients and optimizer state, more than the {available / 2**30:,.0f} "
+                             "GiB here; choose a smaller --model_preset / --model_config.")
 
 
 def _memory_bytes() -> int:

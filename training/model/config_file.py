@@ -22,9 +22,8 @@ def config_file_path(model_args) -> str:
 def read_config_file(path: str) -> dict:
     if not os.path.isfile(path):
         presets = sorted(name[6:-5] for name in os.listdir(CONFIGS_DIR) if re.match(r"model-.*\.json$", name))
-        raise UserInputError(
-            f"No model config at {path}; use --model_preset with one of {presets} or --model_config FILE."
-        )
+        raise UserInputError(f"No model config at {path}; use --model_preset with one of {presets} or --model_config "
+                             "FILE.")
     try:
         with open(path, encoding="utf-8") as f:
             if path.endswith((".yaml", ".yml")):

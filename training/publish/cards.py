@@ -107,10 +107,8 @@ def describe_data(data_args) -> str:
         return f"the Hub dataset `{data_args.dataset_name}` ({data_args.dataset_config_name or 'default config'})"
     if data_args.train_file:
         return f"local files `{data_args.train_file}`"
-    return (
-        "the embedded synthetic corpus of `hf_tinytx.corpus` (coreference, recall and copy documents), "
-        f"{data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS:,} documents"
-    )
+    return ("the embedded synthetic corpus of `hf_tinytx.corpus` (coreference, recall and copy documents), "
+            f"{data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS:,} documents")
 
 
 def training_record(run) -> dict:

@@ -35,10 +35,9 @@ def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, token
     nonfinite = [name for name, tensor in state_dict.items()
                  if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if nonfinite:
-        raise RunError(
-            f"Not exporting: {len(nonfinite)} weight tensors hold NaN or inf (first: {nonfinite[0]}); the checkpoints "
-            f"in {checkpoints_dir} are kept. Lower --learning_rate or set --max_grad_norm, and train again."
-        )
+        raise RunError(f"Not exporting: {len(nonfinite)} weight tensors hold NaN or inf (first: {nonfinite[0]}); the "
+                       f"checkpoints in {checkpoints_dir} are kept. Lower --learning_rate or set --max_grad_norm, and "
+                       "train again.")
     staged = os.path.join(output_dir, STAGING_NAME)
     with disk_space_guard(staged, Layout(checkpoints_dir)):
         staged = staging_folder(output_dir)

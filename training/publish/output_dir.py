@@ -32,10 +32,9 @@ def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") ->
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK):
-        raise UserInputError(
-            f"{flag} {output_dir} cannot be created: {ancestor} is "
-            f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another {flag}."
-        )
+        raise UserInputError(f"{flag} {output_dir} cannot be created: {ancestor} is "
+                             f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another "
+                             f"{flag}.")
     if not os.path.isdir(output_dir):
         return
     refuse_links_out(output_dir)  # a save or the lock would write through such a link, and a push read it
@@ -82,11 +81,9 @@ def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") 
     earlier_run = sorted(name for name in set(os.listdir(output_dir)) & set(RUN_FILES)
                          if not only_started(os.path.join(output_dir, name)))
     if earlier_run and not train_args.overwrite_output_dir:
-        raise UserInputError(
-            f"{flag} {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
-            f"--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick a new "
-            f"folder."
-        )
+        raise UserInputError(f"{flag} {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
+                             "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, "
+                             "or pick a new folder.")
 
 
 def only_started(path: str) -> bool:
@@ -108,10 +105,8 @@ def refuse_if_locked(output_dir: str, flag: str = "--output_dir") -> None:
 
 
 def in_use(output_dir: str, holder: str, flag: str = "--output_dir") -> UserInputError:
-    return UserInputError(
-        f"{flag} {output_dir} is in use by another training run (process {holder or 'unknown'}); wait for it "
-        f"to finish, or choose another {flag}."
-    )
+    return UserInputError(f"{flag} {output_dir} is in use by another training run (process {holder or 'unknown'}); "
+                          f"wait for it to finish, or choose another {flag}.")
 
 
 def take_lock(output_dir: str):

@@ -33,11 +33,10 @@ from hf_tinytx_training.sft.trainer_help import training_arguments_for_help
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 WRITER = "tinytx finetune"  # its name in the record of the files it wrote into a folder (hf_tinytx.folders)
 TRAINER_DEFAULTS = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}  # finetune's, over Trainer's
-DESCRIPTION = (
-    "Fine-tunes a causal LM (a model folder or a Hub id) with transformers' Trainer, in full or as a LoRA adapter "
-    "(--use_peft). finetune's own flags come first, then every flag of transformers' TrainingArguments. Without a "
-    "GPU, --dataloader_pin_memory defaults to False, and a launch of several processes sets --use_cpu."
-)
+DESCRIPTION = ("Fine-tunes a causal LM (a model folder or a Hub id) with transformers' Trainer, in full or as a LoRA "
+               "adapter (--use_peft). finetune's own flags come first, then every flag of transformers' "
+               "TrainingArguments. Without a GPU, --dataloader_pin_memory defaults to False, and a launch of several "
+               "processes sets --use_cpu.")
 
 
 @dataclass
@@ -124,10 +123,9 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
     # `accelerate launch` with an FSDP or DeepSpeed config tells Trainer so through the environment.
     launched_sharded = env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED")
     if trainer_flags.fsdp or trainer_flags.deepspeed or launched_sharded:
-        raise UserInputError(
-            "finetune.py runs on one process or data-parallel (torchrun) and saves the weights one process holds, "
-            "which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the accelerate config that sets them)."
-        )
+        raise UserInputError("finetune.py runs on one process or data-parallel (torchrun) and saves the weights one "
+                             "process holds, which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the "
+                             "accelerate config that sets them).")
     if trainer_flags.push_to_hub:
         check_hub_repo_id(trainer_flags.hub_model_id, trainer_flags.output_dir)
 
@@ -171,24 +169,19 @@ def model_source(name_or_path: str) -> str:
         siblings = os.listdir(parent) if os.path.isdir(parent) else []
         closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
         hint = f" (did you mean {os.path.join(os.path.dirname(name_or_path), closest[0])!r}?)" if closest else ""
-        raise UserInputError(
-            f"--model_name_or_path {name_or_path!r}: no such folder{hint}; give a saved model folder or a Hub id "
-            f"like 'owner/name'."
-        ) from None
+        raise UserInputError(f"--model_name_or_path {name_or_path!r}: no such folder{hint}; give a saved model folder "
+                             "or a Hub id like 'owner/name'.") from None
 
 
 def check_model_folder(path: str, name: str) -> None:
     names = set(os.listdir(path))
     if "config.json" not in names:
-        raise UserInputError(
-            f"--model_name_or_path {name!r} has no config.json, so it holds no saved model; give the folder that "
-            f"save_pretrained wrote."
-        )
+        raise UserInputError(f"--model_name_or_path {name!r} has no config.json, so it holds no saved model; give the "
+                             "folder that save_pretrained wrote.")
     if not names.intersection(sources.TOKENIZER_MARKERS):
-        raise UserInputError(
-            f"--model_name_or_path {name!r} has no tokenizer (no tokenizer.json or tokenizer_config.json); save the "
-            f"base model's tokenizer into it: AutoTokenizer.from_pretrained(base).save_pretrained(folder)."
-        )
+        raise UserInputError(f"--model_name_or_path {name!r} has no tokenizer (no tokenizer.json or "
+                             "tokenizer_config.json); save the base model's tokenizer into it: "
+                             "AutoTokenizer.from_pretrained(base).save_pretrained(folder).")
     if stored_weights.has_safetensors(path):
         # A damaged file would otherwise be a SafetensorError traceback once torch has loaded (~8 s in); the same
         # header check as convert's, before anything is written.

@@ -92,11 +92,10 @@ def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:
         upto_reply = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
         start, end = len(prompt), len(upto_reply)
         if not (done <= start <= end and upto_reply.startswith(prompt) and full.startswith(upto_reply)):
-            raise UserInputError(
-                "The tokenizer's chat template does not render a conversation as the concatenation of its turns, "
-                "so the assistant replies cannot be located for the loss; use a template that does (or remove the "
-                "tokenizer's chat_template to get the default one)."
-            )
+            raise UserInputError("The tokenizer's chat template does not render a conversation as the concatenation "
+                                 "of its turns, so the assistant replies cannot be located for the loss; use a "
+                                 "template that does (or remove the tokenizer's chat_template to get the default "
+                                 "one).")
         segments += [(full[done:start], False), (full[start:end], True)]
         done = end
     segments.append((full[done:], False))
@@ -156,12 +155,10 @@ class RowCounts:
         if not (self.cut or self.empty):
             return None
         empty = f"; {self.empty:,} hold no token to learn and were dropped" if self.empty else ""
-        return (
-            f"{path}: {self.cut:,} of {self.records:,} records were cut to --max_seq_length {max_seq_length} tokens "
-            f"(the longest has {self.longest:,}); {self.dropped:,} of them dropped because the prompt fills the "
-            f"row{empty}; raise --max_seq_length (up to the model's context) or shorten those records to train on all "
-            f"of them."
-        )
+        return (f"{path}: {self.cut:,} of {self.records:,} records were cut to --max_seq_length {max_seq_length} "
+                f"tokens (the longest has {self.longest:,}); {self.dropped:,} of them dropped because the prompt fills "
+                f"the row{empty}; raise --max_seq_length (up to the model's context) or shorten those records to train "
+                "on all of them.")
 
     def as_dict(self) -> dict:
         return asdict(self)

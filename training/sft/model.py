@@ -36,11 +36,10 @@ def check_vocabulary(model, tokenizer, name: str) -> None:
     refused now, before the output folder is touched."""
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
-        raise UserInputError(
-            f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
-            f"{rows} rows; save the tokenizer the model was trained with into the folder, or grow the model first "
-            f"(model.resize_token_embeddings(len(tokenizer)); model.save_pretrained(folder))."
-        )
+        raise UserInputError(f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the "
+                             f"model's embedding only {rows} rows; save the tokenizer the model was trained with into "
+                             "the folder, or grow the model first (model.resize_token_embeddings(len(tokenizer)); "
+                             "model.save_pretrained(folder)).")
 
 
 def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
@@ -69,10 +68,8 @@ def lora_targets(model, requested: str):
     linear = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     present = [name for name in names if name in linear]
     if not present:
-        raise UserInputError(
-            f"None of --lora_target_modules {names} is a linear layer of this model; its linear layers are "
-            f"{sorted(linear)} (or pass all-linear)."
-        )
+        raise UserInputError(f"None of --lora_target_modules {names} is a linear layer of this model; its linear "
+                             f"layers are {sorted(linear)} (or pass all-linear).")
     skipped = sorted(set(names) - set(present))
     if skipped:
         print(f"LoRA: the model has no {skipped}; adapting {present}.")
