@@ -70,24 +70,24 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-# --merged_output_dir VALUE (with --output_dir mine/run) -> words of the one-line refusal
-MERGED_REFUSALS = {
-    "the base model": ("base", "is the same folder as --model_name_or_path"),
-    "the output folder": ("mine/run", "is the same folder as --output_dir"),
-    "above the output folder": ("mine", "holds --output_dir"),
-    "inside the output folder": ("mine/run/sub", "is inside --output_dir"),
-    "another model's folder": ("other", "holds a model that tinytx finetune did not write (config.json"),
-    "another run's folder": ("pretrained", "holds a training run (checkpoints, metrics.jsonl)"),
-    "a file": ("a_file", "is a file"),
-}
+# --merged_output_dir VALUE (with --output_dir mine/run), words of the one-line refusal
+MERGED_REFUSALS = [
+    pytest.param("base", "is the same folder as --model_name_or_path", id="the base model"),
+    pytest.param("mine/run", "is the same folder as --output_dir", id="the output folder"),
+    pytest.param("mine", "holds --output_dir", id="above the output folder"),
+    pytest.param("mine/run/sub", "is inside --output_dir", id="inside the output folder"),
+    pytest.param("other", "holds a model that tinytx finetune did not write (config.json", id="another model's folder"),
+    pytest.param("pretrained", "holds a training run (checkpoints, metrics.jsonl)", id="another run's folder"),
+    pytest.param("a_file", "is a file", id="a file"),
+]
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite_output_dir"]], ids=["", "overwrite"])
-@pytest.mark.parametrize("case", list(MERGED_REFUSALS))
-def test_a_merged_output_dir_that_would_lose_files_is_refused_before_anything_is_written(root, case, overwrite):
+@pytest.mark.parametrize("merged, words", MERGED_REFUSALS)
+def test_a_merged_output_dir_that_would_lose_files_is_refused_before_anything_is_written(root, merged, words,
+                                                                                         overwrite):
     """Before: the merge replaced another model (exit 0), deleted the adapter saved into the same folder a moment
     earlier, or overwrote the user's config.json above the output folder."""
-    merged, words = MERGED_REFUSALS[case]
     before = snapshot(root)
     line = one_line(run(root, FINETUNE, *LORA, "--output_dir", "mine/run", "--merged_output_dir", merged, *overwrite),
                     "finetune.py: error: ")
