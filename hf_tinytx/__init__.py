@@ -17,13 +17,9 @@ from .auto_registration import register_when_transformers_loads
 __version__ = "0.1.0"
 
 # Each public class and the module that defines it, imported on first use (PEP 562).
-_CLASSES = {
-    "TinyTxConfig": "configuration_tinytx",
-    "TinyTxPreTrainedModel": "modeling_tinytx",
-    "TinyTxModel": "modeling_tinytx",
-    "TinyTxForCausalLM": "modeling_tinytx",
-    "TinyTxForSequenceClassification": "modeling_tinytx",
-}
+_CLASSES = {"TinyTxConfig": "configuration_tinytx", "TinyTxPreTrainedModel": "modeling_tinytx",
+            "TinyTxModel": "modeling_tinytx", "TinyTxForCausalLM": "modeling_tinytx",
+            "TinyTxForSequenceClassification": "modeling_tinytx"}
 
 __all__ = [*_CLASSES, "__version__"]
 

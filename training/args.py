@@ -169,11 +169,9 @@ def _read_args_file(path: str, parser: HfArgumentParser) -> dict:
 def check_args(model_args: ModelArguments, data_args: DataArguments, train_args: PretrainArguments) -> None:
     """Catch impossible settings now, not after the data is tokenized."""
     positive = {
-        "block_size": data_args.block_size,
-        "per_device_train_batch_size": train_args.per_device_train_batch_size,
+        "block_size": data_args.block_size, "per_device_train_batch_size": train_args.per_device_train_batch_size,
         "per_device_eval_batch_size": train_args.per_device_eval_batch_size,
-        "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
-        "eval_steps": train_args.eval_steps,
+        "gradient_accumulation_steps": train_args.gradient_accumulation_steps, "eval_steps": train_args.eval_steps,
         "vocab_size": model_args.vocab_size,
     }
     if data_args.num_train_documents is not None:

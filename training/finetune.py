@@ -138,15 +138,9 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
     """Trainer's run from the checkpoint to resume (if any), then the evaluation: (trainer, metrics). A stop signal
     ends it at a step's end with a checkpoint, as `Stopped`."""
     resume_dir = resume_point(training_args, where)
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        data_collator=pad_collator(tokenizer),
-        processing_class=tokenizer,
-        callbacks=[aside := CheckpointsAside(where, resume_dir)],
-    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                      data_collator=pad_collator(tokenizer), processing_class=tokenizer,
+                      callbacks=[aside := CheckpointsAside(where, resume_dir)])
     trainer.add_callback(StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
     with checkpoints.disk_space_guard(where.checkpoint_staging, where.layout):

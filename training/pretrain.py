@@ -547,8 +547,7 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     probe_results = ProbeReport()
     sharded = run.own_fsdp2 or sharding.zero_stage(accelerator) == 3
     if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process
-        # Eagerly, under --torch_compile too: probes and samples come in many shapes, and each new one would compile
-        # the model again to save milliseconds (a 3-step tiny run took 137 s with those compiles, 69 s without).
+        # Eagerly, under --torch_compile too: probes and samples come in many shapes, each of which would compile again.
         with torch.compiler.set_stance("force_eager"):
             prompts = own_text_prompts(run.data_args, run.packed.validation, run.tokenizer, run.train_args.num_samples)
             probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer,
