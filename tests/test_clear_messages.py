@@ -224,29 +224,15 @@ def test_a_full_disk_in_the_merged_save_names_the_merged_folder_and_removes_it(r
     ]
     with mounted(tmp_path / "disk", "100k") as disk:
         merged = disk / "a" / "merged"
-        full = subprocess.run(
-            [*command, "--merged_output_dir", str(merged)],
-            cwd=tmp_path,
-            env=pretrain_env(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        full = subprocess.run([*command, "--merged_output_dir", str(merged)], cwd=tmp_path,
+                              env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=300)
         line = one_line(full, "finetune.py", exit_code=1)
         assert f"while saving {merged} (about " in line and ".tinytx-staging" not in line, line
         assert " 0.0 MiB" not in line and "--overwrite_output_dir" in line, line
         assert list(disk.iterdir()) == [], "the folders the failed save created were left behind"
     assert (tmp_path / "out" / "adapter_config.json").is_file()  # the adapter, saved before the merge, stays
-    rerun = subprocess.run(
-        [*command, "--merged_output_dir", str(tmp_path / "merged"), "--overwrite_output_dir"],
-        cwd=tmp_path,
-        env=pretrain_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    rerun = subprocess.run([*command, "--merged_output_dir", str(tmp_path / "merged"), "--overwrite_output_dir"],
+                           cwd=tmp_path, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (tmp_path / "merged" / "config.json").is_file()
 
