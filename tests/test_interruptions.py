@@ -112,6 +112,11 @@ def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bi
         assert len(torn) == (signum == signal.SIGTERM), resumed.stdout[-3000:]
         assert not torn or f"line {step + 1} of {out / 'metrics.jsonl'}" in torn[0]
         assert command.steps_logged(out) == list(range(1, command.steps + 1))
+        # The log and the card count both launches' time: the log's seconds go on from the stopped launch's.
+        seconds = [json.loads(line)["elapsed_seconds"] for line in (out / "metrics.jsonl").read_text().splitlines()
+                   if '"loss"' in line]
+        assert seconds == sorted(seconds) and seconds[step] > seconds[step - 1] > 0, seconds
+        assert "in 2 launches (the run was resumed 1 time; the last launch trained" in (out / "README.md").read_text()
 
 
 @deep
@@ -562,10 +567,14 @@ def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_o
 
     signature = {"seed": 42, "block_size": 64, "global_batch": 8, "gradient_accumulation_steps": 1, "num_processes": 1}
     written = {"step": 6, "epoch": 1, "batch_in_epoch": 3, "run_signature": signature, "planned_steps": 8,
-               "train_seconds": 2.5}
+               "train_seconds": 2.5, "trained_seconds": 4.0, "launches": 2}
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
     state = checkpoints.read_training_state(str(tmp_path))
     assert dataclasses.asdict(state) == written
+
+    del written["trained_seconds"], written["launches"]  # a checkpoint of before they were recorded: one launch
+    (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
+    assert (checkpoints.read_training_state(str(tmp_path)).launches, state.launches) == (1, 2)
 
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps({"step": 6, "run_signature": signature}))
     with pytest.raises(UserInputError, match=r"has no epoch, batch_in_epoch: it is not a checkpoint of pretrain\.py"):

@@ -80,6 +80,8 @@ class TrainingState:
     run_signature: dict  # what fixes the data order (make_run_signature): a resume must have the same
     planned_steps: int | None = None  # None: planned in seconds
     train_seconds: float = 0.0  # on the run's clock (schedules.Clock): a schedule in seconds goes on from it
+    trained_seconds: float = 0.0  # time in training of every launch up to this checkpoint (the card's total)
+    launches: int = 1  # the launches that trained up to this checkpoint: the first one and each resume
 
 
 def make_run_signature(train_args, block_size: int, global_batch: int, num_processes: int) -> dict:

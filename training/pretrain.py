@@ -88,6 +88,8 @@ class Progress:
     batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
     saved_step: int | None = None  # the step of the newest checkpoint this launch saved or resumed from
     train_seconds: float = 0.0  # this launch's time in `fit`
+    earlier_seconds: float = 0.0  # the time in `fit` of the launches before this one (a resumed run's)
+    launches: int = 1  # this launch and those before it
     stopped_by_clock: bool = False
 
 
@@ -305,6 +307,7 @@ def resume(run: Run, folder: str) -> None:
     progress.epoch = state.epoch
     progress.batch_in_epoch = steps_into_epoch * run.train_args.gradient_accumulation_steps
     run.accelerator.step = progress.batch_in_epoch  # where `accumulate` counts to its next optimizer step from
+    progress.earlier_seconds, progress.launches = state.trained_seconds, state.launches + 1
     if run.max_train_steps is None:  # planned in seconds: the schedule goes on with the seconds the run had left
         run.clock.resume_at(state.train_seconds)
     # Next to a step count the clock bounds each launch, like a job's time slot: resumed, the run gets its
@@ -323,7 +326,9 @@ def training_state(run: Run) -> checkpoints.TrainingState:
     progress = run.progress
     return checkpoints.TrainingState(step=progress.step, epoch=progress.epoch,
                                      batch_in_epoch=progress.batch_in_epoch, run_signature=run.signature,
-                                     planned_steps=run.max_train_steps, train_seconds=run.clock.seconds)
+                                     planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
+                                     trained_seconds=progress.earlier_seconds + progress.train_seconds,
+                                     launches=progress.launches)
 
 
 # ---------------------------------------------------------------------------------------------------- fit
@@ -343,7 +348,7 @@ def fit(run: Run) -> None:
         while not training_done(run):
             loss, stop_signal = train_step(run, batches)
             progress.step += 1
-            seconds = pace.seconds()  # one reading for the clock and the log: the run stops on what it logged
+            seconds = progress.train_seconds = pace.seconds()  # one reading for the clock, the log, the checkpoint
             if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
                 run.clock.read(seconds)
             log_step(run, loss, pace, seconds, bar)
@@ -482,7 +487,7 @@ def log_step(run: Run, loss: float, pace: Pace, elapsed: float, bar) -> None:
     tokens_per_second = (step - pace.first_step) * run.tokens_per_step / elapsed
     run.log.log({"step": step, "loss": round(loss, 5), "lr": run.lr_scheduler.get_last_lr()[0],
                  "tokens": step * run.tokens_per_step, "tokens_per_second": round(tokens_per_second),
-                 "elapsed_seconds": round(elapsed, 2)})
+                 "elapsed_seconds": round(run.progress.earlier_seconds + elapsed, 2)})
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
 
@@ -490,7 +495,8 @@ def log_step(run: Run, loss: float, pace: Pace, elapsed: float, bar) -> None:
 def log_evaluation(run: Run, bar) -> None:
     metrics = evaluate(run)
     run.log.log({"step": run.progress.step, **metrics})
-    bar.write(f"step {run.progress.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    bar.write(f"step {run.progress.step}: " + ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.4f}"
+                                                        for k, v in metrics.items()))
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
