@@ -237,3 +237,23 @@ def test_a_named_tokenizer_a_text_column_and_a_token_budget(run_pretrain, traine
     assert json.loads((out / "config.json").read_text())["vocab_size"] == len(AutoTokenizer.from_pretrained(source))
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged if "loss" in row] == [1, 2, 3]
+
+
+@pytest.mark.deep
+def test_a_busy_machine_gets_one_line_on_threads_and_one_thread_gets_none(run_pretrain, tmp_path):
+    """Busy loops on every core beside the run: with 2 torch threads it says once what to do (OMP_NUM_THREADS=1);
+    with 1 thread, which waits on nobody, it says nothing."""
+    from tests.helpers.tiny import pretrain_env
+
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        flags = ["--max_train_steps", 12, "--num_probes_per_kind", 0, "--num_samples", 0]
+        two = run_pretrain("--output_dir", tmp_path / "two", *flags, env=pretrain_env(tmp_path, OMP_NUM_THREADS="2"))
+        one = run_pretrain("--output_dir", tmp_path / "one", *flags, env=pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    lines = [line for line in (two.stdout + two.stderr).splitlines() if "CPU cores are busy" in line]
+    assert len(lines) == 1 and lines[0].startswith("pretrain.py: the ") and "OMP_NUM_THREADS=1" in lines[0], lines
+    assert "CPU cores are busy" not in one.stdout + one.stderr

@@ -30,6 +30,7 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     distributed/sharding.py   FSDP2 on CPUs, DeepSpeed's settings, the device, the weights gathered for saving
     distributed/preemption.py SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, exit 128 + signal
     distributed/cpu_memory.py training on a CPU: freed memory kept in the process, and what is said about it
+    distributed/cpu_threads.py training on a busy CPU: one line when other work keeps the cores the threads need
 
     publish/output_dir.py the output folder: checked before anything is written, claimed (locked), what may go
     publish/run_log.py   metrics.jsonl, the run's record, kept across resumes

@@ -62,6 +62,7 @@ from hf_tinytx_training.data.packing import (
 from hf_tinytx_training.data.tokenizer import run_tokenizer
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
+from hf_tinytx_training.distributed.cpu_threads import BusyCores
 from hf_tinytx_training.distributed.preemption import Stopped, signal_of, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
 from hf_tinytx_training.evaluation import validation_metrics
@@ -342,6 +343,7 @@ def fit(run: Run) -> None:
                disable=not run.accelerator.is_local_main_process)
     pace = Pace(started=time.perf_counter(), first_step=progress.step)
     batches = micro_batches(run)
+    busy = BusyCores(torch.get_num_threads()) if run.accelerator.device.type == "cpu" else None
     run.model.train()
     STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
     try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
@@ -352,6 +354,8 @@ def fit(run: Run) -> None:
             if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
                 run.clock.read(seconds)
             log_step(run, loss, pace, seconds, bar)
+            if busy and (line := busy.notice("pretrain.py")) and run.accelerator.is_local_main_process:
+                bar.write(line)
             if stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
                 stop_for_signal(run, stop_signal)
             more = steps_left(run) != 0  # after the last step `finish` evaluates and saves
