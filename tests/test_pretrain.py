@@ -54,7 +54,7 @@ def test_folder_is_a_complete_model_repo(trained_folder):
     expected = {
         "model.safetensors", "config.json", "generation_config.json", "configuration_tinytx.py", "modeling_tinytx.py",
         "tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png", "training_args.json",
-        "metrics.jsonl",
+        "metrics.jsonl", "coref_head.png",
     }
     assert expected <= names, expected - names
     assert ".lock" not in names  # released (and removed) by the finished run
@@ -82,6 +82,22 @@ def test_model_card_parses_with_metadata(trained_folder):
     metric_types = {metric["type"] for result in results for metric in result["metrics"]}
     assert {"loss", "perplexity", "bits_per_byte", "accuracy"} <= metric_types
     assert "loss_curve.png" in card.text and "trust_remote_code=True" in card.text
+
+
+def test_the_card_draws_the_head_the_head_search_finds_for_it(trained_folder):
+    """The head whose attention from the last "The" leans most to the noun "it" means: named on the console and in
+    the card, with its weights on both nouns, and drawn on one probe sentence (coref_head.png)."""
+    output_dir, result = trained_folder
+    found = re.search(r'^the head that resolves "it": layer (\d+) head (\d+); from the last "The" it puts '
+                      r'(\d\.\d\d) of its attention on the noun "it" means and (\d\.\d\d) on the other',
+                      result.stdout, re.MULTILINE)
+    assert found, result.stdout[-3000:]
+    layer, head, referent, other = found.groups()
+    text = (output_dir / "README.md").read_text()
+    assert f"layer {layer}, head {head}. From the last \"The\"" in text
+    assert f"it puts {referent} of its attention on the noun \"it\" means and\n{other} on the other one" in text
+    assert "(coref_head.png)" in text
+    assert (output_dir / "coref_head.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_model_card_gives_each_probe_its_chance_level_and_the_samples(trained_folder):

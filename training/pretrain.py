@@ -585,7 +585,7 @@ def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport")
     if accelerator.is_main_process:
         card = cards.pretrained_card(cards.card_context(run, final_metrics, probe_results))
         names = export.export_final(run.output_dir, run.checkpoints_dir, *to_save, run.tokenizer, card, run.log.rows,
-                                    cards.training_record(run))
+                                    cards.training_record(run), probe_results.coref_head)
         accelerator.print(f"Model folder: {run.output_dir}")
         try:
             if run.pusher is not None:

@@ -15,6 +15,23 @@ class ProbeReport:
     accuracy: dict[str, float] = field(default_factory=dict)
     chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
     samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
+    coref_head: dict | None = None  # the head that resolves "it" (`find_coref_head`)
+
+
+def find_coref_head(model, tokenizer, probes) -> dict:
+    """The head whose attention, from the last word of a coreference probe (the "The" whose noun the model must
+    name), leans most to the noun "it" means rather than the other one (hf_tinytx.interpret's head search), and its
+    attention map on the first probe: what the card draws."""
+    from hf_tinytx.interpret.attention_maps import attention_maps
+    from hf_tinytx.interpret.head_roles import coref_head_scores, rank_heads
+
+    scores = coref_head_scores(model, tokenizer, probes, query="last")
+    best = rank_heads(scores["score"], top=1)[0]
+    layer, head = best.layer, best.head
+    example = attention_maps(model, tokenizer, probes[0].prompt)
+    return {"layer": layer, "head": head, "probes": len(probes), "example": probes[0].prompt,
+            **{key: float(scores[key][layer, head]) for key in ("referent", "other", "agreement")},
+            "tokens": example.tokens, "weights": example.weights[layer, head].tolist()}
 
 
 def own_text_prompts(data_args, validation, tokenizer, count: int) -> list[str] | None:
@@ -45,6 +62,11 @@ def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompt
             report.chance = chance_levels(probes)
             accelerator.print("probe accuracy: " + ", ".join(
                 f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
+            head = report.coref_head = find_coref_head(model, tokenizer, [p for p in probes if p.kind == "coref"])
+            accelerator.print(f"the head that resolves \"it\": layer {head['layer']} head {head['head']}; from the "
+                              f"last \"The\" it puts {head['referent']:.2f} of its attention on the noun \"it\" means "
+                              f"and {head['other']:.2f} on the other ({head['agreement']:.0%} of {head['probes']} "
+                              "sentences lean the right way)")
         prompts = []
         for kind in ("coref", "copy", "coref_new_nouns", "recall"):
             prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]

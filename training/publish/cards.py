@@ -99,7 +99,8 @@ def card_context(run, metrics: dict, probe_results) -> dict:
         "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
                  "bits_per_byte": metrics["bits_per_byte"]},
         "eval_tokens": metrics["eval_tokens"], "probes": probe_results.accuracy, "chance": probe_results.chance,
-        "samples": probe_results.samples, "example_prompt": "The dog didn't cross the street because it was too",
+        "samples": probe_results.samples, "coref_head": probe_results.coref_head,
+        "example_prompt": "The dog didn't cross the street because it was too",
     }
 
 

@@ -19,18 +19,22 @@ from hf_tinytx_training.errors import RunError
 from hf_tinytx_training.publish import cards
 
 
-def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, history, training_args, max_shard_size):
+def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, history, training_args, max_shard_size,
+                       coref_head: dict | None = None):
     """Writes every file of the model repository into `folder` (created if needed)."""
     os.makedirs(folder, exist_ok=True)
     # safetensors only; `state_dict` is the gathered full one (FSDP / ZeRO-3 shard it across processes otherwise).
     model.save_pretrained(folder, state_dict=state_dict, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     plot_loss_curve(history, os.path.join(folder, "loss_curve.png"))
+    if coref_head:
+        draw_coref_head(coref_head, os.path.join(folder, COREF_HEAD_PICTURE))
     write_args_json(os.path.join(folder, "training_args.json"), training_args)
     card.save(os.path.join(folder, "README.md"))
 
 
-def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, tokenizer, card, history, training_args):
+def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, tokenizer, card, history, training_args,
+                 coref_head: dict | None = None):
     """Writes the model folder's files into `output_dir` (see the module docstring); returns their names."""
     nonfinite = [name for name, tensor in state_dict.items()
                  if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
@@ -41,7 +45,7 @@ def export_final(output_dir: str, checkpoints_dir: str, model, state_dict, token
     staged = os.path.join(output_dir, STAGING_NAME)
     with disk_space_guard(staged, Layout(checkpoints_dir)):
         staged = staging_folder(output_dir)
-        write_model_folder(staged, model, state_dict, tokenizer, card, history, training_args, "2GB")
+        write_model_folder(staged, model, state_dict, tokenizer, card, history, training_args, "2GB", coref_head)
         names = regular_files(staged)
         publish(staged, output_dir)
     return names
@@ -66,6 +70,17 @@ def plot_loss_curve(history: list[dict], path: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
+
+
+COREF_HEAD_PICTURE = "coref_head.png"
+
+
+def draw_coref_head(found: dict, path: str) -> None:
+    """The attention map of the head that resolves "it" (training/probes.py `find_coref_head`) on one sentence."""
+    from hf_tinytx.interpret.attention_maps import render_attention_map
+
+    title = f"layer {found['layer']} head {found['head']}: the last row is where the model names the noun"
+    render_attention_map(found["weights"], found["tokens"], title).savefig(path)
 
 
 def push_checkpoint(pusher, model, state_dict, tokenizer, log, checkpoints_dir: str, step: int,
