@@ -122,11 +122,25 @@ def writing_into(destination: str | os.PathLike):
     publish(staged, destination)
 
 
+def _new_file_mode() -> int:
+    """The mode `open` gives a new file under this process's umask (read once, at import, while one thread runs)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+NEW_FILE_MODE = _new_file_mode()
+
+
 def fsync_tree(folder: str | os.PathLike) -> None:
-    """Flushes every file and folder under `folder` to disk, so a rename that follows cannot expose empty files."""
+    """Flushes every file and folder under `folder` to disk, so a rename that follows cannot expose empty files. Each
+    file also gets the mode a new file gets (NEW_FILE_MODE): safetensors writes its files 0600 through a temporary
+    file, and a model folder's weights would otherwise be the one file other users cannot read."""
     for directory, _, names in os.walk(folder):
         for name in names:
             with open(os.path.join(directory, name), "rb") as f:
+                if os.fstat(f.fileno()).st_mode & 0o777 != NEW_FILE_MODE:
+                    os.fchmod(f.fileno(), NEW_FILE_MODE)
                 os.fsync(f.fileno())
         fsync_dir(directory)
 

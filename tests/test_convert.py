@@ -1,6 +1,7 @@
 """Llama <-> TinyTx conversion: same logits, same greedy text, both ways; refusals; the folder-to-folder CLI."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -642,3 +643,16 @@ def test_a_record_naming_files_outside_the_destination_deletes_nothing_there(tmp
     record.write_text(json.dumps(values))
     convert_folder(llama_dir, destination, to="tinytx", overwrite=True)
     assert outside.read_text() == "not convert's"
+
+
+def test_every_file_of_a_converted_folder_has_the_mode_a_new_file_gets(tmp_path):
+    """safetensors writes model.safetensors 0600 through a temporary file; a published folder gives it the mode of the
+    other files (0644 under umask 022), so another user who can read the folder can load the model."""
+    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
+    tiny_llama().save_pretrained(llama_dir)
+    save_tiny_tokenizer(llama_dir)
+    convert_folder(llama_dir, destination, to="tinytx")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {path.name: oct(path.stat().st_mode & 0o777) for path in destination.iterdir() if path.is_file()}
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
