@@ -349,14 +349,34 @@ class TinyTxPreTrainedModel(PreTrainedModel):
             init.normal_(projection.weight, mean=0.0, std=std)
 
 
+# Tensor-parallel styles that split a projection's output features evenly over the ranks: whole heads only when the
+# rank count divides the heads. transformers' `unit_colwise` gives each rank whole heads, shared where they are fewer.
+EVEN_SPLITS = ("colwise", "colwise_rep", "colwise_gather_output")
+
+
 def _check_tensor_parallel_heads(config: TinyTxConfig) -> None:
-    """The TP plan splits q/k/v by columns, i.e. by whole heads: every rank needs the same number of key/value heads.
-    Without this check an uneven split fails later, in the first forward, as a reshape error."""
-    tp_size = getattr(getattr(config, "distributed_config", None), "tp_size", None) or 1
-    if tp_size > 1 and config.num_key_value_heads % tp_size:
-        raise ValueError(f"Tensor parallelism over {tp_size} processes needs num_key_value_heads "
-                         f"({config.num_key_value_heads}) to be divisible by {tp_size}; run on a process count that "
-                         "divides it (or 1 process).")
+    """A plan that splits q/k/v evenly by columns needs a rank count that divides their heads; without this check an
+    uneven split fails later, in the first forward, as a reshape error. The plan in use is the config's, with the
+    `distributed_config`'s own `tp_plan` over it (an empty one: no tensor parallelism)."""
+    distributed = getattr(config, "distributed_config", None)
+    tp_size = getattr(distributed, "tp_size", None) or 1
+    override = getattr(distributed, "tp_plan", None)
+    if tp_size == 1 or override == {}:
+        return
+    # The override names modules from the causal LM down ("model.layers.*..."), the config from the base model.
+    override = {key.removeprefix("model."): style for key, style in (override or {}).items()} \
+        if isinstance(override, dict) else {}
+    plan = {**(config.base_model_tp_plan or {}), **override}
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads,
+             "v_proj": config.num_key_value_heads}
+    for key, style in plan.items():
+        projection = key.rsplit(".", 1)[-1]
+        if ".self_attn." in key and projection in heads and style in EVEN_SPLITS and heads[projection] % tp_size:
+            kind = "num_attention_heads" if projection == "q_proj" else "num_key_value_heads"
+            raise ValueError(f"Tensor parallelism over {tp_size} processes with the {style!r} plan for {projection} "
+                             f"needs {kind} ({heads[projection]}) to be divisible by {tp_size}; run on a process count "
+                             "that divides it (or 1 process), or shard the attention with 'unit_colwise'/"
+                             "'unit_rowwise', which share heads.")
 
 
 @auto_docstring

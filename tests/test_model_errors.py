@@ -210,3 +210,26 @@ def test_generation_crossing_the_limit_warns_once_with_the_length_it_reached(tin
     ours = [record.getMessage() for record in caplog.records if record.name.endswith("modeling_tinytx")]
     assert len(ours) == 1 and ours[0].startswith("TinyTxModel: a sequence of 17 tokens is longer than "
                                                 "max_position_embeddings=16"), ours
+
+
+UNIT_PLAN = {"model.layers.*.self_attn.q_proj": "unit_colwise", "model.layers.*.self_attn.k_proj": "unit_colwise",
+             "model.layers.*.self_attn.v_proj": "unit_colwise", "model.layers.*.self_attn.o_proj": "unit_rowwise"}
+
+
+@pytest.mark.parametrize("plan, refused", [("auto", True), ({}, False), (UNIT_PLAN, False),
+                                           ({"model.layers.*.self_attn.v_proj": "colwise_rep"}, True)],
+                         ids=["auto", "no-tp", "unit", "v-even"])
+def test_the_tensor_parallel_heads_check_follows_the_plan_in_use(tiny_config, plan, refused):
+    """3 key/value heads over 2 ranks: refused where the plan splits them evenly by columns, kept where transformers'
+    unit_colwise/unit_rowwise share a head across ranks (transformers 5.25's common TP test) or no TP rule applies."""
+    from transformers import DistributedConfig
+
+    from hf_tinytx import TinyTxForCausalLM
+
+    config = tiny_config(hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
+    config.distributed_config = DistributedConfig(tp_size=2, tp_plan=plan)
+    if refused:
+        with pytest.raises(ValueError, match=r"needs num_key_value_heads \(3\) to be divisible by 2"):
+            TinyTxForCausalLM(config)
+    else:
+        TinyTxForCausalLM(config)

@@ -160,11 +160,11 @@ EXPECTED_PLAN = {
 }
 
 
-def tp_run(folder, prefix, ranks: int):
+def tp_run(folder, prefix, ranks: int, plan="auto"):
     launcher = [*TORCHRUN[:-1], str(ranks)] if ranks > 1 else [sys.executable]
     env = pretrain_env(prefix.parent, OMP_NUM_THREADS="1")
-    return subprocess.run([*launcher, TP_RUN, str(folder), str(prefix)], env=env, capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run([*launcher, TP_RUN, str(folder), str(prefix), json.dumps(plan)], env=env,
+                          capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -192,9 +192,27 @@ def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_mod
     tiny_model(hidden_size=48, num_attention_heads=6, num_key_value_heads=3).save_pretrained(folder)
     result = tp_run(folder, tmp_path / "tp", 2)
     assert result.returncode != 0
-    assert ("ValueError: Tensor parallelism over 2 processes needs num_key_value_heads (3) to be divisible by 2; "
-            "run on a process count that divides it (or 1 process).") in result.stderr
+    assert ("ValueError: Tensor parallelism over 2 processes with the 'colwise' plan for k_proj needs "
+            "num_key_value_heads (3) to be divisible by 2; run on a process count that divides it (or 1 process), or "
+            "shard the attention with 'unit_colwise'/'unit_rowwise', which share heads.") in result.stderr
     assert "is invalid for input of size" not in result.stderr  # refused while loading, not in the first forward
+
+
+def test_tensor_parallel_with_unit_styles_shares_the_heads_the_ranks_cannot_split(tiny_model, tmp_path):
+    """transformers 5.25's unit_colwise/unit_rowwise give each rank whole heads, shared where the heads do not divide:
+    the heads check follows the plan in use, and 3 heads over 2 ranks compute what one process does."""
+    folder = tmp_path / "model"
+    tiny_model(hidden_size=48, num_attention_heads=3, num_key_value_heads=3).save_pretrained(folder)
+    plan = {f"model.layers.*.self_attn.{name}": "unit_colwise" for name in ("q_proj", "k_proj", "v_proj")}
+    plan["model.layers.*.self_attn.o_proj"] = "unit_rowwise"
+    assert tp_run(folder, tmp_path / "tp1", 1).returncode == 0
+    result = tp_run(folder, tmp_path / "tp2", 2, plan)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = torch.load(tmp_path / "tp1.rank0.pt")
+    for rank in (0, 1):
+        sharded = torch.load(tmp_path / f"tp2.rank{rank}.pt")
+        assert (sharded["logits"] - one["logits"]).abs().max().item() < 1e-5
+        assert torch.equal(sharded["tokens"], one["tokens"])
 
 
 # ---- setups this machine cannot run stop in one line, before any data is read

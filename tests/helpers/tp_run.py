@@ -2,11 +2,14 @@
 
     torchrun --nproc_per_node 2 tests/helpers/tp_run.py FOLDER OUT_PREFIX     # TP plan "auto": weights sharded
     python tests/helpers/tp_run.py FOLDER OUT_PREFIX                          # one process, the reference
+    torchrun ... tests/helpers/tp_run.py FOLDER OUT_PREFIX '{"model.layers.*.self_attn.k_proj": "unit_colwise"}'
+                                                                     # the plan with these rules over the config's
 
 Writes OUT_PREFIX.rankR.pt: the logits of a fixed batch, greedy new tokens, and for each linear layer of the first
 decoder layer and the head, its local weight shape and placement (so a test sees which are sharded how).
 """
 
+import json
 import os
 import sys
 
@@ -17,14 +20,14 @@ from transformers import AutoModelForCausalLM
 import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
 
 
-def main(folder: str, prefix: str) -> None:
+def main(folder: str, prefix: str, plan: str = '"auto"') -> None:
     distributed = "WORLD_SIZE" in os.environ
     options = {}
     if distributed:
         try:  # transformers >= 5.17; before it, the tp_plan argument alone
             from transformers import DistributedConfig
 
-            options = {"distributed_config": DistributedConfig(tp_plan="auto")}
+            options = {"distributed_config": DistributedConfig(tp_plan=json.loads(plan))}
         except ImportError:
             options = {"tp_plan": "auto"}
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options).eval()
@@ -50,4 +53,4 @@ def main(folder: str, prefix: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
