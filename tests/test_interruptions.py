@@ -501,6 +501,30 @@ def test_finetune_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does
 
 
 @deep
+@pytest.mark.parametrize("merged, rerun", [("default", "--resume_from_checkpoint"), ("own", "--overwrite_output_dir")],
+                         ids=["merged-resumed", "merged_output_dir-overwritten"])
+def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetune, tmp_path, merged, rerun):
+    """--use_peft --merge killed right after the merged weights moved into their folder, before its config: the
+    record of what the run writes there is saved first, so the rerun (resumed, or replacing the run) takes the folder
+    as its own and completes it; before, every rerun was refused ("holds a model that tinytx finetune did not
+    write")."""
+    out = with_notes(tmp_path / "run")
+    merged_dir = out / "merged" if merged == "default" else tmp_path / "elsewhere"
+    flags = ["--max_steps", 2, "--save_steps", 2, "--use_peft", "--merge"]
+    if merged == "own":
+        flags += ["--merged_output_dir", merged_dir]
+    killed = finetune.at_call(out, *flags, function=MOVES, match=f"{merged_dir.name}/{STAGING}", nth=1)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    assert (merged_dir / "model.safetensors").is_file() and not (merged_dir / "config.json").exists()
+
+    again = finetune.run(out, *flags, *([rerun, "latest"] if rerun == "--resume_from_checkpoint" else [rerun]))
+    succeeded(again)
+    assert type(AutoModelForCausalLM.from_pretrained(merged_dir)).__name__ == "TinyTxForCausalLM"
+    assert not (merged_dir / STAGING).exists(), "staging folder left behind"
+    assert_notes_kept(out)
+
+
+@deep
 def test_kill_campaign_quick(tmp_path):
     """Two trials per command (pretrain, finetune, convert): a SIGKILL at a random time or an exact call, and a
     SIGTERM mid-training; convert also publishes over a model of another shape and over planted links, killed at a

@@ -158,11 +158,14 @@ def refuse_writing_where_read(model_args, output_dir: str) -> None:
 @contextlib.contextmanager
 def replacing_earlier_files(folder: str, writer: str):
     """`writing_into(folder)`; then the files an earlier run of `writer` wrote there and this one did not go (an
-    adapter's after a full fine-tune and the reverse), and what this one wrote is recorded."""
+    adapter's after a full fine-tune and the reverse), and what this one wrote is recorded. The record names the new
+    files before the first moves in, as convert's does: a kill mid-publish leaves a folder whose every file is claimed,
+    which the rerun may replace, never one holding a model "another" wrote."""
     earlier = folders.written_before(folder, writer)
     with folders.writing_into(folder) as staged:
         yield staged
         written = set(folders.regular_files(staged))
+        folders.record_written(folder, writer, earlier | written)
     folders.remove_written(folder, earlier - written)
     folders.record_written(folder, writer, written)
 
