@@ -39,7 +39,9 @@ soon every other process is gone (0 may hang past the bound), then resumes on 1 
 ends, bit for bit equal to one process with the same --total_batch_size.
 
 Finetune also runs (outside --quick) trials of a 2-process launch (torchrun --nproc_per_node 2): SIGTERM or SIGINT to
-the launcher, or SIGKILL of the rank that reaches a checkpoint's weights first. Pretrain's dropout trials (attention
+the launcher, or SIGKILL of the rank that reaches a checkpoint's weights first; and "merge" trials (--use_peft
+--merge, --merge_trials), SIGKILLed at a move of the merged model into output_dir/merged or at a random moment of the
+publish, whose merged weights are compared with the reference's. Pretrain's dropout trials (attention
 dropout 0.1) are killed at a checkpoint in the middle of the run, so that the rerun trains again.
 
 After each kill the folder is looked at (what a user would find); then the command is rerun until a run exits 0 (at
@@ -101,6 +103,8 @@ def parse_args():
     parser.add_argument("--steps", type=int, default=6, help="pretrain: --max_train_steps of every run.")
     parser.add_argument("--finetune_trials", type=int, default=9, help="finetune: one-process trials.")
     parser.add_argument("--ddp_trials", type=int, default=2, help="finetune: 2-process (torchrun) trials.")
+    parser.add_argument("--merge_trials", type=int, default=2, help="finetune: --use_peft --merge trials, killed "
+                        "while the merged model is published.")
     parser.add_argument("--convert_trials", type=int, default=6)
     parser.add_argument("--shape_trials", type=int, default=3, help="pretrain and convert: trials that publish a "
                         "2-layer model over a 3-layer one (--overwrite_output_dir, --overwrite), killed in the "
@@ -133,7 +137,7 @@ def campaigns(args, folder: Path, env: dict) -> list:
         "pretrain": lambda: Pretrain(folder, env, args.quick, args.trials, args.dropout_trials, args.signal_trials,
                                      args.steps, args.seed, args.shape_trials, args.link_trials),
         "finetune": lambda: Finetune(folder, env, args.quick, args.finetune_trials, args.ddp_trials, args.seed,
-                                     args.link_trials),
+                                     args.link_trials, args.merge_trials),
         # --quick: one shape-changing publish and one with planted links, for convert (seconds each)
         "convert": lambda: Convert(folder, env, args.quick, args.convert_trials, args.seed,
                                    1 if args.quick else args.shape_trials, 1 if args.quick else args.link_trials),

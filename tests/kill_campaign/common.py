@@ -271,15 +271,16 @@ def rerun_until_done(first, rerun, observe, kills: list, folder: Path) -> dict:
 
 
 def resume_and_judge(plan: dict, reference: dict, output_dir: Path, first, rerun, killed: bool, *, moment: str,
-                     promise, stop, error, started: float, **extra) -> dict:
+                     promise, stop, error, started: float, model: str = "", **extra) -> dict:
     """A trial's end, for every command that resumes: what the folder held after the first run, the reruns until one
-    finishes (`rerun_until_done`), then its row: the reference's weights bit for bit? anything lost? promise kept?"""
-    states = [model_state(output_dir)] if killed else []
+    finishes (`rerun_until_done`), then its row: the reference's weights bit for bit? anything lost? promise kept?
+    `model`: the sub-folder of output_dir that holds the model to look at and compare (finetune's merged/)."""
+    states = [model_state(output_dir / model)] if killed else []
     notes_lost = not notes_kept(output_dir)
-    done = rerun_until_done(first, rerun, lambda: model_state(output_dir), plan["rerun_kills"], output_dir)
+    done = rerun_until_done(first, rerun, lambda: model_state(output_dir / model), plan["rerun_kills"], output_dir)
     result, states = done["result"], states + done["states"]
-    equal = result.returncode == 0 and same_weights(reference["output_dir"] / "model.safetensors",
-                                                    output_dir / "model.safetensors")
+    equal = result.returncode == 0 and same_weights(reference["output_dir"] / model / "model.safetensors",
+                                                    output_dir / model / "model.safetensors")
     through_link = not links_kept(output_dir)
     lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir),
                                 written_through_link=through_link)

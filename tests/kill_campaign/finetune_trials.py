@@ -8,7 +8,9 @@ move out of .tinytx-staging); SIGTERM and SIGINT at a random time of the run or 
 signal with the stop line, torchrun's 1 with it, or 0 when the run had already finished). Then reruns with
 --resume_from_checkpoint latest until one exits 0, and the model compared bit for bit with the reference's. Outside
 --quick, "links" trials (one process) first plant links at the names finetune writes (its lock, its record's
-temporary, its staging folder, Trainer's checkpoint staging folder), leading to a user's file and folder."""
+temporary, its staging folder, Trainer's checkpoint staging folder), leading to a user's file and folder, and "merge"
+trials (one process, --use_peft --merge) are killed while the merged model is published into output_dir/merged (its
+record is saved before its files: no rerun may find the folder stuck) and compared on the merged weights."""
 
 import json
 import random
@@ -52,10 +54,12 @@ CALLS = {  # label: (functions, text in an argument), each call of them counted 
     "rename from .tmp_checkpoint": (MOVES, CHECKPOINT_STAGING),
     "publish move": (MOVES, STAGING),
 }
+MERGE_CALLS = {"merged publish move": (MOVES, f"merged/{STAGING}")}  # the merged model's moves into merged/
 KINDS = {  # the first run's stop, cycled through the trials
     "1 proc": ("call", "SIGTERM training", "time", "call", "SIGINT training", "publish", "call", "SIGTERM time",
                "SIGINT time"),
     "2 procs": ("SIGTERM training", "call", "SIGINT training", "call"),
+    "merge": ("call", "publish"),
 }
 QUICK_KINDS = ("call", "SIGTERM training")
 LINK_KINDS = ("call", "time", "publish")
@@ -71,23 +75,29 @@ def flags(config: str) -> list[str]:
               "--save_steps", SAVE_STEPS, "--learning_rate", "5e-3", "--logging_steps", 1, "--seed", 0,
               "--disable_tqdm", "true"]
     # Two processes take half the batch each (no --use_cpu: the script sets CPU data parallelism up itself).
-    values += ["--per_device_train_batch_size", 4, "--use_cpu"] if config == "1 proc" else [
-        "--per_device_train_batch_size", 2]
+    values += ["--per_device_train_batch_size", 2] if config == "2 procs" else [
+        "--per_device_train_batch_size", 4, "--use_cpu"]
+    values += ["--use_peft", "--merge"] if config == "merge" else []
     return [str(value) for value in values]
+
+
+def traced_calls(config: str) -> dict:
+    return {**CALLS, **MERGE_CALLS} if config == "merge" else CALLS
 
 
 class Finetune:
     name = "finetune"
 
     def __init__(self, folder: Path, env: dict, quick: bool, trials: int, ddp_trials: int, seed: int,
-                 link_trials: int = 0):
+                 link_trials: int = 0, merge_trials: int = 0):
         self.folder, self.quick, self.seed, self.link_trials = folder / "finetune", quick, seed, link_trials
-        self.counts = {"1 proc": trials, "2 procs": 0 if quick else ddp_trials}
-        self.env = {"1 proc": env, "2 procs": {**env, "OMP_NUM_THREADS": "1"}}  # 2 processes on a small machine
+        self.counts = {"1 proc": trials, "2 procs": 0 if quick else ddp_trials, "merge": 0 if quick else merge_trials}
+        # 2 processes on a small machine: one thread each
+        self.env = {"1 proc": env, "2 procs": {**env, "OMP_NUM_THREADS": "1"}, "merge": env}
         self.references = {}
 
     def prefix(self, config: str) -> list[str]:
-        return [sys.executable] if config == "1 proc" else TORCHRUN
+        return TORCHRUN if config == "2 procs" else [sys.executable]
 
     def command(self, config: str, output_dir: Path, *extra) -> list[str]:
         return [*self.prefix(config), str(FINETUNE), *flags(config), "--output_dir", str(output_dir), *extra]
@@ -104,7 +114,7 @@ class Finetune:
         for config in wanted:
             output_dir = self.folder / f"reference_{config.replace(' ', '_')}"
             calls_file = output_dir.with_name(f"{output_dir.name}.calls")
-            command = [*traced(self.prefix(config), calls_file, CALLS), str(FINETUNE), *flags(config),
+            command = [*traced(self.prefix(config), calls_file, traced_calls(config)), str(FINETUNE), *flags(config),
                        "--output_dir", str(output_dir)]
             result = run_process(command, self.env[config], self.folder, timeout=600,
                                  marks={"training": TRAINING_LINE, "publish": PUBLISH_LINE})
@@ -114,7 +124,7 @@ class Finetune:
                 sys.exit(f"kill_campaign: the finetune reference printed no line matching {TRAINING_LINE!r} or "
                          f"{PUBLISH_LINE!r}; update them.")
             calls = read_calls(calls_file)
-            missing = [label for label in CALLS if not calls.get(label)]
+            missing = [label for label in traced_calls(config) if not calls.get(label)]
             if missing:
                 sys.exit(f"kill_campaign: the finetune reference ({config}) made no call of {missing}.")
             self.references[config] = {
@@ -124,7 +134,7 @@ class Finetune:
                 "publish_seconds": result.seconds - result.marks["publish"]}
             say(f"finetune reference ({config}): {result.seconds:.1f} s, training from "
                 f"{result.marks['training']:.1f} s, publish phase {result.seconds - result.marks['publish']:.2f} s; "
-                f"calls: " + ", ".join(f"{label} {len(calls[label])}" for label in CALLS))
+                f"calls: " + ", ".join(f"{label} {len(calls[label])}" for label in traced_calls(config)))
 
     def plans(self) -> list[dict]:
         rng, plans = random.Random(f"{self.seed}-finetune"), []
@@ -137,12 +147,14 @@ class Finetune:
                         "fraction": rng.uniform(0.0, 0.1) if self.quick else rng.random()}
                 if kind == "call":
                     calls = self.references[config]["calls"]
-                    # --quick: a checkpoint's weights, which every run writes; a launch: one rank's call
-                    choices = [(label, *CALLS[label]) for label in
-                               (["checkpoint weights"] if self.quick or config == "2 procs" else CALLS)]
+                    # --quick: a checkpoint's weights, which every run writes; a launch: one rank's call; a merge:
+                    # the merged model's publish
+                    labels = ["checkpoint weights"] if self.quick or config == "2 procs" else \
+                        list(MERGE_CALLS) if config == "merge" else list(CALLS)
+                    choices = [(label, *traced_calls(config)[label]) for label in labels]
                     plan["call"] = plan_call(rng, calls, choices)
                 plan["rerun_kills"] = [
-                    None if self.quick or config == "2 procs" or rerun == MAX_RERUNS - 1
+                    None if self.quick or config != "1 proc" or rerun == MAX_RERUNS - 1
                     or rng.random() >= RERUN_KILL_CHANCE else rng.random() for rerun in range(MAX_RERUNS)]
                 plans.append(plan)
         rng = random.Random(f"{self.seed}-finetune-links")  # their own draws: a seed still names the trials above
@@ -180,7 +192,7 @@ class Finetune:
         elif kind == "call":
             call = plan["call"]
             moment = f"{call['when']} {call['label']} {call['nth']}/{call['count']}"
-            if config == "1 proc":
+            if config != "2 procs":
                 first = run_killed_at([*flags(config), "--output_dir", output_dir, *extra], env=env, cwd=self.folder,
                                       function=tuple(call["function"]), match=call["match"], nth=call["nth"],
                                       when=call["when"], script=FINETUNE)
@@ -208,7 +220,7 @@ class Finetune:
             moment += " (after the end)" if promise is not None else " (not reached)"
         if stop == "late":
             moment += " (after the publish)"
-        elif promise is None and first.returncode != KILLED and config == "1 proc":
+        elif promise is None and first.returncode != KILLED and config != "2 procs":
             error = f"exit {first.returncode}: {last_error(first)}"
         def rerun(fraction):
             resume = self.command(config, output_dir, "--resume_from_checkpoint", "latest")
@@ -216,7 +228,8 @@ class Finetune:
             return run_process(resume, env, self.folder, at=at, timeout=600)
 
         return resume_and_judge(plan, reference, output_dir, first, rerun, killed, moment=moment, promise=promise,
-                                stop=stop, error=error, started=started, call=plan.get("call", {}).get("target"))
+                                stop=stop, error=error, started=started, call=plan.get("call", {}).get("target"),
+                                model="merged" if config == "merge" else "")
 
     def summary(self) -> dict:
         return {"reference_seconds": {config: round(ref["seconds"], 2) for config, ref in self.references.items()},
@@ -224,4 +237,6 @@ class Finetune:
                 "calls": {config: {label: len(calls) for label, calls in ref["calls"].items()}
                           for config, ref in self.references.items()},
                 "command": ["python", "training/finetune.py", *flags("1 proc")],
-                "command_2_procs": ["torchrun", "--nproc_per_node", "2", "training/finetune.py", *flags("2 procs")]}
+                "command_2_procs": ["torchrun", "--nproc_per_node", "2", "training/finetune.py", *flags("2 procs")],
+                **({"command_merge": ["python", "training/finetune.py", *flags("merge")]} if self.counts["merge"]
+                   else {})}
