@@ -55,7 +55,8 @@ def check_chat_ready(folder: str, path: str) -> None:
     names = set(os.listdir(path))
     stored = bool(names.intersection(TEMPLATE_FILES))
     if not stored and "tokenizer_config.json" in names:
-        stored = bool(read_json(os.path.join(path, "tokenizer_config.json"), folder).get("chat_template"))
+        values = read_json(os.path.join(path, "tokenizer_config.json"), folder)
+        stored = isinstance(values, dict) and bool(values.get("chat_template"))
     if not stored:
         raise UserInputError(no_template(folder))
     if importlib.util.find_spec("jinja2") is None:

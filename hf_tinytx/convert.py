@@ -24,6 +24,7 @@ from transformers.initialization import no_init_weights
 
 from .command_flags import convert_parser
 from .configuration_tinytx import SIZE_FIELDS, TinyTxConfig
+from .folder_config import check_vocabulary_fits
 from .folders import (
     MANIFEST_NAME,
     STAGING_NAME,
@@ -136,6 +137,7 @@ def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to
     config = load_config(source, config_class, "convert")
     translate(config)
     check_stored_weights(source, source_class, config, "convert")
+    check_vocabulary_fits(source, config.to_dict(), "convert")  # the tokenizer is copied beside the weights
 
     model = source_class.from_pretrained(source, dtype="auto", use_safetensors=True)
     converted = tinytx_to_llama(model) if to == "llama" else llama_to_tinytx(model)

@@ -21,7 +21,7 @@ import re
 import shutil
 import sys
 
-from hf_tinytx import sources, stored_weights
+from hf_tinytx import folder_config, sources, stored_weights
 from hf_tinytx.errors import UserInputError
 
 
@@ -133,13 +133,14 @@ def check_folder(folder: str) -> str:
                                  "(finetune --merge writes one, e.g. out/chat-lora/merged).")
         raise UserInputError(f"{folder} has no config.json, so it holds no saved model: give the folder "
                              "save_pretrained wrote (pretrain's or finetune's --output_dir, e.g. out/tinytx).")
-    read_json(os.path.join(path, "config.json"), folder)
+    config = folder_config.read_config_json(path, None)  # an object, rope_parameters one (a list: one line)
     if not names.intersection(sources.TOKENIZER_MARKERS):
         raise UserInputError(f"{folder} has no tokenizer (no tokenizer.json or tokenizer_config.json): save the "
                              "model's tokenizer into it, AutoTokenizer.from_pretrained(base).save_pretrained(folder).")
     if not names.intersection(WEIGHT_FILES):
         raise UserInputError(f"{folder} has a config but no weights (no model.safetensors): save the model into it "
                              "again, or give the folder that holds them.")
+    folder_config.check_vocabulary_fits(folder, config, None)
     if stored_weights.has_safetensors(path):
         stored_weights.stored_shapes(path, "FOLDER")  # a damaged file: one ValueError line naming it
     return path
@@ -197,14 +198,36 @@ def load_model(folder: str, device_name: str, trust_remote_code: bool):
     quiet_notices()
     transformers_logging.disable_progress_bar()  # "Loading weights ..." on stderr says nothing a user acts on
     device = resolve_device(device_name)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report: refuse_unmatched_weights says it in one line
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, ImportError) as error:
-        reason = " ".join(str(error).split())
+        # Mismatched shapes are reported below with the missing and unexpected tensors, not raised mid-load.
+        model, loading = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", trust_remote_code=trust_remote_code,
+                                                              ignore_mismatched_sizes=True, output_loading_info=True)
+    except Exception as error:  # noqa: BLE001  (whatever a folder makes transformers raise is the folder's problem)
+        reason = " ".join(str(error).split())[:300] or type(error).__name__
         raise UserInputError(f"could not load a causal LM from {folder} ({reason}); give a folder save_pretrained "
                              "wrote, and add --trust_remote_code if it ships its own code.") from None
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    refuse_unmatched_weights(folder, loading)
     return model.to(device).eval(), tokenizer
+
+
+def refuse_unmatched_weights(folder: str, loading: dict) -> None:
+    """transformers fills a tensor the config expects but the files lack with random values, and drops one they hold
+    but it does not expect (a warning at most): a config saying 3 layers over weights holding 2 would generate from
+    a model nobody trained. Refused, naming the first tensors of each kind."""
+    misshapen = [f"{name} {list(stored)} (expected {list(expected)})"
+                 for name, stored, expected in loading.get("mismatched_keys") or []]
+    kinds = (("missing", sorted(loading.get("missing_keys") or [])),
+             ("unexpected", sorted(loading.get("unexpected_keys") or [])), ("misshapen", sorted(misshapen)))
+    problems = [f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+                for kind, names in kinds if names]
+    if problems:
+        raise UserInputError(f"the weights in {folder} do not match its config.json — {'; '.join(problems)}; fix "
+                             "config.json to describe these weights, or use the weights saved with it.")
 
 
 def generation_settings(args: argparse.Namespace, model, default_max_new_tokens: int) -> dict:

@@ -6,7 +6,6 @@ Why compare: `from_pretrained` fills a tensor the files lack with random values 
 expect, so a config saying 3 layers over weights holding 2 would convert into another model without a word.
 """
 
-import json
 import os
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedConfig, PreTrainedModel
 
+from .folder_config import read_config_json
 from .folders import STAGING_NAME, interrupted_save, regular_files
 from .sources import local_folder_or_hub_id
 from .stored_weights import has_safetensors, stored_shapes
@@ -24,36 +24,10 @@ RECOMPUTED = (".rotary_emb.inv_freq",)
 SHOWN = 3  # tensor names quoted in a message, per kind of problem
 
 
-def read_config_json(folder: str | os.PathLike, expected_type: str, who: str) -> dict:
-    """config.json as a dict with `model_type == expected_type`, or a one-line ValueError saying what is wrong."""
-    path = Path(folder) / "config.json"
-    text = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        values = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{who}: {path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
-                         "fix that line or save the model again with save_pretrained.") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{who}: {path} holds a JSON {type(values).__name__}, not an object of config fields; save "
-                         "the model again with save_pretrained.")
-    model_type = values.get("model_type")
-    if model_type is None:
-        raise ValueError(
-            f'{who}: {path} has no "model_type"; this conversion reads a {expected_type!r} model, so add '
-            f'"model_type": "{expected_type}" if the folder holds one.'
-        )
-    return values
-
-
 def load_config(folder: str | os.PathLike, config_class: type[PreTrainedConfig], who: str) -> PreTrainedConfig:
     """`config_class.from_pretrained(folder)`, with a field of the wrong kind reported in one line."""
     path = Path(folder) / "config.json"
-    rope = read_config_json(folder, config_class.model_type, who).get("rope_parameters")
-    if rope is not None and not isinstance(rope, dict):
-        raise ValueError(
-            f'{who}: {path} has "rope_parameters": {json.dumps(rope)[:60]}, which must be an object such as '
-            '{"rope_type": "default", "rope_theta": 10000.0}; fix it.'
-        )
+    read_config_json(folder, who, config_class.model_type)  # JSON, an object, rope_parameters an object
     try:
         return config_class.from_pretrained(folder)
     except (TypeError, ValueError, AttributeError, KeyError) as error:
@@ -124,7 +98,7 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
             f" It only has pickled weights ({pickled[0]}), which this tool does not load because unpickling can run "
             "code; re-save it with `save_pretrained` (safetensors) in a trusted environment first.")
         raise FileNotFoundError(f"convert: {str(source)!r} has no model.safetensors weights.{hint}")
-    model_type = read_config_json(source, expected_type, "convert")["model_type"]
+    model_type = read_config_json(source, "convert", expected_type)["model_type"]
     if model_type != expected_type:
         raise ValueError(f"convert: {str(source)!r} holds a {model_type!r} model, but this conversion needs a "
                          f"{expected_type!r} one; use `--to {'tinytx' if model_type == 'llama' else 'llama'}` for the "

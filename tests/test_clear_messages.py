@@ -13,6 +13,7 @@ import pytest
 
 from hf_tinytx.convert import main as convert_main
 from hf_tinytx.folders import mib
+from tests.helpers.faults import relabel_dtype
 from tests.helpers.tiny import (
     REPO_ROOT,
     TINY_PRETRAIN_ARGS,
@@ -64,7 +65,12 @@ def damaged_base(root: Path, kind: str) -> Path:
         at = data.index(b'"dtype"', 8)
         data[at + 1] ^= 0x01  # "dtype" -> "etype": valid JSON, no dtype
     weights.write_bytes(bytes(data))
+    if kind in RELABELED:
+        relabel_dtype(weights, "F32", RELABELED[kind])
     return folder
+
+
+RELABELED = {"i32-header": "I32", "f16-header": "F16"}  # the header's dtype for F32 data: same size, half the size
 
 
 # finetune refusals: name -> (flags besides the good ones, words the line must hold).
@@ -79,8 +85,12 @@ FINETUNE_CASES = {
             ("header-garbage", "invalid UTF-8 in header"),
             ("header-length", "header too large"),
             ("flipped-json", "missing field `dtype`"),
+            ("f16-header", "invalid shape, data type, or offset"),
         ]
     },
+    # Before: accepted, exit 0, a model trained from weights ~1e9 where they were 0.1 (issue 57).
+    "safetensors-i32-header": ([], ["base-i32-header/model.safetensors stores", "(I32)", "as an integer type",
+                                    "copy or save it again"]),
     "deep-jsonl": (["--train_file", "deep.jsonl"], ["deep.jsonl, line 9: JSON nested too deeply", "one JSON object"]),
     "both-formats": (
         ["--train_file", "both.jsonl"],
@@ -126,7 +136,7 @@ def root(tmp_path_factory) -> Path:
     (root / "late.txt").write_bytes(lines + "the end of café\n".encode("latin-1"))
     pq.write_table(pa.table({"text": list(range(200))}), root / "ints.parquet")
     write_jsonl(root / "deep_text.jsonl", [{"text": "hello there"}] * 3 + ["[" * 100_000])
-    for kind in ("truncated", "header-garbage", "header-length", "flipped-json"):
+    for kind in ("truncated", "header-garbage", "header-length", "flipped-json", *RELABELED):
         damaged_base(root, kind)
     return root
 

@@ -22,6 +22,7 @@ from hf_tinytx.convert import (
     tinytx_to_llama,
 )
 from hf_tinytx.convert import main as convert_main
+from tests.helpers.faults import relabel_dtype
 from tests.helpers.tiny import build_tiny_config, greedy
 
 
@@ -569,10 +570,14 @@ def damage(folder: Path, kind: str) -> str:
     if kind == "json-list":
         config.write_text("[1, 2, 3]")
         return f"{config} holds a JSON list"
+    if kind in ("i32-header", "f16-header"):
+        relabel_dtype(folder / "model.safetensors", "F32", kind[:3].upper())
+        return (f"{folder / 'model.safetensors'} stores " if kind == "i32-header"
+                else f"{folder / 'model.safetensors'} is damaged or truncated")
     values = json.loads(config.read_text())
-    if kind == "rope-string":
-        values["rope_parameters"] = "default"
-        words = f'{config} has "rope_parameters": "default", which must be an object'
+    if kind in ("rope-string", "rope-number"):
+        values["rope_parameters"] = "default" if kind == "rope-string" else 5
+        words = f'{config} has "rope_parameters": {json.dumps(values["rope_parameters"])}, which must be an object'
     else:
         del values["model_type"]
         words = f'{config} has no "model_type"; this conversion reads a \'llama\' model'
@@ -580,15 +585,32 @@ def damage(folder: Path, kind: str) -> str:
     return words
 
 
-@pytest.mark.parametrize("kind", ["truncated-weights", "not-json", "json-list", "rope-string", "no-model-type"])
-def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind):
-    source = tmp_path / "llama"
-    tiny_llama().save_pretrained(source)
-    words = damage(source, kind)
+@pytest.mark.parametrize("kind", ["truncated-weights", "not-json", "json-list", "rope-string", "rope-number",
+                                  "no-model-type", "i32-header", "f16-header"])
+@pytest.mark.parametrize("to", ["tinytx", "llama"])
+def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind, to):
+    """Both ways; a header that says I32 for F32 data of the same size was converted, exit 0, into weights ~1e9."""
+    source = tmp_path / "source"
+    (tiny_llama() if to == "tinytx" else tiny_tinytx()).save_pretrained(source)
+    words = damage(source, kind).replace("'llama' model", f"'{'llama' if to == 'tinytx' else 'tinytx'}' model")
     capsys.readouterr()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 1  # a traceback would raise here
+    assert convert_main(["--to", to, str(source), str(tmp_path / "out")]) == 1  # a traceback would raise here
     assert words in one_line_error(capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_both_ways(tmp_path, capsys):
+    """convert --to llama copied a 420-token tokenizer beside a 320-row embedding, exit 0, where the GGUF export and
+    finetune refuse the same folder."""
+    for to, model in (("llama", tiny_tinytx(vocab_size=VOCAB - 16)), ("tinytx", tiny_llama(vocab_size=VOCAB - 16))):
+        source = tmp_path / f"to-{to}"
+        model.save_pretrained(source)
+        save_tiny_tokenizer(source)
+        capsys.readouterr()
+        assert convert_main(["--to", to, str(source), str(tmp_path / f"out-{to}")]) == 1
+        line = one_line_error(capsys.readouterr().err)
+        assert f"tokenizer has {VOCAB} tokens but the model's embedding only {VOCAB - 16} rows" in line, line
+        assert not (tmp_path / f"out-{to}").exists()
 
 
 @pytest.mark.deep

@@ -8,6 +8,7 @@ The three runs that load a model go in subprocesses side by side (the compiled o
 rest run in this process or stop before torch loads.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from transformers.utils import logging as transformers_logging
 
 from hf_tinytx import chat, generate
 from hf_tinytx_training.sft.data import DEFAULT_CHAT_TEMPLATE
+from tests.helpers.faults import relabel_dtype
 from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.test_wheel import HIDE_MODULES
 
@@ -244,14 +246,56 @@ def test_chat_without_jinja2_says_so(tiny):
     ("generate", ("plain", "The", "cat"), "unknown argument 'cat'; text with spaces goes in quotes"),
     ("generate", ("plain", ""), "the prompt is empty: give some text to continue."),
     ("generate", ("plain", PROMPT, "--device", "GPU 0"), "--device 'GPU 0' is not a device name"),
+    # Folders convert refuses in one line, refused alike (issue 57): before, tracebacks or a silent wrong answer.
+    ("generate", ("config-list", PROMPT), "config-list/config.json holds a JSON list, not an object of config"),
+    ("chat", ("config-list",), "config-list/config.json holds a JSON list, not an object of config"),
+    ("generate", ("rope-5", PROMPT), 'rope-5/config.json has "rope_parameters": 5, which must be an object'),
+    ("generate", ("big-tokenizer", PROMPT), "big-tokenizer's tokenizer has 300 tokens but the model's embedding only "
+                                            "200 rows"),
+    ("generate", ("i32-header", PROMPT), "i32-header/model.safetensors stores lm_head.weight (I32), "),
+    ("chat", ("i32-header",), "as an integer type, but the weights of a model that is not quantized are floating"),
 ])
 def test_bad_input_is_one_line_before_torch_loads(tiny, command, args, expected):
-    root = tiny["root"]
-    if not (root / "empty").exists():
-        (root / "empty").mkdir()
-        shutil.copytree(tiny["plain"], root / "no-tokenizer",
-                        ignore=lambda folder, names: [n for n in names if n.startswith("tokenizer")])
-        damaged_copy(tiny["plain"], root / "damaged")
+    make_bad_folders(tiny)
     line = refusal(tiny, command, *args)
     assert line.startswith(f"tinytx {command}: error: ") and expected in line, line
-    assert os.path.isdir(root / "plain")  # (nothing is written or moved)
+    assert os.path.isdir(tiny["root"] / "plain")  # (nothing is written or moved)
+
+
+def make_bad_folders(tiny) -> None:
+    """The folders the refusals name, made once beside the good ones."""
+    root = tiny["root"]
+    if (root / "empty").exists():
+        return
+    (root / "empty").mkdir()
+    shutil.copytree(tiny["plain"], root / "no-tokenizer",
+                    ignore=lambda folder, names: [n for n in names if n.startswith("tokenizer")])
+    damaged_copy(tiny["plain"], root / "damaged")
+    for name, change in (("config-list", lambda config: [config]), ("rope-5", lambda c: {**c, "rope_parameters": 5}),
+                         ("wrong-shape", lambda config: {**config, "intermediate_size": 48}),
+                         ("one-layer-more", lambda config: {**config, "num_hidden_layers": 3})):
+        shutil.copytree(tiny["chat"], root / name)
+        config = json.loads((root / name / "config.json").read_text())
+        (root / name / "config.json").write_text(json.dumps(change(config)))
+    shutil.copytree(tiny["chat"], root / "i32-header")
+    relabel_dtype(root / "i32-header" / "model.safetensors", "F32", "I32")
+    build_tiny_model(vocab_size=200).save_pretrained(root / "big-tokenizer")
+    tiny["tokenizer"].save_pretrained(root / "big-tokenizer")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("folder, expected", [
+    ("wrong-shape", "do not match its config.json — misshapen: model.layers.0.mlp.down_proj.weight [32, 64] "
+                  "(expected [32, 48])"),
+    ("one-layer-more", "do not match its config.json — missing: model.layers.2."),
+])
+def test_weights_that_do_not_match_the_config_are_one_line(tiny, command, folder, expected):
+    """Found only once transformers reads the folder (torch loaded): a misshapen tensor was a RuntimeError
+    traceback, and a layer the weights lack loaded as random values, generating without a word."""
+    make_bad_folders(tiny)
+    args = [str(tiny["root"] / folder)] + ([PROMPT] if command == "generate" else [])
+    result = subprocess.run([*TINYTX, command, *args], cwd=tiny["root"], env=pretrain_env(tiny["root"]),
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2 and result.stdout == "", result.stderr[-3000:]
+    assert result.stderr.splitlines() == [result.stderr.splitlines()[0]], result.stderr[-3000:]
+    assert result.stderr.startswith(f"tinytx {command}: error: the weights in ") and expected in result.stderr

@@ -24,6 +24,7 @@ from hf_tinytx.convert import main as convert_main
 from hf_tinytx.folders import STAGING_NAME
 from hf_tinytx.gguf_export import rotate_half_to_interleaved, write_gguf
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
+from tests.helpers.faults import relabel_dtype
 from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_config
 
 
@@ -457,6 +458,17 @@ def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written
     message = capsys.readouterr().err.strip()
     assert message.startswith("error: gguf: ") and "\n" not in message and "missing: model.layers.2." in message
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_header_that_calls_f32_weights_i32_is_refused_and_nothing_is_written(folder, tmp_path, capsys):
+    """Before: exported, exit 0, with weights ~1.2e9 where they were 0.1 (the same bytes read as integers)."""
+    source = folder()
+    relabel_dtype(source / "model.safetensors", "F32", "I32")
+    capsys.readouterr()
+    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 1
+    message = capsys.readouterr().err.strip()
+    assert message.startswith(f"error: gguf: {source / 'model.safetensors'} stores ") and "\n" not in message
+    assert "as an integer type" in message and not (tmp_path / "m.gguf").exists()
 
 
 @pytest.mark.deep

@@ -9,6 +9,8 @@ Nothing here reaches into training/: every fault is something a real machine can
 - `run_killed_after_line`: SIGKILL once the output shows a line matching a pattern (then `delay` seconds later).
 - `run_killed_after`: SIGKILL `seconds` after the start.
 - `run_signalled`: any signal, once a line of the output matches a pattern (what a scheduler or a user sends).
+- `relabel_dtype(path, old, new)`: a safetensors file whose header names another dtype of the same size (I32 for
+  F32): a valid file whose data no longer means what the header says.
 - `tmpfs(size)`: a small RAM file system mounted on a folder (root only), always unmounted again.
 - `silent_server()`: a TCP server on 127.0.0.1 that accepts connections, reads what comes and never answers.
 
@@ -259,3 +261,13 @@ class SilentServer:
 def silent_server() -> SilentServer:
     """`with silent_server() as server:` point a client at `server.url`; it connects, sends, and waits forever."""
     return SilentServer()
+
+
+def relabel_dtype(path, old: str = "F32", new: str = "I32") -> None:
+    """Rewrites the safetensors file `path` so that its header calls every `old` tensor `new` (the same size): the
+    bytes stay, the header's length stays (both names have the same length)."""
+    data = bytearray(Path(path).read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    header = data[8:8 + length].replace(f'"{old}"'.encode(), f'"{new}"'.encode())
+    assert len(header) == length and header != data[8:8 + length], f"no {old} tensor in {path}"
+    Path(path).write_bytes(bytes(data[:8] + header + data[8 + length:]))
