@@ -454,6 +454,44 @@ def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_e
 
 
 @deep
+def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pretrain, finetune, tmp_path):
+    """What decides the model a resume continues, changed on the command line: pretrain's tokenizer flags (the run
+    keeps its saved tokenizer) and sizes; finetune's adapter (rank, a LoRA checkpoint without --use_peft, a full one
+    with it). Before: ignored while the card and the arguments recorded them, or a traceback mid-load."""
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, run_side_by_side
+
+    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "other-tokenizer")
+    lora = tmp_path / "lora"
+    succeeded(finetune.run(lora, "--max_steps", 2, "--save_steps", 2, "--use_peft"))
+    resume = ["--resume_from_checkpoint", "latest"]
+    cases = {  # name: (command, its finished run, flags, words of the one line)
+        "hidden_size": (pretrain, pretrain.reference, ["--hidden_size", 32],
+                        ["holds a model with hidden_size 64, head_dim 16, but this run builds one with hidden_size 32, "
+                         "head_dim 8", "resume with the sizes it was started with"]),
+        "vocab_size": (pretrain, pretrain.reference, ["--vocab_size", 400],
+                       ["was trained with --vocab_size 320, but this run has --vocab_size 400",
+                        "keeps the tokenizer it saved"]),
+        "tokenizer_name": (pretrain, pretrain.reference, ["--tokenizer_name", tmp_path / "other-tokenizer"],
+                           ["was trained with --tokenizer_name None, but this run has --tokenizer_name"]),
+        "lora_r": (finetune, lora, ["--use_peft", "--lora_r", 4],
+                   ["holds a LoRA adapter trained with --lora_r 8, but this run has --lora_r 4"]),
+        "lora_without_peft": (finetune, lora, [], ["holds a LoRA adapter, but this run fine-tunes every weight"]),
+        "full_with_peft": (finetune, finetune.reference, ["--use_peft"],
+                           ["holds a full fine-tune's weights, but this run trains a LoRA adapter"]),
+    }
+    runs = {}
+    for name, (command, finished, flags, _) in cases.items():
+        shutil.copytree(finished, tmp_path / name)
+        runs[name] = (command.command(tmp_path / name, *resume, *flags), command.cwd, pretrain_env(command.cwd))
+    results = run_side_by_side(runs, timeout=600)
+    for name, (command, finished, _, words) in cases.items():
+        line = error_line(results[name], command.name, *words)
+        assert results[name].returncode == 2, line
+        weights = "adapter_model.safetensors" if finished == lora else "model.safetensors"
+        assert (tmp_path / name / weights).read_bytes() == (finished / weights).read_bytes()
+
+
+@deep
 def test_finetune_killed_while_replacing_a_model_leaves_one_that_loads(finetune, tmp_path):
     """A second fine-tune replacing the first (--overwrite_output_dir), killed while it saves: first when its weights
     are written (the folder still holds the first run's files, byte for byte), then after two of its files were moved

@@ -42,6 +42,12 @@ DATA_ORDER = ("seed", "block_size", "global_batch")
 # Flags whose values a checkpoint's optimizer and schedule hold: loading it would bring the old values back, so a
 # resume must keep them. The rest (steps, warm-up, the schedule's shape, clipping) may change on resume.
 OPTIMIZER_STATE = ("optimizer", "learning_rate", "muon_learning_rate", "weight_decay", "adam_beta2")
+# The flags that chose the run's tokenizer: a resume reuses the tokenizer saved in checkpoints/, so it must keep them.
+TOKENIZER_FLAGS = ("tokenizer_name", "vocab_size")
+# The config fields that fix a model's tensors: a checkpoint's weights load only into a model of the same.
+ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "mlp_type", "qk_norm", "tie_word_embeddings", "attention_bias",
+                "mlp_bias")
 TEMPORARY_PREFIX = ".tmp_"  # a checkpoint is written as .tmp_<name>, then renamed in whole
 RANDOM_STATES = "random_states"  # Accelerate's random_states_<process index>.pkl
 DEEPSPEED_DIR = "pytorch_model"  # where Accelerate has DeepSpeed write its states
@@ -84,11 +90,13 @@ class TrainingState:
     launches: int = 1  # the launches that trained up to this checkpoint: the first one and each resume
 
 
-def make_run_signature(train_args, block_size: int, global_batch: int, num_processes: int) -> dict:
-    """What a resume must keep (DATA_ORDER, OPTIMIZER_STATE) and what it may change, as TrainingState records it."""
+def make_run_signature(train_args, block_size: int, global_batch: int, num_processes: int, model_args=None) -> dict:
+    """What a resume must keep (DATA_ORDER, OPTIMIZER_STATE, TOKENIZER_FLAGS) and what it may change, as TrainingState
+    records it."""
     return {"seed": train_args.seed, "block_size": block_size, "global_batch": global_batch,
             "gradient_accumulation_steps": train_args.gradient_accumulation_steps, "num_processes": num_processes,
-            **{key: getattr(train_args, key) for key in OPTIMIZER_STATE}}
+            **{key: getattr(train_args, key) for key in OPTIMIZER_STATE},
+            **{key: getattr(model_args, key) for key in TOKENIZER_FLAGS if model_args is not None}}
 
 
 def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None,
@@ -143,6 +151,7 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     written_by, in_shards = saved.get("num_processes", 1), os.path.isdir(os.path.join(folder, SHARDED_DIR))
     refuse_optimizer_change(folder, saved, run_signature, OPTIMIZER_STATE,
                             f"start a new run with the new ones from its weights with --init_from {folder}")
+    refuse_tokenizer_change(folder, saved, run_signature)
     refuse_layout_change(folder, written_by, accelerator.num_processes, in_shards, sharded, deepspeed_engine)
     check_random_state(folder, accelerator.process_index)
     if deepspeed_engine is not None:
@@ -170,6 +179,34 @@ def refuse_optimizer_change(folder: str, saved: dict, now: dict, flags: tuple, w
         raise UserInputError(f"{folder} was trained with {was}, but this run has "
                              f"{', '.join(f'--{flag} {now[flag]}' for flag in changed)}: its optimizer state holds the "
                              f"old values; resume with {was}, or {way_on}.")
+
+
+def refuse_tokenizer_change(folder: str, saved: dict, now: dict) -> None:
+    """A resumed run keeps the tokenizer it saved (checkpoints/tokenizer): another --tokenizer_name or --vocab_size
+    would be ignored while the run's record and card named it. Refused (a checkpoint older than the record has none
+    to compare)."""
+    changed = [key for key in TOKENIZER_FLAGS if key in saved and key in now and saved[key] != now[key]]
+    if changed:
+        was = ", ".join(f"--{key} {saved[key]}" for key in changed)
+        raise UserInputError(f"{folder} was trained with {was}, but this run has "
+                             f"{', '.join(f'--{key} {now[key]}' for key in changed)}: a resumed run keeps the "
+                             f"tokenizer it saved in checkpoints/; resume with {was}, or start a new run with the new "
+                             "tokenizer (another --output_dir, or --overwrite_output_dir).")
+
+
+def refuse_architecture_change(folder: str, config, how: str) -> None:
+    """The checkpoint's model (its config.json) and the one this run builds differ in a field that fixes the tensors
+    (ARCHITECTURE): its weights cannot load into it. Refused, naming each field; `how`: what to do instead. A
+    checkpoint without a config.json has none to compare."""
+    path = os.path.join(folder, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return
+    saved, now = read_json(path), config.to_dict()
+    changed = [key for key in ARCHITECTURE if key in saved and key in now and saved[key] != now[key]]
+    if changed:
+        raise UserInputError(f"{folder} holds a model with {', '.join(f'{key} {saved[key]}' for key in changed)}, but "
+                             f"this run builds one with {', '.join(f'{key} {now[key]}' for key in changed)}: its "
+                             f"weights fit only their own shapes; {how}.")
 
 
 def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards: bool, sharded: bool,

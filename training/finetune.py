@@ -137,7 +137,7 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
 def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations"):
     """Trainer's run from the checkpoint to resume (if any), then the evaluation: (trainer, metrics). A stop signal
     ends it at a step's end with a checkpoint, as `Stopped`."""
-    resume_dir = resume_point(training_args, where)
+    resume_dir = resume_point(training_args, where, model)
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                       data_collator=pad_collator(tokenizer), processing_class=tokenizer,
                       callbacks=[aside := CheckpointsAside(where, resume_dir)])
@@ -209,9 +209,9 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
     return lock
 
 
-def resume_point(training_args: TrainingArguments, where: Destinations) -> str | None:
-    """The checkpoint --resume_from_checkpoint names (a folder, or latest: the newest intact one); those newer than it
-    are set aside."""
+def resume_point(training_args: TrainingArguments, where: Destinations, model) -> str | None:
+    """The checkpoint --resume_from_checkpoint names (a folder, or latest: the newest intact one), checked against the
+    model this run trains; those newer than it are set aside."""
     if not training_args.resume_from_checkpoint:
         return None
     main_process = training_args.process_index == 0
@@ -227,10 +227,48 @@ def resume_point(training_args: TrainingArguments, where: Destinations) -> str |
             checkpoints.refuse_optimizer_change(folder, checkpoints.read_json(path), optimizer_flags(training_args),
                                                 OPTIMIZER_FLAGS, "fine-tune its model anew with the new ones from "
                                                 "--model_name_or_path")
+        refuse_model_change(folder, model)
         if main_process:
             checkpoints.set_aside_after(where.layout, step, say)
     say(f"Resuming from {folder} at step {step}")
     return folder
+
+
+NEW_RUN = "or fine-tune anew (another --output_dir, or --overwrite_output_dir)"
+LORA_FLAGS = {"r": "--lora_r", "lora_alpha": "--lora_alpha", "lora_dropout": "--lora_dropout",
+              "target_modules": "--lora_target_modules", "base_model_name_or_path": "--model_name_or_path"}
+
+
+def refuse_model_change(folder: str, model) -> None:
+    """The checkpoint holds a LoRA adapter or a full model's weights: it resumes only into the same kind, the same
+    adapter (rank, scaling, dropout, modules, base) or a model of the same shapes. Trainer would otherwise fail
+    mid-load with a traceback, or go on with an adapter the run's record does not describe: refused in one line."""
+    saved_adapter = os.path.join(folder, "adapter_config.json")
+    lora = getattr(model, "peft_config", {}).get("default")
+    if os.path.isfile(saved_adapter) and lora is None:
+        raise UserInputError(f"{folder} holds a LoRA adapter, but this run fine-tunes every weight: resume with "
+                             f"--use_peft and the LoRA flags it was started with, {NEW_RUN}.")
+    if lora is not None and not os.path.isfile(saved_adapter):
+        raise UserInputError(f"{folder} holds a full fine-tune's weights, but this run trains a LoRA adapter "
+                             f"(--use_peft): resume without --use_peft, {NEW_RUN}.")
+    if lora is None:
+        checkpoints.refuse_architecture_change(
+            folder, model.config, f"resume with the --model_name_or_path it started from, {NEW_RUN}")
+        return
+    saved = checkpoints.read_json(saved_adapter)
+    pairs = [(flag, comparable(saved.get(key)), comparable(getattr(lora, key, None)))
+             for key, flag in LORA_FLAGS.items()]
+    changed = [(flag, old, new) for flag, old, new in pairs if old != new]
+    if changed:
+        was = ", ".join(f"{flag} {old}" for flag, old, _ in changed)
+        raise UserInputError(f"{folder} holds a LoRA adapter trained with {was}, but this run has "
+                             f"{', '.join(f'{flag} {new}' for flag, _, new in changed)}: resume with {was}, "
+                             f"{NEW_RUN}.")
+
+
+def comparable(value):
+    """A PEFT config value as saved and as built alike: module names as one sorted, comma-separated string."""
+    return ",".join(sorted(value)) if isinstance(value, (list, set, tuple)) else value
 
 
 def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict) -> None:

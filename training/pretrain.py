@@ -132,7 +132,7 @@ class Run:
     def signature(self) -> dict:
         global_batch = self.tokens_per_step // self.data_args.block_size
         return checkpoints.make_run_signature(self.train_args, self.data_args.block_size, global_batch,
-                                              self.accelerator.num_processes)
+                                              self.accelerator.num_processes, self.model_args)
 
     @property
     def sharded(self) -> tuple | None:
@@ -298,6 +298,10 @@ def resume(run: Run, folder: str) -> None:
     """Continues from the checkpoint in `folder`: its weights, optimizer, schedule and RNG, its step and place in the
     data, and for a run planned in seconds its clock."""
     deepspeed = sharding.zero_stage(run.accelerator) is not None
+    checkpoints.refuse_architecture_change(
+        folder, run.accelerator.unwrap_model(run.model).config,
+        "resume with the sizes it was started with (the same --model_config and size flags), or start a new run "
+        "(another --output_dir, or --overwrite_output_dir)")
     state = checkpoints.load_state(folder, run.accelerator, run.signature, (run.model, run.optimizer,
                                    run.lr_scheduler), run.own_fsdp2, deepspeed_engine=run.model if deepspeed else None)
     progress = run.progress
