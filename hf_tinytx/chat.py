@@ -28,6 +28,7 @@ from hf_tinytx.generate import (
     load_model,
     read_json,
     seed,
+    utf8_text,
 )
 
 
@@ -64,14 +65,24 @@ def check_chat_ready(folder: str, path: str) -> None:
                              "(the `train` extra brings it).")
 
 
+def check_input_open() -> None:
+    """Standard input closed (`<&-`): no turn can come; said before the model loads."""
+    if sys.stdin is None:
+        raise UserInputError("standard input is closed, so no turn can be read: type the turns at a terminal, or "
+                             "pipe them in (printf 'Hello\\n/exit\\n' | tinytx chat FOLDER).")
+
+
 def user_lines():
-    """The user's turns: typed at a prompt on a terminal, else read line by line (a pipe, a file)."""
+    """The user's turns: typed at a prompt on a terminal, else read line by line (a pipe, a file); a line that is
+    not UTF-8 text is refused in one line."""
+    sys.stdin.reconfigure(errors="surrogateescape")  # the bytes kept, so utf8_text can name the first wrong one
     if not sys.stdin.isatty():
-        yield from (line.rstrip("\n") for line in sys.stdin)
+        for number, line in enumerate(sys.stdin, start=1):
+            yield utf8_text(line.rstrip("\n"), f"line {number} of the input")
         return
     while True:
         try:
-            yield input("> ")
+            yield utf8_text(input("> "), "the line typed")
         except EOFError:
             print()
             return
@@ -126,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def command():
+        check_input_open()
         path = early_checks(args)
         check_chat_ready(args.folder, path)
         model, tokenizer = load_model(path, args.device, args.trust_remote_code)

@@ -24,6 +24,7 @@ from transformers.initialization import no_init_weights
 
 from .command_flags import convert_parser
 from .configuration_tinytx import SIZE_FIELDS, TinyTxConfig
+from .exits import exit_status
 from .folder_config import check_vocabulary_fits
 from .folders import (
     MANIFEST_NAME,
@@ -45,7 +46,7 @@ from .folders import (
 from .modeling_tinytx import TinyTxForCausalLM
 from .quiet import quiet_notices
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
-from .sources import TOKENIZER_FILES
+from .sources import TOKENIZER_FILES, local_folder_or_hub_id
 
 
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
@@ -126,6 +127,7 @@ def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to
     source, destination = Path(source), Path(destination)
     if to not in ("llama", "tinytx"):
         raise ValueError(f"convert: `to` must be 'llama' or 'tinytx', got {to!r}.")
+    local_folder_or_hub_id(str(source))  # a link loop or a missing path: one line, before any path is resolved
     refuse_overlap(source, destination, ("source", "destination"), who="convert")
     source_class, config_class, translate = (
         (TinyTxForCausalLM, TinyTxConfig, tinytx_config_to_llama) if to == "llama"
@@ -164,18 +166,16 @@ def _save(converted: PreTrainedModel, source: Path, source_files: list[str], des
         record_written(destination, WRITER, ours | set(written))
         publishing = True
         publish(staged, destination)
-    except Exception as error:
-        full = is_disk_full(error, staged)
+    except BaseException as error:  # a failure, or a stop signal (hf_tinytx.exits.StopSignal)
+        full = isinstance(error, Exception) and is_disk_full(error, staged)
         needed = sum((source / name).stat().st_size for name in source_files)
-        shutil.rmtree(staged, ignore_errors=True)
-        if created and not publishing:  # once files move in, the record must stay: it names them as ours
-            (destination / MANIFEST_NAME).unlink(missing_ok=True)
-            remove_created(created)
+        if not publishing:  # once files move in, the staging folder and the record stay, as a kill leaves them:
+            shutil.rmtree(staged, ignore_errors=True)  # the same command again finishes the publish
+            if created:
+                (destination / MANIFEST_NAME).unlink(missing_ok=True)
+                remove_created(created)
         if full:
             raise OSError(_disk_full_message(destination, needed, publishing)) from None
-        raise
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
         raise
     remove_written(destination, ours - set(written))
     record_written(destination, WRITER, written)
@@ -198,9 +198,11 @@ def _check_destination(destination: Path, overwrite: bool) -> set[str]:
         raise FileExistsError(f"convert: destination {str(destination)!r} is a file, not a folder.")
     if not destination.is_dir():
         return set()
-    # A staging folder or a record alone is what a killed conversion leaves: the next one may use the folder.
+    # A staging folder or a record alone is what a killed conversion leaves: the next one may use the folder, also
+    # when some files had moved in (a publish stopped mid-way: every file there is in convert's record).
     old = [path for path in destination.iterdir() if path.name not in (STAGING_NAME, MANIFEST_NAME)]
-    if old and not overwrite:
+    interrupted = (destination / STAGING_NAME).is_dir() and not others_files(destination, WRITER)
+    if old and not overwrite and not interrupted:
         raise FileExistsError(f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace "
                               "what an earlier conversion wrote there, or choose another folder.")
     # Before anything is written: every name a conversion can write (the exact list is checked again once staged).
@@ -227,18 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     quiet_notices()
     if args.outtype is not None and args.to != "gguf":
         parser.error("--outtype applies to --to gguf only")
-    try:
+
+    def command():
         if args.to == "gguf":
             from .gguf_export import write_gguf  # needs the optional `gguf` package
 
             destination = write_gguf(args.source, args.destination, args.outtype or "f32", overwrite=args.overwrite)
         else:
             destination = convert_folder(args.source, args.destination, to=args.to, overwrite=args.overwrite)
-    except (ValueError, TypeError, OSError, ImportError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.to} model to {destination}")
-    return 0
+        print(f"wrote {args.to} model to {destination}")
+
+    # A refusal or a failure is one line and 1; SIGINT and SIGTERM 130 and 143 once the partial output is removed.
+    return exit_status("", command, refused=(ValueError, TypeError, OSError, ImportError), refused_status=1,
+                       stopped="; run the same command again (what it had half written is removed, or finished by the "
+                       "rerun)")
 
 
 if __name__ == "__main__":

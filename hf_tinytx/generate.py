@@ -21,7 +21,7 @@ import re
 import shutil
 import sys
 
-from hf_tinytx import folder_config, sources, stored_weights
+from hf_tinytx import exits, folder_config, sources, stored_weights
 from hf_tinytx.errors import UserInputError
 
 
@@ -115,6 +115,8 @@ def check_folder(folder: str) -> str:
     """The model folder, as an absolute path, once it holds a config, a tokenizer and weights whose safetensors
     headers read."""
     path = os.path.abspath(os.path.expanduser(folder))
+    if not os.path.exists(path) and (problem := sources.link_problem(path)) is not None:
+        raise UserInputError(f"{folder} {problem}.")
     if not os.path.exists(path):
         parent = os.path.dirname(path)
         siblings = [name for name in os.listdir(parent) if os.path.isdir(os.path.join(parent, name))] \
@@ -296,17 +298,22 @@ def run(args: argparse.Namespace, folder: str) -> None:
 
 
 def exit_status(prog: str, command) -> int:
-    """Runs `command()`: 0; a UserInputError is one line `prog: error: ...` and 2; Ctrl-C ends the line and 130."""
+    """Runs `command()`: 0; a UserInputError is one line `prog: error: ...` and 2; SIGINT, SIGTERM, a closed pipe and
+    anything else end as hf_tinytx.exits says (130, 143, 141, 1), each with at most one line."""
+    return exits.exit_status(f"{prog}:", command, streams=True)
+
+
+def utf8_text(text: str, what: str) -> str:
+    """`text` as given, once it is UTF-8: bytes that are not (an argument or a line Python decoded with
+    surrogateescape) are refused, naming the first, where a tokenizer would fail with a traceback."""
     try:
-        command()
-    except UserInputError as error:
-        sys.stdout.flush()
-        sys.stderr.write(f"{prog}: error: {error}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stdout.write("\n")
-        return 130
-    return 0
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start]
+        byte = f"byte {ord(bad) - 0xDC00:#04x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"{bad!r}"
+        raise UserInputError(f"{what} is not UTF-8 text ({byte} at character {error.start + 1}); give it as "
+                             "UTF-8 (iconv -f latin1 -t utf-8 converts a Latin-1 text).") from None
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     def command():
         if args.prompt == "":
             raise UserInputError("the prompt is empty: give some text to continue.")
+        utf8_text(args.prompt, "the prompt")
         run(args, early_checks(args))
 
     return exit_status(PROG, command)

@@ -41,6 +41,7 @@ from .folders import (
 )
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
+from .sources import local_folder_or_hub_id
 from .tokenization import adds_bos
 
 
@@ -66,6 +67,7 @@ def write_gguf(source: str | os.PathLike, destination: str | os.PathLike, outtyp
     source, destination = Path(source), Path(destination)
     if outtype not in OUTTYPES:
         raise ValueError(f"gguf: `outtype` must be one of {list(OUTTYPES)}, got {outtype!r}.")
+    local_folder_or_hub_id(str(source))  # a link loop or a missing path: one line, before any path is resolved
     refuse_overlap(source, destination, ("source", "destination"), who="gguf")
     _check_destination_file(destination, overwrite)
     files = convertible_files(source, "tinytx")

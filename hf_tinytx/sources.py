@@ -4,6 +4,8 @@ Python's standard library and huggingface_hub only, on purpose: the training scr
 torch loads.
 """
 
+import errno
+import os
 from pathlib import Path
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -30,15 +32,30 @@ def is_repo_id(text: str) -> bool:
 def local_folder_or_hub_id(name: str) -> str:
     """`name` as `from_pretrained` should get it: an existing local path, or else a Hub id.
 
-    A missing path that looks local (`looks_local`) raises at once: transformers would take it for a Hub id and wait
-    on the network (~50 s without one) before failing.
+    A missing path that looks local (`looks_local`), or a link that leads nowhere (`link_problem`), raises at once:
+    transformers would take it for a Hub id and wait on the network (~50 s without one) before failing.
     """
     path = Path(name).expanduser()
     if path.exists():
         return str(path)
+    if (problem := link_problem(path)) is not None:
+        raise FileNotFoundError(f"{name} {problem}")
     if looks_local(name):
         raise FileNotFoundError(f"no such folder: {name} (check the path; a Hub id looks like owner/name)")
     return name
+
+
+def link_problem(path: str | os.PathLike) -> str | None:
+    """Why `path`, which does not exist to `os.path.exists`, is a link that leads nowhere: a loop of links, or a link
+    to a missing target ("is a loop of links ..."); None when it is simply not there."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a loop of links (following them leads back to the start): point the link at a real folder"
+        if os.path.islink(path):
+            return f"is a link to {os.readlink(path)}, which does not exist: point the link at a real folder"
+    return None
 
 
 def looks_local(name: str) -> bool:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -678,3 +679,53 @@ def test_every_file_of_a_converted_folder_has_the_mode_a_new_file_gets(tmp_path)
     os.umask(umask)
     modes = {path.name: oct(path.stat().st_mode & 0o777) for path in destination.iterdir() if path.is_file()}
     assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+CONVERT_SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__main__', alter_sys=True)\n"
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("signum, function, nth", [
+    (signal.SIGINT, "safetensors.torch.save_file", 1),  # the weights written into the staging folder
+    (signal.SIGTERM, ("os.replace", "os.rename"), 1),  # the first file moved into the destination
+], ids=["SIGINT-staged", "SIGTERM-publishing"])
+def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(tmp_path, signum, function, nth):
+    """Ctrl-C or SIGTERM during `convert --to llama` into a folder whose parents do not exist yet. Before: a
+    KeyboardInterrupt traceback, exit 1, the empty parents left; SIGTERM, no line at all. Now: 128 + the signal, one
+    line; stopped before the publish nothing is left, stopped in it the same command (no --overwrite) finishes it."""
+    from tests.helpers.faults import run_killed_at
+
+    source, destination = tmp_path / "tinytx", tmp_path / "new" / "parents" / "llama"
+    tiny_tinytx().save_pretrained(source)
+    save_tiny_tokenizer(source)
+    (tmp_path / "shim.py").write_text(CONVERT_SHIM)
+    args = ["--to", "llama", source, destination]
+    stopped = run_killed_at(args, cwd=REPO_ROOT, function=function, match=".tinytx-staging", nth=nth, when="after",
+                            script=tmp_path / "shim.py", signum=signum)
+    lines = [line for line in stopped.stderr.splitlines()
+             if line.strip() and not line.startswith("[launch]") and "%|" not in line]  # no progress bars
+    assert stopped.returncode == 128 + signum and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert lines == [f"stopped by {signal.Signals(signum).name}; run the same command again (what it had half "
+                     "written is removed, or finished by the rerun)"], lines
+    if signum == signal.SIGINT:
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["shim.py", "tinytx"]
+    again = run_cli(*map(str, args))
+    assert again.returncode == 0, again.stderr[-3000:]
+    torch.testing.assert_close(logits_of(LlamaForCausalLM.from_pretrained(destination).eval()),
+                               logits_of(AutoModelForCausalLM.from_pretrained(source).eval()), rtol=0, atol=1e-5)
+    assert not (destination / ".tinytx-staging").exists()
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling"])
+def test_a_link_that_leads_nowhere_as_the_source_is_named_as_such(tmp_path, capsys, kind):
+    """Before: a loop passed for a missing folder or a Hub id (a traceback from the Hub lookup)."""
+    source = tmp_path / "model"
+    source.symlink_to(source if kind == "loop" else tmp_path / "gone")
+    for to, destination in (("llama", tmp_path / "out"), ("gguf", tmp_path / "m.gguf")):
+        capsys.readouterr()
+        assert convert_main(["--to", to, str(source), str(destination)]) == 1
+        line = one_line_error(capsys.readouterr().err)
+        words = ("is a loop of links (following them leads back to the start)" if kind == "loop"
+                 else f"is a link to {tmp_path / 'gone'}, which does not exist")
+        assert line == f"error: {source} {words}: point the link at a real folder", line
+        assert not destination.exists()

@@ -299,3 +299,73 @@ def test_weights_that_do_not_match_the_config_are_one_line(tiny, command, folder
     assert result.returncode == 2 and result.stdout == "", result.stderr[-3000:]
     assert result.stderr.splitlines() == [result.stderr.splitlines()[0]], result.stderr[-3000:]
     assert result.stderr.startswith(f"tinytx {command}: error: the weights in ") and expected in result.stderr
+
+
+# ---- every other way a run ends: one line and the documented status (hf_tinytx/exits.py) ----
+
+
+def run_tinytx(tiny, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE):
+    """`tinytx args` in the fixture's folder: (exit status, stdout, stderr)."""
+    process = subprocess.Popen([*TINYTX, *args], cwd=tiny["root"], env=pretrain_env(tiny["root"]), stdin=stdin,
+                               stdout=stdout, stderr=subprocess.PIPE)
+    out, err = process.communicate(timeout=120)
+    return process.returncode, (out or b"").decode(errors="replace"), err.decode(errors="replace")
+
+
+def test_prompts_and_turns_that_are_not_utf8_are_one_line(tiny):
+    """Before: a `TextEncodeInput must be...` traceback from the tokenizer."""
+    line = refusal(tiny, "generate", "plain", os.fsdecode(b"caf\xe9 au lait"))
+    assert line == ("tinytx generate: error: the prompt is not UTF-8 text (byte 0xe9 at character 4); give it as "
+                    "UTF-8 (iconv -f latin1 -t utf-8 converts a Latin-1 text).")
+    process = subprocess.run([*TINYTX, "chat", "chat", "--max_new_tokens", "3"], cwd=tiny["root"],
+                             env=pretrain_env(tiny["root"]), input=b"The cat sat\ncaf\xe9\n", capture_output=True,
+                             timeout=120)
+    err = process.stderr.decode().splitlines()
+    assert process.returncode == 2 and "Traceback" not in process.stderr.decode(), err
+    assert err[-1].startswith("tinytx chat: error: line 2 of the input is not UTF-8 text (byte 0xe9 at character 4)")
+    assert process.stdout.decode().count("\n") == 1  # the first turn was answered
+
+
+def test_chat_with_standard_input_closed_is_one_line(tiny):
+    """`tinytx chat FOLDER <&-`: before, `'NoneType' object has no attribute 'isatty'`."""
+    result = subprocess.run(["bash", "-c", 'exec "$@" <&-', "bash", *TINYTX, "chat", "chat"], cwd=tiny["root"],
+                            env=pretrain_env(tiny["root"]), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.startswith("tinytx chat: error: standard input is closed, so no turn can be read")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_reader_that_closes_the_pipe_ends_generate_quietly(tiny):
+    """`tinytx generate ... | head -c 10`: a reader that left ends the run as it ends `cat` (exit 141, no words),
+    not with a BrokenPipeError. The pipe's read end is closed before generate starts, so its first write fails."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        status, _, err = run_tinytx(tiny, "generate", "plain", PROMPT, "--max_new_tokens", "8", stdout=write)
+    finally:
+        os.close(write)
+    assert status == 141 and err == "", err
+
+
+def test_sigterm_and_sigint_end_chat_and_generate_with_a_line(tiny):
+    """Before: generate and chat died silently on SIGTERM (-15). Chat is signalled while it waits for a turn, once
+    it said it is ready; generate while torch loads (its import of torch is under way: -X importtime's lines)."""
+    import signal
+
+    process = subprocess.Popen([*TINYTX, "chat", "chat"], cwd=tiny["root"], env=pretrain_env(tiny["root"]),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stderr.readline().startswith("Chatting with chat")
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 143 and err == "tinytx chat: stopped by SIGTERM\n", err
+
+    process = subprocess.Popen([sys.executable, "-X", "importtime", *TINYTX[1:], "generate", "plain", PROMPT],
+                               cwd=tiny["root"], env=pretrain_env(tiny["root"]), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        if "| torch." in line or "|   torch." in line or line.rstrip().endswith("torch"):
+            break
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if not line.startswith("import time")]
+    assert process.returncode == 130 and lines == ["tinytx generate: stopped by SIGINT"], err[-2000:]

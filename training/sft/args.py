@@ -162,6 +162,8 @@ def model_source(name_or_path: str) -> str:
         return path
     if os.path.exists(path):
         raise UserInputError(f"--model_name_or_path {name_or_path!r} is a file; give a model folder or a Hub id.")
+    if (problem := sources.link_problem(path)) is not None:  # not a Hub id, whatever its name looks like
+        raise UserInputError(f"--model_name_or_path {name_or_path!r} {problem}.")
     try:
         return sources.local_folder_or_hub_id(name_or_path)
     except FileNotFoundError:

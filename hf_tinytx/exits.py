@@ -1,0 +1,103 @@
+"""How the library's commands (generate, chat, convert) end: every way is one line on stderr and a documented status.
+
+    0      done
+    2      bad input (UserInputError; convert's refusals exit 1, as they always have)
+    1      anything else that went wrong: one line naming the error, and how to see where (TINYTX_TRACEBACK=1)
+    130    Ctrl-C (SIGINT), 143 SIGTERM: the work under way stops, what it had half written is removed, one line
+    141    the reader of standard output went away (`... | head -c 10`): nothing more to say, as `cat` or `yes` do
+
+Python's standard library only: the commands call it before torch loads.
+"""
+
+import contextlib
+import os
+import signal
+import sys
+
+from hf_tinytx.errors import UserInputError
+
+
+TRACEBACK_VARIABLE = "TINYTX_TRACEBACK"  # set to 1: an unexpected error shows its traceback instead of one line
+CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
+class StopSignal(BaseException):
+    """SIGINT or SIGTERM, raised where the command was: `except Exception` blocks let it pass, `finally` and
+    `except BaseException` blocks remove what the command half wrote."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """SIGINT and SIGTERM raise StopSignal while the block runs (the main thread only: elsewhere nothing changes);
+    the earlier handlers come back after it. A second signal while the first is handled is ignored."""
+    def raise_stop(signum, frame):
+        for name in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(name, signal.SIG_IGN)
+        raise StopSignal(signum)
+
+    try:
+        earlier = {signum: signal.signal(signum, raise_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        earlier = {}
+    try:
+        yield
+    finally:
+        for signum, handler in earlier.items():
+            signal.signal(signum, handler)
+
+
+def exit_status(prefix: str, command, refused: tuple = (UserInputError,), refused_status: int = 2,
+                stopped: str = "", streams: bool = False) -> int:
+    """Runs `command()` and returns its exit status; every way it ends is at most one line `prefix ...` on stderr.
+    `prefix`: how the line starts ("tinytx generate:", or "" for none). `refused`: the errors that are a refusal
+    (their message is the line), exit `refused_status`. `stopped`: what the
+    line adds after "stopped by SIGINT". `streams`: the command prints text as it comes, which a stop ends with a
+    newline."""
+    start = f"{prefix} " if prefix else ""
+    try:
+        with stop_signals():
+            command()
+    except BrokenPipeError:
+        return closed_pipe()
+    except StopSignal as stop:
+        say(f"{start}stopped by {stop}{stopped}", newline_first=streams)
+        return 128 + stop.signum
+    except KeyboardInterrupt:  # raised before the handlers were installed, or by a library's own handler
+        say(f"{start}stopped by SIGINT{stopped}", newline_first=streams)
+        return 130
+    except refused as error:
+        say(f"{start}error: {error}")
+        return refused_status
+    except Exception as error:  # noqa: BLE001  (the one line, not a traceback: the hint says how to see one)
+        if os.environ.get(TRACEBACK_VARIABLE):
+            raise
+        reason = " ".join(str(error).split())[:300]
+        say(f"{start}error: {type(error).__name__}{f': {reason}' if reason else ''} (unexpected: run again with "
+            f"{TRACEBACK_VARIABLE}=1 to see where, and report it)")
+        return 1
+    return 0
+
+
+def say(line: str, newline_first: bool = False) -> None:
+    """The line on stderr, after what stdout holds (a streamed text ends first, on its own line)."""
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+        if newline_first:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def closed_pipe() -> int:
+    """Standard output's reader left: what is still buffered for it goes nowhere (Python would otherwise report the
+    failed flush at exit), and the status says so as a shell's does for `cat` killed by SIGPIPE."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return CLOSED_PIPE
