@@ -101,6 +101,8 @@ FINETUNE_CASES = {
         ['empty_reply.jsonl, line 1: message 1 (assistant) has an empty "content"', "write the reply"],
     ),
     "bad-utf8-past-64-kib": (["--train_file", "late.txt"], ["late.txt, line 2001", "is not UTF-8", "save the file"]),
+    # Before: taken for a Hub id, four tracebacks from the lookup (issue 57).
+    "link-loop": (["--model_name_or_path", "loop"], ["--model_name_or_path 'loop' is a loop of links"]),
 }
 # pretrain refusals: name -> (flags, words).
 PRETRAIN_CASES = {
@@ -112,6 +114,8 @@ PRETRAIN_CASES = {
         ["--train_file", "deep_text.jsonl"],
         ["--train_file deep_text.jsonl, line 4: JSON nested too deeply", "one JSON object"],
     ),
+    # Before: "matches no file", of a folder that is there (issue 57).
+    "folder": (["--train_file", "texts"], ["--train_file 'texts' is a folder; give its files", "texts/*.txt"]),
 }
 
 
@@ -136,6 +140,9 @@ def root(tmp_path_factory) -> Path:
     (root / "late.txt").write_bytes(lines + "the end of café\n".encode("latin-1"))
     pq.write_table(pa.table({"text": list(range(200))}), root / "ints.parquet")
     write_jsonl(root / "deep_text.jsonl", [{"text": "hello there"}] * 3 + ["[" * 100_000])
+    (root / "loop").symlink_to(root / "loop")
+    (root / "texts").mkdir()
+    (root / "texts" / "one.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 50)
     for kind in ("truncated", "header-garbage", "header-length", "flipped-json", *RELABELED):
         damaged_base(root, kind)
     return root

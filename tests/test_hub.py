@@ -248,6 +248,35 @@ def test_push_async_of_a_missing_folder_is_reported_not_raised(tmp_path, monkeyp
     assert "z" * 30 not in repr(pusher)
 
 
+def test_a_final_push_removes_the_snapshot_a_killed_push_left(tmp_path):
+    """A kill during the final push leaves its hard-linked snapshot (.hub-final-*) in the folder; the resumed run's
+    push used to keep it for good, a second full copy of the model. This pusher only records what it is given."""
+    import threading
+    from types import SimpleNamespace
+
+    from hf_tinytx_training.publish import hub
+
+    folder = tmp_path / "model"
+    (folder / ".hub-final-k1ll3d").mkdir(parents=True)
+    (folder / ".hub-final-k1ll3d" / "model.safetensors").write_bytes(b"the killed push's copy")
+    (folder / "model.safetensors").write_bytes(b"the model")
+    submitted = []
+
+    def submit(snapshot, message):
+        submitted.append(sorted(os.listdir(snapshot)))
+        done = threading.Event()
+        done.set()
+        return SimpleNamespace(done=done, ok=True)
+
+    pusher = SimpleNamespace(repo_id="tester/model", failures=[], wait=lambda timeout, stop: True, submit=submit,
+                             note_unfinished=lambda *args: None)
+    stop = SimpleNamespace(received=None, program="finetune.py")
+    assert hub.push_final(pusher, str(folder), ["model.safetensors"], "final", "model", 60, (), stop,
+                          say=lambda line: None) is None
+    assert submitted == [["model.safetensors"]]
+    assert sorted(os.listdir(folder)) == ["model.safetensors"]
+
+
 # ------------------------------------------------------------------------------------------- the server by itself
 
 

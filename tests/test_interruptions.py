@@ -120,6 +120,29 @@ def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bi
 
 
 @deep
+def test_ctrl_c_that_also_ends_the_reader_of_the_output_still_stops_with_a_checkpoint(finetune, tmp_path):
+    """`finetune.py ... | tee log` and Ctrl-C, which ends tee too: before, the run's next print met the closed pipe
+    mid-step (BrokenPipeError), no stop line, an empty .tmp_checkpoint. The reader here closes the pipe once
+    training is under way, then the signal comes."""
+    out = tmp_path / "run"
+    process = subprocess.Popen(finetune.command(out, *finetune.every()), cwd=finetune.cwd,
+                               env={**pretrain_env(finetune.cwd), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if "'loss'" in line:
+            break
+    process.stdout.close()
+    process.stdout = None
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    result = subprocess.CompletedProcess(process.args, process.returncode, "", err)
+    assert process.returncode == 130, describe(result)
+    step, name, checkpoint = finetune.stop_line(err)
+    assert name == "SIGINT" and finetune.checkpoint(out, step).is_dir(), describe(result)
+    assert "Traceback" not in err and not (out / "checkpoints" / ".tmp_checkpoint").exists(), describe(result)
+
+
+@deep
 def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume_only_saves(command, tmp_path):
     """A SIGTERM in the last step: the run stops with that step's checkpoint instead of spending a preempted job's
     seconds on evaluating and saving the model. The resume trains no step, evaluates, and saves the reference."""
@@ -489,6 +512,61 @@ def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pre
         assert results[name].returncode == 2, line
         weights = "adapter_model.safetensors" if finished == lora else "model.safetensors"
         assert (tmp_path / name / weights).read_bytes() == (finished / weights).read_bytes()
+
+
+class Planted:
+    """What an attacker puts in a checkpoint's state file: unpickling it would run a command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@deep
+def test_a_planted_pickle_in_any_state_file_is_refused_in_one_line(pretrain, finetune, tmp_path):
+    """Each state file a resume unpickles, replaced by a pickle that would run a command, its checksum recomputed:
+    refused unread, one line naming the file and the global. Before: torch's UnpicklingError traceback, which
+    suggests weights_only=False (only random_states_0.pkl had a line)."""
+    import pickle
+
+    from hf_tinytx_training import checkpoints
+    from tests.helpers.tiny import run_side_by_side
+
+    cases = {"pretrain": (pretrain, ["optimizer.bin", "scheduler.bin"]),
+             "finetune": (finetune, ["optimizer.pt", "scheduler.pt", "rng_state.pth"])}
+    runs, expected = {}, {}
+    for command, names in cases.values():
+        for name in names:
+            out = tmp_path / f"{command.name}-{name}"
+            shutil.copytree(command.reference, out)
+            checkpoint = command.checkpoint(out, command.steps)
+            (checkpoint / name).write_bytes(pickle.dumps(Planted(tmp_path / f"ran-{name}"), protocol=2))
+            (checkpoint / checkpoints.CHECKSUM_FILE).unlink()
+            checkpoints.write_json(checkpoint / checkpoints.CHECKSUM_FILE, checkpoints.checksums(checkpoint))
+            runs[name] = (command.command(out, "--resume_from_checkpoint", "latest"), command.cwd,
+                          pretrain_env(command.cwd))
+            expected[name] = (command.name, checkpoint / name)
+    results = run_side_by_side(runs, timeout=600)
+    for name, (program, path) in expected.items():
+        line = error_line(results[name], program, f"Refused to load {path}: it holds posix.system",
+                          "unpickling it could run code")
+        assert results[name].returncode == 1, line
+        assert not (tmp_path / f"ran-{name}").exists(), "the planted pickle ran"
+
+
+@deep
+def test_finetune_rerun_plainly_after_a_kill_before_its_first_checkpoint_starts_afresh(finetune, tmp_path):
+    """Nothing to resume (no checkpoint yet, only the empty checkpoints/.tmp_checkpoint the start left): the same
+    command again is a new run, not refused as "already holds an earlier run"."""
+    out = with_notes(tmp_path / "run")
+    killed = finetune.at_call(out, function=STEP, nth=1, when="before")
+    assert killed.returncode == KILLED, describe(killed)
+    assert (out / "checkpoints" / ".tmp_checkpoint").is_dir()
+    succeeded(finetune.run(out))
+    assert_same_weights(finetune.reference, out)
+    assert_notes_kept(out)
 
 
 @deep

@@ -156,13 +156,14 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     check_random_state(folder, accelerator.process_index)
     if deepspeed_engine is not None:
         load_deepspeed_without_code(deepspeed_engine)
-    if in_shards and not sharded:  # an FSDP2 checkpoint resumed whole: one process, or DDP
-        load_sharded(folder, *parts)
-        load_random_state(folder, accelerator.process_index)
-    else:
-        accelerator.load_state(folder)
-        if sharded:
+    with refusing_pickles(folder):
+        if in_shards and not sharded:  # an FSDP2 checkpoint resumed whole: one process, or DDP
             load_sharded(folder, *parts)
+            load_random_state(folder, accelerator.process_index)
+        else:
+            accelerator.load_state(folder)
+            if sharded:
+                load_sharded(folder, *parts)
     if written_by != accelerator.num_processes:
         # Accelerate steps the schedule once per process at every optimizer step (pretrain builds it so).
         scheduler = getattr(parts[2], "scheduler", parts[2])
@@ -317,11 +318,46 @@ def load_weights_only(path: str, map_location=None):
         with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        found = re.search(r"GLOBAL ([\w.]+)", str(error))  # torch names the first global it would not import
-        what = found.group(1) if found else "a Python object"
-        raise RunError(f"Refused to load {path}: it holds {what}, which no DeepSpeed checkpoint holds, and "
-                       f"unpickling it could run code. Resume from a checkpoint you trust "
-                       f"(--resume_from_checkpoint PATH) or start anew with --overwrite_output_dir.") from None
+        raise RunError(pickle_refused(path, error, "no DeepSpeed checkpoint holds")) from None
+
+
+def pickle_refused(path: str, error: Exception, why: str = "no checkpoint of a training run holds") -> str:
+    """The line for a state file that torch.load(weights_only=True) refused to unpickle (it names the first global it
+    would not import), in place of torch's traceback, which suggests weights_only=False."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    what = found.group(1) if found else "a Python object"
+    return (f"Refused to load {path}: it holds {what}, which {why}, and unpickling it could run code. Resume from a "
+            f"checkpoint you trust (--resume_from_checkpoint PATH) or start anew with --overwrite_output_dir.")
+
+
+@contextlib.contextmanager
+def refusing_pickles(folder: str | None):
+    """Loads from the checkpoint `folder` within the block (Accelerate's or Trainer's own loads, all with
+    weights_only=True); a file they refuse to unpickle ends the run with one line naming it (RunError)."""
+    try:
+        yield
+    except pickle.UnpicklingError as error:
+        if folder is None:
+            raise
+        raise RunError(pickle_refused(refused_file(folder) or folder, error)) from None
+
+
+def refused_file(folder: str) -> str | None:
+    """The first state file in `folder` that a resume's loads refuse to unpickle: read again only after a refusal, to
+    name it (torch's message does not), with weights_only=True and numpy's RNG types allowed as those loads do.
+    Trainer's training_args.bin, a full pickle, is never loaded on resume."""
+    from accelerate.utils import load
+
+    for directory, _, names in sorted(os.walk(folder)):
+        for name in sorted(names):
+            if name.endswith((".bin", ".pt", ".pth", ".pkl")) and name != "training_args.bin":
+                try:
+                    load(os.path.join(directory, name), map_location="cpu")
+                except pickle.UnpicklingError:
+                    return os.path.join(directory, name)
+                except Exception:  # noqa: BLE001  (another kind of damage: not the file asked for)
+                    continue
+    return None
 
 
 def is_checkpoint(folder: str | None) -> bool:

@@ -13,8 +13,9 @@ without torch (convert's and interpret's flags are parsed here first: hf_tinytx/
 
 pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, then `preflight`:
 bad input is one line and exit 2, before torch loads) and `finish_script` at their end. The exit status: 0 the run
-finished; 2 bad input (UserInputError); 1 a fault while running (RunError) or a full disk; 128 + signal stopped by
-SIGTERM or SIGINT with a checkpoint (Stopped).
+finished; 2 bad input (UserInputError); 1 a fault while running (RunError), a full disk, or anything unexpected (one
+line; TINYTX_TRACEBACK=1 shows the traceback instead); 128 + signal stopped by SIGTERM or SIGINT with a checkpoint
+(Stopped).
 """
 
 import difflib
@@ -120,11 +121,43 @@ def start_script(script_file: str, package: str | None) -> None:
         sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))
     # First: a signal while the libraries load ends the run with a line, not a traceback or a bare -15.
     stop_requests(program).install()
+    sys.stdout = OutputWithoutReader(sys.stdout)
     try:
         importlib.import_module(f"{__package__}.{EARLY_CHECKS[script]}").preflight()
     except UserInputError as error:
         sys.stderr.write(f"{program}: error: {error}\n")
         sys.exit(2)
+
+
+class OutputWithoutReader:
+    """sys.stdout that outlives its reader. `finetune.py ... | tee log` stopped with Ctrl-C ends tee too; the run's
+    next print then met a closed pipe (BrokenPipeError) in the middle of its last step, and left neither its
+    checkpoint nor its stop line (on stderr). Once a write finds the pipe closed, the output goes to /dev/null and
+    the run goes on to its end."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def use_this_checkout(script_file: str) -> None:
@@ -154,13 +187,21 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
     except Exception as error:
         if stop.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
             leave_stopped(stop.stopped_with_a_peer(error))
+        from hf_tinytx.exits import TRACEBACK_VARIABLE
         from hf_tinytx.folders import is_disk_full  # loaded with the script's module by now
 
-        if not is_disk_full(error):
+        if is_disk_full(error):
+            where = getattr(error, "filename", None) or "the output folder"
+            sys.stderr.write(f"{program}: error: No space left on the device while writing {where}; the "
+                             f"checkpoints saved so far are intact: free some space and rerun with "
+                             f"--resume_from_checkpoint latest.\n")
+            leave(1)
+        if os.environ.get(TRACEBACK_VARIABLE):
             raise
-        where = getattr(error, "filename", None) or "the output folder"
-        sys.stderr.write(f"{program}: error: No space left on the device while writing {where}; the checkpoints "
-                         f"saved so far are intact: free some space and rerun with --resume_from_checkpoint latest.\n")
+        reason = " ".join(str(error).split())[:300]
+        sys.stderr.write(f"{program}: error: {type(error).__name__}{f': {reason}' if reason else ''} (unexpected: "
+                         f"the checkpoints saved so far are intact; run again with {TRACEBACK_VARIABLE}=1 to see "
+                         f"where, and report it)\n")
         leave(1)
     leave(0)
 

@@ -143,7 +143,7 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
                       callbacks=[aside := CheckpointsAside(where, resume_dir)])
     trainer.add_callback(StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
-    with checkpoints.disk_space_guard(where.checkpoint_staging, where.layout):
+    with checkpoints.disk_space_guard(where.checkpoint_staging, where.layout), checkpoints.refusing_pickles(resume_dir):
         result = trainer.train(resume_from_checkpoint=resume_dir)
     if trainer.is_world_process_zero():
         with contextlib.suppress(OSError):

@@ -28,6 +28,9 @@ def local_data_files(data_args) -> tuple[dict[str, list[str]], str]:
 
 
 def _expand(pattern: str, flag: str) -> list[str]:
+    if os.path.isdir(os.path.expanduser(pattern)):
+        raise UserInputError(f"{flag} {pattern!r} is a folder; give its files (a glob like "
+                             f"'{os.path.join(pattern, '*.txt')}' takes them all).")
     paths = sorted(path for path in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(path))
     if not paths:
         raise UserInputError(f"{flag} {pattern!r} matches no file. Check the path (globs like 'data/*.jsonl' work).")

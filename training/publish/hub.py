@@ -11,6 +11,7 @@ scrubbed from every error message this module reports.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import queue
@@ -22,13 +23,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hf_tinytx.folders import link_or_copy
+from hf_tinytx.folders import link_or_copy, remove_tree
 from hf_tinytx_training.distributed.preemption import Stopped, StopRequests
 
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how long a stop signal may wait for a wait to notice it
+SNAPSHOT_PREFIX = ".hub-final-"  # the final push's hard-linked snapshot, inside the folder it pushes
 # Anything shaped like a Hub token or an Authorization header value, in case a message carries one we don't know.
 _TOKEN_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?i)(bearer\s+)[^\s'\")]+"))
 
@@ -265,7 +267,9 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
     def asked():
         return bool(stop.received)
 
-    snapshot = tempfile.mkdtemp(prefix=".hub-final-", dir=folder)
+    for leftover in glob.glob(os.path.join(glob.escape(folder), f"{SNAPSHOT_PREFIX}*")):
+        remove_tree(leftover)  # a killed push's snapshot: a second copy of the model otherwise, kept for good
+    snapshot = tempfile.mkdtemp(prefix=SNAPSHOT_PREFIX, dir=folder)
     try:
         link_or_copy(folder, snapshot, names)
         if not pusher.wait(timeout=min(300, timeout), stop=asked) and not asked():

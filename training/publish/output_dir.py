@@ -18,9 +18,10 @@ MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json
 # What else marks an earlier run: its checkpoints, pretrain's log, finetune's LoRA adapter and arguments.
 TRAINING_FILES = ("checkpoints", "metrics.jsonl", "adapter_config.json", "finetune_args.json")
 RUN_FILES = (*MODEL_FILES, *TRAINING_FILES)
-# All that a pretrain start which failed before its first checkpoint leaves in checkpoints/: the tokenizer it saved
-# (checkpoints.TOKENIZER_DIR, maybe still under its temporary name). No run to lose: the next start replaces it.
-STARTED_ONLY = ("tokenizer", ".tmp_tokenizer")
+# All that a start which failed before its first checkpoint leaves in checkpoints/: pretrain's saved tokenizer
+# (checkpoints.TOKENIZER_DIR, maybe still under its temporary name), finetune's Trainer's staging folder of a
+# checkpoint it never finished (sft/callbacks.CHECKPOINT_STAGING). No run to lose: the next start replaces them.
+STARTED_ONLY = ("tokenizer", ".tmp_tokenizer", ".tmp_checkpoint")
 
 
 def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") -> None:
