@@ -48,11 +48,26 @@ def model_argument_error(model: str | None) -> str | None:
         if not (path / "config.json").is_file():
             return (f"{model} is not a model folder (no config.json in it): pass the folder pretrain or finetune "
                     "wrote, e.g. out/tinytx")
-        return None
+        return folder_error(path)
     if path.exists():
         return f"{model} is a file, not a model folder: pass the folder that holds config.json and the weights"
     if not HUB_ID.match(model) or model.startswith((".", "~")) or os.path.isabs(model):
         return f"no such folder: {model} (pass a model folder, e.g. out/tinytx, or a Hub id such as org/name)"
+    return None
+
+
+def folder_error(path: Path) -> str | None:
+    """What generate and convert refuse in a model folder, read without torch: config.json that is no config, a
+    tokenizer larger than the embedding, weights whose safetensors header does not describe their data."""
+    from hf_tinytx import folder_config, stored_weights  # light: no torch
+
+    try:
+        config = folder_config.read_config_json(path, None)
+        folder_config.check_vocabulary_fits(path, config, None)
+        if stored_weights.has_safetensors(path):
+            stored_weights.stored_shapes(path, "MODEL")
+    except ValueError as error:
+        return str(error)
     return None
 
 

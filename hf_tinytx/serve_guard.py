@@ -5,7 +5,8 @@ when it starts:
 - `RequestGuard`, an ASGI layer, answers a bad body of /v1/completions and /v1/chat/completions with 400
   (serve_requests.py), refuses the endpoints these checks do not cover, and counts the requests in flight.
 - The handlers bound `max_tokens` by the context left and the cap, and stop a generation after its max_time.
-- `cancel_all`, for a stop signal: every generation in flight ends at its next token.
+- `cancel_all`, for a stop signal: every generation in flight ends at its next token, with finish_reason "cancelled"
+  (transformers would say "stop", as for an answer the model ended).
 """
 
 import transformers
@@ -22,6 +23,8 @@ MAX_BODY_BYTES = 4 << 20
 REFUSED_PATHS = ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions", "/reset")
 _IN_FLIGHT: set[object] = set()  # a token per checked request being answered
 _MANAGERS: list = []  # the server's ModelManager, once `build_server` made the app: the server has started
+_STOPPING: list = []  # a stop signal came (cancel_all): answers that end from now on were cut, not finished
+CANCELLED = "cancelled"  # their finish_reason
 
 
 def expose_tinytx_classes() -> None:
@@ -51,6 +54,7 @@ def in_flight() -> int:
 def cancel_all() -> int:
     """Ends every generation in flight at its next token (its client gets what was generated, as when
     `--max_request_seconds` runs out); returns how many requests were in flight."""
+    _STOPPING.append(True)
     for manager in _MANAGERS:
         for engine in list(manager.engines.values()):
             if engine.requests_queue is not None:
@@ -181,6 +185,10 @@ def bounded(handler_class, count_prompt, limits: Limits):
                 raise RequestError(f"cannot load model {body.get('model')!r}: {reason}", "model", 404,
                                    "model_not_found") from None
 
+        def _get_finish_reason(self, generation_kwargs: dict, completion_tokens: int, tool_calls: bool = False):
+            reason = super()._get_finish_reason(generation_kwargs, completion_tokens, tool_calls)
+            return CANCELLED if _STOPPING and reason == "stop" else reason
+
         def _build_generation_kwargs(self, body: dict, model_generation_config) -> dict:
             kwargs = super()._build_generation_kwargs(body, model_generation_config)
             kwargs["max_new_tokens"] = body["max_tokens"]  # also over a generation_config field's max_new_tokens
@@ -199,9 +207,13 @@ def count_completion_prompt(handler, engine, body: dict) -> int:
 def count_chat_prompt(handler, engine, body: dict) -> int:
     """The chat prompt's length, rendered as transformers' handler renders it; RequestError without a template or
     when the template refuses the messages."""
-    if getattr(engine.processor, "chat_template", None) is None:
+    template = getattr(engine.processor, "chat_template", None)
+    if template is None:
         model_name = handler.model_manager.force_model or body.get("model")  # as named, without a revision
         raise RequestError(NO_CHAT_TEMPLATE.format(model=model_name), "messages", code="no_chat_template")
+    if body.get("tools") and "tools" not in str(template):
+        raise RequestError("tools: this model's chat template does not read tools, so the model would never see them "
+                           "and could call none: leave tools out", "tools", code="unsupported_field")
     try:
         return prompt_length(handler.render_messages(engine, body["messages"], body))
     except Exception as error:  # jinja2's TemplateError, or a kwarg the template does not take

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_JSON_DEPTH = 32  # objects and lists inside one another: a request needs 5; Python's parser recurses per level
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.manual_seed takes
 
 
 class RequestError(ValueError):
@@ -105,7 +107,8 @@ def neutral(name: str, neutral_value):
     def check(value, limits):
         if value != neutral_value and not (neutral_value is None and value is False):
             raise RequestError(
-                f"{name}={value!r} is not supported by this server: leave it out (or send {neutral_value!r})", name
+                f"{name}={json.dumps(value)[:80]} is not supported by this server: leave it out (or send "
+                f"{json.dumps(neutral_value)})", name
             )
 
     return check
@@ -121,19 +124,76 @@ def check_stop(value, limits) -> None:
             raise RequestError(f"stop must hold non-empty strings, not {stop!r}", "stop")
 
 
+def check_suffix(value, limits) -> None:
+    """transformers pastes a suffix after the answer, which the model never saw: no fill-in-the-middle."""
+    if value != "":
+        raise RequestError("suffix is not supported by this server: the model cannot fill in the middle, and the "
+                           "suffix would only be pasted after its answer; leave it out", "suffix",
+                           code="unsupported_field")
+
+
+def check_tools(value, limits) -> None:
+    """OpenAI's function tools, well formed; whether the model's chat template reads them is asked once the model is
+    known (serve_guard.count_chat_prompt): a template that does not would drop them without a word."""
+    list_of_objects("tools")(value, limits)
+    for index, tool in enumerate(value):
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(
+                function.get("name"), str) or not function["name"]:
+            raise RequestError(f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
+                               f"'parameters': {{...}}}}}}, not {str(tool)[:80]}", f"tools[{index}]")
+
+
+def count(name: str):
+    """A GenerationConfig count: a whole number, 0 or more."""
+    return typed(name, lambda value: _integer(value) and value >= 0, "a whole number, 0 or more")
+
+
+# GenerationConfig fields a request may set, checked: how the one answer is drawn.
+GENERATION_FIELDS = {
+    "max_new_tokens": token_count,
+    "min_new_tokens": count,
+    "do_sample": lambda name: typed(name, lambda value: isinstance(value, bool), "true or false"),
+    "temperature": lambda name: number(name, 0, 100, low_open=True),
+    "top_k": count,
+    "top_p": lambda name: number(name, 0, 1, low_open=True),
+    "min_p": lambda name: number(name, 0, 1),
+    "typical_p": lambda name: number(name, 0, 1, low_open=True),
+    "repetition_penalty": lambda name: number(name, 0, 100, low_open=True),
+    "no_repeat_ngram_size": count,
+}
+# GenerationConfig fields that ask for what one answer per request has no place for (several answers, beams, scores):
+# taken only at the value that asks for nothing more.
+ONE_ANSWER = {"num_return_sequences": 1, "num_beams": 1, "num_beam_groups": 1, "output_scores": False,
+              "output_logits": False, "output_attentions": False, "output_hidden_states": False,
+              "return_dict_in_generate": False}
+
+
 def check_generation_config(value, limits) -> None:
-    """transformers' own field: a GenerationConfig as a JSON string; its token count obeys the same cap."""
+    """transformers' own field: a GenerationConfig as a JSON string (`transformers chat` sends its whole config). A
+    field GenerationConfig does not have, or one in ONE_ANSWER at another value, is refused by name; those in
+    GENERATION_FIELDS are checked (the token count obeys the same cap)."""
+    from transformers import GenerationConfig  # loaded in the server by now
+
     string("generation_config")(value, limits)
     try:
         config = json.loads(value)
-    except json.JSONDecodeError as error:
-        raise RequestError(f"generation_config is not JSON ({error}): send a GenerationConfig's to_json_string()",
+    except (json.JSONDecodeError, RecursionError) as error:
+        reason = error if isinstance(error, ValueError) else "nested too deep"
+        raise RequestError(f"generation_config is not JSON ({reason}): send a GenerationConfig's to_json_string()",
                            "generation_config") from None
     if not isinstance(config, dict):
         raise RequestError("generation_config must be a JSON object (a GenerationConfig's fields)",
                            "generation_config")
-    if config.get("max_new_tokens") is not None:
-        token_count("generation_config.max_new_tokens")(config["max_new_tokens"], limits)
+    known = GenerationConfig().to_dict()
+    for key, setting in config.items():
+        name = f"generation_config.{key}"
+        if key not in known:
+            raise RequestError(f"{name} is not a GenerationConfig field: leave it out", name, code="unknown_field")
+        if key in ONE_ANSWER and setting is not None:
+            neutral(name, ONE_ANSWER[key])(setting, limits)
+        if key in GENERATION_FIELDS and setting is not None:
+            GENERATION_FIELDS[key](name)(setting, limits)
 
 
 def check_model(value, limits) -> None:
@@ -169,11 +229,12 @@ COMMON = {
     "max_tokens": token_count("max_tokens"),
     "temperature": number("temperature", 0, 2),
     "top_p": number("top_p", 0, 1, low_open=True),
-    "frequency_penalty": number("frequency_penalty", -2, 2),
+    "frequency_penalty": number("frequency_penalty", -1, 2, low_open=True),  # repetition_penalty 1 + it, above 0
     "presence_penalty": neutral("presence_penalty", 0),
     "stream": typed("stream", lambda value: isinstance(value, bool), "true or false"),
     "stream_options": typed("stream_options", lambda value: isinstance(value, dict), "a JSON object"),
-    "seed": typed("seed", _integer, "a whole number"),
+    "seed": typed("seed", lambda value: _integer(value) and SEED_RANGE[0] <= value <= SEED_RANGE[1],
+                  f"a whole number in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]"),
     "stop": check_stop,
     "n": neutral("n", 1),
     "logprobs": neutral("logprobs", None),
@@ -184,7 +245,7 @@ FIELDS = {
     COMPLETIONS: {
         **COMMON,
         "prompt": string("prompt", empty_ok=False),
-        "suffix": string("suffix"),
+        "suffix": check_suffix,
         "echo": neutral("echo", False),
         "best_of": neutral("best_of", 1),
     },
@@ -193,7 +254,7 @@ FIELDS = {
         "messages": check_messages,
         "max_completion_tokens": token_count("max_completion_tokens"),
         "chat_template_kwargs": typed("chat_template_kwargs", lambda value: isinstance(value, dict), "a JSON object"),
-        "tools": list_of_objects("tools"),
+        "tools": check_tools,
     },
 }
 REQUIRED = {COMPLETIONS: "prompt", CHAT: "messages"}
@@ -205,8 +266,12 @@ def parse_request(path: str, raw: bytes, limits: Limits) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestError(f"the request body is not JSON ({error}): send a JSON object") from None
+    except RecursionError:
+        raise RequestError(f"the request body nests objects and lists more than {MAX_JSON_DEPTH} deep: send a "
+                           "request's fields") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, not {type(body).__name__}")
+    check_nesting_and_text(body)
     fields, required = FIELDS[path], REQUIRED[path]
     unknown = sorted(set(body) - set(fields))
     if unknown:
@@ -220,6 +285,27 @@ def parse_request(path: str, raw: bytes, limits: Limits) -> dict:
         if value is not None:
             fields[name](value, limits)
     return body
+
+
+def check_nesting_and_text(body: dict) -> None:
+    """Every field nests at most MAX_JSON_DEPTH levels, and its text is Unicode that UTF-8 can carry: JSON's "\\ud800"
+    is a lone surrogate, which the tokenizer would fail on (HTTP 500)."""
+    for field, value in body.items():
+        pending = [(value, 1)]
+        while pending:
+            item, depth = pending.pop()
+            if depth > MAX_JSON_DEPTH:
+                raise RequestError(f"{field} nests objects and lists more than {MAX_JSON_DEPTH} deep", field)
+            if isinstance(item, dict):
+                pending += [(key, depth + 1) for key in item] + [(member, depth + 1) for member in item.values()]
+            elif isinstance(item, list):
+                pending += [(member, depth + 1) for member in item]
+            elif isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError as error:
+                    raise RequestError(f"{field} holds {item[error.start]!r}, half of a UTF-16 surrogate pair, which "
+                                       "is no character: send valid Unicode text", field) from None
 
 
 def requested_tokens(body: dict) -> tuple[str, int] | None:

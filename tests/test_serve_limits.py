@@ -164,6 +164,15 @@ BAD_COMPLETIONS = {
     "generation_config not JSON": ({"generation_config": "{"}, "generation_config"),
     "generation_config over the cap": ({"generation_config": json.dumps({"max_new_tokens": 10**9})},
                                        "generation_config.max_new_tokens"),
+    # Issue 57: fields the server took and ignored, or answered with a 500 or transformers' {"detail": ...}.
+    "suffix": ({"suffix": " THE END"}, "suffix"),
+    "generation_config num_return_sequences 3": ({"generation_config": json.dumps({"num_return_sequences": 3})},
+                                                 "generation_config.num_return_sequences"),
+    "generation_config top_k -1": ({"generation_config": json.dumps({"top_k": -1})}, "generation_config.top_k"),
+    "frequency_penalty -1": ({"frequency_penalty": -1}, "frequency_penalty"),
+    "seed 2**70": ({"seed": 2**70}, "seed"),
+    "a lone surrogate in the prompt": ({"prompt": "Attention \ud800"}, "prompt"),
+    "user nested 40 deep": ({"user": json.loads("[" * 40 + '"x"' + "]" * 40)}, "user"),
 }
 
 
@@ -194,6 +203,9 @@ BAD_CHATS = {
                       "messages[0]"),
     "max_completion_tokens 0": ({"max_completion_tokens": 0}, "max_completion_tokens"),
     "max_tokens over the context": ({"max_tokens": CONTEXT}, "max_tokens"),
+    "tools that are not tools": ({"tools": [{"x": 1}]}, "tools[0]"),
+    "tools the template does not read": ({"tools": [{"type": "function", "function": {"name": "now"}}]}, "tools"),
+    "a lone surrogate in a message": ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
 }
 
 
@@ -207,6 +219,9 @@ def test_a_bad_chat_request_is_a_400_naming_the_field(servers, chat_folder, case
 def test_bodies_that_are_not_requests_and_unknown_models(servers, chat_folder, tmp_path):
     server = servers["any"]
     assert_openai_400(*post(server, "/v1/completions", b"{not json"), None)
+    deep = b'{"prompt": "a", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # before: a RecursionError, HTTP 500
+    assert "nests objects and lists more than 32 deep" in assert_openai_400(*post(server, "/v1/completions", deep),
+                                                                            None)
     assert_openai_400(*post(server, "/v1/completions", [1, 2]), None)
     assert_openai_400(*post(server, "/v1/completions", {"prompt": COMPLETION_PROMPT}), "model")
     status, reply = post(server, "/v1/completions", {"model": str(tmp_path / "absent"), "prompt": "a"})
@@ -331,11 +346,16 @@ def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder
 
 
 def test_a_model_argument_that_is_not_a_model_is_one_line_and_exit_2(tmp_path):
+    from tests.helpers.faults import relabel_dtype
+
     (tmp_path / "empty").mkdir()
+    build_tiny_model().save_pretrained(tmp_path / "i32")
+    relabel_dtype(tmp_path / "i32" / "model.safetensors", "F32", "I32")  # what generate and convert refuse
     cases = {
         "url": ("https://huggingface.co/org/model", "is a URL"),
         "missing": (str(tmp_path / "absent"), "no such folder"),
         "not a model": (str(tmp_path / "empty"), "is not a model folder (no config.json in it)"),
+        "integer weights": (str(tmp_path / "i32"), "as an integer type, but the weights of a model that is not"),
     }
     env = pretrain_env(tmp_path)
     results = run_side_by_side({key: ([*LAUNCHER, model, "--port", "1"], tmp_path, env)
@@ -346,3 +366,27 @@ def test_a_model_argument_that_is_not_a_model_is_one_line_and_exit_2(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0] and model in lines[0], (key, result.stderr[-2000:])
         assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_stream_cancelled_by_a_stop_signal_says_so(long_folder, tmp_path):
+    """A stream cut by SIGTERM ended with finish_reason "stop", as an answer the model ended; now "cancelled"."""
+    server = Server([*LAUNCHER, str(long_folder), "--max_tokens_cap", "60000"], tmp_path / "server.log",
+                    pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
+    try:
+        server.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+        sock = open_long_request(server, stream=True)
+        received = b""
+        while received.count(b"data: ") < 3:  # a few tokens came: it generates
+            received += sock.recv(4096)
+        server.process.send_signal(signal.SIGTERM)
+        sock.settimeout(30)
+        while chunk := sock.recv(65536):
+            received += chunk
+        sock.close()
+        assert server.process.wait(timeout=30) == 143, server.output()[-3000:]
+    finally:
+        server.stop()
+    events = [json.loads(line[len("data: "):]) for line in received.decode(errors="replace").splitlines()
+              if line.startswith("data: {")]
+    reasons = [event["choices"][0].get("finish_reason") for event in events if event.get("choices")]
+    assert [reason for reason in reasons if reason] == ["cancelled"], reasons[-5:]
