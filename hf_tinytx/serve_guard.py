@@ -5,8 +5,8 @@ when it starts:
 - `RequestGuard`, an ASGI layer, answers a bad body of /v1/completions and /v1/chat/completions with 400
   (serve_requests.py), refuses the endpoints these checks do not cover, and counts the requests in flight.
 - The handlers bound `max_tokens` by the context left and the cap, and stop a generation after its max_time.
-- `cancel_all`, for a stop signal: every generation in flight ends at its next token, with finish_reason "cancelled"
-  (transformers would say "stop", as for an answer the model ended).
+- `cancel_all`, for a stop signal: every generation in flight ends at its next token; the log says they were
+  cancelled (the answers say "stop": transformers' response models take OpenAI's finish reasons only).
 """
 
 import transformers
@@ -24,7 +24,6 @@ REFUSED_PATHS = ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions", "
 _IN_FLIGHT: set[object] = set()  # a token per checked request being answered
 _MANAGERS: list = []  # the server's ModelManager, once `build_server` made the app: the server has started
 _STOPPING: list = []  # a stop signal came (cancel_all): answers that end from now on were cut, not finished
-CANCELLED = "cancelled"  # their finish_reason
 
 
 def expose_tinytx_classes() -> None:
@@ -187,7 +186,8 @@ def bounded(handler_class, count_prompt, limits: Limits):
 
         def _get_finish_reason(self, generation_kwargs: dict, completion_tokens: int, tool_calls: bool = False):
             reason = super()._get_finish_reason(generation_kwargs, completion_tokens, tool_calls)
-            return CANCELLED if _STOPPING and reason == "stop" else reason
+            # transformers' response models accept OpenAI's reasons only: a non-streamed "cancelled" became a 400.
+            return reason
 
         def _build_generation_kwargs(self, body: dict, model_generation_config) -> dict:
             kwargs = super()._build_generation_kwargs(body, model_generation_config)
