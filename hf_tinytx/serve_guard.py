@@ -23,7 +23,6 @@ MAX_BODY_BYTES = 4 << 20
 REFUSED_PATHS = ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions", "/reset")
 _IN_FLIGHT: set[object] = set()  # a token per checked request being answered
 _MANAGERS: list = []  # the server's ModelManager, once `build_server` made the app: the server has started
-_STOPPING: list = []  # a stop signal came (cancel_all): answers that end from now on were cut, not finished
 
 
 def expose_tinytx_classes() -> None:
@@ -53,7 +52,6 @@ def in_flight() -> int:
 def cancel_all() -> int:
     """Ends every generation in flight at its next token (its client gets what was generated, as when
     `--max_request_seconds` runs out); returns how many requests were in flight."""
-    _STOPPING.append(True)
     for manager in _MANAGERS:
         for engine in list(manager.engines.values()):
             if engine.requests_queue is not None:
@@ -183,11 +181,6 @@ def bounded(handler_class, count_prompt, limits: Limits):
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                 raise RequestError(f"cannot load model {body.get('model')!r}: {reason}", "model", 404,
                                    "model_not_found") from None
-
-        def _get_finish_reason(self, generation_kwargs: dict, completion_tokens: int, tool_calls: bool = False):
-            reason = super()._get_finish_reason(generation_kwargs, completion_tokens, tool_calls)
-            # transformers' response models accept OpenAI's reasons only: a non-streamed "cancelled" became a 400.
-            return reason
 
         def _build_generation_kwargs(self, body: dict, model_generation_config) -> dict:
             kwargs = super()._build_generation_kwargs(body, model_generation_config)

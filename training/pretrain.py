@@ -347,7 +347,9 @@ def fit(run: Run) -> None:
                disable=not run.accelerator.is_local_main_process)
     pace = Pace(started=time.perf_counter(), first_step=progress.step)
     batches = micro_batches(run)
-    busy = BusyCores(torch.get_num_threads()) if run.accelerator.device.type == "cpu" else None
+    # One process says it: the cores are the machine's, not a rank's.
+    on_cpu = run.accelerator.device.type == "cpu" and run.accelerator.is_local_main_process
+    busy = BusyCores(torch.get_num_threads()) if on_cpu else None
     run.model.train()
     STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
     try:  # the bar is closed even when a fault stops the run, so the error line stands on its own
@@ -358,7 +360,7 @@ def fit(run: Run) -> None:
             if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
                 run.clock.read(seconds)
             log_step(run, loss, pace, seconds, bar)
-            if busy and (line := busy.notice("pretrain.py")) and run.accelerator.is_local_main_process:
+            if busy and (line := busy.notice("pretrain.py")):
                 bar.write(line)
             if stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
                 stop_for_signal(run, stop_signal)
