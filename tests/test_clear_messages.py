@@ -189,38 +189,30 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(root, refusals,
     assert not (root / f"out-{script}-{name}").exists()
 
 
-def test_a_full_datasets_cache_names_the_cache_and_the_rerun_elsewhere_trains(root, tmp_path, mounted):
-    """Before: "No space left on the device while writing the output folder", a folder that did not exist."""
+def test_a_full_token_store_names_the_store_and_the_rerun_elsewhere_trains(root, tmp_path, mounted):
+    """Before (issue 40): "No space left on the device while writing the output folder", a folder that did not exist.
+    Now the data is tokenized into the token store (issue 55): a full disk there is named, with the fix."""
     write_jsonl(
         tmp_path / "big.jsonl",
         [
             {"text": f"document {i} is about the quick brown fox and the lazy dog, number {i * 7}"}
             for i in range(30_000)
         ],
-    )  # 2.6 MB
-    flags = TINY_PRETRAIN_ARGS[:]  # every document of the file: enough tokenized blocks to fill the cache
+    )  # 2.6 MB: about 1.5 MB of tokens
+    flags = TINY_PRETRAIN_ARGS[:]  # every document of the file
     at = flags.index("--num_train_documents")
     del flags[at : at + 2]
-    command = [
-        sys.executable,
-        str(PRETRAIN),
-        *flags,
-        "--max_train_steps",
-        "2",
-        "--train_file",
-        "big.jsonl",
-        "--output_dir",
-        "out",
-    ]
-    with mounted(tmp_path / "cache", "3m") as cache:
-        env = pretrain_env(tmp_path, HF_DATASETS_CACHE=str(cache))
-        full = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    command = [sys.executable, str(PRETRAIN), *flags, "--max_train_steps", "2", "--train_file", "big.jsonl",
+               "--output_dir", "out"]
+    with mounted(tmp_path / "store", "256k") as store:
+        full = subprocess.run([*command, "--token_store", str(store)], cwd=tmp_path, env=pretrain_env(tmp_path),
+                              capture_output=True, text=True, timeout=300, check=False)
         line = one_line(full, "pretrain.py", exit_code=1)
-        assert f"in the datasets cache {cache} (" in line and "HF_DATASETS_CACHE" in line, line
-        assert "output folder" not in line and not list(cache.rglob("tmp*")), line  # the partial table removed
+        assert f"while writing the token store {store} (" in line and "--token_store" in line, line
+        assert not [path for path in store.iterdir() if path.name.startswith(".tmp-")], line  # the partial shard
     assert not (tmp_path / "out").exists()
-    env = pretrain_env(tmp_path, HF_DATASETS_CACHE=str(tmp_path / "roomy"))
-    rerun = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    rerun = subprocess.run([*command, "--token_store", str(tmp_path / "roomy")], cwd=tmp_path,
+                           env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=300, check=False)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
 

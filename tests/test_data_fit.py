@@ -82,12 +82,10 @@ def test_a_run_that_reads_its_blocks_too_often_is_warned_with_a_step_count_that_
 
 
 def test_samples_start_where_the_validation_documents_do():
-    from datasets import Dataset
-
     from hf_tinytx_training.data.packing import document_starts
 
     eos = 0
-    blocks = Dataset.from_dict({"input_ids": [[5, 6, 7, 0, 8, 9], [10, 0, 11, 0, 12, 13], [14, 15, 0, 16, 17, 18]]})
+    blocks = [[5, 6, 7, 0, 8, 9], [10, 0, 11, 0, 12, 13], [14, 15, 0, 16, 17, 18]]
     # block 1 starts mid-document (10 is not a start); 11 alone is too short; 16 17 18 runs to the block's end
     assert document_starts(blocks, eos, count=5, length=3) == [[5, 6, 7], [8, 9], [12, 13], [16, 17, 18]]
     assert document_starts(blocks, eos, count=2, length=8) == [[5, 6, 7], [8, 9]]

@@ -57,12 +57,18 @@ class DataArguments:
     train_file: str | None = flag(None, "Local training text: .txt/.json/.jsonl/.parquet file or glob.")
     validation_file: str | None = flag(None, "Local validation text, same formats.")
     text_column: str = flag("text", "The column holding the documents.")
-    streaming: bool = flag(False, "Stream the Hub dataset instead of downloading it.")
+    streaming: bool = flag(
+        False, "Read the data as training goes, tokenizing it on the way (shuffled in a buffer), instead of tokenizing "
+        "it all into the token store first: a Hub dataset, or local files with --train_file.")
+    token_store: str | None = flag(
+        None, "The folder of the token store (the data tokenized once, reused by resumes and later runs on the same "
+        "files). Default: token_store/ in --output_dir.")
     num_train_documents: int | None = flag(
         None, "Documents of the embedded default corpus (default 12000), or at most this many read.")
     validation_split_percentage: int = flag(5, "Percent of the documents held out when no validation split is given.")
     block_size: int = flag(128, "Tokens per training sequence (packed documents).")
-    preprocessing_num_workers: int | None = flag(None, "Processes for tokenization.")
+    preprocessing_num_workers: int | None = flag(
+        None, "Processes that tokenize the data side by side. Default: one per core this process may use.")
 
 
 @dataclass
@@ -95,6 +101,9 @@ class PretrainArguments:
     seed: int = flag(0, "Seed for initialisation, data order and splits.")
     mixed_precision: str = flag("no", "no or bf16.")
     eval_steps: int = flag(200, "Evaluate every N optimizer steps (and at the end).")
+    max_eval_tokens: int = flag(
+        65536, "Evaluate on at most this many validation tokens, in blocks spread evenly over the validation text (the "
+        "same blocks on any process count); 0: all of it.")
     max_eval_batches: int | None = flag(
         None, "Evaluate on at most N batches of --per_device_eval_batch_size blocks, counted over all processes (the "
         "same blocks on any process count).")
@@ -113,8 +122,8 @@ class PretrainArguments:
     ddp_timeout: float = flag(
         1800.0, "Seconds a process waits for the others at any collective (a step's all-reduce, a barrier) before the "
         "run stops with a line naming the checkpoint to resume from: a frozen or lost node ends the job instead of "
-        "hanging it (Trainer's flag and default). Raise it when the main process tokenizes a large corpus while the "
-        "others wait.")
+        "hanging it (Trainer's flag and default). While the main process prepares the data the others wait without a "
+        "collective, for as long as it makes progress.")
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)
@@ -198,8 +207,15 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         raise UserInputError("Give either --dataset_name or --train_file, not both.")
     if data_args.validation_file and not data_args.train_file:
         raise UserInputError("--validation_file needs --train_file as well.")
-    if data_args.streaming and not data_args.dataset_name:
-        raise UserInputError("--streaming only applies to a Hub dataset (--dataset_name).")
+    if data_args.streaming and not (data_args.dataset_name or data_args.train_file):
+        raise UserInputError("--streaming reads a Hub dataset (--dataset_name) or local files (--train_file); give "
+                             "one of them.")
+    if data_args.preprocessing_num_workers is not None and data_args.preprocessing_num_workers <= 0:
+        raise UserInputError(f"--preprocessing_num_workers must be a positive number, got "
+                             f"{data_args.preprocessing_num_workers}.")
+    if train_args.max_eval_tokens < 0:
+        raise UserInputError(f"--max_eval_tokens must be >= 0 (0: the whole validation text), got "
+                             f"{train_args.max_eval_tokens}.")
     if data_args.streaming and train_args.max_train_steps is None and train_args.max_train_tokens is None \
             and not train_args.max_train_seconds:
         raise UserInputError("A streamed dataset has no length: set --max_train_steps, --max_train_tokens or "

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
+from hf_tinytx.folders import folders_to_create, remove_created, remove_tree
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.args import (
@@ -50,16 +51,12 @@ from hf_tinytx_training.args import (
     parse_args,
     plan_steps,
 )
+from hf_tinytx_training.data import packing, token_store
 from hf_tinytx_training.data.fit import memorising_warning
-from hf_tinytx_training.data.packing import (
-    PackedData,
-    load_texts,
-    make_dataloaders,
-    pack_fitted,
-    tokenize,
-    training_texts,
-)
-from hf_tinytx_training.data.tokenizer import run_tokenizer
+from hf_tinytx_training.data.handoff import Handoff
+from hf_tinytx_training.data.packing import PackedData, make_dataloaders
+from hf_tinytx_training.data.sources import run_sources
+from hf_tinytx_training.data.tokenizer import load_tokenizer, pretrain_tokenizer
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.distributed.cpu_threads import BusyCores
@@ -267,27 +264,54 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
 
 
 def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit):
-    """The tokenizer (the run's saved one, a named one, or a BPE trained now), the packed datasets, and the lock on
-    the output folder, taken once every input has passed its checks."""
+    """The tokenizer (the run's saved one, a named one, the token store's, or a BPE trained now), the data prepared
+    once by the main process for every process (data/packing.py), and the lock on the output folder, taken once every
+    input has passed its checks. A start refused for its input takes back the folders it made (a token store holding
+    finished shards of good files stays, for the corrected rerun)."""
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
-    lock = None
     saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
-    with accelerator.main_process_first():  # the main process fills the datasets cache and saves the tokenizer
-        raw, held_out = load_texts(data_args, seed=train_args.seed)
-        replacing = train_args.overwrite_output_dir and not resume_dir and accelerator.is_main_process
-        # A resumed run reuses its tokenizer, and the other processes the one the main process saved; a fresh start
-        # makes its own (one saved by a start that failed before its first checkpoint is replaced).
-        fresh = accelerator.is_main_process and not resume_dir
-        tokenizer = run_tokenizer(model_args, saved_tokenizer, os.path.isdir(saved_tokenizer) and not fresh,
-                                  lambda: training_texts(raw["train"], data_args.text_column),
-                                  model_config.max_position_embeddings, say=accelerator.print)
-        tokens = tokenize(raw, tokenizer, data_args.text_column, data_args.preprocessing_num_workers, held_out)
-        packed = pack_fitted(tokens, data_args, train_args, accelerator.num_processes, explicit,
-                             say=accelerator.print)
-        if accelerator.is_main_process:  # every input check has passed
-            lock = claim(output_dir, checkpoints_dir, replace=replacing)
-        if fresh or (accelerator.is_main_process and not os.path.isdir(saved_tokenizer)):
+    store = packing.store_folder(data_args, output_dir)
+    made = [folders_to_create(folder) for folder in (store, output_dir)]  # what a refused start takes back
+    fresh = accelerator.is_main_process and not resume_dir  # a fresh start makes (or finds) its own tokenizer
+    handoff = Handoff(accelerator, output_dir, train_args.ddp_timeout)
+    built = False
+    try:
+        if accelerator.is_main_process:
+            sources = run_sources(data_args, train_args.seed)
+            stored = os.path.join(store, token_store.TOKENIZER_DIR) if sources.kind in ("files", "dataset") else None
+            tokenizer, recipe = pretrain_tokenizer(model_args, sources.train, stored, saved_tokenizer, not fresh,
+                                                   model_config.max_position_embeddings, accelerator.print)
+            tokenizer.save_pretrained(handoff.tokenizer_dir)
+            description = packing.prepare(sources, tokenizer, recipe, data_args, output_dir, accelerator.print)
+            built = True
+            handoff.ready(description)
+        else:
+            description = handoff.wait(store, accelerator.print)
+            tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
+            sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") \
+                else None
+        if description["kind"] == "stream":
+            packed = packing.pack_streamed(sources, tokenizer, data_args, train_args.seed)
+        else:
+            data = packing.tokens(description, sources, tokenizer, data_args)
+            packed = packing.pack_fitted(data, data_args, train_args, accelerator.num_processes, explicit,
+                                         say=accelerator.print)
+        handoff.close()
+    except BaseException as error:
+        if accelerator.is_main_process:
+            remove_tree(handoff.folder)
+            refused = isinstance(error, UserInputError)
+            if refused and made[0] and os.path.isdir(store) and (built or not token_store.holds_shards(store)):
+                remove_tree(store)
+            for folders in made:
+                remove_created(folders)  # those left empty
+        raise
+    lock = None
+    if accelerator.is_main_process:  # every input check has passed
+        lock = claim(output_dir, checkpoints_dir, replace=train_args.overwrite_output_dir and not resume_dir)
+        if fresh or not os.path.isdir(saved_tokenizer):
             checkpoints.save_tokenizer(tokenizer, checkpoints_dir)
+    accelerator.wait_for_everyone()
     if hasattr(packed.train, "__len__"):
         accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
                           f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")

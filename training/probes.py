@@ -35,11 +35,12 @@ def find_coref_head(model, tokenizer, probes) -> dict:
 
 
 def own_text_prompts(data_args, validation, tokenizer, count: int) -> list[str] | None:
-    """The samples' prompts for a run on the user's text, its validation documents' first words; None for the
-    built-in corpus, whose probes and prompts test what it was written to teach."""
+    """The samples' prompts for a run on the user's text, its validation documents' first words (`validation`: the
+    validation blocks, streams.Blocks); None for the built-in corpus, whose probes and prompts test what it was
+    written to teach."""
     if not (data_args.train_file or data_args.dataset_name):
         return None
-    return [tokenizer.decode(ids) for ids in document_starts(validation, tokenizer.eos_token_id, count)]
+    return [tokenizer.decode(ids) for ids in document_starts(iter(validation), tokenizer.eos_token_id, count)]
 
 
 def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompts: list[str] | None = None):

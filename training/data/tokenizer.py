@@ -1,6 +1,8 @@
-"""The tokenizer a run trains with: loaded by name (a folder or Hub id), the run's saved one, or a byte-level BPE
-trained on the data (`hf_tinytx.tokenization.train_bpe_tokenizer`)."""
+"""The tokenizer a run trains with: loaded by name (a folder or Hub id), the run's saved one, the token store's (trained
+by an earlier start on mostly the same data), or a byte-level BPE trained on the data
+(`hf_tinytx.tokenization.train_bpe_tokenizer`)."""
 
+import json
 import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -9,6 +11,32 @@ from hf_tinytx.sources import TOKENIZER_MARKERS
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.checkpoints import tokenizer_source
 from hf_tinytx_training.errors import UserInputError
+
+
+RECIPE = "tinytx_recipe.json"  # beside a trained tokenizer in the token store: what it was trained on, and how
+REUSE_SHARE = 0.5  # the store's tokenizer is reused when this share of its training files (by size) is unchanged
+
+
+def pretrain_tokenizer(model_args, sources: list, stored: str | None, saved: str, resumed: bool, max_length: int,
+                       say) -> tuple[PreTrainedTokenizerFast, dict | None]:
+    """(the main process's tokenizer, the recipe it was trained from now, or None): the run's saved one when it
+    resumes, else a named one, else the one in `stored` (the token store's tokenizer/) when most of the text it was
+    trained on is still there, else a BPE trained now on `sources`."""
+    from hf_tinytx_training.data.sources import tokenizer_texts
+
+    if resumed and os.path.isdir(saved):
+        return run_tokenizer(model_args, saved, True, None, max_length, say), None
+    recipe = tokenizer_recipe(model_args, sources, max_length)
+    named = model_args.tokenizer_name or model_args.init_from
+    if stored and not named and (share := reusable_share(stored, recipe)) is not None:
+        say(f"Reusing the tokenizer trained for this data in {stored} ({share:.0%} of the text it was trained on is "
+            f"unchanged); remove that folder to train a new one.")
+        return load_tokenizer(stored, what=f"The token store's tokenizer {stored}"), None
+    tokenizer = run_tokenizer(model_args, saved, False, lambda: tokenizer_texts(sources), max_length, say)
+    if not tokenizer.is_fast:
+        raise UserInputError("The tokenizer has no fast (Rust) version, which the data is encoded with; give "
+                             "--tokenizer_name a tokenizer that has a tokenizer.json.")
+    return tokenizer, None if named else recipe
 
 
 def run_tokenizer(model_args, saved: str, reuse_saved: bool, texts, max_length: int, say) -> PreTrainedTokenizerFast:
@@ -50,3 +78,32 @@ def load_tokenizer(name_or_path: str, what: str | None = None) -> PreTrainedToke
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # batched evaluation and generation need a pad id
     return tokenizer
+
+
+def tokenizer_recipe(model_args, sources: list, max_length: int) -> dict:
+    """What a BPE trained by `run_tokenizer` depends on: its sizes, and the sources it read (keys and sizes)."""
+    return {"vocab_size": model_args.vocab_size, "model_max_length": max_length, "version": 1,
+            "sources": [[source.key(), getattr(source, "size", 0)] for source in sources]}
+
+
+def reusable_share(folder: str, recipe: dict) -> float | None:
+    """The share (by size) of the texts the tokenizer in `folder` was trained on that `recipe` reads unchanged, when
+    its sizes match and that share is at least REUSE_SHARE; else None. A file added to a corpus, or one changed,
+    keeps the tokenizer (and so every other file's shards); another corpus does not."""
+    try:
+        with open(os.path.join(folder, RECIPE), encoding="utf-8") as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if any(earlier.get(name) != recipe[name] for name in ("vocab_size", "model_max_length", "version")):
+        return None
+    now = {json.dumps(key, sort_keys=True) for key, _ in recipe["sources"]}
+    sizes = [(json.dumps(key, sort_keys=True) in now, size) for key, size in earlier.get("sources", [])]
+    total = sum(size for _, size in sizes)
+    share = sum(size for kept, size in sizes if kept) / total if total else 0.0
+    return share if share >= REUSE_SHARE else None
+
+
+def write_recipe(folder: str, recipe: dict) -> None:
+    with open(os.path.join(folder, RECIPE), "w", encoding="utf-8") as f:
+        json.dump(recipe, f, sort_keys=True)

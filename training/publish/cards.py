@@ -11,7 +11,7 @@ import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_tinytx_training.args import args_to_dict
-from hf_tinytx_training.data.packing import DEFAULT_CORPUS_DOCUMENTS
+from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
 
 
 # model_cards/ of the source tree, installed as this package's `model_cards` (pyproject.toml maps it)

@@ -1,0 +1,93 @@
+"""The data prepared once, by the main process, for every process of a launch.
+
+The main process trains (or loads) the tokenizer and tokenizes the corpus into the token store. That can take longer
+than --ddp_timeout lets a collective wait, so the other processes do not wait at one: they poll for the file the main
+process writes once it is done, in a folder of --output_dir named for this launch (every process sees that folder:
+distributed/cluster.check_shared_folder). They say what they wait for, and every minute how far the store has come.
+A main process that has written nothing for --ddp_timeout seconds is given up on, in one line that names the data
+preparation. The folder holds the tokenizer and a description of the data (`ready`); it goes once every process has
+read it (`close`), and a killed launch's is removed by the next.
+"""
+
+import json
+import os
+import secrets
+import time
+
+from hf_tinytx.folders import open_new, remove_tree
+from hf_tinytx_training.errors import RunError
+
+
+PREFIX = ".data-"
+READY = "ready.json"
+POLL_SECONDS = 1.0
+REPORT_SECONDS = 60.0
+
+
+class Handoff:
+    def __init__(self, accelerator, output_dir: str, timeout: float):
+        import torch.distributed
+
+        token = [secrets.token_hex(8)]
+        if accelerator.num_processes > 1:
+            torch.distributed.broadcast_object_list(token, src=0)  # at once: every process is here together
+        self.accelerator, self.timeout = accelerator, timeout
+        self.folder = os.path.join(output_dir, PREFIX + token[0])
+        if accelerator.is_main_process:
+            if os.path.isdir(output_dir):
+                for name in os.listdir(output_dir):
+                    if name.startswith(PREFIX):
+                        remove_tree(os.path.join(output_dir, name))  # a killed launch's
+            os.makedirs(self.folder)
+
+    @property
+    def tokenizer_dir(self) -> str:
+        return os.path.join(self.folder, "tokenizer")
+
+    def ready(self, description: dict) -> None:
+        """The main process: the data is prepared (the tokenizer saved in `tokenizer_dir` already)."""
+        temporary = os.path.join(self.folder, ".tmp-" + READY)
+        with open_new(temporary) as f:
+            json.dump(description, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, os.path.join(self.folder, READY))
+
+    def wait(self, store_folder: str | None, say) -> dict:
+        """Another process: the main process's description of the data, once it is ready."""
+        say(f"Process {self.accelerator.process_index} waits for the main process to prepare the data (train the "
+            f"tokenizer, tokenize into {store_folder or 'memory'}).")
+        path = os.path.join(self.folder, READY)
+        last_change, last_report, seen = time.monotonic(), time.monotonic(), None
+        while not os.path.isfile(path):
+            now = time.monotonic()
+            state = _store_state(store_folder)
+            if state != seen:
+                last_change, seen = now, state
+            if now - last_change > self.timeout:
+                raise RunError(f"Process {self.accelerator.process_index} waited {self.timeout:g} s (--ddp_timeout) "
+                               f"for the main process to prepare the data, which wrote nothing in that time (frozen, "
+                               f"or lost with its node); run the same command again: the token store keeps every "
+                               f"shard it finished.")
+            if now - last_report > REPORT_SECONDS and self.accelerator.process_index == 1:
+                last_report = now
+                say(f"Process 1 still waits for the data: {seen[0]} shard(s) of the token store written so far.")
+            time.sleep(POLL_SECONDS)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+    def close(self) -> None:
+        """Every process, once it has read what it needs: the folder goes."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            remove_tree(self.folder)
+
+
+def _store_state(store_folder: str | None) -> tuple[int, int]:
+    """(shards recorded, bytes of the journal): changes while the main process tokenizes."""
+    try:
+        size = os.path.getsize(os.path.join(store_folder, "shards.jsonl")) if store_folder else 0
+    except OSError:
+        return 0, 0
+    with open(os.path.join(store_folder, "shards.jsonl"), "rb") as f:
+        return f.read().count(b"\n"), size

@@ -1,0 +1,440 @@
+"""The token store: a corpus tokenized once, by every core, into compact shards that the run's processes read.
+
+    STORE/store.json        what every shard's tokens depend on: the tokenizer (a hash of its tokenizer.json), the
+                            token type and the document rules (documents.RULES); a store of other tokens is emptied,
+                            in one line, never read
+    STORE/shards.jsonl      one line per finished shard, appended as it finishes: a killed build goes on from there
+    STORE/tokenizer/        the tokenizer of those tokens, with what it was trained from (data/tokenizer.py reuses it)
+    STORE/NAME-ID-NNNNN.bin a shard: its tokens, then for each document the token it ends at and its UTF-8 bytes
+    STORE/.lock             held by the one process that builds
+
+A shard holds one piece of one source (documents.py). Its ID is a hash of the source's key (a file's path, size and
+mtime), so a changed file gets new shards and its old ones go, a new file adds its own, and a shard is only ever read
+under the key it was made for. Each is written under a temporary name and renamed once complete; the temporary files
+of a killed build are removed by the next. Tokens are little-endian uint16 where the vocabulary fits, else uint32.
+
+The workers are forked, as `datasets`' were: they inherit the sources, load the tokenizer with the `tokenizers`
+library alone (one thread each: the processes are the parallelism), and die with the main process
+(distributed/preemption.py).
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from hf_tinytx.folders import fsync_dir, is_disk_full, mib, open_new, remove_tree
+from hf_tinytx_training.data.documents import RULES
+from hf_tinytx_training.data.progress import Progress
+from hf_tinytx_training.errors import RunError
+
+
+FORMAT = 1
+HEADER, JOURNAL, TOKENIZER_DIR, LOCK = "store.json", "shards.jsonl", "tokenizer", ".lock"
+TEMPORARY = ".tmp-"
+SUFFIX = ".bin"
+ENCODE_CHARS = 1 << 20  # characters of documents encoded in one batch
+WHAT = {"format": "store format", "tokenizer": "tokenizer", "dtype": "token type", "eos": "EOS token",
+        "rules": "set of document rules"}
+
+
+def token_dtype(vocabulary: int) -> np.dtype:
+    return np.dtype("<u2") if vocabulary <= 1 << 16 else np.dtype("<u4")
+
+
+def tokenizer_hash(tokenizer_json: str) -> str:
+    """What decides the ids: the tokenizer's JSON without its truncation and padding settings (which a loaded
+    tokenizer may carry from its last call, and which the store's encoding turns off)."""
+    with open(tokenizer_json, encoding="utf-8") as f:
+        spec = json.load(f)
+    spec.pop("truncation", None), spec.pop("padding", None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def source_id(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard's tokens and document index, read through a memory map opened for each read (and closed after it,
+    as nanoGPT does, so the pages read do not stay counted in the process's memory); or held in `array` (memory)."""
+
+    path: str | None
+    tokens: int
+    docs: int
+    text_bytes: int
+    dtype: str
+    array: object = None  # in memory: (tokens, document ends, document bytes)
+
+    @property
+    def index_offset(self) -> int:
+        return -(-self.tokens * np.dtype(self.dtype).itemsize // 4) * 4
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self.array is not None:
+            return self.array[0][start:stop]
+        itemsize = np.dtype(self.dtype).itemsize
+        return np.array(np.memmap(self.path, dtype=self.dtype, mode="r", offset=start * itemsize,
+                                  shape=(stop - start,)))
+
+    def document_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the token each document ends at, its UTF-8 bytes), one entry a document."""
+        if self.array is not None:
+            return self.array[1], self.array[2]
+        if not self.docs:
+            return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+        index = np.array(np.memmap(self.path, dtype="<u4", mode="r", offset=self.index_offset, shape=(2, self.docs)))
+        return index[0], index[1]
+
+    def file_size(self) -> int:
+        return self.index_offset + 8 * self.docs
+
+
+def encoded(tokenizer, documents, eos: int, dtype: np.dtype):
+    """(tokens, document ends, document bytes) arrays, a batch of documents at a time: each document's ids with EOS
+    after it. `tokenizer` is a `tokenizers.Tokenizer`."""
+    batch, chars = [], 0
+    for document in documents:
+        if document:
+            batch.append(document)
+            chars += len(document)
+        if chars >= ENCODE_CHARS:
+            yield _encode(tokenizer, batch, eos, dtype)
+            batch, chars = [], 0
+    if batch:
+        yield _encode(tokenizer, batch, eos, dtype)
+
+
+def _encode(tokenizer, batch: list[str], eos: int, dtype: np.dtype):
+    ids, lengths = [], []
+    for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
+        ids += encoding.ids
+        ids.append(eos)
+        lengths.append(len(encoding.ids) + 1)
+    return (np.array(ids, dtype=dtype), np.cumsum(lengths, dtype=np.int64),
+            np.array([len(text.encode("utf-8")) for text in batch], dtype=np.uint32))
+
+
+def plain_tokenizer(tokenizer):
+    """A `tokenizers.Tokenizer` with the ids of `tokenizer` (a fast transformers tokenizer, or tokenizer.json's path),
+    truncation and padding off."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(tokenizer) if isinstance(tokenizer, str) else \
+        Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+def in_memory(source, tokenizer, eos: int, dtype: np.dtype) -> list[Shard]:
+    """The shards of a small source (the built-in corpus) made in this process and kept in memory."""
+    backend, shards = plain_tokenizer(tokenizer), []
+    for piece in source.pieces():
+        parts = list(encoded(backend, source.documents(piece), eos, dtype))
+        tokens, ends, sizes = _joined(parts, dtype)
+        shards.append(Shard(None, len(tokens), len(ends), int(sizes.sum()), dtype.str, (tokens, ends, sizes)))
+    return shards
+
+
+def _joined(parts, dtype):
+    offsets = np.cumsum([0] + [len(tokens) for tokens, _, _ in parts])
+    tokens = np.concatenate([tokens for tokens, _, _ in parts]) if parts else np.zeros(0, dtype)
+    ends = np.concatenate([ends + offset for (_, ends, _), offset in zip(parts, offsets)]).astype(np.uint32) \
+        if parts else np.zeros(0, np.uint32)
+    sizes = np.concatenate([sizes for _, _, sizes in parts]) if parts else np.zeros(0, np.uint32)
+    return tokens, ends, sizes
+
+
+# ---------------------------------------------------------------------------------------------------- the folder
+
+
+class TokenStore:
+    """A store folder, as the one process that builds it sees it (`build` holds its lock)."""
+
+    def __init__(self, folder: str, say):
+        self.folder, self.say = os.path.abspath(folder), say
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    @contextlib.contextmanager
+    def locked(self):
+        """The store's lock, waited for (saying so) while another run builds into the same folder."""
+        os.makedirs(self.folder, exist_ok=True)
+        with open_new(self.path(LOCK), "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.say(f"Waiting for another run that is writing the token store {self.folder}...")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def header(self) -> dict | None:
+        try:
+            with open(self.path(HEADER), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def write_json(self, name: str, values: dict) -> None:
+        """`name` replaced in one rename, flushed first: a kill leaves the old file or the new, never half of one."""
+        temporary = self.path(TEMPORARY + name)
+        with open_new(temporary) as f:
+            json.dump(values, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path(name))
+        fsync_dir(self.folder)
+
+    def entries(self) -> dict[tuple[str, int], dict]:
+        """{(source id, piece): journal entry} of the shards that are there, whole. A torn last line (a kill while
+        appending) is skipped; so is a shard whose file is missing or of another size (it is made again)."""
+        entries = {}
+        try:
+            with open(self.path(JOURNAL), encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return entries
+        for line in lines:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                entries[(entry["source"], int(entry["piece"]))] = entry
+        return {key: entry for key, entry in entries.items() if self._intact(entry)}
+
+    def _intact(self, entry: dict) -> bool:
+        try:
+            return os.path.getsize(self.path(entry["file"])) == self.shard(entry).file_size()
+        except OSError:
+            return False
+
+    def shard(self, entry: dict) -> Shard:
+        return Shard(self.path(entry["file"]), entry["tokens"], entry["docs"], entry["bytes"], entry["dtype"])
+
+    def start(self, expected: dict) -> dict[tuple[str, int], dict]:
+        """Under the lock: the header checked (a store of other tokens emptied, said in one line), the temporary files
+        of a killed build removed; returns the shards that can be kept."""
+        header = self.header()
+        if header is not None and header != expected:
+            shards = [name for name in os.listdir(self.folder) if name.endswith(SUFFIX)]
+            changed = sorted(WHAT[name] for name in expected if header.get(name) != expected[name])
+            self.say(f"The token store {self.folder} holds tokens made with another {' and '.join(changed)}: its "
+                     f"{len(shards)} shard(s) are removed and the data is tokenized again.")
+            for name in shards:
+                os.unlink(self.path(name))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(JOURNAL))
+        for name in os.listdir(self.folder):
+            if name.startswith(TEMPORARY):
+                remove_tree(self.path(name))
+        if header != expected:
+            self.write_json(HEADER, expected)
+        return self.entries()
+
+    def keep_only(self, entries: dict, drop_paths: set[str]) -> dict:
+        """The journal rewritten with `entries`, less the shards of sources whose path is in `drop_paths` (changed
+        since they were tokenized), whose files are removed; and shard files no entry names (a killed build's last,
+        renamed but not recorded) removed too."""
+        kept = {key: entry for key, entry in entries.items() if entry.get("path") not in drop_paths}
+        names = {entry["file"] for entry in kept.values()}
+        for name in os.listdir(self.folder):
+            if name.endswith(SUFFIX) and name not in names:
+                os.unlink(self.path(name))
+        temporary = self.path(TEMPORARY + JOURNAL)
+        with open_new(temporary) as f:
+            f.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in kept.values())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path(JOURNAL))
+        return kept
+
+    def place_tokenizer(self, tokenizer, recipe: dict | None) -> str:
+        """The store's tokenizer/ replaced by `tokenizer` (in one rename) unless it holds the same ids already;
+        returns its tokenizer.json."""
+        from hf_tinytx_training.data.tokenizer import write_recipe
+
+        final, temporary = self.path(TOKENIZER_DIR), self.path(TEMPORARY + TOKENIZER_DIR)
+        remove_tree(temporary)
+        tokenizer.save_pretrained(temporary)
+        if recipe is not None:
+            write_recipe(temporary, recipe)
+        fresh = os.path.join(temporary, "tokenizer.json")
+        same = os.path.isfile(os.path.join(final, "tokenizer.json")) and \
+            tokenizer_hash(os.path.join(final, "tokenizer.json")) == tokenizer_hash(fresh)
+        if same and recipe is None:
+            remove_tree(temporary)
+        else:
+            remove_tree(final)
+            os.replace(temporary, final)
+        return os.path.join(final, "tokenizer.json")
+
+    def record(self, journal, entry: dict) -> None:
+        """One finished shard, appended (and flushed) once its file is in place."""
+        journal.write(json.dumps(entry, sort_keys=True) + "\n")
+        journal.flush()
+        os.fsync(journal.fileno())
+
+
+def holds_shards(folder: str) -> bool:
+    return any(name.endswith(SUFFIX) for name in os.listdir(folder))
+
+
+def shard_name(source, sid: str, piece: int) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.splitext(source.name)[0])[:40] or "data"
+    return f"{stem}-{sid}-{piece:05d}{SUFFIX}"
+
+
+def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: int, say) -> list:
+    """Every source's shards (a list of Shard per source, in piece order), tokenizing only the pieces the store lacks,
+    `workers` processes side by side. `tokenizer` (a fast transformers tokenizer) goes into the store first, with the
+    `recipe` it was trained from (None: it was loaded, not trained)."""
+    store = TokenStore(folder, say)
+    dtype, eos = token_dtype(len(tokenizer)), tokenizer.eos_token_id
+    with store.locked():
+        tokenizer_json = store.place_tokenizer(tokenizer, recipe)
+        expected = json.loads(json.dumps({"format": FORMAT, "tokenizer": tokenizer_hash(tokenizer_json),
+                                          "dtype": dtype.str, "eos": eos, "rules": RULES}))  # as read back
+        entries = store.start(expected)
+        ids = [source_id(source.key()) for source in sources]
+        done_ids = {sid for sid, _ in entries}
+        paths = {source.key().get("path") for source, sid in zip(sources, ids) if sid not in done_ids}
+        changed = sorted({entry["path"] for (sid, _), entry in entries.items() if entry.get("path") in paths} - {None})
+        for path in changed:
+            say(f"{path} changed since it was tokenized (size or time): its shards are made again.")
+        entries = store.keep_only(entries, set(changed))
+        tasks = []
+        for number, (source, sid) in enumerate(zip(sources, ids)):
+            have = [entry for (known, _), entry in entries.items() if known == sid]
+            if have and len(have) == have[0]["pieces"]:
+                continue  # complete: its pieces need not be found again
+            pieces = source.pieces()
+            tasks += [(number, sid, index, len(pieces), piece) for index, piece in enumerate(pieces)
+                      if (sid, index) not in entries]
+        if tasks:
+            entries.update(_tokenize(store, tokenizer_json, eos, dtype, sources, tasks, workers, say))
+    shards = []
+    for sid in ids:
+        mine = sorted((piece, entry) for (known, piece), entry in entries.items() if known == sid)
+        shards.append([store.shard(entry) for _, entry in mine])
+    return shards
+
+
+def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype, sources: list, tasks: list,
+              workers: int, say) -> dict:
+    """The shards of `tasks`, made by a pool of forked processes, each recorded as it finishes; the progress shown."""
+    unit = "B" if hasattr(sources[tasks[0][0]], "path") else "rows"
+    total = sum(piece.stop - piece.start for *_, piece in tasks)
+    context = multiprocessing.get_context("fork")
+    counter = context.Value("q", 0)
+    workers = max(1, min(workers, len(tasks)))
+    say(f"Tokenizing {len(tasks)} piece(s) of the data into {store.folder} with {workers} process(es)...")
+    progress = Progress(total, "Tokenizing", say, unit=unit)
+    with _without_tokenizer_threads():  # each worker encodes on one thread: the processes are the parallelism
+        pool = context.Pool(workers, _start_worker, (tokenizer_json, eos, dtype.str, sources, store.folder, counter))
+    new = {}
+    try:
+        with open(store.path(JOURNAL), "a", encoding="utf-8") as journal:
+            results = pool.imap_unordered(_tokenize_piece, tasks)
+            for _ in tasks:
+                while True:
+                    try:
+                        entry = results.next(timeout=0.5)
+                        break
+                    except multiprocessing.TimeoutError:
+                        progress.update(counter.value)
+                store.record(journal, entry)
+                new[(entry["source"], entry["piece"])] = entry
+                progress.update(counter.value)
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        for name in os.listdir(store.folder):  # what the workers were writing
+            if name.startswith(TEMPORARY):
+                remove_tree(store.path(name))
+        raise
+    pool.close()
+    pool.join()
+    seconds = progress.close()
+    tokens = sum(entry["tokens"] for entry in new.values())
+    on_disk = sum(store.shard(entry).file_size() for entry in new.values())
+    rate = f"{total / 1e6 / seconds:.2f} MB/s" if unit == "B" else f"{total / seconds:,.0f} rows/s"
+    say(f"Tokenized {len(new)} piece(s) in {seconds:.1f} s ({rate} with {workers} process(es)): {tokens:,} tokens, "
+        f"{mib(on_disk)} on disk.")
+    return new
+
+
+@contextlib.contextmanager
+def _without_tokenizer_threads():
+    """TOKENIZERS_PARALLELISM=false while the workers are forked: `tokenizers` then uses one thread in each, and says
+    nothing of the fork (it warns when the variable is unset and the parent has used its threads)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+_WORKER = {}  # what a worker process was started with
+
+
+def _start_worker(tokenizer_json: str, eos: int, dtype: str, sources: list, folder: str, counter) -> None:
+    _WORKER.update(tokenizer=plain_tokenizer(tokenizer_json), eos=eos, dtype=np.dtype(dtype), sources=sources,
+                   folder=folder, counter=counter)
+
+
+def _count(amount: int) -> None:
+    counter = _WORKER["counter"]
+    with counter.get_lock():
+        counter.value += amount
+
+
+def _tokenize_piece(task) -> dict:
+    """Writes one piece's shard under a temporary name, then renames it; returns its journal entry."""
+    number, sid, index, pieces, piece = task
+    source, folder, dtype = _WORKER["sources"][number], _WORKER["folder"], _WORKER["dtype"]
+    name = shard_name(source, sid, index)
+    temporary = os.path.join(folder, TEMPORARY + name)
+    tokens, ends, sizes = 0, [], []
+    try:
+        with open_new(temporary, "wb") as f:
+            for part, part_ends, part_sizes in encoded(_WORKER["tokenizer"], source.documents(piece, _count),
+                                                       _WORKER["eos"], dtype):
+                f.write(part.tobytes())
+                ends.append(part_ends + tokens)
+                sizes.append(part_sizes)
+                tokens += len(part)
+            if tokens >= 1 << 32:
+                raise RunError(f"A piece of {source.name} holds {tokens:,} tokens, more than a shard can index; split "
+                               f"the file into smaller files.")
+            f.write(bytes(-(-tokens * dtype.itemsize // 4) * 4 - tokens * dtype.itemsize))
+            for parts in (ends, sizes):
+                f.write((np.concatenate(parts) if parts else np.zeros(0)).astype("<u4").tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, os.path.join(folder, name))
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if is_disk_full(error, folder):
+            import shutil
+
+            raise RunError(f"No space left on the device while writing the token store {folder} "
+                           f"({mib(shutil.disk_usage(folder).free)} free); the shards finished so far are kept: free "
+                           f"space, or give --token_store a folder on a disk with room, and run the same command "
+                           f"again.") from None
+        raise
+    documents = sum(len(part) for part in ends)
+    return {"source": sid, "piece": index, "pieces": pieces, "file": name, "tokens": tokens, "docs": documents,
+            "bytes": int(sum(int(part.sum()) for part in sizes)), "dtype": dtype.str,
+            "path": source.key().get("path")}
