@@ -153,9 +153,13 @@ def alive(pids: set[int]) -> set[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the workers' death is Linux's prctl")
 def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(tmp_path):
-    # Enough documents that tokenizing with 2 workers takes a while: the signal lands while they work.
-    command = [sys.executable, PRETRAIN, *FAST, "--num_train_documents", "60000", "--preprocessing_num_workers", "2",
-               "--output_dir", str(tmp_path / "out")]
+    # Enough text that tokenizing it with 2 workers takes a while: the signal lands while they work.
+    words = "the miller kept his grain in the old mill by the river and sold bread".split()
+    with open(tmp_path / "big.txt", "w", encoding="utf-8") as f:
+        for i in range(200_000):  # 20 MB
+            f.write(" ".join(words[(i + j) % len(words)] for j in range(18)) + ".\n\n")
+    command = [sys.executable, PRETRAIN, *FAST, "--train_file", str(tmp_path / "big.txt"),
+               "--preprocessing_num_workers", "2", "--output_dir", str(tmp_path / "out")]
     run = Running(command, pretrain_env(tmp_path), tmp_path)
     deadline, workers = time.monotonic() + 240, set()
     while len(workers) < 2:  # what torchrun does to a rank: SIGTERM to that process, not its group

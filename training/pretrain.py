@@ -270,7 +270,7 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
     finished shards of good files stays, for the corrected rerun)."""
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
-    store = packing.store_folder(data_args, output_dir)
+    store = token_store.store_folder(data_args, output_dir)
     made = [folders_to_create(folder) for folder in (store, output_dir)]  # what a refused start takes back
     fresh = accelerator.is_main_process and not resume_dir  # a fresh start makes (or finds) its own tokenizer
     handoff = Handoff(accelerator, output_dir, train_args.ddp_timeout)
@@ -286,12 +286,12 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
             built = True
             handoff.ready(description)
         else:
-            description = handoff.wait(store, accelerator.print)
+            description = handoff.wait(store, say=lambda line: print(line, flush=True))  # not the main process
             tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
             sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") \
                 else None
         if description["kind"] == "stream":
-            packed = packing.pack_streamed(sources, tokenizer, data_args, train_args.seed)
+            packed = packing.pack_streamed(sources, tokenizer, data_args, train_args.max_eval_tokens, train_args.seed)
         else:
             data = packing.tokens(description, sources, tokenizer, data_args)
             packed = packing.pack_fitted(data, data_args, train_args, accelerator.num_processes, explicit,

@@ -12,11 +12,12 @@ CHUNK = 1 << 20  # bytes read at a time by the text check
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def local_data_files(data_args) -> tuple[dict[str, list[str]], str]:
-    """({"train": paths, "validation": paths (if given)}, the `datasets` builder that reads them)."""
-    data_files = {"train": _expand(data_args.train_file, "--train_file")}
+def local_data_files(data_args, checked: frozenset = frozenset()) -> tuple[dict[str, list[str]], str]:
+    """({"train": paths, "validation": paths (if given)}, the `datasets` builder that reads them). The text of files
+    whose absolute path is in `checked` (tokenized already, unchanged since) is not read again."""
+    data_files = {"train": _expand(data_args.train_file, "--train_file", checked)}
     if data_args.validation_file:
-        data_files["validation"] = _expand(data_args.validation_file, "--validation_file")
+        data_files["validation"] = _expand(data_args.validation_file, "--validation_file", checked)
     extensions = {os.path.splitext(path)[1].lower() for paths in data_files.values() for path in paths}
     unknown = extensions - set(FILE_BUILDERS)
     if unknown or len({FILE_BUILDERS[ext] for ext in extensions}) != 1:
@@ -27,7 +28,7 @@ def local_data_files(data_args) -> tuple[dict[str, list[str]], str]:
     return data_files, FILE_BUILDERS[extensions.pop()]
 
 
-def _expand(pattern: str, flag: str) -> list[str]:
+def _expand(pattern: str, flag: str, checked: frozenset) -> list[str]:
     if os.path.isdir(os.path.expanduser(pattern)):
         raise UserInputError(f"{flag} {pattern!r} is a folder; give its files (a glob like "
                              f"'{os.path.join(pattern, '*.txt')}' takes them all).")
@@ -37,7 +38,8 @@ def _expand(pattern: str, flag: str) -> list[str]:
     if all(os.path.getsize(path) == 0 for path in paths):
         raise UserInputError(f"{flag} {pattern!r}: the data is empty (0 bytes); give a file with text in it.")
     for path in paths:
-        _check_is_text(path, flag)
+        if os.path.abspath(path) not in checked:
+            _check_is_text(path, flag)
     return paths
 
 

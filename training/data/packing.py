@@ -23,13 +23,6 @@ from hf_tinytx_training.data.streams import Blocks, Split, evenly_spaced, split
 from hf_tinytx_training.errors import UserInputError
 
 
-STORE_DIR = "token_store"  # the run's own store, inside --output_dir (or --token_store)
-
-
-def store_folder(data_args, output_dir: str) -> str:
-    return os.path.abspath(data_args.token_store or os.path.join(output_dir, STORE_DIR))
-
-
 def workers(data_args) -> int:
     """--preprocessing_num_workers, else every core this process may run on."""
     if data_args.preprocessing_num_workers:
@@ -42,7 +35,7 @@ def prepare(sources: Sources, tokenizer, recipe: dict | None, data_args, output_
     streamed), described for every process (`tokens`)."""
     if sources.kind not in ("files", "dataset"):
         return {"kind": sources.kind}
-    shards = token_store.build(store_folder(data_args, output_dir), tokenizer, recipe,
+    shards = token_store.build(token_store.store_folder(data_args, output_dir), tokenizer, recipe,
                                sources.train + (sources.validation or []), workers(data_args), say)
     train = [shard for per_source in shards[: len(sources.train)] for shard in per_source]
     validation = [shard for per_source in shards[len(sources.train):] for shard in per_source]
@@ -114,10 +107,10 @@ def pack_fitted(data: Split, data_args, train_args, num_processes: int, explicit
     return PackedData(Blocks(train, plan.block_size), Blocks(validation, plan.block_size), ratio)
 
 
-def pack_streamed(sources: Sources, tokenizer, data_args, seed: int) -> PackedData:
+def pack_streamed(sources: Sources, tokenizer, data_args, max_eval_tokens: int, seed: int) -> PackedData:
     """A streamed text: its validation (bounded, read now, in memory) and its training blocks (read as training
     goes)."""
-    validation, skip = streaming.validation_text(sources, tokenizer, data_args.max_eval_tokens)
+    validation, skip = streaming.validation_text(sources, tokenizer, max_eval_tokens)
     blocks = Blocks(validation, data_args.block_size)
     if not len(blocks):
         raise UserInputError(f"The validation text is shorter than one block of {data_args.block_size} tokens "

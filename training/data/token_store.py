@@ -37,6 +37,7 @@ from hf_tinytx_training.errors import RunError
 
 FORMAT = 1
 HEADER, JOURNAL, TOKENIZER_DIR, LOCK = "store.json", "shards.jsonl", "tokenizer", ".lock"
+RECIPE = "tinytx_recipe.json"  # in tokenizer/, beside a tokenizer trained for the store: what it was trained on
 TEMPORARY = ".tmp-"
 SUFFIX = ".bin"
 ENCODE_CHARS = 1 << 20  # characters of documents encoded in one batch
@@ -231,12 +232,19 @@ class TokenStore:
                 os.unlink(self.path(name))
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path(JOURNAL))
-        for name in os.listdir(self.folder):
-            if name.startswith(TEMPORARY):
-                remove_tree(self.path(name))
+        self.remove_temporaries()
         if header != expected:
             self.write_json(HEADER, expected)
         return self.entries()
+
+    def remove_temporaries(self) -> None:
+        for name in os.listdir(self.folder):
+            if name.startswith(TEMPORARY):
+                path = self.path(name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    remove_tree(path)
+                else:
+                    os.unlink(path)
 
     def keep_only(self, entries: dict, drop_paths: set[str]) -> dict:
         """The journal rewritten with `entries`, less the shards of sources whose path is in `drop_paths` (changed
@@ -258,13 +266,12 @@ class TokenStore:
     def place_tokenizer(self, tokenizer, recipe: dict | None) -> str:
         """The store's tokenizer/ replaced by `tokenizer` (in one rename) unless it holds the same ids already;
         returns its tokenizer.json."""
-        from hf_tinytx_training.data.tokenizer import write_recipe
-
         final, temporary = self.path(TOKENIZER_DIR), self.path(TEMPORARY + TOKENIZER_DIR)
         remove_tree(temporary)
         tokenizer.save_pretrained(temporary)
         if recipe is not None:
-            write_recipe(temporary, recipe)
+            with open(os.path.join(temporary, RECIPE), "w", encoding="utf-8") as f:
+                json.dump(recipe, f, sort_keys=True)
         fresh = os.path.join(temporary, "tokenizer.json")
         same = os.path.isfile(os.path.join(final, "tokenizer.json")) and \
             tokenizer_hash(os.path.join(final, "tokenizer.json")) == tokenizer_hash(fresh)
@@ -280,6 +287,27 @@ class TokenStore:
         journal.write(json.dumps(entry, sort_keys=True) + "\n")
         journal.flush()
         os.fsync(journal.fileno())
+
+
+def store_folder(data_args, output_dir: str) -> str:
+    """--token_store, else token_store/ in the output folder."""
+    return os.path.abspath(data_args.token_store or os.path.join(output_dir, "token_store"))
+
+
+def tokenized_files(folder: str) -> set[str]:
+    """The files the store holds every shard of, unchanged since (same size and mtime): their text was checked when
+    they were tokenized (files.py need not read them again)."""
+    pieces = {}
+    for entry in TokenStore(folder, print).entries().values() if os.path.isdir(folder) else []:
+        key = entry.get("key") or {}
+        pieces.setdefault(entry["source"], [key, entry["pieces"], 0])[2] += 1
+    complete = set()
+    for key, count, have in pieces.values():
+        with contextlib.suppress(OSError, KeyError):
+            stat = os.stat(key["path"])
+            if have == count and (stat.st_size, stat.st_mtime_ns) == (key["size"], key["mtime_ns"]):
+                complete.add(key["path"])
+    return complete
 
 
 def holds_shards(folder: str) -> bool:
@@ -355,9 +383,7 @@ def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype,
     except BaseException:
         pool.terminate()
         pool.join()
-        for name in os.listdir(store.folder):  # what the workers were writing
-            if name.startswith(TEMPORARY):
-                remove_tree(store.path(name))
+        store.remove_temporaries()  # what the workers were writing
         raise
     pool.close()
     pool.join()
@@ -435,6 +461,7 @@ def _tokenize_piece(task) -> dict:
                            f"again.") from None
         raise
     documents = sum(len(part) for part in ends)
+    key = source.key()
     return {"source": sid, "piece": index, "pieces": pieces, "file": name, "tokens": tokens, "docs": documents,
-            "bytes": int(sum(int(part.sum()) for part in sizes)), "dtype": dtype.str,
-            "path": source.key().get("path")}
+            "bytes": int(sum(int(part.sum()) for part in sizes)), "dtype": dtype.str, "path": key.get("path"),
+            "key": key}

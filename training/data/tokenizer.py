@@ -10,10 +10,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from hf_tinytx.sources import TOKENIZER_MARKERS
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.checkpoints import tokenizer_source
+from hf_tinytx_training.data.token_store import RECIPE
 from hf_tinytx_training.errors import UserInputError
 
 
-RECIPE = "tinytx_recipe.json"  # beside a trained tokenizer in the token store: what it was trained on, and how
 REUSE_SHARE = 0.5  # the store's tokenizer is reused when this share of its training files (by size) is unchanged
 
 
@@ -91,7 +91,7 @@ def reusable_share(folder: str, recipe: dict) -> float | None:
     its sizes match and that share is at least REUSE_SHARE; else None. A file added to a corpus, or one changed,
     keeps the tokenizer (and so every other file's shards); another corpus does not."""
     try:
-        with open(os.path.join(folder, RECIPE), encoding="utf-8") as f:
+        with open(os.path.join(folder, RECIPE), encoding="utf-8") as f:  # token_store.place_tokenizer wrote it
             earlier = json.load(f)
     except (OSError, ValueError):
         return None
@@ -102,8 +102,3 @@ def reusable_share(folder: str, recipe: dict) -> float | None:
     total = sum(size for _, size in sizes)
     share = sum(size for kept, size in sizes if kept) / total if total else 0.0
     return share if share >= REUSE_SHARE else None
-
-
-def write_recipe(folder: str, recipe: dict) -> None:
-    with open(os.path.join(folder, RECIPE), "w", encoding="utf-8") as f:
-        json.dump(recipe, f, sort_keys=True)

@@ -98,7 +98,9 @@ def card_context(run, metrics: dict, probe_results) -> dict:
         "launches": run.progress.launches, "launch_seconds": run.progress.train_seconds,
         "eval": {"loss": metrics["eval_loss"], "perplexity": metrics["perplexity"],
                  "bits_per_byte": metrics["bits_per_byte"]},
-        "eval_tokens": metrics["eval_tokens"], "probes": probe_results.accuracy, "chance": probe_results.chance,
+        "eval_tokens": metrics["eval_tokens"], "eval_blocks": len(run.eval_dataloader.dataset),
+        "validation_blocks": len(run.packed.validation), "max_eval_tokens": train_args.max_eval_tokens,
+        "probes": probe_results.accuracy, "chance": probe_results.chance,
         "samples": probe_results.samples, "coref_head": probe_results.coref_head,
         "example_prompt": "The dog didn't cross the street because it was too",
     }
