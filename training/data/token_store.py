@@ -40,7 +40,7 @@ HEADER, JOURNAL, TOKENIZER_DIR, LOCK = "store.json", "shards.jsonl", "tokenizer"
 RECIPE = "tinytx_recipe.json"  # in tokenizer/, beside a tokenizer trained for the store: what it was trained on
 TEMPORARY = ".tmp-"
 SUFFIX = ".bin"
-ENCODE_CHARS = 1 << 20  # characters of documents encoded in one batch
+ENCODE_CHARS = 1 << 18  # characters of documents encoded in one batch (~1,000 paragraphs)
 WHAT = {"format": "store format", "tokenizer": "tokenizer", "dtype": "token type", "eos": "EOS token",
         "rules": "set of document rules"}
 
