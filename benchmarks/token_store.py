@@ -207,13 +207,15 @@ def pretrain(path: Path, out: Path, store_dir: Path, launcher: list[str], env: d
     return {"load": before, "seconds_to_step_1": round(watch.first_step or float("nan"), 1),
             "seconds": round(time.perf_counter() - started, 1), "largest_peak_rss_mib": round(watch.main_peak / 2**20),
             "all_processes_peak_rss_mib": round(watch.tree_peak / 2**20), "parameters": parameters,
-            "processes_that_tokenized": len(re.findall(r"^Tokenized \d+ piece", stdout, re.M))}
+            "processes_that_tokenized": len(re.findall(r"^Tokenized \d+ piece", stdout, re.M)),
+            "tokenizing_seconds": float(next(iter(re.findall(r"^Tokenized \d+ piece\(s\) in ([\d.]+) s", stdout, re.M)),
+                                             0))}
 
 
-def one_size(megabytes: float, two_ranks: bool, work: Path, cores: int) -> dict:
+def one_size(megabytes: float, two_ranks: bool, work: Path, cores: int, rounds: int) -> dict:
     path = work / f"corpus_{megabytes:g}MB.txt"
     size = write_corpus(path, megabytes)
-    row = {"megabytes": megabytes, "bytes": size, "tokenizing": tokenizing(path, size, work, cores)}
+    row = {"megabytes": megabytes, "bytes": size, "tokenizing": tokenizing(path, size, work, cores, rounds)}
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", "HF_HOME": str(work / "hf_home"),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     python = [sys.executable]
@@ -229,7 +231,7 @@ def one_size(megabytes: float, two_ranks: bool, work: Path, cores: int) -> dict:
 def table(rows: list[dict], cores: int, command: str) -> list[str]:
     lines = [f"Training on one's own corpus: generated paragraphs, a {rows[0]['cold']['parameters']:,}-parameter "
              f"model, 20 steps, {cores} cores shared with other work (load = 1-minute load average when measured).",
-             "", "Tokenizing (the same tokenizer, a BPE of 2,048; the fastest of 2 rounds taken in turn):", "",
+             "", "Tokenizing (the same tokenizer, a BPE of 2,048; the fastest of the rounds, taken in turn):", "",
              "| corpus | way | MB/s | MB per CPU-second | bytes on disk per byte of text | load |",
              "|---|---|---|---|---|---|"]
     for row in rows:
@@ -239,15 +241,16 @@ def table(rows: list[dict], cores: int, command: str) -> list[str]:
                          f"{t['bytes_per_text_byte']} | {t['load']} |")
     lines += ["", "pretrain.py --train_file (seconds from launch; the peak RSS of its largest process, and of all its "
               "processes summed):", "", "| corpus | run | to step 1 | whole run | peak RSS, largest process | "
-              "peak RSS, all | processes that tokenized | load |", "|---|---|---|---|---|---|---|---|"]
+              "peak RSS, all | processes that tokenized (seconds) | load |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for name in ("cold", "warm", "two_ranks"):
             if name in row:
                 r = row[name]
+                tokenized = f"{r['processes_that_tokenized']}" + (f" ({r['tokenizing_seconds']} s)"
+                                                                    if r["processes_that_tokenized"] else "")
                 lines.append(f"| {row['megabytes']:g} MB | {name.replace('_', ' ')} | {r['seconds_to_step_1']} s | "
                              f"{r['seconds']} s | {r['largest_peak_rss_mib']:,} MiB | "
-                             f"{r['all_processes_peak_rss_mib']:,} MiB | {r['processes_that_tokenized']} | "
-                             f"{r['load']} |")
+                             f"{r['all_processes_peak_rss_mib']:,} MiB | {tokenized} | {r['load']} |")
     return lines + ["", "cold: nothing tokenized yet (the tokenizer is trained too); warm: a second run with the "
                     "first one's --token_store (tokenizer and shards reused); two ranks: the cold run under torchrun "
                     "--nproc_per_node 2 (the main process tokenizes, the other waits for it).", "",
@@ -259,6 +262,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[10, 100], help="corpus sizes in MB")
     parser.add_argument("--two_ranks", type=float, default=100,
                         help="run 2 ranks on the largest corpus up to this many MB (0: none)")
+    parser.add_argument("--rounds", type=int, default=2, help="times each way of tokenizing is timed")
     parser.add_argument("--output", default=str(RESULTS / "token_store"), help="writes OUTPUT.txt and .json")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -266,7 +270,7 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         with tempfile.TemporaryDirectory() as work:
-            rows.append(one_size(size, size == ranked, Path(work), cores))
+            rows.append(one_size(size, size == ranked, Path(work), cores, args.rounds))
     command = "python -m benchmarks.token_store " + " ".join(sys.argv[1:])
     lines = table(rows, cores, command.strip())
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,7 @@ def _dataset_sources(data_args) -> Sources:
         else:
             key = {"kind": "dataset", "name": name, "config": config, "split": split, "column": column,
                    "fingerprint": raw[split]._fingerprint}
-            sources[split] = [RowsSource(where, raw[split], column, key)]
+            sources[split] = [RowsSource(where, raw[split].select_columns([column]), column, key)]
     return Sources(sources["train"], sources.get("validation"), "stream" if data_args.streaming else "dataset")
 
 

@@ -116,11 +116,12 @@ def encoded(tokenizer, documents, eos: int, dtype: np.dtype):
 def _encode(tokenizer, batch: list[str], eos: int, dtype: np.dtype):
     ids, lengths = [], []
     for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
-        ids += encoding.ids
+        document = encoding.ids  # a new list at each access
+        ids += document
         ids.append(eos)
-        lengths.append(len(encoding.ids) + 1)
-    return (np.array(ids, dtype=dtype), np.cumsum(lengths, dtype=np.int64),
-            np.array([len(text.encode("utf-8")) for text in batch], dtype=np.uint32))
+        lengths.append(len(document) + 1)
+    sizes = [len(text) if text.isascii() else len(text.encode("utf-8")) for text in batch]
+    return np.array(ids, dtype=dtype), np.cumsum(lengths, dtype=np.int64), np.array(sizes, dtype=np.uint32)
 
 
 def plain_tokenizer(tokenizer):
