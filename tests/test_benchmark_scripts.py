@@ -252,3 +252,14 @@ def test_memory_per_rank_records_every_rank(tmp_path):
     assert [row["mode"] for row in rows] == ["ddp"]
     assert len(rows[0]["peak_rss_bytes"]) == 2 and min(rows[0]["peak_rss_bytes"]) > 100 * 2**20
     assert "| ddp |" in (tmp_path / "memory.txt").read_text()
+
+
+def test_token_store_compares_the_store_with_the_nanogpt_style_baseline(tmp_path):
+    flags = ["--sizes", 0.5, "--two_ranks", 0, "--rounds", 1, "--output", tmp_path / "store"]
+    summary = final_json(run_script(python("token_store.py", *flags), tmp_path, timeout=600).stdout)
+    assert summary["benchmark"] == "token_store"
+    (row,) = summary["results"]
+    ways = row["tokenizing"]
+    assert {"baseline", "store_1"} <= set(ways) and ways["baseline"]["tokens"] == ways["store_1"]["tokens"]
+    assert row["cold"]["processes_that_tokenized"] == 1 and row["warm"]["processes_that_tokenized"] == 0
+    assert "| 0.5 MB | cold |" in (tmp_path / "store.txt").read_text()

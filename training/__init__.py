@@ -15,8 +15,15 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     probes.py            what a pre-trained model learnt beyond its loss: probe accuracies and samples
 
     data/files.py        local data files found and checked before torch loads
-    data/tokenizer.py    the run's tokenizer: a named one, the run's saved one, or a BPE trained on the data
-    data/packing.py      datasets in, packed token blocks out, and their loaders
+    data/documents.py    a source's documents (bounded), in pieces that processes read side by side
+    data/sources.py      what a run reads (files, a dataset, the built-in corpus), and its tokenizer's texts
+    data/tokenizer.py    the run's tokenizer: a named one, the run's saved one, the store's, or a BPE trained now
+    data/token_store.py  the corpus tokenized once, by every core, into shards every process reads
+    data/handoff.py      what the main process prepared, received by the others without a collective
+    data/streams.py      token streams over the shards: validation held out, blocks cut
+    data/streaming.py    a text tokenized as training reads it (--streaming), shuffled in a buffer
+    data/progress.py     a long preparation's progress: a bar, or a line every 15 s in a log
+    data/packing.py      the data of every process: tokens, blocks at sizes fitted to the text, loaders
     data/fit.py          sizes fitted to a small text (block, batch, validation), and the memorising warning
 
     model/config_file.py the model's config file (a --model_config or a preset's, configs/), read without torch
