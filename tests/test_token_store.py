@@ -73,6 +73,15 @@ def test_a_file_read_in_pieces_makes_the_documents_of_one_reading(tmp_path):
     assert list(documents_of([source])) == list(paragraphs([text]))
 
 
+def test_json_lines_are_read_in_pieces_one_record_a_document(tmp_path):
+    records = [{"text": line, "id": number} for number, line in enumerate(write_text(tmp_path / "t.txt", 2.5)
+                                                                             .splitlines()) if line]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    (source,) = file_sources([str(tmp_path / "data.jsonl")], "--train_file", "json", "text")
+    assert len(source.pieces()) > 1
+    assert list(documents_of([source])) == [record["text"] for record in records]
+
+
 def test_text_without_blank_lines_is_cut_into_bounded_documents(tmp_path):
     text = write_text(tmp_path / "lines.txt", 2.5, blank_lines=False)
     (source,) = file_sources([str(tmp_path / "lines.txt")], "--train_file", "text", "text")

@@ -286,7 +286,8 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
             built = True
             handoff.ready(description)
         else:
-            description = handoff.wait(store, say=lambda line: print(line, flush=True))  # not the main process
+            stored = None if data_args.streaming or not (data_args.train_file or data_args.dataset_name) else store
+            description = handoff.wait(stored, say=lambda line: print(line, flush=True))  # not the main process
             tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
             sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") \
                 else None

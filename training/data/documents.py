@@ -107,7 +107,9 @@ class FileSource:
         while True:
             if (at := window.find(b"\n")) >= 0:
                 return offset + at + 1
-            if self.lines and len(window) == BOUNDARY_WINDOW:  # a JSON line is never cut: read on to its end
+            if self.lines:  # a JSON line is never cut: read on to its end
+                if len(window) < BOUNDARY_WINDOW:
+                    return self.size
                 offset += len(window)
                 window = f.read(BOUNDARY_WINDOW)
                 continue

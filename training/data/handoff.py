@@ -55,8 +55,9 @@ class Handoff:
 
     def wait(self, store_folder: str | None, say) -> dict:
         """Another process: the main process's description of the data, once it is ready."""
-        say(f"Process {self.accelerator.process_index} waits for the main process to prepare the data (train the "
-            f"tokenizer, tokenize into {store_folder or 'memory'}).")
+        store = f", and the token store {store_folder}" if store_folder else ""
+        say(f"Process {self.accelerator.process_index} waits for the main process to prepare the data (its "
+            f"tokenizer{store}).")
         path = os.path.join(self.folder, READY)
         last_change, last_report, seen = time.monotonic(), time.monotonic(), None
         while not os.path.isfile(path):
@@ -67,8 +68,8 @@ class Handoff:
             if now - last_change > self.timeout:
                 raise RunError(f"Process {self.accelerator.process_index} waited {self.timeout:g} s (--ddp_timeout) "
                                f"for the main process to prepare the data, which wrote nothing in that time (frozen, "
-                               f"or lost with its node); run the same command again: the token store keeps every "
-                               f"shard it finished.")
+                               f"or lost with its node); run the same command again (a token store keeps every "
+                               f"shard it finished).")
             if now - last_report > REPORT_SECONDS and self.accelerator.process_index == 1:
                 last_report = now
                 say(f"Process 1 still waits for the data: {seen[0]} shard(s) of the token store written so far.")

@@ -34,7 +34,7 @@ def validation_text(sources, tokenizer, max_tokens: int) -> tuple[TokenStream, i
         if part is not None:
             parts.append(part)
             count, taken = count + len(part[0]), taken + 1
-    tokens, ends, sizes = token_store._joined(parts, dtype)
+    tokens, ends, sizes = token_store.joined(parts, dtype)
     shard = token_store.Shard(None, len(tokens), len(ends), int(sizes.sum()), dtype.str, (tokens, ends, sizes))
     return TokenStream([shard], [(0, 0, len(tokens))]), 0 if given else taken
 

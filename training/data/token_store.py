@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,12 +142,13 @@ def in_memory(source, tokenizer, eos: int, dtype: np.dtype) -> list[Shard]:
     backend, shards = plain_tokenizer(tokenizer), []
     for piece in source.pieces():
         parts = list(encoded(backend, source.documents(piece), eos, dtype))
-        tokens, ends, sizes = _joined(parts, dtype)
+        tokens, ends, sizes = joined(parts, dtype)
         shards.append(Shard(None, len(tokens), len(ends), int(sizes.sum()), dtype.str, (tokens, ends, sizes)))
     return shards
 
 
-def _joined(parts, dtype):
+def joined(parts, dtype):
+    """`encoded`'s parts as one (tokens, document ends, document bytes)."""
     offsets = np.cumsum([0] + [len(tokens) for tokens, _, _ in parts])
     tokens = np.concatenate([tokens for tokens, _, _ in parts]) if parts else np.zeros(0, dtype)
     ends = np.concatenate([ends + offset for (_, ends, _), offset in zip(parts, offsets)]).astype(np.uint32) \
@@ -311,6 +313,13 @@ def tokenized_files(folder: str) -> set[str]:
     return complete
 
 
+def disk_full(folder: str) -> str:
+    free = mib(shutil.disk_usage(folder).free)
+    return (f"No space left on the device while writing the token store {folder} ({free} free); the shards finished "
+            f"so far are kept: free space, or give --token_store a folder on a disk with room, and run the same "
+            f"command again.")
+
+
 def holds_shards(folder: str) -> bool:
     return any(name.endswith(SUFFIX) for name in os.listdir(folder))
 
@@ -381,10 +390,12 @@ def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype,
                 store.record(journal, entry)
                 new[(entry["source"], entry["piece"])] = entry
                 progress.update(counter.value)
-    except BaseException:
+    except BaseException as error:
         pool.terminate()
         pool.join()
         store.remove_temporaries()  # what the workers were writing
+        if isinstance(error, OSError) and is_disk_full(error, store.folder):  # the journal's line
+            raise RunError(disk_full(store.folder)) from None
         raise
     pool.close()
     pool.join()
@@ -450,19 +461,13 @@ def _tokenize_piece(task) -> dict:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, os.path.join(folder, name))
-    except OSError as error:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        if is_disk_full(error, folder):
-            import shutil
-
-            raise RunError(f"No space left on the device while writing the token store {folder} "
-                           f"({mib(shutil.disk_usage(folder).free)} free); the shards finished so far are kept: free "
-                           f"space, or give --token_store a folder on a disk with room, and run the same command "
-                           f"again.") from None
+        if isinstance(error, OSError) and is_disk_full(error, folder):
+            raise RunError(disk_full(folder)) from None
         raise
-    documents = sum(len(part) for part in ends)
-    key = source.key()
+    key, documents = source.key(), sum(len(part) for part in ends)
     return {"source": sid, "piece": index, "pieces": pieces, "file": name, "tokens": tokens, "docs": documents,
             "bytes": int(sum(int(part.sum()) for part in sizes)), "dtype": dtype.str, "path": key.get("path"),
             "key": key}
