@@ -169,6 +169,21 @@ def test_validation_is_held_out_per_group_of_documents(tmp_path, tokenizer):
     assert held_out(2 * GROUP + 500) == 50 + 50 + 25  # 5% of each group, rounded up
 
 
+def test_progress_in_a_log_is_a_line_with_the_rate_and_the_time_left():
+    import io
+
+    from hf_tinytx_training.data.progress import Progress
+
+    said = []
+    progress = Progress(200_000_000, "Tokenizing", said.append, stream=io.StringIO())  # not a terminal: no bar
+    progress.started -= 10  # as if it began 10 s ago, and its last line came 20 s ago
+    progress.last_line -= 20
+    progress.update(50_000_000)
+    assert said == ["Tokenizing: 50.0 MB of 200.0 MB (25%), 5.0 MB/s, 30 s left"]
+    progress.update(60_000_000)  # within the interval: no line
+    assert len(said) == 1
+
+
 # ---------------------------------------------------------------------------------------------------- runs
 
 
