@@ -86,9 +86,11 @@ class Handoff:
 
 def _store_state(store_folder: str | None) -> tuple[int, int]:
     """(shards recorded, bytes of the journal): changes while the main process tokenizes."""
+    if not store_folder:
+        return 0, 0
     try:
-        size = os.path.getsize(os.path.join(store_folder, "shards.jsonl")) if store_folder else 0
+        with open(os.path.join(store_folder, "shards.jsonl"), "rb") as f:
+            journal = f.read()
     except OSError:
         return 0, 0
-    with open(os.path.join(store_folder, "shards.jsonl"), "rb") as f:
-        return f.read().count(b"\n"), size
+    return journal.count(b"\n"), len(journal)
