@@ -274,38 +274,21 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
     made = [folders_to_create(folder) for folder in (store, output_dir)]  # what a refused start takes back
     fresh = accelerator.is_main_process and not resume_dir  # a fresh start makes (or finds) its own tokenizer
     handoff = Handoff(accelerator, output_dir, train_args.ddp_timeout)
-    built = False
     try:
         if accelerator.is_main_process:
-            sources = run_sources(data_args, train_args.seed)
-            stored = os.path.join(store, token_store.TOKENIZER_DIR) if sources.kind in ("files", "dataset") else None
-            tokenizer, recipe = pretrain_tokenizer(model_args, sources.train, stored, saved_tokenizer, not fresh,
-                                                   model_config.max_position_embeddings, accelerator.print)
-            tokenizer.save_pretrained(handoff.tokenizer_dir)
-            description = packing.prepare(sources, tokenizer, recipe, data_args, output_dir, accelerator.print)
-            built = True
-            handoff.ready(description)
+            tokenizer, description, sources = prepare_as_main(model_args, data_args, train_args, handoff, store,
+                                                              saved_tokenizer, fresh, model_config, accelerator.print)
         else:
-            stored = None if data_args.streaming or not (data_args.train_file or data_args.dataset_name) else store
-            description = handoff.wait(stored, say=lambda line: print(line, flush=True))  # not the main process
-            tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
-            sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") \
-                else None
+            tokenizer, description, sources = receive_data(data_args, train_args, handoff, store)
         if description["kind"] == "stream":
             packed = packing.pack_streamed(sources, tokenizer, data_args, train_args.max_eval_tokens, train_args.seed)
         else:
-            data = packing.tokens(description, sources, tokenizer, data_args)
-            packed = packing.pack_fitted(data, data_args, train_args, accelerator.num_processes, explicit,
-                                         say=accelerator.print)
+            packed = packing.pack_fitted(packing.tokens(description, sources, tokenizer, data_args), data_args,
+                                         train_args, accelerator.num_processes, explicit, say=accelerator.print)
         handoff.close()
     except BaseException as error:
         if accelerator.is_main_process:
-            remove_tree(handoff.folder)
-            refused = isinstance(error, UserInputError)
-            if refused and made[0] and os.path.isdir(store) and (built or not token_store.holds_shards(store)):
-                remove_tree(store)
-            for folders in made:
-                remove_created(folders)  # those left empty
+            take_back(handoff, store, made, refused=isinstance(error, UserInputError))
         raise
     lock = None
     if accelerator.is_main_process:  # every input check has passed
@@ -317,6 +300,38 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
                           f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")
     return tokenizer, packed, lock
+
+
+def prepare_as_main(model_args, data_args, train_args, handoff, store, saved_tokenizer, fresh, model_config, say):
+    """The main process: (tokenizer, the data's description, its sources), the data tokenized and handed over."""
+    sources = run_sources(data_args, train_args.seed)
+    stored = os.path.join(store, token_store.TOKENIZER_DIR) if sources.kind in ("files", "dataset") else None
+    tokenizer, recipe = pretrain_tokenizer(model_args, sources.train, stored, saved_tokenizer, not fresh,
+                                           model_config.max_position_embeddings, say)
+    tokenizer.save_pretrained(handoff.tokenizer_dir)
+    description = packing.prepare(sources, tokenizer, recipe, store, data_args, say)
+    handoff.ready(description)
+    return tokenizer, description, sources
+
+
+def receive_data(data_args, train_args, handoff, store):
+    """Another process: (tokenizer, description, sources) as the main process prepared them; the sources only where
+    this process reads them itself (the built-in corpus, a stream)."""
+    stored = None if data_args.streaming or not (data_args.train_file or data_args.dataset_name) else store
+    description = handoff.wait(stored, say=lambda line: print(line, flush=True))  # accelerator.print: main only
+    tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
+    sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") else None
+    return tokenizer, description, sources
+
+
+def take_back(handoff, store: str, made: list, refused: bool) -> None:
+    """After a failed start: the handoff folder, the token store this start made when its input was refused (unless
+    it holds shards of files that passed, before a bad file stopped the build), and the folders left empty."""
+    remove_tree(handoff.folder)
+    if refused and made[0] and os.path.isdir(store) and (handoff.published or not token_store.holds_shards(store)):
+        remove_tree(store)
+    for folders in made:
+        remove_created(folders)
 
 
 def resume(run: Run, folder: str) -> None:

@@ -32,6 +32,7 @@ class Handoff:
         if accelerator.num_processes > 1:
             torch.distributed.broadcast_object_list(token, src=0)  # at once: every process is here together
         self.accelerator, self.timeout = accelerator, timeout
+        self.published = False  # the main process wrote what it prepared
         self.folder = os.path.join(output_dir, PREFIX + token[0])
         if accelerator.is_main_process:
             if os.path.isdir(output_dir):
@@ -52,6 +53,7 @@ class Handoff:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, os.path.join(self.folder, READY))
+        self.published = True
 
     def wait(self, store_folder: str | None, say) -> dict:
         """Another process: the main process's description of the data, once it is ready."""

@@ -30,13 +30,13 @@ def workers(data_args) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def prepare(sources: Sources, tokenizer, recipe: dict | None, data_args, output_dir: str, say) -> dict:
-    """The main process: the data tokenized (into the store, or in memory for the built-in corpus, or not yet when
-    streamed), described for every process (`tokens`)."""
+def prepare(sources: Sources, tokenizer, recipe: dict | None, store: str, data_args, say) -> dict:
+    """The main process: the data tokenized (into the store folder `store`, or in memory for the built-in corpus, or
+    not yet when streamed), described for every process (`tokens`)."""
     if sources.kind not in ("files", "dataset"):
         return {"kind": sources.kind}
-    shards = token_store.build(token_store.store_folder(data_args, output_dir), tokenizer, recipe,
-                               sources.train + (sources.validation or []), workers(data_args), say)
+    shards = token_store.build(store, tokenizer, recipe, sources.train + (sources.validation or []), workers(data_args),
+                               say)
     train = [shard for per_source in shards[: len(sources.train)] for shard in per_source]
     validation = [shard for per_source in shards[len(sources.train):] for shard in per_source]
     return {"kind": sources.kind, "train": [asdict(shard) for shard in train],
