@@ -13,9 +13,10 @@ without torch (convert's and interpret's flags are parsed here first: hf_tinytx/
 
 pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, then `preflight`:
 bad input is one line and exit 2, before torch loads) and `finish_script` at their end. The exit status: 0 the run
-finished; 2 bad input (UserInputError); 1 a fault while running (RunError), a full disk, or anything unexpected (one
-line; TINYTX_TRACEBACK=1 shows the traceback instead); 128 + signal stopped by SIGTERM or SIGINT with a checkpoint
-(Stopped).
+finished; 2 bad input (UserInputError); 1 a fault while running (RunError), a full disk, anything unexpected (one
+line; TINYTX_TRACEBACK=1 shows the traceback instead), or another process that left first after a stop signal;
+128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped). A process of a launch that fails also makes
+sure its launcher does not hang on (distributed/cluster.py, `watch_launcher_exit`).
 """
 
 import difflib
@@ -29,6 +30,7 @@ from importlib.machinery import PathFinder
 from importlib.util import find_spec
 from typing import NoReturn
 
+from hf_tinytx_training.distributed.cluster import watch_launcher_exit
 from hf_tinytx_training.distributed.preemption import Stopped, StopRequests, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
 
@@ -179,14 +181,15 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
     try:
         main()
     except Stopped as stopped:
-        leave_stopped(stopped)
+        leave_stopped(stopped, stop)
     except (UserInputError, RunError) as error:
         # One write, newline included: the processes of a launch may say it at once.
         sys.stderr.write(f"{program}: error: {error}\n")
-        leave(2 if isinstance(error, UserInputError) else 1)
+        leave(2 if isinstance(error, UserInputError) else 1, stop)
     except Exception as error:
-        if stop.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
-            leave_stopped(stop.stopped_with_a_peer(error))
+        if stop.peer_left(error):  # left at the signal, or failed: not a stop a scheduler may requeue
+            sys.stderr.write(f"{program}: error: {stop.peer_left_message(error)}\n")
+            leave(1, stop)
         from hf_tinytx.exits import TRACEBACK_VARIABLE
         from hf_tinytx.folders import is_disk_full  # loaded with the script's module by now
 
@@ -195,25 +198,27 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
             sys.stderr.write(f"{program}: error: No space left on the device while writing {where}; the "
                              f"checkpoints saved so far are intact: free some space and rerun with "
                              f"--resume_from_checkpoint latest.\n")
-            leave(1)
+            leave(1, stop)
         if os.environ.get(TRACEBACK_VARIABLE):
+            watch_launcher_exit(stop.launcher and stop.launcher.parent, 1)  # the traceback's exit status
             raise
         reason = " ".join(str(error).split())[:300]
         sys.stderr.write(f"{program}: error: {type(error).__name__}{f': {reason}' if reason else ''} (unexpected: "
                          f"the checkpoints saved so far are intact; run again with {TRACEBACK_VARIABLE}=1 to see "
                          f"where, and report it)\n")
-        leave(1)
-    leave(0)
+        leave(1, stop)
+    leave(0, stop)
 
 
-def leave_stopped(stopped: Stopped) -> NoReturn:
+def leave_stopped(stopped: Stopped, stop: StopRequests) -> NoReturn:
     if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
         sys.stderr.write(f"{stopped}\n")
     sys.stderr.flush()
-    leave(stopped.exit_code)
+    leave(stopped.exit_code, stop)
 
 
-def leave(code: int) -> NoReturn:
+def leave(code: int, stop: StopRequests) -> NoReturn:
+    watch_launcher_exit(stop.launcher and stop.launcher.parent, code)
     exit_launched_process(code)
     sys.exit(code)
 
