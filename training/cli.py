@@ -11,12 +11,13 @@
 A subcommand runs its module as `python -m` does. Nothing heavy is imported here, so every `--help` is answered
 without torch (convert's and interpret's flags are parsed here first: hf_tinytx/command_flags.py).
 
-pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, then `preflight`:
-bad input is one line and exit 2, before torch loads) and `finish_script` at their end. The exit status: 0 the run
-finished; 2 bad input (UserInputError); 1 a fault while running (RunError), a full disk, anything unexpected (one
-line; TINYTX_TRACEBACK=1 shows the traceback instead), or another process that left first after a stop signal;
-128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped). A process of a launch that fails also makes
-sure its launcher does not hang on (distributed/cluster.py, `watch_launcher_exit`).
+pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, one voice for a
+launch (`speak_only_as_main`), then `preflight`: bad input is one line and exit 2, before torch loads) and
+`finish_script` at their end. The exit status: 0 the run finished; 2 bad input (UserInputError); 1 a fault while
+running (RunError), a full disk, anything unexpected (one line; TINYTX_TRACEBACK=1 shows the traceback instead), or
+another process that left first after a stop signal; 128 + signal stopped by SIGTERM or SIGINT with a checkpoint
+(Stopped). A process of a launch that fails also makes sure its launcher does not hang on (distributed/cluster.py,
+`watch_launcher_exit`).
 """
 
 import difflib
@@ -124,6 +125,7 @@ def start_script(script_file: str, package: str | None) -> None:
     # First: a signal while the libraries load ends the run with a line, not a traceback or a bare -15.
     stop_requests(program).install()
     sys.stdout = OutputWithoutReader(sys.stdout)
+    speak_only_as_main()
     try:
         importlib.import_module(f"{__package__}.{EARLY_CHECKS[script]}").preflight()
     except UserInputError as error:
@@ -160,6 +162,32 @@ class OutputWithoutReader:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+_OWN_OUTPUT = []  # this process's stdout, kept by speak_only_as_main for `print_own`
+
+
+def speak_only_as_main(env=os.environ) -> None:
+    """One voice for a launch. A process other than the global main one (RANK 0) prints nothing to stdout: Accelerate
+    prints on the main process of every node, so a job's log would hold each line once per node. Its errors and
+    warnings still go to stderr, and `print_own` still reaches its stdout. Progress bars are drawn by the main process
+    only, and only on a terminal: in a job's log file their redraws pile up into one long line (pretrain.py prints a
+    line every few steps instead)."""
+    _OWN_OUTPUT[:] = [sys.stdout]
+    main = env.get("RANK", "0") == "0"
+    if not main:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # for the life of the process
+    if not main or not sys.stderr.isatty():
+        for name in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+            env.setdefault(name, "1")  # read by datasets, huggingface_hub and transformers as they load
+
+
+def print_own(line: str) -> None:
+    """A line that is each process's own (what it holds of a sharded model), printed by every process, in one write:
+    the processes print at the same moment, and their lines must not interleave."""
+    stream = _OWN_OUTPUT[0] if _OWN_OUTPUT else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def use_this_checkout(script_file: str) -> None:
