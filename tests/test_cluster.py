@@ -30,7 +30,14 @@ from tests.helpers.cluster_runs import (
     start,
     train_straight,
 )
-from tests.helpers.processes import alive, listening_on, pending_signals, workers_under
+from tests.helpers.processes import (
+    alive,
+    command_line,
+    descendants,
+    listening_on,
+    pending_signals,
+    workers_under,
+)
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
 
 
@@ -365,14 +372,21 @@ def test_the_lost_peer_line_tells_a_frozen_peer_from_one_that_left(text, frozen)
 
 def test_a_launcher_is_ended_only_once_its_last_worker_has_ended_and_the_grace_has_passed():
     """end_stuck_launcher, the watcher a failed worker leaves: a "launcher" whose "worker" (sleep 2) still runs is left
-    alone; once the worker has ended, the launcher is SIGKILLed after the grace."""
+    alone; once the worker has ended, the launcher is SIGKILLed after the grace. Another watcher among its children
+    (a container's first process inherits orphans) does not count as a worker."""
     from hf_tinytx_training.distributed.cluster import end_stuck_launcher, started
 
-    stuck = "import subprocess, time; subprocess.run(['sleep', '2']); time.sleep(600)"
-    launcher = subprocess.Popen([sys.executable, "-c", stuck])
+    watcher = [sys.executable, "-c", "import time; time.sleep(600)  # end_stuck_launcher"]
+    stuck = (f"import subprocess, time; subprocess.Popen({watcher!r}); subprocess.run(['sleep', '2']); "
+             f"time.sleep(600)")
+    launcher, watchers = subprocess.Popen([sys.executable, "-c", stuck]), []
     try:
         deadline = time.monotonic() + 60
-        while not (workers := workers_under(launcher.pid, "sleep")):
+        workers = []
+        while not workers or not watchers:
+            below = {pid: command_line(pid) for pid in descendants(launcher.pid)}
+            workers = [pid for pid, line in below.items() if line.split() == ["sleep", "2"]]
+            watchers = [pid for pid, line in below.items() if "end_stuck_launcher" in line]
             assert time.monotonic() < deadline, "the worker never started"
             time.sleep(0.05)
         worker = workers[0]
@@ -381,6 +395,8 @@ def test_a_launcher_is_ended_only_once_its_last_worker_has_ended_and_the_grace_h
         assert launcher.wait(timeout=10) == -signal.SIGKILL
     finally:
         launcher.kill()
+        for pid in watchers:
+            os.kill(pid, signal.SIGKILL)
     assert started(launcher.pid) == ""
 
 

@@ -240,7 +240,8 @@ def end_stuck_launcher(launcher: int, start: str, grace: float) -> None:
     running child for `grace` seconds; returns as soon as it is gone."""
     idle_since = time.monotonic()
     while started(launcher) == start:
-        if running_children(launcher):
+        # Watchers are no workers: where the launcher is PID 1 (a container's first process) it inherits them.
+        if [pid for pid in running_children(launcher) if "end_stuck_launcher" not in command_line(pid)]:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since >= grace:
             os.kill(launcher, signal.SIGKILL)
@@ -256,6 +257,14 @@ def started(pid: int) -> str:
     except OSError:
         return ""
     return "" if fields[0] == "Z" else fields[19]
+
+
+def command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def running_children(pid: int) -> list[int]:
