@@ -1,16 +1,14 @@
 """Training on a cluster, played on one host: two "nodes" of one CPU process each (gloo on 127.0.0.1), launched by
-the recipes users run (the SLURM batch script under a stand-in srun, the Kubernetes Job's container command,
-`accelerate launch` on two machines), and every node fault injected from outside: a frozen worker (SIGSTOP), a
-launcher killed alone (kill -9 of torchrun's agent), SIGTERM, node-local folders, launches that would train alone.
-Each run is compared with one process training straight through with the same --total_batch_size, across epoch
-boundaries.
+the recipes users run (the Kubernetes Job's container command, `accelerate launch` on two machines, torchrun by hand
+on each node), and every node fault injected from outside: a frozen node (SIGSTOP), a launcher killed alone (kill -9
+of torchrun's agent), SIGTERM, node-local folders, launches that would train alone. Each run is compared with one
+process training straight through with the same --total_batch_size, across epoch boundaries. The SLURM recipe runs on
+a real SLURM: tests/test_slurm.py.
 """
 
-import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,49 +18,40 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.helpers import fake_slurm
-from tests.helpers.fake_slurm import alive, node_of, workers_under
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+from hf_tinytx_training.distributed.cluster import LAUNCHER_GRACE
+from tests.helpers.cluster_runs import (
+    FLAGS,
+    PRETRAIN,
+    STEPS,
+    assert_equal_runs,
+    finish,
+    free_port,
+    run,
+    start,
+    train_straight,
+)
+from tests.helpers.processes import (
+    alive,
+    command_line,
+    descendants,
+    listening_on,
+    pending_signals,
+    workers_under,
+)
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS
 
 
 pytestmark = pytest.mark.deep
 
-STEPS = 120  # ~21 steps an epoch: five epoch boundaries
-FLAGS = [*TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_size", "16", "--max_train_steps",
-         str(STEPS), "--checkpointing_steps", "20", "--eval_steps", "1000", "--num_probes_per_kind", "0",
-         "--num_samples", "0"]
-PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
 CONFIGS = REPO_ROOT / "training" / "configs"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 BOUND = 90  # seconds from a fault to every process gone: --ddp_timeout (10 s) plus start-up and shutdown on a busy CI
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env_for(tmp_path, **extra):
-    """Offline, one thread a process, with this interpreter's `python` (and the stand-ins, when given) first."""
-    path = os.pathsep.join([*filter(None, [extra.pop("PATH", None)]), os.path.dirname(sys.executable),
-                            os.environ["PATH"]])
-    return pretrain_env(tmp_path, OMP_NUM_THREADS="1", **{**extra, "PATH": path})
-
-
-def start(command, tmp_path, **env):
-    return subprocess.Popen(command, cwd=tmp_path, env=env_for(tmp_path, **env), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def finish(process, timeout=300) -> tuple[int, str]:
-    output, _ = process.communicate(timeout=timeout)
-    return process.returncode, output
-
-
-def run(command, tmp_path, timeout=300, **env) -> tuple[int, str]:
-    return finish(start(command, tmp_path, **env), timeout)
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    return train_straight(tmp_path_factory.mktemp("cluster") / "straight")
 
 
 def wait_for(path, process, timeout=240):
@@ -73,83 +62,71 @@ def wait_for(path, process, timeout=240):
         time.sleep(0.05)
 
 
-def losses(folder) -> dict[int, float]:
-    """step -> training loss, the last launch's value where a resumed run logged a step twice."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row["loss"] for row in rows if "loss" in row}
-
-
-def assert_equal_runs(folder, straight, tolerance=0.0):
-    weights, reference = load_file(folder / "model.safetensors"), load_file(straight / "model.safetensors")
-    difference = max((weights[name] - reference[name]).abs().max().item() for name in reference)
-    assert difference <= tolerance, f"max |weights - straight| = {difference:.3e}"
-    mine, theirs = losses(folder), losses(straight)
-    assert sorted(mine) == list(range(1, STEPS + 1))
-    logged = 0.0 if tolerance == 0 else 1.0001e-5  # the log keeps 5 decimals: one step of its rounding
-    assert max(abs(mine[step] - theirs[step]) for step in theirs) <= logged
-    final = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
-    reference_final = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()][-1]
-    assert abs(final["eval_loss"] - reference_final["eval_loss"]) <= 1e-5
-
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """One process, straight through: 16 blocks a step as 2 accumulated micro-batches of 8."""
-    folder = tmp_path_factory.mktemp("cluster") / "straight"
-    code, output = run([sys.executable, PRETRAIN, *FLAGS, "--output_dir", str(folder)], folder.parent)
-    assert code == 0, output[-3000:]
-    return folder
-
-
 # ---- the recipes, run as written, equal one process
 
-def slurm_job(tmp_path, folder, *flags, port):
-    bin_path = fake_slurm.install(tmp_path / "slurm-bin")
-    return start(["bash", str(CONFIGS / "slurm.sbatch"), *FLAGS, *flags, "--output_dir", str(folder)], tmp_path,
-                 PATH=bin_path, SLURM_NNODES="2",
-                 SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_ID="4242", NPROC_PER_NODE="1", RDZV_PORT=str(port))
-
-
-def test_the_slurm_recipe_survives_a_frozen_node_and_resumes_on_one_process_exactly(tmp_path, straight):
-    """srun --kill-on-bad-exit + --ddp_timeout: a frozen worker ends the job within the bound (the survivor names the
-    step and the checkpoint); the job restarted on one process continues bit for bit."""
-    folder = tmp_path / "run"
-    job = slurm_job(tmp_path, folder, "--ddp_timeout", "10", port=free_port())
-    wait_for(folder / "checkpoints" / "step_20", job)
-    workers = workers_under(job.pid)
-    assert len(workers) == 2
-    # The first node's worker: its survivor is then srun's second task, whose exit srun must see while the first
-    # task (the frozen node's launcher, which may host the rendezvous store and so never fails by itself) runs on.
-    frozen = next(pid for pid in workers if node_of(pid) == "0")
-    os.kill(frozen, signal.SIGSTOP)
-    frozen_at = time.monotonic()
-    code, output = finish(job, timeout=BOUND + 60)
-    assert time.monotonic() - frozen_at < BOUND, output[-3000:]
-    assert code != 0
-    assert "did not answer within --ddp_timeout 10 s (frozen, or lost with its node) during step" in output
-    assert not alive(frozen)  # srun --kill-on-bad-exit ended it with the job step
-    code, output = run([sys.executable, PRETRAIN, *FLAGS, "--output_dir", str(folder), "--resume_from_checkpoint",
-                        "latest"], tmp_path)
-    assert code == 0, output[-3000:]
-    assert "(written by 2 process(es), now 1)" in output
-    assert_equal_runs(folder, straight)
-
-
-def test_the_kubernetes_job_runs_as_written_on_two_pods(tmp_path, straight):
-    """The Job's container command, its $(VAR)s expanded from its env as Kubernetes does, on two "pods"."""
+def kubernetes_job():
     documents = yaml.safe_load_all((CONFIGS / "kubernetes-job.yaml").read_text())
-    job = next(doc for doc in documents if doc["kind"] == "Job")
-    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    return next(doc for doc in documents if doc["kind"] == "Job")
+
+
+def pod_command(job, folder) -> list[str]:
+    """The Job's container command, its $(VAR)s expanded from its env as Kubernetes does."""
     container = job["spec"]["template"]["spec"]["containers"][0]
-    folder = tmp_path / "run"
     values = {item["name"]: item["value"] for item in container["env"]}
     values.update(RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", OUTPUT_DIR=str(folder))  # the Service's name, here
     command = [re.sub(r"\$\((\w+)\)", lambda found: values[found.group(1)], part)
                for part in container["command"] + container["args"]]
     assert command[0] == "python" and "$(" not in " ".join(command)
-    pods = [start([sys.executable, *command[1:], *FLAGS], tmp_path, JOB_COMPLETION_INDEX=str(index))
-            for index in range(2)]
-    for pod in pods:
+    return [sys.executable, *command[1:], *FLAGS, "--ddp_timeout", "30"]
+
+
+def pods(job, folder, tmp_path):
+    command = pod_command(job, folder)
+    return [start(command, tmp_path, JOB_COMPLETION_INDEX=str(index)) for index in range(2)]
+
+
+def policy_for(job, status: int) -> str:
+    """What the Job's podFailurePolicy does with a pod that exits with `status` ("Count": against backoffLimit)."""
+    for rule in job["spec"]["podFailurePolicy"]["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes and (status in codes["values"]) == (codes["operator"] == "In"):
+            return rule["action"]
+    return "Count"
+
+
+def test_the_kubernetes_job_runs_as_written_and_a_deleted_pod_stops_both_with_the_status_its_policy_ignores(
+        tmp_path, straight):
+    """Two "pods" run the Job's container command. Kubernetes deletes pod 0 (SIGTERM to its first process, the
+    launcher): both pods save at the same step and exit 143, which the podFailurePolicy ignores, so Kubernetes starts
+    them again; the new pods resume and the run ends bit for bit equal to one process. A crash counts against
+    backoffLimit; bad input fails the Job."""
+    job = kubernetes_job()
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # what a podFailurePolicy needs
+    disrupted = job["spec"]["podFailurePolicy"]["rules"][0]
+    assert disrupted == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert [policy_for(job, status) for status in (143, 130, 2, 1)] == ["Ignore", "Ignore", "FailJob", "Count"]
+
+    folder = tmp_path / "run"
+    first = pods(job, folder, tmp_path)
+    wait_for(folder / "checkpoints" / "step_20", first[0])
+    workers = [pid for pod in first for pid in workers_under(pod.pid)]
+    assert len(workers) == 2
+    for pid in workers:  # the stop lands mid-run, however fast the machine
+        os.kill(pid, signal.SIGSTOP)
+    first[0].send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while signal.SIGTERM not in pending_signals(workers_under(first[0].pid)[0]):
+        assert time.monotonic() < deadline, "the launcher did not pass SIGTERM on"
+        time.sleep(0.1)
+    for pid in workers:
+        os.kill(pid, signal.SIGCONT)
+    outputs = [finish(pod) for pod in first]
+    assert [code for code, _ in outputs] == [143, 143], [output[-3000:] for _, output in outputs]
+    assert re.search(r"^pretrain\.py: stopped at step \d+ of 120 by SIGTERM", outputs[0][1], re.M), outputs[0][1]
+    assert "train:" not in outputs[1][1] and "Training for" not in outputs[1][1]  # pod 1 prints only its failures
+
+    for pod in pods(job, folder, tmp_path):  # Kubernetes' new pods
         code, output = finish(pod)
         assert code == 0, output[-3000:]
     assert_equal_runs(folder, straight)
@@ -161,10 +138,10 @@ def test_accelerate_launch_on_two_machines_without_gpus_trains_on_their_cpus(tmp
     machines = [start([*ACCELERATE, "--config_file", str(CONFIGS / "accelerate-multinode.yaml"), "--num_processes",
                        "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port",
                        port, PRETRAIN, *FLAGS, "--output_dir", str(folder)], tmp_path) for rank in (0, 1)]
-    for machine in machines:
-        code, output = finish(machine)
-        assert code == 0, output[-3000:]
-    assert "the processes train on its CPUs over gloo" in output
+    outputs = [finish(machine) for machine in machines]
+    assert all(code == 0 for code, _ in outputs), [output[-3000:] for _, output in outputs]
+    assert "the processes train on its CPUs over gloo" in outputs[0][1]  # said once, by the main process
+    assert "the processes train on its CPUs over gloo" not in outputs[1][1]
     assert_equal_runs(folder, straight)
 
 
@@ -202,6 +179,40 @@ def test_a_worker_whose_launcher_dies_stops_with_a_checkpoint_and_the_run_goes_o
     assert code == 0, output[-3000:]
     assert "(written by 1 process(es), now 2)" in output
     assert_equal_runs(folder, straight)
+
+
+def test_a_frozen_rendezvous_host_ends_the_other_nodes_launcher_within_ddp_timeout_and_a_grace(tmp_path):
+    """Two nodes started by hand with torchrun (c10d); the node that hosts the rendezvous store frozen whole, launcher
+    and worker (SIGSTOP). The other node's worker stops at --ddp_timeout with its line. Its launcher asks the frozen
+    store for news every 0.1 s and never gets an answer, not even to SIGTERM (it ran on for 900 s and more): the
+    watcher that its failed worker left behind ends it LAUNCHER_GRACE seconds later (distributed/cluster.py)."""
+    folder, port, timeout = tmp_path / "run", free_port(), 10
+    command = [*TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               f"127.0.0.1:{port}", "--rdzv-id", "frozen", PRETRAIN, *FLAGS, "--ddp_timeout", str(timeout),
+               "--output_dir", str(folder)]
+    host = start(command, tmp_path)
+    deadline = time.monotonic() + 120
+    while listening_on(port) != host.pid:  # the first launcher to start hosts the store
+        assert host.poll() is None and time.monotonic() < deadline, finish(host)[1][-3000:]
+        time.sleep(0.1)
+    other = start(command, tmp_path)
+    frozen = [host.pid]
+    try:
+        wait_for(folder / "checkpoints" / "step_20", other)
+        frozen += workers_under(host.pid)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        code, output = finish(other, timeout=timeout + LAUNCHER_GRACE + 120)
+        seconds = time.monotonic() - frozen_at
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+        host.communicate()
+    print(f"frozen store host: the other node's launcher ended {seconds:.1f} s after the freeze")
+    assert "did not answer within --ddp_timeout 10 s (frozen, or lost with its node) during step" in output, output
+    assert code == -signal.SIGKILL, (code, output[-3000:])  # the watcher's doing: torchrun alone never exits
+    assert timeout + LAUNCHER_GRACE <= seconds < timeout + LAUNCHER_GRACE + 45, seconds
 
 
 def test_an_fsdp2_checkpoint_reshards_into_one_process(tmp_path, straight):
@@ -270,15 +281,12 @@ def test_a_node_local_output_dir_is_refused_before_anything_is_written(tmp_path)
 # ---- launches that would train alone stop in one line
 
 def test_launches_that_would_train_alone_stop_in_one_line(tmp_path):
+    """srun tasks without a launcher: tests/test_slurm.py, on a real SLURM."""
     folder = tmp_path / "never"
     cpu = run([*ACCELERATE, "--cpu", "--num_processes", "2", PRETRAIN, *FLAGS, "--output_dir", str(folder)],
               tmp_path)
     assert cpu[0] != 0 and ("pretrain.py: error: `accelerate launch` was asked for several processes or machines "
                             "but started this script once, alone") in cpu[1]
-    bin_path = fake_slurm.install(tmp_path / "slurm-bin")
-    tasks = run(["srun", sys.executable, PRETRAIN, *FLAGS, "--output_dir", str(folder)], tmp_path,
-                PATH=bin_path, SLURM_NNODES="2")
-    assert tasks[0] != 0 and "pretrain.py: error: srun started 2 tasks and each runs this script alone" in tasks[1]
     if subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True).returncode == 0:
         pdsh = run([*ACCELERATE, "--config_file", str(CONFIGS / "accelerate-deepspeed-zero3.yaml"), "--num_machines",
                     "2", "--num_processes", "2", "--machine_rank", "0", "--main_process_ip", "127.0.0.1",
@@ -357,3 +365,49 @@ def test_the_lost_peer_line_tells_a_frozen_peer_from_one_that_left(text, frozen)
     assert ("did not answer within --ddp_timeout 10 s" in line) == frozen, line
     assert ("left (killed" in line) != frozen and "\n" not in line, line
     assert "checkpoint out/checkpoints/step_8 is intact" in line and "--resume_from_checkpoint latest" in line
+
+
+# ---- the launcher's end, in small
+
+
+def test_a_launcher_is_ended_only_once_its_last_worker_has_ended_and_the_grace_has_passed():
+    """end_stuck_launcher, the watcher a failed worker leaves: a "launcher" whose "worker" (sleep 2) still runs is left
+    alone; once the worker has ended, the launcher is SIGKILLed after the grace. Another watcher among its children
+    (a container's first process inherits orphans) does not count as a worker."""
+    from hf_tinytx_training.distributed.cluster import end_stuck_launcher, started
+
+    watcher = [sys.executable, "-c", "import time; time.sleep(600)  # end_stuck_launcher"]
+    stuck = (f"import subprocess, time; subprocess.Popen({watcher!r}); subprocess.run(['sleep', '2']); "
+             f"time.sleep(600)")
+    launcher, watchers = subprocess.Popen([sys.executable, "-c", stuck]), []
+    try:
+        deadline = time.monotonic() + 60
+        workers = []
+        while not workers or not watchers:
+            below = {pid: command_line(pid) for pid in descendants(launcher.pid)}
+            workers = [pid for pid, line in below.items() if line.split() == ["sleep", "2"]]
+            watchers = [pid for pid, line in below.items() if "end_stuck_launcher" in line]
+            assert time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.05)
+        worker = workers[0]
+        end_stuck_launcher(launcher.pid, started(launcher.pid), grace=1.0)
+        assert not alive(worker)  # ended on its own before the launcher was
+        assert launcher.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        launcher.kill()
+        for pid in watchers:
+            os.kill(pid, signal.SIGKILL)
+    assert started(launcher.pid) == ""
+
+
+@pytest.mark.parametrize("codes, status", [
+    ([143, 143], 143), ([130], 130), ([-15, 143], 143),  # -15: ended by SIGTERM before its handler was set
+    ([143, 1], None), ([1, 1], None), ([-9], None), ([143, 130], None),
+])
+def test_the_node_launcher_calls_a_stop_only_what_every_process_stopped_at(codes, status):
+    from types import SimpleNamespace
+
+    from hf_tinytx_training.distributed.__main__ import stop_status
+
+    failures = {rank: SimpleNamespace(exitcode=code) for rank, code in enumerate(codes)}
+    assert stop_status(failures) == status

@@ -11,11 +11,13 @@
 A subcommand runs its module as `python -m` does. Nothing heavy is imported here, so every `--help` is answered
 without torch (convert's and interpret's flags are parsed here first: hf_tinytx/command_flags.py).
 
-pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, then `preflight`:
-bad input is one line and exit 2, before torch loads) and `finish_script` at their end. The exit status: 0 the run
-finished; 2 bad input (UserInputError); 1 a fault while running (RunError), a full disk, or anything unexpected (one
-line; TINYTX_TRACEBACK=1 shows the traceback instead); 128 + signal stopped by SIGTERM or SIGINT with a checkpoint
-(Stopped).
+pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, one voice for a
+launch (`speak_only_as_main`), then `preflight`: bad input is one line and exit 2, before torch loads) and
+`finish_script` at their end. The exit status: 0 the run finished; 2 bad input (UserInputError); 1 a fault while
+running (RunError), a full disk, anything unexpected (one line; TINYTX_TRACEBACK=1 shows the traceback instead), or
+another process that left first after a stop signal; 128 + signal stopped by SIGTERM or SIGINT with a checkpoint
+(Stopped). A process of a launch that fails also makes sure its launcher does not hang on (distributed/cluster.py,
+`watch_launcher_exit`).
 """
 
 import difflib
@@ -29,6 +31,7 @@ from importlib.machinery import PathFinder
 from importlib.util import find_spec
 from typing import NoReturn
 
+from hf_tinytx_training.distributed.cluster import watch_launcher_exit
 from hf_tinytx_training.distributed.preemption import Stopped, StopRequests, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
 
@@ -122,6 +125,7 @@ def start_script(script_file: str, package: str | None) -> None:
     # First: a signal while the libraries load ends the run with a line, not a traceback or a bare -15.
     stop_requests(program).install()
     sys.stdout = OutputWithoutReader(sys.stdout)
+    speak_only_as_main()
     try:
         importlib.import_module(f"{__package__}.{EARLY_CHECKS[script]}").preflight()
     except UserInputError as error:
@@ -160,6 +164,32 @@ class OutputWithoutReader:
         return getattr(self._stream, name)
 
 
+_OWN_OUTPUT = []  # this process's stdout, kept by speak_only_as_main for `print_own`
+
+
+def speak_only_as_main(env=os.environ) -> None:
+    """One voice for a launch. A process other than the global main one (RANK 0) prints nothing to stdout: Accelerate
+    prints on the main process of every node, so a job's log would hold each line once per node. Its errors and
+    warnings still go to stderr, and `print_own` still reaches its stdout. Progress bars are drawn by the main process
+    only, and only on a terminal: in a job's log file their redraws pile up into one long line (pretrain.py prints a
+    line every few steps instead)."""
+    _OWN_OUTPUT[:] = [sys.stdout]
+    main = env.get("RANK", "0") == "0"
+    if not main:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # for the life of the process
+    if not main or not sys.stderr.isatty():
+        for name in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+            env.setdefault(name, "1")  # read by datasets, huggingface_hub and transformers as they load
+
+
+def print_own(line: str) -> None:
+    """A line that is each process's own (what it holds of a sharded model), printed by every process, in one write:
+    the processes print at the same moment, and their lines must not interleave."""
+    stream = _OWN_OUTPUT[0] if _OWN_OUTPUT else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def use_this_checkout(script_file: str) -> None:
     """A checkout's script imports the installed hf_tinytx_training, which must be this very folder (an editable
     install). The checkout's top then replaces training/ on sys.path (whose module names would shadow libraries')."""
@@ -179,14 +209,15 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
     try:
         main()
     except Stopped as stopped:
-        leave_stopped(stopped)
+        leave_stopped(stopped, stop)
     except (UserInputError, RunError) as error:
         # One write, newline included: the processes of a launch may say it at once.
         sys.stderr.write(f"{program}: error: {error}\n")
-        leave(2 if isinstance(error, UserInputError) else 1)
+        leave(2 if isinstance(error, UserInputError) else 1, stop)
     except Exception as error:
-        if stop.peer_left(error):  # a collective broken by a process that left at the signal: a stop, not a crash
-            leave_stopped(stop.stopped_with_a_peer(error))
+        if stop.peer_left(error):  # left at the signal, or failed: not a stop a scheduler may requeue
+            sys.stderr.write(f"{program}: error: {stop.peer_left_message(error)}\n")
+            leave(1, stop)
         from hf_tinytx.exits import TRACEBACK_VARIABLE
         from hf_tinytx.folders import is_disk_full  # loaded with the script's module by now
 
@@ -195,25 +226,27 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
             sys.stderr.write(f"{program}: error: No space left on the device while writing {where}; the "
                              f"checkpoints saved so far are intact: free some space and rerun with "
                              f"--resume_from_checkpoint latest.\n")
-            leave(1)
+            leave(1, stop)
         if os.environ.get(TRACEBACK_VARIABLE):
+            watch_launcher_exit(stop.launcher and stop.launcher.parent, 1)  # the traceback's exit status
             raise
         reason = " ".join(str(error).split())[:300]
         sys.stderr.write(f"{program}: error: {type(error).__name__}{f': {reason}' if reason else ''} (unexpected: "
                          f"the checkpoints saved so far are intact; run again with {TRACEBACK_VARIABLE}=1 to see "
                          f"where, and report it)\n")
-        leave(1)
-    leave(0)
+        leave(1, stop)
+    leave(0, stop)
 
 
-def leave_stopped(stopped: Stopped) -> NoReturn:
+def leave_stopped(stopped: Stopped, stop: StopRequests) -> NoReturn:
     if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
         sys.stderr.write(f"{stopped}\n")
     sys.stderr.flush()
-    leave(stopped.exit_code)
+    leave(stopped.exit_code, stop)
 
 
-def leave(code: int) -> NoReturn:
+def leave(code: int, stop: StopRequests) -> NoReturn:
+    watch_launcher_exit(stop.launcher and stop.launcher.parent, code)
     exit_launched_process(code)
     sys.exit(code)
 

@@ -51,6 +51,7 @@ from hf_tinytx_training.args import (
     parse_args,
     plan_steps,
 )
+from hf_tinytx_training.cli import print_own
 from hf_tinytx_training.data import packing, token_store
 from hf_tinytx_training.data.fit import memorising_warning
 from hf_tinytx_training.data.handoff import Handoff
@@ -383,9 +384,11 @@ def fit(run: Run) -> None:
     """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
     progress, args = run.progress, run.train_args
     announce_plan(run)
+    # The main process of the launch draws the bar, on a terminal only (disable=None); in a job's log file it
+    # prints a line at the first step and every `line_every` steps instead, in the bar's words (`log_step`).
     bar = tqdm(total=run.max_train_steps, initial=progress.step, desc="train",
-               disable=not run.accelerator.is_local_main_process)
-    pace = Pace(started=time.perf_counter(), first_step=progress.step)
+               disable=None if run.accelerator.is_main_process else True)
+    pace = Pace(started=time.perf_counter(), first_step=progress.step, line_every=progress_line_every(run))
     batches = micro_batches(run)
     # One process says it: the cores are the machine's, not a rank's.
     on_cpu = run.accelerator.device.type == "cpu" and run.accelerator.is_local_main_process
@@ -414,9 +417,7 @@ def fit(run: Run) -> None:
     progress.train_seconds = pace.seconds()
     progress.stopped_by_clock = run.clock.ran_out and bool(steps_left(run))
     if run.own_fsdp2 or sharding.zero_stage(run.accelerator) is not None:  # every process says what it holds
-        line = sharding.shard_report(run.model, run.optimizer, run.accelerator)
-        sys.stdout.write(line + "\n")  # one write: the ranks print at the same moment, lines must not interleave
-        sys.stdout.flush()
+        print_own(sharding.shard_report(run.model, run.optimizer, run.accelerator))
 
 
 @dataclass
@@ -425,9 +426,16 @@ class Pace:
 
     started: float  # time.perf_counter() when `fit` began
     first_step: int
+    line_every: int  # steps between two progress lines, where no bar is drawn
 
     def seconds(self) -> float:
         return time.perf_counter() - self.started
+
+
+def progress_line_every(run: Run) -> int:
+    """About 20 progress lines a run, at most --eval_steps steps apart (the run's own cadence for news)."""
+    planned = run.max_train_steps or run.train_args.eval_steps * 20  # planned in seconds: every --eval_steps
+    return max(1, min(run.train_args.eval_steps, planned // 20))
 
 
 @dataclass
@@ -540,6 +548,12 @@ def log_step(run: Run, loss: float, pace: Pace, elapsed: float, bar) -> None:
                  "elapsed_seconds": round(run.progress.earlier_seconds + elapsed, 2)})
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_second:,.0f}")
+    first = step == pace.first_step + 1
+    if bar.disable and run.accelerator.is_main_process and (first or step % pace.line_every == 0):
+        planned = run.max_train_steps
+        done = f"{100 * step / planned:3.0f}% | {step}/{planned}" if planned else f"{step}"
+        run.accelerator.print(f"train: {done} steps, loss {loss:.4f}, {tokens_per_second:,.0f} tokens/s, "
+                              f"{elapsed:.1f} s", flush=True)
 
 
 def log_evaluation(run: Run, bar) -> None:

@@ -10,13 +10,23 @@
   each checkpoint incomplete on every node.
 - A worker whose launcher died stops (`launcher_gone`, which preemption.py counts as a SIGTERM): torchrun starts its
   workers in their own session, so nothing else would stop them, and they would train on alone.
+- A launcher never outlives its failed workers for long (`end_stuck_launcher`): torchrun's agent asks the rendezvous
+  store on the first node for news every tenth of a second, and when that node freezes the request never returns
+  (not even to SIGTERM). A worker that fails starts a small watcher that SIGKILLs its launcher once the launcher has
+  had no running worker for LAUNCHER_GRACE seconds, so the node's job step ends and the scheduler can act.
+- On a scheduler, `python -m hf_tinytx_training.distributed TORCHRUN_FLAGS` is torchrun with an exit status the job
+  script can act on (distributed/__main__.py).
 
 Nothing here imports torch at the top: the scripts run the first check before torch loads.
 """
 
 import os
 import secrets
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 
 MPI_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")  # what Accelerate reads under mpirun
@@ -202,3 +212,72 @@ class LauncherWatch:
 
     def launcher_gone(self) -> bool:
         return self.parent is not None and os.getppid() != self.parent
+
+
+# ---- a launcher that outlives its workers
+
+LAUNCHER_GRACE = 30  # seconds a launcher may run on once its last worker has ended (it only has to close and exit)
+
+
+def watch_launcher_exit(launcher: int | None, code: int, env=os.environ) -> None:
+    """Called by a worker of torchrun (or `accelerate launch`) as it leaves with `code`: when it failed and the
+    launcher has no restart left to try, a process of its own (which outlives this one) ends the launcher should it
+    still run LAUNCHER_GRACE seconds after its last worker (`end_stuck_launcher`)."""
+    if code == 0 or launcher is None or os.getppid() != launcher:
+        return  # finished, not launched by torchrun, or the launcher is already gone
+    if int(env.get("TORCHELASTIC_RESTART_COUNT", "0")) < int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")):
+        return  # the launcher will start the workers again
+    watcher = ("import sys; from hf_tinytx_training.distributed.cluster import end_stuck_launcher; "
+               "end_stuck_launcher(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]))")
+    # Its own session, no inherited pipes: whoever reads this process's output must not wait for the watcher.
+    subprocess.Popen([sys.executable, "-c", watcher, str(launcher), started(launcher), str(LAUNCHER_GRACE)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def end_stuck_launcher(launcher: int, start: str, grace: float) -> None:
+    """SIGKILLs `launcher` (the process that started at `start`, so never a later one with its PID) once it has had no
+    running child for `grace` seconds; returns as soon as it is gone."""
+    idle_since = time.monotonic()
+    while started(launcher) == start:
+        # Watchers are no workers: where the launcher is PID 1 (a container's first process) it inherits them.
+        if [pid for pid in running_children(launcher) if "end_stuck_launcher" not in command_line(pid)]:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= grace:
+            os.kill(launcher, signal.SIGKILL)
+            return
+        time.sleep(0.5)
+
+
+def started(pid: int) -> str:
+    """The process's start time (clock ticks since boot) as /proc gives it; "" once it has ended (a zombie too)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return ""
+    return "" if fields[0] == "Z" else fields[19]
+
+
+def command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def running_children(pid: int) -> list[int]:
+    """The children of `pid` that still run (not the zombies of those that ended)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(parent) == pid and state != "Z":
+            children.append(int(entry))
+    return children

@@ -4,7 +4,8 @@ next optimizer step boundary, with a resumable checkpoint, and exit status 128 +
 - Before training starts there is nothing to save: the process says so in one line and leaves at once.
 - Once `training()` is called a signal only marks the request; every process asks `asked()` (or sums `counts()` in
   its own all-reduce) at each step boundary, so all stop at the same step, save, and raise `Stopped`.
-- A rank that finds a collective broken after a signal reports the stop it is (`peer_left`): its peer left first.
+- A rank that finds a collective broken after a signal (`peer_left`) exits 1, not 128 + signal: its peer left at the
+  signal, or crashed (srun sends SIGTERM to a step whose other node failed), and a crash must not be requeued.
 - Forked workers die with the process (`children_die_with_parent`); a worker whose launcher died counts as having
   got SIGTERM; once the interpreter shuts down, the signals are ignored, so the exit status stays as chosen.
 """
@@ -67,15 +68,15 @@ class StopRequests:
         os._exit(128 + signum)
 
     def peer_left(self, error: BaseException) -> bool:
-        """Whether `error` is most likely another process of the launch leaving at the signal this one got too: a
-        process still setting up leaves at once, while one already training waits for it in a collective."""
+        """Whether `error` is a collective that another process of the launch broke after this one got a signal: it
+        left at the signal while still setting up, or it failed."""
         return bool(self.received) and int(os.environ.get("WORLD_SIZE", "1")) > 1 and isinstance(error, RuntimeError)
 
-    def stopped_with_a_peer(self, error: BaseException) -> Stopped:
+    def peer_left_message(self, error: BaseException) -> str:
         signum = self.received[0]
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        return Stopped(f"{self.program}: stopped by {signal.Signals(signum).name}: another process of the launch "
-                       f"left first ({reason}); the checkpoints saved so far are intact: {RESUME_ADVICE}.", signum)
+        return (f"stopping at {signal.Signals(signum).name}, but another process of the launch left first "
+                f"({reason}); the checkpoints saved so far are intact: {RESUME_ADVICE}.")
 
     def counts(self) -> list[float]:
         """1 or 0 for each of STOP_SIGNALS: whether this process got it (numbers an all-reduce can sum)."""

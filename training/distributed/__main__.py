@@ -1,0 +1,108 @@
+"""`python -m hf_tinytx_training.distributed TORCHRUN_FLAGS`: torchrun for one node of a scheduler's job, whose exit
+status a job script can act on. training/configs/slurm.sbatch and kubernetes-job.yaml run it on every node.
+
+    0            the run finished
+    128 + signal every training process of this node stopped at SIGTERM (143) or SIGINT (130): at a step boundary,
+                 with a checkpoint, or before training started, with nothing to save. A scheduler may requeue it.
+    1            anything else, with torchrun's own report: a crash, bad input, a lost or frozen peer.
+
+torchrun itself exits 1 whenever a worker does not exit 0, a stop included. And a SIGTERM reaches its agent for a
+stop as well as when srun ends the job step because another node failed (--kill-on-bad-exit): only the workers'
+statuses tell the two apart. So torchrun's agent runs in a thread here, and this process, not the agent, takes the
+stop signals: it passes each on to the node's training processes and reads how they ended.
+"""
+
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+
+from hf_tinytx_training.distributed.cluster import running_children
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class PassOn:
+    """The stop signal this process got, passed on to every training process of the node (the agent's children),
+    also to those that start after it."""
+
+    def __init__(self):
+        self.signum = None
+        self.told: set[int] = set()
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.request)
+
+    def request(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+        self.tell_workers()
+
+    def tell_workers(self) -> None:
+        if self.signum is None:
+            return
+        for pid in set(running_children(os.getpid())) - self.told:
+            try:
+                os.kill(pid, self.signum)
+            except ProcessLookupError:
+                pass
+            self.told.add(pid)
+
+
+class LeaveOutMisleadingLines(logging.Filter):
+    """Two lines of torchrun's agent that are wrong here: that it could not take the stop signals (this process takes
+    them), and a worker's stop (143, 130) called a failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("Failed to register signal handlers" in text or re.search(r"failed \(exitcode: 1(43|30)\)", text))
+
+
+def stop_status(failures) -> int | None:
+    """128 + the stop signal when every failed worker stopped at one (ended by it before its handler was set: -signal),
+    else None."""
+    statuses = {128 - code if code < 0 else code for code in (failure.exitcode for failure in failures.values())}
+    stops = {128 + signum for signum in STOP_SIGNALS}
+    return statuses.pop() if len(statuses) == 1 and statuses <= stops else None
+
+
+def launch_node(argv: list[str]) -> int:
+    """torchrun with `argv`; returns the exit status above, or raises torchrun's failure."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    outcome = {}
+
+    def agent():  # in a thread, torchrun installs no signal handlers of its own
+        try:
+            run(parse_args(argv))
+        except BaseException as error:  # handed to the main thread as it is
+            outcome["error"] = error
+
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(LeaveOutMisleadingLines())
+    passing = PassOn()
+    passing.install()
+    thread = threading.Thread(target=agent, name="torchrun-agent", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        passing.tell_workers()  # workers started after the signal get it too
+    error = outcome.get("error")
+    if error is None:
+        return 0
+    if isinstance(error, ChildFailedError) and (status := stop_status(error.failures)) is not None:
+        return status
+    raise error
+
+
+def main() -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(launch_node)(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
