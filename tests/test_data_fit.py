@@ -81,6 +81,13 @@ def test_a_run_that_reads_its_blocks_too_often_is_warned_with_a_step_count_that_
     assert memorising_warning(600, 16, 40_000) is None  # the built-in corpus's default run
 
 
+def test_the_advised_steps_end_their_warm_up_first():
+    # A paragraph: one block a step. Five passes are 5 steps, which a 30-step warm-up would never get through.
+    warning = memorising_warning(600, 1, 1, warmup_steps=30)
+    assert warning.endswith("set --max_train_steps 5 --num_warmup_steps 0 (about 5 passes).")
+    assert "--num_warmup_steps" not in memorising_warning(600, 8, 150, warmup_steps=30)  # 93 steps: past it
+
+
 def test_samples_start_where_the_validation_documents_do():
     from hf_tinytx_training.data.packing import document_starts
 

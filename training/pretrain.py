@@ -184,8 +184,8 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
                                            model_config, explicit)
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
     global_batch = tokens_per_step // data_args.block_size
-    if hasattr(packed.train, "__len__") and (warning := memorising_warning(max_train_steps, global_batch,
-                                                                           len(packed.train))):
+    if hasattr(packed.train, "__len__") and (warning := memorising_warning(
+            max_train_steps, global_batch, len(packed.train), train_args.num_warmup_steps)):
         accelerator.print(warning)
     sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
     model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
