@@ -176,12 +176,13 @@ def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(
 
 
 def test_a_second_sigterm_while_a_stopped_run_exits_keeps_its_status(tmp_path):
-    command = [sys.executable, PRETRAIN, *TINY_PRETRAIN_ARGS, "--max_train_steps", "60", "--num_probes_per_kind", "0",
+    # Started as `tinytx pretrain` (its module form), so its lines name it so, not "pretrain.py".
+    command = [sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps", "60", "--num_probes_per_kind", "0",
                "--num_samples", "0", "--output_dir", str(tmp_path / "out")]
     run = Running(command, pretrain_env(tmp_path), tmp_path)
     run.wait_for(r"^train:.*\| *[1-9]\d*/")
     run.process.send_signal(signal.SIGTERM)
-    run.wait_for(r"^pretrain\.py: stopped at step \d+ of 60 by SIGTERM")
+    run.wait_for(r"^tinytx pretrain: stopped at step \d+ of 60 by SIGTERM")
     while run.process.poll() is None:  # again and again while it exits, up to its very last moments
         run.process.send_signal(signal.SIGTERM)
         time.sleep(0.01)

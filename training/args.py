@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from hf_tinytx import sources
+from hf_tinytx_training.cli import program_name
 from hf_tinytx_training.data.files import local_data_files
 from hf_tinytx_training.data.token_store import store_folder, tokenized_files
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
@@ -147,7 +148,7 @@ def preflight(argv: list[str] | None = None) -> None:
     """The flags, the output folder, the model's config file and the data files, checked before torch and
     transformers load (training/cli.py; UserInputError if bad)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    warn_if_token_in_argv(argv, "pretrain.py")
+    warn_if_token_in_argv(argv, program_name("pretrain"))
     model_args, data_args, train_args = parse_args(argv)
     refuse_lone_process()
     check_output_dir(os.path.abspath(train_args.output_dir), train_args)

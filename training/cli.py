@@ -96,8 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         from hf_tinytx import command_flags
 
         getattr(command_flags, EARLY_PARSERS[command])().parse_args(flags)
+    _STARTED_AS[:] = [f"tinytx {command}"]
     run_as_main(COMMANDS[command][0], flags)
     return 0
+
+
+_STARTED_AS = []  # "tinytx pretrain" when the `tinytx` command runs the script in this process
+
+
+def program_name(script: str) -> str:
+    """The script's name in its messages, as the user started it: `tinytx pretrain` or `pretrain.py`."""
+    return _STARTED_AS[0] if _STARTED_AS == [f"tinytx {script}"] else f"{script}.py"
 
 
 def run_as_main(module: str, flags: list[str]) -> None:
@@ -116,12 +125,12 @@ def start_script(script_file: str, package: str | None) -> None:
     """Called by pretrain.py and finetune.py above their imports (`__file__`, `__package__`): handles the stop
     signals, then checks the input (exit 2 and one line if bad)."""
     script = os.path.splitext(os.path.basename(script_file))[0]
-    program = f"{script}.py"
+    program = program_name(script)
     if not package:  # `python training/pretrain.py` in a checkout (also under torchrun or accelerate launch)
         use_this_checkout(script_file)
     error = None if {"-h", "--help"} & set(sys.argv[1:]) else missing_extra(script)  # the flags need no extra
     if error:
-        sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))
+        sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))  # (the same words under `tinytx`)
     # First: a signal while the libraries load ends the run with a line, not a traceback or a bare -15.
     stop_requests(program).install()
     sys.stdout = OutputWithoutReader(sys.stdout)

@@ -40,6 +40,7 @@ from hf_tinytx.folders import folders_to_create, is_disk_full, mib, remove_creat
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.args import hub_repo_id, write_args_json
+from hf_tinytx_training.cli import program_name
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.preemption import Stopped, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
@@ -75,7 +76,8 @@ from hf_tinytx_training.sft.model import add_lora, check_vocabulary, load_base_m
 from hf_tinytx_training.sft.records import has_chat, read_records
 
 
-STOP = stop_requests("finetune.py")  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
+PROGRAM = program_name("finetune")  # "tinytx finetune" or "finetune.py", as the user started it
+STOP = stop_requests(PROGRAM)  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
 RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
 
 
@@ -162,7 +164,7 @@ def stop_if_asked(trainer: Trainer, aside: "CheckpointsAside") -> None:
     signum = STOP.asked(trainer.accelerator)
     step = trainer.state.global_step
     if signum is not None and aside.saved is not None and aside.saved[0] == step:
-        raise Stopped(stop_message("finetune.py", signum, step, trainer.state.max_steps, aside.saved[1]), signum)
+        raise Stopped(stop_message(PROGRAM, signum, step, trainer.state.max_steps, aside.saved[1]), signum)
 
 
 @dataclass

@@ -51,7 +51,7 @@ from hf_tinytx_training.args import (
     parse_args,
     plan_steps,
 )
-from hf_tinytx_training.cli import print_own
+from hf_tinytx_training.cli import print_own, program_name
 from hf_tinytx_training.data import packing, token_store
 from hf_tinytx_training.data.fit import memorising_warning
 from hf_tinytx_training.data.handoff import Handoff
@@ -75,7 +75,8 @@ from hf_tinytx_training.publish.output_dir import check_output_dir, claim, refus
 from hf_tinytx_training.publish.run_log import RunLog
 
 
-STOP = stop_requests("pretrain.py")  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
+PROGRAM = program_name("pretrain")  # "tinytx pretrain" or "pretrain.py", as the user started it
+STOP = stop_requests(PROGRAM)  # SIGTERM and SIGINT: a checkpoint at the next step boundary, then a clean stop
 
 
 @dataclass
@@ -403,7 +404,7 @@ def fit(run: Run) -> None:
             if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
                 run.clock.read(seconds)
             log_step(run, loss, pace, seconds, bar)
-            if busy and (line := busy.notice("pretrain.py")):
+            if busy and (line := busy.notice(PROGRAM)):
                 bar.write(line)
             if stop_signal is not None:  # before an evaluation: a preempted job has seconds, not minutes
                 stop_for_signal(run, stop_signal)
@@ -582,7 +583,7 @@ def stop_for_signal(run: Run, signum: int) -> None:
     if run.progress.saved_step != run.progress.step:
         save_checkpoint(run, push=False)
     run.accelerator.end_training()  # the trackers' files closed
-    raise Stopped(stop_message("pretrain.py", signum, run.progress.step, run.max_train_steps,
+    raise Stopped(stop_message(PROGRAM, signum, run.progress.step, run.max_train_steps,
                                f"step_{run.progress.step}"), signum)
 
 

@@ -23,6 +23,7 @@ from hf_tinytx_training.args import (
     flag,
     warn_if_token_in_argv,
 )
+from hf_tinytx_training.cli import program_name
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.errors import UserInputError, as_user_input_error
 from hf_tinytx_training.publish.output_dir import check_output_dir, check_second_destination, refuse_overlap
@@ -84,7 +85,7 @@ def preflight(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:  # every flag, Trainer's too, listed and exit 0
         finetune_parser(training_arguments_for_help()).parse_known_args(argv)
-    warn_if_token_in_argv(argv, "finetune.py")
+    warn_if_token_in_argv(argv, program_name("finetune"))
     refuse_lone_process()
     parser = build_parser((FinetuneArguments, EarlyTrainerFlags))
     args, trainer_flags, _ = parser.parse_args_into_dataclasses(
