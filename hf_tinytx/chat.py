@@ -130,6 +130,8 @@ def converse(model, tokenizer, settings: dict, lines) -> None:
         if output.shape[1] == context and room < settings["max_new_tokens"]:
             notice(f"(the reply stopped at the {context} positions the model reads: {RESET} starts a new conversation)")
         reply = tokenizer.decode(output[0, prompt_tokens:], skip_special_tokens=True)
+        if not reply.strip():  # else the user sees a blank line and may wait for more
+            notice("(an empty reply: the model ended its turn without a word; try again, or --do_sample)")
         messages = [*turn, {"role": "assistant", "content": reply}]
 
 

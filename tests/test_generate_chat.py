@@ -191,6 +191,20 @@ def test_a_reply_stops_at_the_models_last_position_and_a_full_conversation_waits
     assert len(out.splitlines()) >= 2  # the long turn's reply, then Hello's
 
 
+def test_an_empty_reply_is_said(tiny, capsys):
+    model, tokenizer = tiny["model"], tiny["tokenizer"]
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    everything_but_the_end = [i for i in range(len(tokenizer)) if i != tokenizer.eos_token_id]
+    try:
+        chat.converse(model, tokenizer, {"max_new_tokens": 5, "do_sample": False,
+                                         "suppress_tokens": everything_but_the_end}, ["Hello", "/exit"])
+    finally:
+        tokenizer.chat_template = None
+    out, err = capsys.readouterr()
+    assert out.strip() == ""
+    assert err.splitlines() == ["(an empty reply: the model ended its turn without a word; try again, or --do_sample)"]
+
+
 # ---- refusals: one line, exit 2, before torch loads ----
 
 
