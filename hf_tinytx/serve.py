@@ -27,6 +27,8 @@ from pathlib import Path
 
 import transformers  # lazy: it loads torch only when a model class is touched
 
+from hf_tinytx.serve_requests import REFUSED_PATHS
+
 
 PROG = "python -m hf_tinytx.serve"
 DEFAULT_MAX_TOKENS_CAP = 1024  # transformers serve's own default for a request that names no max_tokens
@@ -179,12 +181,26 @@ def with_limit_options(Serve, signals: StopSignals):
     params += [p.replace(kind=keyword) for p in serve_signature.parameters.values()]
     serve_command.__signature__ = serve_signature.replace(parameters=params)
     serve_command.__annotations__ = {p.name: p.annotation for p in params}
-    serve_command.__doc__ = (Serve.__doc__ or "") + (
+    serve_command.__doc__ = served_endpoints_only(Serve.__doc__ or "") + (
         "\n\b\nThis launcher serves /v1/completions and /v1/chat/completions with every field checked (HTTP 400), "
-        "max_tokens bounded by the context and --max_tokens_cap, and refuses /v1/responses, /v1/systemone, "
-        "/v1/audio/transcriptions and /reset (docs/serving.md)."
+        f"max_tokens bounded by the context and --max_tokens_cap, and refuses {', '.join(REFUSED_PATHS)} "
+        "(docs/serving.md)."
     )
     return serve_command
+
+
+def served_endpoints_only(doc: str) -> str:
+    """transformers' help text without the endpoints this launcher refuses (an entry may wrap onto more lines)."""
+    kept, skipping = [], False
+    for line in doc.splitlines():
+        entry = re.match(r"\s+(GET|POST|DELETE|PUT)\s+(\S+)", line)
+        if entry:
+            skipping = entry.group(2) in REFUSED_PATHS
+        elif not line.startswith("        "):  # a line that does not continue an entry
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def serve_import_error(error: ImportError):

@@ -14,13 +14,18 @@ from transformers.cli.serving import chat_completion, completion, model_manager,
 from transformers.cli.serving.utils import prompt_length
 
 import hf_tinytx
-from hf_tinytx.serve_requests import CHAT, COMPLETIONS, Limits, RequestError, parse_request, requested_tokens
+from hf_tinytx.serve_requests import (
+    CHAT,
+    COMPLETIONS,
+    REFUSED_PATHS,
+    Limits,
+    RequestError,
+    parse_request,
+    requested_tokens,
+)
 
 
 MAX_BODY_BYTES = 4 << 20
-# transformers' other endpoints take fields these checks do not cover (max_output_tokens, audio), or let any client
-# load and unload models; the guard refuses them rather than serve them unchecked.
-REFUSED_PATHS = ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions", "/reset")
 _IN_FLIGHT: set[object] = set()  # a token per checked request being answered
 _MANAGERS: list = []  # the server's ModelManager, once `build_server` made the app: the server has started
 

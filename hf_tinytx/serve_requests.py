@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+# transformers' other endpoints take fields these checks do not cover (max_output_tokens, audio), or let any client
+# load and unload models; the guard refuses them rather than serve them unchecked.
+REFUSED_PATHS = ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions", "/reset")
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_JSON_DEPTH = 32  # objects and lists inside one another: a request needs 5; Python's parser recurses per level
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.manual_seed takes

@@ -97,6 +97,8 @@ def test_tinytx_help_answers_before_torch_loads(command, tmp_path):
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "hf_tinytx_training.cli" in imported and "torch" not in imported
     assert HELP_SAYS[command] in result.stdout
+    if command == "serve":  # the endpoints it lists are those it serves
+        assert "POST /v1/chat/completions" in result.stdout and "POST /v1/systemone" not in result.stdout
 
 
 def test_a_bad_convert_flag_is_refused_before_torch_loads():
