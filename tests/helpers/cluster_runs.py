@@ -1,7 +1,7 @@
 """The run every cluster test trains (tiny flags, 120 steps across five epoch boundaries, a checkpoint every 20), one
 process training it straight through (`train_straight`), and the comparison every launch must pass: bit for bit
-equal weights, the same training loss at every step, the same final evaluation (tests/test_cluster.py,
-tests/test_slurm.py)."""
+equal weights, the same training loss at every step, the same final evaluation (tests/distributed/test_cluster.py,
+tests/distributed/test_slurm.py)."""
 
 import json
 import os

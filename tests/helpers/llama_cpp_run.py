@@ -1,6 +1,6 @@
 """Runs GGUF files in llama.cpp (through llama-cpp-python) and prints what it computed, as JSON.
 
-Run with the interpreter of .venv-llamacpp (llama-cpp-python and numpy; no torch, no hf_tinytx): tests/test_gguf.py
+Run with the interpreter of .venv-llamacpp (llama-cpp-python and numpy; no torch, no hf_tinytx): test_gguf.py
 sends the cases on stdin and compares the answer with transformers. Input:
 
     {"cases": [{"gguf": PATH, "n_ctx": N, "texts": [STR, ...], "prompts": [[ID, ...], ...],

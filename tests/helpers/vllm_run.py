@@ -1,7 +1,7 @@
 """Runs model folders in vLLM's offline engine (`vllm.LLM`) and prints what it generated, as JSON.
 
 Run with the interpreter of .venv-vllm (vLLM and its own torch and transformers; hf_tinytx is not installed there:
-a TinyTx folder loads through its remote code): tests/test_vllm.py sends the cases on stdin and compares the answer
+a TinyTx folder loads through its remote code): test_vllm.py sends the cases on stdin and compares the answer
 with transformers' greedy `generate`. Input:
 
     {"cases": [{"model": PATH, "prompts": [STR, ...], "messages": [{"role": ..., "content": ...}, ...] or null,

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers.fake_slurm import alive, descendants, workers_under
 from tests.helpers.faults import PRETRAIN
+from tests.helpers.processes import alive, descendants, workers_under
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
 from tests.kill_campaign.common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
 

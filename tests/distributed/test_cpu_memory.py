@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.helpers.tiny import REPO_ROOT
+
 
 pytestmark = [
     pytest.mark.deep,
@@ -51,7 +53,7 @@ def faults_per_step(mode: str, **env) -> dict:
     chosen = ("LD_PRELOAD", "GLIBC_TUNABLES")  # what the child would take as the user's own allocator settings
     environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in chosen}
     result = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True,
-                            env=environment | env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            env=environment | env, cwd=REPO_ROOT)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

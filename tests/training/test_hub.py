@@ -20,9 +20,6 @@ import pytest
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
 def client_env(hub, home: Path, token="default") -> dict:
     """os.environ without any Hub settings of the machine, plus the server's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}

@@ -1,14 +1,14 @@
 """docs/serving.md's ONNX and `torch.export` recipe as a user runs it: the export block, then the onnxruntime loop,
 read from the page (not copied here) and run in one Python process in a user's folder that holds `out/tinytx`, a
-tiny model that learned a few sentences (tests/test_serve.py), so that greedy tokens are not near-ties."""
+tiny model that learned a few sentences (tests/commands/test_serve.py), so that greedy tokens are not near-ties."""
 
 import subprocess
 import sys
 
 import pytest
 
-from tests.test_readme import section_block
-from tests.test_serve import train_tiny_chat_model
+from tests.commands.test_serve import train_tiny_chat_model
+from tests.packaging.test_readme import section_block
 
 
 pytestmark = pytest.mark.deep

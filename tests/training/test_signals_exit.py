@@ -102,7 +102,7 @@ def test_sigterm_during_a_pretrain_push_that_never_finishes_ends_it_at_once(tmp_
 
 def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_at_once(tmp_path):
     from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
-    from tests.test_finetune import QUICK, prompt_records, write_jsonl
+    from tests.training.test_finetune import QUICK, prompt_records, write_jsonl
 
     build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
     build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")
@@ -177,8 +177,8 @@ def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(
 
 def test_a_second_sigterm_while_a_stopped_run_exits_keeps_its_status(tmp_path):
     # Started as `tinytx pretrain` (its module form), so its lines name it so, not "pretrain.py".
-    command = [sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps", "60", "--num_probes_per_kind", "0",
-               "--num_samples", "0", "--output_dir", str(tmp_path / "out")]
+    command = [sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps", "60",
+               "--num_probes_per_kind", "0", "--num_samples", "0", "--output_dir", str(tmp_path / "out")]
     run = Running(command, pretrain_env(tmp_path), tmp_path)
     run.wait_for(r"^train:.*\| *[1-9]\d*/")
     run.process.send_signal(signal.SIGTERM)

@@ -3,7 +3,7 @@ the recipes users run (the Kubernetes Job's container command, `accelerate launc
 on each node), and every node fault injected from outside: a frozen node (SIGSTOP), a launcher killed alone (kill -9
 of torchrun's agent), SIGTERM, node-local folders, launches that would train alone. Each run is compared with one
 process training straight through with the same --total_batch_size, across epoch boundaries. The SLURM recipe runs on
-a real SLURM: tests/test_slurm.py.
+a real SLURM: tests/distributed/test_slurm.py.
 """
 
 import os
@@ -281,7 +281,7 @@ def test_a_node_local_output_dir_is_refused_before_anything_is_written(tmp_path)
 # ---- launches that would train alone stop in one line
 
 def test_launches_that_would_train_alone_stop_in_one_line(tmp_path):
-    """srun tasks without a launcher: tests/test_slurm.py, on a real SLURM."""
+    """srun tasks without a launcher: tests/distributed/test_slurm.py, on a real SLURM."""
     folder = tmp_path / "never"
     cpu = run([*ACCELERATE, "--cpu", "--num_processes", "2", PRETRAIN, *FLAGS, "--output_dir", str(folder)],
               tmp_path)
@@ -303,7 +303,7 @@ FINETUNE = str(REPO_ROOT / "training" / "finetune.py")
 def finetune_on_two_nodes(tmp_path, folders, *flags):
     """finetune.py under torchrun as two one-process nodes (c10d), one --output_dir per node."""
     from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
-    from tests.test_finetune import prompt_records, write_jsonl
+    from tests.training.test_finetune import prompt_records, write_jsonl
 
     build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
     build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")

@@ -22,7 +22,7 @@ from hf_tinytx import chat, generate
 from hf_tinytx_training.sft.data import DEFAULT_CHAT_TEMPLATE
 from tests.helpers.faults import relabel_dtype
 from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
-from tests.test_wheel import HIDE_MODULES
+from tests.packaging.test_wheel import HIDE_MODULES
 
 
 PROMPT = "The cat sat"

@@ -1,5 +1,5 @@
 """A training run you can trust: nothing trains on wrong numbers, evaluation and recomputation change nothing, bad
-input is refused before anything is written. Interrupted runs and damaged checkpoints: tests/test_interruptions.py."""
+input is refused before anything is written. Interrupted runs and damaged checkpoints: test_interruptions.py."""
 
 import json
 import os

@@ -17,7 +17,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStream
 import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 GREEDY = {"max_new_tokens": 16, "do_sample": False}
 # A minimal ChatML-like template: role markers as plain text, EOS closes each turn.
 CHAT_TEMPLATE = (

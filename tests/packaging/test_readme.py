@@ -111,21 +111,21 @@ PAGES = [
     )),
     Page("docs/serving.md", (
         Step("Converting to and from Llama", "bash"),
-        Step(ENGINE_LLAMA_CPP, "python", skip="needs .venv-llamacpp: tests/test_llama_cpp_recipes.py runs it there"),
+        Step(ENGINE_LLAMA_CPP, "python", skip="needs .venv-llamacpp: test_llama_cpp_recipes.py runs it there"),
         Step(ENGINE_LLAMA_CPP, "python",
-             skip="needs .venv-llamacpp: tests/test_llama_cpp_recipes.py runs it there, then a q8_0 file"),
+             skip="needs .venv-llamacpp: tests/commands/test_llama_cpp_recipes.py runs it there, then a q8_0 file"),
         Step(ENGINE_LLAMA_CPP, "bash",
-             skip="a server that runs until stopped: tests/test_llama_cpp_recipes.py starts it in .venv-llamacpp"),
+             skip="a server that runs until stopped: test_llama_cpp_recipes.py starts it in .venv-llamacpp"),
         Step(ENGINE_LLAMA_CPP, "python",
-             skip="a client of that server: tests/test_llama_cpp_recipes.py runs it against the server"),
+             skip="a client of that server: tests/commands/test_llama_cpp_recipes.py runs it against the server"),
         Step("vLLM", "bash", skip="installs vLLM (3.5 GB) into .venv-vllm; .ci/run runs these commands"),
         Step("vLLM", "bash", skip="the GPU install; no GPU here"),
-        Step("vLLM", "python", skip="needs .venv-vllm: tests/test_vllm.py runs it there, on a trained folder"),
-        Step("vLLM", "bash", skip="a server that runs until stopped: tests/test_vllm.py starts it in .venv-vllm"),
-        Step("vLLM", "python", skip="a client of that server: tests/test_vllm.py runs it against the server"),
+        Step("vLLM", "python", skip="needs .venv-vllm: tests/commands/test_vllm.py runs it there, on a trained folder"),
+        Step("vLLM", "bash", skip="a server that runs until stopped: test_vllm.py starts it in .venv-vllm"),
+        Step("vLLM", "python", skip="a client of that server: tests/commands/test_vllm.py runs it against the server"),
         Step("ONNX and `torch.export`", "bash", skip="installs packages: pyproject's onnx extra, part of .[test]"),
-        Step("ONNX and `torch.export`", "python", skip="tests/test_onnx_recipe.py runs it, then the next block"),
-        Step("ONNX and `torch.export`", "python", skip="tests/test_onnx_recipe.py runs it after the export"),
+        Step("ONNX and `torch.export`", "python", skip="test_onnx_recipe.py runs it, then the next block"),
+        Step("ONNX and `torch.export`", "python", skip="tests/commands/test_onnx_recipe.py runs it after the export"),
     )),
     Page("docs/scaling.md"),
     Page("docs/faults.md"),
@@ -246,7 +246,7 @@ def test_readme_blocks_are_all_accounted_for(page):
     found = [(b.section, b.language) for b in page_blocks(page.path)]
     expected = [(s.section, s.language) for s in page.steps]
     assert found == expected, (
-        f"{page.path}'s code blocks changed; say in tests/test_readme.py PAGES how each is run (or why not).\n"
+        f"{page.path}'s code blocks changed; say in test_readme.py PAGES how each is run (or why not).\n"
         f"{page.path}: {found}\nPAGES: {expected}"
     )
 
@@ -255,7 +255,7 @@ def test_every_docs_page_is_listed():
     listed = [page.path for page in PAGES]
     assert listed[0] == "README.md" and len(set(listed)) == len(listed), listed
     on_disk = sorted(path.relative_to(REPO_ROOT).as_posix() for path in DOCS.glob("**/*.md"))
-    assert sorted(listed[1:]) == on_disk, f"list each docs/ page in tests/test_readme.py PAGES: {on_disk} vs {listed}"
+    assert sorted(listed[1:]) == on_disk, f"list each docs/ page in test_readme.py PAGES: {on_disk} vs {listed}"
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
-from tests.test_finetune import prompt_records, write_jsonl
+from tests.training.test_finetune import prompt_records, write_jsonl
 
 
 pytestmark = pytest.mark.deep

@@ -19,13 +19,13 @@ from hf_tinytx import modeling_tinytx
 from hf_tinytx.modeling_tinytx import TinyTxRMSNorm
 from hf_tinytx_training.distributed.sharding import cpu_runs_bf16_fast
 from tests.helpers.engines import require_llama_cpp
-from tests.helpers.tiny import pretrain_env
+from tests.helpers.tiny import REPO_ROOT, pretrain_env
 
 
 pytestmark = pytest.mark.deep
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = REPO_ROOT / "benchmarks"
 
 
 def run_script(args, tmp_path, timeout=120, check=True):

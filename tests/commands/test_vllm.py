@@ -21,10 +21,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_tinytx.convert import main as convert_main
+from tests.commands.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, Server, train_tiny_chat_model
 from tests.helpers.engines import VLLM_PYTHON, require_vllm
 from tests.helpers.tiny import REPO_ROOT, pretrain_env
-from tests.test_readme import section_block
-from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, Server, train_tiny_chat_model
+from tests.packaging.test_readme import section_block
 
 
 pytestmark = pytest.mark.engine

@@ -44,7 +44,7 @@ def test_loss_falls_and_metrics_are_logged(trained_folder):
     assert 0 < final["bits_per_byte"] < 8 and final["perplexity"] > 1
     assert "probe accuracy: coref" in result.stdout
     assert "sample:" in result.stdout
-    # On a CPU under glibc the run keeps freed memory for the next step (tests/test_cpu_memory.py: what that does).
+    # On a CPU under glibc the run keeps freed memory for the next step (test_cpu_memory.py: what that does).
     assert ("Freed memory stays in the process" in result.stdout) == (platform.libc_ver()[0] == "glibc")
 
 

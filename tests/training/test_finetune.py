@@ -19,10 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
 from hf_tinytx_training.distributed import sharding
-from tests.helpers.tiny import LAUNCH, build_byte_bpe_tokenizer, build_tiny_model, run_side_by_side
+from tests.helpers.tiny import LAUNCH, REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, run_side_by_side
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
 QUICK = [
     "--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps", "2",
@@ -181,7 +180,7 @@ def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     assert (out / "checkpoints" / "checkpoint-8" / "model.safetensors").is_file()
     assert not (out / ".lock").exists()  # a finished run leaves no stale lock
     assert_token_nowhere(runs, runs["results"]["full"], out)
-    # On a CPU under glibc the run keeps freed memory for the next step (tests/test_cpu_memory.py: what that does).
+    # On a CPU under glibc the run keeps freed memory for the next step (test_cpu_memory.py: what that does).
     announced = "Freed memory stays in the process" in runs["results"]["full"].stdout
     assert announced == (platform.libc_ver()[0] == "glibc")
     # --bf16 on a CPU whose oneDNN has no bf16 kernels (AVX2 only): one line says it is slow there

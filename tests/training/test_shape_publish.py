@@ -247,7 +247,7 @@ def test_pretrain_overwrite_with_fewer_layers_killed_in_its_publish(tmp_path):
 
 
 def test_finetune_overwrite_with_fewer_layers_killed_in_its_publish(tmp_path):
-    from tests.test_finetune import QUICK, prompt_records, write_jsonl
+    from tests.training.test_finetune import QUICK, prompt_records, write_jsonl
 
     for name, layers in (("base3", 3), ("base2", 2)):
         build_tiny_model(num_hidden_layers=layers, vocab_size=320).save_pretrained(tmp_path / name)

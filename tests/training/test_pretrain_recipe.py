@@ -16,7 +16,7 @@ from hf_tinytx_training.optim import optimizers
 from hf_tinytx_training.optim.optimizers import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
 from hf_tinytx_training.optim.schedules import Clock
 from tests.helpers.tiny import assert_same_weights, build_tiny_config, kill_after_call, pretrain_env
-from tests.test_pretrain_trust import QUIET, rows
+from tests.training.test_pretrain_trust import QUIET, rows
 
 
 pytestmark = pytest.mark.deep
@@ -259,7 +259,7 @@ def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path)
     (["--max_train_seconds", "5", "--lr_scheduler_type", "polynomial"], "has no form over the clock"),
 ])
 def test_bad_recipe_values_are_refused_in_one_line(run_pretrain, tmp_path, flags, word):
-    from tests.test_pretrain_trust import one_line_error
+    from tests.training.test_pretrain_trust import one_line_error
 
     result = run_pretrain("--output_dir", tmp_path / "out", *flags, check=False)
     assert result.returncode == 2

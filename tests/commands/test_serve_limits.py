@@ -18,9 +18,7 @@ import time
 import openai
 import pytest
 
-from tests.helpers.fake_slurm import alive, descendants
-from tests.helpers.tiny import build_tiny_model, pretrain_env, run_side_by_side
-from tests.test_serve import (
+from tests.commands.test_serve import (
     COMPLETION_PROMPT,
     LAUNCHER,
     MAX_TOKENS,
@@ -29,6 +27,8 @@ from tests.test_serve import (
     greedy_text,
     train_tiny_chat_model,
 )
+from tests.helpers.processes import alive, descendants
+from tests.helpers.tiny import build_tiny_model, pretrain_env, run_side_by_side
 
 
 pytestmark = pytest.mark.deep
@@ -42,7 +42,7 @@ CONTEXT = 128  # the chat folder's max_position_embeddings (tests/helpers/tiny.p
 
 @pytest.fixture(scope="module")
 def chat_folder(tmp_path_factory):
-    """tests/test_serve.py's tiny model that learned to end its replies with EOS, with its chat template."""
+    """tests/commands/test_serve.py's tiny model that learned to end its replies with EOS, with its chat template."""
     model, tokenizer = train_tiny_chat_model()
     folder = tmp_path_factory.mktemp("serve_limits_models") / "tinytx-chat"
     model.save_pretrained(folder)

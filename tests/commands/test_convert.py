@@ -24,10 +24,9 @@ from hf_tinytx.convert import (
 )
 from hf_tinytx.convert import main as convert_main
 from tests.helpers.faults import relabel_dtype
-from tests.helpers.tiny import build_tiny_config, greedy
+from tests.helpers.tiny import REPO_ROOT, build_tiny_config, greedy
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 96
 NEW_TOKENS = 16
 

@@ -3,7 +3,7 @@ key/value cache the page names for logit parity), the no-repack setting for q8_0
 OpenAI-compatible server (`python -m llama_cpp.server`) queried through the `openai` client, with `repeat_penalty` 1.0.
 
 Each snippet and the server command are read from their section of docs/serving.md, not copied here. The model is
-the serving tests' tiny chat model (tests/test_serve.py), saved as `out/tinytx` and exported to `out/tinytx.gguf`
+the serving tests' tiny chat model (test_serve.py), saved as `out/tinytx` and exported to `out/tinytx.gguf`
 (f32) and `out/tinytx-q8_0.gguf` in a user's folder. llama.cpp runs in its own environment, .venv-llamacpp (see
 tests/helpers/engines.py), with the `server` extra. Marked `engine`: a stage of its own (`pytest -m engine tests`).
 """
@@ -18,10 +18,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_tinytx.convert import main as convert_main
+from tests.commands.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, MAX_TOKENS, Server, train_tiny_chat_model
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
 from tests.helpers.tiny import pretrain_env
-from tests.test_readme import section_block
-from tests.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, MAX_TOKENS, Server, train_tiny_chat_model
+from tests.packaging.test_readme import section_block
 
 
 pytestmark = pytest.mark.engine
@@ -46,7 +46,7 @@ def workdir(tmp_path_factory):
     """A user's folder: out/tinytx (a tiny model that learnt to end its replies), its f32 and q8_0 GGUF exports."""
     require_llama_cpp("llama.cpp is needed to check its recipes")
     root = tmp_path_factory.mktemp("llama_cpp_user")
-    # vLLM's test's model (tests/test_vllm.py): its reply to the README's prompt is more than a full stop.
+    # vLLM's test's model (tests/commands/test_vllm.py): its reply to the README's prompt is more than a full stop.
     model, tokenizer = train_tiny_chat_model(min_steps=100, stopping=["chat"], **MODEL)
     model.save_pretrained(root / "out" / "tinytx")
     tokenizer.save_pretrained(root / "out" / "tinytx")

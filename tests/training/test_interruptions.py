@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 from tests.helpers.faults import KILL_MARK, KILLED, run_signalled, silent_server
 from tests.helpers.reference import Command, describe, error_line, succeeded
 from tests.helpers.tiny import REPO_ROOT, assert_same_weights, pretrain_env
-from tests.test_finetune import prompt_records, write_jsonl
+from tests.training.test_finetune import prompt_records, write_jsonl
 
 
 deep = pytest.mark.deep
@@ -342,7 +342,7 @@ def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_
 
 @deep
 def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(command, tmp_path):
-    from tests.test_hub import assert_token_nowhere
+    from tests.training.test_hub import assert_token_nowhere
 
     token = "hf_silent" + os.urandom(16).hex()
     out = with_notes(tmp_path / "run")
