@@ -29,6 +29,7 @@ from .folder_config import check_vocabulary_fits
 from .folders import (
     MANIFEST_NAME,
     STAGING_NAME,
+    DiskFullError,
     folders_to_create,
     is_disk_full,
     mib,
@@ -175,7 +176,7 @@ def _save(converted: PreTrainedModel, source: Path, source_files: list[str], des
                 (destination / MANIFEST_NAME).unlink(missing_ok=True)
                 remove_created(created)
         if full:
-            raise OSError(_disk_full_message(destination, needed, publishing)) from None
+            raise DiskFullError(_disk_full_message(destination, needed, publishing)) from None
         raise
     remove_written(destination, ours - set(written))
     record_written(destination, WRITER, written)
@@ -239,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             destination = convert_folder(args.source, args.destination, to=args.to, overwrite=args.overwrite)
         print(f"wrote {args.to} model to {destination}")
 
-    # A refusal or a failure is one line and 1; SIGINT and SIGTERM 130 and 143 once the partial output is removed.
-    return exit_status("", command, refused=(ValueError, TypeError, OSError, ImportError), refused_status=1,
+    # A refusal is one line and 2, a full disk one line and 1; SIGINT and SIGTERM 130 and 143 once the partial
+    # output is removed.
+    return exit_status("", command, refused=(ValueError, TypeError, OSError, ImportError), failed=(DiskFullError,),
                        stopped="; run the same command again (what it had half written is removed, or finished by the "
                        "rerun)")
 

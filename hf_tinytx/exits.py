@@ -1,8 +1,9 @@
 """How the library's commands (generate, chat, convert) end: every way is one line on stderr and a documented status.
 
     0      done
-    2      bad input (UserInputError; convert's refusals exit 1, as they always have)
-    1      anything else that went wrong: one line naming the error, and how to see where (TINYTX_TRACEBACK=1)
+    2      bad input (UserInputError; for convert, each of its refusals)
+    1      anything else that went wrong (a full disk: one line saying so; else one line naming the error, and how
+           to see where: TINYTX_TRACEBACK=1)
     130    Ctrl-C (SIGINT), 143 SIGTERM: the work under way stops, what it had half written is removed, one line
     141    the reader of standard output went away (`... | head -c 10`): nothing more to say, as `cat` or `yes` do
 
@@ -50,13 +51,13 @@ def stop_signals():
             signal.signal(signum, handler)
 
 
-def exit_status(prefix: str, command, refused: tuple = (UserInputError,), refused_status: int = 2,
+def exit_status(prefix: str, command, refused: tuple = (UserInputError,), failed: tuple = (),
                 stopped: str = "", streams: bool = False) -> int:
     """Runs `command()` and returns its exit status; every way it ends is at most one line `prefix ...` on stderr.
     `prefix`: how the line starts ("tinytx generate:", or "" for none). `refused`: the errors that are a refusal
-    (their message is the line), exit `refused_status`. `stopped`: what the
-    line adds after "stopped by SIGINT". `streams`: the command prints text as it comes, which a stop ends with a
-    newline."""
+    (their message is the line), exit 2. `failed`: errors that say themselves what went wrong but are no fault of
+    the input (a full disk), exit 1 with their message. `stopped`: what the line adds after "stopped by SIGINT".
+    `streams`: the command prints text as it comes, which a stop ends with a newline."""
     start = f"{prefix} " if prefix else ""
     try:
         with stop_signals():
@@ -69,9 +70,12 @@ def exit_status(prefix: str, command, refused: tuple = (UserInputError,), refuse
     except KeyboardInterrupt:  # raised before the handlers were installed, or by a library's own handler
         say(f"{start}stopped by SIGINT{stopped}", newline_first=streams)
         return 130
+    except failed as error:
+        say(f"{start}error: {error}")
+        return 1
     except refused as error:
         say(f"{start}error: {error}")
-        return refused_status
+        return 2
     except Exception as error:  # noqa: BLE001  (the one line, not a traceback: the hint says how to see one)
         if os.environ.get(TRACEBACK_VARIABLE):
             raise

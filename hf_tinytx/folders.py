@@ -25,6 +25,10 @@ class UnsafeLinkError(ValueError):
     """A link inside a folder points outside it."""
 
 
+class DiskFullError(OSError):
+    """The disk filled while a command wrote: a fault of the machine, not of the input (convert exits 1, not 2)."""
+
+
 def regular_files(folder: str | os.PathLike) -> list[str]:
     """Relative paths of every file under `folder`; links are followed only while they stay inside it."""
     root = Path(folder).resolve()

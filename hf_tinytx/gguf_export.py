@@ -31,6 +31,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from .configuration_tinytx import TinyTxConfig
 from .folders import (
     STAGING_NAME,
+    DiskFullError,
     folders_to_create,
     fsync_dir,
     is_disk_full,
@@ -351,7 +352,7 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
         if full:
             existing = next(folder for folder in destination.parents if folder.exists())
             free = shutil.disk_usage(existing).free
-            raise OSError(f"gguf: the disk is full while writing {destination} ({mib(free)} free once the partial file "
-                          "was removed); nothing was changed: free some space and run the same command "
-                          "again.") from None
+            raise DiskFullError(f"gguf: the disk is full while writing {destination} ({mib(free)} free once the "
+                                "partial file was removed); nothing was changed: free some space and run the same "
+                                "command again.") from None
         raise

@@ -315,7 +315,7 @@ def test_a_link_out_of_the_source_folder_is_refused_before_anything_is_written(t
     (llama_dir / "tokenizer.json").symlink_to(secret)
     capsys.readouterr()  # drop what saving printed
 
-    assert convert_main(["--to", "tinytx", str(llama_dir), str(destination)]) == 1
+    assert convert_main(["--to", "tinytx", str(llama_dir), str(destination)]) == 2
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and str(llama_dir / "tokenizer.json") in message and "outside" in message
     assert not destination.exists()
@@ -412,7 +412,7 @@ def test_a_destination_overlapping_the_source_is_refused_overwrite_included(tmp_
     before, other = snapshot(tmp_path / "runs"), snapshot(elsewhere)
     capsys.readouterr()
 
-    assert convert_main(["--to", "llama", "--overwrite", str(source), str(destination)]) == 1
+    assert convert_main(["--to", "llama", "--overwrite", str(source), str(destination)]) == 2
     message = one_line_error(capsys.readouterr().err)
     assert str(destination) in message and ("link" in message if "link" in where else "source" in message)
     assert snapshot(tmp_path / "runs") == before and snapshot(elsewhere) == other
@@ -427,12 +427,12 @@ def test_a_gguf_destination_inside_the_source_or_through_a_link_is_refused(tmp_p
     (tmp_path / "link.gguf").symlink_to(target)
     capsys.readouterr()
     for destination in (source / "m.gguf", tmp_path / "link.gguf"):
-        assert convert_main(["--to", "gguf", "--overwrite", str(source), str(destination)]) == 1
+        assert convert_main(["--to", "gguf", "--overwrite", str(source), str(destination)]) == 2
         assert str(destination) in one_line_error(capsys.readouterr().err)
     assert snapshot(source) == before and target.read_bytes() == b"someone else's file"
     assert not (source / "m.gguf").exists()
     (tmp_path / "folder.gguf").mkdir()  # --overwrite replaces a file, never a folder
-    assert convert_main(["--to", "gguf", "--overwrite", str(source), str(tmp_path / "folder.gguf")]) == 1
+    assert convert_main(["--to", "gguf", "--overwrite", str(source), str(tmp_path / "folder.gguf")]) == 2
     assert "is a folder" in one_line_error(capsys.readouterr().err)
 
 
@@ -465,7 +465,7 @@ def test_overwrite_refuses_a_folder_holding_a_training_run(tmp_path, capsys):
     before = snapshot(run)
     capsys.readouterr()
 
-    assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(run)]) == 1
+    assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(run)]) == 2
     message = one_line_error(capsys.readouterr().err)
     assert "did not write" in message and "config.json" in message and "model.safetensors" in message
     assert snapshot(run) == before and sorted(path.name for path in tmp_path.iterdir()) == ["llama", "run"]
@@ -533,7 +533,7 @@ def test_weights_that_do_not_match_the_config_are_refused_before_anything_is_wri
                                                                                       words):
     source = save_with_config(tmp_path / "llama", **changes)
     capsys.readouterr()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 1
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 2
     message = one_line_error(capsys.readouterr().err)
     assert words in message and "do not match its config.json" in message
     assert not (tmp_path / "out").exists()
@@ -548,11 +548,11 @@ def test_sharded_weights_are_checked_too(tmp_path, capsys):
     config = json.loads((source / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
     capsys.readouterr()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 1
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 2
     assert "missing: model.layers.2." in one_line_error(capsys.readouterr().err)
     shard = sorted(source.glob("model-*.safetensors"))[0]
     shard.unlink()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 1
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 2
     assert f"names the shard {shard.name}, which is missing" in one_line_error(capsys.readouterr().err)
     assert not (tmp_path / "out2").exists()
 
@@ -594,7 +594,7 @@ def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind, 
     (tiny_llama() if to == "tinytx" else tiny_tinytx()).save_pretrained(source)
     words = damage(source, kind).replace("'llama' model", f"'{'llama' if to == 'tinytx' else 'tinytx'}' model")
     capsys.readouterr()
-    assert convert_main(["--to", to, str(source), str(tmp_path / "out")]) == 1  # a traceback would raise here
+    assert convert_main(["--to", to, str(source), str(tmp_path / "out")]) == 2  # a traceback would raise here
     assert words in one_line_error(capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
 
@@ -607,7 +607,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_both_ways(tmp_path, ca
         model.save_pretrained(source)
         save_tiny_tokenizer(source)
         capsys.readouterr()
-        assert convert_main(["--to", to, str(source), str(tmp_path / f"out-{to}")]) == 1
+        assert convert_main(["--to", to, str(source), str(tmp_path / f"out-{to}")]) == 2
         line = one_line_error(capsys.readouterr().err)
         assert f"tokenizer has {VOCAB} tokens but the model's embedding only {VOCAB - 16} rows" in line, line
         assert not (tmp_path / f"out-{to}").exists()
@@ -722,7 +722,7 @@ def test_a_link_that_leads_nowhere_as_the_source_is_named_as_such(tmp_path, caps
     source.symlink_to(source if kind == "loop" else tmp_path / "gone")
     for to, destination in (("llama", tmp_path / "out"), ("gguf", tmp_path / "m.gguf")):
         capsys.readouterr()
-        assert convert_main(["--to", to, str(source), str(destination)]) == 1
+        assert convert_main(["--to", to, str(source), str(destination)]) == 2
         line = one_line_error(capsys.readouterr().err)
         words = ("is a loop of links (following them leads back to the start)" if kind == "loop"
                  else f"is a link to {tmp_path / 'gone'}, which does not exist")

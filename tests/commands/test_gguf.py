@@ -378,7 +378,7 @@ def test_configs_llama_cpp_cannot_run_are_refused_in_one_line_and_nothing_is_wri
     source = folder(**overrides)
     destination = tmp_path / "new" / "m.gguf"
     capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(destination)]) == 1
+    assert convert_main(["--to", "gguf", str(source), str(destination)]) == 2
     message = capsys.readouterr().err.strip()
     assert message.startswith("error: gguf: ") and "\n" not in message and words in message
     assert not (tmp_path / "new").exists()
@@ -393,13 +393,13 @@ def test_a_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path, caps
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     source = save_model(tmp_path / "model", tokenizer)
     capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 1
+    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
     message = capsys.readouterr().err.strip()
     assert "not a byte-level BPE" in message and "'WordLevel', not BPE" in message and "\n" not in message
     assert not (tmp_path / "m.gguf").exists()
 
     (source / "tokenizer.json").unlink()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 1
+    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
     assert "has no tokenizer.json" in capsys.readouterr().err
 
 
@@ -407,12 +407,12 @@ def test_destination_rules(folder, tmp_path, capsys):
     source = folder()
     old = tmp_path / "m.gguf"
     old.write_bytes(b"old")
-    assert convert_main(["--to", "gguf", str(source), str(old)]) == 1
+    assert convert_main(["--to", "gguf", str(source), str(old)]) == 2
     assert "pass --overwrite" in capsys.readouterr().err and old.read_bytes() == b"old"
     assert convert_main(["--to", "gguf", str(source), str(old), "--overwrite"]) == 0
     assert old.read_bytes()[:4] == b"GGUF"
 
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "out")]) == 1
+    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "out")]) == 2
     assert "ending in .gguf" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         convert_main(["--to", "llama", str(source), str(tmp_path / "llama"), "--outtype", "f16"])
@@ -454,7 +454,7 @@ def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written
     config = json.loads((source / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
     capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 1
+    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
     message = capsys.readouterr().err.strip()
     assert message.startswith("error: gguf: ") and "\n" not in message and "missing: model.layers.2." in message
     assert not (tmp_path / "m.gguf").exists()
@@ -465,7 +465,7 @@ def test_a_header_that_calls_f32_weights_i32_is_refused_and_nothing_is_written(f
     source = folder()
     relabel_dtype(source / "model.safetensors", "F32", "I32")
     capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 1
+    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
     message = capsys.readouterr().err.strip()
     assert message.startswith(f"error: gguf: {source / 'model.safetensors'} stores ") and "\n" not in message
     assert "as an integer type" in message and not (tmp_path / "m.gguf").exists()

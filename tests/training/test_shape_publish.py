@@ -152,7 +152,7 @@ def test_convert_names_an_interrupted_save_in_one_line(tmp_path, capsys):
     (tmp_path / "out" / STAGING / ".replaced").mkdir(parents=True)  # what a kill after the config left leaves
     (tmp_path / "out" / "config.json").rename(tmp_path / "out" / STAGING / ".replaced" / "config.json")
     capsys.readouterr()
-    assert convert_main(["--to", "tinytx", str(tmp_path / "out"), str(tmp_path / "again")]) == 1
+    assert convert_main(["--to", "tinytx", str(tmp_path / "out"), str(tmp_path / "again")]) == 2
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "killed before it finished" in error and "run the command" in error, error
 
