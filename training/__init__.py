@@ -17,6 +17,7 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     data/files.py        local data files found and checked before torch loads
     data/documents.py    a source's documents (bounded), in pieces that processes read side by side
     data/sources.py      what a run reads (files, a dataset, the built-in corpus), and its tokenizer's texts
+    data/fingerprint.py  what decides a run's data, kept in each checkpoint: a resume must read the same
     data/tokenizer.py    the run's tokenizer: a named one, the run's saved one, the store's, or a BPE trained now
     data/token_store.py  the corpus tokenized once, by every core, into shards every process reads
     data/handoff.py      what the main process prepared, received by the others without a collective

@@ -3,7 +3,8 @@ functions (`save_state`, `load_state`) what a checkpoint holds:
 
     checkpoints/tokenizer/   the run's tokenizer, saved once (a resumed run must reuse it)
     checkpoints/step_N/      Accelerate's `save_state` (model as safetensors, optimizer, scheduler, RNG of every
-                             process) + trainer_state.json (`TrainingState`) + checksums.json (sha256 of each file)
+                             process) + trainer_state.json (`TrainingState`) + data_fingerprint.json (what decided
+                             the data, data/fingerprint.py) + checksums.json (sha256 of each file)
                              A model sharded by distributed/sharding.py (FSDP2 on CPUs) keeps its model and optimizer
                              state sharded: sharded/ (torch.distributed.checkpoint, one file per process + .metadata)
                              and scheduler.bin, next to Accelerate's RNG files.
@@ -26,6 +27,7 @@ import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
+from hf_tinytx_training.data.fingerprint import data_changes
 from hf_tinytx_training.errors import RunError, UserInputError
 
 
@@ -36,6 +38,7 @@ TOKENIZER_DIR = "tokenizer"
 SHARDED_DIR = "sharded"
 SCHEDULER_FILE = "scheduler.bin"
 CONFIG_FILE = "config.json"
+DATA_FILE = "data_fingerprint.json"  # what decided the data the checkpoint was trained on: a resume must read the same
 # What fixes the order of the data, step by step: a resume must keep them. The process count and the accumulation
 # may change: with the same global batch every step reads the same blocks.
 DATA_ORDER = ("seed", "block_size", "global_batch")
@@ -100,10 +103,11 @@ def make_run_signature(train_args, block_size: int, global_batch: int, num_proce
 
 
 def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None,
-               model_config=None) -> str:
+               model_config=None, data: dict | None = None) -> str:
     """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`:
     (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`. The model's config goes
-    beside the weights, so that --init_from can start a new run from any checkpoint."""
+    beside the weights, so that --init_from can start a new run from any checkpoint; `data`, the data's fingerprint
+    (data/fingerprint.py), too."""
     layout = Layout(checkpoints_dir)
     final = layout.path(state.step)
     temporary = os.path.join(checkpoints_dir, TEMPORARY_PREFIX + os.path.basename(final))
@@ -118,6 +122,8 @@ def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: in
         if accelerator.is_main_process:
             if model_config is not None:
                 model_config.to_json_file(os.path.join(temporary, CONFIG_FILE))
+            if data is not None:
+                write_json(os.path.join(temporary, DATA_FILE), data)
             write_json(os.path.join(temporary, STATE_FILE), asdict(state))
             write_json(os.path.join(temporary, CHECKSUM_FILE), checksums(temporary))
             rename_into_place(temporary, final)
@@ -193,6 +199,20 @@ def refuse_tokenizer_change(folder: str, saved: dict, now: dict) -> None:
                              f"{', '.join(f'--{key} {now[key]}' for key in changed)}: a resumed run keeps the "
                              f"tokenizer it saved in checkpoints/; resume with {was}, or start a new run with the new "
                              "tokenizer (another --output_dir, or --overwrite_output_dir).")
+
+
+def refuse_data_change(folder: str, now: dict, how: str) -> None:
+    """The data this run reads (`now`, data/fingerprint.py) differs from what the checkpoint was trained on: training
+    would go on with other data while the run's record named only the new. Refused, naming each change; `how`: the
+    other way on ("or ..."). A checkpoint without a fingerprint (older than it) has none to compare."""
+    path = os.path.join(folder, DATA_FILE)
+    if not os.path.isfile(path):
+        return
+    changes = data_changes(read_json(path), now)
+    if changes:
+        raise UserInputError(f"{folder} was trained on other data: {'; '.join(changes)}. A resumed run must read "
+                             f"the data it was trained on: resume with the same data flags and unchanged files, "
+                             f"{how}.")
 
 
 def refuse_architecture_change(folder: str, config, how: str) -> None:

@@ -41,6 +41,7 @@ from hf_tinytx.quiet import quiet_notices
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.args import hub_repo_id, write_args_json
 from hf_tinytx_training.cli import program_name
+from hf_tinytx_training.data.fingerprint import finetune_data
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.preemption import Stopped, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
@@ -92,7 +93,8 @@ def main(argv=None):
     tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
     lock = claim_output_dir(args, training_args, where)  # held until the model is saved
     try:
-        trainer, metrics = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where)
+        trainer, metrics = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where,
+                               finetune_data(args))
     except RuntimeError as error:  # a collective another process broke (frozen past --ddp_timeout, or gone)
         if STOP.received or not cluster.is_peer_failure(error):
             raise
@@ -136,13 +138,15 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
     return tokenizer, model, train_dataset, eval_dataset, facts
 
 
-def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations"):
-    """Trainer's run from the checkpoint to resume (if any), then the evaluation: (trainer, metrics). A stop signal
-    ends it at a step's end with a checkpoint, as `Stopped`."""
-    resume_dir = resume_point(training_args, where, model)
+def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations",
+        data: dict):
+    """Trainer's run from the checkpoint to resume (if any), then the evaluation: (trainer, metrics). `data`: what
+    decides the data (data/fingerprint.py), kept in every checkpoint. A stop signal ends it at a step's end with a
+    checkpoint, as `Stopped`."""
+    resume_dir = resume_point(training_args, where, model, data)
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                       data_collator=pad_collator(tokenizer), processing_class=tokenizer,
-                      callbacks=[aside := CheckpointsAside(where, resume_dir)])
+                      callbacks=[aside := CheckpointsAside(where, resume_dir, data)])
     trainer.add_callback(StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
     with checkpoints.disk_space_guard(where.checkpoint_staging, where.layout), checkpoints.refusing_pickles(resume_dir):
@@ -211,9 +215,9 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
     return lock
 
 
-def resume_point(training_args: TrainingArguments, where: Destinations, model) -> str | None:
+def resume_point(training_args: TrainingArguments, where: Destinations, model, data: dict) -> str | None:
     """The checkpoint --resume_from_checkpoint names (a folder, or latest: the newest intact one), checked against the
-    model this run trains; those newer than it are set aside."""
+    model this run trains and the data it reads; those newer than it are set aside."""
     if not training_args.resume_from_checkpoint:
         return None
     main_process = training_args.process_index == 0
@@ -230,6 +234,7 @@ def resume_point(training_args: TrainingArguments, where: Destinations, model) -
                                                 OPTIMIZER_FLAGS, "fine-tune its model anew with the new ones from "
                                                 "--model_name_or_path")
         refuse_model_change(folder, model)
+        checkpoints.refuse_data_change(folder, data, NEW_RUN)
         if main_process:
             checkpoints.set_aside_after(where.layout, step, say)
     say(f"Resuming from {folder} at step {step}")

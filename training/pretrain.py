@@ -53,10 +53,11 @@ from hf_tinytx_training.args import (
 )
 from hf_tinytx_training.cli import print_own, program_name
 from hf_tinytx_training.data import packing, token_store
+from hf_tinytx_training.data.fingerprint import pretrain_data
 from hf_tinytx_training.data.fit import memorising_warning
 from hf_tinytx_training.data.handoff import Handoff
 from hf_tinytx_training.data.packing import PackedData, make_dataloaders
-from hf_tinytx_training.data.sources import run_sources
+from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS, run_sources
 from hf_tinytx_training.data.tokenizer import load_tokenizer, pretrain_tokenizer
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
@@ -117,6 +118,7 @@ class Run:
     pusher: HubPusher | None  # on the main process with --push_to_hub
     lock: TextIO | None  # on the main process: the output folder's lock, held until the export
     own_fsdp2: bool  # sharded by training/distributed/sharding.py, not by Accelerate (FSDP2 on CPUs)
+    data_fingerprint: dict  # what decides the data (data/fingerprint.py), recorded in every checkpoint
     progress: Progress = field(default_factory=Progress)
 
     @property
@@ -181,6 +183,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         train_args.resume_from_checkpoint, checkpoints.Layout(checkpoints_dir), accelerator.print))
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
+    data_fingerprint = cluster.decided_by_main(accelerator, lambda: checked_data(data_args, resume_dir))
     tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
                                            model_config, explicit)
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
@@ -210,6 +213,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         lr_scheduler=lr_scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
         num_parameters=num_parameters, max_train_steps=max_train_steps, tokens_per_step=tokens_per_step, clock=clock,
         log=RunLog(output_dir, accelerator), pusher=pusher, lock=lock, own_fsdp2=own_fsdp2,
+        data_fingerprint=data_fingerprint,
     )
     if resume_dir:
         resume(run, resume_dir)
@@ -236,6 +240,16 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
         raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharded_by} does "
                              f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
     return model_config, sharded_by
+
+
+def checked_data(data_args, resume_dir: str | None) -> dict:
+    """What decides the run's data (data/fingerprint.py: the files' names, sizes and times, no byte read), refused
+    before the data is prepared when it is not what the checkpoint to resume was trained on."""
+    data = pretrain_data(data_args, DEFAULT_CORPUS_DOCUMENTS)
+    if resume_dir:
+        checkpoints.refuse_data_change(resume_dir, data, "or start a new run on this data from its weights "
+                                       f"(--init_from {resume_dir} and another --output_dir)")
+    return data
 
 
 def start_accelerator(model_args, train_args, output_dir: str, model_config, sharded_by: str | None):
@@ -568,7 +582,7 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
     """checkpoints/step_N (every process takes part); with --push_to_hub also queued for the Hub as a model folder."""
     checkpoints.save_state(run.accelerator, run.checkpoints_dir, training_state(run),
                            run.train_args.checkpoints_total_limit, run.sharded,
-                           model_config=run.accelerator.unwrap_model(run.model).config)
+                           model_config=run.accelerator.unwrap_model(run.model).config, data=run.data_fingerprint)
     run.progress.saved_step = run.progress.step
     if run.train_args.push_to_hub and push:
         to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)

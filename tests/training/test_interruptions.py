@@ -480,12 +480,31 @@ def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_e
 def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pretrain, finetune, tmp_path):
     """What decides the model a resume continues, changed on the command line: pretrain's tokenizer flags (the run
     keeps its saved tokenizer) and sizes; finetune's adapter (rank, a LoRA checkpoint without --use_peft, a full one
-    with it). Before: ignored while the card and the arguments recorded them, or a traceback mid-load."""
+    with it); the data of either (a file written again, another file, another corpus size), refused before anything
+    is written. Before: ignored while the card and the arguments recorded them (the new data alone), or a traceback
+    mid-load. Data moved to another folder, its names and times kept, resumes."""
     from tests.helpers.tiny import build_byte_bpe_tokenizer, run_side_by_side
+    from tests.training.test_token_store import write_text
 
     build_byte_bpe_tokenizer().save_pretrained(tmp_path / "other-tokenizer")
-    lora = tmp_path / "lora"
-    succeeded(finetune.run(lora, "--max_steps", 2, "--save_steps", 2, "--use_peft"))
+    lora, on_file, sft = tmp_path / "lora", tmp_path / "on-file", tmp_path / "sft"
+    text, other_text, records = tmp_path / "data.txt", tmp_path / "other.txt", tmp_path / "sft.jsonl"
+    write_text(text, 0.05), write_text(other_text, 0.05, seed=1), write_jsonl(records, prompt_records(16))
+    other_records = write_jsonl(tmp_path / "other.jsonl", prompt_records(16, offset=16))
+    short = {"pretrain": ["--max_train_steps", 2, "--checkpointing_steps", 2], "finetune": ["--max_steps", 2,
+                                                                                           "--save_steps", 2]}
+    started = {"lora": (finetune, lora, [*short["finetune"], "--use_peft"]),
+               "on-file": (pretrain, on_file, [*short["pretrain"], "--train_file", text]),
+               "sft": (finetune, sft, [*short["finetune"], "--train_file", records])}
+    trained = run_side_by_side({name: (command.command(out, *flags), command.cwd, pretrain_env(command.cwd))
+                                for name, (command, out, flags) in started.items()})
+    for result in trained.values():
+        succeeded(result)
+    (tmp_path / "moved").mkdir()
+    moved = Path(shutil.copy2(text, tmp_path / "moved" / "data.txt"))  # its name and times kept
+    with text.open("a") as f:  # the same files, written again
+        f.write("A paragraph added after the run.\n")
+    write_jsonl(records, prompt_records(17))
     resume = ["--resume_from_checkpoint", "latest"]
     cases = {  # name: (command, its finished run, flags, words of the one line)
         "hidden_size": (pretrain, pretrain.reference, ["--hidden_size", 32],
@@ -501,17 +520,44 @@ def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pre
         "lora_without_peft": (finetune, lora, [], ["holds a LoRA adapter, but this run fine-tunes every weight"]),
         "full_with_peft": (finetune, finetune.reference, ["--use_peft"],
                            ["holds a full fine-tune's weights, but this run trains a LoRA adapter"]),
+        "pretrain_file_rewritten": (pretrain, on_file, ["--train_file", text],
+                                    ["step_2 was trained on other data: --train_file data.txt changed since",
+                                     "resume with the same data flags and unchanged files, or start a new run on "
+                                     "this data from its weights (--init_from "]),
+        "pretrain_another_file": (pretrain, on_file, ["--train_file", other_text],
+                                  ["--train_file was data.txt, this run has other.txt"]),
+        "pretrain_corpus_size": (pretrain, pretrain.reference, ["--num_train_documents", 200],
+                                 ["--num_train_documents was 300, this run has 200"]),
+        "finetune_file_rewritten": (finetune, sft, ["--train_file", records],
+                                    ["checkpoint-2 was trained on other data: --train_file sft.jsonl changed since",
+                                     "or fine-tune anew (another --output_dir, or --overwrite_output_dir)"]),
+        "finetune_another_file": (finetune, finetune.reference, ["--train_file", other_records],
+                                  ["--train_file was train.jsonl, this run has other.jsonl"]),
     }
+    resumed = {"moved_data": (pretrain, on_file, ["--train_file", moved, "--max_train_steps", 4])}
     runs = {}
-    for name, (command, finished, flags, _) in cases.items():
+    for name, (command, finished, flags, *_) in {**cases, **resumed}.items():
         shutil.copytree(finished, tmp_path / name)
         runs[name] = (command.command(tmp_path / name, *resume, *flags), command.cwd, pretrain_env(command.cwd))
+    # The data is compared before anything is tokenized or moved: the token store and the checkpoints stay.
+    before = {name: folder_state(tmp_path / name) for name in cases if name.startswith(("pretrain_", "finetune_"))}
     results = run_side_by_side(runs, timeout=600)
     for name, (command, finished, _, words) in cases.items():
         line = error_line(results[name], command.name, *words)
         assert results[name].returncode == 2, line
         weights = "adapter_model.safetensors" if finished == lora else "model.safetensors"
         assert (tmp_path / name / weights).read_bytes() == (finished / weights).read_bytes()
+        if name in before:
+            assert folder_state(tmp_path / name) == before[name], name
+    succeeded(results["moved_data"])
+    assert re.search(r"Resumed from \S*step_2\b", results["moved_data"].stdout), describe(results["moved_data"])
+
+
+def folder_state(folder: Path) -> dict:
+    """Every file under `folder`: its size and modification time; not finetune's lock file (taken before the
+    checkpoint to resume is chosen, as it may set later ones aside)."""
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in folder.rglob("*") if path.is_file() and path.name != ".lock"}
 
 
 class Planted:
@@ -719,3 +765,37 @@ def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_o
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps({"step": 6, "run_signature": signature}))
     with pytest.raises(UserInputError, match=r"has no epoch, batch_in_epoch: it is not a checkpoint of pretrain\.py"):
         checkpoints.read_training_state(str(tmp_path))
+
+
+def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is_the_same(tmp_path):
+    """The comparison a resume makes (checkpoints.refuse_data_change), without a run: a file written again, another
+    file, another flag are each named; the same file moved to another folder with its times kept is the same data;
+    a checkpoint from before the fingerprint has nothing to compare."""
+    from types import SimpleNamespace
+
+    from hf_tinytx_training import checkpoints
+    from hf_tinytx_training.data.fingerprint import finetune_data
+    from hf_tinytx_training.errors import UserInputError
+
+    data, other = write_jsonl(tmp_path / "a.jsonl", prompt_records(4)), write_jsonl(tmp_path / "b.jsonl", [])
+    flags = {"train_file": str(data), "validation_file": None, "max_seq_length": None, "packing": False}
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    how = "or fine-tune anew"
+    checkpoints.refuse_data_change(str(checkpoint), finetune_data(SimpleNamespace(**flags)), how)  # none recorded
+    checkpoints.write_json(checkpoint / checkpoints.DATA_FILE, finetune_data(SimpleNamespace(**flags)))
+
+    (tmp_path / "moved").mkdir()
+    moved = shutil.copy2(data, tmp_path / "moved" / "a.jsonl")
+    for same in ({}, {"train_file": moved}):
+        checkpoints.refuse_data_change(str(checkpoint), finetune_data(SimpleNamespace(**{**flags, **same})), how)
+    write_jsonl(data, prompt_records(4, offset=1))  # the same size, other text
+    os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
+    for changed, words in [({}, "--train_file a.jsonl changed since (another size or modification time)"),
+                           ({"train_file": str(other)}, "--train_file was a.jsonl, this run has b.jsonl"),
+                           ({"train_file": moved, "packing": True}, "--packing was False, this run has True")]:
+        with pytest.raises(UserInputError) as refused:
+            checkpoints.refuse_data_change(str(checkpoint), finetune_data(SimpleNamespace(**{**flags, **changed})),
+                                           how)
+        assert str(refused.value).startswith(f"{checkpoint} was trained on other data: {words}"), refused.value
+        assert str(refused.value).endswith("resume with the same data flags and unchanged files, or fine-tune anew.")

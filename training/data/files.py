@@ -32,7 +32,7 @@ def _expand(pattern: str, flag: str, checked: frozenset) -> list[str]:
     if os.path.isdir(os.path.expanduser(pattern)):
         raise UserInputError(f"{flag} {pattern!r} is a folder; give its files (a glob like "
                              f"'{os.path.join(pattern, '*.txt')}' takes them all).")
-    paths = sorted(path for path in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(path))
+    paths = matching_files(pattern)
     if not paths:
         raise UserInputError(f"{flag} {pattern!r} matches no file. Check the path (globs like 'data/*.jsonl' work).")
     if all(os.path.getsize(path) == 0 for path in paths):
@@ -41,6 +41,11 @@ def _expand(pattern: str, flag: str, checked: frozenset) -> list[str]:
         if os.path.abspath(path) not in checked:
             _check_is_text(path, flag)
     return paths
+
+
+def matching_files(pattern: str) -> list[str]:
+    """The files a --train_file or --validation_file value names (a path or a glob), sorted."""
+    return sorted(path for path in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(path))
 
 
 def _check_is_text(path: str, flag: str) -> None:

@@ -26,10 +26,11 @@ def optimizer_flags(training_args) -> dict:
 
 class CheckpointsAside(TrainerCallback):
     """Trainer, pointed at a staging folder, writes checkpoint-N there; each finished one is checksummed and renamed
-    into checkpoints/ whole, then the oldest beyond --save_total_limit go. `where`: finetune.Destinations."""
+    into checkpoints/ whole, then the oldest beyond --save_total_limit go. `where`: finetune.Destinations; `data`:
+    what decides the data (data/fingerprint.py), written into each."""
 
-    def __init__(self, where, resumed: str | None):
-        self.where, self.resumed = where, resumed
+    def __init__(self, where, resumed: str | None, data: dict):
+        self.where, self.resumed, self.data = where, resumed, data
         self.saved: tuple[int, str] | None = None  # the newest checkpoint's (step, folder), the same on every process
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -53,6 +54,7 @@ class CheckpointsAside(TrainerCallback):
             state.best_model_checkpoint = final
             state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
         checkpoints.write_json(os.path.join(written, OPTIMIZER_FLAGS_FILE), optimizer_flags(args))
+        checkpoints.write_json(os.path.join(written, checkpoints.DATA_FILE), self.data)
         checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
         checkpoints.rename_into_place(written, final)
         checkpoints.prune(self.where.layout, self.where.keep_checkpoints)
