@@ -334,7 +334,7 @@ def receive_data(data_args, train_args, handoff, store):
     """Another process: (tokenizer, description, sources) as the main process prepared them; the sources only where
     this process reads them itself (the built-in corpus, a stream)."""
     stored = None if data_args.streaming or not (data_args.train_file or data_args.dataset_name) else store
-    description = handoff.wait(stored, say=lambda line: print(line, flush=True))  # accelerator.print: main only
+    description = handoff.wait(stored)
     tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
     sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") else None
     return tokenizer, description, sources

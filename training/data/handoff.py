@@ -21,7 +21,6 @@ from hf_tinytx_training.errors import RunError
 PREFIX = ".data-"
 READY = "ready.json"
 POLL_SECONDS = 1.0
-REPORT_SECONDS = 60.0
 
 
 class Handoff:
@@ -55,13 +54,11 @@ class Handoff:
         os.replace(temporary, os.path.join(self.folder, READY))
         self.published = True
 
-    def wait(self, store_folder: str | None, say) -> dict:
-        """Another process: the main process's description of the data, once it is ready."""
-        store = f", and the token store {store_folder}" if store_folder else ""
-        say(f"Process {self.accelerator.process_index} waits for the main process to prepare the data (its "
-            f"tokenizer{store}).")
+    def wait(self, store_folder: str | None) -> dict:
+        """Another process: the main process's description of the data, once it is ready. It waits in silence: the
+        main process reports the work (one voice a launch, training/cli.py)."""
         path = os.path.join(self.folder, READY)
-        last_change, last_report, seen = time.monotonic(), time.monotonic(), None
+        last_change, seen = time.monotonic(), None
         while not os.path.isfile(path):
             now = time.monotonic()
             state = _store_state(store_folder)
@@ -72,9 +69,6 @@ class Handoff:
                                f"for the main process to prepare the data, which wrote nothing in that time (frozen, "
                                f"or lost with its node); run the same command again (a token store keeps every "
                                f"shard it finished).")
-            if now - last_report > REPORT_SECONDS and self.accelerator.process_index == 1:
-                last_report = now
-                say(f"Process 1 still waits for the data: {seen[0]} shard(s) of the token store written so far.")
             time.sleep(POLL_SECONDS)
         with open(path, encoding="utf-8") as f:
             return json.load(f)
