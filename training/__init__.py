@@ -35,6 +35,7 @@ Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or
     optim/optimizers.py  the optimizer (AdamW, or Muon with AdamW) and the learning-rate schedule
 
     distributed/cluster.py    a launch across processes and machines: none alone, one shared folder, waits bounded
+                              (__main__.py: torchrun whose exit status tells a stop from a crash)
     distributed/sharding.py   FSDP2 on CPUs, DeepSpeed's settings, the device, the weights gathered for saving
     distributed/preemption.py SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, exit 128 + signal
     distributed/cpu_memory.py training on a CPU: freed memory kept in the process, and what is said about it
