@@ -4,8 +4,8 @@
 Three kinds of document, each built on the examples in the project's explainer texts:
 
 * ``coref`` (Winograd-style): "The animal didn't cross the street because it was too tired. The animal was too
-  tired." Only resolving "it" predicts the noun after "The". With :data:`RULE_MIX`, three statements in four use two
-  made-up nouns, so the noun's class cannot give the answer away.
+  tired." Only resolving "it" predicts the noun after "The". In the default mix and in :data:`RULE_MIX`, three
+  statements in four use two made-up nouns, so the noun's class cannot give the answer away.
 * ``recall``: facts stated early ("The code for the blue door is 4 7 1."), filler, then the fact's opening again,
   whose continuation must be fetched from far back. The filler sets the distance in words.
 * ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", with filler between the two.
@@ -27,18 +27,27 @@ PROBE_KINDS = ("coref", "coref_new_nouns", "recall", "copy")
 
 @dataclass(frozen=True)
 class Mix:
-    """How documents are drawn. The default is the built-in corpus that `tinytx pretrain` trains on: kinds drawn
-    alike, only real nouns. :data:`RULE_MIX` is the corpus of `python -m benchmarks.seed_claims`' claim 4, built so
-    that "it" can be resolved only by the rule (see :func:`_made_up_noun`)."""
+    """How documents are drawn. `Mix()` draws the kinds alike, with only real nouns. :data:`DEFAULT_MIX` is the
+    built-in corpus that `tinytx pretrain` trains on and :data:`RULE_MIX` the corpus of `python -m
+    benchmarks.seed_claims`' claim 4; both are built so that "it" can mostly be resolved only by the rule (see
+    :func:`_made_up_noun`)."""
 
     kind_weights: tuple[float, ...] | None = None  # odds of coref, recall, copy; None: uniform
     made_up_share: float = 0.0  # of coreference statements whose two nouns are both made up
+    copy_max_gap: int | None = None  # caps the filler inside copy documents; None: the recall cap (200 words)
+    # Of made-up pairs, those whose two nouns begin alike ("blick", "blomp"): their first pieces match, so the noun
+    # that "it" means must be chosen again at the next piece, as for "chain" and "chisel".
+    shared_onset_share: float = 0.0
 
     def weights(self, kinds: tuple[str, ...]) -> list[float] | None:
         return None if self.kind_weights is None else [self.kind_weights[KINDS.index(kind)] for kind in kinds]
 
 
-DEFAULT_MIX = Mix()
+# The default run's corpus: mostly coreference, three statements in four made up, so that the default run learns the
+# rule and not the nouns; copy documents with at most 10 words between the list and its repetition, many and short,
+# so that copying is learnt in the same run; a few recall documents. How it was chosen, with its figures:
+# docs/results.md ("The default run's corpus and recipe").
+DEFAULT_MIX = Mix(kind_weights=(6, 1, 4), made_up_share=0.75, copy_max_gap=10, shared_onset_share=0.5)
 # Coreference documents only, three statements in four with made-up nouns, so that only the rule answers most of
 # them; the real quarter keeps the frames' own nouns in the vocabulary. How this mix was chosen, with its figures:
 # docs/results.md (`python -m benchmarks.seed_claims.rule_ablation`).
@@ -119,27 +128,34 @@ _CODAS = ("", "", "", "b", "ck", "d", "dge", "ft", "g", "k", "l", "ll", "m", "mp
 _ENDINGS = ("", "", "", "", "", "le", "er", "et", "y", "on", "el", "ow", "ing", "age", "ish")
 
 
-def _made_up_noun(rng: random.Random) -> str:
-    """A pronounceable non-word of one or two syllables, never one of :data:`HELD_OUT_NOUNS`."""
+def _made_up_noun(rng: random.Random, onset: str = "") -> str:
+    """A pronounceable non-word of one or two syllables, never one of :data:`HELD_OUT_NOUNS`; `onset`: its first
+    letters."""
     while True:
-        syllables = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
-                            for _ in range(rng.choice((1, 1, 2))))
+        syllables = "".join((onset if i == 0 and onset else rng.choice(_ONSETS)) + rng.choice(_VOWELS)
+                            + rng.choice(_CODAS) for i in range(rng.choice((1, 1, 2))))
         noun = syllables + rng.choice(_ENDINGS)
         if 3 <= len(noun) <= 8 and noun not in HELD_OUT_NOUNS:
             return noun
 
 
-def _coref_item(rng: random.Random, held_out: bool = False, made_up_share: float = 0.0) -> _CorefItem:
+def _onset(noun: str) -> str:
+    return noun[:2] if noun[:2] in _ONSETS else noun[:1]
+
+
+def _coref_item(rng: random.Random, held_out: bool = False, made_up_share: float = 0.0,
+                shared_onset_share: float = 0.0) -> _CorefItem:
     """A statement with the frame's held-out nouns (the "coref_new_nouns" probes), or its own nouns; or, for
-    `made_up_share` of statements, two made-up ones."""
+    `made_up_share` of statements, two made-up ones, which begin alike in `shared_onset_share` of them."""
     template = rng.choice(COREF_TEMPLATES)
     if held_out:
         a, b = rng.choice(template.held_out_a_nouns), rng.choice(template.held_out_b_nouns)
     elif made_up_share and rng.random() < made_up_share:  # no draw at 0: the default corpus stays as it was
         a = _made_up_noun(rng)
-        b = _made_up_noun(rng)
+        onset = _onset(a) if shared_onset_share and rng.random() < shared_onset_share else ""
+        b = _made_up_noun(rng, onset)
         while b == a:
-            b = _made_up_noun(rng)
+            b = _made_up_noun(rng, onset)
     else:
         a, b = rng.choice(template.a_nouns), rng.choice(template.b_nouns)
     # A fair coin for which noun "it" means, so the first-named noun is never a free guess.
@@ -154,7 +170,7 @@ def _coref_item(rng: random.Random, held_out: bool = False, made_up_share: float
 def _coref_document(rng: random.Random, mix: Mix) -> str:
     sentences = []
     for _ in range(rng.randint(1, 4)):
-        item = _coref_item(rng, made_up_share=mix.made_up_share)
+        item = _coref_item(rng, made_up_share=mix.made_up_share, shared_onset_share=mix.shared_onset_share)
         sentences += [item.statement, f"The {item.referent} was too {item.adjective}."]
     return " ".join(sentences)
 
@@ -345,7 +361,8 @@ def _copy_document(rng: random.Random, max_distance: int, mix: Mix) -> str:
     episodes = []
     for _ in range(rng.randint(1, 3)):
         words = _copy_words(rng)
-        episodes.append(_copy_episode(rng, words, _log_uniform_distance(rng, max_distance)))
+        cap = max_distance if mix.copy_max_gap is None else min(max_distance, mix.copy_max_gap)
+        episodes.append(_copy_episode(rng, words, _log_uniform_distance(rng, cap)))
     return " ".join(episodes)
 
 

@@ -33,12 +33,14 @@ def flag(default, help: str):
 
 @dataclass
 class ModelArguments:
-    model_preset: str = flag("tiny", "A model size from training/configs/ (tiny ~1M, small ~10M, base ~124M).")
+    model_preset: str = flag(
+        "micro", "A model size from training/configs/ (micro ~0.17M, the default run's; tiny ~1M, small ~10M, base "
+        "~124M).")
     model_config: str | None = flag(None, "A TinyTxConfig as a .json/.yaml file; replaces --model_preset.")
     init_from: str | None = flag(None, "Continue training the model (and tokenizer) in this saved model folder.")
     tokenizer_name: str | None = flag(
         None, "A tokenizer folder or Hub id. Default: train a byte-level BPE on the data.")
-    vocab_size: int = flag(2048, "Vocabulary size of the BPE trained when none is named.")
+    vocab_size: int = flag(1024, "Vocabulary size of the BPE trained when none is named.")
     hidden_size: int | None = flag(None, "Override the preset's width.")
     intermediate_size: int | None = flag(None, "Override the preset's MLP width.")
     num_hidden_layers: int | None = flag(None, "Override the preset's depth.")
@@ -66,7 +68,7 @@ class DataArguments:
         None, "The folder of the token store (the data tokenized once, reused by resumes and later runs on the same "
         "files). Default: token_store/ in --output_dir.")
     num_train_documents: int | None = flag(
-        None, "Documents of the embedded default corpus (default 12000), or at most this many read.")
+        None, "Documents of the embedded default corpus (default 60000), or at most this many read.")
     validation_split_percentage: int = flag(5, "Percent of the documents held out when no validation split is given.")
     block_size: int = flag(128, "Tokens per training sequence (packed documents).")
     preprocessing_num_workers: int | None = flag(
@@ -83,10 +85,11 @@ class PretrainArguments:
     total_batch_size: int | None = flag(
         None, "Sequences per optimizer step over all processes: sets --gradient_accumulation_steps to this / "
         "(--per_device_train_batch_size x processes), which must divide it exactly.")
-    learning_rate: float = flag(3e-3, "Peak learning rate of AdamW.")
+    learning_rate: float = flag(5e-3, "Peak learning rate of AdamW.")
     optimizer: str = flag(
-        "adamw", "adamw, or muon: torch.optim.Muon for the matrices inside the blocks, AdamW for the embeddings, the "
-        "output head and the norms (one process or DDP).")
+        "auto", "adamw, or muon: torch.optim.Muon for the matrices inside the blocks, AdamW for the embeddings, the "
+        "output head and the norms (one process or DDP); auto: muon, or adamw where FSDP or DeepSpeed shards the "
+        "matrices.")
     muon_learning_rate: float | None = flag(
         None, "Peak learning rate of Muon (scaled to AdamW's update size); default: --learning_rate.")
     weight_decay: float = flag(0.1, "Weight decay (2-D weights only).")
@@ -94,7 +97,7 @@ class PretrainArguments:
     max_grad_norm: float = flag(1.0, "Clip the gradient norm to this (0 disables).")
     lr_scheduler_type: str = flag("cosine", "Any transformers.get_scheduler name.")
     num_warmup_steps: int = flag(30, "Linear warmup steps.")
-    max_train_steps: int | None = flag(None, "Optimizer steps. Default: from --max_train_tokens, else 600.")
+    max_train_steps: int | None = flag(None, "Optimizer steps. Default: from --max_train_tokens, else 3000.")
     max_train_tokens: int | None = flag(None, "Token budget; sets --max_train_steps.")
     max_train_seconds: float = flag(
         0.0, "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock and ends at "
@@ -274,8 +277,8 @@ def check_optimizer_args(train_args: PretrainArguments) -> None:
     for name, (value, low, low_ok, fix) in ranges.items():
         if not (math.isfinite(value) and (value > low or (low_ok and value == low))):
             raise UserInputError(f"--{name} must be {fix}, got {value}.")
-    if train_args.optimizer not in ("adamw", "muon"):
-        raise UserInputError(f"--optimizer must be adamw or muon, got {train_args.optimizer!r}.")
+    if train_args.optimizer not in ("auto", "adamw", "muon"):
+        raise UserInputError(f"--optimizer must be auto, adamw or muon, got {train_args.optimizer!r}.")
     muon_lr = train_args.muon_learning_rate
     if muon_lr is not None and not (math.isfinite(muon_lr) and muon_lr > 0):
         raise UserInputError(f"--muon_learning_rate must be a small positive number such as 3e-3, got {muon_lr}.")
@@ -303,14 +306,14 @@ def planned_by_clock(train_args: PretrainArguments) -> bool:
 
 def plan_steps(data_args: DataArguments, train_args: PretrainArguments, num_processes: int) -> tuple[int | None, int]:
     """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else None when
-    --max_train_seconds plans the run, else 600."""
+    --max_train_seconds plans the run, else 3000."""
     tokens_per_step = (train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
                        * num_processes * data_args.block_size)
     if planned_by_clock(train_args):
         return None, tokens_per_step
     steps = train_args.max_train_steps
     if steps is None:
-        steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 600
+        steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 3000
     return steps, tokens_per_step
 
 

@@ -7,8 +7,10 @@ import pytest
 
 from hf_tinytx.corpus import (
     COREF_TEMPLATES,
+    DEFAULT_MIX,
     HELD_OUT_NOUNS,
     RULE_MIX,
+    Mix,
     default_corpus,
     generate_documents,
     made_up_coref_probes,
@@ -74,10 +76,11 @@ def test_coref_documents_name_the_referent_of_it():
 
 
 def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing_away():
-    """RULE_MIX (claim 4's corpus): three statements in four name two made-up nouns; the default corpus names none."""
+    """RULE_MIX (claim 4's corpus): three statements in four name two made-up nouns; a plain `Mix()` names none."""
     frame_words = set().union(*(_words(" ".join((t.sentence, *t.a_nouns, *t.b_nouns, *t.a_adjectives,
                                                  *t.b_adjectives))) for t in COREF_TEMPLATES))
-    assert all(_words(document) <= frame_words for document in generate_documents(300, seed=2, kinds=("coref",)))
+    assert all(_words(document) <= frame_words
+               for document in generate_documents(300, seed=2, kinds=("coref",), mix=Mix()))
     referents = {"a": 0, "b": 0}
     made_up = set()
     for document in generate_documents(300, seed=2, kinds=("coref",), mix=RULE_MIX):
@@ -95,6 +98,20 @@ def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing
             referents["a" if adjective in template.a_adjectives else "b"] += 1
     assert referents["a"] > 50 and referents["b"] > 50
     assert len(made_up) > 500  # fresh nouns, not a second fixed list to learn
+
+
+def test_the_default_mix_pairs_made_up_nouns_that_begin_alike_and_rule_mix_does_not():
+    """DEFAULT_MIX: half its made-up pairs share their opening letters, so the noun is chosen past its first piece."""
+    def shared_share(mix):
+        shared = pairs = 0
+        for document in generate_documents(400, seed=2, kinds=("coref",), mix=mix):
+            for statement in SENTENCE_END.split(document)[::2]:
+                first, second = re.fullmatch(r"The (\w+) .* the (\w+) because it was too \w+\.", statement).groups()
+                if not any(first in t.a_nouns for t in COREF_TEMPLATES):
+                    pairs += 1
+                    shared += first[0] == second[0]
+        return shared / pairs
+    assert 0.45 < shared_share(DEFAULT_MIX) < 0.65 and shared_share(RULE_MIX) < 0.2
 
 
 def test_made_up_coref_probes_ask_for_a_made_up_noun_in_either_role():
@@ -144,9 +161,12 @@ def test_copy_documents_repeat_their_words():
         assert episodes and " ".join(f"Repeat: {a}.{gap} Again: {b}." for a, gap, b in episodes) == document
         assert all(first == second for first, _, second in episodes)
         assert all("Repeat" not in gap and "Again" not in gap for _, gap, _ in episodes)
-    gaps = [len(gap.split()) for document in generate_documents(300, seed=4, kinds=("copy",), max_recall_distance=60)
-            for _, gap, _ in re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)]
-    assert min(gaps) == 0 and 30 < max(gaps) <= 60  # from no filler at all to near the cap
+    def gaps(mix):
+        return [len(gap.split())
+                for document in generate_documents(300, seed=4, kinds=("copy",), max_recall_distance=60, mix=mix)
+                for _, gap, _ in re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)]
+    assert min(gaps(Mix())) == 0 and 30 < max(gaps(Mix())) <= 60  # from no filler at all to near the cap
+    assert min(gaps(DEFAULT_MIX)) == 0 and 5 < max(gaps(DEFAULT_MIX)) <= DEFAULT_MIX.copy_max_gap  # its own cap
 
 
 def test_held_out_nouns_never_appear_in_documents():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hf_tinytx_training.args import ALL_ARGUMENTS, build_parser, parse_args
+from hf_tinytx_training.args import ALL_ARGUMENTS, build_parser, parse_args, plan_steps
 from hf_tinytx_training.errors import UserInputError
 from tests.helpers.tiny import REPO_ROOT, pretrain_env, run_side_by_side
 
@@ -154,7 +154,7 @@ def test_an_arguments_file_then_flags_that_override_it():
     model_args, data_args, train_args = parse_args([str(REPO_ROOT / "training/configs/tiny.yaml"),
                                                     "--max_train_steps", "100", "--block_size", "64"])
     assert (train_args.max_train_steps, data_args.block_size) == (100, 64)  # the flags win
-    assert (model_args.model_preset, model_args.vocab_size, train_args.eval_steps) == ("tiny", 2048, 200)  # the file
+    assert (model_args.model_preset, model_args.vocab_size, train_args.eval_steps) == ("micro", 1024, 200)  # the file
 
 
 def test_the_hub_repo_id_is_checked_then_filled_in_from_the_output_folder():
@@ -178,11 +178,21 @@ def test_total_batch_size_sets_the_accumulation_the_processes_need():
         assert train_args.gradient_accumulation_steps == accumulation
 
 
+def test_the_default_runs_arguments_file_equals_no_arguments():
+    """training/configs/tiny.yaml says it holds the default run's values: parsed, it gives what no arguments give
+    (the step count spelled out where no arguments plan it)."""
+    from_file, bare = parse_args([str(REPO_ROOT / "training/configs/tiny.yaml")]), parse_args([])
+    bare[2].max_train_steps = plan_steps(bare[1], bare[2], 1)[0]
+    assert from_file == bare
+
+
 @pytest.mark.parametrize("preset, vocab_size, parameters, qk_norm", [
-    ("tiny", 2048, 1.3e6, False), ("small", 8192, 10e6, True), ("base", 50304, 124e6, True),
+    ("micro", 1024, 0.17e6, False), ("tiny", 2048, 1.3e6, False), ("small", 8192, 10e6, True),
+    ("base", 50304, 124e6, True),
 ])
 def test_each_model_preset_is_the_size_its_file_says(preset, vocab_size, parameters, qk_norm):
-    """--model_preset tiny|small|base: ~1.3M (at a 2,048-token vocabulary), ~10M, ~124M, built on the meta device."""
+    """--model_preset micro|tiny|small|base: ~0.17M (at a 1,024-token vocabulary), ~1.3M (at 2,048), ~10M, ~124M,
+    built on the meta device."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -78,7 +78,7 @@ def test_a_run_that_reads_its_blocks_too_often_is_warned_with_a_step_count_that_
     assert memorising_warning(10, 8, 8) is None  # ten passes: not yet
     steps = int(warning.split("--max_train_steps ")[1].split()[0])
     assert memorising_warning(steps, 8, 15) is None
-    assert memorising_warning(600, 16, 40_000) is None  # the built-in corpus's default run
+    assert memorising_warning(3000, 16, 28_940) is None  # the built-in corpus's default run
 
 
 def test_the_advised_steps_end_their_warm_up_first():

@@ -13,7 +13,7 @@ from hf_tinytx_training.data.files import local_data_files
 from hf_tinytx_training.errors import RunError, UserInputError
 
 
-DEFAULT_CORPUS_DOCUMENTS = 12000
+DEFAULT_CORPUS_DOCUMENTS = 60000
 TOKENIZER_DOCUMENTS = 50_000  # the tokenizer is trained on at most this many documents...
 TOKENIZER_CHARS = 1 << 25  # ...and 32M characters, shared among the files by their sizes: enough for the merges
 
