@@ -1,6 +1,6 @@
 """Pre-train a TinyTx model from scratch, then export a complete, shareable Hugging Face model folder.
 
-    python training/pretrain.py                                   # ~1M params on the embedded corpus, CPU, minutes
+    python training/pretrain.py                                   # 0.17M params on the embedded corpus, CPU, minutes
     python training/pretrain.py training/configs/tiny.yaml        # the same arguments, from a file
     accelerate launch --config_file training/configs/accelerate-ddp.yaml training/pretrain.py --model_preset small
     torchrun --nproc_per_node 2 training/pretrain.py              # CPU data parallelism
@@ -67,7 +67,7 @@ from hf_tinytx_training.errors import RunError, UserInputError
 from hf_tinytx_training.evaluation import validation_metrics
 from hf_tinytx_training.model.build import make_model
 from hf_tinytx_training.model.config import check_model_builds, load_model_config
-from hf_tinytx_training.optim.optimizers import make_optimizer, make_schedule
+from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
 from hf_tinytx_training.optim.schedules import Clock
 from hf_tinytx_training.probes import ProbeReport, own_text_prompts, run_probes_and_samples
 from hf_tinytx_training.publish import cards, export
@@ -236,8 +236,7 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
                              f"({model_config.max_position_embeddings}); lower --block_size or raise "
                              "--max_position_embeddings.")
     sharded_by = sharding.asked_sharding()
-    if train_args.optimizer == "auto":  # Muon learns the default run's rule in far fewer steps (docs/results.md)
-        train_args.optimizer = "adamw" if sharded_by else "muon"
+    train_args.optimizer = chosen_optimizer(train_args.optimizer, sharded_by)
     if train_args.optimizer == "muon" and sharded_by:
         raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharded_by} does "
                              f"not keep; use --optimizer adamw, or Muon with one process or DDP.")

@@ -224,3 +224,13 @@ def test_a_model_config_file_in_yaml_reads_like_json(tmp_path):
     assert configs[0].to_dict() == configs[1].to_dict()
     assert (configs[0].hidden_size, configs[0].num_hidden_layers, configs[0].qk_norm) == (96, 3, True)
     assert configs[0].rope_parameters["rope_theta"] == 500.0
+
+
+def test_optimizer_auto_is_muon_unless_fsdp_or_deepspeed_shard_the_matrices():
+    from hf_tinytx_training.optim.optimizers import chosen_optimizer
+
+    assert parse_args([])[2].optimizer == "auto"
+    assert [chosen_optimizer("auto", sharded_by) for sharded_by in (None, "fsdp2", "deepspeed")] == [
+        "muon", "adamw", "adamw"]
+    assert chosen_optimizer("adamw", None) == "adamw"
+    assert chosen_optimizer("muon", "fsdp2") == "muon"  # named: kept, and refused in one line by pretrain.py

@@ -386,7 +386,7 @@ def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
     refused = pretrain.run(out, *resume, "--per_device_train_batch_size", 4)
     assert "resume with the same --seed, --block_size and --total_batch_size (on any process count)" in error_line(
         refused, "pretrain")
-    for flag, value, was in (("--learning_rate", "1e-3", "0.003"), ("--weight_decay", "0.0", "0.1"),
+    for flag, value, was in (("--learning_rate", "1e-3", "0.005"), ("--weight_decay", "0.0", "0.1"),
                              ("--adam_beta2", "0.99", "0.95")):
         refused = pretrain.run(out, *resume, flag, value)
         line = error_line(refused, "pretrain", f"was trained with {flag} {was}, but this run has {flag} {float(value)}",
@@ -413,7 +413,7 @@ def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [row for row in rows if "loss" in row]
     assert [row["step"] for row in rows] == list(range(1, 11))
-    assert [row["lr"] for row in rows[6:]] == [pytest.approx(3e-3)] * 4, rows[6:]
+    assert [row["lr"] for row in rows[6:]] == [pytest.approx(5e-3)] * 4, rows[6:]
 
     lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines[2] = lines[2][:20] + "\n"

@@ -106,6 +106,14 @@ def parameter_groups(model: torch.nn.Module) -> tuple[list, list]:
             [p for p in trained if len(sharding.full_shape(p)) < 2])
 
 
+def chosen_optimizer(name: str, sharded_by: str | None) -> str:
+    """--optimizer as named, or for `auto` Muon (the default run learns its rule in far fewer steps with it:
+    docs/results.md), except where FSDP or DeepSpeed shard the matrices that Muon needs whole: AdamW."""
+    if name != "auto":
+        return name
+    return "adamw" if sharded_by else "muon"
+
+
 def make_optimizer(model: torch.nn.Module, train_args) -> torch.optim.Optimizer:
     """AdamW on everything (--optimizer adamw), or Muon on the hidden matrices (at --muon_learning_rate, default
     --learning_rate) with AdamW on the rest at --learning_rate (--optimizer muon)."""
