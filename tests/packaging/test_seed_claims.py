@@ -246,7 +246,8 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures == json.loads(out.read_text()) and not out.is_symlink() and elsewhere.read_text() == "keep"
     assert figures["command"].startswith("python -m benchmarks.seed_claims.rule_ablation --quick --steps 6 ")
-    assert figures["mix"] == {"kind_weights": [1.0, 0.0, 0.0], "made_up_share": 1.0}
+    assert figures["mix"] == {"kind_weights": [1.0, 0.0, 0.0], "made_up_share": 1.0, "copy_max_gap": None,
+                              "shared_onset_share": 0.0}
     assert figures["model"]["num_hidden_layers"] == 1 and figures["probes_per_kind"] == 4
     assert figures["num_documents"] == 200
     assert [row["step"] for row in figures["curve"]] == [4, 6]  # every 4 steps, and the last
