@@ -96,7 +96,7 @@ def assert_clean_failure(result, *phrases):
 @pytest.mark.parametrize("case, phrases", [
     ("empty_dataset_file", ["empty", "--train_file"]),
     ("missing_file", ["matches no file", "Check the path"]),
-    ("block_size_beyond_the_context", ["--block_size 4096", "max_position_embeddings (512)"]),
+    ("block_size_beyond_the_context", ["--block_size 4096", "max_position_embeddings (1024)"]),
     ("nul_bytes_past_64_kib", ["data.txt, line 2001: a NUL byte", "binary file"]),
     ("bad_utf8_past_64_kib", ["data.txt, line 2001: not UTF-8 text (byte 0xe9)", "save the file as UTF-8"]),
     ("model_config_with_a_typo", ["model.json: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?)"]),
