@@ -34,6 +34,7 @@ from tests.helpers.processes import (
     alive,
     command_line,
     descendants,
+    freeze,
     listening_on,
     pending_signals,
     workers_under,
@@ -112,10 +113,9 @@ def test_the_kubernetes_job_runs_as_written_and_a_deleted_pod_stops_both_with_th
     wait_for(folder / "checkpoints" / "step_20", first[0])
     workers = [pid for pod in first for pid in workers_under(pod.pid)]
     assert len(workers) == 2
-    for pid in workers:  # the stop lands mid-run, however fast the machine
-        os.kill(pid, signal.SIGSTOP)
+    freeze(workers)  # the stop lands mid-run, however fast the machine
     first[0].send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 180  # once over 60 s at load 9 (both cores taken by other tests); ~1 s alone
+    deadline = time.monotonic() + 60
     while signal.SIGTERM not in pending_signals(workers_under(first[0].pid)[0]):
         assert time.monotonic() < deadline, "the launcher did not pass SIGTERM on"
         time.sleep(0.1)

@@ -23,6 +23,7 @@ from tests.helpers.processes import (
     alive,
     command_line,
     environment,
+    freeze,
     is_worker,
     listening_on,
     pending_signals,
@@ -89,7 +90,7 @@ def freeze_at_checkpoint(slurm, runs: dict, step: int = 20, timeout: float = 240
             if job not in frozen and (folder / "checkpoints" / f"step_{step}").is_dir():
                 workers = job_processes(slurm.job(job)["JobId"])["workers"]
                 assert len(workers) == 2, workers
-                signal_all(workers, signal.SIGSTOP)
+                freeze(workers)  # stopped before any stop signal is sent: it stays pending
                 frozen[job] = workers
             elif job not in frozen:
                 state = slurm.job(job)["JobState"]

@@ -3,6 +3,8 @@ listens on and which signals wait for it. Faults are injected from outside with 
 """
 
 import os
+import signal
+import time
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -92,6 +94,17 @@ def listening_on(port: int) -> int | None:
         if any(f"socket:[{inode}]" in links for inode in inodes):
             return pid
     return None
+
+
+def freeze(pids, timeout: float = 60) -> None:
+    """SIGSTOP each process and wait until it has stopped. A signal sent before the stop takes effect may be taken
+    first (the lower number is delivered first): its handler's flag is set, and it is no longer pending."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while any(stat_fields(pid)[:1] not in (["T"], []) for pid in pids):
+        assert time.monotonic() < deadline, f"not stopped {timeout} s after SIGSTOP: {list(pids)}"
+        time.sleep(0.01)
 
 
 def pending_signals(pid: int) -> set[int]:
