@@ -17,7 +17,7 @@ STEPS = 6
 # weights agree up to float32 rounding, not bit for bit. Measured: max |diff| 8.9e-08 after 6 steps at lr 3e-3.
 TOLERANCE = 1e-5
 # The logged numbers too: the training loss is the mean over both ranks' tokens, and the evaluation counts each of the
-# 43 validation blocks once though 2 x 8 per batch does not divide them (the last batch is padded with repeats).
+# 27 validation blocks once though 2 x 8 per batch does not divide them (the last batch is padded with repeats).
 # metrics.jsonl rounds the training loss to 5 decimals, so two values 1e-7 apart may print 1e-5 apart.
 LOGGED_LOSS_TOLERANCE = 1e-5 + 1e-9
 
@@ -28,7 +28,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
                 "--hash-weights", str(tmp_path / "ddp_checksum"), "--mark-at-exit", str(tmp_path / "shutdown")]
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
-    # --max_eval_batches counts batches over all processes: 8 of 8 blocks (2 ranks) or of 16 (1 process) hold all 43.
+    # --max_eval_batches counts batches over all processes: 8 of 8 blocks (2 ranks) or of 16 (1 process) hold all 27.
     common = ["--max_train_steps", STEPS, "--num_probes_per_kind", 0, "--num_samples", 0, "--eval_steps", 3,
               "--max_eval_batches", 8]
     # No ACCELERATE_USE_CPU in the environment: the script itself must ask Accelerate for CPU data parallelism.
@@ -64,7 +64,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
 
 def assert_same_numbers(ddp_dir, single_dir, single_stdout):
     """2 ranks log and write into the card the 1-process run's training loss and evaluation figures."""
-    assert "43 validation blocks" in single_stdout  # 43 = 2 x 16 + 11: the 2-rank evaluation pads its last batch
+    assert "27 validation blocks" in single_stdout  # 27 = 16 + 11: the 2-rank evaluation pads its last batch
     ddp_rows, single_rows = ([json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
                              for folder in (ddp_dir, single_dir))
     pairs = list(zip(ddp_rows, single_rows, strict=True))
@@ -76,7 +76,7 @@ def assert_same_numbers(ddp_dir, single_dir, single_stdout):
     print(f"2 ranks vs 1 process: training loss {loss_diff:.2e}, eval loss and bits/byte {eval_diff:.2e}, "
           f"perplexity (relative) {perplexity_diff:.2e}")
     assert loss_diff <= LOGGED_LOSS_TOLERANCE and eval_diff < TOLERANCE and perplexity_diff < TOLERANCE
-    assert all(a["eval_tokens"] == b["eval_tokens"] == 43 * 63 for a, b in evaluations)
+    assert all(a["eval_tokens"] == b["eval_tokens"] == 27 * 63 for a, b in evaluations)
     card_lines = [[line for line in (folder / "README.md").read_text().splitlines()
                    if line.startswith(("On ", "| Validation loss", "| Perplexity", "| Bits per byte"))]
                   for folder in (ddp_dir, single_dir)]

@@ -74,6 +74,9 @@ TINY_PRETRAIN_ARGS = [
     "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--num_warmup_steps", "2",
     "--max_eval_batches", "4", "--num_probes_per_kind", "4", "--num_samples", "1",
     "--max_train_seconds", "0",  # no wall-clock cut: a slow machine must not change what a test trains
+    # One optimizer on every launch: `auto` takes Muon on one process and AdamW under FSDP or DeepSpeed, and the tests
+    # compare those launches (and resume across them) weight for weight.
+    "--optimizer", "adamw",
 ]
 
 

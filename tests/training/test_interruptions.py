@@ -449,8 +449,8 @@ def test_pretrain_into_a_mount_point(pretrain, tmp_path, mounted):
         assert_notes_kept(out)
 
 
-# 40 documents make 144-191 blocks of 64 tokens: three batches of 48 an epoch, so the 6 steps run two epochs.
-EPOCHS_OF_THREE = ["--num_train_documents", 40, "--per_device_train_batch_size", 48]
+# 80 documents make 144-191 blocks of 64 tokens: three batches of 48 an epoch, so the 6 steps run two epochs.
+EPOCHS_OF_THREE = ["--num_train_documents", 80, "--per_device_train_batch_size", 48]
 
 
 @deep
