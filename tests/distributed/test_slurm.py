@@ -126,7 +126,7 @@ def assert_one_voice(log: str):
     first) prints, the other says nothing; a line every few steps, no progress bar; every line labelled."""
     runs = log.count("slurm.sbatch: job ")
     assert "\r" not in log and "it/s]" not in log, log[-2000:]
-    for event in ("TinyTx with 123,200 parameters", "Training for 120 steps", "Freed memory stays in the process"):
+    for event in ("TinyTx with ", "Training for 120 steps", "Freed memory stays in the process"):
         assert log.count(event) == runs, (event, log[-4000:])
     assert len(re.findall(r"^\d: train: 100% \| 120/120 steps, loss \d", log, re.M)) == 1, log[-3000:]
     unlabelled = [line for line in log.splitlines() if not re.match(r"(\d: |slurm\.sbatch: |srun: |slurmstepd-)", line)]
