@@ -12,8 +12,7 @@ scores into weights, and the output is the weighted average of the values. Sever
 their outputs are concatenated. Positions enter only by rotating queries and keys (RoPE), so a score depends on how
 far apart two tokens are, not on where they sit.
 
-This file imports only torch, transformers and its own configuration, so a saved checkpoint can carry it as remote
-code (`trust_remote_code=True`) for machines where `hf_tinytx` is not installed.
+It imports only torch, transformers and its configuration: checkpoints carry it as remote code.
 """
 
 import dataclasses
@@ -42,16 +41,14 @@ from .configuration_tinytx import TinyTxConfig
 
 logger = logging.get_logger(__name__)
 
-# transformers 5.24 renamed the key/value cache argument and output field from `past_key_values` to `cache`. The
-# saved copy of this file also runs as remote code on older releases, so it speaks whichever name is installed.
+# transformers 5.24 renamed `past_key_values` to `cache`; as remote code this file also runs on older releases.
 _OUTPUT_FIELDS = {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}
 _CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 _MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 def _warn_on_the_old_cache_name(forward):
-    """Where `cache` is the current name, `past_key_values=` warns as Llama's does (transformers' own decorator, which
-    also renames it); older releases stay silent, as the old name is theirs."""
+    """Where `cache` is the current name, `past_key_values=` warns (and is renamed) as in Llama."""
     if _CACHE_FIELD != "cache":
         return forward
     from transformers.utils.deprecation import deprecate_kwarg
@@ -60,7 +57,7 @@ def _warn_on_the_old_cache_name(forward):
 
 
 def _pop_cache(cache: Cache | None, kwargs: dict) -> Cache | None:
-    """Accepts the cache under its old name too (older `generate` and user code pass `past_key_values=`)."""
+    """Older `generate` and user code pass the cache as `past_key_values=`."""
     legacy = kwargs.pop("past_key_values", None)
     return cache if cache is not None else legacy
 
@@ -75,7 +72,7 @@ class TinyTxRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.dtype == self.weight.dtype == torch.float32:
-            # x * rsqrt(mean(x^2) + eps) * gain in one call: a decoding step is mostly per-op overhead.
+            # One call: a decoding step is mostly per-op overhead.
             return nn.functional.rms_norm(hidden_states, self.weight.shape, self.weight, eps=self.variance_epsilon)
         # Half precision: the statistics in fp32 (a bf16 mean of squares loses too many bits), the gain after.
         input_dtype = hidden_states.dtype
@@ -91,9 +88,8 @@ class TinyTxRMSNorm(nn.Module):
 class TinyTxRotaryEmbedding(nn.Module):
     """Turns position ids into the cos/sin tables that rotate queries and keys (RoPE).
 
-    Dimension i of a head is paired with dimension i + d/2, and each pair turns by its own angle. `sin` comes with the
-    rotation's sign folded in (-sin on the first half, +sin on the second), so that a rotation is two multiplies and
-    a roll: see `apply_rotary_pos_emb`.
+    Dimension i of a head is paired with dimension i + d/2, and each pair turns by its own angle. `sin` carries the
+    rotation's sign (-sin on the first half, +sin on the second): see `apply_rotary_pos_emb`.
     """
 
     inv_freq: torch.Tensor
@@ -181,17 +177,10 @@ def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Unpack[TransformersKwargs],
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention written out step by step. Shapes: query (batch, heads, n_q, d), key/value (batch, kv_heads, n_k,
-    d)."""
+    """Attention step by step. Shapes: query (batch, heads, n_q, d), key/value (batch, kv_heads, n_k, d)."""
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
 
@@ -231,10 +220,9 @@ class TinyTxAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_width, config.hidden_size, bias=config.attention_bias)
-        self.qk_norm = config.qk_norm  # read once: config lookups are slow and this ran in every layer, every step
+        self.qk_norm = config.qk_norm  # read once: config lookups are slow
         if self.qk_norm:
-            # Normalising each head's queries and keys bounds the scores, which steadies training at high learning
-            # rates.
+            # Normalised queries and keys bound the scores, which steadies training at high learning rates.
             self.q_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
@@ -267,14 +255,8 @@ class TinyTxAttention(nn.Module):
         )
         # The backend is called right here, in forward: vLLM's Transformers backend finds it by reading this source.
         attn_output, attn_weights = attention_interface(
-            self,
-            query_states,
-            key_states,
-            value_states,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            **kwargs,
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
         )
 
         # Concatenate the heads, then mix them back into the residual stream's width.
@@ -302,11 +284,8 @@ class TinyTxDecoderLayer(GradientCheckpointingLayer):
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(
-            hidden_states=hidden_states,
-            position_embeddings=position_embeddings,
-            attention_mask=attention_mask,
-            cache=cache,
-            **kwargs,
+            hidden_states=hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
+            cache=cache, **kwargs,
         )
         hidden_states = residual + hidden_states
 
@@ -331,51 +310,43 @@ class TinyTxPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _can_compile_fullgraph = True
     _supports_attention_backend = True
-    _can_record_outputs = {
-        "hidden_states": TinyTxDecoderLayer,
-        "attentions": TinyTxAttention,
-    }
+    _can_record_outputs = {"hidden_states": TinyTxDecoderLayer, "attentions": TinyTxAttention}
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # Linear/embedding ~ N(0, initializer_range), norms to one, RoPE tables recomputed (they are not saved).
         super()._init_weights(module)
-        # GPT-2's residual scaling: the two projections that write into the residual stream start smaller by
-        # 1/sqrt(2 * layers), so the stream's variance does not grow with depth at initialisation.
-        # (`transformers.initialization` leaves weights that were loaded from a checkpoint untouched.)
-        if isinstance(module, TinyTxAttention) or isinstance(module, TinyTxMLP):
+        # GPT-2's residual scaling: the projections that write into the residual stream start smaller by
+        # 1/sqrt(2 * layers), so the stream's variance does not grow with depth (loaded weights stay untouched).
+        if isinstance(module, (TinyTxAttention, TinyTxMLP)):
             projection = module.o_proj if isinstance(module, TinyTxAttention) else module.down_proj
             std = self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers)
             init.normal_(projection.weight, mean=0.0, std=std)
 
 
-# Tensor-parallel styles that split a projection's output features evenly over the ranks: whole heads only when the
-# rank count divides the heads. transformers' `unit_colwise` gives each rank whole heads, shared where they are fewer.
+# Tensor-parallel styles that split output features evenly over the ranks (`unit_colwise` shares heads instead).
 EVEN_SPLITS = ("colwise", "colwise_rep", "colwise_gather_output")
+HEAD_COUNTS = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads", "v_proj": "num_key_value_heads"}
 
 
 def _check_tensor_parallel_heads(config: TinyTxConfig) -> None:
-    """A plan that splits q/k/v evenly by columns needs a rank count that divides their heads; without this check an
-    uneven split fails later, in the first forward, as a reshape error. The plan in use is the config's, with the
-    `distributed_config`'s own `tp_plan` over it (an empty one: no tensor parallelism)."""
+    """An even split of q/k/v over a rank count that does not divide their heads would fail in the first forward as
+    a reshape error. The plan is the config's, under the `distributed_config`'s own `tp_plan` (empty: no TP)."""
     distributed = getattr(config, "distributed_config", None)
     tp_size = getattr(distributed, "tp_size", None) or 1
     override = getattr(distributed, "tp_plan", None)
     if tp_size == 1 or override == {}:
         return
     # The override names modules from the causal LM down ("model.layers.*..."), the config from the base model.
-    override = {key.removeprefix("model."): style for key, style in (override or {}).items()} \
-        if isinstance(override, dict) else {}
-    plan = {**(config.base_model_tp_plan or {}), **override}
-    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads,
-             "v_proj": config.num_key_value_heads}
+    override = override.items() if isinstance(override, dict) else ()
+    plan = {**(config.base_model_tp_plan or {}), **{key.removeprefix("model."): style for key, style in override}}
     for key, style in plan.items():
         projection = key.rsplit(".", 1)[-1]
-        if ".self_attn." in key and projection in heads and style in EVEN_SPLITS and heads[projection] % tp_size:
-            kind = "num_attention_heads" if projection == "q_proj" else "num_key_value_heads"
+        kind = HEAD_COUNTS.get(projection)
+        if ".self_attn." in key and kind and style in EVEN_SPLITS and getattr(config, kind) % tp_size:
             raise ValueError(f"Tensor parallelism over {tp_size} processes with the {style!r} plan for {projection} "
-                             f"needs {kind} ({heads[projection]}) to be divisible by {tp_size}; run on a process count "
-                             "that divides it (or 1 process), or shard the attention with 'unit_colwise'/"
+                             f"needs {kind} ({getattr(config, kind)}) to be divisible by {tp_size}; run on a process "
+                             "count that divides it (or 1 process), or shard the attention with 'unit_colwise'/"
                              "'unit_rowwise', which share heads.")
 
 
@@ -410,8 +381,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
     ) -> BaseModelOutputWithPast:
         r"""
         cache (`Cache`, *optional*):
-            Keys and values of the tokens already seen, extended in place (before transformers 5.24 this argument was
-            called `past_key_values`; it is still accepted under that name).
+            Keys and values of the tokens already seen, extended in place (`past_key_values` before transformers 5.24).
         """
         cache = _pop_cache(cache, kwargs)
         if (input_ids is None) ^ (inputs_embeds is not None):
@@ -433,10 +403,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
         self._check_attention_mask(attention_mask, inputs_embeds, cache)
 
         causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
             **{_MASK_CACHE_ARG: cache},
         )
 
@@ -446,12 +413,8 @@ class TinyTxModel(TinyTxPreTrainedModel):
 
         for decoder_layer in self.layers[: self.config.num_hidden_layers]:
             hidden_states = decoder_layer(
-                hidden_states,
-                position_embeddings=position_embeddings,
-                attention_mask=causal_mask,
-                position_ids=position_ids,
-                cache=cache,
-                **kwargs,
+                hidden_states, position_embeddings=position_embeddings, attention_mask=causal_mask,
+                position_ids=position_ids, cache=cache, **kwargs,
             )
 
         hidden_states = self.norm(hidden_states)
@@ -476,9 +439,8 @@ class TinyTxModel(TinyTxPreTrainedModel):
                              f"nothing to continue from; pass at least one token, e.g. the BOS id: {example}.")
 
     def _warn_once_past_context(self, new_tokens: int, cache: Cache | None) -> None:
-        """RoPE runs at any length and this changes no result, but positions past `max_position_embeddings` were
-        never trained on, so the output there may degrade. Once per model (a flag, not `warning_once`): the message
-        names the length, so a generation crossing the limit would otherwise warn again at every new token."""
+        """Positions past `max_position_embeddings` were never trained on. Once per model, by a flag: `warning_once`
+        would warn at every new token, as the message names the length."""
         if getattr(self, "_warned_past_context", False) or torch.compiler.is_compiling():
             return
         if self.rotary_emb.rope_type == "dynamic" or not (cache is None or hasattr(cache, "get_seq_length")):
@@ -493,9 +455,8 @@ class TinyTxModel(TinyTxPreTrainedModel):
                            "`rope_parameters` extends the context).")
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:
-        # An out-of-range id would index past the embedding table: a bare IndexError on CPU, hence this check. On an
-        # accelerator, reading the bounds back would stall every training and decoding step: there the embedding's
-        # own device-side assert catches it.
+        # An out-of-range id is a bare IndexError on CPU. On an accelerator, reading the bounds back would stall every
+        # step: there the embedding's own device-side assert catches it.
         if torch.compiler.is_compiling() or input_ids.numel() == 0 or input_ids.device.type != "cpu":
             return
         low, high = (int(bound) for bound in torch.aminmax(input_ids))  # one pass over the ids, not two
@@ -518,10 +479,8 @@ class TinyTxModel(TinyTxPreTrainedModel):
         past_seen_tokens = None
         if not torch.compiler.is_compiling() and (cache is None or hasattr(cache, "get_seq_length")):
             past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-        if past_seen_tokens is None:
-            length_ok = attention_mask.shape[1] >= seq_len
-        else:
-            length_ok = attention_mask.shape[1] == past_seen_tokens + seq_len
+        width = attention_mask.shape[1]
+        length_ok = width >= seq_len if past_seen_tokens is None else width == past_seen_tokens + seq_len
         if attention_mask.shape[0] != batch_size or not length_ok:
             cached = "some" if past_seen_tokens is None else past_seen_tokens
             expected = "cached + new tokens" if past_seen_tokens is None else past_seen_tokens + seq_len
@@ -556,8 +515,7 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         r"""
         cache (`Cache`, *optional*):
-            Keys and values of the tokens already seen, extended in place (before transformers 5.24 this argument was
-            called `past_key_values`; it is still accepted under that name).
+            Keys and values of the tokens already seen, extended in place (`past_key_values` before transformers 5.24).
 
         Example:
 
@@ -575,13 +533,8 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
             # for nothing (ask with `use_cache=True` to get one anyway).
             use_cache = False
         outputs: BaseModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs,
         )
 
         hidden_states = outputs.last_hidden_state
@@ -595,10 +548,7 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
 
         return CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
             **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)},
         )
 
