@@ -1,11 +1,8 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
-"""TinyTx model configuration.
+"""TinyTx model configuration: `LlamaConfig`'s field names, plus `qk_norm` and `mlp_type`.
 
-Field names follow `LlamaConfig` wherever the meaning is the same, so a Llama config and a TinyTx config describe
-the same network with the same words. Two switches go beyond Llama: `qk_norm` and `mlp_type`.
-
-Every value is checked when the config is built, so a mistake is reported where it was made (and names the fix),
-not as a shape error deep inside the first forward pass.
+Every value is checked when the config is built, so a mistake is reported where it was made (with the fix), not as
+a shape error inside the first forward pass.
 """
 
 import math
@@ -16,18 +13,15 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 MLP_TYPES = ("gated", "plain")
-# The largest RoPE scaling `factor` accepted: published models stretch their context 4x to 40x, and 1024 still
-# catches a typo such as 1e30, or a rope_theta written into `factor`.
+# The largest RoPE scaling `factor`: models stretch their context 4x to 40x; this catches a rope_theta put there.
 MAX_ROPE_FACTOR = 1024.0
-# Every Auto class a saved folder can be opened with as remote code. `save_pretrained` on its own only writes the
-# saving model's class, so a causal-LM checkpoint could not be opened with `AutoModel` where hf_tinytx is missing.
+# Every Auto class a saved folder opens with as remote code (`save_pretrained` writes only the saving model's class).
 DEFAULT_AUTO_MAP = {
     "AutoConfig": "configuration_tinytx.TinyTxConfig",
     "AutoModel": "modeling_tinytx.TinyTxModel",
     "AutoModelForCausalLM": "modeling_tinytx.TinyTxForCausalLM",
     "AutoModelForSequenceClassification": "modeling_tinytx.TinyTxForSequenceClassification",
 }
-
 
 # The network's sizes: each one a positive integer.
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -124,8 +118,7 @@ class TinyTxConfig(PreTrainedConfig):
             self.auto_map = dict(DEFAULT_AUTO_MAP)
 
     def _validate_sizes(self):
-        # Ours, not transformers' `validate_*` hooks (5.10.4 has them): those run after __post_init__ and raise no
-        # ValueError.
+        # Not transformers' `validate_*` hooks: those run after __post_init__ and raise no ValueError.
         for name in SIZE_FIELDS:
             value = getattr(self, name)
             if not _is_positive_int(value):
@@ -171,8 +164,7 @@ class TinyTxConfig(PreTrainedConfig):
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
                              f"{['default', *ROPE_INIT_FUNCTIONS]}.")
-        # transformers checks only which keys each type needs: an infinite or tiny theta, or a huge factor, would make
-        # every position alike, and the model would still run.
+        # transformers checks only the keys: a bad theta or factor would make every position alike, silently.
         theta = params.get("rope_theta")
         if not (_is_finite_number(theta) and theta > 1):
             raise ValueError("TinyTxConfig: `rope_parameters['rope_theta']` must be a finite number > 1 (the base of "
