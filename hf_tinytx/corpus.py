@@ -1,19 +1,13 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
-"""The project's built-in training corpus: English-like text whose next words can only be predicted by looking back.
-
-Three kinds of document, each built on the examples in the project's explainer texts:
+"""The built-in training corpus: English-like text whose next words can only be predicted by looking back.
 
 * ``coref`` (Winograd-style): "The animal didn't cross the street because it was too tired. The animal was too
-  tired." Only resolving "it" predicts the noun after "The". In the default mix and in :data:`RULE_MIX`, three
-  statements in four use two made-up nouns, so the noun's class cannot give the answer away.
-* ``recall``: facts stated early ("The code for the blue door is 4 7 1."), filler, then the fact's opening again,
-  whose continuation must be fetched from far back. The filler sets the distance in words.
+  tired." Only resolving "it" predicts the noun after "The".
+* ``recall``: facts stated early ("The code for the blue door is 4 7 1."), filler, then the fact's opening again.
 * ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", with filler between the two.
 
-Each use draws from its own ``random.Random``, seeded with a string naming the stream and the seed
-(``"hf_tinytx.corpus/documents/{seed}"``, ``.../validation/{seed}``, ``.../probes/{kind}/{seed}``): the same text on
-every machine, and unrelated streams. A probe sentence may also occur in training (that is learning the rule);
-``coref_new_nouns`` probes use :data:`HELD_OUT_NOUNS`, which no document contains.
+Each stream draws from its own ``random.Random`` seeded with a string (``"hf_tinytx.corpus/documents/{seed}"``): the
+same text on every machine. ``coref_new_nouns`` probes use :data:`HELD_OUT_NOUNS`, which no document contains.
 """
 
 import math
@@ -27,30 +21,23 @@ PROBE_KINDS = ("coref", "coref_new_nouns", "recall", "copy")
 
 @dataclass(frozen=True)
 class Mix:
-    """How documents are drawn. `Mix()` draws the kinds alike, with only real nouns. :data:`DEFAULT_MIX` is the
-    built-in corpus that `tinytx pretrain` trains on and :data:`RULE_MIX` the corpus of `python -m
-    benchmarks.seed_claims`' claim 4; both are built so that "it" can mostly be resolved only by the rule (see
-    :func:`_made_up_noun`)."""
+    """How documents are drawn. `Mix()` draws the kinds alike, with only real nouns."""
 
     kind_weights: tuple[float, ...] | None = None  # odds of coref, recall, copy; None: uniform
     made_up_share: float = 0.0  # of coreference statements whose two nouns are both made up
     copy_max_gap: int | None = None  # caps the filler inside copy documents; None: the recall cap (200 words)
-    # Of made-up pairs, those whose two nouns begin alike ("blick", "blomp"): their first pieces match, so the noun
-    # that "it" means must be chosen again at the next piece, as for "chain" and "chisel".
+    # Of made-up pairs, those that begin alike ("blick", "blomp"): the noun is chosen again at its second piece.
     shared_onset_share: float = 0.0
 
     def weights(self, kinds: tuple[str, ...]) -> list[float] | None:
         return None if self.kind_weights is None else [self.kind_weights[KINDS.index(kind)] for kind in kinds]
 
 
-# The default run's corpus: mostly coreference, three statements in four made up, so that the default run learns the
-# rule and not the nouns; copy documents with at most 10 words between the list and its repetition, many and short,
-# so that copying is learnt in the same run; recall documents 2 in 12. How it was chosen, with its figures:
-# docs/results.md ("The default run's corpus and recipe").
+# `tinytx pretrain`'s corpus: mostly coreference with made-up nouns (the rule, not the nouns, is learnt), and short
+# copy documents so that copying is learnt in the same run. Why: docs/results.md ("The default run's corpus ...").
 DEFAULT_MIX = Mix(kind_weights=(6, 2, 4), made_up_share=0.75, copy_max_gap=10, shared_onset_share=0.5)
-# Coreference documents only, three statements in four with made-up nouns, so that only the rule answers most of
-# them; the real quarter keeps the frames' own nouns in the vocabulary. How this mix was chosen, with its figures:
-# docs/results.md (`python -m benchmarks.seed_claims.rule_ablation`).
+# Claim 4's corpus (`python -m benchmarks.seed_claims`): coreference only, the real quarter keeping the frames' own
+# nouns in the vocabulary. Why: docs/results.md (`python -m benchmarks.seed_claims.rule_ablation`).
 RULE_MIX = Mix(kind_weights=(1, 0, 0), made_up_share=0.75)
 
 
@@ -70,8 +57,7 @@ class CorefTemplate:
     held_out_b_nouns: tuple[str, ...]
 
 
-# Each frame, then the words of its noun `a` and of its noun `b`: nouns | adjectives that make "it" mean that noun |
-# held-out nouns (only ever used by the "coref_new_nouns" probes).
+# Each frame, then for nouns `a` and `b`: nouns | adjectives that make "it" mean that noun | held-out nouns.
 _FRAMES = """
 The {a} didn't cross the {b} because it was too {adjective}.
     a: animal dog horse cow goat sheep cat child | tired scared weak sleepy slow | fox mule donkey lamb
@@ -116,9 +102,8 @@ class _CorefItem:
     adjective: str
 
 
-# Made-up nouns ("a blick", "the tromp"), in either role of any frame. A real noun's class can give the answer away
-# (animals get tired, streets are wide); a made-up noun has none, so only the rule names the referent. English-like
-# syllables, so that the tokenizer's pieces for them also spell real words the corpus never shows.
+# Made-up nouns ("blick", "tromp"): a real noun's class can give the answer away (animals get tired), a made-up one
+# has none. English-like syllables, so that their tokenizer pieces also spell real words.
 _ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y", "z",
            "bl", "br", "ch", "cl", "cr", "dr", "fl", "gl", "gr", "pl", "pr", "sc", "sh", "sk", "sl", "sm", "sn",
            "sp", "st", "sw", "th", "tr", "wh")
@@ -129,8 +114,7 @@ _ENDINGS = ("", "", "", "", "", "le", "er", "et", "y", "on", "el", "ow", "ing", 
 
 
 def _made_up_noun(rng: random.Random, onset: str = "") -> str:
-    """A pronounceable non-word of one or two syllables, never one of :data:`HELD_OUT_NOUNS`; `onset`: its first
-    letters."""
+    """A pronounceable non-word of one or two syllables, not in :data:`HELD_OUT_NOUNS`; `onset`: its first letters."""
     while True:
         syllables = "".join((onset if i == 0 and onset else rng.choice(_ONSETS)) + rng.choice(_VOWELS)
                             + rng.choice(_CODAS) for i in range(rng.choice((1, 1, 2))))
@@ -145,8 +129,7 @@ def _onset(noun: str) -> str:
 
 def _coref_item(rng: random.Random, held_out: bool = False, made_up_share: float = 0.0,
                 shared_onset_share: float = 0.0) -> _CorefItem:
-    """A statement with the frame's held-out nouns (the "coref_new_nouns" probes), or its own nouns; or, for
-    `made_up_share` of statements, two made-up ones, which begin alike in `shared_onset_share` of them."""
+    """A statement with the frame's held-out nouns, its own nouns or (`made_up_share` of the time) made-up ones."""
     template = rng.choice(COREF_TEMPLATES)
     if held_out:
         a, b = rng.choice(template.held_out_a_nouns), rng.choice(template.held_out_b_nouns)
@@ -240,28 +223,20 @@ def _recall_distractors(rng: random.Random, fact: _Fact, others: list[_Fact]) ->
     return tuple(chosen)
 
 
-_FILLER_SUBJECTS = (
-    "The farmer", "A teacher", "The old man", "Her neighbour", "The children", "A young woman",
-    "The baker", "His sister", "The driver", "A tall stranger", "The students", "Our uncle",
-)
-_FILLER_VERBS = (
-    "walked to", "looked at", "talked about", "waited near", "cleaned", "painted",
-    "visited", "sat beside", "thought about", "drew a picture of", "wrote a letter about", "sang about",
-)
-_FILLER_PLACES = (
-    "the garden", "the market", "the old church", "the kitchen", "the quiet library", "the long hill",
-    "the village square", "the school", "the small farm", "the harbour", "the museum", "the train station",
-)
-_FILLER_TAILS = (
-    "", " in the morning", " after lunch", " before the rain", " for a while",
-    " on Sunday", " with a friend", " late at night", " once again",
-)
+_FILLER_SUBJECTS = ("The farmer", "A teacher", "The old man", "Her neighbour", "The children", "A young woman",
+                    "The baker", "His sister", "The driver", "A tall stranger", "The students", "Our uncle")
+_FILLER_VERBS = ("walked to", "looked at", "talked about", "waited near", "cleaned", "painted", "visited",
+                 "sat beside", "thought about", "drew a picture of", "wrote a letter about", "sang about")
+_FILLER_PLACES = ("the garden", "the market", "the old church", "the kitchen", "the quiet library", "the long hill",
+                  "the village square", "the school", "the small farm", "the harbour", "the museum",
+                  "the train station")
+_FILLER_TAILS = ("", " in the morning", " after lunch", " before the rain", " for a while", " on Sunday",
+                 " with a friend", " late at night", " once again")
 _FILLER_SAYINGS = (
     "It was a quiet day.", "The sky was calm.", "Nothing else happened.", "The wind was cold that evening.",
     "Everyone was busy.", "The clock on the wall ticked slowly.", "A bell rang somewhere far away.",
     "Later the rain stopped.", "The streets were empty at dawn.", "Somebody laughed in the next room.",
-    "The tea was still warm.", "Summer came early that year.",
-)
+    "The tea was still warm.", "Summer came early that year.")
 # Short sentences, 1 to 3 words, so filler can hit any word count exactly.
 _FILLER_SHORT = ("Later.", "Silence.", "Time passed.", "It rained.", "All was quiet.", "Nobody spoke.")
 
@@ -301,8 +276,7 @@ class _RecallEpisode:
 def _recall_episode(rng: random.Random, distance: int) -> _RecallEpisode:
     facts = _make_facts(rng, rng.randint(1, MAX_FACTS_PER_DOCUMENT))
     queried, others = facts[0], facts[1:]
-    # Other facts go before the queried one, or after it when they fit in the distance, so the queried fact is not
-    # always the last one stated; filler makes up the remaining words.
+    # Other facts go before the queried one, or after it when they fit in the distance; filler makes up the rest.
     before, between = [], []
     budget = distance
     for other in others:
@@ -393,12 +367,10 @@ def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], m
 
 def generate_documents(num_documents: int, seed: int = 0, kinds: tuple[str, ...] = ("coref", "recall", "copy"),
                        max_recall_distance: int = 200, mix: Mix = DEFAULT_MIX) -> list[str]:
-    """`num_documents` documents, each of a kind drawn from `kinds` (alike, or with the odds of `mix`); the same seed
-    gives the same list.
+    """`num_documents` documents of the `kinds` (drawn with the odds of `mix`); the same seed gives the same list.
 
-    `max_recall_distance` caps the words between a fact and its question in recall documents, and the filler
-    between a list and its repetition in copy documents (both drawn log-uniformly from 0 to the cap). No document
-    contains a word of :data:`HELD_OUT_NOUNS`.
+    `max_recall_distance` caps the words between a fact and its question, and between a list and its repetition
+    (both drawn log-uniformly from 0 to the cap).
     """
     _check_int("num_documents", num_documents, 0)
     _check_int("seed", seed)
@@ -414,12 +386,8 @@ def generate_documents(num_documents: int, seed: int = 0, kinds: tuple[str, ...]
 
 
 def default_corpus(num_documents: int = 20000, seed: int = 0, mix: Mix = DEFAULT_MIX) -> dict[str, list[str]]:
-    """The training corpus: `num_documents` training documents and a validation split one twentieth as large, both
-    drawn as `mix` says (the default: the built-in corpus of `tinytx pretrain`).
-
-    Validation comes from its own seed stream and drops any document that also occurs in training, so the two
-    splits are disjoint.
-    """
+    """`num_documents` training documents and a validation split one twentieth as large, from its own seed stream
+    and disjoint from training."""
     _check_int("num_documents", num_documents, 1)
     train = generate_documents(num_documents, seed=seed, mix=mix)
     seen = set(train)
@@ -455,8 +423,7 @@ def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
 
 
 def made_up_coref_probes(num_probes: int = 100, seed: int = 12345) -> list[Probe]:
-    """Coreference probes whose two nouns are made-up words (kind "coref_made_up"): only the rule answers them. For
-    the ablations of claim 4; not among :data:`PROBE_KINDS`, which every model card reports."""
+    """Coreference probes whose two nouns are made-up words (kind "coref_made_up", for claim 4's ablations)."""
     _check_int("num_probes", num_probes, 1)
     _check_int("seed", seed)
     rng = _rng("probes/coref_made_up", seed)
@@ -476,9 +443,7 @@ def _recall_probe(rng: random.Random, distance: int) -> Probe:
 
 
 def _copy_probe(rng: random.Random, gap: int) -> Probe:
-    """Asks for the word after the first `known` words of the repetition; the other listed words are distractors.
-
-    `gap` words of filler separate the list from "Again:" (the probe's distance, as for recall)."""
+    """Asks for the word after the first `known` words of the repetition, `gap` words of filler after the list."""
     words = _copy_words(rng)
     known = rng.randrange(len(words))
     answer = words[known]
@@ -491,13 +456,9 @@ def _copy_probe(rng: random.Random, gap: int) -> Probe:
 
 def make_probes(num_per_kind: int = 100, seed: int = 12345, recall_distances: tuple[int, ...] = (10, 50, 200, 400),
                 copy_distances: tuple[int, ...] = (0,)) -> list[Probe]:
-    """Held-out test questions: `num_per_kind` each of coref and coref_new_nouns, `num_per_kind` recall probes per
-    distance in `recall_distances` (words between fact and question, exact) and copy probes per distance in
-    `copy_distances` (words of filler between the list and its repetition; 0: none).
-
-    Each kind has its own seed stream, so adding a distance does not change the other probes. The default 400
-    lies beyond the training documents' default cap of 200 on purpose: it asks whether recall carries to longer
-    distances than were trained.
+    """Held-out test questions: `num_per_kind` each of coref and coref_new_nouns, and of recall and copy at each of
+    their distances (exact, in words). Each kind has its own seed stream. Recall at 400 lies beyond the training
+    cap of 200 on purpose: does recall carry further than trained?
     """
     _check_int("num_per_kind", num_per_kind, 1)
     _check_int("seed", seed)
@@ -520,7 +481,5 @@ def make_probes(num_per_kind: int = 100, seed: int = 12345, recall_distances: tu
     return probes
 
 
-__all__ = [
-    "COREF_TEMPLATES", "HELD_OUT_NOUNS", "KINDS", "DEFAULT_MIX", "RULE_MIX", "Mix", "PROBE_KINDS", "CorefTemplate",
-    "Probe", "default_corpus", "generate_documents", "made_up_coref_probes", "make_probes",
-]
+__all__ = ["COREF_TEMPLATES", "HELD_OUT_NOUNS", "KINDS", "DEFAULT_MIX", "RULE_MIX", "Mix", "PROBE_KINDS",
+           "CorefTemplate", "Probe", "default_corpus", "generate_documents", "made_up_coref_probes", "make_probes"]
