@@ -1,12 +1,7 @@
 """hf_tinytx: a small, fast, readable rotary causal transformer for the Hugging Face ecosystem.
 
-Importing the package registers the "tinytx" model type with transformers' Auto classes, so
-`AutoConfig.for_model("tinytx", ...)` and `AutoModelForCausalLM.from_pretrained(folder)` work natively.
-
-The import is light: it loads neither torch nor transformers. The classes load when first touched
-(`hf_tinytx.TinyTxForCausalLM`), and the registration runs when transformers loads its Auto classes
-(hf_tinytx/auto_registration.py). So the torch-free modules (folders, sources, stored_weights, command_flags) serve
-the commands' checks in milliseconds.
+Importing it registers "tinytx" with transformers' Auto classes, lightly: neither torch nor transformers loads until
+a class is touched or transformers loads its Auto classes (auto_registration.py), so the commands' checks are quick.
 """
 
 import importlib

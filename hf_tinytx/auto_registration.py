@@ -1,13 +1,7 @@
 """"tinytx" registered with transformers' Auto classes without loading torch at `import hf_tinytx`.
 
-Registering needs the config and model classes, and those load torch (seconds). So `import hf_tinytx` only asks to
-be told when the modules involved finish loading: transformers' Auto modules (`configuration_auto`, `modeling_auto`)
-and ours (`configuration_tinytx`, `modeling_tinytx`). The first of a pair to finish loading does the registering,
-loading the other. A user who touches an Auto class or one of our classes has loaded torch by then anyway.
-
-    import hf_tinytx                                         # milliseconds: nothing registered yet
-    from transformers import AutoModelForCausalLM           # Auto modules load: "tinytx" is registered
-    AutoModelForCausalLM.from_pretrained("out/tinytx")      # natively, no remote code
+Registering loads torch (seconds), so `import hf_tinytx` only asks to be told when transformers' Auto modules or
+ours finish loading: the first of a pair to load does the registering. Torch is loaded by then anyway.
 """
 
 import importlib
@@ -38,8 +32,7 @@ def register_config() -> None:
     from .configuration_tinytx import TinyTxConfig
 
     AutoConfig.register(TinyTxConfig.model_type, TinyTxConfig, exist_ok=True)
-    # save_pretrained then writes `auto_map` into config.json and copies the code files beside the weights, so the
-    # folder also loads with `trust_remote_code=True` where this package is not installed.
+    # save_pretrained then copies the code files beside the weights: the folder loads as remote code too.
     TinyTxConfig.register_for_auto_class()
 
 

@@ -30,32 +30,8 @@ SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
 
 class TinyTxConfig(PreTrainedConfig):
     r"""
-    Configuration of a TinyTx model: a decoder-only ("writer stack") transformer with rotary positions.
-
-    Args:
-        vocab_size (`int`, defaults to 8192): number of token ids the embedding table holds.
-        hidden_size (`int`, defaults to 256): width of the residual stream.
-        intermediate_size (`int`, defaults to 688): width of the position-wise MLP.
-        num_hidden_layers (`int`, defaults to 4): number of residual blocks (attention + MLP).
-        num_attention_heads (`int`, defaults to 4): query heads that run side by side.
-        num_key_value_heads (`int`, *optional*): key/value heads (grouped-query attention). Defaults to
-            `num_attention_heads` (plain multi-head attention); 1 gives multi-query attention.
-        head_dim (`int`, *optional*): width of one head. Defaults to `hidden_size // num_attention_heads`.
-        hidden_act (`str`, defaults to `"silu"`): the MLP's non-linearity (any name in `transformers.activations`).
-        mlp_type (`str`, defaults to `"gated"`): `"gated"` is Llama's `down(act(gate(x)) * up(x))`; `"plain"` is the
-            two-layer "mix-clip-mix" MLP `down(act(up(x)))`, usually with `hidden_act="gelu"` or `"relu"`.
-        max_position_embeddings (`int`, defaults to 2048): longest sequence the model is meant to see.
-        rope_parameters (`dict`, *optional*): RoPE settings, `{"rope_type": ..., "rope_theta": ...}` plus what the
-            scaling type needs (`"linear"`, `"dynamic"`, `"yarn"`, `"llama3"`, ...), exactly as in `LlamaConfig`.
-        rms_norm_eps (`float`, defaults to 1e-6): epsilon of every RMSNorm.
-        initializer_range (`float`, defaults to 0.02): standard deviation of the normal weight initialisation.
-        tie_word_embeddings (`bool`, defaults to `False`): share the input embedding with the output head.
-        attention_bias (`bool`, defaults to `False`): biases on the q/k/v/o projections.
-        mlp_bias (`bool`, defaults to `False`): biases on the MLP projections.
-        attention_dropout (`float`, defaults to 0.0): dropout on the attention weights while training.
-        qk_norm (`bool`, defaults to `False`): RMSNorm on each head's queries and keys before RoPE (no Llama twin).
-        use_cache (`bool`, defaults to `True`): return the key/value cache for fast generation.
-        pad_token_id, bos_token_id, eos_token_id (`int`, *optional*): special token ids.
+    Configuration of a TinyTx model: a decoder-only ("writer stack") transformer with rotary positions. Fields as in
+    `LlamaConfig`, each explained beside its default.
 
     ```python
     >>> from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
@@ -81,24 +57,26 @@ class TinyTxConfig(PreTrainedConfig):
         "norm": (["hidden_states"], ["hidden_states"]),
     }
 
-    vocab_size: int = 8192
-    hidden_size: int = 256
-    intermediate_size: int = 688
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    hidden_act: str = "silu"
+    vocab_size: int = 8192  # token ids the embedding table holds
+    hidden_size: int = 256  # width of the residual stream
+    intermediate_size: int = 688  # width of the position-wise MLP
+    num_hidden_layers: int = 4  # residual blocks (attention + MLP)
+    num_attention_heads: int = 4  # query heads side by side
+    num_key_value_heads: int | None = None  # grouped-query attention; None: num_attention_heads, 1: multi-query
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    hidden_act: str = "silu"  # any name in `transformers.activations`
+    # "gated": Llama's down(act(gate(x)) * up(x)); "plain": down(act(up(x))), usually with "gelu" or "relu"
     mlp_type: str = "gated"
-    max_position_embeddings: int = 2048
+    max_position_embeddings: int = 2048  # longest sequence the model is meant to see
+    # {"rope_type": ..., "rope_theta": ...} plus what the scaling type needs, exactly as in `LlamaConfig`
     rope_parameters: dict | None = None
     rms_norm_eps: float = 1e-6
-    initializer_range: float = 0.02
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    initializer_range: float = 0.02  # std of the normal weight initialisation
+    tie_word_embeddings: bool = False  # share the input embedding with the output head
+    attention_bias: bool = False  # on the q/k/v/o projections
     mlp_bias: bool = False
     attention_dropout: float = 0.0
-    qk_norm: bool = False
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (no Llama twin)
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = 1

@@ -41,6 +41,17 @@ DEFAULT_MIX = Mix(kind_weights=(6, 2, 4), made_up_share=0.75, copy_max_gap=10, s
 RULE_MIX = Mix(kind_weights=(1, 0, 0), made_up_share=0.75)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """One multiple-choice question for a language model: which continuation of `prompt` is most likely?"""
+
+    kind: str  # "coref" | "coref_new_nouns" | "recall" | "copy"
+    prompt: str  # text up to (not including) the answer, e.g. "... because it was too tired. The"
+    answer: str  # the correct continuation, with its leading space, e.g. " animal"
+    distractors: tuple[str, ...]  # wrong continuations of the same form, e.g. (" street",)
+    distance: int  # words between the fact and the question (recall), the list and its repetition (copy); 0: coref
+
+
 # ---- Coreference
 
 
@@ -100,6 +111,9 @@ class _CorefItem:
     referent: str  # "animal": what "it" means
     other: str  # "street"
     adjective: str
+
+    def probe(self, kind: str) -> Probe:
+        return Probe(kind, f"{self.statement} The", f" {self.referent}", (f" {self.other}",), distance=0)
 
 
 # Made-up nouns ("blick", "tromp"): a real noun's class can give the answer away (animals get tired), a made-up one
@@ -264,16 +278,8 @@ def _count_words(text: str) -> int:
     return len(text.split())
 
 
-@dataclass(frozen=True)
-class _RecallEpisode:
-    prompt: str  # the document up to and including the question
-    answer: str
-    ending: str
-    distractors: tuple[str, ...]
-    distance: int  # words between the end of the queried fact and the start of the question
-
-
-def _recall_episode(rng: random.Random, distance: int) -> _RecallEpisode:
+def _recall_episode(rng: random.Random, distance: int) -> tuple[Probe, str]:
+    """A recall question `distance` words after its fact, and the end of the fact's sentence."""
     facts = _make_facts(rng, rng.randint(1, MAX_FACTS_PER_DOCUMENT))
     queried, others = facts[0], facts[1:]
     # Other facts go before the queried one, or after it when they fit in the distance; filler makes up the rest.
@@ -290,8 +296,8 @@ def _recall_episode(rng: random.Random, distance: int) -> _RecallEpisode:
     opening = [_filler_sentence(rng) for _ in range(rng.randint(0, 2))]
     rng.shuffle(before)
     parts = opening + before + [queried.sentence] + between + [queried.question]
-    return _RecallEpisode(" ".join(parts), queried.answer, queried.ending, _recall_distractors(rng, queried, others),
-                          distance)
+    distractors = _recall_distractors(rng, queried, others)
+    return Probe("recall", " ".join(parts), queried.answer, distractors, distance), queried.ending
 
 
 def _log_uniform_distance(rng: random.Random, max_distance: int) -> int:
@@ -300,8 +306,8 @@ def _log_uniform_distance(rng: random.Random, max_distance: int) -> int:
 
 
 def _recall_document(rng: random.Random, max_distance: int) -> str:
-    episode = _recall_episode(rng, _log_uniform_distance(rng, max_distance))
-    return episode.prompt + episode.answer + episode.ending
+    probe, ending = _recall_episode(rng, _log_uniform_distance(rng, max_distance))
+    return probe.prompt + probe.answer + ending
 
 
 # ---- Copying
@@ -332,10 +338,10 @@ def _copy_episode(rng: random.Random, words: list[str], gap: int) -> str:
 
 
 def _copy_document(rng: random.Random, max_distance: int, mix: Mix) -> str:
+    cap = max_distance if mix.copy_max_gap is None else min(max_distance, mix.copy_max_gap)
     episodes = []
     for _ in range(rng.randint(1, 3)):
         words = _copy_words(rng)
-        cap = max_distance if mix.copy_max_gap is None else min(max_distance, mix.copy_max_gap)
         episodes.append(_copy_episode(rng, words, _log_uniform_distance(rng, cap)))
     return " ".join(episodes)
 
@@ -405,23 +411,6 @@ def default_corpus(num_documents: int = 20000, seed: int = 0, mix: Mix = DEFAULT
 # ---- Probes
 
 
-@dataclass(frozen=True)
-class Probe:
-    """One multiple-choice question for a language model: which continuation of `prompt` is most likely?"""
-
-    kind: str  # "coref" | "coref_new_nouns" | "recall" | "copy"
-    prompt: str  # text up to (not including) the answer, e.g. "... because it was too tired. The"
-    answer: str  # the correct continuation, with its leading space, e.g. " animal"
-    distractors: tuple[str, ...]  # wrong continuations of the same form, e.g. (" street",)
-    distance: int  # words between the fact and the question (recall), the list and its repetition (copy); 0: coref
-
-
-def _coref_probe(rng: random.Random, held_out: bool) -> Probe:
-    item = _coref_item(rng, held_out=held_out)
-    kind = "coref_new_nouns" if held_out else "coref"
-    return Probe(kind, f"{item.statement} The", f" {item.referent}", (f" {item.other}",), distance=0)
-
-
 def made_up_coref_probes(num_probes: int = 100, seed: int = 12345) -> list[Probe]:
     """Coreference probes whose two nouns are made-up words (kind "coref_made_up", for claim 4's ablations)."""
     _check_int("num_probes", num_probes, 1)
@@ -433,13 +422,8 @@ def made_up_coref_probes(num_probes: int = 100, seed: int = 12345) -> list[Probe
         item = _coref_item(rng, made_up_share=1.0)
         if {item.referent, item.other} & real:
             continue  # a syllable draw can spell a frame's noun ("cow"): that one has a class
-        probes.append(Probe("coref_made_up", f"{item.statement} The", f" {item.referent}", (f" {item.other}",), 0))
+        probes.append(item.probe("coref_made_up"))
     return probes
-
-
-def _recall_probe(rng: random.Random, distance: int) -> Probe:
-    episode = _recall_episode(rng, distance)
-    return Probe("recall", episode.prompt, episode.answer, episode.distractors, episode.distance)
 
 
 def _copy_probe(rng: random.Random, gap: int) -> Probe:
@@ -471,10 +455,10 @@ def make_probes(num_per_kind: int = 100, seed: int = 12345, recall_distances: tu
     probes: list[Probe] = []
     for held_out, kind in ((False, "coref"), (True, "coref_new_nouns")):
         rng = _rng(f"probes/{kind}", seed)
-        probes += [_coref_probe(rng, held_out) for _ in range(num_per_kind)]
+        probes += [_coref_item(rng, held_out=held_out).probe(kind) for _ in range(num_per_kind)]
     for distance in recall_distances:
         rng = _rng(f"probes/recall@{distance}", seed)
-        probes += [_recall_probe(rng, distance) for _ in range(num_per_kind)]
+        probes += [_recall_episode(rng, distance)[0] for _ in range(num_per_kind)]
     for distance in copy_distances:
         rng = _rng("probes/copy" if distance == 0 else f"probes/copy@{distance}", seed)
         probes += [_copy_probe(rng, distance) for _ in range(num_per_kind)]

@@ -1,12 +1,8 @@
-"""Two speed paths for training TinyTx on a CPU, kept out of the model file (copied into every checkpoint) and put
-in through torch's and transformers' public extension points by `speed_up_cpu_training(model)`:
+"""Two speed paths for training TinyTx on a CPU, put in by `speed_up_cpu_training(model)` (not in the model file,
+which every checkpoint copies). Figures: docs/performance.md.
 
-- RMSNorm with its backward written out (torch has no fused CPU kernel for it): each norm becomes a
-  `CpuTrainingRMSNorm`, a subclass with the same parameter, so state dicts and saved folders do not change.
-- Under bf16 autocast, the attention itself in fp32 (torch's CPU flash attention runs its backward far slower in
-  bf16): an attention backend registered with `AttentionInterface`; outside autocast it is plain sdpa.
-
-GPUs and `torch.compile` need neither. The figures: docs/performance.md.
+- RMSNorm with its backward written out (torch has no fused CPU kernel): `CpuTrainingRMSNorm`, same parameter.
+- Under bf16 autocast, attention in fp32 (torch's CPU flash attention is far slower backwards in bf16).
 """
 
 import torch
@@ -49,8 +45,7 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class CpuTrainingRMSNorm(TinyTxRMSNorm):
-    """TinyTx's RMSNorm, with `_RMSNormFunction` where it pays: an fp32 forward on a CPU that autograd records,
-    outside torch.compile. Everywhere else (decoding, bf16, GPUs, compiled) it is the model's own forward."""
+    """TinyTx's RMSNorm, with `_RMSNormFunction` where it pays: fp32 on a CPU under autograd, not compiled."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if (hidden_states.device.type == "cpu" and hidden_states.dtype == self.weight.dtype == torch.float32
@@ -74,8 +69,8 @@ AttentionMaskInterface.register(FP32_SDPA, sdpa_mask)  # the same boolean mask s
 
 
 def speed_up_cpu_training(model: nn.Module) -> nn.Module:
-    """Puts both speed paths into a TinyTx model (or one wrapped by PEFT) in place; returns it. Weights, state dict
-    keys and what `save_pretrained` writes stay as they were (the attention backend is not saved in config.json)."""
+    """Puts both speed paths into a TinyTx model (or one wrapped by PEFT) in place; returns it. What
+    `save_pretrained` writes stays the same (the attention backend is not saved)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if base.config.model_type != "tinytx":
         return model

@@ -2,8 +2,7 @@
 """Scores the corpus probes (:func:`hf_tinytx.corpus.make_probes`) with any causal language model.
 
 A probe is multiple choice: the model is right when it gives the correct continuation a higher total log-probability
-than every distractor. Works with anything that maps `input_ids` (+ `attention_mask`) to next-token logits, such as a
-transformers `...ForCausalLM`, plus a transformers tokenizer.
+than every distractor. Works with anything that maps `input_ids` to next-token logits, plus a transformers tokenizer.
 """
 
 import inspect
@@ -22,15 +21,13 @@ def _token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def _leading_special_ids(tokenizer) -> list[int]:
-    """The BOS id when this tokenizer puts one in front of every text (Llama-style), else nothing (GPT-2-style), so
-    the model sees probes the way it saw its training text."""
+    """The BOS id where the tokenizer puts one in front of every text, as the model saw its training text."""
     return [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
 
 
 def _split_candidate(prompt_ids: list[int], full_ids: list[int], prompt: str, candidate: str) -> tuple[list, list]:
     """(context ids, candidate ids) from the tokens of `prompt` and of `prompt + candidate`. BPE may merge across the
-    boundary, so the candidate's tokens are those of the whole text after its longest common prefix with the
-    prompt's tokens."""
+    boundary: the candidate's tokens are those after the longest common prefix with the prompt's."""
     common = 0
     while common < min(len(prompt_ids), len(full_ids)) and prompt_ids[common] == full_ids[common]:
         common += 1
@@ -43,14 +40,14 @@ def _split_candidate(prompt_ids: list[int], full_ids: list[int], prompt: str, ca
     return full_ids[:common], full_ids[common:]
 
 
-def _model_device(model) -> torch.device:
+def model_device(model) -> torch.device:
     parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def _forward_takes(model) -> tuple[bool, bool]:
     """(logits_to_keep, attention_mask): whether the model's forward takes each. `logits_to_keep` only when named (a
-    `**kwargs` forward might hand it to a layer that rejects it); a forward that cannot be inspected takes the mask."""
+    `**kwargs` forward might pass it on to a layer that rejects it)."""
     try:
         parameters = dict(inspect.signature(model.forward).parameters)
     except (AttributeError, TypeError, ValueError):
@@ -71,9 +68,8 @@ class _Request:
 def _plan_inputs(split_candidates: list[tuple[list[int], list[int]]], rows: list[list[int]]) -> list[_Request]:
     """Model inputs for one probe's candidates, appended to `rows`, and where to read each candidate's score.
 
-    Token t is predicted by the logits at t - 1, so a candidate needs the input `(context + candidate)[:-1]`. A
-    causal model's logits on a prefix do not depend on what follows, so one input serves every candidate whose
-    needed input is a prefix of it: all one-token candidates share the bare prompt, one forward pass instead of many.
+    A candidate needs the input `(context + candidate)[:-1]`. A causal model's logits on a prefix do not depend on
+    what follows, so one input serves every candidate whose input is a prefix of it (all one-token candidates).
     """
     own_rows: list[int] = []
     requests: list[_Request | None] = [None] * len(split_candidates)
@@ -93,7 +89,7 @@ def _plan_inputs(split_candidates: list[tuple[list[int], list[int]]], rows: list
 @torch.no_grad()
 def _score_requests(model, rows: list[list[int]], requests: list[_Request], batch_size: int, pad_id: int) -> list:
     """Sum of log p(token | everything before it) over each request's tokens."""
-    device = _model_device(model)
+    device = model_device(model)
     # The mask only marks right padding, which a causal model never looks back at; sent to models that take it.
     keep_logits_arg, send_mask = _forward_takes(model)
     requests_of_row: list[list[int]] = [[] for _ in rows]
@@ -159,11 +155,8 @@ def candidate_log_probs(model, tokenizer, probes: list[Probe], batch_size: int =
         if was_training:
             model.train()
 
-    per_probe, start = [], 0
-    for candidates in candidates_of:
-        per_probe.append(flat[start : start + len(candidates)])
-        start += len(candidates)
-    return per_probe
+    scores = iter(flat)
+    return [[next(scores) for _ in candidates] for candidates in candidates_of]
 
 
 def probe_key(probe: Probe) -> str:
@@ -175,11 +168,8 @@ def probe_key(probe: Probe) -> str:
 
 
 def score_probes(model, tokenizer, probes: list[Probe], batch_size: int = 32) -> dict[str, float]:
-    """Accuracy per probe kind: a probe counts as right when its answer beats every distractor (ties count wrong).
-
-    Keys: `coref`, `coref_new_nouns`, `copy`, `copy@{distance}` and `recall@{distance}` for each kind present, each
-    with a matching `n_{key}` count (as a float, like every value).
-    """
+    """Accuracy per `probe_key`: right when the answer beats every distractor (ties count wrong), with a matching
+    `n_{key}` count (as a float, like every value)."""
     if not probes:
         raise ValueError("`probes` is empty; build some with `hf_tinytx.corpus.make_probes()`.")
     scores = candidate_log_probs(model, tokenizer, probes, batch_size=batch_size)
@@ -197,8 +187,7 @@ def score_probes(model, tokenizer, probes: list[Probe], batch_size: int = 32) ->
 
 
 def chance_levels(probes: list[Probe]) -> dict[str, float]:
-    """What guessing scores, under the keys of `score_probes`: a probe with k distractors is right by chance 1/(k+1)
-    of the time (one distractor for "it", three for copying, more for recall), averaged over each key's probes."""
+    """What guessing scores, under the keys of `score_probes`: 1/(k+1) for k distractors, averaged per key."""
     odds: dict[str, list[float]] = defaultdict(list)
     for probe in probes:
         odds[probe_key(probe)].append(1 / (1 + len(probe.distractors)))

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..folders import open_new
+from ..probes import model_device
 
 
 @dataclass
@@ -60,11 +61,6 @@ def token_labels(tokenizer, input_ids: list[int]) -> list[str]:
     return labels
 
 
-def _model_device(model) -> torch.device:
-    parameter = next(iter(model.parameters()), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
-
-
 @torch.no_grad()
 def attention_weights(model, input_ids: torch.Tensor) -> torch.Tensor:
     """(num_layers, batch, heads, n, n) attention weights of a causal LM for a batch of `input_ids`."""
@@ -74,7 +70,7 @@ def attention_weights(model, input_ids: torch.Tensor) -> torch.Tensor:
     model.eval()
     try:
         with eager_attention(model):
-            output = model(input_ids=input_ids.to(_model_device(model)), output_attentions=True, use_cache=False)
+            output = model(input_ids=input_ids.to(model_device(model)), output_attentions=True, use_cache=False)
     finally:
         model.train(was_training)
     attentions = getattr(output, "attentions", None)
@@ -96,8 +92,7 @@ def attention_maps(model, tokenizer, text: str) -> AttentionMaps:
 
 
 def _new_figure(size_inches, dpi: int):
-    """A bare matplotlib Figure: it draws to files without a display, and leaves pyplot alone (no backend switch, no
-    figure kept open in the user's session)."""
+    """A bare matplotlib Figure: it draws without a display and leaves pyplot (and the user's session) alone."""
     try:
         import matplotlib  # noqa: F401  (the package first: its submodule may be cached while it is missing)
         from matplotlib.figure import Figure
@@ -135,10 +130,8 @@ def render_attention_map(weights, tokens: list[str], title: str = "", size_inche
 
 
 def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, dpi: int = 100) -> list[Path]:
-    """One PNG per layer and head, `layer{L}_head{H}.png`, in `out_dir`; returns the paths written.
-
-    The figure size is fixed before drawing (no tight cropping on save), so each file is exactly
-    `default_size_inches(n) * dpi` pixels."""
+    """One PNG per layer and head, `layer{L}_head{H}.png`, in `out_dir`, each `default_size_inches(n) * dpi`
+    pixels; returns the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     layers = range(maps.num_layers) if layers is None else layers

@@ -1,17 +1,13 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
 """Which head does what: a score for every (layer, head) on a few roles that can be read off attention weights.
 
-* previous-token: mean weight a token puts on the token just before it (position i-1);
-* first-token: mean weight on position 0 (a "resting place" many trained heads fall back to);
+* previous-token: mean weight on position i-1; first-token: mean weight on position 0 (a common "resting place");
 * induction (lookup): at a token seen once before, weight on the token that followed it then ("Harry Potter ...
   Harry" -> "Potter"; Olsson et al., 2022);
 * coreference: in the corpus's Winograd sentences, weight on the noun "it" refers to minus weight on the other noun.
+  At "it" a causal model has not yet seen the deciding adjective, so it is also read there and at the final "The".
 
-A head that spreads its weight evenly scores `uniform_baseline(n)` on the first two roles, `induction_baseline(ids)`
-on induction and zero on coreference: the bar a specialised head has to clear.
-
-At the token "it" a causal model has not yet seen the adjective that decides the referent, so the coreference score
-is also read at the adjective (`query="adjective"`) and at the final "The" (`query="last"`).
+An even spread scores `uniform_baseline(n)`, `induction_baseline(ids)` and zero: the bar a head has to clear.
 """
 
 import re
@@ -22,12 +18,6 @@ import torch
 from .attention_maps import attention_weights
 
 
-ROLES = {
-    "previous_token": "mean weight on position i-1",
-    "first_token": "mean weight on position 0",
-    "induction": "at a token seen once before, mean weight on the token that followed it then",
-    "coref": "weight on the referent noun minus weight on the other noun",
-}
 COREF_QUERIES = ("it", "adjective", "last")
 
 
@@ -58,9 +48,7 @@ def uniform_baseline(n: int) -> float:
 
 
 def induction_targets(input_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(queries, targets): each position i whose token occurred exactly once before, at j, with j + 1 < i, and j + 1.
-
-    Only single earlier occurrences count: with several, which one the model should read is ambiguous."""
+    """(queries, targets): each position i whose token occurred exactly once before (at j, j + 1 < i), and j + 1."""
     seen: dict[int, list[int]] = {}
     queries, targets = [], []
     for i, token in enumerate(input_ids):
@@ -109,18 +97,17 @@ def positional_head_scores(model, tokenizer, texts: list) -> dict[str, torch.Ten
     token ids); `induction` too, averaged over the texts where some token occurs exactly twice (absent if none)."""
     if isinstance(texts, str) or not texts:
         raise ValueError("`texts` must be a non-empty list of strings or of token-id lists.")
-    totals = {"previous_token": 0.0, "first_token": 0.0}
-    induction, repeating = 0.0, 0
+    previous, first, induction, repeating = 0.0, 0.0, 0.0, 0
     for text in texts:
         input_ids = _ids(tokenizer, text)
         if len(input_ids) < 2:
             raise ValueError(f"{text!r} is a single token; positional roles need at least two.")
         weights = attention_weights(model, torch.tensor([input_ids]))[:, 0]
-        totals["previous_token"] = totals["previous_token"] + previous_token_scores(weights)
-        totals["first_token"] = totals["first_token"] + first_token_scores(weights)
+        previous = previous + previous_token_scores(weights)
+        first = first + first_token_scores(weights)
         if len(induction_targets(input_ids)[0]):
             induction, repeating = induction + induction_scores(weights, input_ids), repeating + 1
-    scores = {role: total / len(texts) for role, total in totals.items()}
+    scores = {"previous_token": previous / len(texts), "first_token": first / len(texts)}
     if repeating:
         scores["induction"] = induction / repeating
     return scores
@@ -176,11 +163,8 @@ def locate_coref_probe(tokenizer, probe, query: str = "it") -> CorefSentence:
 
 
 def coref_head_scores(model, tokenizer, probes, query: str = "it") -> dict[str, torch.Tensor]:
-    """Per (layer, head), averaged over the coref probes in `probes`:
-
-    `referent` and `other`: weight from the query token onto each noun (summed over the noun's tokens);
-    `score`: referent minus other; `agreement`: fraction of sentences where the referent gets more weight.
-    """
+    """Per (layer, head), averaged over the coref probes: `referent` and `other`, the weight from the query token
+    onto each noun's tokens; `score`, their difference; `agreement`, how often the referent gets more."""
     sentences = [locate_coref_probe(tokenizer, p, query) for p in probes if p.kind in ("coref", "coref_new_nouns")]
     if not sentences:
         raise ValueError("No coref probes given; build some with `make_probes()` and keep kind 'coref'.")
@@ -209,9 +193,8 @@ def rank_heads(scores: torch.Tensor, top: int = 3) -> list[RankedHead]:
 
 
 def find_heads(model, tokenizer, texts: list, coref_probes=None, top: int = 3) -> dict[str, list[RankedHead]]:
-    """The best heads for each role: `previous_token`, `first_token` and (where some token repeats) `induction` on
-    `texts` (strings, or token-id lists with `tokenizer=None`), and, given coref probes,
-    `coref@it`, `coref@adjective` and `coref@last` (where the coreference score is read; see the module notes)."""
+    """The best heads for each positional role on `texts` (strings, or token-id lists with `tokenizer=None`) and,
+    given coref probes, for `coref@it`, `coref@adjective` and `coref@last`."""
     scores = positional_head_scores(model, tokenizer, texts)
     found = {role: rank_heads(table, top) for role, table in scores.items()}
     if coref_probes:
@@ -222,7 +205,7 @@ def find_heads(model, tokenizer, texts: list, coref_probes=None, top: int = 3) -
 
 
 __all__ = [
-    "COREF_QUERIES", "ROLES", "CorefSentence", "RankedHead", "coref_head_scores", "find_heads", "first_token_scores",
+    "COREF_QUERIES", "CorefSentence", "RankedHead", "coref_head_scores", "find_heads", "first_token_scores",
     "induction_baseline", "induction_scores", "induction_targets", "locate_coref_probe", "positional_head_scores",
     "previous_token_scores", "rank_heads", "uniform_baseline",
 ]

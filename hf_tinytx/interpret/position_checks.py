@@ -1,13 +1,10 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
 """Two claims about position, checked numerically on TinyTx's own attention code.
 
-1. Without positions, attention is permutation-equivariant: with rotary embeddings switched off (cos = 1, sin = 0)
-   and no causal mask, shuffling the input tokens shuffles the outputs the same way and changes nothing else.
-2. With rotary positions, the score between two tokens depends only on how far apart they are: the rotated
-   q_m . k_n equals q_{m+s} . k_{n+s} for every shift s.
+1. Without positions (cos = 1, sin = 0, no mask), shuffling the input tokens shuffles the outputs the same way.
+2. With rotary positions, a score depends only on the distance: the rotated q_m . k_n equals q_{m+s} . k_{n+s}.
 
-Each check also measures its contrast (rotary on: the shuffle no longer commutes; shifting one token only: the score
-changes), so a check cannot pass by computing something trivially constant.
+Each check also measures a contrast where the property must fail, so it cannot pass by computing a constant.
 """
 
 from dataclasses import dataclass
