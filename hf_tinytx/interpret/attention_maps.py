@@ -23,14 +23,6 @@ class AttentionMaps:
     input_ids: list[int]
     weights: torch.Tensor  # (num_layers, num_heads, n, n), float32, on CPU
 
-    @property
-    def num_layers(self) -> int:
-        return self.weights.shape[0]
-
-    @property
-    def num_heads(self) -> int:
-        return self.weights.shape[1]
-
 
 @contextlib.contextmanager
 def eager_attention(model):
@@ -134,14 +126,13 @@ def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, d
     pixels; returns the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    layers = range(maps.num_layers) if layers is None else layers
-    heads = range(maps.num_heads) if heads is None else heads
+    num_layers, num_heads = maps.weights.shape[:2]
     paths = []
-    for layer in layers:
-        for head in heads:
-            if not (0 <= layer < maps.num_layers and 0 <= head < maps.num_heads):
-                raise ValueError(f"No layer {layer} head {head}: the model has {maps.num_layers} layers of "
-                                 f"{maps.num_heads} heads.")
+    for layer in range(num_layers) if layers is None else layers:
+        for head in range(num_heads) if heads is None else heads:
+            if not (0 <= layer < num_layers and 0 <= head < num_heads):
+                raise ValueError(f"No layer {layer} head {head}: the model has {num_layers} layers of {num_heads} "
+                                 "heads.")
             fig = render_attention_map(maps.weights[layer, head], maps.tokens, f"layer {layer}, head {head}", dpi=dpi)
             path = out_dir / f"layer{layer}_head{head}.png"
             with open_new(path, "wb") as f:  # a link at the name is replaced, never written through

@@ -146,20 +146,15 @@ def locate_coref_probe(tokenizer, probe, query: str = "it") -> CorefSentence:
     text = probe.prompt
     encoding = tokenizer(text, return_offsets_mapping=True)
     offsets = encoding["offset_mapping"]
-    referent, other = probe.answer.strip(), probe.distractors[0].strip()
-    statement_end = text.rindex(".") + 1  # the nouns are looked up in the statement, not in the trailing "The"
-    spans = {name: _word_span(text[:statement_end], word) for name, word in (("referent", referent), ("other", other))}
+    statement = text[: text.rindex(".") + 1]  # the nouns are looked up in the statement, not in the trailing "The"
+    referent = _tokens_covering(offsets, *_word_span(statement, probe.answer.strip()))
+    other = _tokens_covering(offsets, *_word_span(statement, probe.distractors[0].strip()))
     if query == "last":
         query_position = len(encoding["input_ids"]) - 1
-    else:
-        if query == "it":
-            start, end = _word_span(text[:statement_end], "it")
-        else:  # the adjective: the last word of the statement
-            match = re.search(r"(\w+)\.\s*\w*$", text)
-            start, end = match.span(1)
-        query_position = _tokens_covering(offsets, start, end)[-1]
-    return CorefSentence(list(encoding["input_ids"]), query_position, _tokens_covering(offsets, *spans["referent"]),
-                         _tokens_covering(offsets, *spans["other"]))
+    else:  # "it", or the adjective: the last word of the statement
+        span = _word_span(statement, "it") if query == "it" else re.search(r"(\w+)\.\s*\w*$", text).span(1)
+        query_position = _tokens_covering(offsets, *span)[-1]
+    return CorefSentence(list(encoding["input_ids"]), query_position, referent, other)
 
 
 def coref_head_scores(model, tokenizer, probes, query: str = "it") -> dict[str, torch.Tensor]:
@@ -204,8 +199,6 @@ def find_heads(model, tokenizer, texts: list, coref_probes=None, top: int = 3) -
     return found
 
 
-__all__ = [
-    "COREF_QUERIES", "CorefSentence", "RankedHead", "coref_head_scores", "find_heads", "first_token_scores",
-    "induction_baseline", "induction_scores", "induction_targets", "locate_coref_probe", "positional_head_scores",
-    "previous_token_scores", "rank_heads", "uniform_baseline",
-]
+__all__ = ["COREF_QUERIES", "CorefSentence", "RankedHead", "coref_head_scores", "find_heads", "first_token_scores",
+           "induction_baseline", "induction_scores", "induction_targets", "locate_coref_probe",
+           "positional_head_scores", "previous_token_scores", "rank_heads", "uniform_baseline"]
