@@ -100,9 +100,8 @@ def _read_frames(table: str) -> tuple[CorefTemplate, ...]:
 
 COREF_TEMPLATES = _read_frames(_FRAMES)
 
-HELD_OUT_NOUNS = frozenset(
-    noun for template in COREF_TEMPLATES for noun in template.held_out_a_nouns + template.held_out_b_nouns
-)
+HELD_OUT_NOUNS = frozenset(noun for template in COREF_TEMPLATES
+                           for noun in template.held_out_a_nouns + template.held_out_b_nouns)
 
 
 @dataclass(frozen=True)

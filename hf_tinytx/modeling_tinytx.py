@@ -358,9 +358,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
         self.vocab_size = config.vocab_size
 
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList(
-            [TinyTxDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
-        )
+        self.layers = nn.ModuleList([TinyTxDecoderLayer(config, idx) for idx in range(config.num_hidden_layers)])
         self.norm = TinyTxRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = TinyTxRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
@@ -372,8 +370,7 @@ class TinyTxModel(TinyTxPreTrainedModel):
     @capture_outputs
     @auto_docstring
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None, use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],

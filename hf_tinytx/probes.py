@@ -6,6 +6,7 @@ than every distractor. Works with anything that maps `input_ids` to next-token l
 """
 
 import inspect
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -20,17 +21,10 @@ def _token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def _leading_special_ids(tokenizer) -> list[int]:
-    """The BOS id where the tokenizer puts one in front of every text, as the model saw its training text."""
-    return [tokenizer.bos_token_id] if adds_bos(tokenizer) else []
-
-
 def _split_candidate(prompt_ids: list[int], full_ids: list[int], prompt: str, candidate: str) -> tuple[list, list]:
     """(context ids, candidate ids) from the tokens of `prompt` and of `prompt + candidate`. BPE may merge across the
     boundary: the candidate's tokens are those after the longest common prefix with the prompt's."""
-    common = 0
-    while common < min(len(prompt_ids), len(full_ids)) and prompt_ids[common] == full_ids[common]:
-        common += 1
+    common = len(os.path.commonprefix([prompt_ids, full_ids]))
     if common == 0:
         raise ValueError(f"Probe prompt {prompt!r} leaves no token before the candidate {candidate!r}, so its first "
                          "token has nothing to be predicted from; use a non-empty prompt or a tokenizer with a "
@@ -131,7 +125,7 @@ def candidate_log_probs(model, tokenizer, probes: list[Probe], batch_size: int =
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
-    leading = _leading_special_ids(tokenizer)
+    leading = [tokenizer.bos_token_id] if adds_bos(tokenizer) else []  # as the model saw its training text
     candidates_of = [(probe.answer, *probe.distractors) for probe in probes]
     prompt_ids = _token_ids(tokenizer, [probe.prompt for probe in probes])
     full_ids = iter(_token_ids(tokenizer, [p.prompt + c for p, cs in zip(probes, candidates_of) for c in cs]))

@@ -38,8 +38,7 @@ def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False)
 
 
 def main(argv=None) -> int:
-    parser = interpret_parser()
-    args = parser.parse_args(argv)
+    args = interpret_parser().parse_args(argv)
     quiet_notices()
     if os.path.isdir(args.model):  # the PNGs and heads.json never land in (or around) the model they read
         try:

@@ -22,10 +22,8 @@ class PositionCheck:
 
 
 def _attention_layer(hidden_size: int, num_heads: int, seed: int) -> tuple[TinyTxAttention, TinyTxConfig]:
-    config = TinyTxConfig(
-        hidden_size=hidden_size, num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
-        num_hidden_layers=1, vocab_size=16,
-    )
+    config = TinyTxConfig(hidden_size=hidden_size, num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
+                          num_hidden_layers=1, vocab_size=16)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     layer = TinyTxAttention(config, layer_idx=0).eval()
