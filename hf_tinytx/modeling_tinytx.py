@@ -370,7 +370,8 @@ class TinyTxModel(TinyTxPreTrainedModel):
     @capture_outputs
     @auto_docstring
     def forward(
-        self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        self,
+        input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None, use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
