@@ -27,9 +27,8 @@ def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False)
         raise SystemExit(f"error: {error}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, attn_implementation="eager", trust_remote_code=trust_remote_code
-        )
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation="eager",
+                                                     trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
         raise SystemExit(f"Could not load a model and tokenizer from {name_or_path!r}: {error}\nGive a folder written "
                          "by save_pretrained (e.g. training/pretrain.py's --output_dir) or a Hub id; add "

@@ -141,7 +141,5 @@ def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, d
     return paths
 
 
-__all__ = [
-    "AttentionMaps", "attention_maps", "attention_weights", "default_size_inches", "eager_attention",
-    "render_attention_map", "save_attention_maps", "token_labels",
-]
+__all__ = ["AttentionMaps", "attention_maps", "attention_weights", "default_size_inches", "eager_attention",
+           "render_attention_map", "save_attention_maps", "token_labels"]
