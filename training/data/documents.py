@@ -1,19 +1,17 @@
 """Where the documents come from, cut into pieces that processes can read side by side.
 
-A source is a local file (--train_file, --validation_file), a split of a `datasets` dataset (--dataset_name), or
-documents in memory (the built-in corpus). Each one says what decides its content (`key`: a file's path, size and
-mtime; a dataset's fingerprint; the documents' hash), how it divides into pieces (`pieces`), and yields the documents
-of one piece (`documents`). A piece of a file is a byte range that starts and ends on a document boundary, so that
-each piece reads without the others, and the pieces of a file are a function of its size alone (not of how many
-processes read them): the same file always makes the same documents.
+A source is a local file, a split of a `datasets` dataset, or documents in memory (the built-in corpus). Each says
+what decides its content (`key`), how it divides into pieces (`pieces`), and yields one piece's documents
+(`documents`). A file's pieces are byte ranges that start and end on a document boundary and depend on its size
+alone, not on how many processes read them: the same file always makes the same documents.
 
-Documents are bounded: .txt is cut at blank lines (a paragraph a document, as `datasets`' paragraph reader does),
-and any document longer than MAX_DOCUMENT_CHARS (a .txt without blank lines, a long record) is cut into documents of
-at most that length, at a line break where there is one. A whole file is never held as one document.
+Documents are bounded: .txt is cut at blank lines (a paragraph a document, as `datasets`' paragraph reader does), and
+a longer document is cut into documents of at most MAX_DOCUMENT_CHARS, at a line break where there is one.
 """
 
 import codecs
 import io
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -49,17 +47,16 @@ def bounded(text: str, limit: int = MAX_DOCUMENT_CHARS):
 
 
 def paragraphs(chunks, limit: int = MAX_DOCUMENT_CHARS):
-    """The documents of a text read in `chunks` (strings): one per paragraph (blank-line separated, empty ones
-    dropped), each bounded. The cuts depend on the text alone, not on where the chunks end."""
+    """The documents of a text read in `chunks` (strings): one per non-empty paragraph, each bounded. The cuts depend
+    on the text alone, not on where the chunks end."""
     pending = ""
     for chunk in chunks:
         *complete, pending = (pending + chunk).split("\n\n")
         for paragraph in complete:
             yield from bounded(paragraph, limit)
-        while len(pending) > limit:  # a paragraph still open, already too long: its full documents go now
-            cut = pending.rfind("\n", 0, limit) + 1 or limit
-            yield pending[:cut]
-            pending = pending[cut:]
+        if len(pending) > limit:  # a paragraph still open, already too long: its full documents go now
+            *full, pending = bounded(pending, limit)
+            yield from full
     yield from bounded(pending, limit)
 
 
@@ -67,23 +64,29 @@ def piece_size(size: int, bounds: tuple[int, int], count: int = PIECES_PER_FILE)
     return min(max(-(-size // count), bounds[0]), bounds[1])
 
 
-class FileSource:
-    """A local .txt or .jsonl file, read in byte ranges: documents are paragraphs (.txt) or one JSON object a line
-    (.jsonl, its `column`). `shown` is the path as the user gave it, for messages."""
+class LocalFile:
+    """A local data file: `shown` is its path as the user gave it, for messages; its key is its path, size and
+    mtime (and the column read, but for .txt)."""
 
-    def __init__(self, path: str, shown: str, flag: str, column: str):
-        self.path, self.shown, self.flag, self.column = os.path.abspath(path), shown, flag, column
+    def __init__(self, path: str, flag: str, column: str, kind: str):
+        self.shown, self.flag, self.column, self.kind = path, flag, column, kind
+        self.path = os.path.abspath(path)
+        self.name = os.path.basename(self.path)
         stat = os.stat(self.path)
         self.size, self.mtime_ns = stat.st_size, stat.st_mtime_ns
-        self.lines = self.path.lower().endswith(".jsonl")
 
     def key(self) -> dict:
-        return {"kind": "jsonl" if self.lines else "txt", "path": self.path, "size": self.size,
-                "mtime_ns": self.mtime_ns, **({"column": self.column} if self.lines else {})}
+        key = {"kind": self.kind, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns}
+        return key if self.kind == "txt" else {**key, "column": self.column}
 
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
+
+class FileSource(LocalFile):
+    """A .txt or .jsonl file, read in byte ranges: documents are paragraphs (.txt) or one JSON object a line (.jsonl,
+    its `column`)."""
+
+    def __init__(self, path: str, flag: str, column: str):
+        self.lines = path.lower().endswith(".jsonl")
+        super().__init__(path, flag, column, "jsonl" if self.lines else "txt")
 
     def pieces(self) -> list[Piece]:
         step = piece_size(self.size, PIECE_BYTES)
@@ -100,21 +103,20 @@ class FileSource:
         next line break, else (a line longer than the window) the next character's start."""
         f.seek(offset)
         window = f.read(BOUNDARY_WINDOW)
-        if not self.lines:
-            ends = [at + len(blank) for blank in (b"\n\n", b"\n\r\n") if (at := window.find(blank)) >= 0]
-            if ends:
-                return offset + min(ends)
-        while True:
-            if (at := window.find(b"\n")) >= 0:
-                return offset + at + 1
-            if self.lines:  # a JSON line is never cut: read on to its end
+        if self.lines:  # a JSON line is never cut: read on to its end
+            while (at := window.find(b"\n")) < 0:
                 if len(window) < BOUNDARY_WINDOW:
                     return self.size
                 offset += len(window)
                 window = f.read(BOUNDARY_WINDOW)
-                continue
-            skip = next((i for i, byte in enumerate(window[:4]) if byte & 0xC0 != 0x80), 0)
-            return min(offset + skip, self.size)
+            return offset + at + 1
+        blanks = [at + len(blank) for blank in (b"\n\n", b"\n\r\n") if (at := window.find(blank)) >= 0]
+        if blanks:
+            return offset + min(blanks)
+        if (at := window.find(b"\n")) >= 0:
+            return offset + at + 1
+        skip = next((i for i, byte in enumerate(window[:4]) if byte & 0xC0 != 0x80), 0)
+        return min(offset + skip, self.size)
 
     def documents(self, piece: Piece, progress=None):
         """The piece's documents; `progress(bytes)` is told of each part read."""
@@ -191,23 +193,9 @@ class FileSource:
         return f"{self.flag} {self.shown}, line {line}"
 
 
-class TableFileSource:
-    """A .json, .csv or .parquet file, read through `datasets` (streamed: nothing goes to its cache), whole: one
-    piece."""
-
-    def __init__(self, path: str, shown: str, flag: str, column: str, builder: str):
-        self.path, self.shown, self.flag, self.column = os.path.abspath(path), shown, flag, column
-        self.builder = builder
-        stat = os.stat(self.path)
-        self.size, self.mtime_ns = stat.st_size, stat.st_mtime_ns
-
-    def key(self) -> dict:
-        return {"kind": self.builder, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns,
-                "column": self.column}
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
+class TableFileSource(LocalFile):
+    """A .json, .csv or .parquet file, read whole (one piece) through `datasets`, streamed: nothing goes to its
+    cache. `kind` is the `datasets` builder."""
 
     def pieces(self) -> list[Piece]:
         return [Piece(0, self.size)]
@@ -216,11 +204,11 @@ class TableFileSource:
         import datasets
 
         try:
-            rows = datasets.load_dataset(self.builder, data_files=[self.path], split="train", streaming=True)
+            rows = datasets.load_dataset(self.kind, data_files=[self.path], split="train", streaming=True)
             features = rows.features
         except Exception as error:  # datasets raises many kinds
-            raise UserInputError(f"Could not read {self.flag} {self.shown} as {self.builder}: {type(error).__name__}: "
-                                 f"{error}. Check that the file is valid {self.builder}.") from None
+            raise UserInputError(f"Could not read {self.flag} {self.shown} as {self.kind}: {type(error).__name__}: "
+                                 f"{error}. Check that the file is valid {self.kind}.") from None
         if features is not None:
             check_column(features, self.column, f"{self.flag} {self.shown}")
         for row in rows:
@@ -285,13 +273,8 @@ def check_column(features, column: str, where: str) -> None:
 
 def file_sources(paths: list[str], flag: str, builder: str, column: str) -> list:
     """The sources of local files of one `datasets` builder kind (files.local_data_files)."""
-    sources = []
-    for path in paths:
-        if builder == "text" or path.lower().endswith(".jsonl"):
-            sources.append(FileSource(path, path, flag, column))
-        else:
-            sources.append(TableFileSource(path, path, flag, column, builder))
-    return sources
+    return [FileSource(path, flag, column) if builder == "text" or path.lower().endswith(".jsonl")
+            else TableFileSource(path, flag, column, builder) for path in paths]
 
 
 class StreamSource:
@@ -313,10 +296,5 @@ class StreamSource:
 
 def documents_of(sources: list, skip: int = 0):
     """Every document of `sources`, in order, after the first `skip`."""
-    for source in sources:
-        for piece in source.pieces():
-            for document in source.documents(piece):
-                if skip:
-                    skip -= 1
-                    continue
-                yield document
+    documents = (document for source in sources for piece in source.pieces() for document in source.documents(piece))
+    return itertools.islice(documents, skip, None)

@@ -1,7 +1,8 @@
 """The local data files of --train_file and --validation_file: found, and checked to be text of one format, with
-nothing beyond Python's own modules. pretrain.py runs this before torch and `datasets` load (~7 s on a small CPU), so
-a wrong path, an empty or a binary file is refused at once; training/data/packing.py then reads the files."""
+nothing beyond Python's own modules, so that a wrong path, an empty or a binary file is refused before torch and
+`datasets` load (~7 s on a small CPU)."""
 
+import codecs
 import glob
 import os
 
@@ -49,30 +50,28 @@ def matching_files(pattern: str) -> list[str]:
 
 
 def _check_is_text(path: str, flag: str) -> None:
-    """Text formats must be UTF-8 text without NUL bytes, all of the file: a binary or mis-encoded part anywhere
-    would train on garbage, or fail deep inside `datasets` with no file named. Read in chunks (~80 MiB/s here), the
-    line counted on the way, so the message names it."""
+    """Text formats must be UTF-8 without NUL bytes, all of the file: a binary or mis-encoded part anywhere would
+    train on garbage, or fail deep inside `datasets` with no file named. The line is counted on the way, for the
+    message."""
     if path.lower().endswith(".parquet"):
         return
-    line, pending = 1, b""  # the line the bytes read so far end on; a character cut by the chunk's end
+    line, decoder = 1, codecs.getincrementaldecoder("utf-8")()
     with open(path, "rb") as f:
         while True:
             chunk = f.read(CHUNK)
-            data, pending = pending + chunk, b""
-            if b"\x00" in data:
+            if b"\x00" in chunk:
                 raise UserInputError(
-                    f"{flag} {path}, line {line + data[:data.index(0)].count(10)}: a NUL byte, so it is a binary "
+                    f"{flag} {path}, line {line + chunk[:chunk.index(0)].count(10)}: a NUL byte, so it is a binary "
                     f"file (or UTF-16 text), not UTF-8 text; give a text file."
                 )
             try:
-                data.decode("utf-8")
+                decoder.decode(chunk, final=not chunk)
             except UnicodeDecodeError as error:
-                if not (chunk and error.reason == "unexpected end of data"):
-                    raise UserInputError(
-                        f"{flag} {path}, line {line + data[:error.start].count(10)}: not UTF-8 text (byte "
-                        f"{data[error.start]:#04x}); save the file as UTF-8 text, or give a .parquet file."
-                    ) from None
-                data, pending = data[:error.start], data[error.start:]  # completed by the next chunk
-            line += data.count(10)
+                data = error.object  # the chunk, after the start of a character the last one cut (no line break)
+                raise UserInputError(
+                    f"{flag} {path}, line {line + data[:error.start].count(10)}: not UTF-8 text (byte "
+                    f"{data[error.start]:#04x}); save the file as UTF-8 text, or give a .parquet file."
+                ) from None
+            line += chunk.count(10)
             if not chunk:
                 return

@@ -1,11 +1,10 @@
 """What decides a run's data, recorded in each checkpoint (checkpoints.DATA_FILE) so that a resume reading other data
-is refused instead of training on it while the run's record names only the new.
+is refused instead of training on it.
 
-Cheap on purpose, as the token store's key is (token_store.py): a data file counts by its name, size and
-modification time, never by its bytes, so a resume reads no file. A file moved to another folder, its name and
-times kept (`cp -p`, `rsync -a`), is the same data; one written again is not, even with the same text. A Hub dataset
-counts by its name and configuration, the built-in corpus by its document count (its seed is checked with the data
-order, checkpoints.DATA_ORDER). Flags that choose which documents are read count too.
+Cheap on purpose, as the token store's key is: a data file counts by its name, size and modification time, never its
+bytes, so a resume reads no file. A file moved with its times kept (`cp -p`, `rsync -a`) is the same data; one
+written again is not. A Hub dataset counts by its name and configuration, the built-in corpus by its document count;
+the flags that choose which documents are read count too.
 """
 
 import os

@@ -1,11 +1,9 @@
 """Sizes that fit the text: a few paragraphs of one's own text train as well as a corpus does.
 
-The defaults (blocks of 128 tokens, 16 of them a step, 5% of the documents held out) suit the built-in corpus and
-anything larger. Text too small for them gets, in this order of preference: a shorter block (halved down to
-MIN_BLOCK), its validation text from the end of the training text instead of from whole documents (one paragraph
-cannot be split into documents), and a smaller batch: each change said in one line. A size given on the command line
-is kept; what cannot fit it is said in one message, with the flags that would. The plan is a function of the text and
-the flags alone, so a resumed run plans the same sizes.
+Text too small for the default sizes gets, in this order: a shorter block (halved down to MIN_BLOCK), its validation
+from the end of the training text (one paragraph cannot be split into documents), and a smaller batch, each change
+said in one line. A size given on the command line is kept; what cannot fit it is said in one message, with the flags
+that would. The plan depends on the text and the flags alone, so a resumed run plans the same sizes.
 """
 
 from dataclasses import dataclass, field, replace
@@ -17,9 +15,8 @@ MEMORISING_PASSES = 10  # more passes over the same blocks than this and the mod
 
 @dataclass(frozen=True)
 class Text:
-    """What was read: tokens of the training text per packing chunk (tail tokens of a chunk are dropped when it is
-    cut into blocks), of the validation text, and whether that validation was held out of the training documents
-    (so that it may be taken from the end of the text instead)."""
+    """Tokens of the training text per packing chunk (a chunk's tail short of a block is dropped), of the validation
+    text, and whether that was held out of the training documents (so it may come from the end of the text instead)."""
 
     train_chunks: tuple[int, ...]
     validation_tokens: int

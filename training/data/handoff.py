@@ -1,12 +1,9 @@
 """The data prepared once, by the main process, for every process of a launch.
 
-The main process trains (or loads) the tokenizer and tokenizes the corpus into the token store. That can take longer
-than --ddp_timeout lets a collective wait, so the other processes do not wait at one: they poll for the file the main
-process writes once it is done, in a folder of --output_dir named for this launch (every process sees that folder:
-distributed/cluster.check_shared_folder). They say what they wait for, and every minute how far the store has come.
-A main process that has written nothing for --ddp_timeout seconds is given up on, in one line that names the data
-preparation. The folder holds the tokenizer and a description of the data (`ready`); it goes once every process has
-read it (`close`), and a killed launch's is removed by the next.
+Tokenizing a corpus can take longer than --ddp_timeout lets a collective wait, so the other processes poll instead
+for the file the main process writes when it is done, in a folder of --output_dir named for this launch. They give up,
+in one line, when the main process has written nothing for --ddp_timeout seconds. The folder goes once every process
+has read it; a killed launch's is removed by the next.
 """
 
 import json
@@ -14,7 +11,8 @@ import os
 import secrets
 import time
 
-from hf_tinytx.folders import open_new, remove_tree
+from hf_tinytx.folders import remove_tree
+from hf_tinytx_training.data.token_store import JOURNAL, replace_file
 from hf_tinytx_training.errors import RunError
 
 
@@ -46,17 +44,12 @@ class Handoff:
 
     def ready(self, description: dict) -> None:
         """The main process: the data is prepared (the tokenizer saved in `tokenizer_dir` already)."""
-        temporary = os.path.join(self.folder, ".tmp-" + READY)
-        with open_new(temporary) as f:
-            json.dump(description, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, os.path.join(self.folder, READY))
+        replace_file(os.path.join(self.folder, READY), json.dumps(description))
         self.published = True
 
     def wait(self, store_folder: str | None) -> dict:
         """Another process: the main process's description of the data, once it is ready. It waits in silence: the
-        main process reports the work (one voice a launch, training/cli.py)."""
+        main process reports the work (training/cli.py)."""
         path = os.path.join(self.folder, READY)
         last_change, seen = time.monotonic(), None
         while not os.path.isfile(path):
@@ -85,7 +78,7 @@ def _store_state(store_folder: str | None) -> tuple[int, int]:
     if not store_folder:
         return 0, 0
     try:
-        with open(os.path.join(store_folder, "shards.jsonl"), "rb") as f:
+        with open(os.path.join(store_folder, JOURNAL), "rb") as f:
             journal = f.read()
     except OSError:
         return 0, 0

@@ -1,15 +1,11 @@
 """Training text in, fixed-length token blocks out, on every process of a run.
 
-1. `prepare` (the main process): the run's sources (sources.py: files, a dataset, the built-in corpus) tokenized
-   once, by every core, into the token store (token_store.py), whose shards every process reads; the built-in corpus
-   in memory; a streamed dataset or `--train_file --streaming` as training reads it (streaming.py). Its result is a
-   description of the data that the other processes receive (handoff.py) instead of preparing the data again.
-2. `pack_fitted` (every process): the training and validation streams (streams.split) cut into `block_size` blocks,
-   with sizes fitted to a small text (fit.py). Documents are joined by EOS with no padding, so every block carries
-   the same number of targets, which keeps the mean loss of gradient accumulation and of data parallelism exact.
-3. `make_dataloaders`: every epoch a new order of the blocks (`EpochShuffleSampler`) and, after the first, new cuts
-   through the same token stream (`ShiftingBlocks`); the validation blocks bounded (--max_eval_tokens), spread
-   evenly over the validation text (`EvalBlocks`).
+1. `prepare` (the main process): the run's sources tokenized once into the token store, whose shards every process
+   reads; the description it returns reaches the other processes through handoff.py.
+2. `tokens` and `pack_fitted` (every process): the training and validation streams cut into blocks, with sizes fitted
+   to a small text (fit.py). Documents are joined by EOS with no padding, so every block carries the same number of
+   targets, which keeps the mean loss of gradient accumulation and of data parallelism exact.
+3. `make_dataloaders`: every epoch a new order of the blocks and, after the first, new cuts through the same text.
 """
 
 import os
@@ -31,8 +27,8 @@ def workers(data_args) -> int:
 
 
 def prepare(sources: Sources, tokenizer, recipe: dict | None, store: str, data_args, say) -> dict:
-    """The main process: the data tokenized (into the store folder `store`, or in memory for the built-in corpus, or
-    not yet when streamed), described for every process (`tokens`)."""
+    """The main process: files and datasets tokenized into the store folder `store`, described for every process (the
+    built-in corpus is tokenized in memory by each, a stream as training reads it)."""
     if sources.kind not in ("files", "dataset"):
         return {"kind": sources.kind}
     shards = token_store.build(store, tokenizer, recipe, sources.train + (sources.validation or []), workers(data_args),
@@ -54,10 +50,8 @@ def tokens(description: dict, sources: Sources | None, tokenizer, data_args) -> 
             raise UserInputError(f"{missing} (a shard of the token store) is missing on this machine: put "
                                  f"--token_store on storage every node mounts at the same path.")
     else:
-        dtype, eos = token_store.token_dtype(len(tokenizer)), tokenizer.eos_token_id
-        train = [shard for source in sources.train for shard in token_store.in_memory(source, tokenizer, eos, dtype)]
-        validation = [shard for source in sources.validation
-                      for shard in token_store.in_memory(source, tokenizer, eos, dtype)]
+        train = [shard for source in sources.train for shard in token_store.in_memory(source, tokenizer)]
+        validation = [shard for source in sources.validation for shard in token_store.in_memory(source, tokenizer)]
     limit = data_args.num_train_documents if data_args.train_file or data_args.dataset_name else None
     data = split(train, validation, data_args.validation_split_percentage, limit)
     if not len(data.train):
@@ -77,7 +71,10 @@ def bytes_per_token(data: Split) -> float:
     """Of the validation documents, or (none held out) of all the text."""
     if len(data.validation):
         return data.validation_bytes / len(data.validation)
-    shards = data.train.shards
+    return text_bytes_per_token(data.train.shards)
+
+
+def text_bytes_per_token(shards: list) -> float:
     return sum(shard.text_bytes for shard in shards) / max(sum(shard.tokens for shard in shards), 1)
 
 
@@ -102,8 +99,8 @@ def pack_fitted(data: Split, data_args, train_args, num_processes: int, explicit
     train, validation = data.train, data.validation
     if plan.validation_from_end:
         whole = train + validation  # the held-out documents back at the end of the text
-        train, validation = whole.slice(0, len(whole) - plan.validation_from_end), whole.slice(
-            len(whole) - plan.validation_from_end, len(whole))
+        cut = len(whole) - plan.validation_from_end
+        train, validation = whole.slice(0, cut), whole.slice(cut, len(whole))
     return PackedData(Blocks(train, plan.block_size), Blocks(validation, plan.block_size), ratio)
 
 
@@ -115,25 +112,19 @@ def pack_streamed(sources: Sources, tokenizer, data_args, max_eval_tokens: int, 
     if not len(blocks):
         raise UserInputError(f"The validation text is shorter than one block of {data_args.block_size} tokens "
                              f"({len(validation)} tokens); lower --block_size.")
-    shards = validation.shards
-    ratio = sum(shard.text_bytes for shard in shards) / max(sum(shard.tokens for shard in shards), 1)
     train = streaming.StreamedBlocks(sources.train, tokenizer, data_args.block_size, seed, skip)
-    return PackedData(train, blocks, ratio)
+    return PackedData(train, blocks, text_bytes_per_token(validation.shards))
 
 
 def make_dataloaders(packed: PackedData, train_args, seed: int, global_batch: int | None = None):
     """(sampler or None, training loader, validation loader).
 
-    An epoch is a whole number of optimizer steps of `global_batch` blocks (the blocks left over after the last full
-    step wait for the next epoch's order): otherwise the processes would share the tail unevenly (Accelerate pads the
-    last batches with blocks from the epoch's start, or ends it on a short accumulation), and the same command would
-    train differently on another process count from the second epoch on.
-
-    Each loader draws from its own generator: building an iterator from one would otherwise take a number from the
-    global RNG, so a resumed run (which builds one more iterator) would drop out of step with an uninterrupted one.
-    The validation loader holds at most --max_eval_tokens tokens and --max_eval_batches batches in all (the same
-    blocks on any process count, shared out among the processes) and is always read to the end (leaving a prepared
-    loader early leaves Accelerate's end-of-data flag stale, which breaks gradient accumulation)."""
+    An epoch is a whole number of optimizer steps of `global_batch` blocks, the blocks left over waiting for the next
+    epoch's order: otherwise the processes would share the tail unevenly, and the same command would train
+    differently on another process count. Each loader draws from its own generator, so that a resumed run (which
+    builds one more iterator) stays in step with the global RNG of an uninterrupted one. The validation loader is
+    always read to the end: leaving a prepared loader early leaves Accelerate's end-of-data flag stale, which breaks
+    gradient accumulation."""
     validation = EvalBlocks(packed.validation, eval_limit(train_args, packed.validation.block_size))
     if not hasattr(packed.train, "__len__"):
         blocks, sampler = packed.train, None
@@ -142,16 +133,11 @@ def make_dataloaders(packed: PackedData, train_args, seed: int, global_batch: in
         global_batch = global_batch or train_args.per_device_train_batch_size
         usable = len(blocks) // global_batch * global_batch
         sampler = EpochShuffleSampler(len(blocks), seed=seed, blocks=blocks, take=usable)
-    train = torch.utils.data.DataLoader(
-        blocks,
-        sampler=sampler,
-        batch_size=train_args.per_device_train_batch_size,
-        drop_last=True,  # full batches only: every micro-batch weighs the same in the averaged loss
-        generator=torch.Generator().manual_seed(seed),
-    )
-    evaluation = torch.utils.data.DataLoader(
-        validation, batch_size=train_args.per_device_eval_batch_size, generator=torch.Generator().manual_seed(seed)
-    )
+    # drop_last: full batches only, so every micro-batch weighs the same in the averaged loss
+    train = torch.utils.data.DataLoader(blocks, sampler=sampler, batch_size=train_args.per_device_train_batch_size,
+                                        drop_last=True, generator=torch.Generator().manual_seed(seed))
+    evaluation = torch.utils.data.DataLoader(validation, batch_size=train_args.per_device_eval_batch_size,
+                                             generator=torch.Generator().manual_seed(seed))
     return sampler, train, evaluation
 
 
@@ -184,10 +170,9 @@ class EvalBlocks(torch.utils.data.Dataset):
 
 
 class EpochShuffleSampler(torch.utils.data.Sampler):
-    """A fresh random order every epoch, fixed by (seed, epoch) alone, so a resumed run replays the same order and
-    can skip exactly the batches it already trained on. Every process computes the same order.
-
-    Kept instead of Accelerate's seedable sampler: this one has no state, so a checkpoint needs no pickled sampler."""
+    """A fresh random order every epoch, fixed by (seed, epoch) alone: every process computes the same one, and a
+    resumed run replays it and skips exactly the batches it already trained on. Unlike Accelerate's seedable sampler
+    it has no state, so a checkpoint needs no pickled sampler."""
 
     def __init__(self, num_samples: int, seed: int, blocks: "ShiftingBlocks | None" = None, take: int | None = None):
         self.num_samples = num_samples
@@ -211,13 +196,10 @@ class EpochShuffleSampler(torch.utils.data.Sampler):
 
 class ShiftingBlocks(torch.utils.data.Dataset):
     """The training blocks, cut at other places every epoch: in epoch e, block i holds the `block_size` tokens that
-    start `shift(e)` tokens into block i (its end comes from block i + 1; the last block wraps around).
-
-    Several passes over a small text would otherwise show the model the very same blocks each time, so it learns
-    their exact cuts; shifted, each pass is new context windows over the same text, as nanoGPT gets by reading
-    windows at random offsets (tinyshakespeare in 1,550 steps: 2.049 bits/byte instead of 2.064-2.066, two seeds;
-    benchmarks/results/shakespeare_sweep.txt). Epoch 0 is not shifted, and the shift depends on (seed, epoch) alone,
-    so a resumed run reads exactly what an uninterrupted one read."""
+    start `shift(e)` tokens into block i (the last block wraps around). Several passes over a small text would
+    otherwise show the model the very same blocks, so it learns their cuts (nanoGPT reads windows at random offsets
+    instead; docs/results.md). Epoch 0 is not shifted, and the shift depends on (seed, epoch) alone, so a resumed run
+    reads exactly what an uninterrupted one read."""
 
     def __init__(self, blocks: Blocks, seed: int):
         self.blocks = blocks

@@ -1,6 +1,5 @@
-"""How far a long preparation (tokenizing a corpus) has come: tqdm's bar on a terminal, with its rate and the time
-left; elsewhere (a job's log) a line every INTERVAL seconds, so that a log is not one line redrawn thousands of
-times."""
+"""How far tokenizing a corpus has come: tqdm's bar on a terminal; in a job's log a line every INTERVAL seconds, so
+that the log is not one line redrawn thousands of times."""
 
 import sys
 import time

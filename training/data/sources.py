@@ -3,6 +3,7 @@
 
 import contextlib
 import hashlib
+import itertools
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,26 +76,22 @@ def _dataset_sources(data_args) -> Sources:
 
 
 def tokenizer_texts(sources: list):
-    """Batches of documents for the tokenizer trainer: the first documents of each source, each its share of
-    TOKENIZER_CHARS by size (so that the merges see every file, not the first ones alone), at most
-    TOKENIZER_DOCUMENTS in all."""
+    """The documents the tokenizer is trained on: the first of each source, each its share of TOKENIZER_CHARS by size
+    (so that the merges see every file, not the first ones alone), at most TOKENIZER_DOCUMENTS in all."""
     sizes = [getattr(source, "size", 0) or 1 for source in sources]
-    budgets = [max(1, TOKENIZER_CHARS * size // sum(sizes)) for size in sizes]
-    batch, count = [], 0
-    for source, budget in zip(sources, budgets):
-        for piece in source.pieces():
-            for document in source.documents(piece):
-                if budget <= 0 or count >= TOKENIZER_DOCUMENTS:
-                    break
-                batch.append(document)
-                budget, count = budget - len(document), count + 1
-                if len(batch) == 1000:
-                    yield batch
-                    batch = []
-            if budget <= 0 or count >= TOKENIZER_DOCUMENTS:
-                break
-    if batch:
-        yield batch
+    total = sum(sizes)
+    openings = (_opening(source, max(1, TOKENIZER_CHARS * size // total)) for source, size in zip(sources, sizes))
+    return itertools.islice(itertools.chain.from_iterable(openings), TOKENIZER_DOCUMENTS)
+
+
+def _opening(source, budget: int):
+    """The source's first documents, up to the one that reaches `budget` characters."""
+    for piece in source.pieces():
+        for document in source.documents(piece):
+            if budget <= 0:
+                return
+            yield document
+            budget -= len(document)
 
 
 @contextlib.contextmanager

@@ -1,12 +1,9 @@
-"""A text read as training goes (--streaming: a Hub dataset, or local files with --train_file), nothing tokenized
-ahead: the first step comes at once, whatever the size of the text.
+"""A text read as training goes (--streaming), nothing tokenized ahead: the first step comes at once.
 
-The documents are tokenized as they come, joined by EOS and cut into blocks, which wait in a buffer of BUFFER
-blocks and leave it in a random order, seeded by (seed, epoch): neighbouring blocks of one document are not trained on
-one after another, and a resumed run (which reads the stream again from the epoch's start and skips what it trained
-on) reads exactly what an uninterrupted one read. The validation text is read first, in memory, bounded: the
-validation files or split, or else the stream's first documents (which training then skips), until they hold
---max_eval_tokens tokens (1,000 documents when that is 0).
+Blocks wait in a buffer of BUFFER and leave it in an order seeded by (seed, epoch): neighbouring blocks of one
+document are not trained on one after another, and a resumed run (which reads the stream again and skips what it
+trained on) reads exactly what an uninterrupted one read. The validation text is read first, in memory, bounded: the
+validation sources, or else the stream's first documents, which training then skips.
 """
 
 import numpy as np
@@ -34,9 +31,8 @@ def validation_text(sources, tokenizer, max_tokens: int) -> tuple[TokenStream, i
         if part is not None:
             parts.append(part)
             count, taken = count + len(part[0]), taken + 1
-    tokens, ends, sizes = token_store.joined(parts, dtype)
-    shard = token_store.Shard(None, len(tokens), len(ends), int(sizes.sum()), dtype.str, (tokens, ends, sizes))
-    return TokenStream([shard], [(0, 0, len(tokens))]), 0 if given else taken
+    shard = token_store.memory_shard(parts, dtype)
+    return TokenStream([shard], [(0, 0, shard.tokens)]), 0 if given else taken
 
 
 class StreamedBlocks(torch.utils.data.IterableDataset):

@@ -1,14 +1,8 @@
 """The training and validation text as token streams over the store's shards, and the blocks cut from them.
 
-- `split`: which documents are validation. Given ones (--validation_file, a dataset's validation split, the built-in
-  corpus's), or held out of the training documents: in each group of GROUP documents (in the order of the files),
-  the first `percent`% of them, rounded up. So the validation text comes from all over the corpus, a text of 12
-  paragraphs keeps one, and the choice depends on the documents alone, not on the seed: runs of several seeds share
-  one store and compare on one validation text. A single document holds nothing out (fit.py then validates on the
-  end of the text).
-- `TokenStream`: the tokens of documents end to end (EOS after each), over ranges of shards; read anywhere.
-- `Blocks`: the blocks of a stream, cut `shift` tokens in (the last one wraps round to the start).
-
+`split` holds out, in each group of GROUP documents (in file order), the first `percent`% of them, rounded up, unless
+validation documents are given: so the validation text comes from all over the corpus, a text of 12 paragraphs keeps
+one, and the choice does not depend on the seed (runs of several seeds share one store and one validation text).
 Nothing here holds more than one shard's document index at a time, nor any tokens but those read.
 """
 
@@ -68,7 +62,7 @@ class Split:
 
 def split(train_shards: list, validation_shards: list | None, percent: int, max_train_documents: int | None) -> Split:
     """The training and validation streams: `validation_shards` whole when given, else documents held out of the
-    training ones (the module's docstring); at most `max_train_documents` training documents, the first ones."""
+    training ones (a single document holds nothing out); at most `max_train_documents` training documents."""
     documents = sum(shard.docs for shard in train_shards)
     hold_out = validation_shards is None and documents >= 2
     train, validation, train_documents, validation_bytes = [], [], 0, 0

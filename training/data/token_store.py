@@ -8,14 +8,10 @@
     STORE/NAME-ID-NNNNN.bin a shard: its tokens, then for each document the token it ends at and its UTF-8 bytes
     STORE/.lock             held by the one process that builds
 
-A shard holds one piece of one source (documents.py). Its ID is a hash of the source's key (a file's path, size and
-mtime), so a changed file gets new shards and its old ones go, a new file adds its own, and a shard is only ever read
-under the key it was made for. Each is written under a temporary name and renamed once complete; the temporary files
-of a killed build are removed by the next. Tokens are little-endian uint16 where the vocabulary fits, else uint32.
-
-The workers are forked, as `datasets`' were: they inherit the sources, load the tokenizer with the `tokenizers`
-library alone (one thread each: the processes are the parallelism), and die with the main process
-(distributed/preemption.py).
+A shard holds one piece of one source (documents.py). Its ID hashes the source's key (a file's path, size and mtime),
+so a changed file gets new shards, and a shard is only ever read under the key it was made for. Shards are written
+under a temporary name and renamed once complete. The workers are forked: they inherit the sources, encode with the
+`tokenizers` library on one thread each, and die with the main process (distributed/preemption.py).
 """
 
 import contextlib
@@ -51,8 +47,8 @@ def token_dtype(vocabulary: int) -> np.dtype:
 
 
 def tokenizer_hash(tokenizer_json: str) -> str:
-    """What decides the ids: the tokenizer's JSON without its truncation and padding settings (which a loaded
-    tokenizer may carry from its last call, and which the store's encoding turns off)."""
+    """What decides the ids: the tokenizer's JSON without the truncation and padding settings a loaded tokenizer may
+    carry from its last call (the store's encoding turns them off)."""
     with open(tokenizer_json, encoding="utf-8") as f:
         spec = json.load(f)
     spec.pop("truncation", None), spec.pop("padding", None)
@@ -61,6 +57,27 @@ def tokenizer_hash(tokenizer_json: str) -> str:
 
 def source_id(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_json(path: str) -> dict | None:
+    """The file's JSON, or None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def replace_file(path: str, text: str) -> None:
+    """`path` replaced in one rename, flushed first: a kill leaves the old file or the new, never half of one."""
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, TEMPORARY + name)
+    with open_new(temporary) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    fsync_dir(folder)
 
 
 @dataclass(frozen=True)
@@ -137,27 +154,21 @@ def plain_tokenizer(tokenizer):
     return backend
 
 
-def in_memory(source, tokenizer, eos: int, dtype: np.dtype) -> list[Shard]:
+def in_memory(source, tokenizer) -> list[Shard]:
     """The shards of a small source (the built-in corpus) made in this process and kept in memory."""
-    backend, shards = plain_tokenizer(tokenizer), []
-    for piece in source.pieces():
-        parts = list(encoded(backend, source.documents(piece), eos, dtype))
-        tokens, ends, sizes = joined(parts, dtype)
-        shards.append(Shard(None, len(tokens), len(ends), int(sizes.sum()), dtype.str, (tokens, ends, sizes)))
-    return shards
+    backend, eos, dtype = plain_tokenizer(tokenizer), tokenizer.eos_token_id, token_dtype(len(tokenizer))
+    return [memory_shard(list(encoded(backend, source.documents(piece), eos, dtype)), dtype)
+            for piece in source.pieces()]
 
 
-def joined(parts, dtype):
-    """`encoded`'s parts as one (tokens, document ends, document bytes)."""
+def memory_shard(parts: list, dtype: np.dtype) -> Shard:
+    """`encoded`'s parts joined into one shard held in memory."""
+    parts = parts or [(np.zeros(0, dtype), np.zeros(0, np.int64), np.zeros(0, np.uint32))]
     offsets = np.cumsum([0] + [len(tokens) for tokens, _, _ in parts])
-    tokens = np.concatenate([tokens for tokens, _, _ in parts]) if parts else np.zeros(0, dtype)
-    ends = np.concatenate([ends + offset for (_, ends, _), offset in zip(parts, offsets)]).astype(np.uint32) \
-        if parts else np.zeros(0, np.uint32)
-    sizes = np.concatenate([sizes for _, _, sizes in parts]) if parts else np.zeros(0, np.uint32)
-    return tokens, ends, sizes
-
-
-# ---------------------------------------------------------------------------------------------------- the folder
+    tokens = np.concatenate([tokens for tokens, _, _ in parts])
+    ends = np.concatenate([ends + offset for (_, ends, _), offset in zip(parts, offsets)]).astype(np.uint32)
+    sizes = np.concatenate([sizes for _, _, sizes in parts])
+    return Shard(None, len(tokens), len(ends), int(sizes.sum()), dtype.str, (tokens, ends, sizes))
 
 
 class TokenStore:
@@ -180,23 +191,6 @@ class TokenStore:
                 self.say(f"Waiting for another run that is writing the token store {self.folder}...")
                 fcntl.flock(handle, fcntl.LOCK_EX)
             yield
-
-    def header(self) -> dict | None:
-        try:
-            with open(self.path(HEADER), encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-    def write_json(self, name: str, values: dict) -> None:
-        """`name` replaced in one rename, flushed first: a kill leaves the old file or the new, never half of one."""
-        temporary = self.path(TEMPORARY + name)
-        with open_new(temporary) as f:
-            json.dump(values, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path(name))
-        fsync_dir(self.folder)
 
     def entries(self) -> dict[tuple[str, int], dict]:
         """{(source id, piece): journal entry} of the shards that are there, whole. A torn last line (a kill while
@@ -223,9 +217,9 @@ class TokenStore:
         return Shard(self.path(entry["file"]), entry["tokens"], entry["docs"], entry["bytes"], entry["dtype"])
 
     def start(self, expected: dict) -> dict[tuple[str, int], dict]:
-        """Under the lock: the header checked (a store of other tokens emptied, said in one line), the temporary files
-        of a killed build removed; returns the shards that can be kept."""
-        header = self.header()
+        """Under the lock: a store of other tokens emptied (said in one line), a killed build's temporary files
+        removed; returns the shards that can be kept."""
+        header = read_json(self.path(HEADER))
         if header is not None and header != expected:
             shards = [name for name in os.listdir(self.folder) if name.endswith(SUFFIX)]
             changed = sorted(WHAT[name] for name in expected if header.get(name) != expected[name])
@@ -237,7 +231,7 @@ class TokenStore:
                 os.unlink(self.path(JOURNAL))
         self.remove_temporaries()
         if header != expected:
-            self.write_json(HEADER, expected)
+            replace_file(self.path(HEADER), json.dumps(expected, indent=1, sort_keys=True))
         return self.entries()
 
     def remove_temporaries(self) -> None:
@@ -250,20 +244,15 @@ class TokenStore:
                     os.unlink(path)
 
     def keep_only(self, entries: dict, drop_paths: set[str]) -> dict:
-        """The journal rewritten with `entries`, less the shards of sources whose path is in `drop_paths` (changed
-        since they were tokenized), whose files are removed; and shard files no entry names (a killed build's last,
-        renamed but not recorded) removed too."""
+        """The journal rewritten without the shards of the sources at `drop_paths` (changed since), whose files go;
+        so do shard files no entry names (a killed build's last, renamed but not recorded)."""
         kept = {key: entry for key, entry in entries.items() if entry.get("path") not in drop_paths}
         names = {entry["file"] for entry in kept.values()}
         for name in os.listdir(self.folder):
             if name.endswith(SUFFIX) and name not in names:
                 os.unlink(self.path(name))
-        temporary = self.path(TEMPORARY + JOURNAL)
-        with open_new(temporary) as f:
-            f.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in kept.values())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path(JOURNAL))
+        lines = [json.dumps(entry, sort_keys=True) + "\n" for entry in kept.values()]
+        replace_file(self.path(JOURNAL), "".join(lines))
         return kept
 
     def place_tokenizer(self, tokenizer, recipe: dict | None) -> str:
@@ -410,16 +399,15 @@ def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype,
 
 @contextlib.contextmanager
 def _without_tokenizer_threads():
-    """TOKENIZERS_PARALLELISM=false while the workers are forked: `tokenizers` then uses one thread in each, and says
-    nothing of the fork (it warns when the variable is unset and the parent has used its threads)."""
+    """TOKENIZERS_PARALLELISM=false while the workers are forked: one thread in each, and no warning of the fork
+    (which `tokenizers` gives when the variable is unset and the parent has used its threads)."""
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["TOKENIZERS_PARALLELISM"]
-        else:
+        os.environ.pop("TOKENIZERS_PARALLELISM")
+        if before is not None:
             os.environ["TOKENIZERS_PARALLELISM"] = before
 
 

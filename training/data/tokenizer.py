@@ -1,6 +1,5 @@
-"""The tokenizer a run trains with: loaded by name (a folder or Hub id), the run's saved one, the token store's (trained
-by an earlier start on mostly the same data), or a byte-level BPE trained on the data
-(`hf_tinytx.tokenization.train_bpe_tokenizer`)."""
+"""The tokenizer a run trains with: the run's saved one, a named one (a folder or Hub id), the token store's (trained
+by an earlier start on mostly the same data), or a byte-level BPE trained now on the data."""
 
 import json
 import os
@@ -10,7 +9,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from hf_tinytx.sources import TOKENIZER_MARKERS
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.checkpoints import tokenizer_source
-from hf_tinytx_training.data.token_store import RECIPE
+from hf_tinytx_training.data.sources import tokenizer_texts
+from hf_tinytx_training.data.token_store import RECIPE, read_json
 from hf_tinytx_training.errors import UserInputError
 
 
@@ -22,32 +22,27 @@ def pretrain_tokenizer(model_args, sources: list, stored: str | None, saved: str
     """(the main process's tokenizer, the recipe it was trained from now, or None): the run's saved one when it
     resumes, else a named one, else the one in `stored` (the token store's tokenizer/) when most of the text it was
     trained on is still there, else a BPE trained now on `sources`."""
-    from hf_tinytx_training.data.sources import tokenizer_texts
-
     if resumed and os.path.isdir(saved):
-        return run_tokenizer(model_args, saved, True, None, max_length, say), None
+        return load_tokenizer(saved, what=f"The run's saved tokenizer {saved}"), None
     recipe = tokenizer_recipe(model_args, sources, max_length)
     named = model_args.tokenizer_name or model_args.init_from
     if stored and not named and (share := reusable_share(stored, recipe)) is not None:
         say(f"Reusing the tokenizer trained for this data in {stored} ({share:.0%} of the text it was trained on is "
             f"unchanged); remove that folder to train a new one.")
         return load_tokenizer(stored, what=f"The token store's tokenizer {stored}"), None
-    tokenizer = run_tokenizer(model_args, saved, False, lambda: tokenizer_texts(sources), max_length, say)
+    if named:
+        tokenizer = load_tokenizer(model_args.tokenizer_name or tokenizer_source(model_args.init_from))
+    else:
+        tokenizer = train_tokenizer(model_args, sources, max_length, say)
     if not tokenizer.is_fast:
         raise UserInputError("The tokenizer has no fast (Rust) version, which the data is encoded with; give "
                              "--tokenizer_name a tokenizer that has a tokenizer.json.")
     return tokenizer, None if named else recipe
 
 
-def run_tokenizer(model_args, saved: str, reuse_saved: bool, texts, max_length: int, say) -> PreTrainedTokenizerFast:
-    """Pretrain's tokenizer: the one saved in `saved` when `reuse_saved` (a resumed run, or a process other than the
-    main one), else --tokenizer_name (or --init_from's), else a byte-level BPE trained now on `texts()`."""
-    if reuse_saved:
-        return load_tokenizer(saved, what=f"The run's saved tokenizer {saved}")
-    if model_args.tokenizer_name or model_args.init_from:
-        return load_tokenizer(model_args.tokenizer_name or tokenizer_source(model_args.init_from))
+def train_tokenizer(model_args, sources: list, max_length: int, say) -> PreTrainedTokenizerFast:
     say(f"Training a byte-level BPE tokenizer ({model_args.vocab_size} tokens asked) on the data...")
-    tokenizer = train_bpe_tokenizer(texts(), model_args.vocab_size, max_length)
+    tokenizer = train_bpe_tokenizer(tokenizer_texts(sources), model_args.vocab_size, max_length)
     if len(tokenizer) < model_args.vocab_size:
         say(f"The text holds merges for {len(tokenizer)} tokens only: the vocabulary has {len(tokenizer)} of the "
             f"{model_args.vocab_size} asked (nothing to fix: BPE stops when no pair of tokens repeats, and the model "
@@ -58,21 +53,17 @@ def run_tokenizer(model_args, saved: str, reuse_saved: bool, texts, max_length: 
 def load_tokenizer(name_or_path: str, what: str | None = None) -> PreTrainedTokenizerFast:
     """A tokenizer folder or Hub id; `what` names it in errors (default: the --tokenizer_name value)."""
     what = what or f"The tokenizer {name_or_path!r}"
-    if os.path.isdir(name_or_path) and not any(
-        os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_MARKERS
-    ):
-        raise UserInputError(
-            f"{what} has no tokenizer files (tokenizer.json or tokenizer_config.json); it may have been left half "
-            f"written: give a folder saved with tokenizer.save_pretrained, or remove it."
-        )
+    markers = [os.path.join(name_or_path, name) for name in TOKENIZER_MARKERS]
+    if os.path.isdir(name_or_path) and not any(os.path.isfile(marker) for marker in markers):
+        raise UserInputError(f"{what} has no tokenizer files (tokenizer.json or tokenizer_config.json); it may have "
+                             f"been left half written: give a folder saved with tokenizer.save_pretrained, or "
+                             f"remove it.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UserInputError(
-            f"{what} could not be loaded ({reason}). Give a folder holding tokenizer files or a Hub id, or leave "
-            f"--tokenizer_name out to train a BPE on the data."
-        ) from None
+        raise UserInputError(f"{what} could not be loaded ({reason}). Give a folder holding tokenizer files or a Hub "
+                             f"id, or leave --tokenizer_name out to train a BPE on the data.") from None
     if tokenizer.eos_token is None:
         raise UserInputError(f"{what} has no EOS token, which separates packed documents; pick one that has.")
     if tokenizer.pad_token is None:
@@ -81,7 +72,7 @@ def load_tokenizer(name_or_path: str, what: str | None = None) -> PreTrainedToke
 
 
 def tokenizer_recipe(model_args, sources: list, max_length: int) -> dict:
-    """What a BPE trained by `run_tokenizer` depends on: its sizes, and the sources it read (keys and sizes)."""
+    """What a BPE trained by `train_tokenizer` depends on: its sizes, and the sources it read (keys and sizes)."""
     return {"vocab_size": model_args.vocab_size, "model_max_length": max_length, "version": 1,
             "sources": [[source.key(), getattr(source, "size", 0)] for source in sources]}
 
@@ -90,12 +81,9 @@ def reusable_share(folder: str, recipe: dict) -> float | None:
     """The share (by size) of the texts the tokenizer in `folder` was trained on that `recipe` reads unchanged, when
     its sizes match and that share is at least REUSE_SHARE; else None. A file added to a corpus, or one changed,
     keeps the tokenizer (and so every other file's shards); another corpus does not."""
-    try:
-        with open(os.path.join(folder, RECIPE), encoding="utf-8") as f:  # token_store.place_tokenizer wrote it
-            earlier = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if any(earlier.get(name) != recipe[name] for name in ("vocab_size", "model_max_length", "version")):
+    earlier = read_json(os.path.join(folder, RECIPE))  # token_store.place_tokenizer wrote it
+    settings = ("vocab_size", "model_max_length", "version")
+    if earlier is None or any(earlier.get(name) != recipe[name] for name in settings):
         return None
     now = {json.dumps(key, sort_keys=True) for key, _ in recipe["sources"]}
     sizes = [(json.dumps(key, sort_keys=True) in now, size) for key, size in earlier.get("sources", [])]
