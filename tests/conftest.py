@@ -20,9 +20,8 @@ from tests.helpers.tiny import (
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (`-n 2`) the workers share the cores: each gets its share of threads, and so does every
-    process a test starts (their environments copy this one), because a 2-thread OpenMP kernel on a core another
-    process is using waits on it and runs ~10x slower."""
+    """Under pytest-xdist each worker, and each process a test starts, gets its share of the cores' threads: a
+    2-thread OpenMP kernel on a core another process is using waits on it and runs ~10x slower."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         threads = str(max(1, (os.cpu_count() or 1) // int(workers)))
@@ -32,8 +31,7 @@ def pytest_configure(config):
 
 @pytest.fixture
 def mounted():
-    """`with mounted(path, size):` a small tmpfs on `path` (tests/helpers/faults.py), unmounted afterwards; skips the
-    test, saying so, where mounting is denied (not root)."""
+    """`with mounted(path, size):` a small tmpfs on `path`, unmounted afterwards; skips where mounting is denied."""
     @contextlib.contextmanager
     def mount(path, size):
         stack = contextlib.ExitStack()
@@ -49,10 +47,8 @@ def mounted():
 
 @pytest.fixture
 def local_hub():
-    """A Hub-compatible server on 127.0.0.1 (see tests/helpers/hub_server.py), fresh for each test.
-
-    Talk to it from a subprocess whose environment includes `local_hub.client_env(tmp_path / "hf_home")`.
-    """
+    """A fresh local Hub server (tests/helpers/hub_server.py): talk to it from a subprocess whose environment
+    includes `local_hub.client_env(tmp_path / "hf_home")`."""
     from tests.helpers.hub_server import LocalHub
 
     with LocalHub() as hub:
@@ -79,8 +75,8 @@ def byte_bpe_tokenizer():
 
 @pytest.fixture
 def run_pretrain(tmp_path):
-    """`run_pretrain(*flags, env=None, launcher=None, check=True)` runs training/pretrain.py with TINY_PRETRAIN_ARGS
-    (then `flags`) and returns the CompletedProcess; `launcher` (e.g. torchrun's argv) goes in front."""
+    """`run_pretrain(*flags, env=None, launcher=None, check=True)`: training/pretrain.py with TINY_PRETRAIN_ARGS then
+    `flags`, behind `launcher` (e.g. torchrun's argv); returns the CompletedProcess."""
     def run(*flags, env=None, launcher=None, check=True, timeout=300):
         script = str(REPO_ROOT / "training" / "pretrain.py")
         command = [*(launcher or [sys.executable]), script, *TINY_PRETRAIN_ARGS, *map(str, flags)]

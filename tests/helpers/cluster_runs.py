@@ -1,7 +1,5 @@
-"""The run every cluster test trains (tiny flags, 120 steps across five epoch boundaries, a checkpoint every 20), one
-process training it straight through (`train_straight`), and the comparison every launch must pass: bit for bit
-equal weights, the same training loss at every step, the same final evaluation (tests/distributed/test_cluster.py,
-tests/distributed/test_slurm.py)."""
+"""The run every cluster test trains, one process training it straight through, and the comparison every launch must
+pass: equal weights, the same training loss at every step, the same final evaluation."""
 
 import json
 import os
@@ -68,8 +66,7 @@ def assert_equal_runs(folder, straight, tolerance=0.0):
 
 
 def train_straight(folder):
-    """One process, straight through: 16 blocks a step as 2 accumulated micro-batches of 8 (each test module's
-    `straight` fixture)."""
+    """One process, straight through: 16 blocks a step as 2 accumulated micro-batches of 8."""
     code, output = run([sys.executable, PRETRAIN, *FLAGS, "--output_dir", str(folder)], folder.parent)
     assert code == 0, output[-3000:]
     return folder

@@ -1,10 +1,6 @@
-"""The serving engines that run in environments of their own (llama.cpp, vLLM), and what a test does without one.
-
-The tests that use them are marked `engine` and run as a stage of their own: `python -m pytest -q -m engine tests`
-(the README's test command leaves them out). `.ci/run` builds both environments beside .venv, runs that stage after
-the README's command, and sets TINYTX_CI=1: there a missing environment fails the test that needs it, with the
-command that builds it. Elsewhere such a test skips with that same command as its reason.
-"""
+"""The serving engines that run in environments of their own (llama.cpp, vLLM), for the tests marked `engine`. A
+missing environment skips such a test with the command that builds it as its reason; under TINYTX_CI=1 (.ci/run,
+which builds both) it fails the test."""
 
 import os
 
@@ -27,7 +23,7 @@ VLLM_HINT = (
 
 
 def require(python, what: str, hint: str) -> None:
-    """Fails (in CI) or skips (elsewhere) the calling test when the environment's interpreter `python` is missing."""
+    """Fails (in CI) or skips the calling test when the environment's interpreter `python` is missing."""
     if python.exists():
         return
     message = f"{what} and {python} is missing; create it with: {hint}"

@@ -1,22 +1,7 @@
-"""Faults injected from outside the product: a process killed at a chosen moment, a full disk, a silent Hub.
-
-Nothing here reaches into training/: every fault is something a real machine can do to a running script.
-
-- `run_killed_at`: the script runs under tests/helpers/launch.py, which wraps one or more library functions
-  (`os.replace`, `safetensors.torch.save_file`, `accelerate.Accelerator.save_state`, ...) so that the child SIGKILLs
-  itself right before or right after the Nth call whose arguments contain a given text. Exact moments: "after the
-  second file moved out of the staging folder".
-- `run_killed_after_line`: SIGKILL once the output shows a line matching a pattern (then `delay` seconds later).
-- `run_killed_after`: SIGKILL `seconds` after the start.
-- `run_signalled`: any signal, once a line of the output matches a pattern (what a scheduler or a user sends).
-- `relabel_dtype(path, old, new)`: a safetensors file whose header names another dtype of the same size (I32 for
-  F32): a valid file whose data no longer means what the header says.
-- `tmpfs(size)`: a small RAM file system mounted on a folder (root only), always unmounted again.
-- `silent_server()`: a TCP server on 127.0.0.1 that accepts connections, reads what comes and never answers.
-
-A killed run's result is a `subprocess.CompletedProcess` with `returncode == -signal.SIGKILL` (-9). The child Python
-runs unbuffered, so the output printed before the kill is in the result.
-"""
+"""Faults injected from outside the product, as a real machine can do them to a running script: a process killed
+at an exact call (`run_killed_at`), or signalled at a time or once its output shows a line (`run_process`,
+`run_signalled`), a safetensors header that lies about its dtype, a full disk (`tmpfs`), a server that never
+answers (`silent_server`)."""
 
 from __future__ import annotations
 
@@ -45,27 +30,13 @@ def _unbuffered(env: dict | None) -> dict:
     return {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
 
 
-def run_killed_at(
-    args,
-    env: dict | None = None,
-    cwd=None,
-    function: str | tuple[str, ...] = "os.replace",
-    match: str = "",
-    nth: int = 1,
-    when: str = "before",
-    script=PRETRAIN,
-    timeout: float = 300,
-    signum: int = signal.SIGKILL,
-) -> subprocess.CompletedProcess:
-    """Runs `script args` in a child Python that SIGKILLs itself (or sends itself `signum`) right `when` ("before" or
-    "after") the `nth` call of `function` (a dotted name, or several sharing one count) whose str/bytes/path arguments
-    contain `match`.
-
-    Returns the CompletedProcess: returncode -9 if the call came, else whatever the script returned. The stderr of a
-    killed run ends with a line starting with KILL_MARK that names the call. With "after", a call that raises counts
-    but kills nothing (the exception goes on as usual). A method is named through its class
-    ("accelerate.Accelerator.save_state"); static and class methods are not supported.
-    """
+def run_killed_at(args, env: dict | None = None, cwd=None, function: str | tuple[str, ...] = "os.replace",
+                  match: str = "", nth: int = 1, when: str = "before", script=PRETRAIN, timeout: float = 300,
+                  signum: int = signal.SIGKILL) -> subprocess.CompletedProcess:
+    """Runs `script args` in a child Python (tests/helpers/launch.py) that SIGKILLs itself (or sends itself `signum`)
+    right `when` ("before" or "after") the `nth` call of `function` (a dotted name, or several sharing one count)
+    whose str/bytes/path arguments contain `match`: returncode -9 if the call came, and stderr's last line starts with
+    KILL_MARK. With "after", a call that raises counts but kills nothing."""
     if when not in ("before", "after"):
         raise ValueError(f"when must be 'before' or 'after', got {when!r}")
     functions = ",".join([function] if isinstance(function, str) else function)
@@ -74,101 +45,84 @@ def run_killed_at(
     return subprocess.run(command, env=_unbuffered(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def run_killed_after_line(
-    args,
-    pattern: str,
-    delay: float = 0.0,
-    env: dict | None = None,
-    cwd=None,
-    script=PRETRAIN,
-    timeout: float = 300,
-) -> subprocess.CompletedProcess:
-    """Runs `python script args` and SIGKILLs it `delay` seconds after a line of its stdout or stderr matches the
-    regular expression `pattern` (progress bars count: a line ends at "\\n" or "\\r"). Not killed if no line matches
-    or the process ends first; then the returncode is the script's own."""
-    return _run_and_kill([sys.executable, str(script), *map(str, args)], re.compile(pattern), delay, env, cwd, timeout)
+def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, after=None, marks=None,
+                merged=False):
+    """Runs `command` (its own process group) and sends `signum` to it (the launcher, under torchrun) `at` seconds
+    after it started, or `at` seconds after a line of its output matches the pattern `after` (lines end at \\n or
+    \\r). `marks`: {name: pattern}, the seconds at which a line first matched each. On a timeout the whole group is
+    killed and the result's returncode is "timeout". Returns a CompletedProcess with .seconds, .sent (whether the
+    signal went out to a live process), .marks and .timed_out; with `merged`, stdout holds stderr too."""
+    process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, start_new_session=True)
+    start, outputs, seen = time.monotonic(), {"stdout": [], "stderr": []}, {}
+    patterns = {name: re.compile(pattern) for name, pattern in (marks or {}).items()}
+    trigger = re.compile(after) if after else None
+    triggered, sent = threading.Event(), [False]
 
-
-def run_killed_after(
-    args, seconds: float, env: dict | None = None, cwd=None, script=PRETRAIN, timeout: float = 300
-) -> subprocess.CompletedProcess:
-    """Runs `python script args` and SIGKILLs it `seconds` after it started (unless it ended before)."""
-    return _run_and_kill([sys.executable, str(script), *map(str, args)], None, seconds, env, cwd, timeout)
-
-
-def _run_and_kill(command, pattern, delay, env, cwd, timeout) -> subprocess.CompletedProcess:
-    process = subprocess.Popen(
-        command, env=_unbuffered(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    outputs = {"stdout": [], "stderr": []}
-    matched = threading.Event()
-    start = time.monotonic()
-
-    def kill_later():
-        deadline = start + delay if pattern is None else time.monotonic() + delay
+    def send_later(deadline):
         while process.poll() is None and time.monotonic() < deadline:
             time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
         if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
+            process.send_signal(signum)
+            sent[0] = True
 
     def read(stream, name):
         pending = b""
         for chunk in iter(lambda: stream.read1(65536), b""):
             outputs[name].append(chunk)
-            if pattern is None or matched.is_set():
+            if not patterns and (trigger is None or triggered.is_set()):
                 continue
-            pending += chunk
-            *lines, pending = re.split(rb"[\r\n]", pending)
-            if any(pattern.search(line.decode(errors="replace")) for line in lines) and not matched.is_set():
-                matched.set()
-                threading.Thread(target=kill_later, daemon=True).start()
+            *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+            for line in (text.decode(errors="replace") for text in lines):
+                for mark, pattern in patterns.items():
+                    if mark not in seen and pattern.search(line):
+                        seen[mark] = time.monotonic() - start
+                if trigger is not None and not triggered.is_set() and trigger.search(line):
+                    triggered.set()
+                    threading.Thread(target=send_later, args=(time.monotonic() + at,), daemon=True).start()
 
-    readers = [threading.Thread(target=read, args=(process.stdout, "stdout"), daemon=True),
-               threading.Thread(target=read, args=(process.stderr, "stderr"), daemon=True)]
+    streams = {"stdout": process.stdout, "stderr": process.stderr}
+    readers = [threading.Thread(target=read, args=(stream, name), daemon=True) for name, stream in streams.items()
+               if stream is not None]
     for reader in readers:
         reader.start()
-    if pattern is None:
-        threading.Thread(target=kill_later, daemon=True).start()
+    if at is not None and trigger is None:
+        threading.Thread(target=send_later, args=(start + at,), daemon=True).start()
+    timed_out = False
     try:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
+        timed_out = True
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        raise
-    finally:
-        for reader in readers:
-            reader.join()
-    return subprocess.CompletedProcess(
-        command, process.returncode,
-        b"".join(outputs["stdout"]).decode(errors="replace"), b"".join(outputs["stderr"]).decode(errors="replace"),
-    )
+    for reader in readers:
+        reader.join(timeout=30)
+    with_leftovers_killed(process.pid)
+    stderr = b"".join(outputs["stderr"]).decode(errors="replace")
+    if timed_out:
+        stderr += f"\nkill_campaign: no end after {timeout} s: the run was killed\n"
+    # a run that hung must not pass for one the trial killed: its status says so instead of -9
+    result = subprocess.CompletedProcess(command, "timeout" if timed_out else process.returncode,
+                                         b"".join(outputs["stdout"]).decode(errors="replace"), stderr)
+    result.seconds, result.sent, result.marks, result.timed_out = time.monotonic() - start, sent[0], seen, timed_out
+    return result
+
+
+def with_leftovers_killed(group: int) -> None:
+    """A launcher killed outright leaves its workers behind; they are in its process group, which only we made."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def run_signalled(command, signum, pattern: str, env, cwd, timeout=300) -> subprocess.CompletedProcess:
-    """Runs `command`, sends it `signum` once a line of its output (a line ends at \\n or \\r) matches `pattern`, and
-    waits for it to end. The output is stdout and stderr together."""
-    process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT)
-    chunks, regex = [], re.compile(pattern)
-
-    def read():
-        pending, sent = b"", False
-        for chunk in iter(lambda: process.stdout.read1(65536), b""):
-            chunks.append(chunk)
-            *lines, pending = re.split(rb"[\r\n]", pending + chunk)
-            if not sent and any(regex.search(line.decode(errors="replace")) for line in lines):
-                process.send_signal(signum)
-                sent = True
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        process.wait(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        reader.join(timeout=10)
-    return subprocess.CompletedProcess(command, process.returncode, b"".join(chunks).decode(errors="replace"), "")
+    """Runs `command`, sends it `signum` once a line of its output matches `pattern`, and waits for it to end. The
+    output is stdout and stderr together."""
+    result = run_process(command, env, cwd, timeout, at=0, signum=signum, after=pattern, merged=True)
+    if result.timed_out:
+        raise subprocess.TimeoutExpired(command, timeout, result.stdout)
+    return result
 
 
 class TmpfsUnavailable(RuntimeError):
@@ -205,7 +159,6 @@ class SilentServer:
         self._held: list[socket.socket] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._received = 0
         self._thread = threading.Thread(target=self._serve, name="silent-server", daemon=True)
 
     @property
@@ -217,11 +170,6 @@ class SilentServer:
     def connections(self) -> int:
         with self._lock:
             return len(self._held)
-
-    @property
-    def bytes_received(self) -> int:
-        with self._lock:
-            return self._received
 
     def _serve(self):
         while not self._stop.is_set():
@@ -240,10 +188,7 @@ class SilentServer:
                     continue
                 except ConnectionError:
                     data = b""
-                if data:
-                    with self._lock:
-                        self._received += len(data)
-                else:  # the client gave up: stop watching, but keep our end open (never answer)
+                if not data:  # the client gave up: stop watching, but keep our end open (never answer)
                     self._selector.unregister(key.fileobj)
 
     def __enter__(self) -> SilentServer:

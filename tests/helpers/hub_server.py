@@ -1,21 +1,10 @@
-"""A small stand-in for the Hugging Face Hub, served on 127.0.0.1 for tests.
+"""A small stand-in for the Hugging Face Hub on 127.0.0.1: enough of its HTTP API (ROUTES) for the real
+`huggingface_hub` client to create repos, commit files, list trees and download (so `from_pretrained(repo_id)` works).
 
-It speaks just enough of the Hub's HTTP API for the real `huggingface_hub` client to create repos, upload folders,
-list trees and download files (so `from_pretrained(repo_id)` works against it):
-
-- `POST /api/repos/create`, `GET /api/whoami-v2`, `POST /api/validate-yaml`
-- `POST /api/{type}s/{repo}/preupload/{rev}`: every file is "regular", so the client inlines the bytes (base64) in
-- `POST /api/{type}s/{repo}/commit/{rev}`: an NDJSON body of header, `file`, `deletedFile` and `deletedFolder` lines
-- `GET /api/{type}s/{repo}[/revision/{rev}]` (repo info) and `GET /api/{type}s/{repo}/tree/{rev}[/{path}]`
-- `HEAD`/`GET /[{type}s/]{repo}/resolve/{rev}/{path}` with `ETag`, `X-Repo-Commit` and `Content-Length`
-
-Repos keep a git-like history: each commit has a 40-hex id, a parent and a full snapshot of the file tree
-(path -> git blob id); blob contents live in a temporary folder. Writes need `Authorization: Bearer <token>` with
-the server's token; every request is recorded (method, path, headers, status) so tests can check what the client
-sent. `fail_commits` makes commits fail, to test code that must survive a failing Hub.
-
-The client reads `HF_ENDPOINT` once, when `huggingface_hub` is imported: whatever talks to this server should run in
-a subprocess whose environment comes from `LocalHub.client_env`.
+Repos keep a git-like history: each commit a 40-hex id, a parent and a full snapshot (path -> git blob id); blobs
+live in a temporary folder. Writes need the server's token; every request is recorded so tests can check what the
+client sent. The client reads `HF_ENDPOINT` once, on import: talk to this server from a subprocess whose environment
+comes from `LocalHub.client_env`.
 """
 
 from __future__ import annotations
@@ -39,6 +28,7 @@ DEFAULT_BRANCH = "main"
 # What a new repo on the Hub starts with, so an "empty" repo already has a commit (and a sha in its info).
 INITIAL_FILES = {".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"}
 REPO_TYPES = ("model", "dataset", "space")
+BAD_TOKEN = "Invalid credentials in Authorization header"
 
 
 def git_blob_id(content: bytes) -> str:
@@ -67,10 +57,9 @@ class Repo:
         """A branch name or a (full or at least 7-char abbreviated) commit id."""
         if revision in self.branches:
             return self.commits[self.branches[revision]]
-        if re.fullmatch(r"[0-9a-f]{7,40}", revision):
-            matches = [oid for oid in self.commits if oid.startswith(revision)]
-            if len(matches) == 1:
-                return self.commits[matches[0]]
+        matches = [oid for oid in self.commits if oid.startswith(revision)]
+        if re.fullmatch(r"[0-9a-f]{7,40}", revision) and len(matches) == 1:
+            return self.commits[matches[0]]
         return None
 
 
@@ -90,6 +79,20 @@ class HubError(Exception):
         self.status, self.message, self.code, self.headers = status, message, code, headers or {}
 
 
+@dataclasses.dataclass
+class Request:
+    """What a route answers: the method, the path's named parts (unquoted), the query, the body, the token's state."""
+
+    method: str
+    parts: dict[str, str]
+    query: dict[str, list[str]]
+    body: bytes
+    auth: str  # "ok" (the server's token), "bad" (another token) or "missing"
+
+    def json(self) -> dict:
+        return json.loads(self.body or b"{}")
+
+
 class LocalHub:
     """The server and its state. Use as a context manager, or call `start()` and `stop()`."""
 
@@ -107,16 +110,12 @@ class LocalHub:
         self._counter = 0
         self._blob_dir: Path | None = None
         self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # ----------------------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> LocalHub:
         self._blob_dir = Path(tempfile.mkdtemp(prefix="local-hub-blobs-"))
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="local-hub", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._server.serve_forever, name="local-hub", daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -140,11 +139,8 @@ class LocalHub:
         return f"http://{host}:{port}"
 
     def client_env(self, hf_home: str | Path, token: str | None = "default") -> dict[str, str]:
-        """Environment variables that point a `huggingface_hub` client in a subprocess at this server.
-
-        Merge into a copy of `os.environ`. `token="default"` passes the server's token as `HF_TOKEN`; `None` leaves
-        `HF_TOKEN` out (then remove any inherited one), any other string is passed as is (e.g. a wrong token).
-        """
+        """Environment variables (merge into a copy of os.environ) that point a subprocess's client at this server.
+        `token="default"`: the server's token as HF_TOKEN; None: no HF_TOKEN (remove an inherited one); else as is."""
         env = {
             "HF_ENDPOINT": self.url,
             "HF_HOME": str(hf_home),  # a fresh cache: no user token, no cached files leak in
@@ -158,14 +154,11 @@ class LocalHub:
             env["HF_TOKEN"] = self.token if token == "default" else token
         return env
 
-    # ----------------------------------------------------------------------------------------------- test controls
+    # ---- test controls
 
     def fail_commits(self, n: int | None = None, status: int = 503, retry_after: float | None = 0) -> None:
-        """Make the next `n` commits fail with `status` (`n=None`: all of them; `n=0`: stop failing).
-
-        `retry_after` is sent as `Retry-After`; the client honours it (plus one second) instead of its own
-        1-2-4-8-8 s backoff on 5xx answers, so `0` keeps a test that fails commits short.
-        """
+        """The next `n` commits fail with `status` (None: all of them; 0: stop failing). The client waits
+        `retry_after` (plus a second) instead of its own 1-2-4-8-8 s backoff, so 0 keeps a test short."""
         with self._lock:
             self._commit_failures_left = n
             self._commit_failure_status = status
@@ -176,9 +169,7 @@ class LocalHub:
         with self._lock:
             repo = self._repos.get((repo_type, repo_id))
             commit = repo.resolve(revision) if repo else None
-            if commit is None:
-                return {}
-            return {path: self._read_blob(blob) for path, blob in commit.files.items()}
+            return {path: self._read_blob(blob) for path, blob in commit.files.items()} if commit else {}
 
     def commits(self, repo_id: str, revision: str = DEFAULT_BRANCH, repo_type: str = "model") -> list[Commit]:
         """The history of a revision, newest first."""
@@ -197,17 +188,14 @@ class LocalHub:
 
     def recorded(self, method: str | None = None, path_contains: str = "") -> list[RecordedRequest]:
         with self._lock:
-            return [
-                r for r in self.requests if (method is None or r.method == method) and path_contains in r.path
-            ]
+            return [r for r in self.requests if (method is None or r.method == method) and path_contains in r.path]
 
-    # ----------------------------------------------------------------------------------------------- storage
+    # ---- storage
 
     def _store_blob(self, content: bytes) -> str:
         blob = git_blob_id(content)
-        path = self._blob_dir / blob
-        if not path.exists():
-            path.write_bytes(content)
+        if not (self._blob_dir / blob).exists():
+            (self._blob_dir / blob).write_bytes(content)
         return blob
 
     def _read_blob(self, blob: str) -> bytes:
@@ -220,72 +208,89 @@ class LocalHub:
         parent = repo.branches.get(branch)
         self._counter += 1
         seed = json.dumps([repo.repo_id, parent, message, sorted(files.items()), self._counter, time.time()])
-        commit = Commit(
-            oid=hashlib.sha1(seed.encode()).hexdigest(),
-            parent=parent,
-            message=message,
-            files=dict(files),
-            date=time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
-        )
+        commit = Commit(oid=hashlib.sha1(seed.encode()).hexdigest(), parent=parent, message=message,
+                        files=dict(files), date=time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()))
         repo.commits[commit.oid] = commit
         repo.branches[branch] = commit.oid
         return commit
 
-    # ----------------------------------------------------------------------------------------------- endpoints
+    def _repo_url(self, repo_type: str, repo_id: str) -> str:
+        return f"{self.url}/{repo_id}" if repo_type == "model" else f"{self.url}/{repo_type}s/{repo_id}"
 
-    def create_repo(self, body: dict) -> tuple[int, dict]:
-        name, organization = body.get("name"), body.get("organization") or self.user
-        repo_type = body.get("type") or "model"
+    def _repo(self, request: Request, write: bool = False) -> Repo:
+        """The repo a path names, if the request may see it (or, with `write`, change it)."""
+        if write and request.auth != "ok":
+            raise HubError(401, "You must be authenticated to write to a repo.")
+        with self._lock:
+            repo = self._repos.get(((request.parts.get("type") or "models")[:-1], request.parts["repo"]))
+        if repo is None:
+            raise HubError(404, "Repository not found", "RepoNotFound")
+        if repo.private and request.auth != "ok":
+            # Like the Hub: a private repo one may not see does not exist, as far as the answer goes.
+            raise HubError(401, "Repository not found", "RepoNotFound")
+        return repo
+
+    def _commit_of(self, repo: Repo, revision: str) -> Commit:
+        commit = repo.resolve(revision)
+        if commit is None:
+            raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+        return commit
+
+    # ---- the routes: each takes a Request and returns (status, payload, headers)
+
+    def whoami(self, request: Request):
+        if request.auth != "ok":
+            raise HubError(401, BAD_TOKEN)
+        return 200, {"type": "user", "name": self.user, "orgs": [],
+                     "auth": {"type": "access_token", "accessToken": {"role": "write"}}}, {}
+
+    def validate_yaml(self, request: Request):
+        return 200, {"errors": [], "warnings": []}, {}
+
+    def create_repo(self, request: Request):
+        if request.auth != "ok":
+            raise HubError(401, "You must be authenticated to create a repo.")
+        body = request.json()
+        name, repo_type = body.get("name"), body.get("type") or "model"
         if not name or repo_type not in REPO_TYPES:
             raise HubError(400, "Invalid repo name or type.")
-        repo_id = f"{organization}/{name}"
-        private = body.get("visibility") == "private" or body.get("private") is True
+        repo_id = f"{body.get('organization') or self.user}/{name}"
         url = self._repo_url(repo_type, repo_id)
         with self._lock:
             if (repo_type, repo_id) in self._repos:
                 # The client reads `url` from this body when called with exist_ok=True.
-                return 409, {"error": "You already created this model repo", "url": url}
+                return 409, {"error": "You already created this model repo", "url": url}, {}
+            private = body.get("visibility") == "private" or body.get("private") is True
             repo = Repo(repo_id=repo_id, repo_type=repo_type, private=private)
-            self._repos[(repo_type, repo_id)] = repo
+            self._repos[repo_type, repo_id] = repo
             self._new_commit(repo, DEFAULT_BRANCH, "initial commit",
                              {path: self._store_blob(data) for path, data in INITIAL_FILES.items()})
-        return 200, {"url": url, "name": repo_id, "id": repo_id}
+        return 200, {"url": url, "name": repo_id, "id": repo_id}, {}
 
-    def preupload(self, repo: Repo, revision: str, body: dict) -> dict:
-        commit = self._existing_commit(repo, revision)
-        return {
-            "files": [
-                {
-                    "path": f["path"],
-                    "uploadMode": "regular",  # bytes travel inline in the commit: no LFS, no Xet
-                    "shouldIgnore": False,
-                    "oid": commit.files.get(f["path"]),  # lets the client skip unchanged files
-                }
-                for f in body.get("files", [])
-            ]
-        }
+    def preupload(self, request: Request):
+        commit = self._commit_of(self._repo(request, write=True), request.parts["rev"])
+        # Every file "regular": its bytes travel inline in the commit (no LFS, no Xet); the oid lets the client skip
+        # unchanged files.
+        return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                                "oid": commit.files.get(f["path"])} for f in request.json().get("files", [])]}, {}
 
-    def commit(self, repo: Repo, branch: str, ndjson: bytes) -> dict:
+    def commit(self, request: Request):
+        """An NDJSON body of a header line, then `file`, `deletedFile` and `deletedFolder` lines."""
+        repo, branch = self._repo(request, write=True), request.parts["rev"]
         with self._lock:
             if self._commit_failures_left is None or self._commit_failures_left > 0:
                 if self._commit_failures_left:
                     self._commit_failures_left -= 1
-                headers = {}
-                if self._commit_failure_retry_after is not None:
-                    headers["Retry-After"] = str(self._commit_failure_retry_after)
-                raise HubError(self._commit_failure_status, "Commit failed (simulated Hub outage).", headers=headers)
+                retry = self._commit_failure_retry_after
+                raise HubError(self._commit_failure_status, "Commit failed (simulated Hub outage).",
+                               headers={} if retry is None else {"Retry-After": str(retry)})
             if branch not in repo.branches:
                 raise HubError(404, f"Invalid rev id: {branch}", "RevisionNotFound")
-            files = dict(repo.commits[repo.branches[branch]].files)
-            message = ""
-            for line in ndjson.splitlines():
-                if not line.strip():
-                    continue
-                item = json.loads(line)
+            files, message = dict(repo.commits[repo.branches[branch]].files), ""
+            for item in (json.loads(line) for line in request.body.splitlines() if line.strip()):
                 key, value = item.get("key"), item.get("value", {})
                 if key == "header":
-                    message = value.get("summary", "")
-                    parent = value.get("parentCommit")
+                    message, parent = value.get("summary", ""), value.get("parentCommit")
                     if parent and not repo.branches[branch].startswith(parent):
                         raise HubError(412, "A commit has happened since. Please refresh and try again.")
                 elif key == "file":
@@ -297,43 +302,30 @@ class LocalHub:
                         raise HubError(404, f"File not found: {value['path']}", "EntryNotFound")
                 elif key == "deletedFolder":
                     prefix = _clean_path(value["path"]).rstrip("/") + "/"
-                    for path in [p for p in files if p.startswith(prefix)]:
-                        del files[path]
+                    files = {path: blob for path, blob in files.items() if not path.startswith(prefix)}
                 else:  # lfsFile and copies are never asked for: preupload says "regular" for every file
                     raise HubError(400, f"This test Hub does not support {key!r} operations.")
             commit = self._new_commit(repo, branch, message, files)
-        return {
-            "success": True,
-            "commitOid": commit.oid,
-            "commitUrl": f"{self._repo_url(repo.repo_type, repo.repo_id)}/commit/{commit.oid}",
-            "pullRequestUrl": None,
-        }
+        return 200, {"success": True, "commitOid": commit.oid, "pullRequestUrl": None,
+                     "commitUrl": f"{self._repo_url(repo.repo_type, repo.repo_id)}/commit/{commit.oid}"}, {}
 
-    def repo_info(self, repo: Repo, revision: str) -> dict:
-        commit = self._existing_commit(repo, revision)
-        return {
-            "_id": hashlib.sha1(repo.repo_id.encode()).hexdigest()[:24],
-            "id": repo.repo_id,
-            "modelId": repo.repo_id,
-            "author": repo.repo_id.split("/")[0],
-            "sha": commit.oid,
-            "lastModified": commit.date,
-            "createdAt": repo.commits[next(iter(repo.commits))].date,
-            "private": repo.private,
-            "disabled": False,
-            "gated": False,
-            "downloads": 0,
-            "likes": 0,
-            "tags": [],
-            "siblings": [
-                {"rfilename": path, "blobId": blob, "size": self._blob_size(blob)}
-                for path, blob in sorted(commit.files.items())
-            ],
+    def repo_info(self, request: Request):
+        repo = self._repo(request)
+        commit = self._commit_of(repo, request.parts.get("rev") or DEFAULT_BRANCH)
+        return 200, {
+            "_id": hashlib.sha1(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id, "modelId": repo.repo_id,
+            "author": repo.repo_id.split("/")[0], "sha": commit.oid, "lastModified": commit.date,
+            "createdAt": repo.commits[next(iter(repo.commits))].date, "private": repo.private, "disabled": False,
+            "gated": False, "downloads": 0, "likes": 0, "tags": [],
+            "siblings": [{"rfilename": path, "blobId": blob, "size": self._blob_size(blob)}
+                         for path, blob in sorted(commit.files.items())],
             "usedStorage": sum(self._blob_size(blob) for blob in set(commit.files.values())),
-        }
+        }, {}
 
-    def tree(self, repo: Repo, revision: str, folder: str, recursive: bool) -> list[dict]:
-        commit = self._existing_commit(repo, revision)
+    def tree(self, request: Request):
+        commit = self._commit_of(self._repo(request), request.parts["rev"])
+        folder = request.parts.get("path") or ""
+        recursive = request.query.get("recursive", ["false"])[0].lower() in ("1", "true")
         prefix = folder.strip("/") + "/" if folder.strip("/") else ""
         entries: dict[str, dict] = {}
         for path, blob in sorted(commit.files.items()):
@@ -349,38 +341,18 @@ class LocalHub:
                 entries[path] = {"type": "file", "oid": blob, "size": self._blob_size(blob), "path": path}
         if prefix and not entries:
             raise HubError(404, f"Entry not found: {folder}", "EntryNotFound")
-        return list(entries.values())
+        return 200, list(entries.values()), {}
 
-    def resolve_file(self, repo: Repo, revision: str, path: str) -> tuple[Commit, str]:
-        commit = self._existing_commit(repo, revision)
-        blob = commit.files.get(_clean_path(path))
+    def resolve_file(self, request: Request):
+        commit = self._commit_of(self._repo(request), request.parts["rev"])
+        blob = commit.files.get(_clean_path(request.parts["path"]))
         if blob is None:
             raise HubError(404, "Entry not found", "EntryNotFound")
-        return commit, blob
+        return 200, self._read_blob(blob), {"ETag": f'"{blob}"', "X-Repo-Commit": commit.oid,
+                                             "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
 
-    # ----------------------------------------------------------------------------------------------- helpers
-
-    def _repo_url(self, repo_type: str, repo_id: str) -> str:
-        return f"{self.url}/{repo_id}" if repo_type == "model" else f"{self.url}/{repo_type}s/{repo_id}"
-
-    def _existing_commit(self, repo: Repo, revision: str) -> Commit:
-        commit = repo.resolve(revision)
-        if commit is None:
-            raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
-        return commit
-
-    def _lookup_repo(self, repo_type: str, repo_id: str, auth: str, write: bool) -> Repo:
-        if write and auth != "ok":
-            raise HubError(401, "Invalid credentials in Authorization header" if auth == "bad"
-                           else "You must be authenticated to write to a repo.")
-        with self._lock:
-            repo = self._repos.get((repo_type, repo_id))
-        if repo is None:
-            raise HubError(404, "Repository not found", "RepoNotFound")
-        if repo.private and auth != "ok":
-            # Like the Hub: a private repo one may not see does not exist, as far as the answer goes.
-            raise HubError(401, "Repository not found", "RepoNotFound")
-        return repo
+    def unserved(self, request: Request) -> None:
+        self._repo(request)  # an unknown or hidden repo says so before "not served"
 
 
 def _clean_path(path: str) -> str:
@@ -390,9 +362,20 @@ def _clean_path(path: str) -> str:
     return path
 
 
-# Paths of the API; a repo id is always "namespace/name".
-_API = re.compile(r"^/api/(?P<type>models|datasets|spaces)/(?P<repo>[^/]+/[^/]+)(?P<rest>/.*)?$")
-_RESOLVE = re.compile(r"^/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+# A repo id is always "namespace/name"; `rev` and `path` are unquoted before a route sees them.
+_API = r"/api/(?P<type>models|datasets|spaces)/(?P<repo>[^/]+/[^/]+)"
+ROUTES = [  # (methods, path, the LocalHub method that answers), the first answer wins
+    ({"GET"}, r"/api/whoami-v2", LocalHub.whoami),
+    ({"POST"}, r"/api/repos/create", LocalHub.create_repo),
+    ({"POST"}, r"/api/validate-yaml", LocalHub.validate_yaml),
+    ({"POST"}, _API + r"/preupload/(?P<rev>[^/]+)", LocalHub.preupload),
+    ({"POST"}, _API + r"/commit/(?P<rev>[^/]+)", LocalHub.commit),
+    ({"GET"}, _API + r"(?:/revision/(?P<rev>[^/]+))?", LocalHub.repo_info),
+    ({"GET"}, _API + r"/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?", LocalHub.tree),
+    ({"GET"}, _API + r"/.*", LocalHub.unserved),
+    ({"GET", "HEAD"}, r"/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)",
+     LocalHub.resolve_file),
+]
 
 
 def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
@@ -402,23 +385,6 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format, *args):  # quiet: the tests read `hub.requests` instead
             pass
-
-        def do_GET(self):
-            self._handle()
-
-        def do_HEAD(self):
-            self._handle()
-
-        def do_POST(self):
-            self._handle()
-
-        def do_PUT(self):
-            self._handle()
-
-        def do_DELETE(self):
-            self._handle()
-
-        # ------------------------------------------------------------------------------------------- dispatch
 
         def _handle(self):
             record = RecordedRequest(self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
@@ -433,72 +399,28 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
                     # In the body only: the client puts it in its exception text, the place callers must scrub.
                     message += f" (received: {self.headers['Authorization']})"
                 status, payload = e.status, {"error": message}
-                headers = {**e.headers, "X-Error-Message": e.message}
-                if e.code:
-                    headers["X-Error-Code"] = e.code
+                headers = {**e.headers, "X-Error-Message": e.message, **({"X-Error-Code": e.code} if e.code else {})}
             except Exception as e:  # a bug in this server: answer 500 rather than hang the client
                 status, payload, headers = 500, {"error": f"local hub error: {e!r}"}, {}
             record.status = status
             self._send(status, payload, headers)
 
+        do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _handle
+
         def _route(self, body: bytes) -> tuple[int, object, dict]:
-            url = urlsplit(self.path)
-            query = parse_qs(url.query)
-            auth = self._auth()
-            method = self.command
+            url, auth = urlsplit(self.path), self._auth()
             if auth == "bad":
-                raise HubError(401, "Invalid credentials in Authorization header")
-
-            if url.path == "/api/whoami-v2" and method == "GET":
-                if auth != "ok":
-                    raise HubError(401, "Invalid credentials in Authorization header")
-                return 200, {"type": "user", "name": hub.user, "orgs": [],
-                             "auth": {"type": "access_token", "accessToken": {"role": "write"}}}, {}
-            if url.path == "/api/repos/create" and method == "POST":
-                if auth != "ok":
-                    raise HubError(401, "You must be authenticated to create a repo.")
-                status, payload = hub.create_repo(json.loads(body or b"{}"))
-                return status, payload, {}
-            if url.path == "/api/validate-yaml" and method == "POST":
-                return 200, {"errors": [], "warnings": []}, {}
-
-            match = _API.match(url.path)
-            if match:
-                repo_type = match["type"][:-1]
-                rest = match["rest"] or ""
-                parts = [unquote(p) for p in rest.split("/")[1:]]
-                if method == "POST" and len(parts) == 2 and parts[0] in ("preupload", "commit"):
-                    repo = hub._lookup_repo(repo_type, match["repo"], auth, write=True)
-                    if parts[0] == "preupload":
-                        return 200, hub.preupload(repo, parts[1], json.loads(body or b"{}")), {}
-                    return 200, hub.commit(repo, parts[1], body), {}
-                if method == "GET":
-                    repo = hub._lookup_repo(repo_type, match["repo"], auth, write=False)
-                    if not parts:
-                        return 200, hub.repo_info(repo, DEFAULT_BRANCH), {}
-                    if parts[0] == "revision" and len(parts) == 2:
-                        return 200, hub.repo_info(repo, parts[1]), {}
-                    if parts[0] == "tree" and len(parts) >= 2:
-                        recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
-                        return 200, hub.tree(repo, parts[1], "/".join(parts[2:]), recursive), {}
-
-            match = _RESOLVE.match(url.path)
-            if match and method in ("GET", "HEAD"):
-                repo_type = (match["type"] or "models")[:-1]
-                repo = hub._lookup_repo(repo_type, match["repo"], auth, write=False)
-                commit, blob = hub.resolve_file(repo, unquote(match["rev"]), unquote(match["path"]))
-                return 200, hub._read_blob(blob), {
-                    "ETag": f'"{blob}"',
-                    "X-Repo-Commit": commit.oid,
-                    "Content-Type": "application/octet-stream",
-                    "Accept-Ranges": "bytes",
-                }
-            raise HubError(404, f"This test Hub does not serve {method} {url.path}")
-
-        # ------------------------------------------------------------------------------------------- plumbing
+                raise HubError(401, BAD_TOKEN)
+            for methods, pattern, answer in ROUTES:
+                match = re.fullmatch(pattern, url.path)
+                if match and self.command in methods:
+                    parts = {name: unquote(value) for name, value in match.groupdict().items() if value is not None}
+                    answered = answer(hub, Request(self.command, parts, parse_qs(url.query), body, auth))
+                    if answered is not None:
+                        return answered
+            raise HubError(404, f"This test Hub does not serve {self.command} {url.path}")
 
         def _auth(self) -> str:
-            """'ok' (the server's token), 'bad' (another token) or 'missing'."""
             header = self.headers.get("Authorization")
             if not header:
                 return "missing"
@@ -508,14 +430,12 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
         def _read_body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                 chunks = []
-                while True:
-                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                            pass  # trailers
-                        return b"".join(chunks)
+                while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
                     chunks.append(self.rfile.read(size))
                     self.rfile.readline()
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(chunks)
             length = int(self.headers.get("Content-Length") or 0)
             return self.rfile.read(length) if length else b""
 

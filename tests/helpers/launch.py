@@ -3,18 +3,15 @@
     python tests/helpers/launch.py --kill-at after:accelerate.Accelerator.save_state:3 training/pretrain.py ARGS...
     python tests/helpers/launch.py --hash-weights PREFIX training/pretrain.py ARGS...   (works under torchrun too)
 
---kill-at WHEN:FUNCTIONS:N[:TEXT]  SIGKILLs the process right before or right after (WHEN) the Nth call of the
-                                   dotted FUNCTIONS (comma-separated, one count) whose str/bytes/path arguments contain
-                                   TEXT (every call when TEXT is left out). Its last words on stderr start with
-                                   KILL_MARK and name the call. A call that raises counts but kills nothing.
---signal SIGNAME                   with --kill-at: sends this signal instead (SIGTERM: what a scheduler sends) and
-                                   lets the call go on; the script's own handler decides what happens next.
---hash-weights PREFIX              when Accelerator.end_training runs, writes PREFIX.rankR.json with a sha256 of the
-                                   weights this process holds (so a test can compare data-parallel ranks).
+--kill-at WHEN:FUNCTIONS:N[:TEXT]  SIGKILL right before or after (WHEN) the Nth call of the dotted FUNCTIONS (one
+                                   count) whose str/bytes/path arguments contain TEXT; the last stderr line starts
+                                   with KILL_MARK. A call that raises counts but kills nothing.
+--signal SIGNAME                   with --kill-at: this signal instead, and the call goes on.
+--hash-weights PREFIX              at Accelerator.end_training, PREFIX.rankR.json: a sha256 of this rank's weights.
 --mark-at-exit PREFIX              if the interpreter's shutdown runs (atexit handlers), writes PREFIX.rankR there.
 
-The script itself knows nothing of this: it is run with runpy as `__main__`, after the wrapping, so even a library's
-`from safetensors.torch import save_file` binds the wrapper. A method is named through its class.
+The script is run with runpy as `__main__` after the wrapping, so even a library's `from safetensors.torch import
+save_file` binds the wrapper. A method is named through its class.
 """
 
 import argparse
@@ -34,8 +31,7 @@ KILL_MARK = "[launch] SIGKILL"
 
 
 def _owner(dotted: str):
-    """"accelerate.Accelerator.save_state" -> (the Accelerator class, "save_state"): the longest importable module
-    prefix, then attributes."""
+    """"accelerate.Accelerator.save_state" -> (the Accelerator class, "save_state")."""
     parts = dotted.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:

@@ -19,13 +19,8 @@ from llama_cpp import Llama
 
 
 def without_weight_repacking():
-    """llama.cpp's defaults, minus its "extra buffer types" (what its command line's --no-repack turns off).
-
-    On a CPU with Intel AMX, llama.cpp repacks q8_0 matrices for AMX and then segfaults in the matmul (seen with
-    llama-cpp-python 0.3.36, also for files that llama.cpp's own quantizer wrote, byte for byte the same as ours;
-    upstream: github.com/ggml-org/llama.cpp/issues/20824). Without repacking, q8_0 runs on the plain CPU kernels that
-    every other machine uses; f32 and f16 are never repacked, so they run as they always do.
-    """
+    """llama.cpp's defaults without repacking (its --no-repack): on a CPU with Intel AMX it repacks q8_0 matrices and
+    segfaults in the matmul (llama-cpp-python 0.3.36; github.com/ggml-org/llama.cpp/issues/20824)."""
     params = default_model_params()
     params.use_extra_bufts = False
     return params

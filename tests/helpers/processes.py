@@ -1,6 +1,5 @@
-"""The processes of a test's launches, read from /proc: who runs under whom, in which job and on which node, what each
-listens on and which signals wait for it. Faults are injected from outside with these: nothing in the product helps.
-"""
+"""The processes of a test's launches, read from /proc: who runs under whom, what each listens on, which signals
+wait for it."""
 
 import os
 import signal
@@ -61,7 +60,7 @@ LAUNCHERS = ("torch.distributed.run", "accelerate", "hf_tinytx_training.distribu
 
 
 def is_worker(pid: int, script: str = "pretrain") -> bool:
-    """A training process (not a launcher: torchrun, accelerate, the recipes' torchrun)."""
+    """A training process, not a launcher."""
     line = command_line(pid)
     return script in line and not any(launcher in line for launcher in LAUNCHERS)
 
@@ -69,11 +68,6 @@ def is_worker(pid: int, script: str = "pretrain") -> bool:
 def workers_under(pid: int, script: str = "pretrain") -> list[int]:
     """The training processes started below `pid`."""
     return [p for p in descendants(pid) if is_worker(p, script)]
-
-
-def node_of(pid: int) -> str:
-    """The SLURM_NODEID that srun gave the process (its launcher's, inherited)."""
-    return environment(pid)["SLURM_NODEID"]
 
 
 def listening_on(port: int) -> int | None:
@@ -97,8 +91,7 @@ def listening_on(port: int) -> int | None:
 
 
 def freeze(pids, timeout: float = 60) -> None:
-    """SIGSTOP each process and wait until it has stopped. A signal sent before the stop takes effect may be taken
-    first (the lower number is delivered first): its handler's flag is set, and it is no longer pending."""
+    """SIGSTOP each process and wait until it has stopped (a signal sent before may still be taken first)."""
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout

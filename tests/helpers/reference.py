@@ -1,9 +1,6 @@
-"""The reference runs of the two training commands, and how tests run, stop and read them.
-
-`Command` is one training script with the flags of its reference run: a run never interrupted, trained once per test
-process (the session fixtures `reference_pretrain` and `reference_finetune` in conftest.py). Every interrupted,
-resumed or otherwise varied run of the same flags must end with its weights, bit for bit.
-"""
+"""The reference runs of the two training commands (never interrupted, trained once per test process: conftest's
+`reference_pretrain` and `reference_finetune`), and how tests run, stop and read them. Every interrupted or resumed
+run of the same flags must end with the reference's weights, bit for bit."""
 
 from __future__ import annotations
 
@@ -30,8 +27,6 @@ FINETUNE = REPO_ROOT / "training" / "finetune.py"
 
 @dataclasses.dataclass
 class Command:
-    """One training script, the flags of its reference run, and how it names what it writes."""
-
     name: str
     script: Path
     flags: list

@@ -1,7 +1,6 @@
-"""For child Pythons that must behave as on a machine without `hf_tinytx` (installed here, editable)."""
+"""For child Pythons that must behave as on a machine without `hf_tinytx`: put BLOCK_HF_TINYTX first in their code,
+and a model can only load through the code files saved next to its weights (`trust_remote_code=True`)."""
 
-# Put this first in a child's code: after it, every import of hf_tinytx (or a submodule) fails, so a model can only
-# load through the code files saved next to its weights (`trust_remote_code=True`).
 BLOCK_HF_TINYTX = """
 import importlib.abc, sys
 

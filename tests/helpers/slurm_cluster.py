@@ -1,14 +1,10 @@
-"""A real SLURM cluster on this host, for the tests: munged, slurmctld and two slurmd (nodes n1 and n2, each with a port
-of its own, both at 127.0.0.1), started on a throw-away config in a temporary folder and stopped by their PIDs.
+"""A real SLURM cluster on this host: munged, slurmctld and two slurmd (nodes n1 and n2 at 127.0.0.1), on a
+throw-away config in a temporary folder (found through SLURM_CONF; the host's own setup is never read), stopped by
+their PIDs. Where Debian's packages are missing, `require_slurm` skips, naming the install command (under
+TINYTX_CI=1 it installs them, or fails).
 
-Debian's packages (slurm-wlm 22.05, munge 0.5): `apt-get install slurmctld slurmd slurm-client munge`. Where they
-are missing, `require_slurm` installs them under TINYTX_CI=1 (CI runs as root) and fails if it cannot; elsewhere the
-test skips, naming the command. Nothing of the host's own SLURM or munge setup is read or changed: every path (key,
-socket, state, spool, logs) is in the cluster's folder, and the clients find it through SLURM_CONF.
-
-The config, for what the tests need: proctrack/linuxproc and task/none (no cgroups on a CI machine), 4 CPUs a node
-whatever the host has (config_overrides), CPUs as the unit of allocation (two jobs share a node), finished jobs kept
-10 minutes so `scontrol show job` tells how each ended (no slurmdbd, no sacct).
+The config: no cgroups (proctrack/linuxproc, task/none), 4 CPUs a node whatever the host has, CPUs as the unit of
+allocation (two jobs share a node), finished jobs kept 10 minutes so `scontrol show job` tells how each ended.
 """
 
 import contextlib
@@ -23,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster_runs import free_port
-from tests.helpers.processes import command_line, environment
+from tests.helpers.processes import command_line, environment, pids
 
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
@@ -54,16 +50,13 @@ def require_slurm() -> None:
 
 
 class SlurmCluster:
-    """The daemons, and the client commands run against them. `env` is what a test gives its jobs (sbatch exports
-    the caller's environment to them)."""
+    """The daemons, and the client commands run against them (`env`: theirs, and what sbatch exports to jobs)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
         self.conf = folder / "slurm.conf"
         self.daemons: dict[str, subprocess.Popen] = {}
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-
-    # ---- start and stop
 
     def start(self) -> None:
         for name in ("state", "log", "munge", *(f"spool/{node}" for node in NODES)):
@@ -127,8 +120,7 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
         log.close()
 
     def stop(self) -> None:
-        """Every job cancelled, then the slurmstepd processes left (children of no daemon: they detach), then each
-        daemon, by PID."""
+        """Every job cancelled, then the slurmstepd processes left (they detach), then each daemon, by PID."""
         if "slurmctld" in self.daemons:
             subprocess.run(["scancel", "--full", "--user", "root"], env=self.env, capture_output=True, timeout=60)
             deadline = time.monotonic() + 60
@@ -146,12 +138,8 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
 
     def step_daemons(self) -> list[int]:
         """The slurmstepd processes of this cluster (their environment names its config)."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and "slurmstepd" in command_line(int(entry)):
-                if environment(int(entry)).get("SLURM_CONF") == str(self.conf):
-                    found.append(int(entry))
-        return found
+        return [pid for pid in pids() if "slurmstepd" in command_line(pid)
+                and environment(pid).get("SLURM_CONF") == str(self.conf)]
 
     def wait_for(self, condition, what: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -164,8 +152,6 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
     def logs(self) -> str:
         return "\n".join(f"== {path.name}\n{path.read_text(errors='replace')[-3000:]}"
                          for path in sorted((self.folder / "log").iterdir()))
-
-    # ---- the client commands
 
     def command(self, *argv: str, check: bool = True, **kwargs) -> str:
         result = subprocess.run(argv, env={**self.env, **kwargs.pop("env", {})}, capture_output=True, text=True,
@@ -190,9 +176,8 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
         return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
     def wait_job(self, job_id: str, states: set[str], timeout: float = 240, release: bool = True) -> dict:
-        """Waits for the job to reach one of `states`. SLURM holds a requeued job ~120 s before it may start again
-        (Reason=BeginTime): a node refuses to start a job within the second its previous run was ended there. With
-        `release`, the job is told to start 3 s after the requeue instead."""
+        """Waits for the job to reach one of `states`. SLURM holds a requeued job ~120 s (Reason=BeginTime); with
+        `release`, it is told to start 3 s after the requeue instead."""
         deadline, held_since = time.monotonic() + timeout, None
         while (info := self.job(job_id))["JobState"] not in states:
             held = info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime"

@@ -19,7 +19,7 @@ TINY_SENTENCES = [
 
 
 def build_tiny_config(**overrides):
-    """A TinyTxConfig small enough that a forward pass takes milliseconds on CPU; keyword arguments override."""
+    """A TinyTxConfig whose forward pass takes milliseconds on CPU."""
     from hf_tinytx import TinyTxConfig
 
     values = dict(
@@ -51,7 +51,7 @@ def build_tiny_model(seed=0, attn_implementation="eager", **overrides):
 
 
 def greedy(model, input_ids, new_tokens: int = 16):
-    """Exactly `new_tokens` greedy tokens after `input_ids` (no early end): two loaders of one model agree on them."""
+    """Exactly `new_tokens` greedy tokens after `input_ids` (no early end)."""
     import torch
 
     return model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
@@ -59,15 +59,13 @@ def greedy(model, input_ids, new_tokens: int = 16):
 
 
 def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
-    """A byte-level BPE trained in memory by the library trainer: <pad>=0, <s>=1, </s>=2, as in `build_tiny_config`."""
+    """A byte-level BPE trained in memory: <pad>=0, <s>=1, </s>=2, as in `build_tiny_config`."""
     from hf_tinytx.tokenization import train_bpe_tokenizer
 
     return train_bpe_tokenizer(sentences, vocab_size)
 
 
-# ---- training/pretrain.py in a subprocess ----
-
-# A model and corpus small enough that a few dozen steps take seconds; any of these can be overridden by a later flag.
+# A model and corpus small enough that a few dozen steps take seconds; a later flag overrides any of these.
 TINY_PRETRAIN_ARGS = [
     "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
     "--num_train_documents", "300", "--vocab_size", "320", "--block_size", "64",
@@ -92,8 +90,8 @@ def pretrain_env(tmp_path, **extra):
 
 
 def run_side_by_side(runs: dict, timeout: float = 300) -> dict:
-    """{key: (command, cwd, env)} -> {key: CompletedProcess}, every command started at once: short runs spend most of
-    their seconds importing torch on one core, so two cores finish them in about half the time."""
+    """{key: (command, cwd, env)} -> {key: CompletedProcess}, all started at once: short runs spend most of their
+    time importing torch on one core."""
     started = {
         key: subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for key, (command, cwd, env) in runs.items()
@@ -114,7 +112,7 @@ def kill_after_call(target: str, nth: int) -> list[str]:
 
 
 def assert_same_weights(expected, actual) -> None:
-    """Two model folders hold bit-for-bit the same weights: what an interrupted and resumed run must end with."""
+    """Two model folders hold bit-for-bit the same weights."""
     import torch
     from safetensors.torch import load_file
 

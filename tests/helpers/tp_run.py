@@ -5,8 +5,8 @@
     torchrun ... tests/helpers/tp_run.py FOLDER OUT_PREFIX '{"model.layers.*.self_attn.k_proj": "unit_colwise"}'
                                                                      # the plan with these rules over the config's
 
-Writes OUT_PREFIX.rankR.pt: the logits of a fixed batch, greedy new tokens, and for each linear layer of the first
-decoder layer and the head, its local weight shape and placement (so a test sees which are sharded how).
+Writes OUT_PREFIX.rankR.pt: the logits of a fixed batch, greedy new tokens, and the local weight shape and placement
+of each linear layer of the first decoder layer and the head.
 """
 
 import json

@@ -1,9 +1,5 @@
-"""Reads back what the experiment trackers wrote, so tests can compare it with the run's metrics.jsonl.
-
-trackio keeps a project in one SQLite file; wandb (offline) writes a run as a log of protobuf records, in LevelDB's
-log format: 32 KiB blocks of chunks, each with a 7-byte header (CRC, length, kind: whole, first, middle or last piece
-of a record), after the file's own 7-byte header. wandb's reader for it lives in its Go core, hence this one.
-"""
+"""Reads back what the experiment trackers wrote: trackio's SQLite file, and wandb's offline run file (protobuf
+records in LevelDB's log format: 32 KiB blocks of chunks with 7-byte headers; wandb's own reader is in its Go core)."""
 
 import contextlib
 import json

@@ -11,8 +11,7 @@ Output, one entry a case: {"architecture": the model class vLLM resolved ("Trans
 Transformers modeling backend), "prompt_ids": [...] and "token_ids": [...] (each text prompt's tokens and its greedy
 continuation), and, when the case has messages, "chat_prompt_ids" and "chat_token_ids" (the same for `LLM.chat`)}.
 
-The engines run one after the other in this process; vLLM starts its engine in a child process, which needs the
-`__main__` guard below.
+vLLM starts its engine in a child process, which needs the `__main__` guard below.
 """
 
 import gc
@@ -24,10 +23,8 @@ from vllm import LLM, SamplingParams
 
 
 def run_case(case: dict) -> dict:
-    # float32, as transformers computes in the test: vLLM's "auto" runs a float32 checkpoint in half precision.
-    # vLLM picks the implementation itself (model_impl="auto"): its own Llama, else its Transformers backend.
-    # Eager: the test's server and README snippet run vLLM's compiled path on the same TinyTx folder; compiling both
-    # models here again would cost the suite a minute or two of CPU and check nothing new.
+    # float32, as transformers computes in the test (vLLM's "auto" runs a float32 checkpoint in half precision).
+    # Eager: the test's server and README snippet run the compiled path; compiling here again would check nothing new.
     # A 1 GiB key/value cache, as the README's commands ask (vLLM's default: 92% of the machine's memory).
     llm = LLM(model=case["model"], trust_remote_code=True, dtype="float32", seed=0, enforce_eager=True,
               kv_cache_memory_bytes=1 << 30)

@@ -1,13 +1,10 @@
-"""Runs a script with library functions counted, for the kill campaign's reference runs: how many calls of each
-exact moment (a checkpoint's weights, a rename, a move out of a staging folder) a run makes, and what each call
-touched, so that a trial can be killed right before or after any one of them (tests/helpers/launch.py --kill-at).
+"""Runs a script with library functions counted, as tests/helpers/launch.py --kill-at counts them (the same `wrap`),
+so that a trial can be killed right before or after any one of the calls a reference run made.
 
     python tests/kill_campaign/call_tracer.py --calls OUT.json --count LABEL=FUNCTION[,...]:TEXT ... SCRIPT ARGS
 
-Each process (each rank under torchrun) writes OUT.rankR.json, {label: [the calls' path arguments, in order]},
-rewritten after every counted call: a process that leaves with os._exit still leaves its counts. The functions are
-wrapped as launch.py wraps them (the same `wrap`), and the script runs with runpy as `__main__`, so the counts are
-the very calls that launch.py's --kill-at counts. Nothing in training/ or hf_tinytx/ knows of this.
+Each process writes OUT.rankR.json, {label: [the calls' path arguments, in order]}, after every counted call: a
+process that leaves with os._exit still leaves its counts.
 """
 
 import argparse

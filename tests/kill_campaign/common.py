@@ -1,19 +1,16 @@
-"""What the kill campaign's trials of every command share (__main__.py explains the design): running a
-command and stopping it from outside at a moment, a reference run timed and its exact calls counted, the user's file,
-what a folder holds after a kill, the row of a trial and its table."""
+"""What the kill campaign's trials share (__main__.py explains the design): a run stopped from outside at a moment,
+a timed reference, the user's file and planted links, what a folder holds after a kill, a trial's row and table."""
 
 import hashlib
 import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from tests.helpers.faults import KILL_MARK, KILLED, LAUNCH
+from tests.helpers.faults import KILL_MARK, KILLED, LAUNCH, run_process
 from tests.helpers.tiny import REPO_ROOT
 
 
@@ -27,75 +24,6 @@ SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
 
 # ---------------------------------------------------------------- running a command, stopped from outside
-
-
-def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, after=None, marks=None):
-    """Runs `command` (its own process group) and sends `signum` to it (the launcher, under torchrun) `at` seconds
-    after it started, or `at` seconds after a line of its output matches the pattern `after` (lines end at \\n or
-    \\r). `marks`: {name: pattern}, the seconds at which a line first matched each. On a timeout the whole group is
-    killed and the result's returncode is "timeout". Returns a CompletedProcess with .seconds, .sent (whether the
-    signal went out to a live process), .marks and .timed_out."""
-    process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, start_new_session=True)
-    start, outputs, seen = time.monotonic(), {"stdout": [], "stderr": []}, {}
-    patterns = {name: re.compile(pattern) for name, pattern in (marks or {}).items()}
-    trigger = re.compile(after) if after else None
-    triggered, sent = threading.Event(), [False]
-
-    def send_later(deadline):
-        while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
-        if process.poll() is None:
-            process.send_signal(signum)
-            sent[0] = True
-
-    def read(stream, name):
-        pending = b""
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            outputs[name].append(chunk)
-            if not patterns and (trigger is None or triggered.is_set()):
-                continue
-            *lines, pending = re.split(rb"[\r\n]", pending + chunk)
-            for line in (text.decode(errors="replace") for text in lines):
-                for mark, pattern in patterns.items():
-                    if mark not in seen and pattern.search(line):
-                        seen[mark] = time.monotonic() - start
-                if trigger is not None and not triggered.is_set() and trigger.search(line):
-                    triggered.set()
-                    threading.Thread(target=send_later, args=(time.monotonic() + at,), daemon=True).start()
-
-    readers = [threading.Thread(target=read, args=(process.stdout, "stdout"), daemon=True),
-               threading.Thread(target=read, args=(process.stderr, "stderr"), daemon=True)]
-    for reader in readers:
-        reader.start()
-    if at is not None and trigger is None:
-        threading.Thread(target=send_later, args=(start + at,), daemon=True).start()
-    timed_out = False
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    for reader in readers:
-        reader.join(timeout=30)
-    with_leftovers_killed(process.pid)
-    stderr = b"".join(outputs["stderr"]).decode(errors="replace")
-    if timed_out:
-        stderr += f"\nkill_campaign: no end after {timeout} s: the run was killed\n"
-    # a run that hung must not pass for one the trial killed: its status says so instead of -9
-    result = subprocess.CompletedProcess(command, "timeout" if timed_out else process.returncode,
-                                         b"".join(outputs["stdout"]).decode(errors="replace"), stderr)
-    result.seconds, result.sent, result.marks, result.timed_out = time.monotonic() - start, sent[0], seen, timed_out
-    return result
-
-
-def with_leftovers_killed(group: int) -> None:
-    """A launcher killed outright leaves its workers behind; they are in its process group, which only we made."""
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def traced(command_prefix: list, calls_file: Path, counted: dict) -> list:
@@ -135,6 +63,51 @@ def tail(texts: str) -> str:
     """The last path of a traced call, shortened to its last two parts (what the table shows)."""
     last = texts.split(" -> ")[-1]
     return "/".join(Path(last).parts[-2:])
+
+
+def rerun_kills(rng, never: bool = False) -> list:
+    """Per rerun, the fraction of the reference's time at which it is SIGKILLed, or None; never the last rerun."""
+    return [None if never or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE else rng.random()
+            for rerun in range(MAX_RERUNS)]
+
+
+class StoppedRuns:
+    """Pretrain's and finetune's reference runs and first runs: the lines that open training and the final phase
+    (export, publish), the program's stop line and the line it prints once finished."""
+
+    program = phase = phase_line = training_line = finished_line = ""
+
+    def timed_reference(self, command, env, cwd, what: str, timeout: float = 300):
+        """A straight run, timed: the result, and the seconds of the run, its training and its final phase."""
+        marks = {"training": self.training_line, self.phase: self.phase_line}
+        result = run_process(command, env, cwd, timeout=timeout, marks=marks)
+        if result.returncode != 0:
+            sys.exit(f"kill_campaign: the {what} failed:\n{result.stderr[-3000:]}")
+        if set(result.marks) != set(marks):
+            sys.exit(f"kill_campaign: the {self.program[:-3]} reference printed no line matching "
+                     f"{self.training_line!r} or {self.phase_line!r}; update them.")
+        training, phase = result.marks["training"], result.marks[self.phase]
+        return result, {"seconds": result.seconds, "training_start": training, "training_seconds": phase - training,
+                        f"{self.phase}_seconds": result.seconds - phase}
+
+    def stopped_run(self, plan: dict, reference: dict, command: list, env: dict, cwd: Path, launched: bool = False,
+                    signal_timeout: float = 300):
+        """The first run, stopped as the plan's kind says: SIGKILL at a time of the run ("time") or of its final
+        phase ("export", "publish"), or SIGTERM/SIGINT at a time of the run or of its training ("SIGINT training").
+        Returns the moment as the table shows it, the result, and what a stop signal did (None for SIGKILL)."""
+        name, _, part = plan["kind"].rpartition(" ")
+        signum = SIGNALS.get(name, signal.SIGKILL)
+        if part == "time":
+            at, after = plan["fraction"] * reference["seconds"], None
+            moment = f"{name or 'SIGKILL'} t={at:.2f}s of {reference['seconds']:.1f}s"
+        else:  # counted from the line that opens the phase
+            seconds = reference[f"{part}_seconds"]
+            at, after = plan["fraction"] * seconds, self.training_line if part == "training" else self.phase_line
+            moment = f"{name or 'SIGKILL'} {part} +{at:.2f}s of {seconds:.2f}s"
+        first = run_process(command, env, cwd, at=at, signum=signum, after=after,
+                            timeout=signal_timeout if name else 300)
+        stop = stop_outcome(first, signum, self.program, launched, self.finished_line) if name else None
+        return moment, first, stop
 
 
 # ---------------------------------------------------------------- what a trial checks
@@ -270,27 +243,32 @@ def rerun_until_done(first, rerun, observe, kills: list, folder: Path) -> dict:
             "error": error, "resumed_from": resumed_from(result.stdout) if reruns else "-"}
 
 
-def resume_and_judge(plan: dict, reference: dict, output_dir: Path, first, rerun, killed: bool, *, moment: str,
-                     promise, stop, error, started: float, model: str = "", **extra) -> dict:
-    """A trial's end, for every command that resumes: what the folder held after the first run, the reruns until one
-    finishes (`rerun_until_done`), then its row: the reference's weights bit for bit? anything lost? promise kept?
-    `model`: the sub-folder of output_dir that holds the model to look at and compare (finetune's merged/)."""
-    states = [model_state(output_dir / model)] if killed else []
+def resume_and_judge(plan: dict, output_dir: Path, first, rerun, killed: bool, *, moment: str, error, started: float,
+                     observe, compare, promise=None, stop=None, source_changed=None, resumed=None, **extra) -> dict:
+    """A trial's end: what the folder held after the first run (`observe()`), the reruns until one finishes
+    (`rerun_until_done`), then its row. `compare()`: None when the final result is the reference's, else why ("" for
+    no more than the verdict's own words); `resumed`: the row's "resumed from" in place of the rerun's own line."""
+    states = [observe()] if killed else []
     notes_lost = not notes_kept(output_dir)
-    done = rerun_until_done(first, rerun, lambda: model_state(output_dir / model), plan["rerun_kills"], output_dir)
+    done = rerun_until_done(first, rerun, observe, plan["rerun_kills"], output_dir)
     result, states = done["result"], states + done["states"]
-    equal = result.returncode == 0 and same_weights(reference["output_dir"] / model / "model.safetensors",
-                                                    output_dir / model / "model.safetensors")
+    why = compare() if result.returncode == 0 else None
+    equal = result.returncode == 0 and why is None
     through_link = not links_kept(output_dir)
     lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir),
-                                written_through_link=through_link)
+                                bool(source_changed and source_changed()), through_link)
     return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
                through_link=through_link, reruns=done["reruns"], rerun_kills=done["rerun_kills"],
-               resumed_from=done["resumed_from"], exit=result.returncode, equal=equal, lost=bool(lost_because),
-               promise=promise, stop=stop,
-               error=verdict(equal, lost_because, promise, error if promise is False else done["error"] or error,
-                             result),
+               resumed_from=resumed if resumed and done["reruns"] else done["resumed_from"], exit=result.returncode,
+               equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
+               error=verdict(equal, lost_because, promise,
+                             error if promise is False else why or done["error"] or error, result),
                **extra, seconds=round(time.monotonic() - started, 1))
+
+
+def same_model(reference: Path, output_dir: Path):
+    """A `compare` for resume_and_judge: the final weights are the reference's, bit for bit."""
+    return lambda: None if same_weights(reference / "model.safetensors", output_dir / "model.safetensors") else ""
 
 
 def verdict(equal: bool, lost_because: list[str], promise, error: str | None, result) -> str | None:

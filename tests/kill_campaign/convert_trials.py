@@ -1,17 +1,7 @@
-"""The kill campaign's trials of `python -m hf_tinytx.convert --to llama` (__main__.py explains the
-design).
-
-Two TinyTx models of one architecture (seeds 0 and 1, "old" and "new") and their Llama conversions, made here. Each
-trial copies the old conversion (its record of written files included) into a fresh destination beside my_notes.txt,
-then runs `convert --to llama new DEST --overwrite`, SIGKILLed at a random time or right before/after one of the
-os.replace/os.rename calls that touch DEST (counted in a reference run). After the kill DEST must load as the old model
-or the new one (logits equal, bit for bit, to one of the two conversions'), my_notes.txt must be intact and the source
-folder's bytes unchanged; rerunning the same command must end with exactly the new conversion's files.
-
-Outside --quick, two more configs: "shape", where DEST holds the conversion of a 3-layer model (a publish of another
-shape: after a kill DEST loads as the old or the new model, or refuses to load in one line, never a mix), killed at
-the moves of its own traced reference; and "links", where links stand at convert's staging folder and record
-temporary in DEST, leading to a user's file and folder beside them, which must stay as they were."""
+"""The kill campaign's trials of `python -m hf_tinytx.convert --to llama` (__main__.py explains the design): an old
+and a new TinyTx model (seeds 0 and 1) and their conversions; each trial runs `convert --to llama new DEST
+--overwrite` over the old conversion, SIGKILLed at a time or at a move into DEST. After a kill DEST must load as the
+old or the new model (logits equal to one conversion's, bit for bit); the rerun must end with the new one's files."""
 
 import random
 import shutil
@@ -23,26 +13,20 @@ from tests.helpers.faults import run_killed_at
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 from tests.kill_campaign.common import (
     KILLED,
-    MAX_RERUNS,
     MOVES,
-    RERUN_KILL_CHANCE,
     file_digests,
     last_error,
-    links_kept,
-    lost_reasons,
-    notes_kept,
     plan_call,
     plant_links,
     quiet_transformers,
     read_calls,
     repo_env,
-    rerun_until_done,
-    row,
+    rerun_kills,
+    resume_and_judge,
     run_process,
     say,
     tail,
     traced,
-    verdict,
     write_notes,
 )
 
@@ -63,7 +47,7 @@ class Convert:
                  link_trials: int = 0):
         self.folder, self.env, self.quick, self.trials = folder / "convert", repo_env(env), quick, trials
         self.seed, self.shape_trials, self.link_trials = seed, shape_trials, link_trials
-        self.logits, self.old_logits = {}, []
+        self.logits = {}
 
     def args(self, destination: Path) -> list[str]:
         return ["--to", "llama", str(self.folder / "tinytx_new"), str(destination), "--overwrite"]
@@ -89,25 +73,23 @@ class Convert:
                 sys.exit(f"kill_campaign: converting the {name} model failed:\n{result.stderr[-3000:]}")
             self.logits[name] = logits_of(self.folder / f"ref_{name}" / "llama")
         self.source_digests = file_digests(self.folder / "tinytx_new")
-        destination = self.destination("reference")
-        calls_file = self.folder / "reference.calls"
+        self.calls, self.seconds = self.traced_reference("reference", "old", "the convert reference run")
+        say(f"convert reference: {self.seconds:.1f} s; calls: "
+            + ", ".join(f"{label} {len(calls)}" for label, calls in self.calls.items()))
+        if self.shape_trials:  # the publish over the 3-layer conversion makes its own moves: traced on its own
+            self.shape_calls, _ = self.traced_reference("reference_shape", "old3",
+                                                        "the convert run over the 3-layer model")
+
+    def traced_reference(self, name: str, old: str, what: str) -> tuple[dict, float]:
+        """The trials' command over the `old` conversion, its calls counted: they and its seconds."""
+        destination, calls_file = self.destination(name, old), self.folder / f"{name}.calls"
         result = self.convert("tinytx_new", destination, prefix=[*traced([sys.executable], calls_file, CALLS),
                                                                   str(self.folder / "convert_shim.py")])
         problem = self.differs_from_new(destination) if result.returncode == 0 else last_error(result)
         if problem:
-            sys.exit(f"kill_campaign: the convert reference run did not end with the new model: {problem}")
-        self.calls, self.seconds = read_calls(calls_file), result.seconds
-        say(f"convert reference: {result.seconds:.1f} s; calls: "
-            + ", ".join(f"{label} {len(calls)}" for label, calls in self.calls.items()))
-        if self.shape_trials:  # the publish over the 3-layer conversion makes its own moves: traced on its own
-            destination, calls_file = self.destination("reference_shape", "old3"), self.folder / "shape.calls"
-            result = self.convert("tinytx_new", destination, prefix=[*traced([sys.executable], calls_file, CALLS),
-                                                                      str(self.folder / "convert_shim.py")])
-            problem = self.differs_from_new(destination) if result.returncode == 0 else last_error(result)
-            if problem:
-                sys.exit(f"kill_campaign: the convert run over the 3-layer model did not end with the new one: "
-                         f"{problem}")
-            self.shape_calls = read_calls(calls_file)
+            new = "the new model" if old == "old" else "the new one"
+            sys.exit(f"kill_campaign: {what} did not end with {new}: {problem}")
+        return read_calls(calls_file), result.seconds
 
     def destination(self, name: str, old: str = "old") -> Path:
         """A destination holding an old conversion (with convert's record of it) and the user's notes."""
@@ -124,8 +106,7 @@ class Convert:
                     "fraction": rng.random()}
             if kind == "call":
                 plan["call"] = plan_call(rng, self.calls, [(label, *value) for label, value in CALLS.items()])
-            plan["rerun_kills"] = [None if self.quick or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
-                                   else rng.random() for rerun in range(MAX_RERUNS)]
+            plan["rerun_kills"] = rerun_kills(rng, never=self.quick)
             plans.append(plan)
         rng = random.Random(f"{self.seed}-convert-folders")  # their own draws: a seed still names the trials above
         for index in range(self.shape_trials + self.link_trials):
@@ -140,8 +121,7 @@ class Convert:
                     moves = calls["move into DEST"]
                     nth = 1 + round(index * (len(moves) - 1) / max(1, self.shape_trials - 1))
                     plan["call"].update(nth=nth, target=tail(moves[nth - 1]))
-            plan["rerun_kills"] = [None if self.quick or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
-                                   else rng.random() for rerun in range(MAX_RERUNS)]
+            plan["rerun_kills"] = rerun_kills(rng, never=self.quick)
             plans.append(plan)
         return plans
 
@@ -165,26 +145,15 @@ class Convert:
             moment += " (not reached)"
             if first.returncode != 0:
                 error = f"exit {first.returncode}: {last_error(first)}"
-        states = [self.state(destination)] if killed else []
-        notes_lost = not notes_kept(destination)
 
         def rerun(fraction):
             return self.convert("tinytx_new", destination, at=None if fraction is None else fraction * self.seconds)
 
-        done = rerun_until_done(first, rerun, lambda: self.state(destination), plan["rerun_kills"], destination)
-        result, states = done["result"], states + done["states"]
-        difference = self.differs_from_new(destination) if result.returncode == 0 else None
-        equal = result.returncode == 0 and not difference
-        through_link = not links_kept(destination)
-        lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(destination),
-                                    file_digests(self.folder / "tinytx_new") != self.source_digests, through_link)
-        return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
-                   through_link=through_link,
-                   reruns=done["reruns"], rerun_kills=done["rerun_kills"],
-                   resumed_from="-" if not done["reruns"] else "rerun", exit=result.returncode, equal=equal,
-                   lost=bool(lost_because), error=verdict(equal, lost_because, None, difference or done["error"]
-                                                           or error, result),
-                   call=plan.get("call", {}).get("target"), seconds=round(time.monotonic() - started, 1))
+        return resume_and_judge(plan, destination, first, rerun, killed, moment=moment, error=error, started=started,
+                                observe=lambda: self.state(destination),
+                                compare=lambda: self.differs_from_new(destination),
+                                source_changed=lambda: file_digests(self.folder / "tinytx_new") != self.source_digests,
+                                resumed="rerun", call=plan.get("call", {}).get("target"))
 
     def state(self, destination: Path) -> str:
         """"old" or "new": which conversion DEST loads as (its logits equal that one's); "refused" when loading

@@ -1,16 +1,6 @@
-"""The kill campaign's trials of training/finetune.py (__main__.py explains the design).
-
-A tiny TinyTx base folder and prompt/response JSONL, made here; a full fine-tune of STEPS steps with a checkpoint every
-SAVE_STEPS, one process, and (outside --quick) two under torchrun. Kills: SIGKILL at a random time, during the final
-publish (counted from the metrics line printed right before it), or right before/after an exact call counted in the
-reference run (a checkpoint's weights or torch.save'd states in checkpoints/.tmp_checkpoint, a rename out of it, a
-move out of .tinytx-staging); SIGTERM and SIGINT at a random time of the run or of its training phase (exit 128 +
-signal with the stop line, torchrun's 1 with it, or 0 when the run had already finished). Then reruns with
---resume_from_checkpoint latest until one exits 0, and the model compared bit for bit with the reference's. Outside
---quick, "links" trials (one process) first plant links at the names finetune writes (its lock, its record's
-temporary, its staging folder, Trainer's checkpoint staging folder), leading to a user's file and folder, and "merge"
-trials (one process, --use_peft --merge) are killed while the merged model is published into output_dir/merged (its
-record is saved before its files: no rerun may find the folder stuck) and compared on the merged weights."""
+"""The kill campaign's trials of training/finetune.py (__main__.py explains the design): a tiny base model and data
+made here; one process, two under torchrun, "links" and "merge" (--use_peft --merge, killed while output_dir/merged
+is published, compared on the merged weights)."""
 
 import json
 import random
@@ -22,21 +12,21 @@ from tests.helpers.faults import run_killed_at
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model
 from tests.kill_campaign.common import (
     KILLED,
-    MAX_RERUNS,
     MOVES,
-    RERUN_KILL_CHANCE,
-    SIGNALS,
     TORCHRUN,
+    StoppedRuns,
     killed_at,
     last_error,
+    model_state,
     plan_call,
     plant_links,
     quiet_transformers,
     read_calls,
+    rerun_kills,
     resume_and_judge,
     run_process,
+    same_model,
     say,
-    stop_outcome,
     traced,
     write_notes,
 )
@@ -85,8 +75,9 @@ def traced_calls(config: str) -> dict:
     return {**CALLS, **MERGE_CALLS} if config == "merge" else CALLS
 
 
-class Finetune:
-    name = "finetune"
+class Finetune(StoppedRuns):
+    name, program, phase = "finetune", "finetune.py", "publish"
+    phase_line, training_line, finished_line = PUBLISH_LINE, TRAINING_LINE, FINISHED_LINE
 
     def __init__(self, folder: Path, env: dict, quick: bool, trials: int, ddp_trials: int, seed: int,
                  link_trials: int = 0, merge_trials: int = 0):
@@ -116,25 +107,16 @@ class Finetune:
             calls_file = output_dir.with_name(f"{output_dir.name}.calls")
             command = [*traced(self.prefix(config), calls_file, traced_calls(config)), str(FINETUNE), *flags(config),
                        "--output_dir", str(output_dir)]
-            result = run_process(command, self.env[config], self.folder, timeout=600,
-                                 marks={"training": TRAINING_LINE, "publish": PUBLISH_LINE})
-            if result.returncode != 0:
-                sys.exit(f"kill_campaign: the finetune reference ({config}) failed:\n{result.stderr[-3000:]}")
-            if set(result.marks) != {"training", "publish"}:
-                sys.exit(f"kill_campaign: the finetune reference printed no line matching {TRAINING_LINE!r} or "
-                         f"{PUBLISH_LINE!r}; update them.")
+            result, times = self.timed_reference(command, self.env[config], self.folder,
+                                                 f"finetune reference ({config})", timeout=600)
             calls = read_calls(calls_file)
             missing = [label for label in traced_calls(config) if not calls.get(label)]
             if missing:
                 sys.exit(f"kill_campaign: the finetune reference ({config}) made no call of {missing}.")
-            self.references[config] = {
-                "seconds": result.seconds, "output_dir": output_dir, "calls": calls,
-                "training_start": result.marks["training"],
-                "training_seconds": result.marks["publish"] - result.marks["training"],
-                "publish_seconds": result.seconds - result.marks["publish"]}
-            say(f"finetune reference ({config}): {result.seconds:.1f} s, training from "
-                f"{result.marks['training']:.1f} s, publish phase {result.seconds - result.marks['publish']:.2f} s; "
-                f"calls: " + ", ".join(f"{label} {len(calls[label])}" for label in traced_calls(config)))
+            self.references[config] = {**times, "output_dir": output_dir, "calls": calls}
+            say(f"finetune reference ({config}): {result.seconds:.1f} s, training from {times['training_start']:.1f} s,"
+                f" publish phase {times['publish_seconds']:.2f} s; calls: "
+                + ", ".join(f"{label} {len(calls[label])}" for label in traced_calls(config)))
 
     def plans(self) -> list[dict]:
         rng, plans = random.Random(f"{self.seed}-finetune"), []
@@ -153,17 +135,13 @@ class Finetune:
                         list(MERGE_CALLS) if config == "merge" else list(CALLS)
                     choices = [(label, *traced_calls(config)[label]) for label in labels]
                     plan["call"] = plan_call(rng, calls, choices)
-                plan["rerun_kills"] = [
-                    None if self.quick or config != "1 proc" or rerun == MAX_RERUNS - 1
-                    or rng.random() >= RERUN_KILL_CHANCE else rng.random() for rerun in range(MAX_RERUNS)]
+                plan["rerun_kills"] = rerun_kills(rng, never=self.quick or config != "1 proc")
                 plans.append(plan)
         rng = random.Random(f"{self.seed}-finetune-links")  # their own draws: a seed still names the trials above
         for index in range(self.link_trials):
             kind = LINK_KINDS[index % len(LINK_KINDS)]
             plan = {"trial": len(plans) + 1, "command": self.name, "config": "links", "runs_as": "1 proc",
-                    "kind": kind, "fraction": rng.random(),
-                    "rerun_kills": [None if rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE
-                                    else rng.random() for rerun in range(MAX_RERUNS)]}
+                    "kind": kind, "fraction": rng.random(), "rerun_kills": rerun_kills(rng)}
             if kind == "call":
                 plan["call"] = plan_call(rng, self.references["1 proc"]["calls"],
                                          [(label, *CALLS[label]) for label in CALLS])
@@ -179,17 +157,8 @@ class Finetune:
         extra = ["--resume_from_checkpoint", "latest"] if plan["config"] == "links" else []
         if plan["config"] == "links":
             plant_links(output_dir, LINKED_FILES, LINKED_FOLDERS)
-        started, promise, stop, error = time.monotonic(), None, None, None
-        command = self.command(config, output_dir, *extra)
-        if kind == "time":
-            at = plan["fraction"] * reference["seconds"]
-            moment = f"SIGKILL t={at:.2f}s of {reference['seconds']:.1f}s"
-            first = run_process(command, env, self.folder, at=at)
-        elif kind == "publish":
-            delay = plan["fraction"] * reference["publish_seconds"]
-            moment = f"SIGKILL publish +{delay:.2f}s of {reference['publish_seconds']:.2f}s"
-            first = run_process(command, env, self.folder, at=delay, after=PUBLISH_LINE)
-        elif kind == "call":
+        started, stop, error = time.monotonic(), None, None
+        if kind == "call":
             call = plan["call"]
             moment = f"{call['when']} {call['label']} {call['nth']}/{call['count']}"
             if config != "2 procs":
@@ -200,36 +169,29 @@ class Finetune:
                 first = run_process([*killed_at(TORCHRUN, call), str(FINETUNE), *flags(config), "--output_dir",
                                      str(output_dir)], env, self.folder, timeout=600)
         else:
-            name, phase = kind.split()
-            signum = SIGNALS[name]
-            if phase == "training":
-                delay = plan["fraction"] * reference["training_seconds"]
-                moment = f"{name} training +{delay:.2f}s of {reference['training_seconds']:.2f}s"
-                first = run_process(command, env, self.folder, at=delay, signum=signum, after=TRAINING_LINE,
-                                    timeout=600)
-            else:
-                at = plan["fraction"] * reference["seconds"]
-                moment = f"{name} t={at:.2f}s of {reference['seconds']:.1f}s"
-                first = run_process(command, env, self.folder, at=at, signum=signum, timeout=600)
-            stop = stop_outcome(first, signum, "finetune.py", config == "2 procs", finished_line=FINISHED_LINE)
-            promise = stop != "broken"
-            if not promise:
-                error = f"the stop broke its promise: exit {first.returncode}: {last_error(first)}"
+            moment, first, stop = self.stopped_run(plan, reference, self.command(config, output_dir, *extra), env,
+                                                   self.folder, launched=config == "2 procs", signal_timeout=600)
+        if stop == "broken":
+            error = f"the stop broke its promise: exit {first.returncode}: {last_error(first)}"
         killed = first.returncode != 0
         if not killed:
-            moment += " (after the end)" if promise is not None else " (not reached)"
+            moment += " (after the end)" if stop is not None else " (not reached)"
         if stop == "late":
             moment += " (after the publish)"
-        elif promise is None and first.returncode != KILLED and config != "2 procs":
+        elif stop is None and first.returncode != KILLED and config != "2 procs":
             error = f"exit {first.returncode}: {last_error(first)}"
+
         def rerun(fraction):
             resume = self.command(config, output_dir, "--resume_from_checkpoint", "latest")
             at = None if fraction is None else fraction * reference["seconds"]
             return run_process(resume, env, self.folder, at=at, timeout=600)
 
-        return resume_and_judge(plan, reference, output_dir, first, rerun, killed, moment=moment, promise=promise,
-                                stop=stop, error=error, started=started, call=plan.get("call", {}).get("target"),
-                                model="merged" if config == "merge" else "")
+        model = "merged" if config == "merge" else ""  # the model compared: finetune's merged/ for "merge"
+        return resume_and_judge(plan, output_dir, first, rerun, killed, moment=moment, error=error, started=started,
+                                observe=lambda: model_state(output_dir / model),
+                                compare=same_model(reference["output_dir"] / model, output_dir / model),
+                                promise=None if stop is None else stop != "broken", stop=stop,
+                                call=plan.get("call", {}).get("target"))
 
     def summary(self) -> dict:
         return {"reference_seconds": {config: round(ref["seconds"], 2) for config, ref in self.references.items()},

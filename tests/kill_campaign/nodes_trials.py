@@ -1,26 +1,18 @@
-"""The kill campaign's trials of training/pretrain.py on two nodes (__main__.py explains the design).
-
-Two "nodes" on one host: two `torchrun --nnodes 2 --nproc_per_node 1 --rdzv-backend c10d` launches started together,
-their command holding `--resume_from_checkpoint latest` and `--ddp_timeout 10`, with `--max-restarts` 0 or 1. Once a
-checkpoint drawn at random is written, one node suffers a fault drawn from: its worker killed (kill -9), its torchrun
-agent killed alone (kill -9), its worker frozen (SIGSTOP; the frozen node is killed once the other has ended, as a
-scheduler would). Then the seconds until every process of both launches is gone are measured against a bound (a hang
-past it is killed and counted), and the run is resumed, on 1 process or on 2 nodes again (drawn per rerun), until it
-exits 0. The final weights must equal a one-process run's with the same --total_batch_size, bit for bit (DDP). A
-node that trained in a group smaller than the launch's (its first process prints the group's size) counts as a run
-with fewer processes than launched.
-"""
+"""The kill campaign's trials of training/pretrain.py on two simulated nodes (__main__.py explains the design): two
+`torchrun --nnodes 2 --rdzv-backend c10d` launches, a node's fault once a checkpoint is written (worker or agent
+killed, worker frozen), the seconds until every process is gone, then resumes on 1 process or 2 nodes until the run
+ends, bit for bit equal to one process with the same --total_batch_size."""
 
 import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tests.helpers.cluster_runs import free_port
 from tests.helpers.faults import PRETRAIN
 from tests.helpers.processes import alive, descendants, workers_under
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
@@ -36,12 +28,6 @@ BOUND = 90  # seconds from a fault to every process gone: --ddp_timeout, torchru
 JOIN_TIMEOUT = 30  # --rdzv-conf join_timeout: how long a restarted node waits for one that is gone
 TRAINING_LINE = "Training for "  # printed by each node's first process once the run trains
 GROUP_LINE = re.compile(r"^(\d+) process\(es\) on", re.M)  # printed by each node's first process: the group's size
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(port: int, run_id: str, max_restarts: int) -> list[str]:

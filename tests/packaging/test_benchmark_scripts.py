@@ -1,6 +1,5 @@
-"""The benchmark scripts run and end with one JSON line holding their figures. Smoke tests only: speed is what the
-benchmarks measure, never what a test asserts. Each script runs as a subprocess from the checkout's root
-(`python -m benchmarks.NAME`), as a user runs it, at its smallest settings."""
+"""The benchmark scripts run, as a user runs them, at their smallest settings, and end with one JSON line of figures.
+Smoke tests: speed is never what a test asserts."""
 
 import copy
 import json
@@ -45,7 +44,7 @@ def final_json(stdout: str) -> dict:
 
 
 def python(script, *flags):
-    """`python -m benchmarks.NAME FLAGS` for "NAME.py", from the checkout's root, as the docs run them."""
+    """`python -m benchmarks.NAME FLAGS` for "NAME.py"."""
     return [sys.executable, "-m", f"benchmarks.{script.removesuffix('.py')}", *map(str, flags)]
 
 
@@ -187,10 +186,8 @@ def test_shakespeare_without_text_says_what_to_give(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU dry run; with a GPU the session runs for real")
 def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_path):
-    """`DRY_RUN=1 bash benchmarks/gpu/session.sh OUT` on a copy of the checkout (as the GPU machine gets one): the
-    project installed from it into a folder of its own, then every step on a tiny model on CPU. A CPU has nothing to
-    wait for, so the sync check only runs its steps here; on a GPU they run under set_sync_debug_mode("error"). The
-    training check stops a run with SIGTERM and resumes it: on CPU the weights must match the straight run exactly."""
+    """`DRY_RUN=1 bash benchmarks/gpu/session.sh OUT` on a copy of the checkout: the project installed from it, then
+    every step on a tiny model on CPU; the training check's stopped and resumed run matches the straight one exactly."""
     root, out = tmp_path / "checkout", tmp_path / "out"
     listed = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]  # what the GPU machine gets
     tracked = subprocess.run(listed, cwd=BENCHMARKS.parent, capture_output=True, text=True, check=True).stdout

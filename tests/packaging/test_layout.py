@@ -1,9 +1,5 @@
-"""The layout: no import cycle inside training/ (installed as hf_tinytx_training) or hf_tinytx/, the module map of
-training/__init__.py true to the files, and `import hf_tinytx` light.
-
-Cycles: every import statement, at module level or inside a function, read with `ast` and resolved to the project's
-own modules. A cycle means two modules that cannot be understood, tested or imported one without the other; the fix
-is a third module both import."""
+"""The layout: no import cycle inside training/ or hf_tinytx/ (every import statement, in a function too, read with
+`ast`), the module map of training/__init__.py true to the files, and `import hf_tinytx` light."""
 
 import ast
 import re
@@ -18,7 +14,7 @@ PACKAGES = {"hf_tinytx": REPO_ROOT / "hf_tinytx", "hf_tinytx_training": REPO_ROO
 
 
 def module_names(packages: dict[str, Path]) -> dict[str, Path]:
-    """Dotted name -> file, for every .py file of the packages (a package's own name for its __init__.py)."""
+    """Dotted name -> file, for every .py file of the packages."""
     names = {}
     for package, folder in packages.items():
         for path in folder.rglob("*.py"):
@@ -28,8 +24,7 @@ def module_names(packages: dict[str, Path]) -> dict[str, Path]:
 
 
 def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project's modules that `name` (in `path`) imports, relative imports resolved; `from m import x` counts m,
-    and m.x as well where x is a module of its own."""
+    """The project's modules that `name` (in `path`) imports; `from m import x` counts m, and m.x if a module."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -45,34 +40,25 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return {module for module in found if module in known and module != name}
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules `start` imports, directly or through others."""
+    seen, stack = set(), list(graph[start])
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack += graph[node]
+    return seen
+
+
 def find_cycles(packages: dict[str, Path]) -> list[list[str]]:
-    """Each strongly connected group of two or more modules (or a module importing itself), sorted."""
+    """Each group of modules that import one another, directly or through others, sorted."""
     known = module_names(packages)
     graph = {name: imported(name, path, known) for name, path in known.items()}
-    index, low, stack, on_stack, groups = {}, {}, [], set(), []
-
-    def visit(node):  # Tarjan's algorithm; the graph is a few dozen modules, so recursion depth is no concern
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for other in sorted(graph[node]):
-            if other not in index:
-                visit(other)
-                low[node] = min(low[node], low[other])
-            elif other in on_stack:
-                low[node] = min(low[node], index[other])
-        if low[node] == index[node]:
-            group = []
-            while not group or group[-1] != node:
-                group.append(stack.pop())
-                on_stack.discard(group[-1])
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return sorted(groups)
+    reach = {name: reachable(graph, name) for name in graph}
+    groups = {tuple(sorted(other for other in reach[name] if name in reach[other])) for name in graph
+              if name in reach[name]}
+    return sorted(map(list, groups))
 
 
 def test_no_import_cycle_in_the_project():
@@ -101,8 +87,7 @@ def test_the_check_finds_a_cycle_through_a_function_level_import(tmp_path):
 
 
 def test_the_module_map_of_training_lists_every_module_and_no_other():
-    """training/__init__.py's docstring names each module by its path (one line each): a module added, moved or
-    removed must be said there."""
+    """training/__init__.py's docstring names each module by its path, one line each."""
     training = REPO_ROOT / "training"
     text = ast.get_docstring(ast.parse((training / "__init__.py").read_text(encoding="utf-8")))
     listed = set(re.findall(r"^    ([\w/]+\.py) ", text, flags=re.M))
@@ -112,8 +97,8 @@ def test_the_module_map_of_training_lists_every_module_and_no_other():
 
 
 def test_importing_hf_tinytx_loads_neither_torch_nor_transformers():
-    """The commands' checks import hf_tinytx's torch-free modules before torch loads (seconds); the classes load on
-    first touch, and "tinytx" is registered with the Auto classes when transformers loads them."""
+    """The commands' checks import hf_tinytx's torch-free modules before torch loads; the classes load on first
+    touch, and "tinytx" is registered with the Auto classes when transformers loads them."""
     code = ("import sys, hf_tinytx, hf_tinytx.folders, hf_tinytx.sources, hf_tinytx.stored_weights, "
             "hf_tinytx.command_flags\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n"
@@ -126,7 +111,7 @@ def test_importing_hf_tinytx_loads_neither_torch_nor_transformers():
 
 def test_a_config_saved_before_any_auto_class_loads_still_carries_its_code(tmp_path):
     """The registration also runs when our config class loads first: a config saved alone gets `auto_map` and
-    configuration_tinytx.py beside it, as with the package's former eager registration."""
+    configuration_tinytx.py beside it."""
     code = ("import os, sys\nfrom hf_tinytx import TinyTxConfig\n"
             "assert 'transformers.models.auto.modeling_auto' not in sys.modules\n"
             "config = TinyTxConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)\n"

@@ -1,14 +1,9 @@
-"""README.md and the docs/ pages as a new user follows them: every ```python block, and the walkthrough's ```bash
-blocks, run as pasted, in order (the README first, then the pages that go on from the model it trains), in
-subprocesses in one fresh working folder; then the "How to use" snippets of a trained model's card (the model
-folder's own README.md), run from another folder.
+"""README.md and the docs/ pages as a new user follows them: every code block run as pasted, in order, in one fresh
+working folder; then the "How to use" snippets of a trained model's card, run from another folder.
 
-What the test adds to a page's text is all in PAGES (a page, then a Step per code block of it): flags appended to a
-command (tiny sizes, few steps, so the walkthrough takes seconds), code run before a Python block (blocking
-`hf_tinytx` where the page says it is not installed) and asserts run after it. Besides, `python training/...` runs
-the checkout's file (`checkout_paths`) and `python` is this interpreter. A block added to or removed from a page fails
-`test_readme_blocks_are_all_accounted_for` until PAGES says what to do with it, and a docs/ page PAGES does not list
-fails `test_every_docs_page_is_listed`.
+All the test adds to a page is in PAGES, a Step per code block: flags appended to a command (tiny sizes, few steps),
+code run before a block and asserts after it. A block added to or removed from a page, or a docs/ page PAGES does
+not list, fails until PAGES says what to do with it.
 """
 
 import json
@@ -26,7 +21,6 @@ from tests.helpers.remote_code import BLOCK_HF_TINYTX
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
 
-README = REPO_ROOT / "README.md"
 DOCS = REPO_ROOT / "docs"
 FENCE = re.compile(r"^```(\w*)\s*$")
 
@@ -40,8 +34,6 @@ class Block:
 
 @dataclass(frozen=True)
 class Step:
-    """What the test does with one code block of a page, in the page's order."""
-
     section: str
     language: str
     skip: str = ""  # why the block is not run (empty: it runs)
@@ -60,10 +52,9 @@ WRITE_MY_TEXTS = (
 TINY_PRETRAIN = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "30", "--eval_steps", "30"]
 FEW_FINETUNE_STEPS = ["--max_steps", "4"]
 
+
 @dataclass(frozen=True)
 class Page:
-    """A markdown page of the project and a Step for each of its code blocks (none: a page of prose and tables)."""
-
     path: str  # relative to the repository root
     steps: tuple[Step, ...] = ()
 
@@ -159,13 +150,12 @@ def readme_blocks(text: str) -> list[Block]:
 
 
 def page_blocks(path: str | Path) -> list[Block]:
-    """The code blocks of a page of the project (a path relative to the repository root, e.g. "docs/serving.md")."""
+    """The code blocks of a page, by its path from the repository root."""
     return readme_blocks((REPO_ROOT / path).read_text(encoding="utf-8"))
 
 
 def section_block(path: str, section: str, language: str, containing: str) -> str:
-    """The one block in `language` of that page's `section` that contains `containing` (the engine tests read their
-    recipes this way, rather than holding copies of them)."""
+    """The one block in `language` of the page's `section` holding `containing` (how engine tests read recipes)."""
     found = [b.text for b in page_blocks(path) if b.section == section and b.language == language
              and containing in b.text]
     assert len(found) == 1, f"{path} section {section!r}: expected one {language} block with {containing!r}"
@@ -173,7 +163,6 @@ def section_block(path: str, section: str, language: str, containing: str) -> st
 
 
 def page_texts() -> dict[str, str]:
-    """Every page PAGES lists, by its path, with its text."""
     return {page.path: (REPO_ROOT / page.path).read_text(encoding="utf-8") for page in PAGES}
 
 
@@ -194,8 +183,7 @@ def anchor(heading: str) -> str:
 
 
 def append_flags(script: str, command: str, flags: list[str]) -> str:
-    """`flags` added to the end of every `command ...` line of a bash script (continuation lines joined first,
-    a trailing comment kept after them); fails if the script has no such command."""
+    """`flags` added to the end of every `command ...` line of a bash script (continuations joined, a comment kept)."""
     lines = script.replace("\\\n", " ").splitlines()
     hits = 0
     for i, line in enumerate(lines):
@@ -234,8 +222,7 @@ def run_block(step: Step, block: Block, workdir: Path, env: dict, number: int,
 
 
 def user_env(tmp_path: Path) -> dict:
-    """Offline with private caches (pretrain_env), and `python` on PATH is this interpreter, as in an activated
-    virtual environment."""
+    """Offline with private caches, and this interpreter as `python`, as in an activated virtual environment."""
     env = pretrain_env(tmp_path)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     return env
@@ -262,8 +249,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def test_the_pages_relative_links_resolve():
-    """Each relative link or image of the README and the docs/ pages names a file that exists, and a #fragment a
-    heading of the page it points to (how the pages were split: a link that pointed into the README)."""
+    """Each relative link or image of the pages names a file that exists, and a #fragment a heading of that page."""
     broken = []
     for path, text in page_texts().items():
         for target in LINK.findall(text):
@@ -326,8 +312,8 @@ SHORT_RUN = ["--max_train_steps", "4", "--eval_steps", "100", "--num_probes_per_
 @pytest.mark.deep
 @pytest.mark.parametrize("pushed", [False, True], ids=["local", "pushed"])
 def test_model_card_snippets_load_and_generate(pushed, run_pretrain, local_hub, tmp_path):
-    """The card's "How to use" code, run from a folder other than the model's, with the package and without it: it
-    names the absolute model folder, or the Hub id when the run pushed (then it loads from the Hub)."""
+    """The card's "How to use" code, run from another folder, with the package and without it: it names the absolute
+    model folder, or the Hub id when the run pushed (then it loads from the Hub)."""
     output_dir = tmp_path / "model"
     repo_id = f"{local_hub.user}/tiny"
     env = user_env(tmp_path)
@@ -362,9 +348,8 @@ BENCHMARK_COMMAND = re.compile(r"python (benchmarks/\w+\.py|-m benchmarks\.\w+)"
 
 
 def test_the_benchmark_commands_the_readme_names_start():
-    """Each `python benchmarks/X.py` or `python -m benchmarks.X` in the README and the docs/ pages, run from the
-    repository root as written, gets as far as its --help (one once said to be run another way and stopped), and
-    answers it before torch loads (~7 s on a small CPU)."""
+    """Each `python benchmarks/X.py` or `python -m benchmarks.X` of the pages, run from the repository root as
+    written, answers --help before torch loads."""
     commands = sorted({command for text in page_texts().values() for command in BENCHMARK_COMMAND.findall(text)})
     assert len(commands) >= 5, commands
     results = run_side_by_side(

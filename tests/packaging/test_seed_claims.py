@@ -1,5 +1,5 @@
-"""benchmarks/seed_claims/ (python -m benchmarks.seed_claims): the lookup task and its curriculum (lookup_task.py), the
-cross-over, --quick end to end (the report of report.py included), and the LSTM baseline it compares against."""
+"""benchmarks/seed_claims/: the lookup task and its curriculum, the cross-over, --quick end to end, and the LSTM
+baseline."""
 
 import json
 import re
@@ -20,8 +20,6 @@ from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_m
 
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
-
-
 TASK = lookup_task.LookupTask(num_pairs=6, num_keys=10, num_values=10, num_fillers=4)
 
 
@@ -231,8 +229,7 @@ def test_seed_flags_pick_the_claim_4_seeds_and_refuse_repeats_before_torch_loads
 
 
 def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_path):
-    """benchmarks/seed_claims/rule_ablation.py: claim 4's model on a mix set by flags, its three "it" accuracies
-    every --every steps, as a table and as JSON."""
+    """rule_ablation.py: claim 4's model on a mix set by flags, its three "it" accuracies every --every steps."""
     out, elsewhere = tmp_path / "ablation.json", tmp_path / "elsewhere.json"
     elsewhere.write_text("keep")
     out.symlink_to(elsewhere)  # a link planted at --out is replaced, never written through

@@ -1,7 +1,5 @@
-"""The package as built for users: the wheel holds the presets, Accelerate configs, model card templates and the
-`tinytx` command, and installs nothing outside the project's own names (no top-level `training`). The `tinytx`
-command answers `--help`, its own and each command's, without torch. The install itself, in a clean environment, is
-a CI stage (.ci/wheel_check.py); its smaller parts are tested here."""
+"""The package as built for users: the wheel's contents, the `tinytx` command's help and errors without torch, and the
+smaller parts of the CI install stage (.ci/wheel_check.py)."""
 
 import importlib.util
 import subprocess
@@ -25,7 +23,7 @@ wheel_check = load_wheel_check()
 
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory):
-    """The file list of a wheel built from this checkout (isolated build, a few seconds)."""
+    """The file list of a wheel built from this checkout."""
     dist = tmp_path_factory.mktemp("dist")
     result = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO_ROOT)],
                             capture_output=True, text=True, timeout=600)
@@ -86,9 +84,8 @@ HELP_SAYS = {  # the command's flags -> a line of their help
 
 @pytest.mark.parametrize("command", HELP_SAYS, ids=[name or "tinytx" for name in HELP_SAYS])
 def test_tinytx_help_answers_before_torch_loads(command, tmp_path):
-    """`tinytx --help` lists the commands, `tinytx <command> --help` the command's flags; none imports torch (convert
-    and interpret load torch as they import, so tinytx parses their flags first). Run from the folder above a clone
-    with git's default name, `hf_tinytx`, which Python would take for the package."""
+    """`tinytx [command] --help` answers without importing torch, run from the folder above a clone with git's
+    default name, `hf_tinytx`, which Python would take for the package."""
     (tmp_path / "hf_tinytx").symlink_to(REPO_ROOT, target_is_directory=True)
     argv = [command, "--help"] if command else ["--help"]
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv],
@@ -151,8 +148,8 @@ def test_a_training_command_without_the_train_extra_is_one_line_naming_it(tmp_pa
 
 
 def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
-    """`python training/pretrain.py` runs the installed hf_tinytx_training's module only when it is that very file: a
-    copy of the folder elsewhere (a second checkout, while this one is installed) says so in one line."""
+    """A copy of training/ elsewhere (a second checkout, while this one is installed) says in one line that it is not
+    the installed hf_tinytx_training."""
     import shutil
 
     copy = tmp_path / "other" / "training"
@@ -168,8 +165,8 @@ def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
 
 @pytest.mark.deep
 def test_launchers_run_the_module_as_the_readme_says(tmp_path):
-    """README: `torchrun --nproc_per_node 2 -m hf_tinytx_training.pretrain` and `accelerate launch --config_file
-    CONFIG -m hf_tinytx_training.pretrain`, CONFIG from the installed package's configs folder, from any folder."""
+    """README: `torchrun ... -m hf_tinytx_training.pretrain` and `accelerate launch --config_file CONFIG -m ...`,
+    CONFIG from the installed package's configs folder."""
     from hf_tinytx_training.model.config_file import CONFIGS_DIR
     from tests.helpers.tiny import TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
