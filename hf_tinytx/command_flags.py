@@ -1,8 +1,5 @@
-"""The flags of the library's commands, `python -m hf_tinytx.convert` and `python -m hf_tinytx.interpret`.
-
-Python's standard library only, on purpose: the two modules load torch as they import (seconds). The `tinytx`
-command (training/cli.py) parses the flags with these parsers before it runs the module, so `tinytx convert --help`
-and a mistyped flag are answered at once.
+"""The flags of `python -m hf_tinytx.convert` and `python -m hf_tinytx.interpret`, without torch: `tinytx` parses
+them before it loads the module, so `--help` and a mistyped flag are answered at once.
 """
 
 import argparse

@@ -1,8 +1,5 @@
-"""A byte-level BPE tokenizer trained from text, wrapped as a transformers tokenizer.
-
-Byte-level BPE starts from the 256 byte values, so every string encodes (nothing is ever "unknown"), then merges the
-most frequent neighbouring pairs until the vocabulary is full. The training scripts, the benchmarks and the tests all
-train theirs here.
+"""A byte-level BPE tokenizer trained from text, wrapped as a transformers tokenizer. It starts from the 256 byte
+values, so every string encodes, then merges the most frequent neighbouring pairs until the vocabulary is full.
 """
 
 from collections.abc import Iterable
@@ -29,7 +26,6 @@ def train_bpe_tokenizer(texts: Iterable[str] | Iterable[list[str]], vocab_size: 
 
 
 def adds_bos(tokenizer) -> bool:
-    """Whether this tokenizer puts its BOS in front of every text (Llama-style) rather than none (GPT-2-style), so
-    callers can show the model text the way it saw its training text."""
+    """Whether this tokenizer puts its BOS in front of every text (Llama-style) rather than none (GPT-2-style)."""
     bos = getattr(tokenizer, "bos_token_id", None)
     return bos is not None and list(tokenizer("x")["input_ids"])[:1] == [bos]
