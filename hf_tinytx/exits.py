@@ -16,7 +16,6 @@ from hf_tinytx.errors import UserInputError
 
 
 TRACEBACK_VARIABLE = "TINYTX_TRACEBACK"  # set to 1: an unexpected error shows its traceback instead of one line
-CLOSED_PIPE = 128 + signal.SIGPIPE
 
 
 class StopSignal(BaseException):
@@ -57,18 +56,13 @@ def exit_status(prefix: str, command, refused: tuple = (UserInputError,), failed
             command()
     except BrokenPipeError:
         return closed_pipe()
-    except StopSignal as stop:
-        say(f"{start}stopped by {stop}{stopped}", newline_first=streams)
-        return 128 + stop.signum
-    except KeyboardInterrupt:  # raised before the handlers were installed, or by a library's own handler
-        say(f"{start}stopped by SIGINT{stopped}", newline_first=streams)
-        return 130
-    except failed as error:
+    except (StopSignal, KeyboardInterrupt) as stop:  # KeyboardInterrupt: before our handlers, or a library's own
+        signum = getattr(stop, "signum", signal.SIGINT)
+        say(f"{start}stopped by {signal.Signals(signum).name}{stopped}", newline_first=streams)
+        return 128 + signum
+    except (*failed, *refused) as error:
         say(f"{start}error: {error}")
-        return 1
-    except refused as error:
-        say(f"{start}error: {error}")
-        return 2
+        return 1 if isinstance(error, failed) else 2
     except Exception as error:  # noqa: BLE001  (the one line, not a traceback: the hint says how to see one)
         if os.environ.get(TRACEBACK_VARIABLE):
             raise
@@ -96,4 +90,4 @@ def closed_pipe() -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    return CLOSED_PIPE
+    return 128 + signal.SIGPIPE

@@ -18,6 +18,10 @@ STAGING_NAME = ".tinytx-staging"  # inside the destination; only ever written by
 CONFIG_NAMES = ("config.json", "adapter_config.json")  # a model's, a LoRA adapter's: what loading looks for first
 # The weight files `save_pretrained` names; a new save removes older ones it does not replace.
 WEIGHT_FILE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
+REPLACED_CONFIGS = ".replaced"  # inside the staging folder: the old configs `publish` took out of the destination
+# A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.
+MANIFEST_NAME = ".tinytx-written.json"
+READ_APART = "a command never writes where it reads, --overwrite included"  # refuse_overlap's reason by default
 
 
 class UnsafeLinkError(ValueError):
@@ -179,9 +183,6 @@ def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
     shutil.rmtree(staged)
 
 
-REPLACED_CONFIGS = ".replaced"  # inside the staging folder: the old configs `publish` took out of the destination
-
-
 def _old_config_fits(staged: Path, destination: Path, weights: list[str]) -> bool:
     """Whether the destination's configs may stay while the new weights move in: equal configs, one weight file."""
     if len(weights) > 1:
@@ -226,13 +227,8 @@ class OverlapError(ValueError):
     """A destination that would write into, over or through the folder a command reads."""
 
 
-READ_APART = "a command never writes where it reads, --overwrite included"  # refuse_overlap's reason by default
-
-
-def refuse_overlap(
-    source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None,
-    reason: str = READ_APART,
-) -> None:
+def refuse_overlap(source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"),
+                   who: str | None = None, reason: str = READ_APART) -> None:
     """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
     (links resolved), or a destination that is a link. `who` starts the line."""
     source, destination = Path(source), Path(destination)
@@ -273,10 +269,6 @@ def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) ->
 def mib(size: int) -> str:
     """A size for a disk-full message: "12.3 MiB", or "less than 0.1 MiB" (never "0.0 MiB", which reads as none)."""
     return f"{size / 2**20:.1f} MiB" if size >= 0.05 * 2**20 else "less than 0.1 MiB"
-
-
-# A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.
-MANIFEST_NAME = ".tinytx-written.json"
 
 
 def written_before(destination: str | os.PathLike, writer: str) -> set[str]:

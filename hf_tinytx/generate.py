@@ -111,8 +111,7 @@ def check_folder(folder: str) -> str:
         raise UserInputError(f"{folder} {problem}.")
     if not os.path.exists(path):
         parent = os.path.dirname(path)
-        siblings = [name for name in os.listdir(parent) if os.path.isdir(os.path.join(parent, name))] \
-            if os.path.isdir(parent) else []
+        siblings = [entry.name for entry in os.scandir(parent) if entry.is_dir()] if os.path.isdir(parent) else []
         closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
         hint = f"did you mean {os.path.join(os.path.dirname(folder), closest[0])!r}? " if closest else ""
         raise UserInputError(f"no such folder: {folder}; {hint}give the folder pretrain or finetune wrote "

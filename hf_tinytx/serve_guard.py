@@ -23,6 +23,9 @@ from hf_tinytx.serve_requests import (
 MAX_BODY_BYTES = 4 << 20
 _IN_FLIGHT: set[object] = set()  # a token per checked request being answered
 _MANAGERS: list = []  # the server's ModelManager, once the server has started
+NO_CHAT_TEMPLATE = ("{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain "
+                    "text to /v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = "
+                    "'...'; tokenizer.save_pretrained(folder)) and restart the server")
 
 
 def expose_tinytx_classes() -> None:
@@ -140,11 +143,6 @@ def prompt_room(model_config, prompt_tokens: int, body: dict, limits: Limits) ->
         raise RequestError(f"{name}={tokens} does not fit: the prompt is {prompt_tokens} tokens of the model's "
                            f"context of {context}; ask for at most {room}", name, code="context_length_exceeded")
     return room if asked is None else asked[1]
-
-
-NO_CHAT_TEMPLATE = ("{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain "
-                    "text to /v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = "
-                    "'...'; tokenizer.save_pretrained(folder)) and restart the server")
 
 
 def error_response(error: RequestError):

@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+INTEGER_DTYPES = ("I", "U", "BOOL")  # safetensors' I8..I64, U8..U64 and BOOL; floats are F*, BF16
 
 
 def has_safetensors(folder: str | os.PathLike) -> bool:
@@ -46,9 +47,6 @@ def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, 
                              "as an integer type, but the weights of a model that is not quantized are floating point "
                              "(F32, F16, BF16): its header does not describe its data; copy or save it again.")
     return shapes
-
-
-INTEGER_DTYPES = ("I", "U", "BOOL")  # safetensors' I8..I64, U8..U64 and BOOL; floats are F*, BF16
 
 
 def _quantized(folder: Path) -> bool:
