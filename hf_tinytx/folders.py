@@ -69,7 +69,7 @@ _OPEN_FLAGS = {"w": os.O_WRONLY | os.O_CREAT | os.O_EXCL, "a": os.O_WRONLY | os.
                "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND}
 
 
-def open_new(path: str | os.PathLike, mode: str = "w", encoding: str = "utf-8"):
+def open_new(path: str | os.PathLike, mode: str = "w"):
     """Opens `path` to write ("w", "a", "a+"; with "b" for bytes), never through a link: a link at `path` is removed,
     and O_NOFOLLOW refuses one planted in between."""
     flags = _OPEN_FLAGS[mode.replace("b", "")] | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -77,7 +77,7 @@ def open_new(path: str | os.PathLike, mode: str = "w", encoding: str = "utf-8"):
         if os.path.islink(path) or (mode.startswith("w") and not os.path.isdir(path)):
             os.unlink(path)
     fd = os.open(path, flags, 0o666)
-    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding}))
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
 def remove_tree(path: str | os.PathLike) -> None:

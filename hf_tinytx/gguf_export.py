@@ -103,22 +103,19 @@ def check_gguf_config(config: TinyTxConfig) -> None:
 
 
 def _add_hyperparameters(writer: gguf.GGUFWriter, config: TinyTxConfig, name: str, outtype: str) -> None:
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(name)
-    writer.add_file_type(OUTTYPES[outtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    sizes = {  # GGUF key (the writer's add_<key>) -> the config's value
+    rope = config.rope_parameters
+    keys = {  # GGUF key (the writer's add_<key>) -> its value
+        "type": gguf.GGUFType.MODEL, "name": name, "file_type": OUTTYPES[outtype],
+        "quantization_version": gguf.GGML_QUANT_VERSION,
         "vocab_size": config.vocab_size, "context_length": config.max_position_embeddings,
         "embedding_length": config.hidden_size, "block_count": config.num_hidden_layers,
         "feed_forward_length": config.intermediate_size, "head_count": config.num_attention_heads,
         "head_count_kv": config.num_key_value_heads, "key_length": config.head_dim, "value_length": config.head_dim,
         "rope_dimension_count": config.head_dim, "layer_norm_rms_eps": config.rms_norm_eps,
+        "rope_freq_base": rope["rope_theta"],
     }
-    for key, value in sizes.items():
+    for key, value in keys.items():
         getattr(writer, f"add_{key}")(value)
-
-    rope = config.rope_parameters
-    writer.add_rope_freq_base(rope["rope_theta"])
     rope_type = rope.get("rope_type", "default")
     if rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)

@@ -12,17 +12,16 @@ from transformers import PreTrainedTokenizerFast
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
 
 
-def train_bpe_tokenizer(texts: Iterable[str] | Iterable[list[str]], vocab_size: int, model_max_length: int = 2048,
-                        special_tokens=None) -> PreTrainedTokenizerFast:
+def train_bpe_tokenizer(texts: Iterable[str] | Iterable[list[str]], vocab_size: int,
+                        model_max_length: int = 2048) -> PreTrainedTokenizerFast:
     """Trains on `texts` (strings, or batches of strings) and returns a fast tokenizer with pad/bos/eos set."""
-    special_tokens = special_tokens or SPECIAL_TOKENS
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens.values()),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, model_max_length=model_max_length, **special_tokens)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, model_max_length=model_max_length, **SPECIAL_TOKENS)
 
 
 def adds_bos(tokenizer) -> bool:
