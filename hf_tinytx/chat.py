@@ -7,9 +7,6 @@ Each line read from standard input is a user turn. The reply is generated from t
 (the tokenizer's chat template) and streamed to standard output; it then joins the conversation. `/reset` starts a
 new conversation, `/exit` (or Ctrl-D) ends it; notices go to standard error. A reply stops at the model's last
 position, with a notice.
-
-The folder's tokenizer must have a chat template: finetune adds one when it trains on chat records; pretrain writes
-none (use `tinytx generate`). The flags are generate's, without the prompt and --compile.
 """
 
 import argparse
@@ -52,7 +49,7 @@ def no_template(folder: str) -> str:
 
 
 def check_chat_ready(folder: str, path: str) -> None:
-    """Before torch loads: a chat template in the tokenizer's files, and jinja2 to render it."""
+    """Before torch loads: a chat template in the tokenizer's files (finetune adds one), and jinja2 to render it."""
     names = set(os.listdir(path))
     stored = bool(names.intersection(TEMPLATE_FILES))
     if not stored and "tokenizer_config.json" in names:
@@ -66,15 +63,13 @@ def check_chat_ready(folder: str, path: str) -> None:
 
 
 def check_input_open() -> None:
-    """Standard input closed (`<&-`): no turn can come; said before the model loads."""
     if sys.stdin is None:
         raise UserInputError("standard input is closed, so no turn can be read: type the turns at a terminal, or "
                              "pipe them in (printf 'Hello\\n/exit\\n' | tinytx chat FOLDER).")
 
 
 def user_lines():
-    """The user's turns: typed at a prompt on a terminal, else read line by line (a pipe, a file); a line that is
-    not UTF-8 text is refused in one line."""
+    """The user's turns: typed at a prompt on a terminal, else read line by line (a pipe, a file)."""
     sys.stdin.reconfigure(errors="surrogateescape")  # the bytes kept, so utf8_text can name the first wrong one
     if not sys.stdin.isatty():
         for number, line in enumerate(sys.stdin, start=1):
@@ -94,7 +89,6 @@ def notice(text: str) -> None:
 
 
 def converse(model, tokenizer, settings: dict, lines) -> None:
-    """The loop: each line a user turn answered from the whole conversation, or /reset, or /exit."""
     import jinja2
     import torch
     from transformers import TextStreamer

@@ -1,8 +1,5 @@
-"""The flags of the library's commands, `python -m hf_tinytx.convert` and `python -m hf_tinytx.interpret`.
-
-Python's standard library only, on purpose: the two modules load torch as they import (seconds). The `tinytx`
-command (training/cli.py) parses the flags with these parsers before it runs the module, so `tinytx convert --help`
-and a mistyped flag are answered at once.
+"""The flags of `python -m hf_tinytx.convert` and `python -m hf_tinytx.interpret`, without torch: `tinytx` parses
+them before it loads the module, so `--help` and a mistyped flag are answered at once.
 """
 
 import argparse
@@ -18,34 +15,24 @@ folder or a Hub id; add --trust_remote_code for a checkpoint that carries its ow
 
 
 def convert_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m hf_tinytx.convert",
-        description="Convert a saved Llama model folder to TinyTx, a TinyTx folder to Llama (safetensors only), or a "
-        "TinyTx folder to one GGUF file for llama.cpp / Ollama / LM Studio.",
-    )
+    parser = argparse.ArgumentParser(prog="python -m hf_tinytx.convert", description="Convert a saved Llama model "
+                                     "folder to TinyTx, a TinyTx folder to Llama (safetensors only), or a TinyTx "
+                                     "folder to one GGUF file for llama.cpp / Ollama / LM Studio.")
     parser.add_argument("--to", required=True, choices=("llama", "tinytx", "gguf"), help="the format to convert to")
     parser.add_argument("source", help="folder written by save_pretrained (config.json + model.safetensors)")
-    parser.add_argument(
-        "destination", help="folder to write (a file ending in .gguf for --to gguf); must be absent or empty unless "
-        "--overwrite"
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true",
-        help="replace what an earlier conversion wrote into the destination folder (other files are kept, or the "
-        "command refuses if it would replace them), or replace the destination .gguf file",
-    )
-    parser.add_argument(
-        "--outtype", choices=("f32", "f16", "q8_0"), default=None,
-        help="--to gguf only: how the weight matrices are stored (default f32; norms and biases are always f32)",
-    )
+    parser.add_argument("destination", help="folder to write (a file ending in .gguf for --to gguf); must be absent "
+                        "or empty unless --overwrite")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace what an earlier conversion wrote into the destination folder (other files are "
+                        "kept, or the command refuses if it would replace them), or replace the destination .gguf file")
+    parser.add_argument("--outtype", choices=("f32", "f16", "q8_0"), default=None, help="--to gguf only: how the "
+                        "weight matrices are stored (default f32; norms and biases are always f32)")
     return parser
 
 
 def interpret_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m hf_tinytx.interpret", description=INTERPRET_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="python -m hf_tinytx.interpret", description=INTERPRET_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="model folder or Hub id")
     parser.add_argument("text", help="the text whose attention to draw")
     parser.add_argument("--out", required=True, help="folder for the PNGs and heads.json")

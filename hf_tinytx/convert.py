@@ -8,8 +8,7 @@ module names, so converting is config translation; the weights are copied as the
     python -m hf_tinytx.convert --to llama path/to/tinytx path/to/llama [--overwrite]
     python -m hf_tinytx.convert --to gguf path/to/tinytx model.gguf [--outtype f32|f16|q8_0] [--overwrite]
 
-Safetensors only. Before writing, the weights' headers are checked against the config (`saved_folder.py`). The
-output is published through a staging folder (`folders.publish`), and `--overwrite` replaces only the files an
+Safetensors only, checked against the config before anything is written; `--overwrite` replaces only the files an
 earlier conversion recorded writing.
 """
 
@@ -22,28 +21,11 @@ from pathlib import Path
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
+from . import folders
 from .command_flags import convert_parser
 from .configuration_tinytx import SIZE_FIELDS, TinyTxConfig
 from .exits import exit_status
 from .folder_config import check_vocabulary_fits
-from .folders import (
-    MANIFEST_NAME,
-    STAGING_NAME,
-    DiskFullError,
-    folders_to_create,
-    is_disk_full,
-    mib,
-    others_files,
-    publish,
-    record_written,
-    refuse_overlap,
-    regular_files,
-    remove_created,
-    remove_written,
-    staging_folder,
-    would_replace,
-    written_before,
-)
 from .modeling_tinytx import TinyTxForCausalLM
 from .quiet import quiet_notices
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
@@ -57,10 +39,9 @@ SHARED_FIELDS = (
     "dtype",
 )
 
-# Files that travel with a checkpoint but not with the model object: the tokenizer's (sources.py) and this one.
-GENERATION_CONFIG_FILE = "generation_config.json"
-MAY_WRITE = (*TOKENIZER_FILES, GENERATION_CONFIG_FILE)  # besides the config, the weights and the model's code (.py)
-WRITER = "hf_tinytx.convert"  # the name in the record of what a conversion wrote (folders.record_written)
+# Files that travel with a checkpoint but not with the model object: copied from the source.
+COPIED = (*TOKENIZER_FILES, "generation_config.json")  # besides these: the config, the weights, the model's code
+WRITER = "hf_tinytx.convert"  # the name in the record of what a conversion wrote
 SHOWN = 3  # file names quoted in a refusal
 
 
@@ -70,7 +51,6 @@ def llama_config_to_tinytx(config: LlamaConfig) -> TinyTxConfig:
     if getattr(config, "quantization_config", None) is not None:
         raise ValueError("llama_config_to_tinytx: the Llama model is quantized (`quantization_config` is set); TinyTx "
                          "converts plain weights only. Load it without quantization (or dequantize it) first.")
-    # `pretraining_tp` needs no check: it only split Llama's matmuls in old releases and no longer changes the output.
     values = {name: copy.deepcopy(getattr(config, name)) for name in SHARED_FIELDS}
     # Some Llama checkpoints store `pad_token_id=-1` to mean "no padding token"; TinyTx spells that None.
     if isinstance(values["pad_token_id"], int) and not 0 <= values["pad_token_id"] < config.vocab_size:
@@ -96,7 +76,7 @@ def llama_to_tinytx(model: LlamaForCausalLM) -> TinyTxForCausalLM:
 
 def tinytx_to_llama(model: TinyTxForCausalLM) -> LlamaForCausalLM:
     """A Llama model that computes exactly what `model` computes (same weights, dtype and device)."""
-    # Checked by model type, not class: a model loaded as remote code has its own copy of the class.
+    # By model type, not class: a model loaded as remote code has its own copy of the class.
     if getattr(model.config, "model_type", None) != "tinytx" or not isinstance(model, PreTrainedModel):
         raise TypeError(f"tinytx_to_llama: expected a TinyTxForCausalLM, got {type(model).__name__}.")
     return _rebuild(model, LlamaForCausalLM, tinytx_config_to_llama(model.config))
@@ -128,15 +108,15 @@ def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to
     source, destination = Path(source), Path(destination)
     if to not in ("llama", "tinytx"):
         raise ValueError(f"convert: `to` must be 'llama' or 'tinytx', got {to!r}.")
-    local_folder_or_hub_id(str(source))  # a link loop or a missing path: one line, before any path is resolved
-    refuse_overlap(source, destination, ("source", "destination"), who="convert")
+    local_folder_or_hub_id(str(source))  # a link loop or a missing path, before any path is resolved
+    folders.refuse_overlap(source, destination, ("source", "destination"), who="convert")
     source_class, config_class, translate = (
         (TinyTxForCausalLM, TinyTxConfig, tinytx_config_to_llama) if to == "llama"
         else (LlamaForCausalLM, LlamaConfig, llama_config_to_tinytx)
     )
     source_files = convertible_files(source, config_class.model_type)
     ours = _check_destination(destination, overwrite)
-    # The config and the weights' headers first, so a refusal comes before gigabytes of weights are read.
+    # Refusals first, before gigabytes of weights are read.
     config = load_config(source, config_class, "convert")
     translate(config)
     check_stored_weights(source, source_class, config, "convert")
@@ -152,34 +132,34 @@ def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to
 def _save(converted: PreTrainedModel, source: Path, source_files: list[str], destination: Path, ours: set[str]):
     """Stages the converted folder inside `destination` and publishes it; the files of an earlier conversion that
     this one does not write are removed only once the new model is complete (a kill never loses both)."""
-    created = folders_to_create(destination)  # the destination and any missing parents: removed again on failure
-    staged = destination / STAGING_NAME
+    created = folders.folders_to_create(destination)  # removed again on failure
+    staged = destination / folders.STAGING_NAME
     publishing = False
     try:
-        staging_folder(destination)
+        folders.staging_folder(destination)
         converted.save_pretrained(staged)
-        for name in (*TOKENIZER_FILES, GENERATION_CONFIG_FILE):
+        for name in COPIED:
             if name in source_files:
                 shutil.copyfile(source / name, staged / name)
-        written = regular_files(staged)
-        _refuse_others_files(destination, lambda name: would_replace(name, written))
-        # Recorded before any file moves, so a killed publish leaves a record of every file of ours in the folder.
-        record_written(destination, WRITER, ours | set(written))
+        written = folders.regular_files(staged)
+        _refuse_others_files(destination, lambda name: folders.would_replace(name, written))
+        # Recorded before any file moves: a killed publish leaves a record of every file of ours.
+        folders.record_written(destination, WRITER, ours | set(written))
         publishing = True
-        publish(staged, destination)
+        folders.publish(staged, destination)
     except BaseException as error:  # a failure, or a stop signal (hf_tinytx.exits.StopSignal)
-        full = isinstance(error, Exception) and is_disk_full(error, staged)
+        full = isinstance(error, Exception) and folders.is_disk_full(error, staged)
         needed = sum((source / name).stat().st_size for name in source_files)
-        if not publishing:  # once files move in, the staging folder and the record stay, as a kill leaves them:
-            shutil.rmtree(staged, ignore_errors=True)  # the same command again finishes the publish
+        if not publishing:  # once files move in, all stays as a kill leaves it: the same command finishes it
+            shutil.rmtree(staged, ignore_errors=True)
             if created:
-                (destination / MANIFEST_NAME).unlink(missing_ok=True)
-                remove_created(created)
+                (destination / folders.MANIFEST_NAME).unlink(missing_ok=True)
+                folders.remove_created(created)
         if full:
-            raise DiskFullError(_disk_full_message(destination, needed, publishing)) from None
+            raise folders.DiskFullError(_disk_full_message(destination, needed, publishing)) from None
         raise
-    remove_written(destination, ours - set(written))
-    record_written(destination, WRITER, written)
+    folders.remove_written(destination, ours - set(written))
+    folders.record_written(destination, WRITER, written)
 
 
 def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
@@ -188,8 +168,8 @@ def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
         "some of its files were already replaced" if publishing
         else "nothing in it was changed and the partial output was removed"
     )
-    return (f"convert: the disk is full while writing {destination} (about {mib(needed)} needed, {mib(free)} free); "
-            f"{outcome}: free some space and run the same command again.")
+    return (f"convert: the disk is full while writing {destination} (about {folders.mib(needed)} needed, "
+            f"{folders.mib(free)} free); {outcome}: free some space and run the same command again.")
 
 
 def _check_destination(destination: Path, overwrite: bool) -> set[str]:
@@ -199,23 +179,22 @@ def _check_destination(destination: Path, overwrite: bool) -> set[str]:
         raise FileExistsError(f"convert: destination {str(destination)!r} is a file, not a folder.")
     if not destination.is_dir():
         return set()
-    # A staging folder or a record alone is what a killed conversion leaves: the next one may use the folder, also
-    # when some files had moved in (a publish stopped mid-way: every file there is in convert's record).
-    old = [path for path in destination.iterdir() if path.name not in (STAGING_NAME, MANIFEST_NAME)]
-    interrupted = (destination / STAGING_NAME).is_dir() and not others_files(destination, WRITER)
+    # A staging folder or a record alone is what a killed conversion leaves: the next one may use the folder.
+    old = [path for path in destination.iterdir() if path.name not in (folders.STAGING_NAME, folders.MANIFEST_NAME)]
+    interrupted = (destination / folders.STAGING_NAME).is_dir() and not folders.others_files(destination, WRITER)
     if old and not overwrite and not interrupted:
         raise FileExistsError(f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace "
                               "what an earlier conversion wrote there, or choose another folder.")
-    # Before anything is written: every name a conversion can write (the exact list is checked again once staged).
+    # Every name a conversion can write (the exact list is checked again once staged).
     _refuse_others_files(
-        destination, lambda name: would_replace(name, MAY_WRITE) or (name.endswith(".py") and "/" not in name)
+        destination, lambda name: folders.would_replace(name, COPIED) or (name.endswith(".py") and "/" not in name)
     )
-    return written_before(destination, WRITER)
+    return folders.written_before(destination, WRITER)
 
 
 def _refuse_others_files(destination: Path, replaced) -> None:
     # The model's own files first: they say best what the folder holds.
-    others = sorted((name for name in others_files(destination, WRITER) if replaced(name)),
+    others = sorted((name for name in folders.others_files(destination, WRITER) if replaced(name)),
                     key=lambda name: (name not in ("config.json", "model.safetensors"), name))
     if others:
         shown = ", ".join(others[:SHOWN]) + (f" and {len(others) - SHOWN} more" if len(others) > SHOWN else "")
@@ -240,11 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             destination = convert_folder(args.source, args.destination, to=args.to, overwrite=args.overwrite)
         print(f"wrote {args.to} model to {destination}")
 
-    # A refusal is one line and 2, a full disk one line and 1; SIGINT and SIGTERM 130 and 143 once the partial
-    # output is removed.
-    return exit_status("", command, refused=(ValueError, TypeError, OSError, ImportError), failed=(DiskFullError,),
-                       stopped="; run the same command again (what it had half written is removed, or finished by the "
-                       "rerun)")
+    refused = (ValueError, TypeError, OSError, ImportError)
+    stopped = "; run the same command again (what it had half written is removed, or finished by the rerun)"
+    return exit_status("", command, refused=refused, failed=(folders.DiskFullError,), stopped=stopped)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,4 @@
-"""The error every command of the project ends with on bad input: one line that names the problem and the fix.
-
-The library's commands (generate, chat) and the training scripts print it as `<program>: error: ...` and exit 2.
-"""
+"""The error every command ends with on bad input, printed as `<program>: error: ...` with exit status 2."""
 
 
 class UserInputError(ValueError):

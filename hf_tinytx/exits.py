@@ -2,12 +2,9 @@
 
     0      done
     2      bad input (UserInputError; for convert, each of its refusals)
-    1      anything else that went wrong (a full disk: one line saying so; else one line naming the error, and how
-           to see where: TINYTX_TRACEBACK=1)
-    130    Ctrl-C (SIGINT), 143 SIGTERM: the work under way stops, what it had half written is removed, one line
-    141    the reader of standard output went away (`... | head -c 10`): nothing more to say, as `cat` or `yes` do
-
-Python's standard library only: the commands call it before torch loads.
+    1      anything else (a full disk; else the error's name, and TINYTX_TRACEBACK=1 shows where)
+    130    Ctrl-C (SIGINT), 143 SIGTERM: what the command had half written is removed
+    141    the reader of standard output went away (`... | head -c 10`), as for `cat`
 """
 
 import contextlib
@@ -19,12 +16,10 @@ from hf_tinytx.errors import UserInputError
 
 
 TRACEBACK_VARIABLE = "TINYTX_TRACEBACK"  # set to 1: an unexpected error shows its traceback instead of one line
-CLOSED_PIPE = 128 + signal.SIGPIPE
 
 
 class StopSignal(BaseException):
-    """SIGINT or SIGTERM, raised where the command was: `except Exception` blocks let it pass, `finally` and
-    `except BaseException` blocks remove what the command half wrote."""
+    """SIGINT or SIGTERM, raised where the command was: `except Exception` lets it pass, `finally` cleans up."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -33,8 +28,7 @@ class StopSignal(BaseException):
 
 @contextlib.contextmanager
 def stop_signals():
-    """SIGINT and SIGTERM raise StopSignal while the block runs (the main thread only: elsewhere nothing changes);
-    the earlier handlers come back after it. A second signal while the first is handled is ignored."""
+    """SIGINT and SIGTERM raise StopSignal while the block runs (in the main thread); a second one is ignored."""
     def raise_stop(signum, frame):
         for name in (signal.SIGINT, signal.SIGTERM):
             signal.signal(name, signal.SIG_IGN)
@@ -54,28 +48,21 @@ def stop_signals():
 def exit_status(prefix: str, command, refused: tuple = (UserInputError,), failed: tuple = (),
                 stopped: str = "", streams: bool = False) -> int:
     """Runs `command()` and returns its exit status; every way it ends is at most one line `prefix ...` on stderr.
-    `prefix`: how the line starts ("tinytx generate:", or "" for none). `refused`: the errors that are a refusal
-    (their message is the line), exit 2. `failed`: errors that say themselves what went wrong but are no fault of
-    the input (a full disk), exit 1 with their message. `stopped`: what the line adds after "stopped by SIGINT".
-    `streams`: the command prints text as it comes, which a stop ends with a newline."""
+    `refused` errors exit 2, `failed` ones (no fault of the input) 1, both with their message as the line.
+    `stopped` follows "stopped by SIGINT"; `streams`: a stop first ends the streamed text's line."""
     start = f"{prefix} " if prefix else ""
     try:
         with stop_signals():
             command()
     except BrokenPipeError:
         return closed_pipe()
-    except StopSignal as stop:
-        say(f"{start}stopped by {stop}{stopped}", newline_first=streams)
-        return 128 + stop.signum
-    except KeyboardInterrupt:  # raised before the handlers were installed, or by a library's own handler
-        say(f"{start}stopped by SIGINT{stopped}", newline_first=streams)
-        return 130
-    except failed as error:
+    except (StopSignal, KeyboardInterrupt) as stop:  # KeyboardInterrupt: before our handlers, or a library's own
+        signum = getattr(stop, "signum", signal.SIGINT)
+        say(f"{start}stopped by {signal.Signals(signum).name}{stopped}", newline_first=streams)
+        return 128 + signum
+    except (*failed, *refused) as error:
         say(f"{start}error: {error}")
-        return 1
-    except refused as error:
-        say(f"{start}error: {error}")
-        return 2
+        return 1 if isinstance(error, failed) else 2
     except Exception as error:  # noqa: BLE001  (the one line, not a traceback: the hint says how to see one)
         if os.environ.get(TRACEBACK_VARIABLE):
             raise
@@ -98,10 +85,9 @@ def say(line: str, newline_first: bool = False) -> None:
 
 
 def closed_pipe() -> int:
-    """Standard output's reader left: what is still buffered for it goes nowhere (Python would otherwise report the
-    failed flush at exit), and the status says so as a shell's does for `cat` killed by SIGPIPE."""
+    """Standard output's reader left: what is still buffered goes nowhere (else Python reports the flush at exit)."""
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    return CLOSED_PIPE
+    return 128 + signal.SIGPIPE

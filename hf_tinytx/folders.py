@@ -1,9 +1,8 @@
 """Reading and writing model folders safely: never through a link that leaves the folder, never half-written.
 
-A model is written into a staging folder and published one `os.replace` a file, config last (`writing_into`,
-`publish`), so the folder always loads as the old model or the new one. No command writes where it reads
-(`refuse_overlap`), and a record of what a command wrote (`record_written`) limits what a later `--overwrite`
-replaces. Every file a command creates is opened by `open_new`, which never writes through a link.
+A model is staged, then published one `os.replace` a file, config last, so the folder always loads as the old model
+or the new one. No command writes where it reads (`refuse_overlap`), and a record of what a command wrote limits what
+a later `--overwrite` replaces.
 """
 
 import contextlib
@@ -17,8 +16,12 @@ from pathlib import Path
 
 STAGING_NAME = ".tinytx-staging"  # inside the destination; only ever written by `staging_folder`
 CONFIG_NAMES = ("config.json", "adapter_config.json")  # a model's, a LoRA adapter's: what loading looks for first
-# The weight files `save_pretrained` names; a new save removes older ones it does not replace (other shard counts).
+# The weight files `save_pretrained` names; a new save removes older ones it does not replace.
 WEIGHT_FILE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
+REPLACED_CONFIGS = ".replaced"  # inside the staging folder: the old configs `publish` took out of the destination
+# A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.
+MANIFEST_NAME = ".tinytx-written.json"
+READ_APART = "a command never writes where it reads, --overwrite included"  # refuse_overlap's reason by default
 
 
 class UnsafeLinkError(ValueError):
@@ -26,7 +29,7 @@ class UnsafeLinkError(ValueError):
 
 
 class DiskFullError(OSError):
-    """The disk filled while a command wrote: a fault of the machine, not of the input (convert exits 1, not 2)."""
+    """The disk filled while a command wrote: a fault of the machine, not of the input."""
 
 
 def regular_files(folder: str | os.PathLike) -> list[str]:
@@ -61,21 +64,20 @@ def link_or_copy(folder: str | os.PathLike, target: str | os.PathLike, names=Non
             shutil.copy2(source.resolve(), destination)
 
 
-# How `open_new` opens each mode: "w" creates a new file (whatever had the name, a hard link included, is unlinked
-# first); "a" appends to a regular file; "a+" also reads it (a lock file). None of them opens a link.
+# "w" creates a new file (a hard link at the name is unlinked first, never written through); "a+" also reads.
 _OPEN_FLAGS = {"w": os.O_WRONLY | os.O_CREAT | os.O_EXCL, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND}
 
 
-def open_new(path: str | os.PathLike, mode: str = "w", encoding: str = "utf-8"):
-    """Opens `path` to write ("w", "a", "a+"; with "b" for bytes), never through a link: a link at `path` is removed
-    (never what it leads to), "w" creates a new file, and O_NOFOLLOW refuses a link planted in between."""
+def open_new(path: str | os.PathLike, mode: str = "w"):
+    """Opens `path` to write ("w", "a", "a+"; with "b" for bytes), never through a link: a link at `path` is removed,
+    and O_NOFOLLOW refuses one planted in between."""
     flags = _OPEN_FLAGS[mode.replace("b", "")] | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     with contextlib.suppress(FileNotFoundError):
         if os.path.islink(path) or (mode.startswith("w") and not os.path.isdir(path)):
             os.unlink(path)
     fd = os.open(path, flags, 0o666)
-    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding}))
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
 def remove_tree(path: str | os.PathLike) -> None:
@@ -96,7 +98,7 @@ def folders_to_create(path: str | os.PathLike) -> list[Path]:
 
 
 def remove_created(folders: list[Path]) -> None:
-    """Removes `folders` (from `folders_to_create`) deepest first, each only if empty: a failed command's own."""
+    """Removes `folders` (from `folders_to_create`) deepest first, each only if empty."""
     for folder in folders:
         try:
             folder.rmdir()
@@ -115,8 +117,7 @@ def staging_folder(destination: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def writing_into(destination: str | os.PathLike):
-    """Yields a staging folder to write into, published into `destination` when the block ends (removed if it
-    raises)."""
+    """Yields a staging folder, published into `destination` when the block ends (removed if it raises)."""
     staged = staging_folder(destination)
     try:
         yield staged
@@ -127,7 +128,7 @@ def writing_into(destination: str | os.PathLike):
 
 
 def _new_file_mode() -> int:
-    """The mode `open` gives a new file under this process's umask (read once, at import, while one thread runs)."""
+    """The mode `open` gives a new file under this process's umask (read at import, while one thread runs)."""
     umask = os.umask(0o022)
     os.umask(umask)
     return 0o666 & ~umask
@@ -137,9 +138,8 @@ NEW_FILE_MODE = _new_file_mode()
 
 
 def fsync_tree(folder: str | os.PathLike) -> None:
-    """Flushes every file and folder under `folder` to disk, so a rename that follows cannot expose empty files. Each
-    file also gets the mode a new file gets (NEW_FILE_MODE): safetensors writes its files 0600 through a temporary
-    file, and a model folder's weights would otherwise be the one file other users cannot read."""
+    """Flushes every file and folder under `folder`, so a rename that follows cannot expose empty files. Each file
+    also gets NEW_FILE_MODE: safetensors writes 0600, which other users could not read."""
     for directory, _, names in os.walk(folder):
         for name in names:
             with open(os.path.join(directory, name), "rb") as f:
@@ -158,13 +158,11 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 
 
 def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
-    """Moves every file of `staged` into `destination`, flushed, one `os.replace` each: the weights first (then the
-    old save's weight files the new ones do not replace go), the config last. Nothing is deleted before its
-    replacement is in place, and files that are not the model's are never touched.
+    """Moves every file of `staged` into `destination`, flushed, one `os.replace` each: the weights first, the config
+    last; files that are not the model's are never touched.
 
-    Unless the new config equals the old and one weight file moves, the old configs are first moved out: until the
-    new config is in, `from_pretrained` refuses the folder in one line instead of loading old config with new
-    weights as neither model. A kill then leaves `interrupted_save(destination)` true; the same command redoes it.
+    Unless the new config equals the old and one weight file moves, the old configs are first moved out, so that a
+    kill leaves a folder `from_pretrained` refuses (`interrupted_save`), never old config with new weights.
     """
     staged, destination = Path(staged), Path(destination)
     names = regular_files(staged)
@@ -185,12 +183,8 @@ def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
     shutil.rmtree(staged)
 
 
-REPLACED_CONFIGS = ".replaced"  # inside the staging folder: the old configs `publish` took out of the destination
-
-
 def _old_config_fits(staged: Path, destination: Path, weights: list[str]) -> bool:
-    """Whether the destination's configs may stay while the new weights move in: equal configs, and one weight file
-    (shards would mix two saves until the last moved)."""
+    """Whether the destination's configs may stay while the new weights move in: equal configs, one weight file."""
     if len(weights) > 1:
         return False
     for name in CONFIG_NAMES:
@@ -208,7 +202,7 @@ def _json_or_none(path: Path):
 
 
 def _take_configs_out(staged: Path, destination: Path) -> None:
-    """Moves the destination's configs (a link as itself) into `staged`, to go with it once the new config is in."""
+    """Moves the destination's configs (a link as itself) into `staged`, to go once the new config is in."""
     moved = False
     for name in CONFIG_NAMES:
         old = destination / name
@@ -233,16 +227,10 @@ class OverlapError(ValueError):
     """A destination that would write into, over or through the folder a command reads."""
 
 
-READ_APART = "a command never writes where it reads, --overwrite included"  # refuse_overlap's reason by default
-
-
-def refuse_overlap(
-    source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"), who: str | None = None,
-    reason: str = READ_APART,
-) -> None:
+def refuse_overlap(source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"),
+                   who: str | None = None, reason: str = READ_APART) -> None:
     """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
-    (links resolved), or a destination that is a link. `flag_names` spell the two as the user does; `who` starts
-    the line."""
+    (links resolved), or a destination that is a link. `who` starts the line."""
     source, destination = Path(source), Path(destination)
     source_name, destination_name = flag_names
     start = f"{who}: " if who else ""
@@ -264,8 +252,8 @@ def refuse_overlap(
 
 
 def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) -> bool:
-    """Whether `error` comes from a full disk. Some writers (numpy, safetensors, torch.save) report it without an
-    errno: then the file system of `path` is asked, while the partial file still holds its space."""
+    """Whether `error` comes from a full disk; for writers that say so without an errno (numpy, safetensors), the
+    file system of `path` is asked while the partial file still holds its space."""
     if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error):
         return True
     # Only the bare error types such writers raise: a refusal (FileExistsError, ...) is no full disk.
@@ -283,13 +271,8 @@ def mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB" if size >= 0.05 * 2**20 else "less than 0.1 MiB"
 
 
-# A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.
-MANIFEST_NAME = ".tinytx-written.json"
-
-
 def written_before(destination: str | os.PathLike, writer: str) -> set[str]:
-    """The files `writer` recorded writing into `destination`: plain relative names only, so that a record can never
-    point a deletion elsewhere."""
+    """The files `writer` recorded writing into `destination`: plain relative names only."""
     try:
         record = json.loads((Path(destination) / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -305,7 +288,7 @@ def _plain_relative(name: str) -> bool:
 
 
 def record_written(destination: str | os.PathLike, writer: str, files) -> None:
-    """Replaces the record of what `writer` wrote into `destination`, in one rename (never a half-written record)."""
+    """Replaces the record of what `writer` wrote into `destination`, in one rename."""
     path = Path(destination) / MANIFEST_NAME
     temporary = path.with_name(f"{MANIFEST_NAME}.new")
     try:

@@ -4,12 +4,8 @@
     tinytx generate out/tinytx "Once" --do_sample --temperature 0.8 --top_p 0.95 --seed 0
     tinytx generate out/tinytx "Once" --compile     # static cache and a compiled forward (docs/performance.md)
 
-FOLDER is any folder `AutoModelForCausalLM` loads once hf_tinytx is imported, with its tokenizer. It prints what
-the README's Python prints (the prompt and its continuation), streamed by transformers' `TextStreamer`. The folder's
-generation_config gives the defaults; decoding is greedy unless --do_sample.
-
-The flags and the folder are checked before torch loads: a mistake is one line, `tinytx generate: error: ...`, exit 2.
-chat.py shares this module's flags, checks and loading.
+The flags and the folder are checked before torch loads: a mistake is one line, exit 2. chat.py shares this
+module's flags, checks and loading.
 """
 
 import argparse
@@ -35,7 +31,7 @@ CXX_COMPILERS = ("g++", "clang++", "c++")  # what inductor's C++ wrapper builds 
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose mistakes are one line, `prog: error: ...` and exit 2, without the usage block above it."""
+    """argparse whose mistakes are one line and exit 2, without the usage block."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
@@ -55,7 +51,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens: int, example: str) -> None:
-    """The flags `tinytx generate` and `tinytx chat` share: how much to generate, how to pick tokens, where."""
+    """The flags `tinytx generate` and `tinytx chat` share."""
     parser.add_argument("folder", metavar="FOLDER",
                         help=f"a model folder with its tokenizer, as pretrain or finetune write it (e.g. {example})")
     parser.add_argument("--max_new_tokens", type=int, default=None,
@@ -87,9 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# ---------------------------------------------------------------------------- checks run before torch loads
-
-
 def check_flags(args: argparse.Namespace) -> None:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UserInputError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}.")
@@ -112,15 +105,13 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def check_folder(folder: str) -> str:
-    """The model folder, as an absolute path, once it holds a config, a tokenizer and weights whose safetensors
-    headers read."""
+    """The model folder's absolute path, once it holds a config, a tokenizer and weights whose headers read."""
     path = os.path.abspath(os.path.expanduser(folder))
     if not os.path.exists(path) and (problem := sources.link_problem(path)) is not None:
         raise UserInputError(f"{folder} {problem}.")
     if not os.path.exists(path):
         parent = os.path.dirname(path)
-        siblings = [name for name in os.listdir(parent) if os.path.isdir(os.path.join(parent, name))] \
-            if os.path.isdir(parent) else []
+        siblings = [entry.name for entry in os.scandir(parent) if entry.is_dir()] if os.path.isdir(parent) else []
         closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
         hint = f"did you mean {os.path.join(os.path.dirname(folder), closest[0])!r}? " if closest else ""
         raise UserInputError(f"no such folder: {folder}; {hint}give the folder pretrain or finetune wrote "
@@ -135,7 +126,7 @@ def check_folder(folder: str) -> str:
                                  "(finetune --merge writes one, e.g. out/chat-lora/merged).")
         raise UserInputError(f"{folder} has no config.json, so it holds no saved model: give the folder "
                              "save_pretrained wrote (pretrain's or finetune's --output_dir, e.g. out/tinytx).")
-    config = folder_config.read_config_json(path, None)  # an object, rope_parameters one (a list: one line)
+    config = folder_config.read_config_json(path, None)
     if not names.intersection(sources.TOKENIZER_MARKERS):
         raise UserInputError(f"{folder} has no tokenizer (no tokenizer.json or tokenizer_config.json): save the "
                              "model's tokenizer into it, AutoTokenizer.from_pretrained(base).save_pretrained(folder).")
@@ -144,7 +135,7 @@ def check_folder(folder: str) -> str:
                              "again, or give the folder that holds them.")
     folder_config.check_vocabulary_fits(folder, config, None)
     if stored_weights.has_safetensors(path):
-        stored_weights.stored_shapes(path, "FOLDER")  # a damaged file: one ValueError line naming it
+        stored_weights.stored_shapes(path, "FOLDER")
     return path
 
 
@@ -157,15 +148,11 @@ def read_json(path: str, folder: str) -> dict:
 
 
 def early_checks(args: argparse.Namespace) -> str:
-    """The flags and the folder, checked before torch loads; the folder's absolute path."""
     check_flags(args)
     try:
         return check_folder(args.folder)
     except ValueError as error:  # UserInputError, or stored_weights' line on a damaged file
         raise UserInputError(str(error)) from None
-
-
-# ---------------------------------------------------------------------------- after torch loads
 
 
 def resolve_device(name: str):
@@ -190,7 +177,7 @@ def resolve_device(name: str):
 
 
 def load_model(folder: str, device_name: str, trust_remote_code: bool):
-    """(model in eval mode on the device, tokenizer); a folder transformers cannot load is one line."""
+    """(model in eval mode on the device, tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
@@ -218,9 +205,8 @@ def load_model(folder: str, device_name: str, trust_remote_code: bool):
 
 
 def refuse_unmatched_weights(folder: str, loading: dict) -> None:
-    """transformers fills a tensor the config expects but the files lack with random values, and drops one they hold
-    but it does not expect (a warning at most): a config saying 3 layers over weights holding 2 would generate from
-    a model nobody trained. Refused, naming the first tensors of each kind."""
+    """transformers fills a tensor the files lack with random values and drops one the config does not expect: a
+    config saying 3 layers over weights holding 2 would generate from a model nobody trained."""
     misshapen = [f"{name} {list(stored)} (expected {list(expected)})"
                  for name, stored, expected in loading.get("mismatched_keys") or []]
     kinds = (("missing", sorted(loading.get("missing_keys") or [])),
@@ -233,7 +219,7 @@ def refuse_unmatched_weights(folder: str, loading: dict) -> None:
 
 
 def generation_settings(args: argparse.Namespace, model, default_max_new_tokens: int) -> dict:
-    """The keyword arguments for `generate`: the flags given, over the folder's generation_config."""
+    """`generate`'s keyword arguments: the flags given, over the folder's generation_config."""
     max_new_tokens = args.max_new_tokens or model.generation_config.max_new_tokens or default_max_new_tokens
     settings = {"max_new_tokens": max_new_tokens, "do_sample": args.do_sample}
     settings.update({name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None})
@@ -241,12 +227,10 @@ def generation_settings(args: argparse.Namespace, model, default_max_new_tokens:
 
 
 def context_length(model) -> int | None:
-    """The positions the model was made for (None where its config does not say)."""
     return getattr(model.config, "max_position_embeddings", None)
 
 
 def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
-    """Refuses a prompt that, with the new tokens, runs past the positions the model was made for."""
     context = context_length(model)
     if context is not None and prompt_tokens + max_new_tokens > context:
         raise UserInputError(f"the prompt is {prompt_tokens} tokens and --max_new_tokens {max_new_tokens}: together "
@@ -255,8 +239,8 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
 
 
 def compile_for_decoding(model) -> dict:
-    """docs/performance.md's recipe: a static cache, and on a CPU the forward compiled here (`generate` compiles a
-    static cache's step by itself on accelerators only). Returns the settings it adds to `generate`'s."""
+    """A static cache, and on a CPU the forward compiled here (`generate` compiles it by itself on accelerators only);
+    returns the settings it adds to `generate`'s."""
     import torch
 
     if model.device.type == "cpu":
@@ -268,7 +252,7 @@ def compile_for_decoding(model) -> dict:
 
 
 def continue_prompt(model, tokenizer, prompt: str, settings: dict, streamer=None):
-    """The prompt's ids followed by the generated ones, in one row; `streamer` gets them as they come."""
+    """The prompt's ids followed by the generated ones, in one row."""
     import torch
 
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
@@ -298,14 +282,12 @@ def run(args: argparse.Namespace, folder: str) -> None:
 
 
 def exit_status(prog: str, command) -> int:
-    """Runs `command()`: 0; a UserInputError is one line `prog: error: ...` and 2; SIGINT, SIGTERM, a closed pipe and
-    anything else end as hf_tinytx.exits says (130, 143, 141, 1), each with at most one line."""
+    """Runs `command()` and returns its exit status, as hf_tinytx.exits says."""
     return exits.exit_status(f"{prog}:", command, streams=True)
 
 
 def utf8_text(text: str, what: str) -> str:
-    """`text` as given, once it is UTF-8: bytes that are not (an argument or a line Python decoded with
-    surrogateescape) are refused, naming the first, where a tokenizer would fail with a traceback."""
+    """`text` once it is UTF-8 (Python keeps other bytes as surrogates, on which a tokenizer fails)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:

@@ -5,22 +5,16 @@ it (Ollama, LM Studio, llama-cpp-python).
     python -m hf_tinytx.convert --to gguf path/to/tinytx model.gguf [--outtype f32|f16|q8_0] [--overwrite]
 
 Design choices:
-- The model is written as llama.cpp's "llama" architecture (a TinyTx model with the gated MLP and without qk_norm is
-  a Llama network, see convert.py). Activations other than SiLU and RoPE types llama.cpp lacks are refused, before
-  anything is written.
-- Hugging Face rotates dimension i with i + d/2 ("rotate half"), llama.cpp neighbours (2i, 2i+1): the rows of
-  q_proj/k_proj are permuted within each head, which leaves the attention scores unchanged.
-- Tied embeddings: only `token_embd` is written; llama.cpp uses it as the output head when `output` is absent.
-- The tokenizer must be a byte-level BPE with GPT-2's regex split (what `hf_tinytx.tokenization` trains), written as
-  llama.cpp's "gpt-2" pre-tokenizer.
-- f32, f16 or q8_0; norms and biases stay f32, and a matrix whose rows q8_0's blocks of 32 do not divide gets f16.
-- The file is written under a temporary name beside the destination, then renamed over it.
+- llama.cpp's "llama" architecture (convert.py: the gated MLP without qk_norm is a Llama network); what it cannot
+  compute (another activation, another RoPE type) is refused before anything is written.
+- q_proj/k_proj rows are permuted within each head from Hugging Face's "rotate half" RoPE to llama.cpp's neighbours.
+- The tokenizer must be a byte-level BPE with GPT-2's regex split (what `hf_tinytx.tokenization` trains).
+- f32, f16 or q8_0 matrices; norms and biases stay f32.
 """
 
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,18 +22,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from . import folders
 from .configuration_tinytx import TinyTxConfig
-from .folders import (
-    STAGING_NAME,
-    DiskFullError,
-    folders_to_create,
-    fsync_dir,
-    is_disk_full,
-    mib,
-    open_new,
-    refuse_overlap,
-    remove_created,
-)
 from .modeling_tinytx import TinyTxForCausalLM, TinyTxRotaryEmbedding
 from .saved_folder import check_stored_weights, convertible_files, load_config, why_not_llama
 from .sources import local_folder_or_hub_id
@@ -68,11 +52,11 @@ def write_gguf(source: str | os.PathLike, destination: str | os.PathLike, outtyp
     source, destination = Path(source), Path(destination)
     if outtype not in OUTTYPES:
         raise ValueError(f"gguf: `outtype` must be one of {list(OUTTYPES)}, got {outtype!r}.")
-    local_folder_or_hub_id(str(source))  # a link loop or a missing path: one line, before any path is resolved
-    refuse_overlap(source, destination, ("source", "destination"), who="gguf")
+    local_folder_or_hub_id(str(source))  # a link loop or a missing path, before any path is resolved
+    folders.refuse_overlap(source, destination, ("source", "destination"), who="gguf")
     _check_destination_file(destination, overwrite)
     files = convertible_files(source, "tinytx")
-    # Everything that can refuse runs before the weights are read and before anything is written.
+    # Every refusal before the weights are read.
     config = load_config(source, TinyTxConfig, "gguf")
     check_gguf_config(config)
     check_stored_weights(source, TinyTxForCausalLM, config, "gguf")
@@ -81,7 +65,8 @@ def write_gguf(source: str | os.PathLike, destination: str | os.PathLike, outtyp
     model = TinyTxForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
     writer = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[ARCHITECTURE])
     _add_hyperparameters(writer, config, name=source.resolve().name, outtype=outtype)
-    vocabulary.add_to(writer)
+    for key, value in vocabulary.items():  # GGUFWriter's add_<key>
+        getattr(writer, f"add_{key}")(value)
     for name, data, qtype in gguf_tensors(model, outtype):
         writer.add_tensor(name, data, raw_dtype=qtype)
     _write_atomically(writer, destination)
@@ -92,7 +77,7 @@ def write_gguf(source: str | os.PathLike, destination: str | os.PathLike, outtyp
 
 
 def check_gguf_config(config: TinyTxConfig) -> None:
-    """Raises a one-line ValueError when llama.cpp's Llama graph would compute something other than this model."""
+    """Refuses a model that llama.cpp's Llama graph would compute otherwise."""
     if (reason := why_not_llama(config)) is not None:
         raise ValueError(f"gguf: {reason} (The GGUF file runs as llama.cpp's Llama architecture.)")
     if config.hidden_act not in ("silu", "swish"):
@@ -118,22 +103,19 @@ def check_gguf_config(config: TinyTxConfig) -> None:
 
 
 def _add_hyperparameters(writer: gguf.GGUFWriter, config: TinyTxConfig, name: str, outtype: str) -> None:
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(name)
-    writer.add_file_type(OUTTYPES[outtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    sizes = {  # GGUF key (the writer's add_<key>) -> the config's value
+    rope = config.rope_parameters
+    keys = {  # GGUF key (the writer's add_<key>) -> its value
+        "type": gguf.GGUFType.MODEL, "name": name, "file_type": OUTTYPES[outtype],
+        "quantization_version": gguf.GGML_QUANT_VERSION,
         "vocab_size": config.vocab_size, "context_length": config.max_position_embeddings,
         "embedding_length": config.hidden_size, "block_count": config.num_hidden_layers,
         "feed_forward_length": config.intermediate_size, "head_count": config.num_attention_heads,
         "head_count_kv": config.num_key_value_heads, "key_length": config.head_dim, "value_length": config.head_dim,
         "rope_dimension_count": config.head_dim, "layer_norm_rms_eps": config.rms_norm_eps,
+        "rope_freq_base": rope["rope_theta"],
     }
-    for key, value in sizes.items():
+    for key, value in keys.items():
         getattr(writer, f"add_{key}")(value)
-
-    rope = config.rope_parameters
-    writer.add_rope_freq_base(rope["rope_theta"])
     rope_type = rope.get("rope_type", "default")
     if rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -173,8 +155,8 @@ def gguf_tensors(model: TinyTxForCausalLM, outtype: str):
 
 
 def rotate_half_to_interleaved(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Reorders each head's output rows from Hugging Face's rotate-half RoPE layout (pairs i, i + d/2) to llama.cpp's
-    interleaved one (pairs 2i, 2i + 1); works for weights (rows, in) and biases (rows,)."""
+    """Reorders each head's rows from rotate-half RoPE pairs (i, i + d/2) to llama.cpp's interleaved (2i, 2i + 1); for
+    weights (rows, in) and biases (rows,). The attention scores stay the same."""
     head_dim = weight.shape[0] // num_heads
     halves = weight.reshape(num_heads, 2, head_dim // 2, *weight.shape[1:])
     return halves.transpose(1, 2).reshape(weight.shape)
@@ -203,34 +185,9 @@ def _encode(data: np.ndarray, outtype: str) -> tuple[np.ndarray, gguf.GGMLQuanti
 # ---- the tokenizer ----
 
 
-@dataclass
-class GGUFVocabulary:
-    """A tokenizer as llama.cpp's BPE ("gpt2") tokenizer model reads it."""
-
-    tokens: list[str]
-    token_types: list[int]
-    merges: list[str]
-    special_ids: dict[str, int]  # "bos", "eos", "pad", "unk" -> id
-    add_bos: bool
-    add_eos: bool
-    chat_template: str | list[dict] | None
-
-    def add_to(self, writer: gguf.GGUFWriter) -> None:
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(PRE_TOKENIZER)
-        writer.add_token_list(self.tokens)
-        writer.add_token_types(self.token_types)
-        writer.add_token_merges(self.merges)
-        for kind, token_id in self.special_ids.items():
-            getattr(writer, f"add_{kind}_token_id")(token_id)
-        writer.add_add_bos_token(self.add_bos)
-        writer.add_add_eos_token(self.add_eos)
-        if self.chat_template:
-            writer.add_chat_template(self.chat_template)
-
-
-def gguf_vocabulary(tokenizer: PreTrainedTokenizerFast, config: TinyTxConfig) -> GGUFVocabulary:
-    """The tokenizer's vocabulary, merges and special tokens; refuses one llama.cpp would split differently."""
+def gguf_vocabulary(tokenizer: PreTrainedTokenizerFast, config: TinyTxConfig) -> dict:
+    """The tokenizer as llama.cpp's BPE ("gpt2") tokenizer model reads it: {GGUF key: value}, in the file's order.
+    Refuses one llama.cpp would split differently."""
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     _check_byte_level_bpe(spec)
     vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
@@ -251,20 +208,23 @@ def gguf_vocabulary(tokenizer: PreTrainedTokenizerFast, config: TinyTxConfig) ->
             tokens.append(by_id[token_id])
             token_types.append(gguf.TokenType.NORMAL)
 
-    special_ids = {}
+    keys = {"tokenizer_model": "gpt2", "tokenizer_pre": PRE_TOKENIZER, "token_list": tokens,
+            "token_types": [int(kind) for kind in token_types], "token_merges": _merges(spec["model"]["merges"])}
     for kind in ("bos", "eos", "pad", "unk"):
         token_id = getattr(tokenizer, f"{kind}_token_id")
         if token_id is None and kind in ("bos", "eos", "pad"):
             token_id = _first(getattr(config, f"{kind}_token_id"))
         if token_id is not None:
-            special_ids[kind] = token_id
+            keys[f"{kind}_token_id"] = token_id
     sample = list(tokenizer("x")["input_ids"])
+    keys["add_bos_token"] = adds_bos(tokenizer)
+    keys["add_eos_token"] = tokenizer.eos_token_id is not None and sample[-1:] == [tokenizer.eos_token_id]
     chat_template = tokenizer.chat_template
     if isinstance(chat_template, dict):  # several named templates: GGUF stores them as a list
         chat_template = [{"name": name, "template": text} for name, text in chat_template.items()]
-    add_eos = tokenizer.eos_token_id is not None and sample[-1:] == [tokenizer.eos_token_id]
-    return GGUFVocabulary(tokens, [int(kind) for kind in token_types], _merges(spec["model"]["merges"]), special_ids,
-                          adds_bos(tokenizer), add_eos, chat_template)
+    if chat_template:
+        keys["chat_template"] = chat_template
+    return keys
 
 
 def _check_byte_level_bpe(spec: dict) -> None:
@@ -329,12 +289,11 @@ def _check_destination_file(destination: Path, overwrite: bool) -> None:
 
 def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
     """Writes under a temporary name beside `destination`, then renames it over: never a half-written .gguf."""
-    created = folders_to_create(destination.parent)  # removed again, deepest first, if the write fails
+    created = folders.folders_to_create(destination.parent)  # removed again if the write fails
     destination.parent.mkdir(parents=True, exist_ok=True)
-    # One file renamed over another: no staging folder to `publish` from, only the name of one, beside the file.
-    staged = destination.with_name(f".{destination.name}{STAGING_NAME}")
+    staged = destination.with_name(f".{destination.name}{folders.STAGING_NAME}")
     try:
-        open_new(staged, "wb").close()  # a file of ours at the name (a link there removed) for the writer to fill
+        folders.open_new(staged, "wb").close()  # never through a link planted at the name
         writer.write_header_to_file(path=staged)
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -342,17 +301,17 @@ def _write_atomically(writer: gguf.GGUFWriter, destination: Path) -> None:
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
         os.replace(staged, destination)
-        fsync_dir(destination.parent)
+        folders.fsync_dir(destination.parent)
     except BaseException as error:
         # Asked before the partial file gives its space back: numpy reports a full disk without an errno.
-        full = isinstance(error, Exception) and is_disk_full(error, staged.parent)
+        full = isinstance(error, Exception) and folders.is_disk_full(error, staged.parent)
         writer.close()
         staged.unlink(missing_ok=True)
-        remove_created(created)
+        folders.remove_created(created)
         if full:
             existing = next(folder for folder in destination.parents if folder.exists())
-            free = shutil.disk_usage(existing).free
-            raise DiskFullError(f"gguf: the disk is full while writing {destination} ({mib(free)} free once the "
-                                "partial file was removed); nothing was changed: free some space and run the same "
-                                "command again.") from None
+            free = folders.mib(shutil.disk_usage(existing).free)
+            raise folders.DiskFullError(f"gguf: the disk is full while writing {destination} ({free} free once the "
+                                        "partial file was removed); nothing was changed: free some space and run the "
+                                        "same command again.") from None
         raise

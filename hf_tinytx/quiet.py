@@ -1,10 +1,6 @@
-"""Silences notices a user cannot act on, for the commands; the library never calls this, so importing `hf_tinytx`
-changes no other package's logging.
-
-DeepSpeed, imported by transformers whenever a model is saved or loaded, logs "Setting accelerator to CPU. If you
-have GPU ..." at every command. Where torch sees no accelerator that line says nothing, so it is dropped there.
-Accelerate logs "Removed shared tensor {'lm_head.weight'} while saving" at every checkpoint of a model whose input
-and output embeddings are one tensor (the default preset's): safetensors stores it once and loading ties it again.
+"""Silences notices a user cannot act on, for the commands (the library itself never calls this): DeepSpeed's
+"Setting accelerator to CPU" where torch sees no accelerator, and Accelerate's "Removed shared tensor" at every save
+of a model with tied embeddings.
 """
 
 import logging
@@ -33,7 +29,7 @@ def _drop(logger_name: str, start: str) -> None:
 
 
 def quiet_notices() -> None:
-    """Installs the filters above (once; before or after DeepSpeed is imported: its logger is looked up by name)."""
+    """Installs the filters (once; before or after DeepSpeed is imported)."""
     import torch
 
     _drop("accelerate.utils.other", SHARED_TENSOR_NOTICE)

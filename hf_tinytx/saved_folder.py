@@ -1,9 +1,6 @@
-"""Reads a saved model folder the way a converter must before it writes anything: its config, checked, and its
-stored tensors' names and shapes (safetensors headers only), compared with what the config's model expects. Each
-problem is one ValueError line.
-
-Why compare: `from_pretrained` fills a tensor the files lack with random values and drops one the config does not
-expect, so a config saying 3 layers over weights holding 2 would convert into another model without a word.
+"""Reads a saved model folder the way a converter must before it writes anything: its config, and its stored
+tensors' names and shapes (safetensors headers only) against what the config's model expects, since `from_pretrained`
+would fill a missing tensor with random values. Each problem is one ValueError line.
 """
 
 import os
@@ -27,7 +24,7 @@ SHOWN = 3  # tensor names quoted in a message, per kind of problem
 def load_config(folder: str | os.PathLike, config_class: type[PreTrainedConfig], who: str) -> PreTrainedConfig:
     """`config_class.from_pretrained(folder)`, with a field of the wrong kind reported in one line."""
     path = Path(folder) / "config.json"
-    read_config_json(folder, who, config_class.model_type)  # JSON, an object, rope_parameters an object
+    read_config_json(folder, who, config_class.model_type)
     try:
         return config_class.from_pretrained(folder)
     except (TypeError, ValueError, AttributeError, KeyError) as error:
@@ -39,7 +36,7 @@ def load_config(folder: str | os.PathLike, config_class: type[PreTrainedConfig],
 def check_stored_weights(
     folder: str | os.PathLike, model_class: type[PreTrainedModel], config: PreTrainedConfig, who: str
 ) -> None:
-    """Refuses (one ValueError line) stored tensors that are missing, unexpected or misshapen for `config`."""
+    """Refuses stored tensors that are missing, unexpected or misshapen for `config`."""
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         expected = {name: tuple(t.shape) for name, t in model_class._from_config(config).state_dict().items()}
     files = stored_shapes(folder, who)
@@ -63,7 +60,7 @@ def check_stored_weights(
 
 
 def _tied(model_class: type[PreTrainedModel], config: PreTrainedConfig) -> dict[str, str]:
-    """{tied tensor: the tensor it shares} when the config ties them (transformers 5 maps target -> source)."""
+    """{tied tensor: the tensor it shares} when the config ties them."""
     keys = model_class._tied_weights_keys or {}
     if not config.tie_word_embeddings:
         return {}
@@ -80,7 +77,7 @@ def _equal(files: dict, first: str, second: str) -> bool:
 
 def convertible_files(source: Path, expected_type: str) -> list[str]:
     """The files of a saved model folder that can be converted; refuses one that cannot (and a link leading out)."""
-    local_folder_or_hub_id(str(source))  # a mistyped path: "no such folder", the same words as every command
+    local_folder_or_hub_id(str(source))  # the same words as every command for a mistyped path
     if not source.is_dir():
         raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
     files = regular_files(source)

@@ -1,20 +1,11 @@
-"""Serve TinyTx with transformers' OpenAI-compatible server: `python -m hf_tinytx.serve` is `transformers serve`,
-made safe to leave running.
+"""`python -m hf_tinytx.serve`: transformers' OpenAI-compatible server (`transformers serve`), safe to leave running.
 
     python -m hf_tinytx.serve out/tinytx --port 8000    # a folder or a Hub id; any `transformers serve` option
 
-Plain `transformers serve out/tinytx` stops at start-up: the server finds a model's class with
-`getattr(transformers, config.architectures[0])`, which sees neither the Auto registry nor `auto_map`. This launcher
-runs transformers' own `Serve` with the arguments it was given, and:
-
-1. puts TinyTx's classes where that lookup looks (`transformers.TinyTxForCausalLM`, ...);
-2. checks the model argument first: a mistake is one line, exit 2;
-3. checks every request (serve_requests.py, serve_guard.py): a bad one is HTTP 400 with a one-line reason in OpenAI's
-   error shape; `max_tokens` is bounded by the cap and the context; a generation stops after --max_request_seconds;
-4. owns SIGINT and SIGTERM: generations in flight end at their next token, their clients get what was generated, and
-   the process exits 128 + the signal's number. A second signal exits at once.
-
-It needs the `serving` extra (transformers >= 5.25, FastAPI, uvicorn, openai).
+`transformers serve` finds a model's class with `getattr(transformers, config.architectures[0])`, which misses TinyTx.
+This launcher puts TinyTx's classes there and runs transformers' own `Serve`. It checks the model argument first (one
+line, exit 2) and every request (serve_requests.py, serve_guard.py: HTTP 400 in OpenAI's error shape). On SIGINT or
+SIGTERM the generations in flight end at their next token and the process exits 128 + the signal's number.
 """
 
 import os
@@ -38,8 +29,7 @@ HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?(@[\w./-]+)?(:[\w.-]+\.gguf)?$")
 
 
 def model_argument_error(model: str | None) -> str | None:
-    """Why `model` cannot be served, in one line, or None (no model, a model folder, or a name shaped like a Hub id,
-    which only loading can check)."""
+    """Why `model` cannot be served, in one line; None for no model, a model folder or a name shaped like a Hub id."""
     if model is None:
         return None
     if "://" in model:
@@ -59,8 +49,7 @@ def model_argument_error(model: str | None) -> str | None:
 
 
 def folder_error(path: Path) -> str | None:
-    """What generate and convert refuse in a model folder, read without torch: config.json that is no config, a
-    tokenizer larger than the embedding, weights whose safetensors header does not describe their data."""
+    """What generate and convert refuse in a model folder, read without torch."""
     from hf_tinytx import folder_config, stored_weights  # light: no torch
 
     try:
@@ -79,8 +68,8 @@ def usage_error(message: str):
 
 
 class StopSignals:
-    """The handler of SIGINT and SIGTERM: it records the signal, which the main thread polls while the server runs in
-    its own thread (uvicorn leaves a thread's signals alone). A second signal exits at once."""
+    """Records SIGINT or SIGTERM for the main thread to poll (uvicorn, in its own thread, leaves signals alone). A
+    second signal exits at once."""
 
     def __init__(self):
         self.received: int | None = None
@@ -99,15 +88,13 @@ def load_error(error: BaseException) -> str | None:
 
 
 def quiet_resource_tracker() -> None:
-    """multiprocessing's resource tracker unlinks the model process's semaphores after `os._exit`, and warns that it
-    did: the cleanup stays, the warning goes."""
+    """multiprocessing's resource tracker warns that it cleaned up after the model process's `os._exit`."""
     quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
 
 
 def serve_until_stopped(Serve, serve_params: dict, signals: StopSignals) -> int:
-    """Runs `Serve` in a thread (the model loads in a process of its own, then uvicorn serves) and waits for a stop
-    signal or for the server to end; returns the exit status."""
+    """Runs `Serve` in a thread until a stop signal or its end; returns the exit status."""
     from hf_tinytx.serve_guard import cancel_all, in_flight, started
 
     failure: list[BaseException] = []
@@ -124,7 +111,7 @@ def serve_until_stopped(Serve, serve_params: dict, signals: StopSignals) -> int:
         time.sleep(0.1)
     if signals.received is None:
         reason = load_error(failure[0]) if failure and not started() else None
-        if reason is not None:  # the model named on the command line does not load
+        if reason is not None:
             usage_error(f"cannot load {serve_params['force_model']}: {reason}")
         print(f"{PROG}: the server stopped (see the lines above)", file=sys.stderr)
         return 1
@@ -140,8 +127,8 @@ def serve_until_stopped(Serve, serve_params: dict, signals: StopSignals) -> int:
 
 
 def with_limit_options(Serve, signals: StopSignals):
-    """A function that takes `Serve`'s options plus this launcher's own (so `--help` lists them all) and runs the
-    server with them; typer reads its signature as it reads `Serve`'s."""
+    """A command taking `Serve`'s options plus this launcher's own (so `--help` lists them all); typer reads its
+    signature."""
     import inspect
     from typing import Annotated
 
@@ -152,7 +139,6 @@ def with_limit_options(Serve, signals: StopSignals):
         if error:
             usage_error(error)
         check_serving_layout()
-        # hf_tinytx only now: importing it loads torch, and `tinytx serve --help` runs this file before torch loads
         from hf_tinytx.quiet import quiet_notices
         from hf_tinytx.serve_guard import expose_tinytx_classes, install
         from hf_tinytx.serve_requests import Limits
@@ -209,7 +195,7 @@ def serve_import_error(error: ImportError):
 
 
 def check_serving_layout() -> None:
-    """The server's modules that serve_guard patches, imported before serving (they load torch, so not for --help)."""
+    """Imports the server modules that serve_guard patches (they load torch, so not for --help)."""
     try:
         from transformers.cli.serving import chat_completion, completion, server  # noqa: F401
         from transformers.cli.serving.model_manager import ModelLoader  # noqa: F401  (5.25's layout)

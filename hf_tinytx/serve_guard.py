@@ -1,12 +1,7 @@
-"""What `python -m hf_tinytx.serve` puts around transformers' server (>= 5.25), through the names `Serve` looks up
-when it starts:
-
-- `TinyTxModelLoader` makes TinyTx's classes visible in the model's own (spawned) process before the model loads.
-- `RequestGuard`, an ASGI layer, answers a bad body of /v1/completions and /v1/chat/completions with 400
-  (serve_requests.py), refuses the endpoints these checks do not cover, and counts the requests in flight.
-- The handlers bound `max_tokens` by the context left and the cap, and stop a generation after its max_time.
-- `cancel_all`, for a stop signal: every generation in flight ends at its next token; the log says they were
-  cancelled (the answers say "stop": transformers' response models take OpenAI's finish reasons only).
+"""What `python -m hf_tinytx.serve` puts around transformers' server (>= 5.25), where `Serve` looks names up: a model
+loader that exposes TinyTx's classes in the model's process, an ASGI guard that checks each request body
+(serve_requests.py) and refuses the endpoints those checks do not cover, and handlers that bound `max_tokens` by the
+context and the cap and stop a generation after its max_time.
 """
 
 import transformers
@@ -27,19 +22,21 @@ from hf_tinytx.serve_requests import (
 
 MAX_BODY_BYTES = 4 << 20
 _IN_FLIGHT: set[object] = set()  # a token per checked request being answered
-_MANAGERS: list = []  # the server's ModelManager, once `build_server` made the app: the server has started
+_MANAGERS: list = []  # the server's ModelManager, once the server has started
+NO_CHAT_TEMPLATE = ("{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain "
+                    "text to /v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = "
+                    "'...'; tokenizer.save_pretrained(folder)) and restart the server")
 
 
 def expose_tinytx_classes() -> None:
-    """Makes `getattr(transformers, "TinyTxForCausalLM")` (and the other TinyTx classes) what `hf_tinytx` defines,
-    which is how `transformers serve` turns `config.architectures[0]` into a class."""
+    """`transformers serve` turns `config.architectures[0]` into a class with `getattr(transformers, ...)`."""
     for name in hf_tinytx.__all__:
         if name.startswith("TinyTx"):
             setattr(transformers, name, getattr(hf_tinytx, name))
 
 
 class TinyTxModelLoader(model_manager.ModelLoader):
-    """transformers' loader, which also exposes TinyTx's classes in the model's process before the model loads."""
+    """transformers' loader, exposing TinyTx's classes in the model's own process first."""
 
     def load_model_and_processor(self, model_id: str, on_progress=None):
         expose_tinytx_classes()
@@ -55,8 +52,8 @@ def in_flight() -> int:
 
 
 def cancel_all() -> int:
-    """Ends every generation in flight at its next token (its client gets what was generated, as when
-    `--max_request_seconds` runs out); returns how many requests were in flight."""
+    """Ends every generation in flight at its next token (its client gets what was generated); returns how many
+    requests were in flight. The answers say "stop": transformers' response models take OpenAI's reasons only."""
     for manager in _MANAGERS:
         for engine in list(manager.engines.values()):
             if engine.requests_queue is not None:
@@ -90,7 +87,7 @@ async def read_body(receive) -> bytes | None:
 
 
 class RequestGuard:
-    """The ASGI layer in front of transformers' app (see the module's docstring)."""
+    """The ASGI layer in front of transformers' app; it also counts the requests in flight."""
 
     def __init__(self, app, limits: Limits):
         self.app, self.limits = app, limits
@@ -120,8 +117,7 @@ class RequestGuard:
 
 
 def replaying(raw: bytes, receive):
-    """The `receive` of a request whose body was read already: the body once, then what the client sends (its
-    disconnect, which transformers watches for)."""
+    """The `receive` of a request whose body was read already: the body once, then the client's own messages."""
     replayed = False
 
     async def replay():
@@ -135,8 +131,7 @@ def replaying(raw: bytes, receive):
 
 
 def prompt_room(model_config, prompt_tokens: int, body: dict, limits: Limits) -> int:
-    """The tokens this request may generate: what it asks for (checked against the context), else all the room the
-    context leaves, up to the cap; RequestError when it asks for more than the context holds."""
+    """The tokens this request may generate: what it asks for, else the room the context leaves, up to the cap."""
     context = getattr(model_config, "max_position_embeddings", None)
     room = limits.max_tokens_cap if context is None else min(limits.max_tokens_cap, context - prompt_tokens)
     if room < 1:
@@ -150,11 +145,6 @@ def prompt_room(model_config, prompt_tokens: int, body: dict, limits: Limits) ->
     return room if asked is None else asked[1]
 
 
-NO_CHAT_TEMPLATE = ("{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain "
-                    "text to /v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = "
-                    "'...'; tokenizer.save_pretrained(folder)) and restart the server")
-
-
 def error_response(error: RequestError):
     from fastapi.responses import JSONResponse
 
@@ -162,9 +152,8 @@ def error_response(error: RequestError):
 
 
 def bounded(handler_class, count_prompt, limits: Limits):
-    """`handler_class` (transformers' CompletionHandler or ChatCompletionHandler) that finds the model, measures the
-    prompt with `count_prompt(handler, engine, body)`, fixes the request's token count by `prompt_room`, and passes
-    the request on; RequestError becomes its 400."""
+    """`handler_class` (transformers' completion or chat handler) with the request's token count fixed by
+    `prompt_room` on the prompt `count_prompt(handler, engine, body)` measures; RequestError becomes its 400."""
 
     class BoundedHandler(handler_class):
         async def handle_request(self, body: dict, request_id: str):
@@ -179,7 +168,6 @@ def bounded(handler_class, count_prompt, limits: Limits):
             return await super().handle_request(body, request_id)
 
         def engine(self, body: dict):
-            """The model's engine: its config and processor here (read once), its weights in its own process."""
             try:
                 return self.model_manager.get_engine(body.get("model"))
             except (OSError, ValueError) as error:  # a name that is neither a model folder nor a Hub model
@@ -203,8 +191,7 @@ def count_completion_prompt(handler, engine, body: dict) -> int:
 
 
 def count_chat_prompt(handler, engine, body: dict) -> int:
-    """The chat prompt's length, rendered as transformers' handler renders it; RequestError without a template or
-    when the template refuses the messages."""
+    """The chat prompt's length, rendered as transformers' handler renders it."""
     template = getattr(engine.processor, "chat_template", None)
     if template is None:
         model_name = handler.model_manager.force_model or body.get("model")  # as named, without a revision
@@ -219,8 +206,7 @@ def count_chat_prompt(handler, engine, body: dict) -> int:
 
 
 def install(limits: Limits) -> None:
-    """Puts the loader, the guard and the bounded handlers where `Serve` looks them up when it starts (module
-    attributes of `transformers.cli.serving`)."""
+    """Puts the loader, the guard and the bounded handlers where `Serve` looks them up when it starts."""
     build_server = server.build_server
 
     def guarded_server(manager, *args, **kwargs):

@@ -1,9 +1,6 @@
 """The checks `python -m hf_tinytx.serve` makes on a request body before transformers' server sees it: every field
-of `/v1/completions` and `/v1/chat/completions` has a type and a range, and a body that breaks one is answered with
-HTTP 400 and OpenAI's error shape, one line naming the field and the fix (`RequestError`). What needs the model (the
-prompt's length against the context) is checked later, in `hf_tinytx.serve_guard`, once the model is loaded.
-
-Plain Python, no FastAPI: the rules read as a table and can be tried without a server.
+has a type and a range, and a body that breaks one gets HTTP 400 in OpenAI's error shape, one line naming the field
+and the fix. Plain Python, no FastAPI; what needs the model (the prompt's length) is checked in serve_guard.py.
 """
 
 import json
@@ -22,7 +19,7 @@ SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.manual_seed takes
 
 
 class RequestError(ValueError):
-    """A request the server refuses: `status` (400 unless said), the one-line `message`, the field (`param`)."""
+    """A request the server refuses: the one-line message, the field (`param`), the HTTP status."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400, code: str = "invalid_request"):
         super().__init__(message)
@@ -36,7 +33,7 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """The server-wide limits the command line sets (`--max_tokens_cap`, `--max_request_seconds`)."""
+    """The server-wide limits the command line sets."""
 
     max_tokens_cap: int
     max_request_seconds: float
@@ -52,8 +49,6 @@ def _integer(value) -> bool:
 
 
 # Each factory below returns the check of one field: check(value, limits) raises RequestError or returns.
-
-
 def number(name: str, low: float, high: float, low_open: bool = False):
     def check(value, limits):
         if not _number(value) or value > high or (value <= low if low_open else value < low):
@@ -64,7 +59,6 @@ def number(name: str, low: float, high: float, low_open: bool = False):
 
 
 def typed(name: str, ok, what: str):
-    """The check that `ok(value)` holds: else "`name` must be `what`, not `value`"."""
     def check(value, limits):
         if not ok(value):
             raise RequestError(f"{name} must be {what}, not {value!r}"[:300], name)
@@ -82,24 +76,14 @@ def string(name: str, empty_ok: bool = True):
     return check
 
 
-def list_of_objects(name: str):
-    def check(value, limits):
-        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-            raise RequestError(f"{name} must be a list of JSON objects", name)
-
-    return check
-
-
 def token_count(name: str):
     def check(value, limits):
         if not _integer(value) or value < 1:
             raise RequestError(f"{name} must be a whole number of tokens, 1 or more, not {value!r}", name)
         if value > limits.max_tokens_cap:
-            raise RequestError(
-                f"{name}={value} is over this server's cap of {limits.max_tokens_cap} tokens: ask for at most "
-                f"{limits.max_tokens_cap} (the server's --max_tokens_cap flag sets the cap)", name,
-                code="max_tokens_cap",
-            )
+            cap = limits.max_tokens_cap
+            raise RequestError(f"{name}={value} is over this server's cap of {cap} tokens: ask for at most {cap} (the "
+                               "server's --max_tokens_cap flag sets the cap)", name, code="max_tokens_cap")
 
     return check
 
@@ -109,10 +93,8 @@ def neutral(name: str, neutral_value):
 
     def check(value, limits):
         if value != neutral_value and not (neutral_value is None and value is False):
-            raise RequestError(
-                f"{name}={json.dumps(value)[:80]} is not supported by this server: leave it out (or send "
-                f"{json.dumps(neutral_value)})", name
-            )
+            raise RequestError(f"{name}={json.dumps(value)[:80]} is not supported by this server: leave it out (or "
+                               f"send {json.dumps(neutral_value)})", name)
 
     return check
 
@@ -136,9 +118,9 @@ def check_suffix(value, limits) -> None:
 
 
 def check_tools(value, limits) -> None:
-    """OpenAI's function tools, well formed; whether the model's chat template reads them is asked once the model is
-    known (serve_guard.count_chat_prompt): a template that does not would drop them without a word."""
-    list_of_objects("tools")(value, limits)
+    """OpenAI's function tools, well formed (whether the chat template reads them is asked in serve_guard)."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise RequestError("tools must be a list of JSON objects", "tools")
     for index, tool in enumerate(value):
         function = tool.get("function")
         if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(
@@ -173,9 +155,7 @@ ONE_ANSWER = {"num_return_sequences": 1, "num_beams": 1, "num_beam_groups": 1, "
 
 
 def check_generation_config(value, limits) -> None:
-    """transformers' own field: a GenerationConfig as a JSON string (`transformers chat` sends its whole config). A
-    field GenerationConfig does not have, or one in ONE_ANSWER at another value, is refused by name; those in
-    GENERATION_FIELDS are checked (the token count obeys the same cap)."""
+    """transformers' own field: a GenerationConfig as a JSON string (`transformers chat` sends its whole config)."""
     from transformers import GenerationConfig  # loaded in the server by now
 
     string("generation_config")(value, limits)
@@ -291,8 +271,8 @@ def parse_request(path: str, raw: bytes, limits: Limits) -> dict:
 
 
 def check_nesting_and_text(body: dict) -> None:
-    """Every field nests at most MAX_JSON_DEPTH levels, and its text is Unicode that UTF-8 can carry: JSON's "\\ud800"
-    is a lone surrogate, which the tokenizer would fail on (HTTP 500)."""
+    """Every field nests at most MAX_JSON_DEPTH levels, and its text is valid Unicode: JSON's "\\ud800" (a lone
+    surrogate) would make the tokenizer fail with HTTP 500."""
     for field, value in body.items():
         pending = [(value, 1)]
         while pending:

@@ -1,10 +1,6 @@
-"""The names and shapes of the tensors a saved model folder stores, read from the safetensors headers only, with a
-damaged file reported as one ValueError line naming the file and what to do. safetensors refuses a tensor whose bytes
-do not fit its dtype and shape; a weight stored as an integer type in a model that is not quantized is refused here (a
-header saying I32 for F32 data of the same size reads without a complaint, and loads as values ~1e9).
-
-Python's standard library and safetensors only: finetune.py checks its base model this way before torch loads, and
-convert and the GGUF export check their sources with it too (saved_folder.py), so every command says the same.
+"""The names and shapes of the tensors a saved model folder stores, from the safetensors headers only (no torch), a
+damaged file reported as one ValueError line. Besides safetensors' own checks, an integer weight in a model that is
+not quantized is refused: a header saying I32 for F32 data of the same size would load as values ~1e9.
 """
 
 import json
@@ -15,6 +11,7 @@ from safetensors import safe_open
 
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+INTEGER_DTYPES = ("I", "U", "BOOL")  # safetensors' I8..I64, U8..U64 and BOOL; floats are F*, BF16
 
 
 def has_safetensors(folder: str | os.PathLike) -> bool:
@@ -34,15 +31,13 @@ def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, 
         if not path.is_file():
             raise ValueError(f"{who}: {folder / INDEX_FILE} names the shard {name}, which is missing; copy it in.")
         try:
-            # "numpy": the header is read the same way as for "pt", without importing torch; the data stays on disk.
-            # safetensors checks that each tensor's bytes are its shape times its dtype's size.
+            # "numpy": the header is read as for "pt", without importing torch; the data stays on disk.
             with safe_open(path, framework="numpy") as f:
                 names = f.keys()  # a safe_open handle, not a dict
                 slices = {key: f.get_slice(key) for key in names}
                 shapes.update({key: (path, tuple(piece.get_shape())) for key, piece in slices.items()})
                 dtypes = {key: piece.get_dtype() for key, piece in slices.items()}
-        # safetensors' own SafetensorError, and whatever else a damaged file raises
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001  (SafetensorError, or whatever else a damaged file raises)
             raise ValueError(f"{who}: {path} is damaged or truncated ({str(error).strip()}); copy or save it "
                              "again.") from None
         integer = [f"{key} ({dtype})" for key, dtype in dtypes.items()
@@ -54,11 +49,8 @@ def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, 
     return shapes
 
 
-INTEGER_DTYPES = ("I", "U", "BOOL")  # safetensors' I8..I64, U8..U64 and BOOL; floats are F*, BF16
-
-
 def _quantized(folder: Path) -> bool:
-    """Whether config.json names a quantization (whose packed weights are integers); False without a readable one."""
+    """Whether config.json names a quantization (whose packed weights are integers)."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
