@@ -11,10 +11,9 @@ from hf_tinytx_training.distributed.preemption import StopRequests
 
 
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
-# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
+# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place
 CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
-# Flags whose values Trainer's optimizer.pt and scheduler.pt hold: a resume would bring the old values back, so it
-# must keep them (the schedule's shape and length apply on resume).
+# Flags whose values Trainer's optimizer.pt and scheduler.pt hold, so a resume must keep them.
 OPTIMIZER_FLAGS = ("optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
 OPTIMIZER_FLAGS_FILE = "optimizer_flags.json"  # beside Trainer's files in each checkpoint
 
@@ -25,9 +24,8 @@ def optimizer_flags(training_args) -> dict:
 
 
 class CheckpointsAside(TrainerCallback):
-    """Trainer, pointed at a staging folder, writes checkpoint-N there; each finished one is checksummed and renamed
-    into checkpoints/ whole, then the oldest beyond --save_total_limit go. `where`: finetune.Destinations; `data`:
-    what decides the data (data/fingerprint.py), written into each."""
+    """Each checkpoint-N Trainer wrote into the staging folder is checksummed and renamed into checkpoints/ whole;
+    then the oldest beyond --save_total_limit go. `where`: finetune.Destinations; `data`: written into each."""
 
     def __init__(self, where, resumed: str | None, data: dict):
         self.where, self.resumed, self.data = where, resumed, data

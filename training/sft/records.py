@@ -1,12 +1,6 @@
-"""Fine-tuning records: a .txt or .jsonl file read and checked line by line, with no library beyond Python's own, so
-finetune.py can refuse a bad file in a second, before torch and transformers load (file and line named).
-
-- `.txt`: one training document per non-empty line.
-- `.jsonl` with `{"prompt": ..., "response": ...}`: the model reads the prompt and learns to write the response.
-- `.jsonl` with `{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]}`: a
-  conversation; the model learns the assistant turns.
-
-training/sft/data.py turns the records into token ids and labels.
+"""Fine-tuning records, read and checked line by line with Python alone, so finetune.py refuses a bad file (file and
+line named) before torch loads: `.txt` (a document a line), or `.jsonl` of `{"prompt": ..., "response": ...}` or
+`{"messages": [{"role": ..., "content": ...}, ...]}` records. sft/data.py turns them into token ids and labels.
 """
 
 import json
@@ -107,8 +101,7 @@ def _check_messages(messages, where: str) -> list[dict]:
                                  f"{list(CHAT_ROLES)}.")
     if not any(message["role"] == "assistant" for message in messages):
         raise UserInputError(f"{where}: no \"assistant\" message, so there is nothing to learn from this record.")
-    # An empty reply would train the model to answer with nothing (only the end-of-turn tokens), as an empty
-    # "response" would: refused the same way.
+    # An empty reply would train the model to answer with nothing, as an empty "response" would.
     empty = [i for i, message in enumerate(messages) if message["role"] == "assistant" and not message["content"]]
     if empty:
         raise UserInputError(f"{where}: message {empty[0]} (assistant) has an empty \"content\", which would teach the "
