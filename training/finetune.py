@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from datasets import Dataset
@@ -59,7 +59,7 @@ from hf_tinytx_training.sft.args import (
 )
 from hf_tinytx_training.sft.data import build_examples, pad_collator
 from hf_tinytx_training.sft.model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
-from hf_tinytx_training.sft.records import has_chat, read_records
+from hf_tinytx_training.sft.records import read_records
 
 
 PROGRAM = program_name("finetune")  # "tinytx finetune" or "finetune.py", as the user started it
@@ -103,7 +103,8 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
     checked before any model loads."""
     train_records = read_records(args.train_file)
     validation_records = read_records(args.validation_file) if args.validation_file else []
-    tokenizer = load_base_model_tokenizer(args, chat=has_chat(train_records + validation_records))
+    chat = any(record["kind"] == "chat" for record in train_records + validation_records)
+    tokenizer = load_base_model_tokenizer(args, chat=chat)
     model = load_model(args)
     check_vocabulary(model, tokenizer, args.model_name_or_path)
     if training_args.device.type == "cpu":
@@ -115,8 +116,8 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
         "num_validation_records": len(validation_records), "num_validation_rows": len(eval_dataset or []),
         "record_kinds": ", ".join(sorted({RECORD_KINDS[record["kind"]] for record in train_records})),
         "max_seq_length": max_seq_length, "chat": bool(tokenizer.chat_template),
-        "train_counts": train_dataset.counts.as_dict(),  # records cut or dropped, tokens kept (sft_data.RowCounts)
-        "validation_counts": eval_dataset.counts.as_dict() if eval_dataset is not None else None,
+        "train_counts": asdict(train_dataset.counts),  # records cut or dropped, tokens kept
+        "validation_counts": asdict(eval_dataset.counts) if eval_dataset is not None else None,
     }
     if args.use_peft:
         model = add_lora(model, args, training_args)

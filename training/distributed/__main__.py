@@ -19,9 +19,7 @@ import sys
 import threading
 
 from hf_tinytx_training.distributed.cluster import running_children
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from hf_tinytx_training.distributed.preemption import STOP_SIGNALS
 
 
 class PassOn:
@@ -30,8 +28,6 @@ class PassOn:
     def __init__(self):
         self.signum = None
         self.told: set[int] = set()
-
-    def install(self) -> None:
         for signum in STOP_SIGNALS:
             signal.signal(signum, self.request)
 
@@ -80,7 +76,6 @@ def launch_node(argv: list[str]) -> int:
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(LeaveOutMisleadingLines())
     passing = PassOn()
-    passing.install()
     thread = threading.Thread(target=agent, name="torchrun-agent", daemon=True)
     thread.start()
     while thread.is_alive():

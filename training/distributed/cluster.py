@@ -157,17 +157,14 @@ def check_shared_folder(output_dir: str, num_processes: int, is_main_process: bo
         return
     created = not os.path.isdir(output_dir)
     token = [f".tinytx-shared-{secrets.token_hex(8)}"]
-    path = None
     if is_main_process:
         os.makedirs(output_dir, exist_ok=True)
-        path = os.path.join(output_dir, token[0])
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        os.write(descriptor, token[0].encode())
-        os.close(descriptor)
+        with open(os.path.join(output_dir, token[0]), "x", encoding="utf-8") as f:  # O_EXCL: never through a link
+            f.write(token[0])
     torch.distributed.broadcast_object_list(token, src=0)
-    mine = os.path.join(output_dir, token[0])
+    path = os.path.join(output_dir, token[0])
     try:
-        with open(mine, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             sees = f.read() == token[0]
     except OSError:
         sees = False
@@ -230,14 +227,19 @@ def end_stuck_launcher(launcher: int, start: str, grace: float) -> None:
         time.sleep(0.5)
 
 
-def started(pid: int) -> str:
-    """The process's start time (clock ticks since boot) as /proc gives it; "" once it has ended (a zombie too)."""
+def stat_fields(pid) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name (state, parent, ...); [] once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return ""
-    return "" if fields[0] == "Z" else fields[19]
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def started(pid: int) -> str:
+    """The process's start time (clock ticks since boot); "" once it has ended (a zombie too)."""
+    fields = stat_fields(pid)
+    return fields[19] if fields and fields[0] != "Z" else ""
 
 
 def command_line(pid: int) -> str:
@@ -251,14 +253,8 @@ def command_line(pid: int) -> str:
 def running_children(pid: int) -> list[int]:
     """The children of `pid` that still run (not the zombies of those that ended)."""
     children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if int(parent) == pid and state != "Z":
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        fields = stat_fields(entry)
+        if fields[1:2] == [str(pid)] and fields[0] != "Z":
             children.append(int(entry))
     return children

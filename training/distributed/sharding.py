@@ -145,22 +145,18 @@ def prepare(accelerator: Accelerator, own_fsdp2: bool, model, optimizer, train_d
     return model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
 
 
-def local_shard_and_numel(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the part this process holds, the whole tensor's value count), for FSDP2, ZeRO-3 and whole tensors."""
-    if hasattr(tensor, "to_local"):
-        return tensor.to_local(), tensor.numel()
-    if hasattr(tensor, "ds_tensor"):
-        return tensor.ds_tensor, tensor.ds_numel
-    return tensor, tensor.numel()
-
-
 def local_and_full(tensors) -> tuple[int, int, int]:
     """(values held by this process, values in all, bytes held by this process) of (possibly sharded) tensors."""
     local = full = size = 0
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             continue  # AdamW's step counters
-        shard, numel = local_shard_and_numel(tensor)
+        if hasattr(tensor, "to_local"):  # an FSDP2 DTensor
+            shard, numel = tensor.to_local(), tensor.numel()
+        elif hasattr(tensor, "ds_tensor"):  # a ZeRO-3 parameter's partition
+            shard, numel = tensor.ds_tensor, tensor.ds_numel
+        else:
+            shard, numel = tensor, tensor.numel()
         local, full, size = local + shard.numel(), full + numel, size + shard.numel() * shard.element_size()
     return local, full, size
 

@@ -59,10 +59,8 @@ class FinetuneArguments:
     attn_implementation: str | None = flag(None, "eager, sdpa, ...; default: the model's.")
     hub_timeout: float = flag(600.0, "With --push_to_hub: wait at most this many seconds for the upload.")
     trust_remote_code: bool = flag(False, "Allow a checkpoint's own code (models transformers does not know).")
-    overwrite_output_dir: bool = field(  # TrainingArguments dropped its flag of this name in transformers 5
-        default=False,
-        metadata={"help": "Replace the earlier run in --output_dir (its model and checkpoints; other files stay)."},
-    )
+    overwrite_output_dir: bool = flag(  # TrainingArguments dropped its flag of this name in transformers 5
+        False, "Replace the earlier run in --output_dir (its model and checkpoints; other files stay).")
 
 
 @dataclass

@@ -3,7 +3,7 @@ and a stop signal honoured at a step's end with a checkpoint (`StopAtStepEnd`)."
 
 import os
 
-import torch
+from accelerate import PartialState
 from transformers import TrainerCallback
 
 from hf_tinytx_training import checkpoints
@@ -36,10 +36,10 @@ class CheckpointsAside(TrainerCallback):
             self.saved = (state.global_step, self.resumed)
 
     def on_save(self, args, state, control, **kwargs):
-        distributed_barrier()  # every process has written its part (its RNG state)
+        PartialState().wait_for_everyone()  # every process has written its part (its RNG state)
         if state.is_world_process_zero:
             self.move_in(args, state)
-        distributed_barrier()
+        PartialState().wait_for_everyone()
         self.saved = (state.global_step, self.final_folder(state))
 
     def final_folder(self, state) -> str:
@@ -69,8 +69,3 @@ class StopAtStepEnd(TrainerCallback):
         if self.stop.asked(self.accelerator) is not None:  # one all-reduce on a launch: the processes agree
             control.should_save = control.should_training_stop = True
         return control
-
-
-def distributed_barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()

@@ -4,7 +4,7 @@ one per row or packed end to end; what that cuts or drops is counted (`RowCounts
 
 import copy
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import jinja2
 from datasets import Dataset
@@ -147,9 +147,6 @@ class RowCounts:
                 f"tokens (the longest has {self.longest:,}); {self.dropped:,} of them dropped because the prompt fills "
                 f"the row{empty}; raise --max_seq_length (up to the model's context) or shorten those records to train "
                 "on all of them.")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 class RowsDataset(Dataset):

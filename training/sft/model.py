@@ -23,10 +23,9 @@ def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):
 
 
 def load_model(args: FinetuneArguments):
-    model_options = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation:
-        model_options["attn_implementation"] = args.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
+    options = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
+    return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code,
+                                                **options)
 
 
 def check_vocabulary(model, tokenizer, name: str) -> None:

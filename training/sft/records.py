@@ -120,7 +120,3 @@ def _text(text: str, where: str, what: str) -> str:
                              f"{error.start + 1} (half of a UTF-16 pair, written as a JSON escape), which is not text; "
                              "write the character itself, or both halves of its pair (e.g. \\ud83d\\ude00).") from None
     return text
-
-
-def has_chat(records: list[dict]) -> bool:
-    return any(record["kind"] == "chat" for record in records)
