@@ -99,8 +99,7 @@ def main(argv=None):
 
 
 def setup(args: FinetuneArguments, training_args: TrainingArguments):
-    """(tokenizer, model, training rows, validation rows or None, facts for the model cards); the data is read and
-    checked before any model loads."""
+    """(tokenizer, model, training rows, validation rows or None, facts for the cards); the data before the model."""
     train_records = read_records(args.train_file)
     validation_records = read_records(args.validation_file) if args.validation_file else []
     chat = any(record["kind"] == "chat" for record in train_records + validation_records)
@@ -148,8 +147,7 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
 
 
 def stop_if_asked(trainer: Trainer, aside: callbacks.CheckpointsAside) -> None:
-    """`Stopped` if any process got a stop signal and the step reached has its checkpoint (StopAtStepEnd saved it):
-    a preempted job redoes nothing. Without one (--save_strategy no), the run goes on."""
+    """`Stopped` if any process got a stop signal and the step reached has its checkpoint (else the run goes on)."""
     signum = STOP.asked(trainer.accelerator)
     step = trainer.state.global_step
     if signum is not None and aside.saved is not None and aside.saved[0] == step:

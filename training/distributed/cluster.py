@@ -126,8 +126,7 @@ def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newe
 
 
 def decided_by_main(accelerator, decide):
-    """`decide()` on the main process, and its answer (or its UserInputError) on every process: processes that might
-    not see the same files must not each decide."""
+    """`decide()` on the main process, its answer (or UserInputError) on all: they might not see the same files."""
     import torch.distributed
 
     from hf_tinytx_training.errors import UserInputError
@@ -147,8 +146,7 @@ def decided_by_main(accelerator, decide):
 
 
 def check_shared_folder(output_dir: str, num_processes: int, is_main_process: bool) -> None:
-    """Proves that every process sees the main process's --output_dir by reading back a token it wrote there; raises
-    on every process, naming the hosts that could not."""
+    """Every process reads back a token the main process wrote into --output_dir, or all raise, naming who could not."""
     import torch.distributed
 
     from hf_tinytx_training.errors import UserInputError
@@ -214,8 +212,7 @@ def watch_launcher_exit(launcher: int | None, code: int, env=os.environ) -> None
 
 
 def end_stuck_launcher(launcher: int, start: str, grace: float) -> None:
-    """SIGKILLs `launcher` (the process that started at `start`, so never a later one with its PID) once it has had no
-    running child for `grace` seconds; returns as soon as it is gone."""
+    """SIGKILLs `launcher` (started at `start`: never a later one with its PID) after `grace` s without a worker."""
     idle_since = time.monotonic()
     while started(launcher) == start:
         # Watchers are no workers: where the launcher is PID 1 (a container's first process) it inherits them.

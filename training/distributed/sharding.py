@@ -32,8 +32,7 @@ def asked_sharding() -> str | None:
 
 
 def gpu_config_without_gpus() -> bool:
-    """Whether `accelerate launch` ran a plain multi-GPU config on a machine without GPUs (it then trains on the CPUs
-    over gloo, as under torchrun)."""
+    """Whether `accelerate launch` ran a plain multi-GPU config without GPUs (it then trains on CPUs over gloo)."""
     launched_for_gpus = "ACCELERATE_MIXED_PRECISION" in os.environ and "ACCELERATE_USE_CPU" not in os.environ
     plain_gpu_config = not (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED"))
     return launched_for_gpus and plain_gpu_config and not has_gpu()
@@ -71,8 +70,7 @@ def device_options(sharding: str | None, ddp_timeout: float) -> dict:
 
 
 def apply_flags_to_deepspeed_config(accelerator: Accelerator, train_args) -> None:
-    """Gives DeepSpeed's config the flags' accumulation and clipping: "auto" or no value there takes the flag; another
-    number stops the run now."""
+    """DeepSpeed's config takes the flags' accumulation and clipping where it says "auto" or nothing, else refuses."""
     if zero_stage(accelerator) is None:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -208,8 +206,7 @@ def full_state_dict(model) -> dict:
 
 
 def gather_for_saving(accelerator: Accelerator, model, own_fsdp2: bool) -> tuple[torch.nn.Module, dict] | None:
-    """(model, full state dict) for `save_pretrained` on the main process, None on the others; every process takes
-    part."""
+    """(model, full state dict) for `save_pretrained` on the main process, None elsewhere; every process takes part."""
     state_dict = full_state_dict(model) if own_fsdp2 else accelerator.get_state_dict(model)
     if not accelerator.is_main_process:
         return None

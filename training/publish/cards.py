@@ -162,8 +162,7 @@ def training_facts(args, training_args, trainer, metrics) -> dict:
 
 
 def write_card(folder: str, staged, kind: str, facts: dict, where) -> None:
-    """README.md of a saved folder, written into its staging folder; the pushed folder is named by its repo id.
-    `where`: finetune.Destinations."""
+    """README.md of a saved folder, into its staging folder; the pushed one is named by its repo id."""
     pushed = folder == where.pushed_dir
     context = {**facts, "kind": kind, "load_from": where.hub_model_id if pushed else folder,
                "model_name": where.hub_model_id if pushed else os.path.basename(folder)}

@@ -22,8 +22,7 @@ STARTED_ONLY = ("tokenizer", ".tmp_tokenizer", ".tmp_checkpoint")
 
 
 def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") -> None:
-    """Fails before anything is written when the output folder (named by `flag`) cannot be written, is in use, or
-    would lose a run."""
+    """Refuses an output folder (named by `flag`) that cannot be written, is in use, or would lose a run."""
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise UserInputError(f"{flag} {output_dir} is a file; choose a folder path.")
     ancestor = output_dir
@@ -70,8 +69,7 @@ def refuse_overlap(source: str, destination: str, flag_names: tuple[str, str], r
 
 
 def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") -> None:
-    """A folder holding an earlier run is taken only to resume it or, said so, to replace it (asked again under the
-    lock)."""
+    """A folder holding an earlier run is taken only to resume it or, said so, to replace it."""
     if train_args.resume_from_checkpoint or not os.path.isdir(output_dir):
         return
     earlier_run = sorted(name for name in set(os.listdir(output_dir)) & set(RUN_FILES)
@@ -166,8 +164,7 @@ def replacing_earlier_files(folder: str, writer: str):
 
 
 def remove_earlier_merge(merged_dir: str, writer: str) -> None:
-    """Removes the merged model an earlier fine-tune wrote into `merged_dir` (this run merged nothing), and the folder
-    once empty."""
+    """Removes the merged model an earlier fine-tune wrote into `merged_dir` (this run merged nothing)."""
     if earlier := folders.written_before(merged_dir, writer):
         folders.remove_written(merged_dir, earlier | {folders.MANIFEST_NAME})
         with contextlib.suppress(OSError):  # something else is in it: it stays

@@ -127,8 +127,7 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
 
 
 def check_destinations(args: FinetuneArguments, trainer_flags) -> tuple[str, str]:
-    """(output folder, merged folder), absolute; each refused if it overlaps the base model's folder, or would lose a
-    run or another's model."""
+    """(output folder, merged folder), absolute; refused if one overlaps the base model, or would lose a run."""
     output_dir = os.path.abspath(trainer_flags.output_dir)
     default_merged = os.path.join(output_dir, "merged")
     merged_dir = os.path.abspath(args.merged_output_dir) if args.merged_output_dir else default_merged

@@ -28,8 +28,7 @@ DEFAULT_CHAT_TEMPLATE = (
 
 
 def ensure_chat_template(tokenizer) -> bool:
-    """Gives the tokenizer the default chat template if it has none (returns whether it did); refuses one that does
-    not parse."""
+    """Gives the tokenizer the default chat template if it has none (returns whether it did); refuses a broken one."""
     if tokenizer.chat_template:
         try:
             # transformers' own (cached) compile: a syntax error or an unknown filter shows here.

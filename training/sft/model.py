@@ -29,8 +29,7 @@ def load_model(args: FinetuneArguments):
 
 
 def check_vocabulary(model, tokenizer, name: str) -> None:
-    """A tokenizer with ids past the model's embedding fails mid-training (an index error inside the first step);
-    refused now, before the output folder is touched."""
+    """A tokenizer with ids past the model's embedding would fail inside the first step: refused now."""
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
         raise UserInputError(f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the "

@@ -13,8 +13,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 
 def read_records(path: str) -> list[dict]:
-    """Every record of a .txt or .jsonl file, checked. Each record gets a "kind" ("text", "prompt" or "chat") and
-    a "where" (file and line), by which later errors name it."""
+    """Every record of a .txt or .jsonl file, checked, with its "kind" and its "where" (file and line) for errors."""
     if os.path.isdir(path):
         raise UserInputError(f"Data file {path!r} is a folder; give the path of a .txt or .jsonl file in it.")
     if not os.path.isfile(path):

@@ -51,8 +51,7 @@ def _from_source() -> type:
 
 
 def _field(node: ast.AnnAssign, names: _Names) -> tuple:
-    """(name, type, field) of `name: type = field(default=..., metadata={"help": ...})`. The expressions are the
-    installed transformers' own, which importing it would run anyway."""
+    """(name, type, field) of `name: type = field(...)`; the expressions are those transformers' import would run."""
     keywords = {keyword.arg: keyword.value for keyword in node.value.keywords}
     spec = {key: eval(ast.unparse(value), {}, names) for key, value in keywords.items() if key != "default"}
     if "default" in keywords:
