@@ -36,8 +36,7 @@ def keep_freed_memory() -> bool:
 
 
 def train_on_cpu(bf16_flag: str | None, say=print) -> None:
-    """What a run training on a CPU sets up and says: freed memory kept in the process, and, where the run asked for
-    bf16 (`bf16_flag`, as the user spelled it) on a CPU without bf16 matrix instructions, that fp32 will be faster."""
+    """Keeps freed memory in the process, and says when `bf16_flag` (as spelled) would be faster off on this CPU."""
     if keep_freed_memory():
         say(ANNOUNCEMENT)  # no page faults for the same activations every step
     if bf16_flag and not sharding.cpu_runs_bf16_fast():

@@ -174,8 +174,7 @@ def shard_report(model, optimizer, accelerator: Accelerator) -> str:
 
 
 def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module, dict]:
-    """(model, state dict) for `save_pretrained`; for an FSDP model (whose class is torch's subclass) a plain model of
-    the original class on the gathered tensors, tied again."""
+    """(model, state dict) for `save_pretrained`; an FSDP model (torch's subclass) becomes a plain one, tied again."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, FSDPModule):

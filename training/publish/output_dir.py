@@ -122,8 +122,8 @@ def take_lock(output_dir: str):
 
 
 def claim(output_dir: str, checkpoints_dir: str, replace: bool, recheck=None):
-    """Locks output_dir once every input check passed, and returns the lock's handle. `recheck`: the flags to ask
-    again with whether it holds an earlier run; `replace`: only now may its checkpoints go."""
+    """Locks output_dir once every check passed; returns the lock. `recheck`: flags to ask again for an earlier run;
+    `replace`: only now may its checkpoints go."""
     lock = take_lock(output_dir)
     if recheck is not None:
         refuse_earlier_run(output_dir, recheck)

@@ -59,8 +59,8 @@ class CheckpointsAside(TrainerCallback):
 
 
 class StopAtStepEnd(TrainerCallback):
-    """SIGTERM and SIGINT honoured when an optimizer step ends: a checkpoint, then a stop, every process at the same
-    step (Trainer's --enable_jit_checkpoint saves mid-step and reports a finished run, so this replaces it)."""
+    """A stop signal honoured when a step ends: a checkpoint, then a stop, every process at the same step (Trainer's
+    --enable_jit_checkpoint saves mid-step and reports a finished run)."""
 
     def __init__(self, accelerator, stop: StopRequests):
         self.accelerator, self.stop = accelerator, stop
