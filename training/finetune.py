@@ -1,22 +1,15 @@
 """Supervised fine-tuning of a causal LM checkpoint (TinyTx or any other) with transformers' Trainer, optionally LoRA.
 
-    # full fine-tuning on prompt/response records
     python training/finetune.py --model_name_or_path out/tinytx --train_file data/sft.jsonl --output_dir out/sft
-
-    # LoRA through PEFT, then also export a merged, adapter-free model folder to out/sft-lora/merged
     python training/finetune.py --model_name_or_path out/tinytx --train_file data/chat.jsonl \
         --output_dir out/sft-lora --use_peft --merge --learning_rate 1e-3
 
-Every `TrainingArguments` flag works too. --push_to_hub uploads once, at the end: the merged folder with --merge,
-else output_dir without its sub-folders.
+Every `TrainingArguments` flag works too. output_dir/ gets the model (or LoRA adapter), tokenizer, card and arguments;
+output_dir/checkpoints/ Trainer's checkpoint-N, each renamed into place whole; output_dir/merged/ with --merge, base
+and adapter folded into plain weights. --push_to_hub uploads once, at the end: the merged folder, else output_dir.
 
-    output_dir/              the fine-tuned model (full) or the LoRA adapter, the tokenizer, the card, the arguments
-    output_dir/checkpoints/  Trainer's checkpoint-N, each written aside, checksummed and renamed in whole
-    output_dir/merged/       with --merge: base model + adapter folded into plain weights
-
-`main` reads top to bottom: arguments -> `setup` (data, tokenizer, model, LoRA) -> the output folder (locked) ->
-`fit` (Trainer) -> `save_folders` (save, merge) -> `push_result`. Like pretrain.py: a busy or earlier run's
---output_dir is refused, and SIGTERM or Ctrl-C ends the step with a checkpoint and exit 128 + the signal's number.
+`main`: arguments -> `setup` -> the output folder (locked) -> `fit` (Trainer) -> `save_folders` -> `push_result`. As
+in pretrain.py, SIGTERM or Ctrl-C ends the step with a checkpoint and exit 128 + the signal's number.
 """
 
 if __name__ == "__main__":  # the stop signals handled and the input checked before torch loads (training/cli.py)
@@ -28,7 +21,7 @@ import contextlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from datasets import Dataset
@@ -54,6 +47,7 @@ from hf_tinytx_training.publish.output_dir import (
     remove_earlier_merge,
     replacing_earlier_files,
 )
+from hf_tinytx_training.sft import callbacks
 from hf_tinytx_training.sft.args import (
     WRITER,
     FinetuneArguments,
@@ -63,18 +57,9 @@ from hf_tinytx_training.sft.args import (
     model_source,
     output_dir_flags,
 )
-from hf_tinytx_training.sft.callbacks import (
-    CHECKPOINT,
-    CHECKPOINT_STAGING,
-    OPTIMIZER_FLAGS,
-    OPTIMIZER_FLAGS_FILE,
-    CheckpointsAside,
-    StopAtStepEnd,
-    optimizer_flags,
-)
 from hf_tinytx_training.sft.data import build_examples, pad_collator
 from hf_tinytx_training.sft.model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
-from hf_tinytx_training.sft.records import has_chat, read_records
+from hf_tinytx_training.sft.records import read_records
 
 
 PROGRAM = program_name("finetune")  # "tinytx finetune" or "finetune.py", as the user started it
@@ -98,8 +83,8 @@ def main(argv=None):
     except RuntimeError as error:  # a collective another process broke (frozen past --ddp_timeout, or gone)
         if STOP.received or not cluster.is_peer_failure(error):
             raise
-        newest = where.layout.newest()
-        raise RunError(cluster.lost_peer_message(error, training_args.ddp_timeout, "", newest, how="")) from None
+        message = cluster.lost_peer_message(error, training_args.ddp_timeout, "", where.layout.newest(), how="")
+        raise RunError(message) from None
     if not trainer.is_world_process_zero():
         return  # under torchrun every process holds the same weights: one writes them, and pushes
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
@@ -114,11 +99,11 @@ def main(argv=None):
 
 
 def setup(args: FinetuneArguments, training_args: TrainingArguments):
-    """(tokenizer, model, training rows, validation rows or None, facts for the model cards): the data read and
-    checked before any model loads, then the tokenizer, the model and with --use_peft its LoRA adapter."""
+    """(tokenizer, model, training rows, validation rows or None, facts for the cards); the data before the model."""
     train_records = read_records(args.train_file)
     validation_records = read_records(args.validation_file) if args.validation_file else []
-    tokenizer = load_base_model_tokenizer(args, chat=has_chat(train_records + validation_records))
+    chat = any(record["kind"] == "chat" for record in train_records + validation_records)
+    tokenizer = load_base_model_tokenizer(args, chat=chat)
     model = load_model(args)
     check_vocabulary(model, tokenizer, args.model_name_or_path)
     if training_args.device.type == "cpu":
@@ -130,8 +115,8 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
         "num_validation_records": len(validation_records), "num_validation_rows": len(eval_dataset or []),
         "record_kinds": ", ".join(sorted({RECORD_KINDS[record["kind"]] for record in train_records})),
         "max_seq_length": max_seq_length, "chat": bool(tokenizer.chat_template),
-        "train_counts": train_dataset.counts.as_dict(),  # records cut or dropped, tokens kept (sft_data.RowCounts)
-        "validation_counts": eval_dataset.counts.as_dict() if eval_dataset is not None else None,
+        "train_counts": asdict(train_dataset.counts),  # records cut or dropped, tokens kept
+        "validation_counts": asdict(eval_dataset.counts) if eval_dataset is not None else None,
     }
     if args.use_peft:
         model = add_lora(model, args, training_args)
@@ -140,14 +125,13 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
 
 def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations",
         data: dict):
-    """Trainer's run from the checkpoint to resume (if any), then the evaluation: (trainer, metrics). `data`: what
-    decides the data (data/fingerprint.py), kept in every checkpoint. A stop signal ends it at a step's end with a
-    checkpoint, as `Stopped`."""
+    """Trainer's run, resumed if asked, then the evaluation: (trainer, metrics). `data` (data/fingerprint.py) goes into
+    every checkpoint. A stop signal ends it at a step's end with a checkpoint, as `Stopped`."""
     resume_dir = resume_point(training_args, where, model, data)
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                       data_collator=pad_collator(tokenizer), processing_class=tokenizer,
-                      callbacks=[aside := CheckpointsAside(where, resume_dir, data)])
-    trainer.add_callback(StopAtStepEnd(trainer.accelerator, STOP))
+                      callbacks=[aside := callbacks.CheckpointsAside(where, resume_dir, data)])
+    trainer.add_callback(callbacks.StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
     with checkpoints.disk_space_guard(where.checkpoint_staging, where.layout), checkpoints.refusing_pickles(resume_dir):
         result = trainer.train(resume_from_checkpoint=resume_dir)
@@ -162,9 +146,8 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
     return trainer, metrics
 
 
-def stop_if_asked(trainer: Trainer, aside: "CheckpointsAside") -> None:
-    """`Stopped` if any process got a stop signal and the step reached has its checkpoint (StopAtStepEnd saved it):
-    a preempted job spends no seconds on what the resume can redo. Without one (--save_strategy no), the run goes on."""
+def stop_if_asked(trainer: Trainer, aside: callbacks.CheckpointsAside) -> None:
+    """`Stopped` if any process got a stop signal and the step reached has its checkpoint (else the run goes on)."""
     signum = STOP.asked(trainer.accelerator)
     step = trainer.state.global_step
     if signum is not None and aside.saved is not None and aside.saved[0] == step:
@@ -184,17 +167,16 @@ class Destinations:
 
     @property
     def layout(self) -> checkpoints.Layout:
-        return checkpoints.Layout(self.checkpoints_dir, CHECKPOINT)
+        return checkpoints.Layout(self.checkpoints_dir, callbacks.CHECKPOINT)
 
 
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
-    """Where the run writes. Trainer is pointed at checkpoints/'s staging folder, and kept from the Hub and the token
-    (it pickles its arguments into every checkpoint)."""
+    """Where the run writes. Trainer writes into checkpoints/'s staging folder, and is kept from the Hub and the token
+    (it pickles its arguments into every checkpoint; the push is ours, after saving)."""
     output_dir, merged_dir = check_destinations(args, training_args)  # links out of either refused there too
-    # The Hub push is ours (HubPusher, after saving), so Trainer must not create or push a repo of its own.
     hub_model_id = hub_repo_id(training_args.hub_model_id, training_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
-    training_args.output_dir = os.path.join(checkpoints_dir, CHECKPOINT_STAGING)
+    training_args.output_dir = os.path.join(checkpoints_dir, callbacks.CHECKPOINT_STAGING)
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     hub_token, training_args.hub_token = training_args.hub_token, None
     keep, training_args.save_total_limit = training_args.save_total_limit, None
@@ -205,8 +187,7 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
 
 
 def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, where: Destinations):
-    """Locks output_dir on the main process and asks again, under the lock, whether it holds an earlier run; returns
-    the lock's handle."""
+    """The main process's lock on output_dir, taken once it is asked again, under the lock, for an earlier run."""
     if training_args.process_index != 0:
         return None
     lock = claim(where.output_dir, where.checkpoints_dir, args.overwrite_output_dir,
@@ -216,8 +197,8 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
 
 
 def resume_point(training_args: TrainingArguments, where: Destinations, model, data: dict) -> str | None:
-    """The checkpoint --resume_from_checkpoint names (a folder, or latest: the newest intact one), checked against the
-    model this run trains and the data it reads; those newer than it are set aside."""
+    """The checkpoint --resume_from_checkpoint names (a folder, or latest), checked against this run's model, optimizer
+    flags and data; those newer than it are set aside."""
     if not training_args.resume_from_checkpoint:
         return None
     main_process = training_args.process_index == 0
@@ -228,11 +209,11 @@ def resume_point(training_args: TrainingArguments, where: Destinations, model, d
             say(f"No intact checkpoint in {where.checkpoints_dir} yet: starting from scratch.")
             return None
         step = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))["global_step"]
-        path = os.path.join(folder, OPTIMIZER_FLAGS_FILE)
+        path = os.path.join(folder, callbacks.OPTIMIZER_FLAGS_FILE)
         if os.path.isfile(path):
-            checkpoints.refuse_optimizer_change(folder, checkpoints.read_json(path), optimizer_flags(training_args),
-                                                OPTIMIZER_FLAGS, "fine-tune its model anew with the new ones from "
-                                                "--model_name_or_path")
+            checkpoints.refuse_optimizer_change(folder, checkpoints.read_json(path),
+                                                callbacks.optimizer_flags(training_args), callbacks.OPTIMIZER_FLAGS,
+                                                "fine-tune its model anew with the new ones from --model_name_or_path")
         refuse_model_change(folder, model)
         checkpoints.refuse_data_change(folder, data, NEW_RUN)
         if main_process:
@@ -247,9 +228,8 @@ LORA_FLAGS = {"r": "--lora_r", "lora_alpha": "--lora_alpha", "lora_dropout": "--
 
 
 def refuse_model_change(folder: str, model) -> None:
-    """The checkpoint holds a LoRA adapter or a full model's weights: it resumes only into the same kind, the same
-    adapter (rank, scaling, dropout, modules, base) or a model of the same shapes. Trainer would otherwise fail
-    mid-load with a traceback, or go on with an adapter the run's record does not describe: refused in one line."""
+    """A checkpoint resumes only into the same kind (LoRA adapter or full weights), the same adapter flags or a model
+    of the same shapes: Trainer would fail mid-load, or train an adapter the run's record does not describe."""
     saved_adapter = os.path.join(folder, "adapter_config.json")
     lora = getattr(model, "peft_config", {}).get("default")
     if os.path.isfile(saved_adapter) and lora is None:
@@ -265,8 +245,7 @@ def refuse_model_change(folder: str, model) -> None:
     saved = checkpoints.read_json(saved_adapter)
     pairs = [(flag, comparable(saved.get(key)), comparable(getattr(lora, key, None)))
              for key, flag in LORA_FLAGS.items()]
-    changed = [(flag, old, new) for flag, old, new in pairs if old != new]
-    if changed:
+    if changed := [(flag, old, new) for flag, old, new in pairs if old != new]:
         was = ", ".join(f"{flag} {old}" for flag, old, _ in changed)
         raise UserInputError(f"{folder} holds a LoRA adapter trained with {was}, but this run has "
                              f"{', '.join(f'{flag} {new}' for flag, _, new in changed)}: resume with {was}, "
@@ -279,8 +258,7 @@ def comparable(value):
 
 
 def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict) -> None:
-    """The model (or adapter) folder, then with --merge the merged one, each published through a staging folder: a
-    run killed while saving leaves the previous model whole."""
+    """The model (or adapter) folder, then with --merge the merged one, each published through a staging folder."""
     with saving_into(where.output_dir, model, where) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
@@ -302,8 +280,8 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
 
 @contextlib.contextmanager
 def saving_into(folder: str, model, where: Destinations, saved: str | None = None):
-    """`replacing_earlier_files(folder)`, a full disk said in one line naming `folder` and the model's size, and the
-    folders this save created removed again. `saved`: the folder this run saved already (the adapter)."""
+    """`replacing_earlier_files(folder)`; on a full disk, the folders it created are removed and one line names the
+    space needed. `saved`: the folder this run saved already (the adapter)."""
     created = folders_to_create(folder)
     try:
         with replacing_earlier_files(folder, WRITER) as staged:
@@ -316,11 +294,13 @@ def saving_into(folder: str, model, where: Destinations, saved: str | None = Non
         needed = sum(p.numel() * p.element_size() for p in model.parameters())
         existing = next(path for path in (folder, *map(str, Path(folder).parents)) if os.path.exists(path))
         free = shutil.disk_usage(existing).free
-        kept = (f"the LoRA adapter in {saved} is saved; rerun with --overwrite_output_dir" if saved
-                else "rerun the same command")
         newest = where.layout.newest()
-        if newest and not saved:
+        if saved:
+            kept = f"the LoRA adapter in {saved} is saved; rerun with --overwrite_output_dir"
+        elif newest:
             kept = f"the checkpoint {os.path.basename(newest)} is intact: rerun with --resume_from_checkpoint latest"
+        else:
+            kept = "rerun the same command"
         raise RunError(f"No space left on the device while saving {folder} (about {mib(needed)} needed, {mib(free)} "
                        "free); the partial save was removed: free some space there, or point "
                        f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}.") from None
@@ -342,7 +322,7 @@ def build_datasets(args, tokenizer, model, train_records, validation_records):
 
 def push_result(args, training_args, where: Destinations, steps: int) -> str | None:
     """One upload at the end: the merged model with --merge, else output_dir's files without its sub-folders and
-    hidden files (the run's .lock). None once pushed, else the line to end the run with (hub.push_final)."""
+    hidden files (the .lock). None once pushed, else the line to end the run with."""
     pusher = HubPusher(where.hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo))
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
     names = [name for name in refuse_links_out(where.pushed_dir) if os.sep not in name and not name.startswith(".")]
@@ -366,13 +346,12 @@ def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
 
 
 def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str) -> Dataset:
-    """The rows, with `.counts` (sft_data.RowCounts) for the card; what was cut or dropped is said on the console."""
+    """The rows, with `.counts` for the card; what was cut or dropped is said on the console."""
     examples = build_examples(records, tokenizer, max_seq_length, packing)
     if not examples:
         raise UserInputError(f"No example in {path} keeps a token to learn within --max_seq_length {max_seq_length} "
                              "(the prompts fill the whole row); raise --max_seq_length or shorten the prompts.")
-    summary = examples.counts.summary(path, max_seq_length, packing)
-    if summary:
+    if summary := examples.counts.summary(path, max_seq_length, packing):
         print(summary)
     return examples
 

@@ -6,10 +6,9 @@ status a job script can act on. training/configs/slurm.sbatch and kubernetes-job
                  with a checkpoint, or before training started, with nothing to save. A scheduler may requeue it.
     1            anything else, with torchrun's own report: a crash, bad input, a lost or frozen peer.
 
-torchrun itself exits 1 whenever a worker does not exit 0, a stop included. And a SIGTERM reaches its agent for a
-stop as well as when srun ends the job step because another node failed (--kill-on-bad-exit): only the workers'
-statuses tell the two apart. So torchrun's agent runs in a thread here, and this process, not the agent, takes the
-stop signals: it passes each on to the node's training processes and reads how they ended.
+torchrun exits 1 for a stop too, and a SIGTERM reaches it also when srun ends the step because another node failed:
+only the workers' statuses tell the two apart. So torchrun's agent runs in a thread, and this process takes the stop
+signals, passes them on to the node's training processes and reads how they ended.
 """
 
 import logging
@@ -20,20 +19,15 @@ import sys
 import threading
 
 from hf_tinytx_training.distributed.cluster import running_children
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from hf_tinytx_training.distributed.preemption import STOP_SIGNALS
 
 
 class PassOn:
-    """The stop signal this process got, passed on to every training process of the node (the agent's children),
-    also to those that start after it."""
+    """The stop signal this process got, passed on to every child (training process), also those started later."""
 
     def __init__(self):
         self.signum = None
         self.told: set[int] = set()
-
-    def install(self) -> None:
         for signum in STOP_SIGNALS:
             signal.signal(signum, self.request)
 
@@ -53,8 +47,7 @@ class PassOn:
 
 
 class LeaveOutMisleadingLines(logging.Filter):
-    """Two lines of torchrun's agent that are wrong here: that it could not take the stop signals (this process takes
-    them), and a worker's stop (143, 130) called a failure."""
+    """torchrun lines wrong here: that it could not take the stop signals, and a worker's stop called a failure."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -62,8 +55,7 @@ class LeaveOutMisleadingLines(logging.Filter):
 
 
 def stop_status(failures) -> int | None:
-    """128 + the stop signal when every failed worker stopped at one (ended by it before its handler was set: -signal),
-    else None."""
+    """128 + the stop signal when every failed worker stopped at it (or was ended by it: -signal), else None."""
     statuses = {128 - code if code < 0 else code for code in (failure.exitcode for failure in failures.values())}
     stops = {128 + signum for signum in STOP_SIGNALS}
     return statuses.pop() if len(statuses) == 1 and statuses <= stops else None
@@ -84,7 +76,6 @@ def launch_node(argv: list[str]) -> int:
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(LeaveOutMisleadingLines())
     passing = PassOn()
-    passing.install()
     thread = threading.Thread(target=agent, name="torchrun-agent", daemon=True)
     thread.start()
     while thread.is_alive():

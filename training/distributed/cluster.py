@@ -1,23 +1,9 @@
 """A launch across processes and machines: what must hold before training starts and while it runs.
 
-- Every process the launcher was asked for takes part. `lone_process_problem` (the environment alone, before torch
-  loads) catches the launches that start this script once per machine, or once in all, however many processes were
-  asked for; `check_process_count` compares the process group with the launcher's count once it has formed.
-- Every wait between processes is bounded: the process group gets --ddp_timeout (`process_group_kwargs`), so a
-  collective that a frozen or vanished process never joins raises instead of hanging, and `lost_peer_message` turns
-  that error into one line naming the step and the checkpoint to resume from.
-- Every process writes into one shared --output_dir (`check_shared_folder`): a folder local to each node would leave
-  each checkpoint incomplete on every node.
-- A worker whose launcher died stops (`launcher_gone`, which preemption.py counts as a SIGTERM): torchrun starts its
-  workers in their own session, so nothing else would stop them, and they would train on alone.
-- A launcher never outlives its failed workers for long (`end_stuck_launcher`): torchrun's agent asks the rendezvous
-  store on the first node for news every tenth of a second, and when that node freezes the request never returns
-  (not even to SIGTERM). A worker that fails starts a small watcher that SIGKILLs its launcher once the launcher has
-  had no running worker for LAUNCHER_GRACE seconds, so the node's job step ends and the scheduler can act.
-- On a scheduler, `python -m hf_tinytx_training.distributed TORCHRUN_FLAGS` is torchrun with an exit status the job
-  script can act on (distributed/__main__.py).
-
-Nothing here imports torch at the top: the scripts run the first check before torch loads.
+Every process asked for takes part (`lone_process_problem`, `check_process_count`); every wait between processes is
+bounded by --ddp_timeout (`process_group_kwargs`, `lost_peer_message`); every process sees one --output_dir
+(`check_shared_folder`); a worker whose launcher died stops (`LauncherWatch`), and a launcher stuck on a frozen node
+is ended once its workers failed (`end_stuck_launcher`). No torch import at the top: the first check precedes it.
 """
 
 import os
@@ -33,8 +19,7 @@ MPI_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")  # what 
 
 
 def lone_process_problem(env=os.environ) -> str | None:
-    """Why this process trains alone though its launcher was asked for more, or None. Read from the environment the
-    launchers set, so it is answered before torch loads."""
+    """Why this process trains alone though its launcher was asked for more, or None (from the environment)."""
     under_mpi = any(name in env for name in MPI_SIZES)
     if "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env and "WORLD_SIZE" not in env and not under_mpi:
         # Accelerate's simple launcher sets MASTER_ADDR only when more than one process or machine was asked for.
@@ -95,9 +80,8 @@ def process_group_kwargs(ddp_timeout: float, backend: str | None = None):
 
 
 def start_cpu_group(argv: list[str]) -> None:
-    """Starts the process group of a CPU launch under Trainer with its --ddp_timeout (default 1800 s, Trainer's):
-    TrainingArguments gives the timeout to every other device's group but not to a --use_cpu one, which it starts
-    while the flags are parsed, so a frozen peer would hang the others for good. Trainer then keeps this group."""
+    """Starts a CPU launch's process group with --ddp_timeout (Trainer's default 1800 s): TrainingArguments starts a
+    --use_cpu group while parsing, without the timeout, so a frozen peer would hang the others. Trainer keeps it."""
     import argparse
     from datetime import timedelta
 
@@ -129,8 +113,7 @@ ANY_PROCESS_COUNT = " (any process count, with the same --total_batch_size)"  # 
 
 def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newest_checkpoint: str | None,
                       how: str = ANY_PROCESS_COUNT) -> str:
-    """One line: what became of the other process, where this run stands (`where`: " during step 8", or ""), and how
-    to go on."""
+    """One line: what became of the other process, where this run stands (`where`: " during step 8"), how to go on."""
     text = str(error).lower()  # gloo says "Timed out", a store's wait "wait timeout after 10000ms"
     if "timed out" in text or "timeout" in text:
         what = (f"Another process of the launch did not answer within --ddp_timeout {ddp_timeout:g} s (frozen, or "
@@ -143,8 +126,7 @@ def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newe
 
 
 def decided_by_main(accelerator, decide):
-    """`decide()` on the main process, and its answer (or the UserInputError it raised) on every process: processes
-    that might not see the same files must not each decide for themselves."""
+    """`decide()` on the main process, its answer (or UserInputError) on all: they might not see the same files."""
     import torch.distributed
 
     from hf_tinytx_training.errors import UserInputError
@@ -164,8 +146,7 @@ def decided_by_main(accelerator, decide):
 
 
 def check_shared_folder(output_dir: str, num_processes: int, is_main_process: bool) -> None:
-    """Proves that every process sees the main process's --output_dir: the main process writes a fresh token there
-    and every other process must read it back. Raises (every process alike) naming the hosts that could not."""
+    """Every process reads back a token the main process wrote into --output_dir, or all raise, naming who could not."""
     import torch.distributed
 
     from hf_tinytx_training.errors import UserInputError
@@ -174,17 +155,14 @@ def check_shared_folder(output_dir: str, num_processes: int, is_main_process: bo
         return
     created = not os.path.isdir(output_dir)
     token = [f".tinytx-shared-{secrets.token_hex(8)}"]
-    path = None
     if is_main_process:
         os.makedirs(output_dir, exist_ok=True)
-        path = os.path.join(output_dir, token[0])
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        os.write(descriptor, token[0].encode())
-        os.close(descriptor)
+        with open(os.path.join(output_dir, token[0]), "x", encoding="utf-8") as f:  # O_EXCL: never through a link
+            f.write(token[0])
     torch.distributed.broadcast_object_list(token, src=0)
-    mine = os.path.join(output_dir, token[0])
+    path = os.path.join(output_dir, token[0])
     try:
-        with open(mine, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             sees = f.read() == token[0]
     except OSError:
         sees = False
@@ -204,8 +182,8 @@ def check_shared_folder(output_dir: str, num_processes: int, is_main_process: bo
 
 
 class LauncherWatch:
-    """Tells whether the launcher (torchrun's agent) that started this worker is still alive: a worker's parent is
-    its agent, and a worker whose agent died is handed to another parent."""
+    """Whether the torchrun agent that started this worker died (the worker then has another parent): torchrun starts
+    workers in their own session, so nothing else would stop them."""
 
     def __init__(self, env=os.environ):
         self.parent = os.getppid() if "TORCHELASTIC_RUN_ID" in env else None
@@ -214,15 +192,13 @@ class LauncherWatch:
         return self.parent is not None and os.getppid() != self.parent
 
 
-# ---- a launcher that outlives its workers
-
 LAUNCHER_GRACE = 30  # seconds a launcher may run on once its last worker has ended (it only has to close and exit)
 
 
 def watch_launcher_exit(launcher: int | None, code: int, env=os.environ) -> None:
-    """Called by a worker of torchrun (or `accelerate launch`) as it leaves with `code`: when it failed and the
-    launcher has no restart left to try, a process of its own (which outlives this one) ends the launcher should it
-    still run LAUNCHER_GRACE seconds after its last worker (`end_stuck_launcher`)."""
+    """Called by a torchrun worker leaving with `code`: when it failed and no restart is left, a watcher process ends
+    the launcher should it still run LAUNCHER_GRACE seconds after its last worker. (torchrun's agent polls the store
+    on the first node; when that node freezes, the request never returns, not even to SIGTERM.)"""
     if code == 0 or launcher is None or os.getppid() != launcher:
         return  # finished, not launched by torchrun, or the launcher is already gone
     if int(env.get("TORCHELASTIC_RESTART_COUNT", "0")) < int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")):
@@ -236,8 +212,7 @@ def watch_launcher_exit(launcher: int | None, code: int, env=os.environ) -> None
 
 
 def end_stuck_launcher(launcher: int, start: str, grace: float) -> None:
-    """SIGKILLs `launcher` (the process that started at `start`, so never a later one with its PID) once it has had no
-    running child for `grace` seconds; returns as soon as it is gone."""
+    """SIGKILLs `launcher` (started at `start`: never a later one with its PID) after `grace` s without a worker."""
     idle_since = time.monotonic()
     while started(launcher) == start:
         # Watchers are no workers: where the launcher is PID 1 (a container's first process) it inherits them.
@@ -249,14 +224,19 @@ def end_stuck_launcher(launcher: int, start: str, grace: float) -> None:
         time.sleep(0.5)
 
 
-def started(pid: int) -> str:
-    """The process's start time (clock ticks since boot) as /proc gives it; "" once it has ended (a zombie too)."""
+def stat_fields(pid) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name (state, parent, ...); [] once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return ""
-    return "" if fields[0] == "Z" else fields[19]
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def started(pid: int) -> str:
+    """The process's start time (clock ticks since boot); "" once it has ended (a zombie too)."""
+    fields = stat_fields(pid)
+    return fields[19] if fields and fields[0] != "Z" else ""
 
 
 def command_line(pid: int) -> str:
@@ -270,14 +250,8 @@ def command_line(pid: int) -> str:
 def running_children(pid: int) -> list[int]:
     """The children of `pid` that still run (not the zombies of those that ended)."""
     children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if int(parent) == pid and state != "Z":
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        fields = stat_fields(entry)
+        if fields[1:2] == [str(pid)] and fields[0] != "Z":
             children.append(int(entry))
     return children

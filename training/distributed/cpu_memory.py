@@ -1,9 +1,6 @@
-"""Training on a CPU: keep freed memory in the process instead of handing it back to the kernel after every step.
-
-Every step allocates the same activations, gradients and logits and frees them by its end. glibc's malloc hands
-big blocks back to the kernel on free, so the next step page-faults them in again, zeroed (a step 2-10% longer at
-10M; docs/performance.md). Two `mallopt` settings keep up to 1 GiB in the process, as PyTorch's caching allocator
-does on a GPU. A user who chose an allocator (LD_PRELOAD) or glibc settings of their own is left alone.
+"""Training on a CPU: keep freed memory in the process instead of handing it back to the kernel after every step
+(glibc would page-fault the same activations in again each step; docs/performance.md). Two `mallopt` settings keep up
+to 1 GiB, as PyTorch's caching allocator does on a GPU; a user's own allocator or glibc settings are left alone.
 """
 
 import ctypes
@@ -39,8 +36,7 @@ def keep_freed_memory() -> bool:
 
 
 def train_on_cpu(bf16_flag: str | None, say=print) -> None:
-    """What a run training on a CPU sets up and says: freed memory kept in the process, and, where the run asked for
-    bf16 (`bf16_flag`, as the user spelled it) on a CPU without bf16 matrix instructions, that fp32 will be faster."""
+    """Keeps freed memory in the process, and says when `bf16_flag` (as spelled) would be faster off on this CPU."""
     if keep_freed_memory():
         say(ANNOUNCEMENT)  # no page faults for the same activations every step
     if bf16_flag and not sharding.cpu_runs_bf16_fast():

@@ -1,9 +1,6 @@
-"""Training on a busy CPU: one line when other work keeps the cores this run's threads need.
-
-torch runs each kernel on several threads that wait for each other at its end. When another process holds one of
-the cores, the threads on the others spin until it gets its turn: on a 2-core machine beside two busy loops, the
-default run trained ~10 times slower with 2 threads than with 1. The run cannot fix this itself (another thread count
-adds the numbers in another order, so it trains other weights), so it says what to do, once.
+"""Training on a busy CPU: one line when other work keeps the cores this run's threads need. torch's threads wait for
+each other at each kernel's end, so one busy core stalls them all; the run cannot change its thread count itself
+(another count trains other weights), so it says what to do, once.
 """
 
 import os

@@ -1,13 +1,9 @@
-"""Preemption: SIGTERM (what SLURM and Kubernetes send before they kill a job) and SIGINT (Ctrl-C) stop a run at the
-next optimizer step boundary, with a resumable checkpoint, and exit status 128 + the signal's number.
+"""Preemption: SIGTERM (SLURM, Kubernetes) and SIGINT (Ctrl-C) stop a run at the next optimizer step boundary, with
+a checkpoint, and exit status 128 + the signal's number; before training starts, at once, in one line.
 
-- Before training starts there is nothing to save: the process says so in one line and leaves at once.
-- Once `training()` is called a signal only marks the request; every process asks `asked()` (or sums `counts()` in
-  its own all-reduce) at each step boundary, so all stop at the same step, save, and raise `Stopped`.
-- A rank that finds a collective broken after a signal (`peer_left`) exits 1, not 128 + signal: its peer left at the
-  signal, or crashed (srun sends SIGTERM to a step whose other node failed), and a crash must not be requeued.
-- Forked workers die with the process (`children_die_with_parent`); a worker whose launcher died counts as having
-  got SIGTERM; once the interpreter shuts down, the signals are ignored, so the exit status stays as chosen.
+Once `training()` is called a signal only marks the request; every process asks `asked()` at each step boundary, so
+all stop at the same step. A rank that finds a collective broken after a signal (`peer_left`) exits 1: its peer may
+have crashed (srun sends SIGTERM to a step whose other node failed), and a crash must not be requeued.
 """
 
 import atexit
@@ -47,7 +43,7 @@ class StopRequests:
         self.launcher = LauncherWatch()
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
-        # Registered first, so run last of the exit handlers: every Python-level cleanup still has the handler.
+        # Registered first, so run last of the exit handlers: a late signal leaves the chosen exit status alone.
         atexit.register(ignore_stop_signals, self.pid)
         children_die_with_parent()
 
@@ -59,7 +55,7 @@ class StopRequests:
         self.received.append(signum)
         if self.deferred and os.getpid() == self.pid:
             return
-        # Nothing trained yet, so nothing to save; leave as the signal would, with a line (one write) and a status.
+        # Nothing trained yet, so nothing to save: one line, and the status the signal would give.
         if os.environ.get("RANK", "0") == "0" and os.getpid() == self.pid:
             sys.stderr.write(f"{self.program}: stopped by {signal.Signals(signum).name} before training started; "
                              f"{RESUME_ADVICE}.\n")
@@ -68,8 +64,7 @@ class StopRequests:
         os._exit(128 + signum)
 
     def peer_left(self, error: BaseException) -> bool:
-        """Whether `error` is a collective that another process of the launch broke after this one got a signal: it
-        left at the signal while still setting up, or it failed."""
+        """Whether `error` is a collective another process broke after this one got a signal (it left, or failed)."""
         return bool(self.received) and int(os.environ.get("WORLD_SIZE", "1")) > 1 and isinstance(error, RuntimeError)
 
     def peer_left_message(self, error: BaseException) -> str:
@@ -79,7 +74,7 @@ class StopRequests:
                 f"({reason}); the checkpoints saved so far are intact: {RESUME_ADVICE}.")
 
     def counts(self) -> list[float]:
-        """1 or 0 for each of STOP_SIGNALS: whether this process got it (numbers an all-reduce can sum)."""
+        """1 or 0 for each of STOP_SIGNALS (an all-reduce sums them); a worker whose launcher died counts a SIGTERM."""
         if self.launcher is not None and self.launcher.launcher_gone() and signal.SIGTERM not in self.received:
             self.received.append(signal.SIGTERM)
             sys.stderr.write(f"{self.program}: the launcher that started this process (PID {self.launcher.parent}) "
@@ -87,8 +82,7 @@ class StopRequests:
         return [float(signum in self.received) for signum in STOP_SIGNALS]
 
     def asked(self, accelerator) -> int | None:
-        """The signal any process of the launch got (one all-reduce with several), or None; every process calls it
-        at the same point and gets the same answer."""
+        """The signal any process of the launch got, or None; every process calls it at the same point."""
         import torch  # not at the top: the script installs the handlers before torch loads (~7 s)
 
         counts = torch.tensor(self.counts(), device=accelerator.device)
@@ -99,13 +93,11 @@ class StopRequests:
 
 @functools.cache
 def stop_requests(program: str) -> StopRequests:
-    """The one StopRequests of `program` in this process: training/cli.py installs it before the script's imports,
-    and the script reads the same one."""
+    """The one StopRequests of `program` in this process (training/cli.py installs it, the script reads it)."""
     return StopRequests(program)
 
 
 def ignore_stop_signals(pid: int | None) -> None:
-    """From the interpreter's last exit handler on: a late signal leaves the chosen exit status alone."""
     if os.getpid() == pid:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
@@ -116,8 +108,8 @@ _forking_pid = [None]
 
 
 def children_die_with_parent() -> None:
-    """Every process forked from now on gets SIGKILL from the kernel when the thread that forked it ends: datasets'
-    tokenization workers would otherwise live on, orphaned, after a SIGTERM to this process alone. Linux only."""
+    """Every process forked from now on gets SIGKILL when the thread that forked it ends: datasets' tokenization
+    workers would otherwise live on after a SIGTERM to this process alone. Linux only."""
     if not sys.platform.startswith("linux"):
         return
     try:

@@ -1,10 +1,6 @@
-"""Sharded training: what the launch asked for, and torch's FSDP2 where Accelerate cannot do it (on CPUs).
-
-`accelerate launch` passes its config through the environment (ACCELERATE_USE_FSDP, FSDP_VERSION, ...). On GPUs
-Accelerate shards the model in `prepare`; on CPUs it would silently train unsharded, so this module does what its
-FSDP2 does: `fully_shard` on each decoder layer and the root over gloo, Accelerate's own optimizer and scheduler
-wrappers, checkpoints through torch.distributed.checkpoint (`checkpoints.save_sharded`: Accelerate's `save_state`
-would keep rank 0's shards only), and a full state dict gathered on rank 0 for the export.
+"""Sharded training: what the launch asked for (`accelerate launch` passes its config through the environment), and
+torch's FSDP2 where Accelerate would silently train unsharded (on CPUs): `fully_shard` on each decoder layer and the
+root over gloo, Accelerate's optimizer and scheduler wrappers, and a full state dict gathered on rank 0 for the export.
 """
 
 import contextlib
@@ -23,8 +19,7 @@ from hf_tinytx_training.errors import UserInputError
 
 
 def asked_sharding() -> str | None:
-    """"fsdp2", "deepspeed" or None, from the environment Accelerate's launcher sets from its config; a config this
-    machine cannot run stops here, before any data is read."""
+    """"fsdp2", "deepspeed" or None, from Accelerate's launch environment; a config this script cannot run stops."""
     if env_flag("ACCELERATE_USE_FSDP"):
         version = os.environ.get("FSDP_VERSION", "1")
         if version != "2":
@@ -37,8 +32,7 @@ def asked_sharding() -> str | None:
 
 
 def gpu_config_without_gpus() -> bool:
-    """Whether `accelerate launch` ran a multi-GPU config (distributed_type MULTI_GPU) on a machine without GPUs: the
-    processes then train on the CPUs over gloo, as under torchrun, so one config serves a cluster of either kind."""
+    """Whether `accelerate launch` ran a plain multi-GPU config without GPUs (it then trains on CPUs over gloo)."""
     launched_for_gpus = "ACCELERATE_MIXED_PRECISION" in os.environ and "ACCELERATE_USE_CPU" not in os.environ
     plain_gpu_config = not (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED"))
     return launched_for_gpus and plain_gpu_config and not has_gpu()
@@ -49,8 +43,7 @@ def has_gpu() -> bool:
 
 
 def cpu_runs_bf16_fast() -> bool:
-    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 or AMX); without them a bf16 matmul runs many times slower
-    than fp32."""
+    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 or AMX); without them bf16 runs many times slower."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
@@ -61,35 +54,23 @@ def slow_bf16(flag: str) -> str:
 
 def device_options(sharding: str | None, ddp_timeout: float) -> dict:
     """Accelerator arguments for the device and the process group (collectives wait at most `ddp_timeout` s). Without
-    a GPU, `cpu=True` (else torchrun gets no CPU data parallelism), but for DeepSpeed, which `cpu=True` turns off:
-    it runs on DeepSpeed's CPU accelerator over gloo."""
+    a GPU `cpu=True`, but for DeepSpeed, which it turns off: that runs on DeepSpeed's CPU accelerator over gloo."""
     if sharding == "deepspeed":
-        quiet_deepspeed_deprecations()
+        # ZeRO calls collectives torch deprecates: a FutureWarning on every call, which no user can act on.
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     if has_gpu():
         return {"kwargs_handlers": [process_group_kwargs(ddp_timeout)]}
     if sharding == "deepspeed":
-        keep_deepspeed_from_compiling()
+        # DeepSpeed's CPU accelerator would JIT-build a shared-memory all-reduce (minutes) that gloo never uses.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         return {"kwargs_handlers": [process_group_kwargs(ddp_timeout, backend="gloo")]}
     return {"cpu": True, "kwargs_handlers": [process_group_kwargs(ddp_timeout)]}
 
 
-def quiet_deepspeed_deprecations() -> None:
-    """DeepSpeed's ZeRO calls collectives torch deprecates with a FutureWarning on every call: nothing a user can
-    change."""
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
-
-
-def keep_deepspeed_from_compiling() -> None:
-    """DeepSpeed's CPU accelerator JIT-builds a C++ shared-memory all-reduce (minutes, with a compiler) whenever its
-    communication starts, though training talks over gloo: marked unbuildable in DeepSpeed's probe, it is skipped."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
 def apply_flags_to_deepspeed_config(accelerator: Accelerator, train_args) -> None:
-    """Gives DeepSpeed's config the accumulation and clipping the flags ask for (DeepSpeed follows its own config):
-    "auto" or no value there takes the flag; another number stops the run now."""
+    """DeepSpeed's config takes the flags' accumulation and clipping where it says "auto" or nothing, else refuses."""
     if zero_stage(accelerator) is None:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -112,9 +93,8 @@ def zero_stage(accelerator: Accelerator) -> int | None:
 
 @contextlib.contextmanager
 def building_model(accelerator: Accelerator):
-    """Where the model is built. Under ZeRO-3 transformers builds it partitioned even with zero3_init_flag false, and
-    initializes it by another path (the same seed, other weights): with the flag false it is built whole here, as on
-    1 process, and DeepSpeed partitions it in `prepare`."""
+    """Where the model is built. Under ZeRO-3 with zero3_init_flag false transformers would still build it partitioned
+    (other weights from the same seed): it is built whole here, as on 1 process, and partitioned in `prepare`."""
     plugin = accelerator.state.deepspeed_plugin if zero_stage(accelerator) == 3 else None
     if plugin is None or plugin.zero3_init_flag:
         yield
@@ -129,8 +109,7 @@ def building_model(accelerator: Accelerator):
 
 
 def full_shape(parameter: torch.Tensor) -> torch.Size:
-    """A parameter's shape. ZeRO-3 partitions the model as it is built (zero3_init_flag): the tensor is then empty
-    and DeepSpeed keeps the shape in ds_shape."""
+    """A parameter's shape, also under ZeRO-3's zero3_init_flag (an empty tensor, the shape in ds_shape)."""
     return getattr(parameter, "ds_shape", parameter.shape)
 
 
@@ -141,8 +120,7 @@ def shards_itself(accelerator: Accelerator, sharding: str | None) -> bool:
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """torch's FSDP2 on every decoder layer, then the root; call before the optimizer is built (it must hold the
-    sharded parameters)."""
+    """torch's FSDP2 on every decoder layer, then the root; call before the optimizer is built."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -165,30 +143,25 @@ def prepare(accelerator: Accelerator, own_fsdp2: bool, model, optimizer, train_d
     return model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
 
 
-def local_shard_and_numel(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the part this process holds, the whole tensor's value count): an FSDP2 DTensor's local shard, a ZeRO-3
-    parameter's partition (ds_tensor), or a tensor held whole."""
-    if hasattr(tensor, "to_local"):
-        return tensor.to_local(), tensor.numel()
-    if hasattr(tensor, "ds_tensor"):
-        return tensor.ds_tensor, tensor.ds_numel
-    return tensor, tensor.numel()
-
-
 def local_and_full(tensors) -> tuple[int, int, int]:
     """(values held by this process, values in all, bytes held by this process) of (possibly sharded) tensors."""
     local = full = size = 0
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             continue  # AdamW's step counters
-        shard, numel = local_shard_and_numel(tensor)
+        if hasattr(tensor, "to_local"):  # an FSDP2 DTensor
+            shard, numel = tensor.to_local(), tensor.numel()
+        elif hasattr(tensor, "ds_tensor"):  # a ZeRO-3 parameter's partition
+            shard, numel = tensor.ds_tensor, tensor.ds_numel
+        else:
+            shard, numel = tensor, tensor.numel()
         local, full, size = local + shard.numel(), full + numel, size + shard.numel() * shard.element_size()
     return local, full, size
 
 
 def shard_report(model, optimizer, accelerator: Accelerator) -> str:
-    """One line: what this process holds of the parameters and of the optimizer state. Every process must call it.
-    DeepSpeed's optimizer keeps its state on flat partitions that do not know the whole, hence the sum over ranks."""
+    """One line: what this process holds of the parameters and of the optimizer state; every process must call it
+    (DeepSpeed's flat state partitions do not know the whole, hence the sum over ranks)."""
     while hasattr(optimizer, "optimizer"):  # Accelerate's wrapper, then DeepSpeed's ZeRO optimizer, then AdamW
         optimizer = optimizer.optimizer
     p_local, p_full, p_bytes = local_and_full(model.parameters())
@@ -201,8 +174,7 @@ def shard_report(model, optimizer, accelerator: Accelerator) -> str:
 
 
 def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module, dict]:
-    """(model, state dict) for `save_pretrained`. An FSDP-sharded model's class is torch's subclass (transformers would
-    copy torch's files as its code), hence a plain model of the original class on the gathered tensors, tied again."""
+    """(model, state dict) for `save_pretrained`; an FSDP model (torch's subclass) becomes a plain one, tied again."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, FSDPModule):
@@ -217,8 +189,7 @@ def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module,
 
 
 def without_tied_copies(model, state_dict: dict) -> dict:
-    """DeepSpeed's gathered state dict clones every tensor, so a tied head would be saved as a second copy: left out,
-    as save_pretrained does for a tie it can see."""
+    """DeepSpeed's gathered state dict clones every tensor: a tied head is left out, as save_pretrained would."""
     if not getattr(model.config, "tie_word_embeddings", False):
         return state_dict
     tied = {target for target, source in (getattr(model, "_tied_weights_keys", None) or {}).items()
@@ -234,19 +205,15 @@ def full_state_dict(model) -> dict:
 
 
 def gather_for_saving(accelerator: Accelerator, model, own_fsdp2: bool) -> tuple[torch.nn.Module, dict] | None:
-    """(model, full state dict) for `save_pretrained` on the main process, None on the others. Every process takes
-    part: FSDP and ZeRO-3 gather the shards."""
-    if own_fsdp2:
-        state_dict = full_state_dict(model)
-    else:
-        state_dict = accelerator.get_state_dict(model)
+    """(model, full state dict) for `save_pretrained` on the main process, None elsewhere; every process takes part."""
+    state_dict = full_state_dict(model) if own_fsdp2 else accelerator.get_state_dict(model)
     if not accelerator.is_main_process:
         return None
     return model_and_weights_to_save(accelerator.unwrap_model(model), state_dict)
 
 
 def peak_gpu_memory(accelerator) -> dict:
-    """This process's peak of allocated CUDA memory, for the record (a host-side counter: it waits for nothing)."""
+    """This process's peak of allocated CUDA memory, for the record (a host-side counter)."""
     if accelerator.device.type != "cuda":
         return {}
     return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(accelerator.device) / 2**30, 3)}

@@ -1,6 +1,5 @@
-"""Every model card the training scripts write, rendered from the templates in model_cards/: the pre-trained model
-(`pretrained_card`, from `card_context`), a checkpoint pushed to the Hub (`checkpoint_card`), and what finetune.py
-saved (`finetuned_card`, from `training_facts`); and `training_record`, the training_args.json beside the weights.
+"""Every model card the training scripts write, rendered from model_cards/: the pre-trained model (`pretrained_card`),
+a checkpoint pushed to the Hub (`checkpoint_card`), what finetune.py saved (`finetuned_card`); and training_args.json.
 """
 
 import importlib.resources
@@ -14,17 +13,16 @@ from hf_tinytx_training.args import args_to_dict
 from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
 
 
-# model_cards/ of the source tree, installed as this package's `model_cards` (pyproject.toml maps it)
 TEMPLATES = importlib.resources.files("hf_tinytx_training.model_cards")
 
 
-def _template(name: str) -> str:
-    return TEMPLATES.joinpath(name).read_text(encoding="utf-8")
+def _card(template: str, card_data: ModelCardData, **context) -> ModelCard:
+    text = TEMPLATES.joinpath(template).read_text(encoding="utf-8")
+    return ModelCard.from_template(card_data, template_str=text, **context)
 
 
 def pretrained_card(context: dict) -> ModelCard:
-    """`context` holds what the template uses: local_path (absolute) and hub_id (None unless the run pushed), config,
-    eval metrics, probe accuracies, hyperparameters."""
+    """The pre-trained model's card; `context` is `card_context`'s."""
     eval_results = [
         EvalResult(task_type="text-generation", dataset_type=context["dataset_id"], dataset_name=context["dataset_id"],
                    dataset_split="validation", metric_type=metric, metric_name=label,
@@ -43,7 +41,7 @@ def pretrained_card(context: dict) -> ModelCard:
         datasets=[context["dataset_id"]] if context.get("dataset_is_hub") else None,
         model_name=context["model_name"], eval_results=eval_results,
     )
-    return ModelCard.from_template(card_data, template_str=_template("tinytx_model_card.md"), **context)
+    return _card("tinytx_model_card.md", card_data, **context)
 
 
 def checkpoint_card(repo_id: str, step: int, training_loss: float | None) -> ModelCard:
@@ -51,10 +49,7 @@ def checkpoint_card(repo_id: str, step: int, training_loss: float | None) -> Mod
         license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
         tags=["tinytx", "causal-lm", "text-generation", "custom_code", "checkpoint"],
     )
-    return ModelCard.from_template(
-        card_data, template_str=_template("tinytx_checkpoint_card.md"), repo_id=repo_id, step=step,
-        training_loss=training_loss,
-    )
+    return _card("tinytx_checkpoint_card.md", card_data, repo_id=repo_id, step=step, training_loss=training_loss)
 
 
 def finetuned_card(context: dict) -> ModelCard:
@@ -69,12 +64,11 @@ def finetuned_card(context: dict) -> ModelCard:
         library_name="peft" if adapter else "transformers", pipeline_tag="text-generation", tags=tags,
         model_name=context["model_name"],
     )
-    return ModelCard.from_template(card_data, template_str=_template("tinytx_finetune_card.md"), **context)
+    return _card("tinytx_finetune_card.md", card_data, **context)
 
 
 def card_context(run, metrics: dict, probe_results) -> dict:
-    """What model_cards/tinytx_model_card.md shows of a pretrain run (pretrain.Run), its final metrics and its
-    probes (probes.ProbeReport)."""
+    """What tinytx_model_card.md shows of a pretrain run (pretrain.Run), its final metrics and its probes."""
     model_args, data_args, train_args = run.model_args, run.data_args, run.train_args
     name = os.path.basename(run.output_dir)
     return {
@@ -168,8 +162,7 @@ def training_facts(args, training_args, trainer, metrics) -> dict:
 
 
 def write_card(folder: str, staged, kind: str, facts: dict, where) -> None:
-    """README.md of a saved folder, written into its staging folder; the folder that goes to the Hub is named (and
-    loaded) by its repo id. `where`: finetune.Destinations."""
+    """README.md of a saved folder, into its staging folder; the pushed one is named by its repo id."""
     pushed = folder == where.pushed_dir
     context = {**facts, "kind": kind, "load_from": where.hub_model_id if pushed else folder,
                "model_name": where.hub_model_id if pushed else os.path.basename(folder)}

@@ -1,7 +1,5 @@
-"""The finished, shareable model folder: weights, config, code, tokenizer, model card, loss curve, arguments.
-
-Written into a staging folder inside the output folder, then published file by file (`hf_tinytx.folders.publish`):
-nothing else in the folder is moved or deleted, and an interrupted export is redone by resuming. With --push_to_hub
+"""The finished, shareable model folder: weights, config, code, tokenizer, model card, loss curve, arguments; written
+into a staging folder, then published file by file (an interrupted export is redone by resuming). With --push_to_hub
 each checkpoint is also exported for the Hub (`push_checkpoint`).
 """
 
@@ -23,7 +21,7 @@ def write_model_folder(folder, model, state_dict, tokenizer, card: ModelCard, hi
                        coref_head: dict | None = None):
     """Writes every file of the model repository into `folder` (created if needed)."""
     os.makedirs(folder, exist_ok=True)
-    # safetensors only; `state_dict` is the gathered full one (FSDP / ZeRO-3 shard it across processes otherwise).
+    # `state_dict`: the full one, gathered from FSDP or ZeRO-3 shards.
     model.save_pretrained(folder, state_dict=state_dict, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     plot_loss_curve(history, os.path.join(folder, "loss_curve.png"))
@@ -85,8 +83,8 @@ def draw_coref_head(found: dict, path: str) -> None:
 
 def push_checkpoint(pusher, model, state_dict, tokenizer, log, checkpoints_dir: str, step: int,
                     training_record: dict) -> None:
-    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo as a complete model folder (no optimizer or RNG
-    state). The pusher snapshots the folder by hard links before returning, so our copy can go at once."""
+    """Queues checkpoint `step` for checkpoints/step_N/ of the Hub repo as a model folder (no optimizer or RNG state);
+    the pusher snapshots it before returning, so our copy can go at once."""
     folder = os.path.join(checkpoints_dir, f".hub_step_{step}")  # hidden: never taken for a checkpoint to resume
     remove_tree(folder)  # left by a run killed while exporting this step
     card = cards.checkpoint_card(pusher.repo_id, step, log.last("loss"))

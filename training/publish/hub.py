@@ -1,12 +1,9 @@
 """Push checkpoints and the final model to the Hugging Face Hub without ever stopping training.
 
-`HubPusher.push_async` snapshots a folder (hard links in a hidden sibling folder, so the checkpoint may be rotated
-meanwhile), queues it and returns at once; one daemon thread uploads the queue in order. Failures are retried a
-bounded number of times, then kept in `failures`; they never raise into the training loop. Every wait is bounded:
-`huggingface_hub`'s `run_as_future` joins its thread at exit, so a Hub that never answers would hang the run.
-
-Token: `None` lets `huggingface_hub` find one (HF_TOKEN or the `hf auth login` cache). It is never logged, and is
-scrubbed from every error message this module reports.
+`HubPusher.push_async` snapshots a folder by hard links (so the checkpoint may be rotated meanwhile) and returns; one
+daemon thread uploads the queue in order, retries a bounded number of times, and keeps what failed in `failures`.
+Every wait is bounded (`huggingface_hub`'s `run_as_future` would join its thread at exit, hanging on a dead Hub).
+The token (None: HF_TOKEN or the `hf auth login` cache) is never logged and is scrubbed from every message.
 """
 
 from __future__ import annotations
@@ -50,8 +47,8 @@ class HubPusher:
 
     def __init__(self, repo_id: str, token: str | None = None, private: bool = False, max_attempts: int = 3,
                  retry_wait_s: float = 5.0):
-        # Each attempt is a whole `upload_folder`, which already retries 5xx answers itself (about 23 s); these
-        # attempts cover longer outages and network errors. Waits double: 5 s, then 10 s.
+        # `upload_folder` already retries 5xx answers (about 23 s); these attempts, 5 s then 10 s apart, cover longer
+        # outages and network errors.
         self.repo_id = repo_id
         self.private = private
         self.max_attempts = max(1, max_attempts)
@@ -60,21 +57,16 @@ class HubPusher:
         self._repo_ready = False
         self._failures: list[str] = []
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Job] = queue.Queue()
-        self._pending = 0
-        self._idle = threading.Condition(self._lock)
+        self._queue: queue.Queue[_Job] = queue.Queue()  # its unfinished_tasks counts the uploads not yet ended
         self._worker: threading.Thread | None = None
 
     def __repr__(self) -> str:  # the default one would show the token
         return f"HubPusher(repo_id={self.repo_id!r}, private={self.private})"
 
-    # ------------------------------------------------------------------------------------------------ public API
-
     def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> None:
         """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises."""
         try:
-            job = _Job(str(folder), commit_message, path_in_repo)
-            job.snapshot = _snapshot(job.folder)
+            job = _Job(str(folder), commit_message, path_in_repo, snapshot=_snapshot(str(folder)))
             self._enqueue(job)
         except Exception as e:  # e.g. the folder vanished: report, don't stop training
             self._record_failure(commit_message, e)
@@ -95,15 +87,14 @@ class HubPusher:
         return job
 
     def wait(self, timeout: float | None = None, stop=None) -> bool:
-        """Wait until every queued upload has finished (or failed); False if `timeout` ran out first, or `stop()`
-        turned true (a stop signal: see `wait_until`)."""
+        """Wait until every queued upload has ended; False if `timeout` ran out first, or `stop()` turned true."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        return wait_until(lambda: not self._pending, self._wait_idle, deadline, stop)
+        return wait_until(lambda: not self._queue.unfinished_tasks, self._wait_idle, deadline, stop)
 
     def _wait_idle(self, seconds: float | None) -> None:
-        with self._idle:
-            if self._pending:
-                self._idle.wait(seconds)
+        with self._queue.all_tasks_done:
+            if self._queue.unfinished_tasks:
+                self._queue.all_tasks_done.wait(seconds)
 
     def note_unfinished(self, commit_message: str, waited: float, timeout: float | None) -> None:
         """Records an upload not waited for to its end, with the true time waited (the flag may have allowed more)."""
@@ -118,11 +109,8 @@ class HubPusher:
         with self._lock:
             return list(self._failures)
 
-    # ------------------------------------------------------------------------------------------------ worker
-
     def _enqueue(self, job: _Job) -> None:
         with self._lock:
-            self._pending += 1
             if self._worker is None or not self._worker.is_alive():
                 # A daemon thread: an interpreter exiting without `wait()` must not hang on a dead Hub.
                 self._worker = threading.Thread(target=self._run, name="hub-pusher", daemon=True)
@@ -140,41 +128,32 @@ class HubPusher:
                 if job.snapshot:
                     shutil.rmtree(job.snapshot, ignore_errors=True)
                 job.done.set()
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+                self._queue.task_done()
 
     def _upload_with_retries(self, job: _Job) -> bool:
-        wait_s = self.retry_wait_s
         for attempt in range(1, self.max_attempts + 1):
             try:
                 self._upload(job)
                 logger.info("Pushed %r to the Hub repo %s.", job.commit_message, self.repo_id)
                 return True
             except Exception as e:
-                final = attempt == self.max_attempts or _is_permanent(e)
-                if final:
+                if attempt == self.max_attempts or _is_permanent(e):
                     self._record_failure(job.commit_message, e)
                     return False
-                logger.warning(
-                    "Hub push %r failed (attempt %d of %d), retrying in %.0f s: %s",
-                    job.commit_message, attempt, self.max_attempts, wait_s, self._scrub(_describe(e)),
-                )
+                wait_s = self.retry_wait_s * 2 ** (attempt - 1)
+                logger.warning("Hub push %r failed (attempt %d of %d), retrying in %.0f s: %s", job.commit_message,
+                               attempt, self.max_attempts, wait_s, self._scrub(_describe(e)))
                 time.sleep(wait_s)
-                wait_s *= 2
         return False
 
     def _upload(self, job: _Job) -> None:
-        # Imported here: the training script only needs huggingface_hub when it pushes.
-        from huggingface_hub import create_repo, upload_folder
+        from huggingface_hub import create_repo, upload_folder  # only a run that pushes needs it
 
         if not self._repo_ready:
             create_repo(self.repo_id, token=self._token, private=self.private, exist_ok=True)
             self._repo_ready = True
         upload_folder(repo_id=self.repo_id, folder_path=job.snapshot or job.folder, path_in_repo=job.path_in_repo,
                       commit_message=job.commit_message, token=self._token)
-
-    # ------------------------------------------------------------------------------------------------ reporting
 
     def _record_failure(self, commit_message: str, error: BaseException) -> None:
         message = self._scrub(f"Hub push {commit_message!r} to {self.repo_id} failed: {_describe(error)}")
@@ -191,8 +170,8 @@ class HubPusher:
 
 def wait_until(done, sleep, deadline: float | None, stop=None) -> bool:
     """Whether `done()` came true before the monotonic `deadline` (None: no limit) and before `stop()` did; `sleep(s)`
-    waits for a change (at most s seconds). With a `stop`, the waits are slices of POLL_S: a signal's handler only
-    records the signal, so one long wait would sit out the whole --hub_timeout after a Ctrl-C."""
+    waits for a change. With a `stop`, waits are slices of POLL_S: a signal handler only records the signal, so one
+    long wait would sit out the whole --hub_timeout after a Ctrl-C."""
     while not done():
         if stop is not None and stop():
             return False
@@ -228,15 +207,14 @@ def _is_permanent(error: BaseException) -> bool:
 
 
 def _http_status(error: BaseException) -> int | None:
-    response = getattr(error, "response", None)
-    return getattr(response, "status_code", None)
+    return getattr(getattr(error, "response", None), "status_code", None)
 
 
 def _describe(error: BaseException) -> str:
+    """One line (a training log stays one event per line), with a hint for a bad token."""
     status = _http_status(error)
     head = f"{type(error).__name__}" + (f" (HTTP {status})" if status else "")
     hint = " (check the token: it is missing, wrong, or lacks write access)" if status in (401, 403) else ""
-    # One line, so a training log stays one event per line.
     text = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
     return f"{head}{hint}: {text}"
 
@@ -251,9 +229,6 @@ def _token_from_client() -> str | None:
         return None
 
 
-# ---------------------------------------------------------------------------------------------------- the final push
-
-
 def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message: str, what: str, timeout: float,
                exclude: tuple[str, ...], stop: StopRequests, say=print) -> str | None:
     """Uploads `names` of `folder` (hard-linked into a hidden folder first) to the repo's root after the queued
@@ -261,9 +236,9 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
     else the line to end the run with, naming the `hf upload` command (with `exclude`) that retries. A stop signal
     ends the wait as `Stopped`: the model is complete on disk."""
     started = time.monotonic()
-    deadline = started + timeout
     patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)
     retry = f"`hf upload {pusher.repo_id} {folder}{patterns}`"
+
     def asked():
         return bool(stop.received)
 
@@ -275,7 +250,7 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
         if not pusher.wait(timeout=min(300, timeout), stop=asked) and not asked():
             say(f"Checkpoint uploads are still running; the {what}'s upload follows them...")
         job = pusher.submit(snapshot, commit_message)
-        finished = wait_until(job.done.is_set, job.done.wait, deadline, stop=asked)
+        finished = wait_until(job.done.is_set, job.done.wait, started + timeout, stop=asked)
     finally:
         shutil.rmtree(snapshot, ignore_errors=True)
     waited = time.monotonic() - started
@@ -286,8 +261,9 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
                       signum)
     if not finished:
         pusher.note_unfinished(commit_message, waited, timeout)
-    report_final_push(pusher, finished and job.ok, what, folder, say)
-    if finished and job.ok:
+    pushed = finished and job.ok
+    report_final_push(pusher, pushed, what, folder, say)
+    if pushed:
         return None
     return (f"The {what} was NOT pushed to {pusher.repo_id}; the local folder {folder} is complete: push it with "
             f"{retry}.")
@@ -295,11 +271,11 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
 
 def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, say=print) -> None:
     """A summary at the very end, so a failed upload is not lost in the training log (never with the token)."""
-    failures, repo_id = pusher.failures, pusher.repo_id
+    failures = pusher.failures
     if pushed and not failures:
-        say(f"Pushed the {what} to the Hub as {repo_id}.")
+        say(f"Pushed the {what} to the Hub as {pusher.repo_id}.")
         return
-    say(f"Hub push to {repo_id}: {len(failures)} upload(s) failed:")
+    say(f"Hub push to {pusher.repo_id}: {len(failures)} upload(s) failed:")
     for message in failures:
         say(f"  - {message}")
     if pushed:

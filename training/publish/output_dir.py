@@ -1,7 +1,5 @@
-"""The run's output folder: checked before anything is written, then held with a lock for the whole run.
-
-The lock is an `flock` on `output_dir/.lock`: the kernel releases it when the process ends however it ends, so a
-killed run never leaves the folder stuck, and a second run on the same folder is refused while the first lives.
+"""The run's output folder: checked before anything is written, then held with a lock for the whole run: an `flock`
+on `output_dir/.lock`, which the kernel releases however the process ends, so a killed run never leaves it stuck.
 """
 
 import contextlib
@@ -18,15 +16,13 @@ MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json
 # What else marks an earlier run: its checkpoints, pretrain's log, finetune's LoRA adapter and arguments.
 TRAINING_FILES = ("checkpoints", "metrics.jsonl", "adapter_config.json", "finetune_args.json")
 RUN_FILES = (*MODEL_FILES, *TRAINING_FILES)
-# All that a start which failed before its first checkpoint leaves in checkpoints/: pretrain's saved tokenizer
-# (checkpoints.TOKENIZER_DIR, maybe still under its temporary name), finetune's Trainer's staging folder of a
-# checkpoint it never finished (sft/callbacks.CHECKPOINT_STAGING). No run to lose: the next start replaces them.
+# All that a start which failed before its first checkpoint leaves in checkpoints/ (pretrain's tokenizer, maybe under
+# its temporary name; finetune's checkpoint staging folder): no run to lose, the next start replaces them.
 STARTED_ONLY = ("tokenizer", ".tmp_tokenizer", ".tmp_checkpoint")
 
 
 def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") -> None:
-    """Fails early (nothing written yet) when the output folder cannot be written, is in use, or would lose a run.
-    `flag`: the option that named the folder, for the message."""
+    """Refuses an output folder (named by `flag`) that cannot be written, is in use, or would lose a run."""
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise UserInputError(f"{flag} {output_dir} is a file; choose a folder path.")
     ancestor = output_dir
@@ -51,17 +47,15 @@ def refuse_links_out(folder: str) -> list[str]:
 
 
 def check_second_destination(folder: str, flag: str, output_dir: str, train_args, writer: str, default: str) -> None:
-    """A folder a run writes besides --output_dir (finetune's --merged_output_dir) gets the output folder's checks,
-    lies apart from it (unless it is the `default` sub-folder), and holds no other run nor another's model."""
+    """A second folder a run writes (--merged_output_dir) gets the output folder's checks, lies apart from it (unless
+    it is the `default` sub-folder), and holds no run nor another's model."""
     if folder != default:
         refuse_overlap(output_dir, folder, ("--output_dir", flag), "the folders one run writes never overlap")
     if os.path.isdir(folder):
-        run = sorted(set(os.listdir(folder)) & set(TRAINING_FILES))
-        if run:
+        if run := sorted(set(os.listdir(folder)) & set(TRAINING_FILES)):
             raise UserInputError(f"{flag} {folder} holds a training run ({', '.join(run)}), which a merged model "
                                  f"would replace; choose another {flag}.")
-        model = [name for name in folders.others_files(folder, writer) if folders.would_replace(name, ())]
-        if model:
+        if model := [name for name in folders.others_files(folder, writer) if folders.would_replace(name, ())]:
             raise UserInputError(f"{flag} {folder} holds a model that {writer} did not write ({', '.join(model)}); "
                                  f"--overwrite_output_dir replaces only a fine-tune's own files: choose another "
                                  f"{flag}, or move that model away first.")
@@ -75,8 +69,7 @@ def refuse_overlap(source: str, destination: str, flag_names: tuple[str, str], r
 
 
 def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") -> None:
-    """A folder holding an earlier run is taken only to resume it or, said so, to replace it. Asked again once the
-    lock is held: a run that finished between the first check and the lock is not overwritten."""
+    """A folder holding an earlier run is taken only to resume it or, said so, to replace it."""
     if train_args.resume_from_checkpoint or not os.path.isdir(output_dir):
         return
     earlier_run = sorted(name for name in set(os.listdir(output_dir)) & set(RUN_FILES)
@@ -129,8 +122,8 @@ def take_lock(output_dir: str):
 
 
 def claim(output_dir: str, checkpoints_dir: str, replace: bool, recheck=None):
-    """Locks output_dir once every input check has passed; returns the lock's handle. `recheck`: the flags to ask
-    again with, under the lock, whether it holds an earlier run; `replace`: only now may its checkpoints go."""
+    """Locks output_dir once every check passed; returns the lock. `recheck`: flags to ask again for an earlier run;
+    `replace`: only now may its checkpoints go."""
     lock = take_lock(output_dir)
     if recheck is not None:
         refuse_earlier_run(output_dir, recheck)
@@ -158,10 +151,9 @@ def refuse_writing_where_read(model_args, output_dir: str) -> None:
 
 @contextlib.contextmanager
 def replacing_earlier_files(folder: str, writer: str):
-    """`writing_into(folder)`; then the files an earlier run of `writer` wrote there and this one did not go (an
-    adapter's after a full fine-tune and the reverse), and what this one wrote is recorded. The record names the new
-    files before the first moves in, as convert's does: a kill mid-publish leaves a folder whose every file is claimed,
-    which the rerun may replace, never one holding a model "another" wrote."""
+    """`writing_into(folder)`, then the files an earlier run of `writer` wrote there and this one did not go, and what
+    this one wrote is recorded. The record names the new files before the first moves in: a kill mid-publish never
+    leaves a model "another" wrote."""
     earlier = folders.written_before(folder, writer)
     with folders.writing_into(folder) as staged:
         yield staged
@@ -172,10 +164,8 @@ def replacing_earlier_files(folder: str, writer: str):
 
 
 def remove_earlier_merge(merged_dir: str, writer: str) -> None:
-    """Removes the merged model an earlier fine-tune with --merge recorded writing into `merged_dir`, and the folder
-    once empty: this run merged nothing, so it would stand for a model the folder no longer holds."""
-    earlier = folders.written_before(merged_dir, writer)
-    if earlier:
+    """Removes the merged model an earlier fine-tune wrote into `merged_dir` (this run merged nothing)."""
+    if earlier := folders.written_before(merged_dir, writer):
         folders.remove_written(merged_dir, earlier | {folders.MANIFEST_NAME})
         with contextlib.suppress(OSError):  # something else is in it: it stays
             os.rmdir(merged_dir)

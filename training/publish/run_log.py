@@ -1,9 +1,6 @@
-"""The run's record, `output_dir/metrics.jsonl`: one JSON row per optimizer step, evaluation and final result.
-
-Rows of the final evaluation carry "final": true, so a resumed run can drop them and log its own once; rows beyond
-the step a run resumes from (logged by a run that died before its next checkpoint) are dropped too. A torn last
-line (a full disk or a kill in the middle of an append) is dropped with a warning; a line that is not JSON before the
-last one is damage no append makes, and stops the resume with the file and line named.
+"""The run's record, `output_dir/metrics.jsonl`: one JSON row per optimizer step, evaluation and final result. A
+resumed run drops the rows marked "final" and those beyond its step; a torn last line (a kill mid-append) is dropped
+with a warning, while an earlier line that is not JSON stops the resume, naming file and line.
 """
 
 import json

@@ -1,8 +1,7 @@
-"""finetune.py's own arguments, its --help and the checks that need no library beyond Python's and huggingface_hub's.
+"""finetune.py's own arguments, its --help and the checks that need neither torch nor transformers' Trainer.
 
-`preflight` runs them before torch loads (~8 s of imports on a small CPU), so --help, a bad flag, a missing model
-folder or a bad line of data is answered in about a second. finetune.py's `parse_args` then parses every flag,
-Trainer's included, and runs the same checks on the full `TrainingArguments`.
+`preflight` runs them before torch loads (~8 s), so --help, a bad flag, model folder or data line is answered in about
+a second; finetune.py's `parse_args` runs the same checks again on the full `TrainingArguments`.
 """
 
 import difflib
@@ -60,10 +59,8 @@ class FinetuneArguments:
     attn_implementation: str | None = flag(None, "eager, sdpa, ...; default: the model's.")
     hub_timeout: float = flag(600.0, "With --push_to_hub: wait at most this many seconds for the upload.")
     trust_remote_code: bool = flag(False, "Allow a checkpoint's own code (models transformers does not know).")
-    overwrite_output_dir: bool = field(  # TrainingArguments dropped its flag of this name in transformers 5
-        default=False,
-        metadata={"help": "Replace the earlier run in --output_dir (its model and checkpoints; other files stay)."},
-    )
+    overwrite_output_dir: bool = flag(  # TrainingArguments dropped its flag of this name in transformers 5
+        False, "Replace the earlier run in --output_dir (its model and checkpoints; other files stay).")
 
 
 @dataclass
@@ -79,9 +76,7 @@ class EarlyTrainerFlags:
 
 
 def preflight(argv: list[str] | None = None) -> None:
-    """The flags, the model folder and the data files checked before the heavy imports (UserInputError if bad;
-    training/cli.py). main() checks them again with Trainer's flags parsed too, and reads the data files again (a
-    second's work for a file of ~100k records, small next to fine-tuning on them)."""
+    """The flags, the model folder and the data files checked before the heavy imports (training/cli.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:  # every flag, Trainer's too, listed and exit 0
         finetune_parser(training_arguments_for_help()).parse_known_args(argv)
@@ -132,8 +127,7 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
 
 
 def check_destinations(args: FinetuneArguments, trainer_flags) -> tuple[str, str]:
-    """(output folder, merged folder), absolute, each refused before anything is written if it is the base model's
-    folder, inside or above it, or would lose a run or another's model (training/publish/output_dir.py)."""
+    """(output folder, merged folder), absolute; refused if one overlaps the base model, or would lose a run."""
     output_dir = os.path.abspath(trainer_flags.output_dir)
     default_merged = os.path.join(output_dir, "merged")
     merged_dir = os.path.abspath(args.merged_output_dir) if args.merged_output_dir else default_merged
@@ -155,8 +149,7 @@ def output_dir_flags(args: FinetuneArguments, trainer_flags) -> SimpleNamespace:
 
 
 def model_source(name_or_path: str) -> str:
-    """A saved model folder (as an absolute path) or a Hub id, checked now rather than when it loads: a missing path
-    that looks local fails at once (hf_tinytx.sources.local_folder_or_hub_id)."""
+    """A saved model folder (as an absolute path) or a Hub id, checked now rather than when it loads."""
     path = os.path.abspath(os.path.expanduser(name_or_path))
     if os.path.isdir(path):
         check_model_folder(path, name_or_path)
@@ -186,7 +179,6 @@ def check_model_folder(path: str, name: str) -> None:
                              "tokenizer_config.json); save the base model's tokenizer into it: "
                              "AutoTokenizer.from_pretrained(base).save_pretrained(folder).")
     if stored_weights.has_safetensors(path):
-        # A damaged file would otherwise be a SafetensorError traceback once torch has loaded (~8 s in); the same
-        # header check as convert's, before anything is written.
+        # A damaged file would otherwise be a SafetensorError traceback once torch has loaded (~8 s in).
         with as_user_input_error(ValueError):
             stored_weights.stored_shapes(path, f"--model_name_or_path {name!r}")

@@ -3,7 +3,7 @@ and a stop signal honoured at a step's end with a checkpoint (`StopAtStepEnd`)."
 
 import os
 
-import torch
+from accelerate import PartialState
 from transformers import TrainerCallback
 
 from hf_tinytx_training import checkpoints
@@ -11,10 +11,9 @@ from hf_tinytx_training.distributed.preemption import StopRequests
 
 
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
-# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place (checkpoints.py)
+# In checkpoints/: Trainer writes checkpoint-N here, CheckpointsAside renames it into place
 CHECKPOINT_STAGING = f"{checkpoints.TEMPORARY_PREFIX}checkpoint"
-# Flags whose values Trainer's optimizer.pt and scheduler.pt hold: a resume would bring the old values back, so it
-# must keep them (the schedule's shape and length apply on resume).
+# Flags whose values Trainer's optimizer.pt and scheduler.pt hold, so a resume must keep them.
 OPTIMIZER_FLAGS = ("optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
 OPTIMIZER_FLAGS_FILE = "optimizer_flags.json"  # beside Trainer's files in each checkpoint
 
@@ -25,9 +24,8 @@ def optimizer_flags(training_args) -> dict:
 
 
 class CheckpointsAside(TrainerCallback):
-    """Trainer, pointed at a staging folder, writes checkpoint-N there; each finished one is checksummed and renamed
-    into checkpoints/ whole, then the oldest beyond --save_total_limit go. `where`: finetune.Destinations; `data`:
-    what decides the data (data/fingerprint.py), written into each."""
+    """Each checkpoint-N Trainer wrote into the staging folder is checksummed and renamed into checkpoints/ whole;
+    then the oldest beyond --save_total_limit go. `where`: finetune.Destinations; `data`: written into each."""
 
     def __init__(self, where, resumed: str | None, data: dict):
         self.where, self.resumed, self.data = where, resumed, data
@@ -38,10 +36,10 @@ class CheckpointsAside(TrainerCallback):
             self.saved = (state.global_step, self.resumed)
 
     def on_save(self, args, state, control, **kwargs):
-        distributed_barrier()  # every process has written its part (its RNG state)
+        PartialState().wait_for_everyone()  # every process has written its part (its RNG state)
         if state.is_world_process_zero:
             self.move_in(args, state)
-        distributed_barrier()
+        PartialState().wait_for_everyone()
         self.saved = (state.global_step, self.final_folder(state))
 
     def final_folder(self, state) -> str:
@@ -61,8 +59,8 @@ class CheckpointsAside(TrainerCallback):
 
 
 class StopAtStepEnd(TrainerCallback):
-    """SIGTERM and SIGINT honoured when an optimizer step ends: a checkpoint, then a stop, every process at the same
-    step (Trainer's --enable_jit_checkpoint saves mid-step and reports a finished run, so this replaces it)."""
+    """A stop signal honoured when a step ends: a checkpoint, then a stop, every process at the same step (Trainer's
+    --enable_jit_checkpoint saves mid-step and reports a finished run)."""
 
     def __init__(self, accelerator, stop: StopRequests):
         self.accelerator, self.stop = accelerator, stop
@@ -71,8 +69,3 @@ class StopAtStepEnd(TrainerCallback):
         if self.stop.asked(self.accelerator) is not None:  # one all-reduce on a launch: the processes agree
             control.should_save = control.should_training_stop = True
         return control
-
-
-def distributed_barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()

@@ -1,13 +1,10 @@
-"""Fine-tuning data: checked records (training/sft/records.py) in, token ids with response-only labels out.
-
-Text records learn every token, prompt/response records the response, chat records the assistant turns. Labels are
--100 (ignored by the loss) on every prompt token. Examples are padded one per row, or packed end to end; what that
-cuts off or drops is counted (`RowCounts`) for the console and the model card.
-"""
+"""Fine-tuning data: checked records (sft/records.py) in, token ids with labels out: every token of a text record,
+the response of a prompt/response record, the assistant turns of a chat (labels -100 elsewhere). Examples are padded
+one per row or packed end to end; what that cuts or drops is counted (`RowCounts`)."""
 
 import copy
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import jinja2
 from datasets import Dataset
@@ -31,12 +28,10 @@ DEFAULT_CHAT_TEMPLATE = (
 
 
 def ensure_chat_template(tokenizer) -> bool:
-    """Gives the tokenizer the default chat template if it has none (returns whether it did), and refuses one that
-    does not parse: finetune calls this before the model loads."""
+    """Gives the tokenizer the default chat template if it has none (returns whether it did); refuses a broken one."""
     if tokenizer.chat_template:
         try:
-            # transformers' own compile (its Jinja environment, cached for apply_chat_template): a syntax error or
-            # an unknown filter shows here; a template that raises on some conversations shows when they render.
+            # transformers' own (cached) compile: a syntax error or an unknown filter shows here.
             _compile_jinja_template(tokenizer.get_chat_template())
         except jinja2.TemplateError as error:
             raise UserInputError(_template_failure(error, tokenizer)) from None
@@ -45,9 +40,6 @@ def ensure_chat_template(tokenizer) -> bool:
         raise UserInputError("Chat data needs a tokenizer with an EOS token (it ends each turn); this one has none.")
     tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     return True
-
-
-# ---------------------------------------------------------------------------------------------------- tokenizing
 
 
 def tokenize_record(record: dict, tokenizer) -> dict:
@@ -81,8 +73,7 @@ def _bos(tokenizer) -> list[int]:
 
 def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:
     """Splits the rendered conversation at each assistant turn: turn i is the text between `template(messages[:i],
-    add_generation_prompt=True)` and `template(messages[:i + 1])` (for every template that renders a conversation as
-    the concatenation of its turns, as the common ones do)."""
+    add_generation_prompt=True)` and `template(messages[:i + 1])` (for a template that concatenates its turns)."""
     full = _render(tokenizer, messages, add_generation_prompt=False)
     segments, done = [], 0
     for i, message in enumerate(messages):
@@ -109,8 +100,7 @@ def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str
 
 
 def _template_failure(error: jinja2.TemplateError, tokenizer, where: str | None = None) -> str:
-    """One line for a chat template that does not parse, or that raises (`raise_exception`) on a conversation (the
-    record `where` names)."""
+    """One line for a chat template that does not parse, or that raises on the conversation of record `where`."""
     where = f"{where}: " if where else ""
     if isinstance(error, jinja2.TemplateSyntaxError):
         problem = f"does not parse ({error.message}, template line {error.lineno})"
@@ -129,12 +119,9 @@ def _template_source(tokenizer) -> str:
     return f"the chat_template of tokenizer {folder!r}"
 
 
-# ---------------------------------------------------------------------------------------------------- batching
-
-
 @dataclass
 class RowCounts:
-    """How the records became rows: what was cut off or dropped, for finetune's console line and model card."""
+    """How the records became rows: what was cut off or dropped, for the console and the model card."""
 
     records: int
     rows: int
@@ -160,18 +147,15 @@ class RowCounts:
                 f"the row{empty}; raise --max_seq_length (up to the model's context) or shorten those records to train "
                 "on all of them.")
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 class RowsDataset(Dataset):
-    """Training rows, a `datasets.Dataset` as Trainer takes them, with `counts`: how the records became them."""
+    """Training rows as Trainer takes them, with their `counts`."""
 
     counts: RowCounts
 
 
 def build_examples(records: list[dict], tokenizer, max_seq_length: int, packing: bool) -> RowsDataset:
-    """Tokenized rows ready for `pad_collator`, each at most `max_seq_length` tokens, each with something to learn."""
+    """Tokenized rows for `pad_collator`, each at most `max_seq_length` tokens, each with something to learn."""
     tokenized = [tokenize_record(record, tokenizer) for record in records]
     if packing:
         # End to end, then cut: no padding is wasted; documents may attend to the one before them in the same row.

@@ -1,5 +1,4 @@
-"""The model finetune trains: the base folder's (or Hub id's) model and tokenizer, checked against each other, ready
-for fine-tuning (a pad token, a chat template for chat records), and with --use_peft its LoRA adapter (PEFT)."""
+"""The model finetune trains: the base model and its tokenizer, checked against each other, and its LoRA adapter."""
 
 import warnings
 
@@ -12,8 +11,7 @@ from hf_tinytx_training.sft.data import ensure_chat_template
 
 
 def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):
-    """The tokenizer saved with --model_name_or_path, ready for fine-tuning: a pad token, and with chat records a chat
-    template (training/data/tokenizer.py's load_tokenizer reads a --tokenizer_name for pre-training instead)."""
+    """The tokenizer saved with --model_name_or_path, with a pad token, and with chat records a chat template."""
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
@@ -25,15 +23,13 @@ def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):
 
 
 def load_model(args: FinetuneArguments):
-    model_options = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation:
-        model_options["attn_implementation"] = args.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **model_options)
+    options = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
+    return AutoModelForCausalLM.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code,
+                                                **options)
 
 
 def check_vocabulary(model, tokenizer, name: str) -> None:
-    """A tokenizer with ids past the model's embedding fails mid-training (an index error inside the first step);
-    refused now, before the output folder is touched."""
+    """A tokenizer with ids past the model's embedding would fail inside the first step: refused now."""
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
         raise UserInputError(f"--model_name_or_path {name!r}: the tokenizer has {len(tokenizer)} tokens but the "
@@ -50,8 +46,7 @@ def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
     targets = lora_targets(model, args.lora_target_modules)
     lora_config = LoraConfig(task_type="CAUSAL_LM", r=args.lora_r, lora_alpha=args.lora_alpha,
                              lora_dropout=args.lora_dropout, target_modules=targets)
-    # PEFT records the base as the model's name_or_path: the Hub id, or the absolute folder from model_source, so
-    # the adapter loads from any working directory.
+    # PEFT records the model's name_or_path as the base: a Hub id, or an absolute folder that loads from anywhere.
     with warnings.catch_warnings():
         # PEFT reads `is_gradient_checkpointing`, which transformers 5.2x deprecates: a warning for PEFT, not for us.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

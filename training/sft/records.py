@@ -1,12 +1,6 @@
-"""Fine-tuning records: a .txt or .jsonl file read and checked line by line, with no library beyond Python's own, so
-finetune.py can refuse a bad file in a second, before torch and transformers load (file and line named).
-
-- `.txt`: one training document per non-empty line.
-- `.jsonl` with `{"prompt": ..., "response": ...}`: the model reads the prompt and learns to write the response.
-- `.jsonl` with `{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]}`: a
-  conversation; the model learns the assistant turns.
-
-training/sft/data.py turns the records into token ids and labels.
+"""Fine-tuning records, read and checked line by line with Python alone, so finetune.py refuses a bad file (file and
+line named) before torch loads: `.txt` (a document a line), or `.jsonl` of `{"prompt": ..., "response": ...}` or
+`{"messages": [{"role": ..., "content": ...}, ...]}` records. sft/data.py turns them into token ids and labels.
 """
 
 import json
@@ -19,8 +13,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 
 def read_records(path: str) -> list[dict]:
-    """Every record of a .txt or .jsonl file, checked. Each record gets a "kind" ("text", "prompt" or "chat") and
-    a "where" (file and line), by which later errors name it."""
+    """Every record of a .txt or .jsonl file, checked, with its "kind" and its "where" (file and line) for errors."""
     if os.path.isdir(path):
         raise UserInputError(f"Data file {path!r} is a folder; give the path of a .txt or .jsonl file in it.")
     if not os.path.isfile(path):
@@ -107,8 +100,7 @@ def _check_messages(messages, where: str) -> list[dict]:
                                  f"{list(CHAT_ROLES)}.")
     if not any(message["role"] == "assistant" for message in messages):
         raise UserInputError(f"{where}: no \"assistant\" message, so there is nothing to learn from this record.")
-    # An empty reply would train the model to answer with nothing (only the end-of-turn tokens), as an empty
-    # "response" would: refused the same way.
+    # An empty reply would train the model to answer with nothing, as an empty "response" would.
     empty = [i for i, message in enumerate(messages) if message["role"] == "assistant" and not message["content"]]
     if empty:
         raise UserInputError(f"{where}: message {empty[0]} (assistant) has an empty \"content\", which would teach the "
@@ -127,7 +119,3 @@ def _text(text: str, where: str, what: str) -> str:
                              f"{error.start + 1} (half of a UTF-16 pair, written as a JSON escape), which is not text; "
                              "write the character itself, or both halves of its pair (e.g. \\ud83d\\ude00).") from None
     return text
-
-
-def has_chat(records: list[dict]) -> bool:
-    return any(record["kind"] == "chat" for record in records)

@@ -1,9 +1,6 @@
-"""Trainer's flags for finetune.py's --help, read from transformers' source so that the help comes before torch loads.
-
-Importing `transformers.TrainingArguments` imports torch (seconds). Its fields are declared with literal defaults and
-help texts, so `ast` reads them from the installed file into a dataclass of the same fields, which HfArgumentParser
-lists as it lists the real class. Only a default computed at import time (the optimizer's) goes unshown. The run
-itself parses the real class.
+"""Trainer's flags for finetune.py's --help, read from transformers' source: importing `TrainingArguments` imports
+torch (seconds). `ast` reads its fields (literal defaults and help texts) into a dataclass that HfArgumentParser lists
+as it lists the real class; only a default computed at import time (the optimizer's) goes unshown.
 """
 
 import argparse
@@ -54,8 +51,7 @@ def _from_source() -> type:
 
 
 def _field(node: ast.AnnAssign, names: _Names) -> tuple:
-    """(name, type, field) of `name: type = field(default=..., metadata={"help": ...})`. The expressions are the
-    installed transformers' own, which importing it would run anyway."""
+    """(name, type, field) of `name: type = field(...)`; the expressions are those transformers' import would run."""
     keywords = {keyword.arg: keyword.value for keyword in node.value.keywords}
     spec = {key: eval(ast.unparse(value), {}, names) for key, value in keywords.items() if key != "default"}
     if "default" in keywords:
