@@ -25,6 +25,14 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"[A-Za-z]+", text.lower()))
 
 
+def parse_coref(statement: str):
+    """(first noun, second noun, adjective, the template that wrote it) of a coref statement."""
+    first, second, adjective = re.fullmatch(r"The (\w+) .* the (\w+) because it was too (\w+)\.", statement).groups()
+    template = next(t for t in COREF_TEMPLATES
+                    if t.sentence.format(a=first, b=second, adjective=adjective) == statement)
+    return first, second, adjective, template
+
+
 def test_same_seed_same_documents_and_probes():
     assert generate_documents(40, seed=3) == generate_documents(40, seed=3)
     assert generate_documents(40, seed=3) != generate_documents(40, seed=4)
@@ -63,12 +71,7 @@ def test_coref_documents_name_the_referent_of_it():
         sentences = SENTENCE_END.split(document)
         assert len(sentences) % 2 == 0
         for statement, follow_up in zip(sentences[::2], sentences[1::2]):
-            first, second, adjective = re.fullmatch(
-                r"The (\w+) .* the (\w+) because it was too (\w+)\.", statement
-            ).groups()
-            template = next(
-                t for t in COREF_TEMPLATES if t.sentence.format(a=first, b=second, adjective=adjective) == statement
-            )
+            first, second, adjective, template = parse_coref(statement)
             referent = first if adjective in template.a_adjectives else second
             assert follow_up == f"The {referent} was too {adjective}."
             checked += 1
@@ -85,12 +88,7 @@ def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing
     made_up = set()
     for document in generate_documents(300, seed=2, kinds=("coref",), mix=RULE_MIX):
         for statement in SENTENCE_END.split(document)[::2]:
-            first, second, adjective = re.fullmatch(
-                r"The (\w+) .* the (\w+) because it was too (\w+)\.", statement
-            ).groups()
-            template = next(
-                t for t in COREF_TEMPLATES if t.sentence.format(a=first, b=second, adjective=adjective) == statement
-            )
+            first, second, adjective, template = parse_coref(statement)
             if first in template.a_nouns and second in template.b_nouns:
                 continue  # the frame's own nouns
             assert first != second
@@ -106,7 +104,7 @@ def test_the_default_mix_pairs_made_up_nouns_that_begin_alike_and_rule_mix_does_
         shared = pairs = 0
         for document in generate_documents(400, seed=2, kinds=("coref",), mix=mix):
             for statement in SENTENCE_END.split(document)[::2]:
-                first, second = re.fullmatch(r"The (\w+) .* the (\w+) because it was too \w+\.", statement).groups()
+                first, second, _, _ = parse_coref(statement)
                 if not any(first in t.a_nouns for t in COREF_TEMPLATES):
                     pairs += 1
                     shared += first[0] == second[0]
@@ -120,10 +118,8 @@ def test_made_up_coref_probes_ask_for_a_made_up_noun_in_either_role():
     frame_nouns = set().union(*(t.a_nouns + t.b_nouns for t in COREF_TEMPLATES))
     firsts = 0
     for probe in probes:
-        first, second, adjective = re.fullmatch(r"The (\w+) .* the (\w+) because it was too (\w+)\. The",
-                                                probe.prompt).groups()
-        template = next(t for t in COREF_TEMPLATES
-                        if t.sentence.format(a=first, b=second, adjective=adjective) + " The" == probe.prompt)
+        assert probe.prompt.endswith(". The")
+        first, second, adjective, template = parse_coref(probe.prompt.removesuffix(" The"))
         assert probe.kind == "coref_made_up" and {first, second}.isdisjoint(frame_nouns | HELD_OUT_NOUNS)
         referent = first if adjective in template.a_adjectives else second
         assert probe.answer == f" {referent}" and probe.distractors == (f" {({first, second} - {referent}).pop()}",)

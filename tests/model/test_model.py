@@ -1,5 +1,5 @@
-"""The model's forward pass and its math: attention backends, causality, RoPE. The Auto classes and the
-text-generation pipeline. The key/value cache and generation."""
+"""The model's forward pass and its math: attention backends, causality, RoPE. The Auto classes. The key/value cache
+and generation."""
 
 import os
 from pathlib import Path
@@ -11,18 +11,15 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
-    AutoTokenizer,
     ContinuousBatchingConfig,
     GenerationConfig,
-    pipeline,
 )
 
 import hf_tinytx
 from hf_tinytx import TinyTxForSequenceClassification
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Attention backends: eager and sdpa compute the same function (fp32, within 1e-5).
+# ---- Attention backends: eager and sdpa compute the same function (fp32, within 1e-5).
 
 
 @pytest.mark.parametrize("with_padding", [False, True])
@@ -47,23 +44,15 @@ def test_eager_matches_sdpa(tiny_model, with_padding, num_key_value_heads):
     torch.testing.assert_close(sdpa_logits[real], eager_logits[real], atol=1e-5, rtol=1e-5)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Causality: logits at position t depend only on tokens 0..t, for every attention backend that runs on CPU.
+# ---- Causality: logits at position t depend only on tokens 0..t, for every backend that runs on CPU.
 
 
 FLEX_SKIP_REASON = (
     "flex_attention compiles for ~45 s on CPU in torch 2.13 (its output matched eager when tried); too slow for "
     "the suite. Set TINYTX_TEST_FLEX=1 to run it."
 )
-
-BACKENDS = [
-    "eager",
-    "sdpa",
-    pytest.param(
-        "flex_attention",
-        marks=pytest.mark.skipif(os.environ.get("TINYTX_TEST_FLEX") != "1", reason=FLEX_SKIP_REASON),
-    ),
-]
+FLEX_ONLY_IF_ASKED = pytest.mark.skipif(os.environ.get("TINYTX_TEST_FLEX") != "1", reason=FLEX_SKIP_REASON)
+BACKENDS = ["eager", "sdpa", pytest.param("flex_attention", marks=FLEX_ONLY_IF_ASKED)]
 
 
 @pytest.mark.parametrize("attn_implementation", BACKENDS)
@@ -86,8 +75,7 @@ def test_future_tokens_never_change_past_logits(tiny_model, attn_implementation)
             assert not torch.allclose(logits[:, t + 1 :], reference[:, t + 1 :])
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Rotary position embeddings: only relative positions matter, and every scaling type builds and runs.
+# ---- RoPE: only relative positions matter, and every scaling type builds and runs.
 
 
 @pytest.mark.parametrize("shift", [1, 37, 500])
@@ -154,11 +142,7 @@ def test_rotation_is_bit_for_bit_llamas(rope_type):
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Auto classes: build through AutoConfig, save, and load back through every registered Auto class.
-
-
-PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl"}
+# ---- Auto classes: build through AutoConfig, save, and load back through every registered Auto class.
 
 
 def test_auto_round_trip(tmp_path: Path):
@@ -172,7 +156,8 @@ def test_auto_round_trip(tmp_path: Path):
 
     names = {p.name for p in tmp_path.iterdir()}
     assert {"model.safetensors", "config.json", "configuration_tinytx.py", "modeling_tinytx.py"} <= names
-    assert not [p for p in tmp_path.rglob("*") if p.suffix in PICKLE_SUFFIXES], "weights must be safetensors only"
+    pickled = [p for p in tmp_path.rglob("*") if p.suffix in {".bin", ".pt", ".pth", ".pkl"}]
+    assert not pickled, "weights must be safetensors only"
     saved_config = AutoConfig.from_pretrained(tmp_path)
     assert saved_config.auto_map["AutoModelForCausalLM"] == "modeling_tinytx.TinyTxForCausalLM"
     assert saved_config.auto_map["AutoConfig"] == "configuration_tinytx.TinyTxConfig"
@@ -212,43 +197,22 @@ def test_sequence_classification_reads_last_real_token(tiny_config):
     assert not torch.allclose(batch[0], batch[1])
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Pipeline: a saved folder (tiny byte-level BPE tokenizer + tiny model) works in `pipeline("text-generation")`.
+# ---- The key/value cache: assisted decoding crops it, beam search reorders it, a loss forward builds none, and
+# gradients flow through it; generation (padding, static cache, sampling, continuous batching) gives the tokens that
+# plain full-recompute decoding gives.
 
 
-def test_text_generation_pipeline_from_a_folder(tiny_config, byte_bpe_tokenizer, tmp_path: Path):
-    tokenizer = byte_bpe_tokenizer(vocab_size=300)
-    assert len(tokenizer) == 300
-    config = tiny_config(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+def greedy(model, input_ids, max_new_tokens, **kwargs):
+    """`generate` without an end-of-sequence token, so every call yields exactly `max_new_tokens` tokens."""
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=model.config.pad_token_id
     )
-    torch.manual_seed(0)
-    hf_tinytx.TinyTxForCausalLM(config).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    assert (tmp_path / "tokenizer.json").is_file()
-    assert AutoTokenizer.from_pretrained(tmp_path).pad_token == "<pad>"
-
-    generator = pipeline("text-generation", model=str(tmp_path), device="cpu")
-    assert isinstance(generator.model, hf_tinytx.TinyTxForCausalLM)
-    prompt = "The quick brown fox"
-    outputs = generator(prompt, max_new_tokens=8, do_sample=False, min_new_tokens=8)
-    text = outputs[0]["generated_text"]
-    assert isinstance(text, str)
-    assert text.startswith(prompt)
-    assert len(text) > len(prompt)  # min_new_tokens keeps </s> from ending the text at once
+    return model.generate(input_ids, generation_config=config, **kwargs)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Key/value cache (transformers' `DynamicCache`): assisted decoding crops it, beam search reorders it, a loss
-# forward builds none, and gradients flow through it; each gives what decoding without a cache gives.
-
-
-def generate(model, input_ids, **kwargs):
-    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=model.config.pad_token_id, **kwargs)
-    return model.generate(input_ids, generation_config=config, return_dict_in_generate=True)
+def prompts(vocab_size, lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab_size, (length,), generator=generator).tolist() for length in lengths]
 
 
 def test_assisted_decoding_with_cropping_equals_greedy(tiny_model):
@@ -256,7 +220,7 @@ def test_assisted_decoding_with_cropping_equals_greedy(tiny_model):
     assistant = tiny_model(seed=1, attn_implementation="sdpa")  # a different model: most drafts get rejected
     input_ids = torch.tensor([[5, 9, 11, 4]])
     with torch.no_grad():
-        plain = generate(model, input_ids, max_new_tokens=24).sequences
+        plain = greedy(model, input_ids, max_new_tokens=24)
         assisted = model.generate(input_ids, assistant_model=assistant, max_new_tokens=24, do_sample=False,
                                   eos_token_id=None, pad_token_id=0)
     assert torch.equal(assisted, plain)
@@ -317,24 +281,6 @@ def test_the_old_cache_name_still_works_and_warns_where_cache_is_current(tiny_mo
             assert len(deprecations) == (1 if current and name == "past_key_values" else 0), caught
             results.append(out.logits if module is model else out.last_hidden_state)
         assert torch.equal(*results)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Generation: the key/value cache, padding, static cache, compilation, sampling, attention weights and continuous
-# batching all give the tokens that plain full-recompute decoding gives.
-
-
-def greedy(model, input_ids, max_new_tokens, **kwargs):
-    """`generate` without an end-of-sequence token, so every call yields exactly `max_new_tokens` tokens."""
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=model.config.pad_token_id
-    )
-    return model.generate(input_ids, generation_config=config, **kwargs)
-
-
-def prompts(vocab_size, lengths, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab_size, (length,), generator=generator).tolist() for length in lengths]
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])

@@ -16,11 +16,8 @@ def random_batch(model, batch=2, seq_len=16, seed=0):
     return torch.randint(3, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [{}, {"qk_norm": True}, {"mlp_type": "plain", "hidden_act": "gelu"}],
-    ids=["gated-silu", "qk_norm", "plain-gelu"],
-)
+@pytest.mark.parametrize("overrides", [{}, {"qk_norm": True}, {"mlp_type": "plain", "hidden_act": "gelu"}],
+                         ids=["gated-silu", "qk_norm", "plain-gelu"])
 def test_adamw_overfits_a_tiny_batch(tiny_model, overrides):
     model = tiny_model(attn_implementation="sdpa", **overrides).train()
     if overrides.get("qk_norm"):
@@ -40,8 +37,7 @@ def test_adamw_overfits_a_tiny_batch(tiny_model, overrides):
 
 
 def test_cpu_rmsnorm_gradient_is_the_formulas():
-    """Trained by the CPU speed path, RMSNorm runs its hand-written backward: it must be the derivative of torch's
-    rms_norm."""
+    """The CPU speed path's hand-written RMSNorm backward is the derivative of torch's rms_norm."""
     x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
     gain = (torch.rand(8, dtype=torch.float64) + 0.5).requires_grad_()
     assert torch.autograd.gradcheck(lambda x, gain: _RMSNormFunction.apply(x, gain, 1e-6), (x, gain))

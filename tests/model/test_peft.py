@@ -1,20 +1,11 @@
-"""PEFT treats TinyTx like a built-in model: LoRA (named targets or "all-linear") trains, saves a safetensors adapter
-that reloads through `PeftModel` and `AutoPeftModelForCausalLM`, merges to the same logits; prompt and prefix tuning
-(which go through `inputs_embeds` and the key/value cache) train and generate as Llama does; checkpointing works
-with a frozen base."""
+"""PEFT treats TinyTx like a built-in model: LoRA trains, saves a safetensors adapter that reloads and merges to the
+same logits; prompt and prefix tuning train and generate as Llama does; checkpointing works with a frozen base."""
 
 from pathlib import Path
 
 import pytest
 import torch
-from peft import (
-    AutoPeftModelForCausalLM,
-    LoraConfig,
-    PeftModel,
-    PrefixTuningConfig,
-    PromptTuningConfig,
-    get_peft_model,
-)
+from peft import AutoPeftModelForCausalLM, LoraConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 import hf_tinytx
@@ -40,7 +31,7 @@ def train_steps(model, input_ids, steps=25, lr=1e-2):
 
 @pytest.fixture
 def base_folder(tiny_model, tmp_path: Path):
-    """A saved TinyTx folder, what PEFT's adapter_config.json points back to."""
+    """A saved TinyTx folder, which PEFT's adapter_config.json points back to."""
     folder = tmp_path / "base"
     tiny_model(seed=0).save_pretrained(folder)
     return folder
@@ -50,11 +41,8 @@ def load_base(folder):
     return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
 
 
-@pytest.mark.parametrize(
-    "target_modules",
-    [["q_proj", "v_proj", "down_proj"], "all-linear"],
-    ids=["named", "all-linear"],
-)
+@pytest.mark.parametrize("target_modules", [["q_proj", "v_proj", "down_proj"], "all-linear"],
+                         ids=["named", "all-linear"])
 def test_lora_trains_saves_reloads_and_merges(base_folder, tmp_path: Path, target_modules):
     model = get_peft_model(
         load_base(base_folder), LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=16, target_modules=target_modules)
@@ -105,11 +93,8 @@ def test_lora_trains_saves_reloads_and_merges(base_folder, tmp_path: Path, targe
 )
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_prompt_and_prefix_tuning_train_and_generate_like_llama(tiny_model, make_config, attn_implementation):
-    """TinyTx under prompt/prefix tuning gives what the same network as a LlamaForCausalLM gives, token for token.
-
-    (Compared with Llama rather than with a cache-free recomputation because, with peft 0.21 and transformers 5.24,
-    `generate` and a plain forward place the virtual tokens differently for Llama as well; TinyTx must match the
-    built-in model, whatever PEFT does.)"""
+    """TinyTx under prompt/prefix tuning gives what the same network as a LlamaForCausalLM gives, token for token
+    (not a cache-free recomputation: `generate` and a forward place the virtual tokens differently for Llama too)."""
     tinytx = tiny_model(seed=0, attn_implementation=attn_implementation)
     llama = tinytx_to_llama(tinytx)
     input_ids = token_batch(tinytx.config.vocab_size)

@@ -1,6 +1,5 @@
-"""TinyTx in the tools people deploy with: `pipeline("text-generation")` from a folder and from a Hub id, chat
-messages through the pipeline, streaming (`TextStreamer`, `TextIteratorStreamer`) and batched left-padded generation
-all give exactly the text plain greedy `generate` gives."""
+"""TinyTx in the tools people deploy with: `pipeline("text-generation")` from a folder and from a Hub id, chat messages,
+streaming and batched left-padded generation all give exactly the text plain greedy `generate` gives."""
 
 import json
 import os
@@ -14,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer, TextStreamer, pipeline
 
-import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
+import hf_tinytx
+from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 
 GREEDY = {"max_new_tokens": 16, "do_sample": False}
@@ -25,15 +25,14 @@ CHAT_TEMPLATE = (
 )
 
 
-@pytest.fixture
-def model_folder(tiny_model, byte_bpe_tokenizer, tmp_path: Path) -> Path:
-    """A saved TinyTx + tokenizer folder, as a user would have after training. The initial weights are drawn wide
-    so greedy decoding wanders through many different tokens instead of repeating one."""
-    tokenizer = byte_bpe_tokenizer()
-    model = tiny_model(seed=0, vocab_size=len(tokenizer), initializer_range=0.3)
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    """A saved TinyTx + tokenizer folder; wide initial weights, so greedy decoding does not repeat one token."""
+    tokenizer = build_byte_bpe_tokenizer()
+    model = build_tiny_model(seed=0, vocab_size=len(tokenizer), initializer_range=0.3)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    folder = tmp_path / "tinytx"
+    folder = tmp_path_factory.mktemp("pipelines") / "tinytx"
     model.save_pretrained(folder)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
@@ -49,12 +48,13 @@ def generate_text(model, tokenizer, prompt: str) -> str:
 
 
 def test_pipeline_from_a_saved_folder(model_folder):
-    generator = pipeline("text-generation", model=str(model_folder))
-    assert type(generator.model).__name__ == "TinyTxForCausalLM"
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    assert len(tokenizer) == 300 and tokenizer.pad_token == "<pad>" and (model_folder / "tokenizer.json").is_file()
+    generator = pipeline("text-generation", model=str(model_folder), device="cpu")
+    assert isinstance(generator.model, hf_tinytx.TinyTxForCausalLM)
     prompt = "The quick brown fox"
     text = generator(prompt, return_full_text=False, **GREEDY)[0]["generated_text"]
-    model = AutoModelForCausalLM.from_pretrained(model_folder)
-    expected = generate_text(model, AutoTokenizer.from_pretrained(model_folder), prompt)
+    expected = generate_text(AutoModelForCausalLM.from_pretrained(model_folder), tokenizer, prompt)
     assert text == expected
     assert len(set(text)) > 3, f"degenerate test: the model wrote {text!r}"
     full = generator(prompt, **GREEDY)[0]["generated_text"]

@@ -1,5 +1,5 @@
-"""The probe scorer: right keys and ranges on a real (random) TinyTx, exact bookkeeping proven with an oracle model
-that knows every answer, and batching/padding that does not change a single score."""
+"""The probe scorer: right keys and ranges on a random TinyTx, exact bookkeeping proven with an oracle model that
+knows every answer, and batching/padding that does not change a single score."""
 
 import pytest
 import torch
@@ -71,14 +71,11 @@ def test_scores_have_the_right_keys_and_ranges(tiny_model, tokenizer, probes):
     assert tiny_model.training, "the scorer must hand the model back in the mode it found it"
 
 
-def test_an_oracle_that_knows_the_answers_scores_100_percent(tokenizer, probes):
-    results = score_probes(_oracle(tokenizer, probes, lambda p: p.answer), tokenizer, probes, batch_size=5)
-    assert all(results[key] == 1.0 for key in results if not key.startswith("n_"))
-
-
-def test_an_oracle_that_prefers_a_distractor_scores_0_percent(tokenizer, probes):
-    results = score_probes(_oracle(tokenizer, probes, lambda p: p.distractors[-1]), tokenizer, probes, batch_size=3)
-    assert all(results[key] == 0.0 for key in results if not key.startswith("n_"))
+@pytest.mark.parametrize("knows, batch_size, score", [("answer", 5, 1.0), ("distractor", 3, 0.0)])
+def test_an_oracle_scores_100_percent_or_0_when_it_prefers_a_distractor(tokenizer, probes, knows, batch_size, score):
+    oracle = _oracle(tokenizer, probes, lambda p: p.answer if knows == "answer" else p.distractors[-1])
+    results = score_probes(oracle, tokenizer, probes, batch_size=batch_size)
+    assert all(results[key] == score for key in results if not key.startswith("n_"))
 
 
 def test_log_probs_match_a_plain_forward_pass_and_ignore_batching(tiny_model, tokenizer, probes):

@@ -57,6 +57,19 @@ CHILD_SCRIPT = BLOCK_HF_TINYTX + textwrap.dedent(
 )
 
 
+def run_without_the_package(script: str, tmp_path, *args, cwd=None, **env) -> subprocess.CompletedProcess:
+    """`script args` in a child with private caches (the user's ~/.cache/huggingface is neither read nor written) and
+    no path to the repository."""
+    path = tmp_path / "child.py"
+    path.write_text(script)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    environment.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", **env)
+    result = subprocess.run([sys.executable, str(path), *map(str, args)], cwd=cwd or tmp_path, env=environment,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_saved_folder_loads_as_remote_code_without_the_package(tmp_path):
     torch.manual_seed(0)
     # qk_norm and GQA exercise the code paths a Llama model lacks, so nothing can be borrowed from transformers.
@@ -73,31 +86,16 @@ def test_saved_folder_loads_as_remote_code_without_the_package(tmp_path):
     expected_tokens = greedy(model, input_ids, NEW_TOKENS)
     reference_file = tmp_path / "reference.safetensors"
     save_file({"input_ids": input_ids, "logits": logits.contiguous()}, reference_file)
-    script = tmp_path / "load_as_remote_code.py"
-    script.write_text(CHILD_SCRIPT)
-
-    # Private caches, so the user's ~/.cache/huggingface is neither read nor written; no path to the repository.
-    modules_cache = tmp_path / "hf_modules"
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_MODULES_CACHE=str(modules_cache), HF_HUB_OFFLINE="1")
-    workdir = tmp_path / "elsewhere"
+    modules_cache, workdir = tmp_path / "hf_modules", tmp_path / "elsewhere"
     workdir.mkdir()
-    result = subprocess.run(
-        [sys.executable, str(script), str(folder), str(reference_file)],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_without_the_package(CHILD_SCRIPT, tmp_path, folder, reference_file, cwd=workdir,
+                                     HF_MODULES_CACHE=str(modules_cache))
     report = json.loads(result.stdout.strip().splitlines()[-1])
 
     assert report["hf_tinytx_importable"] is False
     assert report["loaded_modules"] == []
-    assert report["model_module"].startswith("transformers_modules.") and report["model_module"].endswith(
-        ".modeling_tinytx"
-    )
+    assert report["model_module"].startswith("transformers_modules.")
+    assert report["model_module"].endswith(".modeling_tinytx")
     assert report["config_module"].startswith("transformers_modules.")
     assert report["model_file"].startswith(str(modules_cache))
     assert report["logits_identical"], f"max |difference| {report['max_logit_difference']}"
@@ -128,14 +126,8 @@ def test_a_saved_tokenizer_loads_without_the_package_and_without_a_prompt(tmp_pa
     hf_tinytx.TinyTxForCausalLM(build_tiny_config()).save_pretrained(folder)
     tokenizer = build_byte_bpe_tokenizer()
     tokenizer.save_pretrained(folder)
-    script = tmp_path / "load_tokenizer.py"
-    script.write_text(TOKENIZER_SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
     text = "The quick brown fox"
-    result = subprocess.run([sys.executable, str(script), str(folder), text], cwd=tmp_path, env=env,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = run_without_the_package(TOKENIZER_SCRIPT, tmp_path, folder, text)
     assert "Do you wish to run the custom code" not in result.stdout + result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["fast"] == report["auto"] == tokenizer(text).input_ids

@@ -11,7 +11,7 @@ import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
 
 
 def pad_collator(tokenizer):
-    """Right padding; padded positions are masked out of attention and of the loss (labels -100)."""
+    """Right padding, masked out of attention and of the loss (labels -100)."""
     return DataCollatorForLanguageModeling(tokenizer, mlm=False)
 
 
@@ -21,18 +21,10 @@ def sentence_dataset(tokenizer, sentences):
 
 
 def quiet_args(output_dir, **overrides):
-    values = dict(
-        output_dir=str(output_dir),
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        use_cpu=True,
-        dataloader_pin_memory=False,
-        train_sampling_strategy="sequential",  # the same data order whatever the batch size
-        seed=0,
-    )
-    values.update(overrides)
-    return TrainingArguments(**values)
+    # train_sampling_strategy "sequential": the same data order whatever the batch size
+    return TrainingArguments(output_dir=str(output_dir), report_to="none", save_strategy="no", disable_tqdm=True,
+                             use_cpu=True, dataloader_pin_memory=False, train_sampling_strategy="sequential", seed=0,
+                             **overrides)
 
 
 def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokenizer, tmp_path: Path):
@@ -41,15 +33,10 @@ def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokeniz
     tokenizer = byte_bpe_tokenizer()
     model = tiny_model(vocab_size=len(tokenizer)).train()
     dataset = sentence_dataset(tokenizer, TINY_SENTENCES)
-    trainer = Trainer(
-        model=model,
-        args=quiet_args(tmp_path / "run", max_steps=20, per_device_train_batch_size=3, learning_rate=1e-2,
-                        logging_steps=5, lr_scheduler_type="constant"),
-        train_dataset=dataset,
-        eval_dataset=dataset,
-        data_collator=pad_collator(tokenizer),
-        processing_class=tokenizer,
-    )
+    args = quiet_args(tmp_path / "run", max_steps=20, per_device_train_batch_size=3, learning_rate=1e-2,
+                      logging_steps=5, lr_scheduler_type="constant")
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset,
+                      data_collator=pad_collator(tokenizer), processing_class=tokenizer)
     eval_before = trainer.evaluate()["eval_loss"]
     trainer.train()
     eval_after = trainer.evaluate()["eval_loss"]
@@ -80,14 +67,10 @@ def one_step(tiny_model, dataset, collator, output_dir, batch_size, accumulation
     Weights are drawn wider than usual (std 0.2) so the per-token losses differ between sequences; at the default
     std every token costs about log(vocab_size) and any averaging would look right."""
     model = tiny_model(seed=0, initializer_range=0.2).train()
-    trainer = Trainer(
-        model=model,
-        args=quiet_args(output_dir, max_steps=1, per_device_train_batch_size=batch_size,
-                        gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=1.0,
-                        lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0, logging_steps=1),
-        train_dataset=dataset,
-        data_collator=collator,
-    )
+    args = quiet_args(output_dir, max_steps=1, per_device_train_batch_size=batch_size,
+                      gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=1.0,
+                      lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0, logging_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
     trainer.train()
     loss = next(row["loss"] for row in trainer.state.log_history if "loss" in row)
     return loss, {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
