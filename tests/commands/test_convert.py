@@ -29,65 +29,48 @@ from tests.helpers.tiny import REPO_ROOT, build_tiny_config, greedy
 
 VOCAB = 96
 NEW_TOKENS = 16
-
+# initializer_range 0.2: large weights give peaked logits, so greedy decoding has no near-ties
+LLAMA_SETTINGS = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)
 LLAMA_VARIANTS = {
     "mha-untied": {},
     "gqa-tied": {"num_key_value_heads": 2, "tie_word_embeddings": True},
-    "mqa-biases-linear-rope": {
-        "num_key_value_heads": 1,
-        "attention_bias": True,
-        "mlp_bias": True,
-        "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0},
-    },
-    "gqa-llama3-rope": {
-        "num_key_value_heads": 2,
-        "rope_parameters": {
-            "rope_type": "llama3",
-            "rope_theta": 10000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16,
-        },
-    },
+    "mqa-biases-linear-rope": {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True,
+                               "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}},
+    "gqa-llama3-rope": {"num_key_value_heads": 2, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }},
 }
 
 
 def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    settings = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        initializer_range=0.2,  # large weights give peaked logits, so greedy decoding has no near-ties
-        pad_token_id=0,
-    )
-    settings.update(overrides)
-    return LlamaForCausalLM(LlamaConfig(**settings)).eval()
+    return LlamaForCausalLM(LlamaConfig(**{**LLAMA_SETTINGS, **overrides})).eval()
 
 
 def tiny_tinytx(seed: int = 0, **overrides) -> hf_tinytx.TinyTxForCausalLM:
     torch.manual_seed(seed)
-    # initializer_range 0.2: large weights give peaked logits, so greedy decoding has no near-ties
-    settings = dict(vocab_size=VOCAB, max_position_embeddings=64, initializer_range=0.2)
-    settings.update(overrides)
+    settings = {"vocab_size": VOCAB, "max_position_embeddings": 64, "initializer_range": 0.2, **overrides}
     return hf_tinytx.TinyTxForCausalLM(build_tiny_config(**settings)).eval()
 
 
 def sample_inputs(seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (2, 12), generator=generator)
+    return torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def logits_of(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(sample_inputs()).logits
+
+
+def assert_same_logits(model, reference) -> None:
+    torch.testing.assert_close(logits_of(model), logits_of(reference), rtol=0, atol=1e-5)
 
 
 def assert_same_function(reference, converted) -> None:
+    assert_same_logits(converted, reference)
     input_ids = sample_inputs()
-    with torch.no_grad():
-        expected = reference(input_ids).logits
-        actual = converted(input_ids).logits
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
     expected_tokens = greedy(reference, input_ids)
     assert expected_tokens.shape[1] == input_ids.shape[1] + NEW_TOKENS
     assert torch.equal(greedy(converted, input_ids), expected_tokens)
@@ -110,6 +93,12 @@ def test_llama_to_tinytx_and_back_compute_the_same(variant):
     assert_same_function(llama, back)
     for name, tensor in llama.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
+    back_config = tinytx_config_to_llama(llama_config_to_tinytx(llama.config))
+    for name in ("hidden_size", "num_key_value_heads", "head_dim", "rope_parameters", "rms_norm_eps", "eos_token_id"):
+        assert getattr(back_config, name) == getattr(llama.config, name), name
+    with torch.no_grad():  # the weights were copied, not shared
+        tinytx.model.embed_tokens.weight.zero_()
+    assert llama.model.embed_tokens.weight.abs().sum() > 0
 
 
 def test_tinytx_to_llama_computes_the_same():
@@ -119,41 +108,21 @@ def test_tinytx_to_llama_computes_the_same():
     assert_same_function(tinytx, llama)
 
 
-def test_conversion_copies_weights_instead_of_sharing_them():
-    llama = tiny_llama()
-    tinytx = llama_to_tinytx(llama)
-    with torch.no_grad():
-        tinytx.model.embed_tokens.weight.zero_()
-    assert llama.model.embed_tokens.weight.abs().sum() > 0
-
-
 def test_conversion_keeps_dtype():
     llama = LlamaForCausalLM._from_config(tiny_llama().config, dtype=torch.bfloat16).eval()
     tinytx = llama_to_tinytx(llama)
     assert tinytx.dtype == torch.bfloat16 and tinytx.lm_head.weight.dtype == torch.bfloat16
-    with torch.no_grad():
-        assert torch.equal(tinytx(sample_inputs()).logits, llama(sample_inputs()).logits)
+    assert torch.equal(logits_of(tinytx), logits_of(llama))
     assert tinytx_to_llama(tinytx).dtype == torch.bfloat16
-
-
-def test_config_translation_round_trips():
-    llama_config = tiny_llama(**LLAMA_VARIANTS["gqa-llama3-rope"]).config
-    back = tinytx_config_to_llama(llama_config_to_tinytx(llama_config))
-    for name in ("hidden_size", "num_key_value_heads", "head_dim", "rope_parameters", "rms_norm_eps", "eos_token_id"):
-        assert getattr(back, name) == getattr(llama_config, name), name
 
 
 def test_llama_pad_token_minus_one_means_none():
     # Some Llama checkpoints store -1 for "no padding token"; TinyTx only accepts real token ids or None.
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, pad_token_id=-1)
-    assert llama_config_to_tinytx(config).pad_token_id is None
+    assert llama_config_to_tinytx(LlamaConfig(**{**LLAMA_SETTINGS, "pad_token_id": -1})).pad_token_id is None
 
 
-@pytest.mark.parametrize(
-    "setting, field",
-    [({"qk_norm": True}, "qk_norm"), ({"mlp_type": "plain", "hidden_act": "gelu"}, "mlp_type")],
-)
+@pytest.mark.parametrize("setting, field",
+                         [({"qk_norm": True}, "qk_norm"), ({"mlp_type": "plain", "hidden_act": "gelu"}, "mlp_type")])
 def test_tinytx_only_features_are_refused(setting, field):
     model = tiny_tinytx(**setting)
     with pytest.raises(ValueError, match=f"`{field}.*no Llama equivalent"):
@@ -185,19 +154,20 @@ def save_tiny_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def save_llama(folder: Path, tokenizer: bool = False, **overrides) -> Path:
+    tiny_llama(**overrides).save_pretrained(folder)
+    if tokenizer:
+        save_tiny_tokenizer(folder)
+    return folder
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hf_tinytx.convert", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return subprocess.run([sys.executable, "-m", "hf_tinytx.convert", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
 
 
-def logits_of(model) -> torch.Tensor:
-    with torch.no_grad():
-        return model(sample_inputs()).logits
+def names_in(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir())
 
 
 def test_cli_round_trip_llama_tinytx_llama(tmp_path):
@@ -210,7 +180,7 @@ def test_cli_round_trip_llama_tinytx_llama(tmp_path):
     result = run_cli("--to", "tinytx", str(llama_dir), str(tinytx_dir))
     assert result.returncode == 0, result.stderr
     # A normal TinyTx folder: safetensors weights, and the code files plus auto_map for trust_remote_code users.
-    files = {path.name for path in tinytx_dir.iterdir()}
+    files = set(names_in(tinytx_dir))
     assert {"model.safetensors", "configuration_tinytx.py", "modeling_tinytx.py", "tokenizer.json"} <= files
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
     tinytx_config = json.loads((tinytx_dir / "config.json").read_text())
@@ -219,7 +189,7 @@ def test_cli_round_trip_llama_tinytx_llama(tmp_path):
     assert json.loads((tinytx_dir / "generation_config.json").read_text())["max_new_tokens"] == 7
     tinytx = AutoModelForCausalLM.from_pretrained(tinytx_dir).eval()
     assert isinstance(tinytx, hf_tinytx.TinyTxForCausalLM)
-    torch.testing.assert_close(logits_of(tinytx), logits_of(llama), rtol=0, atol=1e-5)
+    assert_same_logits(tinytx, llama)
 
     result = run_cli("--to", "llama", str(tinytx_dir), str(back_dir))
     assert result.returncode == 0, result.stderr
@@ -227,50 +197,45 @@ def test_cli_round_trip_llama_tinytx_llama(tmp_path):
     assert back_config["model_type"] == "llama" and "auto_map" not in back_config
     assert not (back_dir / "modeling_tinytx.py").exists()
     back = LlamaForCausalLM.from_pretrained(back_dir).eval()
-    torch.testing.assert_close(logits_of(back), logits_of(llama), rtol=0, atol=1e-5)
+    assert_same_logits(back, llama)
     assert back.generation_config.max_new_tokens == 7
     text = "w5 w17 w42 w9"
-    assert AutoTokenizer.from_pretrained(back_dir)(text)["input_ids"] == AutoTokenizer.from_pretrained(llama_dir)(
-        text
-    )["input_ids"]
-
-    # Only the three folders: no staging folders left behind.
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama", "llama-again", "tinytx"]
+    tokenized = [AutoTokenizer.from_pretrained(folder)(text)["input_ids"] for folder in (back_dir, llama_dir)]
+    assert tokenized[0] == tokenized[1]
+    assert names_in(tmp_path) == ["llama", "llama-again", "tinytx"]  # no staging folders left behind
 
 
 def test_cli_refuses_to_overwrite_without_flag(tmp_path, capsys):
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
     destination.mkdir()
     (destination / "notes.txt").write_text("keep me")
 
     assert convert_main(["--to", "tinytx", str(llama_dir), str(destination)]) != 0
     message = capsys.readouterr().err
     assert "not empty" in message and "--overwrite" in message
-    assert [path.name for path in destination.iterdir()] == ["notes.txt"]
+    assert names_in(destination) == ["notes.txt"]
 
     # --overwrite replaces what a conversion writes; the user's own file is not convert's to delete.
     assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(destination)]) == 0
     assert (destination / "notes.txt").read_text() == "keep me" and (destination / "model.safetensors").is_file()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama", "out"]
+    assert names_in(tmp_path) == ["llama", "out"]
 
 
-def test_an_empty_destination_folder_is_used(tmp_path):
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
-    destination.mkdir()
-    convert_folder(llama_dir, destination, to="tinytx")
-    assert (destination / "model.safetensors").is_file()
+@pytest.mark.parametrize("leftover", [False, True], ids=["empty", "a-leftover-staging-folder"])
+def test_an_empty_destination_folder_is_used(tmp_path, leftover):
+    destination = tmp_path / "out"
+    (destination / ".tinytx-staging" if leftover else destination).mkdir(parents=True)
+    convert_folder(save_llama(tmp_path / "llama"), destination, to="tinytx")
+    assert (destination / "model.safetensors").is_file() and not (destination / ".tinytx-staging").exists()
 
 
 def test_source_folder_problems_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder: .*missing"):
         convert_folder(tmp_path / "missing", tmp_path / "out", to="tinytx")
 
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        convert_folder(empty, tmp_path / "out", to="tinytx")
+        convert_folder(tmp_path / "empty", tmp_path / "out", to="tinytx")
 
     pickled = tmp_path / "pickled"
     tiny_llama().config.save_pretrained(pickled)
@@ -278,10 +243,8 @@ def test_source_folder_problems_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="pickled weights"):
         convert_folder(pickled, tmp_path / "out", to="tinytx")
 
-    llama_dir = tmp_path / "llama"
-    tiny_llama().save_pretrained(llama_dir)
     with pytest.raises(ValueError, match="--to tinytx"):
-        convert_folder(llama_dir, tmp_path / "out", to="llama")
+        convert_folder(save_llama(tmp_path / "llama"), tmp_path / "out", to="llama")
     assert not (tmp_path / "out").exists()
 
 
@@ -290,13 +253,11 @@ def test_refused_conversion_writes_nothing(tmp_path, capsys):
     tiny_tinytx(qk_norm=True).save_pretrained(source)
     assert convert_main(["--to", "llama", str(source), str(tmp_path / "out")]) != 0
     assert "qk_norm" in capsys.readouterr().err
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["qknorm"]
+    assert names_in(tmp_path) == ["qknorm"]
 
 
 def test_failure_while_saving_leaves_no_half_written_folder(tmp_path, monkeypatch):
-    llama_dir = tmp_path / "llama"
-    tiny_llama().save_pretrained(llama_dir)
-    save_tiny_tokenizer(llama_dir)
+    llama_dir = save_llama(tmp_path / "llama", tokenizer=True)
 
     def disk_full(*args, **kwargs):
         raise OSError("No space left on device")
@@ -304,12 +265,11 @@ def test_failure_while_saving_leaves_no_half_written_folder(tmp_path, monkeypatc
     monkeypatch.setattr("hf_tinytx.convert.shutil.copyfile", disk_full)
     with pytest.raises(OSError, match="No space left"):
         convert_folder(llama_dir, tmp_path / "out", to="tinytx")
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama"]
+    assert names_in(tmp_path) == ["llama"]
 
 
 def test_a_link_out_of_the_source_folder_is_refused_before_anything_is_written(tmp_path, capsys):
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
     secret = tmp_path / "secret.json"
     secret.write_text('{"not": "a tokenizer"}')
     (llama_dir / "tokenizer.json").symlink_to(secret)
@@ -322,8 +282,7 @@ def test_a_link_out_of_the_source_folder_is_refused_before_anything_is_written(t
 
 
 def test_a_link_inside_the_source_folder_is_followed(tmp_path):
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
     save_tiny_tokenizer(llama_dir / "shared")
     (llama_dir / "tokenizer.json").symlink_to(llama_dir / "shared" / "tokenizer.json")
 
@@ -334,26 +293,17 @@ def test_a_link_inside_the_source_folder_is_followed(tmp_path):
 
 def test_overwrite_keeps_the_destination_folder_itself(tmp_path):
     """The folder is never renamed or removed, only its files replaced: so a mount point works as the destination."""
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
     convert_folder(llama_dir, destination, to="tinytx")
     (destination / ".tinytx-staging").mkdir()  # what a killed conversion leaves behind
     inode = destination.stat().st_ino
 
     convert_folder(llama_dir, destination, to="tinytx", overwrite=True)
     assert destination.stat().st_ino == inode
-    assert sorted(path.name for path in destination.iterdir()) == [
+    assert names_in(destination) == [
         ".tinytx-written.json", "config.json", "configuration_tinytx.py", "generation_config.json",
         "model.safetensors", "modeling_tinytx.py",
     ]
-
-
-def test_a_leftover_staging_folder_does_not_count_as_content(tmp_path):
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
-    (destination / ".tinytx-staging").mkdir(parents=True)
-    convert_folder(llama_dir, destination, to="tinytx")
-    assert (destination / "model.safetensors").is_file() and not (destination / ".tinytx-staging").exists()
 
 
 def test_writing_into_publishes_at_the_end_and_leaves_nothing_when_the_block_fails(tmp_path):
@@ -398,6 +348,13 @@ def one_line_error(result_or_err) -> str:
     return message
 
 
+def refused(capsys, *args) -> str:
+    """The one error line of `convert args`, which must exit 2."""
+    capsys.readouterr()
+    assert convert_main([*map(str, args)]) == 2
+    return one_line_error(capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("where", ["same", "inside", "parent", "link", "through-link"])
 def test_a_destination_overlapping_the_source_is_refused_overwrite_included(tmp_path, capsys, where):
     source = tinytx_run_folder(tmp_path / "runs" / "tinytx")
@@ -410,10 +367,8 @@ def test_a_destination_overlapping_the_source_is_refused_overwrite_included(tmp_
         "through-link": tmp_path / "link" / "tinytx",  # the source itself, reached through a link
     }[where]
     before, other = snapshot(tmp_path / "runs"), snapshot(elsewhere)
-    capsys.readouterr()
 
-    assert convert_main(["--to", "llama", "--overwrite", str(source), str(destination)]) == 2
-    message = one_line_error(capsys.readouterr().err)
+    message = refused(capsys, "--to", "llama", "--overwrite", source, destination)
     assert str(destination) in message and ("link" in message if "link" in where else "source" in message)
     assert snapshot(tmp_path / "runs") == before and snapshot(elsewhere) == other
 
@@ -425,22 +380,17 @@ def test_a_gguf_destination_inside_the_source_or_through_a_link_is_refused(tmp_p
     target = tmp_path / "kept.gguf"
     target.write_bytes(b"someone else's file")
     (tmp_path / "link.gguf").symlink_to(target)
-    capsys.readouterr()
     for destination in (source / "m.gguf", tmp_path / "link.gguf"):
-        assert convert_main(["--to", "gguf", "--overwrite", str(source), str(destination)]) == 2
-        assert str(destination) in one_line_error(capsys.readouterr().err)
+        assert str(destination) in refused(capsys, "--to", "gguf", "--overwrite", source, destination)
     assert snapshot(source) == before and target.read_bytes() == b"someone else's file"
     assert not (source / "m.gguf").exists()
     (tmp_path / "folder.gguf").mkdir()  # --overwrite replaces a file, never a folder
-    assert convert_main(["--to", "gguf", "--overwrite", str(source), str(tmp_path / "folder.gguf")]) == 2
-    assert "is a folder" in one_line_error(capsys.readouterr().err)
+    assert "is a folder" in refused(capsys, "--to", "gguf", "--overwrite", source, tmp_path / "folder.gguf")
 
 
 def test_overwrite_replaces_only_what_convert_wrote(tmp_path):
-    first, second, destination = tmp_path / "first", tmp_path / "second", tmp_path / "out"
-    tiny_llama(seed=0).save_pretrained(first)
-    save_tiny_tokenizer(first)
-    tiny_llama(seed=1).save_pretrained(second)  # no tokenizer: the first conversion's tokenizer files must go
+    first, destination = save_llama(tmp_path / "first", tokenizer=True), tmp_path / "out"
+    second = save_llama(tmp_path / "second", seed=1)  # no tokenizer: the first conversion's tokenizer files must go
     assert convert_main(["--to", "tinytx", str(first), str(destination)]) == 0
     assert (destination / "tokenizer.json").is_file()
     (destination / "notes.txt").write_text("keep me")
@@ -454,21 +404,15 @@ def test_overwrite_replaces_only_what_convert_wrote(tmp_path):
     record = json.loads((destination / ".tinytx-written.json").read_text())
     assert record["files"] == sorted(path.name for path in destination.iterdir() if path.is_file()
                                      and path.name not in ("notes.txt", ".tinytx-written.json"))
-    converted = AutoModelForCausalLM.from_pretrained(destination).eval()
-    torch.testing.assert_close(logits_of(converted), logits_of(tiny_llama(seed=1)), rtol=0, atol=1e-5)
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(destination).eval(), tiny_llama(seed=1))
 
 
 def test_overwrite_refuses_a_folder_holding_a_training_run(tmp_path, capsys):
-    llama_dir = tmp_path / "llama"
-    tiny_llama().save_pretrained(llama_dir)
-    run = tinytx_run_folder(tmp_path / "run")
+    llama_dir, run = save_llama(tmp_path / "llama"), tinytx_run_folder(tmp_path / "run")
     before = snapshot(run)
-    capsys.readouterr()
-
-    assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(run)]) == 2
-    message = one_line_error(capsys.readouterr().err)
+    message = refused(capsys, "--to", "tinytx", "--overwrite", llama_dir, run)
     assert "did not write" in message and "config.json" in message and "model.safetensors" in message
-    assert snapshot(run) == before and sorted(path.name for path in tmp_path.iterdir()) == ["llama", "run"]
+    assert snapshot(run) == before and names_in(tmp_path) == ["llama", "run"]
 
 
 CONVERT_SCRIPT = "import sys\nfrom hf_tinytx.convert import main\nsys.exit(main())\n"
@@ -482,10 +426,8 @@ def test_a_killed_overwrite_leaves_the_old_or_the_new_model_and_the_users_files(
     command, run again, completes the new model and removes the old one's leftovers (the record lists them)."""
     from tests.helpers.faults import KILLED, run_killed_at
 
-    old, new, destination = tmp_path / "old", tmp_path / "new", tmp_path / "out"
-    tiny_llama(seed=0).save_pretrained(old)
-    save_tiny_tokenizer(old)
-    tiny_llama(seed=1).save_pretrained(new)
+    old, new, destination = save_llama(tmp_path / "old", tokenizer=True), tmp_path / "new", tmp_path / "out"
+    save_llama(new, seed=1)
     assert convert_main(["--to", "tinytx", str(old), str(destination)]) == 0
     (destination / "notes.txt").write_text("keep me")
     convert_folder(new, tmp_path / "reference", to="tinytx")
@@ -506,16 +448,13 @@ def test_a_killed_overwrite_leaves_the_old_or_the_new_model_and_the_users_files(
     assert convert_main(args) == 0
     assert (destination / "notes.txt").read_text() == "keep me"
     assert snapshot(destination).keys() - {"notes.txt"} == snapshot(tmp_path / "reference").keys()
-    converted = AutoModelForCausalLM.from_pretrained(destination).eval()
-    torch.testing.assert_close(logits_of(converted), logits_of(tiny_llama(seed=1)), rtol=0, atol=1e-5)
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(destination).eval(), tiny_llama(seed=1))
 
 
-def save_with_config(folder: Path, **changes) -> Path:
-    """A tiny Llama folder whose config.json is then edited: weights and config no longer agree."""
-    tiny_llama().save_pretrained(folder)
+def edit_config(folder: Path, **changes) -> Path:
+    """Edits the folder's config.json: weights and config no longer agree."""
     config = json.loads((folder / "config.json").read_text())
-    config.update(changes)
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
     return folder
 
 
@@ -531,10 +470,8 @@ def save_with_config(folder: Path, **changes) -> Path:
 )
 def test_weights_that_do_not_match_the_config_are_refused_before_anything_is_written(tmp_path, capsys, changes,
                                                                                       words):
-    source = save_with_config(tmp_path / "llama", **changes)
-    capsys.readouterr()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 2
-    message = one_line_error(capsys.readouterr().err)
+    source = edit_config(save_llama(tmp_path / "llama"), **changes)
+    message = refused(capsys, "--to", "tinytx", source, tmp_path / "out")
     assert words in message and "do not match its config.json" in message
     assert not (tmp_path / "out").exists()
 
@@ -545,23 +482,19 @@ def test_sharded_weights_are_checked_too(tmp_path, capsys):
     assert (source / "model.safetensors.index.json").is_file()
     assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 0  # tied: no lm_head stored
 
-    config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
-    capsys.readouterr()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 2
-    assert "missing: model.layers.2." in one_line_error(capsys.readouterr().err)
+    edit_config(source, num_hidden_layers=3)
+    assert "missing: model.layers.2." in refused(capsys, "--to", "tinytx", source, tmp_path / "out2")
     shard = sorted(source.glob("model-*.safetensors"))[0]
     shard.unlink()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out2")]) == 2
-    assert f"names the shard {shard.name}, which is missing" in one_line_error(capsys.readouterr().err)
+    message = refused(capsys, "--to", "tinytx", source, tmp_path / "out2")
+    assert f"names the shard {shard.name}, which is missing" in message
     assert not (tmp_path / "out2").exists()
 
 
 def damage(folder: Path, kind: str) -> str:
     """Damages the saved folder one way; returns the words the one-line error must hold."""
-    config = folder / "config.json"
+    config, weights = folder / "config.json", folder / "model.safetensors"
     if kind == "truncated-weights":
-        weights = folder / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
         return f"{weights} is damaged or truncated"
     if kind == "not-json":
@@ -571,16 +504,15 @@ def damage(folder: Path, kind: str) -> str:
         config.write_text("[1, 2, 3]")
         return f"{config} holds a JSON list"
     if kind in ("i32-header", "f16-header"):
-        relabel_dtype(folder / "model.safetensors", "F32", kind[:3].upper())
-        return (f"{folder / 'model.safetensors'} stores " if kind == "i32-header"
-                else f"{folder / 'model.safetensors'} is damaged or truncated")
+        relabel_dtype(weights, "F32", kind[:3].upper())
+        return f"{weights} stores " if kind == "i32-header" else f"{weights} is damaged or truncated"
     values = json.loads(config.read_text())
     if kind in ("rope-string", "rope-number"):
         values["rope_parameters"] = "default" if kind == "rope-string" else 5
         words = f'{config} has "rope_parameters": {json.dumps(values["rope_parameters"])}, which must be an object'
     else:
         del values["model_type"]
-        words = f'{config} has no "model_type"; this conversion reads a \'llama\' model'
+        words = f"{config} has no \"model_type\"; this conversion reads a 'llama' model"
     config.write_text(json.dumps(values))
     return words
 
@@ -593,9 +525,7 @@ def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind, 
     source = tmp_path / "source"
     (tiny_llama() if to == "tinytx" else tiny_tinytx()).save_pretrained(source)
     words = damage(source, kind).replace("'llama' model", f"'{'llama' if to == 'tinytx' else 'tinytx'}' model")
-    capsys.readouterr()
-    assert convert_main(["--to", to, str(source), str(tmp_path / "out")]) == 2  # a traceback would raise here
-    assert words in one_line_error(capsys.readouterr().err)
+    assert words in refused(capsys, "--to", to, source, tmp_path / "out")  # a traceback would raise here
     assert not (tmp_path / "out").exists()
 
 
@@ -606,18 +536,15 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_both_ways(tmp_path, ca
         source = tmp_path / f"to-{to}"
         model.save_pretrained(source)
         save_tiny_tokenizer(source)
-        capsys.readouterr()
-        assert convert_main(["--to", to, str(source), str(tmp_path / f"out-{to}")]) == 2
-        line = one_line_error(capsys.readouterr().err)
+        line = refused(capsys, "--to", to, source, tmp_path / f"out-{to}")
         assert f"tokenizer has {VOCAB} tokens but the model's embedding only {VOCAB - 16} rows" in line, line
         assert not (tmp_path / f"out-{to}").exists()
 
 
 @pytest.mark.deep
 def test_a_full_disk_is_one_line_and_the_earlier_conversion_stays(tmp_path, mounted):
-    small, large = tmp_path / "small", tmp_path / "large"
-    tiny_llama(hidden_size=8, intermediate_size=16, num_attention_heads=2).save_pretrained(small)
-    tiny_llama(hidden_size=64, intermediate_size=128).save_pretrained(large)  # ~0.4 MB of weights: cannot fit
+    small = save_llama(tmp_path / "small", hidden_size=8, intermediate_size=16, num_attention_heads=2)
+    large = save_llama(tmp_path / "large", hidden_size=64, intermediate_size=128)  # ~0.4 MB of weights: cannot fit
     with mounted(tmp_path / "disk", "160k") as disk:
         destination = disk / "out"
         assert run_cli("--to", "tinytx", str(small), str(destination)).returncode == 0
@@ -629,15 +556,13 @@ def test_a_full_disk_is_one_line_and_the_earlier_conversion_stays(tmp_path, moun
         assert result.returncode == 1 and "disk is full" in message and str(destination) in message
         assert "nothing in it was changed" in message
         assert snapshot(destination) == before and not (destination / ".tinytx-staging").exists()
-        torch.testing.assert_close(
-            logits_of(AutoModelForCausalLM.from_pretrained(destination).eval()),
-            logits_of(LlamaForCausalLM.from_pretrained(small).eval()), rtol=0, atol=1e-5,
-        )
+        assert_same_logits(AutoModelForCausalLM.from_pretrained(destination).eval(),
+                           LlamaForCausalLM.from_pretrained(small).eval())
 
         fresh = disk / "fresh"
         result = run_cli("--to", "tinytx", str(large), str(fresh))
         assert result.returncode == 1 and "disk is full" in one_line_error(result)
-        assert not fresh.exists() and sorted(path.name for path in disk.iterdir()) == ["out"]
+        assert not fresh.exists() and names_in(disk) == ["out"]
 
 
 def test_a_tied_head_stored_alongside_its_embedding_passes_when_equal(tmp_path):
@@ -646,16 +571,12 @@ def test_a_tied_head_stored_alongside_its_embedding_passes_when_equal(tmp_path):
     with torch.no_grad():
         llama.lm_head.weight.copy_(llama.model.embed_tokens.weight)
     llama.save_pretrained(source)  # untied: both tensors stored, with equal values
-    config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
-    convert_folder(source, tmp_path / "out", to="tinytx")
-    torch.testing.assert_close(logits_of(AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()),
-                               logits_of(llama), rtol=0, atol=1e-5)
+    convert_folder(edit_config(source, tie_word_embeddings=True), tmp_path / "out", to="tinytx")
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval(), llama)
 
 
 def test_a_record_naming_files_outside_the_destination_deletes_nothing_there(tmp_path):
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
     convert_folder(llama_dir, destination, to="tinytx")
     outside = tmp_path / "outside.txt"
     outside.write_text("not convert's")
@@ -670,10 +591,8 @@ def test_a_record_naming_files_outside_the_destination_deletes_nothing_there(tmp
 def test_every_file_of_a_converted_folder_has_the_mode_a_new_file_gets(tmp_path):
     """safetensors writes model.safetensors 0600 through a temporary file; a published folder gives it the mode of the
     other files (0644 under umask 022), so another user who can read the folder can load the model."""
-    llama_dir, destination = tmp_path / "llama", tmp_path / "out"
-    tiny_llama().save_pretrained(llama_dir)
-    save_tiny_tokenizer(llama_dir)
-    convert_folder(llama_dir, destination, to="tinytx")
+    destination = tmp_path / "out"
+    convert_folder(save_llama(tmp_path / "llama", tokenizer=True), destination, to="tinytx")
     umask = os.umask(0o022)
     os.umask(umask)
     modes = {path.name: oct(path.stat().st_mode & 0o777) for path in destination.iterdir() if path.is_file()}
@@ -689,9 +608,9 @@ CONVERT_SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__
     (signal.SIGTERM, ("os.replace", "os.rename"), 1),  # the first file moved into the destination
 ], ids=["SIGINT-staged", "SIGTERM-publishing"])
 def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(tmp_path, signum, function, nth):
-    """Ctrl-C or SIGTERM during `convert --to llama` into a folder whose parents do not exist yet. Before: a
-    KeyboardInterrupt traceback, exit 1, the empty parents left; SIGTERM, no line at all. Now: 128 + the signal, one
-    line; stopped before the publish nothing is left, stopped in it the same command (no --overwrite) finishes it."""
+    """Ctrl-C or SIGTERM during `convert --to llama` into a folder whose parents do not exist yet: 128 + the signal,
+    one line; stopped before the publish nothing is left, stopped in it the same command (no --overwrite) finishes
+    it."""
     from tests.helpers.faults import run_killed_at
 
     source, destination = tmp_path / "tinytx", tmp_path / "new" / "parents" / "llama"
@@ -707,11 +626,11 @@ def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(tm
     assert lines == [f"stopped by {signal.Signals(signum).name}; run the same command again (what it had half "
                      "written is removed, or finished by the rerun)"], lines
     if signum == signal.SIGINT:
-        assert sorted(path.name for path in tmp_path.iterdir()) == ["shim.py", "tinytx"]
+        assert names_in(tmp_path) == ["shim.py", "tinytx"]
     again = run_cli(*map(str, args))
     assert again.returncode == 0, again.stderr[-3000:]
-    torch.testing.assert_close(logits_of(LlamaForCausalLM.from_pretrained(destination).eval()),
-                               logits_of(AutoModelForCausalLM.from_pretrained(source).eval()), rtol=0, atol=1e-5)
+    assert_same_logits(LlamaForCausalLM.from_pretrained(destination).eval(),
+                       AutoModelForCausalLM.from_pretrained(source).eval())
     assert not (destination / ".tinytx-staging").exists()
 
 
@@ -720,11 +639,9 @@ def test_a_link_that_leads_nowhere_as_the_source_is_named_as_such(tmp_path, caps
     """Before: a loop passed for a missing folder or a Hub id (a traceback from the Hub lookup)."""
     source = tmp_path / "model"
     source.symlink_to(source if kind == "loop" else tmp_path / "gone")
+    words = ("is a loop of links (following them leads back to the start)" if kind == "loop"
+             else f"is a link to {tmp_path / 'gone'}, which does not exist")
     for to, destination in (("llama", tmp_path / "out"), ("gguf", tmp_path / "m.gguf")):
-        capsys.readouterr()
-        assert convert_main(["--to", to, str(source), str(destination)]) == 2
-        line = one_line_error(capsys.readouterr().err)
-        words = ("is a loop of links (following them leads back to the start)" if kind == "loop"
-                 else f"is a link to {tmp_path / 'gone'}, which does not exist")
+        line = refused(capsys, "--to", to, source, destination)
         assert line == f"error: {source} {words}: point the link at a real folder", line
         assert not destination.exists()

@@ -1,10 +1,6 @@
 """GGUF export (`python -m hf_tinytx.convert --to gguf`): llama.cpp itself tokenizes like our tokenizer and computes
 what the model computes; refused configs and tokenizers write nothing; the file says what the config says.
-
-llama.cpp runs through llama-cpp-python in its own environment, .venv-llamacpp (see tests/helpers/engines.py), in a
-subprocess that gets the GGUF paths and prompts as JSON and answers with token ids and logits (no torch there).
-The tests that run it are marked `engine`: a stage of their own (`python -m pytest -q -m engine tests`).
-"""
+llama.cpp runs in .venv-llamacpp (tests/helpers/engines.py), in a subprocess (tests marked `engine`)."""
 
 import ast
 import contextlib
@@ -43,17 +39,11 @@ VARIANTS = {
     "biases": {"attention_bias": True, "mlp_bias": True},
     "head-dim-32": {"head_dim": 32, "initializer_range": 0.3},
     "rope-linear": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
-    "rope-llama3": {
-        "rope_parameters": {
-            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
-        }
-    },
-    "rope-yarn": {
-        "rope_parameters": {
-            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
-        }
-    },
+    "rope-llama3": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16}},
+    "rope-yarn": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                      "original_max_position_embeddings": 64}},
 }
 GREEDY_PROMPTS = ["The quick brown", "Attention lets every", "Hello world! Numbers", "Rotary embeddings turn"]
 LONG_PROMPT = " ".join(TINY_SENTENCES[:3])  # ~100 tokens: far past the RoPE variants' original context
@@ -73,8 +63,7 @@ GREEDY_AGREEMENT = {"f32": NEW_TOKENS, "f16": 16, "q8_0": 8}
 
 
 def save_model(folder, tokenizer, weights=None, seed=0, **overrides):
-    """Saves a model with `weights` (a state dict; missing biases are drawn at random) or random ones, and the
-    tokenizer, the way training/pretrain.py leaves its output folder."""
+    """Saves a model with `weights` (a state dict; missing biases drawn at random) or random ones, and the tokenizer."""
     torch.manual_seed(seed)
     model = hf_tinytx.TinyTxForCausalLM(build_tiny_config(**{**MODEL, **overrides})).eval()
     if weights is not None:
@@ -101,8 +90,7 @@ def one_thread():
 
 
 def train_tiny(tokenizer, steps=100) -> dict:
-    """About a second of training on TINY_SENTENCES: the model learns them by heart, so its greedy continuation of a
-    sentence's start is that sentence, with confident (far from tied) logits, as a trained model's are."""
+    """About a second of training: the model learns TINY_SENTENCES by heart, so its logits are confident (no ties)."""
     torch.manual_seed(0)
     model = hf_tinytx.TinyTxForCausalLM(build_tiny_config(**MODEL)).train()
     batch = tokenizer(TINY_SENTENCES, padding=True, return_tensors="pt")
@@ -117,8 +105,7 @@ def train_tiny(tokenizer, steps=100) -> dict:
 
 
 def reference(folder, tokenizer, greedy: bool) -> dict:
-    """What transformers computes from the folder: logits at every position of each prompt, and (if `greedy`)
-    `generate`'s greedy continuation of each greedy prompt."""
+    """Transformers' logits at every position of each prompt, and (if `greedy`) its greedy continuations."""
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     prompts = [tokenizer(text)["input_ids"] for text in [LONG_PROMPT, *GREEDY_PROMPTS]]
     greedy_prompts = prompts[1:] if greedy else []
@@ -140,8 +127,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, tokenizer):
     """{case: (GGUF path, outtype, transformers' reference)} for every variant (f32), the plain model in f16 and q8_0,
-    and a negative control: the plain model written without the q/k permutation. Greedy continuations are compared
-    for the plain model; the variants are compared by their logits, which show more."""
+    and a negative control: the plain model written without the q/k permutation."""
     root = tmp_path_factory.mktemp("gguf")
     weights = train_tiny(tokenizer)
     cases = {}
@@ -213,8 +199,7 @@ def test_llama_cpp_greedy_tokens_equal_generate(llama_cpp, exports, outtype):
 
 @pytest.mark.engine
 def test_the_qk_permutation_is_what_makes_llama_cpp_agree(llama_cpp, exports):
-    """Negative control: the same weights without the rotate-half -> interleaved permutation compute something else,
-    far outside the tolerance, so the comparisons above would catch a wrong RoPE layout."""
+    """Negative control: without the rotate-half -> interleaved permutation the logits are far outside the tolerance."""
     _, _, expected = exports["unpermuted-f32"]
     error = relative_logit_error(llama_cpp["unpermuted-f32"]["logits"], expected["logits"])
     assert error > 100 * LOGIT_TOLERANCE["f32"]
@@ -224,8 +209,8 @@ def test_the_qk_permutation_is_what_makes_llama_cpp_agree(llama_cpp, exports):
 
 
 def test_rotate_half_to_interleaved_keeps_attention_scores():
-    """Rotating q and k Hugging Face's way (pairs i, i + d/2) and llama.cpp's way (pairs 2i, 2i + 1) after the
-    permutation gives the same dot products at every pair of positions."""
+    """Hugging Face's rotation (pairs i, i + d/2) and llama.cpp's after the permutation (pairs 2i, 2i + 1) give the
+    same dot products at every pair of positions."""
     torch.manual_seed(0)
     heads, head_dim, hidden, positions = 3, 8, 12, 7
     q_weight, k_weight = torch.randn(heads * head_dim, hidden), torch.randn(heads * head_dim, hidden)
@@ -256,6 +241,15 @@ def test_rotate_half_to_interleaved_keeps_attention_scores():
 @pytest.fixture
 def folder(tmp_path, tokenizer):
     return lambda **overrides: save_model(tmp_path / "model", tokenizer, **overrides)
+
+
+def refused(capsys, source, destination) -> str:
+    """The one error line of `convert --to gguf`, which must exit 2 and write nothing."""
+    capsys.readouterr()
+    assert convert_main(["--to", "gguf", str(source), str(destination)]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and not destination.exists()
+    return message
 
 
 def read_fields(path) -> tuple[dict, dict]:
@@ -375,12 +369,8 @@ def test_rope_scaling_is_written_the_way_llama_cpp_reads_it(folder, tmp_path):
 def test_configs_llama_cpp_cannot_run_are_refused_in_one_line_and_nothing_is_written(
     folder, tmp_path, capsys, overrides, words
 ):
-    source = folder(**overrides)
-    destination = tmp_path / "new" / "m.gguf"
-    capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(destination)]) == 2
-    message = capsys.readouterr().err.strip()
-    assert message.startswith("error: gguf: ") and "\n" not in message and words in message
+    message = refused(capsys, folder(**overrides), tmp_path / "new" / "m.gguf")
+    assert message.startswith("error: gguf: ") and words in message
     assert not (tmp_path / "new").exists()
 
 
@@ -392,15 +382,10 @@ def test_a_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path, caps
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     source = save_model(tmp_path / "model", tokenizer)
-    capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
-    message = capsys.readouterr().err.strip()
-    assert "not a byte-level BPE" in message and "'WordLevel', not BPE" in message and "\n" not in message
-    assert not (tmp_path / "m.gguf").exists()
-
+    message = refused(capsys, source, tmp_path / "m.gguf")
+    assert "not a byte-level BPE" in message and "'WordLevel', not BPE" in message
     (source / "tokenizer.json").unlink()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
-    assert "has no tokenizer.json" in capsys.readouterr().err
+    assert "has no tokenizer.json" in refused(capsys, source, tmp_path / "m.gguf")
 
 
 def test_destination_rules(folder, tmp_path, capsys):
@@ -453,22 +438,17 @@ def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written
     source = folder()
     config = json.loads((source / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
-    capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
-    message = capsys.readouterr().err.strip()
-    assert message.startswith("error: gguf: ") and "\n" not in message and "missing: model.layers.2." in message
-    assert not (tmp_path / "m.gguf").exists()
+    message = refused(capsys, source, tmp_path / "m.gguf")
+    assert message.startswith("error: gguf: ") and "missing: model.layers.2." in message
 
 
 def test_a_header_that_calls_f32_weights_i32_is_refused_and_nothing_is_written(folder, tmp_path, capsys):
     """Before: exported, exit 0, with weights ~1.2e9 where they were 0.1 (the same bytes read as integers)."""
     source = folder()
     relabel_dtype(source / "model.safetensors", "F32", "I32")
-    capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "m.gguf")]) == 2
-    message = capsys.readouterr().err.strip()
-    assert message.startswith(f"error: gguf: {source / 'model.safetensors'} stores ") and "\n" not in message
-    assert "as an integer type" in message and not (tmp_path / "m.gguf").exists()
+    message = refused(capsys, source, tmp_path / "m.gguf")
+    assert message.startswith(f"error: gguf: {source / 'model.safetensors'} stores ")
+    assert "as an integer type" in message
 
 
 @pytest.mark.deep

@@ -113,9 +113,8 @@ def test_induction_targets_are_the_tokens_after_single_earlier_occurrences():
 
 
 class HandBuiltAttention(torch.nn.Module):
-    """A stand-in causal LM whose attention is made by hand: 2 layers x 4 heads spreading evenly, except layer 1
-    head 2, an induction head (at a token seen once before, all weight on the token that followed it), and layer 0
-    head 1, a previous-token head."""
+    """A stand-in causal LM: 2 layers x 4 heads spreading evenly, except an induction head (layer 1 head 2) and a
+    previous-token head (layer 0 head 1)."""
 
     def __init__(self):
         super().__init__()
@@ -149,25 +148,19 @@ def test_head_search_ranks_a_hand_built_induction_head_first_on_token_ids():
 
 
 def plant_previous_token_head(model, layer: int, head: int, strength: float = 9.0) -> None:
-    """Makes `head` of `layer` attend to position i-1 through rotary positions alone.
-
-    Every embedding gets a large constant in dimension 0, so after RMSNorm that dimension is about sqrt(width) for
-    every token. The head's query and key read only that dimension: the same vectors q and k at every position,
-    which RoPE then turns by position. In pair j, q = (A, 0) and k = A (cos t_j, sin t_j), t_j the pair's angle per
-    position, so the score between positions m and n is sum_j A^2 cos((m - n - 1) t_j): largest at n = m - 1.
-    Layers below write nothing into the residual stream, so `layer` sees the embeddings directly.
-    """
-    config = model.config
+    """Makes `head` of `layer` attend to position i-1 through rotary positions alone: every embedding gets a large
+    constant in dimension 0 (about sqrt(width) after RMSNorm), which the head's query and key read; in pair j,
+    q = (A, 0) and k = A (cos t_j, sin t_j), so the score between positions m and n is sum_j A^2 cos((m - n - 1) t_j),
+    largest at n = m - 1. Layers below write nothing into the residual stream."""
+    config, inner = model.config, model.model
     head_dim = config.head_dim
-    inner = model.model
     with torch.no_grad():
         inner.embed_tokens.weight[:, 0] = 10.0
         for below in inner.layers[:layer]:
             below.self_attn.o_proj.weight.zero_()
             below.mlp.down_proj.weight.zero_()
         angles = inner.rotary_emb.inv_freq  # one angle per position for each of the head_dim / 2 pairs
-        q = torch.zeros(head_dim)
-        k = torch.zeros(head_dim)
+        q, k = torch.zeros(head_dim), torch.zeros(head_dim)
         half = head_dim // 2
         q[:half] = strength
         k[:half], k[half:] = strength * torch.cos(angles), strength * torch.sin(angles)
@@ -181,18 +174,14 @@ def plant_previous_token_head(model, layer: int, head: int, strength: float = 9.
 
 
 def test_head_search_finds_a_planted_previous_token_head(tokenizer):
-    model = build_tiny_model(
-        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4
-    )
+    model = build_tiny_model(vocab_size=len(tokenizer), hidden_size=64, num_attention_heads=4, num_key_value_heads=4)
     untouched = positional_head_scores(model, tokenizer, TEXTS)["previous_token"]
     plant_previous_token_head(model, layer=1, head=2)
 
     scores = positional_head_scores(model, tokenizer, TEXTS)
     best = find_heads(model, tokenizer, TEXTS, top=8)["previous_token"]
-    assert (best[0].layer, best[0].head) == (1, 2)
-    assert best[0].score > 0.9
-    others = [h.score for h in best[1:]]
-    assert max(others) < 0.5 and untouched.max() < 0.5  # random heads stay far below the planted one
+    assert (best[0].layer, best[0].head) == (1, 2) and best[0].score > 0.9
+    assert max(h.score for h in best[1:]) < 0.5 and untouched.max() < 0.5  # random heads stay far below the planted one
     assert scores["first_token"][1, 2] < 0.1  # it looks one step back, not at the start
 
 
