@@ -75,11 +75,8 @@ def test_empty_input_ids_name_the_fix(tiny_model):
     assert model.generate(torch.tensor([[model.config.bos_token_id]]), **kwargs).shape == (1, 4)  # the fix runs
 
 
-@pytest.mark.parametrize(
-    "mask_shape",
-    [(3, 8), (2, 5), (2, 11), (8,), (2, 8, 8)],
-    ids=["wrong-batch", "too-short", "too-long", "1d", "3d"],
-)
+@pytest.mark.parametrize("mask_shape", [(3, 8), (2, 5), (2, 11), (8,), (2, 8, 8)],
+                         ids=["wrong-batch", "too-short", "too-long", "1d", "3d"])
 def test_attention_mask_of_the_wrong_shape(tiny_model, mask_shape):
     model = tiny_model()
     input_ids = torch.randint(3, 128, (2, 8))
