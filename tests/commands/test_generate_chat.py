@@ -1,12 +1,6 @@
-"""`tinytx generate` and `tinytx chat` (hf_tinytx/generate.py, chat.py) on a tiny saved TinyTx folder.
-
-Greedy `tinytx generate` prints exactly what the README's Python prints for the same prompt (eager, and with
---compile's static cache and compiled forward, and without the `train` extra installed); a seeded sample prints the
-same text twice; `tinytx chat` answers each turn of a pipe from the conversation so far, forgets it at /reset and
-stops at /exit; a folder without a chat template, and each bad input, is one line and exit 2 before torch loads.
-The three runs that load a model go in subprocesses side by side (the compiled one spends ~20-40 s compiling); the
-rest run in this process or stop before torch loads.
-"""
+"""`tinytx generate` and `tinytx chat` on a tiny saved folder: greedy output is the README's Python's (eager, compiled,
+without the `train` extra); chat answers from the conversation, /reset, /exit; bad input is one line and exit 2
+before torch loads. The three runs that load a model go in subprocesses side by side."""
 
 import json
 import os
@@ -33,9 +27,8 @@ CHAT_INPUT = ["The cat sat", "and the dog?", "/reset", "The cat sat", "/exit", "
 
 
 def trained_tiny(steps: int = 60):
-    """A tiny TinyTx and its byte-level BPE, trained for a second on TINY_SENTENCES: its greedy tokens win by wide
-    margins, so that a compiled forward, which rounds differently, picks the same ones (a random model's near ties
-    would make that luck)."""
+    """A tiny TinyTx and its byte-level BPE, trained for a second: its greedy tokens win by wide margins, so that a
+    compiled forward, which rounds differently, picks the same ones."""
     tokenizer = build_byte_bpe_tokenizer()
     model = build_tiny_model(vocab_size=len(tokenizer))
     batch = tokenizer([tokenizer.bos_token + s + tokenizer.eos_token for s in TINY_SENTENCES], padding=True,
@@ -71,11 +64,11 @@ def progress_bars_back():
     transformers_logging.enable_progress_bar()  # main() turns them off for its own output
 
 
-def readme_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+def readme_text(tiny) -> str:
     """What the README's Python prints: greedy `generate` from the tokenized prompt, decoded whole."""
-    inputs = tokenizer(prompt, return_tensors="pt")
-    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(output[0], skip_special_tokens=True) + "\n"
+    output = tiny["model"].generate(**tiny["tokenizer"](PROMPT, return_tensors="pt"), max_new_tokens=NEW_TOKENS,
+                                    do_sample=False)
+    return tiny["tokenizer"].decode(output[0], skip_special_tokens=True) + "\n"
 
 
 def chat_replies(model, tokenizer, conversations: list[list[str]], max_new_tokens: int) -> list[str]:
@@ -137,13 +130,13 @@ def test_greedy_generate_gives_the_tokens_and_text_of_model_generate(tiny, capsy
 def test_compiled_generate_gives_the_eager_text(tiny, runs):
     result = runs["compiled"]
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == readme_text(tiny["model"], tiny["tokenizer"], PROMPT, NEW_TOKENS)
+    assert result.stdout == readme_text(tiny)
 
 
 def test_generate_runs_without_the_train_extra(tiny, runs):
     result = runs["without_train_extra"]
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == readme_text(tiny["model"], tiny["tokenizer"], PROMPT, NEW_TOKENS)
+    assert result.stdout == readme_text(tiny)
     assert "Loading weights" not in result.stderr  # the progress bars are off
 
 
@@ -172,15 +165,19 @@ def test_chat_answers_each_turn_from_the_conversation_resets_and_exits(tiny, run
     assert "(a new conversation)" in result.stderr.splitlines()
 
 
-def test_a_reply_stops_at_the_models_last_position_and_a_full_conversation_waits_for_reset(tiny, capsys):
-    model, tokenizer = tiny["model"], tiny["tokenizer"]
-    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+def converse(tiny, settings: dict, turns: list[str]) -> None:
+    """`chat.converse` with the fixture's model and its tokenizer, given finetune's chat template meanwhile."""
+    tiny["tokenizer"].chat_template = DEFAULT_CHAT_TEMPLATE
     try:
-        long_turn = " ".join(TINY_SENTENCES[:2])  # 84 of the model's 128 positions once templated
-        chat.converse(model, tokenizer, {"max_new_tokens": 100, "do_sample": False, "eos_token_id": None},
-                      [long_turn, "and on?", "/reset", "Hello"])
+        chat.converse(tiny["model"], tiny["tokenizer"], settings, turns)
     finally:
-        tokenizer.chat_template = None
+        tiny["tokenizer"].chat_template = None
+
+
+def test_a_reply_stops_at_the_models_last_position_and_a_full_conversation_waits_for_reset(tiny, capsys):
+    long_turn = " ".join(TINY_SENTENCES[:2])  # 84 of the model's 128 positions once templated
+    converse(tiny, {"max_new_tokens": 100, "do_sample": False, "eos_token_id": None},
+             [long_turn, "and on?", "/reset", "Hello"])
     out, err = capsys.readouterr()
     assert err.splitlines() == [
         "(the reply stopped at the 128 positions the model reads: /reset starts a new conversation)",
@@ -192,27 +189,16 @@ def test_a_reply_stops_at_the_models_last_position_and_a_full_conversation_waits
 
 
 def test_an_empty_reply_is_said(tiny, capsys):
-    model, tokenizer = tiny["model"], tiny["tokenizer"]
-    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    tokenizer = tiny["tokenizer"]
     everything_but_the_end = [i for i in range(len(tokenizer)) if i != tokenizer.eos_token_id]
-    try:
-        chat.converse(model, tokenizer, {"max_new_tokens": 5, "do_sample": False,
-                                         "suppress_tokens": everything_but_the_end}, ["Hello", "/exit"])
-    finally:
-        tokenizer.chat_template = None
+    converse(tiny, {"max_new_tokens": 5, "do_sample": False, "suppress_tokens": everything_but_the_end},
+             ["Hello", "/exit"])
     out, err = capsys.readouterr()
     assert out.strip() == ""
     assert err.splitlines() == ["(an empty reply: the model ended its turn without a word; try again, or --do_sample)"]
 
 
 # ---- refusals: one line, exit 2, before torch loads ----
-
-
-def damaged_copy(source, target):
-    shutil.copytree(source, target)
-    data = bytearray((target / "model.safetensors").read_bytes())
-    data[8:40] = b"\x00\xff" * 16  # the header's JSON garbled
-    (target / "model.safetensors").write_bytes(data)
 
 
 def refusal(tiny, command: str, *args: str, hidden=()):
@@ -284,7 +270,10 @@ def make_bad_folders(tiny) -> None:
     (root / "empty").mkdir()
     shutil.copytree(tiny["plain"], root / "no-tokenizer",
                     ignore=lambda folder, names: [n for n in names if n.startswith("tokenizer")])
-    damaged_copy(tiny["plain"], root / "damaged")
+    shutil.copytree(tiny["plain"], root / "damaged")
+    data = bytearray((root / "damaged" / "model.safetensors").read_bytes())
+    data[8:40] = b"\x00\xff" * 16  # the header's JSON garbled
+    (root / "damaged" / "model.safetensors").write_bytes(data)
     for name, change in (("config-list", lambda config: [config]), ("rope-5", lambda c: {**c, "rope_parameters": 5}),
                          ("wrong-shape", lambda config: {**config, "intermediate_size": 48}),
                          ("one-layer-more", lambda config: {**config, "num_hidden_layers": 3})):
@@ -308,8 +297,7 @@ def test_weights_that_do_not_match_the_config_are_one_line(tiny, command, folder
     traceback, and a layer the weights lack loaded as random values, generating without a word."""
     make_bad_folders(tiny)
     args = [str(tiny["root"] / folder)] + ([PROMPT] if command == "generate" else [])
-    result = subprocess.run([*TINYTX, command, *args], cwd=tiny["root"], env=pretrain_env(tiny["root"]),
-                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    result = run_tinytx(tiny, command, *args, text=True)
     assert result.returncode == 2 and result.stdout == "", result.stderr[-3000:]
     assert result.stderr.splitlines() == [result.stderr.splitlines()[0]], result.stderr[-3000:]
     assert result.stderr.startswith(f"tinytx {command}: error: the weights in ") and expected in result.stderr
@@ -318,12 +306,11 @@ def test_weights_that_do_not_match_the_config_are_one_line(tiny, command, folder
 # ---- every other way a run ends: one line and the documented status (hf_tinytx/exits.py) ----
 
 
-def run_tinytx(tiny, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE):
-    """`tinytx args` in the fixture's folder: (exit status, stdout, stderr)."""
-    process = subprocess.Popen([*TINYTX, *args], cwd=tiny["root"], env=pretrain_env(tiny["root"]), stdin=stdin,
-                               stdout=stdout, stderr=subprocess.PIPE)
-    out, err = process.communicate(timeout=120)
-    return process.returncode, (out or b"").decode(errors="replace"), err.decode(errors="replace")
+def run_tinytx(tiny, *args, launcher=(), **options) -> subprocess.CompletedProcess:
+    """`tinytx args` in the fixture's folder, its output captured (stdin empty unless `options` say otherwise)."""
+    options = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **options}
+    return subprocess.run([*launcher, *TINYTX, *args], cwd=tiny["root"], env=pretrain_env(tiny["root"]), timeout=120,
+                          **options)
 
 
 def test_prompts_and_turns_that_are_not_utf8_are_one_line(tiny):
@@ -331,9 +318,7 @@ def test_prompts_and_turns_that_are_not_utf8_are_one_line(tiny):
     line = refusal(tiny, "generate", "plain", os.fsdecode(b"caf\xe9 au lait"))
     assert line == ("tinytx generate: error: the prompt is not UTF-8 text (byte 0xe9 at character 4); give it as "
                     "UTF-8 (iconv -f latin1 -t utf-8 converts a Latin-1 text).")
-    process = subprocess.run([*TINYTX, "chat", "chat", "--max_new_tokens", "3"], cwd=tiny["root"],
-                             env=pretrain_env(tiny["root"]), input=b"The cat sat\ncaf\xe9\n", capture_output=True,
-                             timeout=120)
+    process = run_tinytx(tiny, "chat", "chat", "--max_new_tokens", "3", stdin=None, input=b"The cat sat\ncaf\xe9\n")
     err = process.stderr.decode().splitlines()
     assert process.returncode == 2 and "Traceback" not in process.stderr.decode(), err
     assert err[-1].startswith("tinytx chat: error: line 2 of the input is not UTF-8 text (byte 0xe9 at character 4)")
@@ -342,8 +327,7 @@ def test_prompts_and_turns_that_are_not_utf8_are_one_line(tiny):
 
 def test_chat_with_standard_input_closed_is_one_line(tiny):
     """`tinytx chat FOLDER <&-`: before, `'NoneType' object has no attribute 'isatty'`."""
-    result = subprocess.run(["bash", "-c", 'exec "$@" <&-', "bash", *TINYTX, "chat", "chat"], cwd=tiny["root"],
-                            env=pretrain_env(tiny["root"]), capture_output=True, text=True, timeout=120)
+    result = run_tinytx(tiny, "chat", "chat", text=True, launcher=["bash", "-c", 'exec "$@" <&-', "bash"])
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert result.stderr.startswith("tinytx chat: error: standard input is closed, so no turn can be read")
     assert len(result.stderr.splitlines()) == 1
@@ -355,10 +339,10 @@ def test_a_reader_that_closes_the_pipe_ends_generate_quietly(tiny):
     read, write = os.pipe()
     os.close(read)
     try:
-        status, _, err = run_tinytx(tiny, "generate", "plain", PROMPT, "--max_new_tokens", "8", stdout=write)
+        result = run_tinytx(tiny, "generate", "plain", PROMPT, "--max_new_tokens", "8", stdout=write, text=True)
     finally:
         os.close(write)
-    assert status == 141 and err == "", err
+    assert result.returncode == 141 and result.stderr == "", result.stderr
 
 
 def test_sigterm_and_sigint_end_chat_and_generate_with_a_line(tiny):

@@ -1,11 +1,6 @@
-"""The llama.cpp recipes of docs/serving.md as a user runs them: `llama_cpp.Llama` from Python (with the f32
-key/value cache the page names for logit parity), the no-repack setting for q8_0 files, and llama-cpp-python's
-OpenAI-compatible server (`python -m llama_cpp.server`) queried through the `openai` client, with `repeat_penalty` 1.0.
-
-Each snippet and the server command are read from their section of docs/serving.md, not copied here. The model is
-the serving tests' tiny chat model (test_serve.py), saved as `out/tinytx` and exported to `out/tinytx.gguf`
-(f32) and `out/tinytx-q8_0.gguf` in a user's folder. llama.cpp runs in its own environment, .venv-llamacpp (see
-tests/helpers/engines.py), with the `server` extra. Marked `engine`: a stage of its own (`pytest -m engine tests`).
+"""The llama.cpp recipes of docs/serving.md as a user runs them, read from the page: `llama_cpp.Llama` from Python, the
+no-repack setting for q8_0 files, and llama-cpp-python's OpenAI-compatible server with `repeat_penalty` 1.0, on
+test_serve.py's tiny chat model exported to f32 and q8_0. llama.cpp runs in .venv-llamacpp (marked `engine`).
 """
 
 import shlex
@@ -18,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_tinytx.convert import main as convert_main
-from tests.commands.test_serve import CHAT_MESSAGES, COMPLETION_PROMPT, MAX_TOKENS, Server, train_tiny_chat_model
+from tests.commands.test_serve import MAX_TOKENS, Server, ask, prompt_inputs, train_tiny_chat_model
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
 from tests.helpers.tiny import pretrain_env
 from tests.packaging.test_readme import section_block
@@ -89,8 +84,8 @@ def test_python_snippet_prints_generates_text(workdir):
 
 
 def test_no_repack_snippet_turns_llama_cpps_extra_buffers_off_and_q8_0_runs(workdir):
-    """The setting itself (on Intel AMX CPUs llama.cpp 0.3.36 segfaults in its q8_0 repacking without it; this
-    machine may not have AMX, so what is checked is that the snippet sets what Llama() reads, and q8_0 runs)."""
+    """On Intel AMX CPUs llama.cpp 0.3.36 segfaults in its q8_0 repacking without it; checked: the snippet sets what
+    Llama() reads, and q8_0 runs."""
     snippet = readme_block("python", "use_extra_bufts")
     check = (
         "\nfrom llama_cpp import Llama\n"
@@ -133,27 +128,12 @@ def test_readme_client_snippet_prints_generates_text(server, workdir):
     assert result.stdout == prompt_text(workdir, README_PROMPT, README_MAX_TOKENS) + "\n"
 
 
-def ask(client, chat: bool, stream: bool) -> str:
-    create = client.chat.completions.create if chat else client.completions.create
-    prompt = {"messages": CHAT_MESSAGES} if chat else {"prompt": COMPLETION_PROMPT}
-    answer = create(model=SERVED_MODEL, **prompt, max_tokens=MAX_TOKENS, temperature=0, stream=stream,
-                    extra_body={"repeat_penalty": 1.0})
-    choices = [chunk.choices[0] for chunk in answer if chunk.choices] if stream else answer.choices
-    if chat:
-        return "".join((choice.delta if stream else choice.message).content or "" for choice in choices)
-    return "".join(choice.text for choice in choices)
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
 def test_server_replies_with_generates_text(server, workdir, chat, stream):
-    tokenizer = AutoTokenizer.from_pretrained(workdir / "out" / "tinytx")
-    if chat:
-        inputs = tokenizer.apply_chat_template(CHAT_MESSAGES, add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")
-    else:
-        inputs = tokenizer(COMPLETION_PROMPT, return_tensors="pt")
-    assert ask(server.client(), chat, stream) == greedy_text(workdir, inputs, MAX_TOKENS)
+    inputs = prompt_inputs(AutoTokenizer.from_pretrained(workdir / "out" / "tinytx"), chat)
+    reply = ask(server.client(), SERVED_MODEL, chat, stream, extra_body={"repeat_penalty": 1.0})
+    assert reply == greedy_text(workdir, inputs, MAX_TOKENS)
 
 
 def test_the_servers_default_repeat_penalty_is_what_parts_it_from_generate(server, workdir):

@@ -1,14 +1,8 @@
-"""`python -m hf_tinytx.serve`: transformers' OpenAI-compatible server (`transformers serve`) on a TinyTx folder or
-Hub id, in a subprocess on a free loopback port, queried through the `openai` client.
-
-`/v1/completions` and `/v1/chat/completions`, streamed or not, answer exactly the text greedy `generate` writes; a
-folder without a chat template gets HTTP 400 naming the fix on chat (and still completes text); `transformers chat`
-talks to the server. The negative control: plain `transformers serve --trust-remote-code` on the same folder still
-stops at start-up, so the launcher is what makes it work.
-"""
+"""`python -m hf_tinytx.serve` (transformers' `transformers serve`) on a TinyTx folder or Hub id, in a subprocess on a
+loopback port, through the `openai` client: completions and chats, streamed or not, answer greedy `generate`'s text;
+a folder without a chat template gets a 400 naming the fix; plain `transformers serve` still stops at start-up."""
 
 import functools
-import socket
 import subprocess
 import sys
 import time
@@ -18,8 +12,10 @@ from pathlib import Path
 import openai
 import pytest
 import torch
+from huggingface_hub import HfApi
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.helpers.cluster_runs import free_port
 from tests.helpers.hub_server import LocalHub
 from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 
@@ -47,10 +43,8 @@ def as_chat(sentence: str) -> list[dict]:
 
 def train_tiny_chat_model(min_steps: int = 60, max_steps: int = 400, stopping=("completion", "chat"), **model_fields):
     """A tiny TinyTx (width 64 unless `model_fields` say otherwise) and byte-level BPE that learned three of
-    TINY_SENTENCES as text and as chats (seconds on one thread), so greedy replies are words that end with EOS
-    instead of a random model's stray bytes. It trains until the greedy replies named in `stopping` (to
-    COMPLETION_PROMPT, to CHAT_MESSAGES) end with EOS within MAX_TOKENS, checked every 20 steps from `min_steps` on:
-    a fixed step count made the tests depend on the exact rounding of every kernel along the way."""
+    TINY_SENTENCES as text and as chats, trained until the greedy replies named in `stopping` end with EOS within
+    MAX_TOKENS (a fixed step count made the tests depend on the rounding of every kernel)."""
     tokenizer = build_byte_bpe_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     sentences = TINY_SENTENCES[:3]  # the prompts below start the first and the third
@@ -58,8 +52,7 @@ def train_tiny_chat_model(min_steps: int = 60, max_steps: int = 400, stopping=("
     texts += [tokenizer.apply_chat_template(as_chat(s), tokenize=False) for s in sentences]
     batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    fields = {"hidden_size": 64, "intermediate_size": 128, **model_fields}
-    model = build_tiny_model(vocab_size=len(tokenizer), **fields)
+    model = build_tiny_model(vocab_size=len(tokenizer), **{"hidden_size": 64, "intermediate_size": 128, **model_fields})
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -79,15 +72,18 @@ def train_tiny_chat_model(min_steps: int = 60, max_steps: int = 400, stopping=("
 
 
 def replies_end_with_eos(model, tokenizer, which) -> bool:
-    prompts = {
-        "completion": tokenizer(COMPLETION_PROMPT, return_tensors="pt"),
-        "chat": tokenizer.apply_chat_template(
-            CHAT_MESSAGES, add_generation_prompt=True, return_dict=True, return_tensors="pt"
-        ),
-    }
     with torch.no_grad():
-        last = [model.generate(**prompts[name], max_new_tokens=MAX_TOKENS, do_sample=False)[0, -1] for name in which]
+        last = [model.generate(**prompt_inputs(tokenizer, name == "chat"), max_new_tokens=MAX_TOKENS,
+                               do_sample=False)[0, -1] for name in which]
     return all(token == tokenizer.eos_token_id for token in last)
+
+
+def prompt_inputs(tokenizer, chat: bool) -> dict:
+    """The tokenized CHAT_MESSAGES or COMPLETION_PROMPT."""
+    if chat:
+        return tokenizer.apply_chat_template(CHAT_MESSAGES, add_generation_prompt=True, return_dict=True,
+                                             return_tensors="pt")
+    return tokenizer(COMPLETION_PROMPT, return_tensors="pt")
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +106,7 @@ def greedy_text(folder: Path, chat: bool) -> str:
     """What greedy `generate` writes for the test's prompt, decoded as the server decodes it."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
-    if chat:
-        inputs = tokenizer.apply_chat_template(
-            CHAT_MESSAGES, add_generation_prompt=True, return_dict=True, return_tensors="pt"
-        )
-    else:
-        inputs = tokenizer(COMPLETION_PROMPT, return_tensors="pt")
+    inputs = prompt_inputs(tokenizer, chat)
     with torch.no_grad():
         output = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
     new_tokens = output[0, inputs["input_ids"].shape[1] :]
@@ -128,15 +119,8 @@ def greedy_text(folder: Path, chat: bool) -> str:
 # ---- servers in subprocesses ----
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Server:
-    """A server command in a subprocess on a free loopback port, its output in a log file; ready once `ready_path`
-    answers 200."""
+    """A server command in a subprocess on a free loopback port, its output in a log file."""
 
     ready_path = "/health"  # transformers serve's (a model named on the command line is loaded by then)
 
@@ -190,14 +174,8 @@ TRANSFORMERS_CLI = str(Path(sys.executable).with_name("transformers"))
 
 @pytest.fixture(scope="module")
 def servers(folders, tmp_path_factory):
-    """Three servers, all stopped at the end whatever happened:
-
-    - "folder": the documented command on the folder with a chat template (loaded at start-up);
-    - "any": the launcher with no model, so each request names its own: the folder without a template, or a Hub id
-      (the chat folder uploaded to a local Hub);
-    - "plain": `transformers serve --trust-remote-code` on the same folder, without the launcher; started once the
-      others are ready, so that it does not slow them down.
-    """
+    """"folder": the documented command on the chat folder; "any": no model, each request names its own (a folder or
+    a Hub id from a local Hub); "plain": `transformers serve --trust-remote-code`, started once the others are ready."""
     root = tmp_path_factory.mktemp("serve_run")
     env = pretrain_env(root, OMP_NUM_THREADS="1")  # offline, private caches; the servers share two cores
     with LocalHub() as hub:
@@ -206,72 +184,58 @@ def servers(folders, tmp_path_factory):
         try:
             started["folder"] = Server([*LAUNCHER, str(folders["chat"])], root / "folder.log", env)
             started["any"] = Server(LAUNCHER, root / "any.log", hub_env)
-            upload(hub, folders["chat"])
+            api = HfApi(endpoint=hub.url, token=hub.token)
+            api.create_repo(HUB_REPO)
+            api.upload_folder(repo_id=HUB_REPO, folder_path=str(folders["chat"]))
             deadline = time.monotonic() + READY_TIMEOUT_S
             started["folder"].wait_ready(deadline)
             started["any"].wait_ready(deadline)
-            started["plain"] = Server(
-                [TRANSFORMERS_CLI, "serve", str(folders["chat"]), "--trust-remote-code"], root / "plain.log", env
-            )
+            started["plain"] = Server([TRANSFORMERS_CLI, "serve", str(folders["chat"]), "--trust-remote-code"],
+                                      root / "plain.log", env)
             yield started
         finally:
             for server in started.values():
                 server.stop()
 
 
-def upload(hub: LocalHub, folder: Path) -> None:
-    from huggingface_hub import HfApi
-
-    api = HfApi(endpoint=hub.url, token=hub.token)
-    api.create_repo(HUB_REPO)
-    api.upload_folder(repo_id=HUB_REPO, folder_path=str(folder))
-
-
 # ---- the tests ----
 
 
-def complete(client, model: str, stream: bool) -> str:
-    answer = client.completions.create(
-        model=model, prompt=COMPLETION_PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=stream
-    )
-    if stream:
-        return "".join(chunk.choices[0].text for chunk in answer if chunk.choices)
-    return answer.choices[0].text
-
-
-def chat(client, model: str, stream: bool) -> str:
-    answer = client.chat.completions.create(
-        model=model, messages=CHAT_MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=stream
-    )
-    if stream:
-        return "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices)
-    return answer.choices[0].message.content
+def ask(client, model: str, chat: bool, stream: bool, **extra) -> str:
+    """The greedy reply's text to CHAT_MESSAGES (`chat`) or to COMPLETION_PROMPT."""
+    create = client.chat.completions.create if chat else client.completions.create
+    prompt = {"messages": CHAT_MESSAGES} if chat else {"prompt": COMPLETION_PROMPT}
+    answer = create(model=model, **prompt, max_tokens=MAX_TOKENS, temperature=0, stream=stream, **extra)
+    choices = [chunk.choices[0] for chunk in answer if chunk.choices] if stream else answer.choices
+    if chat:
+        return "".join((choice.delta if stream else choice.message).content or "" for choice in choices)
+    return "".join(choice.text for choice in choices)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_completions_and_chat_match_generate(servers, folders, stream):
     client, model = servers["folder"].client(), str(folders["chat"])
-    assert complete(client, model, stream) == greedy_text(folders["chat"], chat=False)
-    assert chat(client, model, stream) == greedy_text(folders["chat"], chat=True)
+    assert ask(client, model, chat=False, stream=stream) == greedy_text(folders["chat"], chat=False)
+    assert ask(client, model, chat=True, stream=stream) == greedy_text(folders["chat"], chat=True)
 
 
 def test_a_hub_id(servers, folders):
     client = servers["any"].client()
-    assert complete(client, HUB_REPO, stream=False) == greedy_text(folders["chat"], chat=False)
-    assert chat(client, HUB_REPO, stream=True) == greedy_text(folders["chat"], chat=True)
+    assert ask(client, HUB_REPO, chat=False, stream=False) == greedy_text(folders["chat"], chat=False)
+    assert ask(client, HUB_REPO, chat=True, stream=True) == greedy_text(folders["chat"], chat=True)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_chat_without_a_template_is_a_400_that_names_the_fix(servers, folders, stream):
     client, model = servers["any"].client(), str(folders["plain"])
     with pytest.raises(openai.BadRequestError) as raised:
-        chat(client, model, stream)
+        ask(client, model, chat=True, stream=stream)
     assert raised.value.status_code == 400
     message = str(raised.value)
     assert f"{model} has no chat template" in message and "/v1/completions" in message and "chat_template" in message
     assert "Traceback" not in servers["any"].output()
     # the same folder still completes text
-    assert complete(client, model, stream) == greedy_text(folders["plain"], chat=False)
+    assert ask(client, model, chat=False, stream=stream) == greedy_text(folders["plain"], chat=False)
 
 
 def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
@@ -289,8 +253,8 @@ def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
 
 
 def test_plain_transformers_serve_still_stops_at_start_up(servers, folders, tmp_path):
-    """The negative control: without the launcher the same folder cannot be served, `--trust-remote-code` or not.
-    If this fails because it now starts, transformers learned to serve remote-code models: update the README."""
+    """The negative control. If this fails because it now starts, transformers serves remote-code models: update the
+    README."""
     server = servers["plain"]
     assert server.wait(time.monotonic() + READY_TIMEOUT_S) == "exited", "plain `transformers serve` serves TinyTx now"
     assert server.process.returncode != 0

@@ -1,13 +1,7 @@
-"""vLLM runs TinyTx: the folder through vLLM's Transformers modeling backend (its own remote code: hf_tinytx is not
-installed in vLLM's environment) and its Llama export through vLLM's own Llama give transformers' greedy tokens,
-offline (`vllm.LLM`) and from the OpenAI-compatible server through the `openai` client, streamed or not, for text
-completions and chat. The server command and the Python snippets are taken from docs/serving.md's vLLM section.
-
-vLLM runs in its own environment, .venv-vllm (see tests/helpers/engines.py), in subprocesses: one offline run
-(tests/helpers/vllm_run.py) that loads the two folders in turn, eagerly, and one README snippet and one server, which
-run vLLM's default compiled path. The three start together, once the folders exist: each spends most of its minute or
-two importing (and compiling) on one core. Every test here is marked `engine`: a stage of its own
-(`python -m pytest -q -m engine tests`).
+"""vLLM runs TinyTx: the folder through vLLM's Transformers backend (remote code: hf_tinytx is not installed there)
+and its Llama export through vLLM's own Llama give transformers' greedy tokens, offline and from the OpenAI-compatible
+server, streamed or not, completions and chat; the commands and snippets are docs/serving.md's. vLLM runs in
+.venv-vllm (tests/helpers/engines.py): an offline run, a README snippet and a server start together (marked `engine`).
 """
 
 import json
@@ -45,8 +39,7 @@ READY_TIMEOUT_S = 300  # imports, an engine process and a compiled warm-up: ~90 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A user's folder: out/tinytx (the trained model, as pretrain.py leaves it) and out/llama (its Llama export, by
-    the converter's command line), the paths the README's vLLM section names."""
+    """A user's folder: out/tinytx (the trained model) and out/llama (its Llama export), as the README names them."""
     root = tmp_path_factory.mktemp("vllm_user")
     model, tokenizer = train_tiny_chat_model(min_steps=100, stopping=["chat"], **MODEL)
     model.save_pretrained(root / "out" / "tinytx")
@@ -64,8 +57,7 @@ def greedy(folder, inputs: dict, max_new_tokens: int = MAX_TOKENS) -> list[int]:
 
 @pytest.fixture(scope="module")
 def expected(workdir) -> dict:
-    """{"tinytx" | "llama": what transformers computes from that folder}: each prompt's ids and greedy tokens, and
-    the chat's."""
+    """{"tinytx" | "llama": each prompt's ids and greedy tokens from that folder, and the chat's}."""
     tokenizer = AutoTokenizer.from_pretrained(workdir / "out" / "tinytx")
     prompts = [tokenizer(prompt, return_tensors="pt") for prompt in PROMPTS]
     chat = tokenizer.apply_chat_template(
@@ -87,10 +79,8 @@ def expected(workdir) -> dict:
 
 
 def vllm_env(root, name: str):
-    """Offline, private caches (compiled graphs included; one per process `name`, as the processes run side by side),
-    and one unpinned OpenMP thread each, as the README advises on a shared machine. The key/value cache's size is
-    the README's own (`kv_cache_memory_bytes` in its commands): nothing here sets it, and a stray
-    VLLM_CPU_KVCACHE_SPACE in the caller's environment is removed, so the recipes run exactly as written."""
+    """Offline, private caches (one per process `name`), one unpinned OpenMP thread each, as the README advises; no
+    VLLM_CPU_KVCACHE_SPACE, so the key/value cache is the README's own size."""
     require_vllm("vLLM is needed to check serving")
     env = pretrain_env(
         root, VLLM_CACHE_ROOT=str(root / f"vllm_cache_{name}"), VLLM_CPU_OMP_THREADS_BIND="nobind",
@@ -102,8 +92,7 @@ def vllm_env(root, name: str):
 
 @pytest.fixture(scope="module")
 def offline(workdir, started_server, started_readme_snippet) -> dict:
-    """{"tinytx" | "llama": what vLLM's offline engine computed}, from one subprocess in .venv-vllm (the server and
-    the README snippet start first, to load beside it)."""
+    """{"tinytx" | "llama": what vLLM's offline engine computed} (the server and the README snippet start first)."""
     env = vllm_env(workdir, "offline")
     names = ["tinytx", "llama"]
     request = {"cases": [
