@@ -1,11 +1,6 @@
-"""`python -m hf_tinytx.serve` as a server left running for others: bad requests, long requests, clients that
-leave, many clients at once, stop signals and a bad model argument, all tried from outside, on real servers in
-subprocesses on 127.0.0.1 (the `openai` client and raw HTTP through `http.client` and sockets).
-
-Clock-reading checks compare with a baseline taken on the same server in the same test (CPU-seconds per second of the
-server process while it generates, the time of a short request) and keep wide margins, so that a loaded machine
-slows both sides instead of failing the test.
-"""
+"""`python -m hf_tinytx.serve` left running for others: bad requests, long requests, clients that leave, many clients,
+stop signals and a bad model argument, tried from outside on real servers (the `openai` client, raw HTTP, sockets).
+Clock-reading checks compare with a baseline taken on the same server in the same test, with wide margins."""
 
 import concurrent.futures
 import http.client
@@ -24,6 +19,7 @@ from tests.commands.test_serve import (
     MAX_TOKENS,
     READY_TIMEOUT_S,
     Server,
+    ask,
     greedy_text,
     train_tiny_chat_model,
 )
@@ -42,7 +38,6 @@ CONTEXT = 128  # the chat folder's max_position_embeddings (tests/helpers/tiny.p
 
 @pytest.fixture(scope="module")
 def chat_folder(tmp_path_factory):
-    """tests/commands/test_serve.py's tiny model that learned to end its replies with EOS, with its chat template."""
     model, tokenizer = train_tiny_chat_model()
     folder = tmp_path_factory.mktemp("serve_limits_models") / "tinytx-chat"
     model.save_pretrained(folder)
@@ -107,8 +102,7 @@ def short_request_seconds(server, model: str | None = None) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU-seconds used so far by `pid` and the processes below it (transformers generates in a model process the
-    server spawns)."""
+    """CPU-seconds used so far by `pid` and the processes below it (the model runs in a process the server spawns)."""
     total = 0.0
     for process in (pid, *descendants(pid)):
         try:
@@ -121,7 +115,6 @@ def cpu_seconds(pid: int) -> float:
 
 
 def cpu_rate(pid: int, seconds: float = 2.0) -> float:
-    """CPU-seconds per second the process (and its children) used over the next `seconds`."""
     used, start = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return (cpu_seconds(pid) - used) / (time.monotonic() - start)
@@ -278,23 +271,13 @@ def test_a_client_that_leaves_stops_its_generation(servers, stream):
 
 
 def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder):
-    """16 clients at once (completions and chats, streamed or not) on one server: every answer is greedy `generate`'s
-    text, and bad requests among them are still 400s."""
+    """16 clients at once (completions and chats, streamed or not): every answer is greedy `generate`'s text, and bad
+    requests among them are still 400s."""
     client, model = servers["any"].client(), str(chat_folder)
 
     def one(index: int):
-        stream = index % 2 == 1
-        if index % 4 < 2:
-            answer = client.completions.create(model=model, prompt=COMPLETION_PROMPT, max_tokens=MAX_TOKENS,
-                                               temperature=0, stream=stream)
-            text = "".join(c.choices[0].text for c in answer if c.choices) if stream else answer.choices[0].text
-            return "completion", text
-        messages = [{"role": "user", "content": "Attention lets every position"}]
-        answer = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
-                                                temperature=0, stream=stream)
-        if stream:
-            return "chat", "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
-        return "chat", answer.choices[0].message.content
+        kind = "completion" if index % 4 < 2 else "chat"
+        return kind, ask(client, model, chat=kind == "chat", stream=index % 2 == 1)
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(one, range(16)))
@@ -310,8 +293,8 @@ def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder, tmp_path, signum):
-    """A stop signal while a long request generates: the request gets what was generated, the server exits
-    128 + the signal's number within seconds, with one line and no traceback."""
+    """Mid-generation: the request gets what was generated, the server exits 128 + the signal within seconds, with one
+    line and no traceback."""
     server = Server([*LAUNCHER, str(long_folder), "--max_tokens_cap", "60000"], tmp_path / "server.log",
                     pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
     try:
@@ -370,8 +353,8 @@ def test_a_model_argument_that_is_not_a_model_is_one_line_and_exit_2(tmp_path):
 
 
 def test_a_stream_cancelled_by_a_stop_signal_says_so(long_folder, tmp_path):
-    """A stream cut by SIGTERM ends with one finish_reason, and the server's log says the request was cancelled.
-    ("cancelled" as the reason broke the non-streamed answer: transformers' response models take OpenAI's only.)"""
+    """A stream cut by SIGTERM ends with one finish_reason ("cancelled" broke the non-streamed answer: transformers'
+    response models take OpenAI's only), and the server's log says the request was cancelled."""
     server = Server([*LAUNCHER, str(long_folder), "--max_tokens_cap", "60000"], tmp_path / "server.log",
                     pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
     try:
