@@ -140,13 +140,13 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
                             f"start a new run with the new ones from its weights with --init_from {folder}")
     refuse_tokenizer_change(folder, saved, run_signature)
     refuse_layout_change(folder, written_by, accelerator.num_processes, in_shards, sharded, deepspeed_engine)
-    check_random_state(folder, accelerator.process_index)
+    random_state = read_random_state(folder, accelerator.process_index)
     if deepspeed_engine is not None:  # DeepSpeed reads every state file through this method, unpickling them
         deepspeed_engine.checkpoint_engine.load = load_weights_only
     with refusing_pickles(folder):
         if in_shards and not sharded:  # an FSDP2 checkpoint resumed whole: one process, or DDP
             load_sharded(folder, *parts)
-            load_random_state(folder, accelerator.process_index)
+            set_random_state(random_state)
         else:
             accelerator.load_state(folder)
             if sharded:
@@ -223,34 +223,31 @@ def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards
                              f"process count), {way_on}.")
 
 
-def check_random_state(folder: str, process_index: int) -> None:
-    """Accelerate skips an RNG file it cannot load without a word (dropout would then draw other numbers): a file that
-    is there must load. A process the checkpoint's run did not have keeps the seed's state."""
+def read_random_state(folder: str, process_index: int) -> dict | None:
+    """This process's RNG state from Accelerate's file, which must load: Accelerate would skip it without a word
+    (dropout would then draw other numbers). None: the checkpoint's run had no such process (the seed's state stays)."""
     from accelerate.utils import load  # torch.load with weights_only=True and numpy's RNG types allowed
 
     path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
     if not os.path.exists(path):
-        return
+        return None
     try:
-        load(path)
+        return load(path)
     except Exception as error:  # whatever the unpickler or a damaged file raises
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise RunError(f"{path} cannot be loaded ({reason}): resume from an earlier checkpoint "
                        f"(--resume_from_checkpoint {os.path.dirname(folder)}/step_M) or start anew.") from None
 
 
-def load_random_state(folder: str, process_index: int) -> None:
-    """This process's RNG state from Accelerate's file, where `accelerator.load_state` cannot be used."""
+def set_random_state(states: dict | None) -> None:
+    """This process's RNG state (`read_random_state`), where `accelerator.load_state` cannot be used."""
     import random
 
     import numpy as np
     import torch
-    from accelerate.utils import load
 
-    path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
-    if not os.path.exists(path):
+    if states is None:
         return
-    states = load(path)
     random.setstate(states["random_state"])
     np.random.set_state(states["numpy_random_seed"])
     torch.set_rng_state(states["torch_manual_seed"])

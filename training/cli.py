@@ -192,7 +192,10 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
     try:
         main()
     except Stopped as stopped:
-        leave_stopped(stopped, stop)
+        if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
+            sys.stderr.write(f"{stopped}\n")
+        sys.stderr.flush()
+        leave(stopped.exit_code, stop)
     except (UserInputError, RunError) as error:
         # One write, newline included: the processes of a launch may say it at once.
         sys.stderr.write(f"{program}: error: {error}\n")
@@ -219,13 +222,6 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
                          f"where, and report it)\n")
         leave(1, stop)
     leave(0, stop)
-
-
-def leave_stopped(stopped: Stopped, stop: StopRequests) -> NoReturn:
-    if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
-        sys.stderr.write(f"{stopped}\n")
-    sys.stderr.flush()
-    leave(stopped.exit_code, stop)
 
 
 def leave(code: int, stop: StopRequests) -> NoReturn:

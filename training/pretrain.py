@@ -191,8 +191,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     optimizer = make_optimizer(model, train_args)
     lr_scheduler = make_schedule(optimizer, train_args, max_train_steps, accelerator.num_processes, clock)
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = sharding.prepare(
-        accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
-    )
+        accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
     if sampler is not None and len(train_dataloader) == 0:
         raise UserInputError(f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes "
                              f"({global_batch}: {train_args.per_device_train_batch_size} per process x "
@@ -375,11 +374,10 @@ def resume(run: Run, folder: str) -> None:
 def training_state(run: Run) -> checkpoints.TrainingState:
     """What the next checkpoint records of the run (`resume` reads it back)."""
     progress = run.progress
-    return checkpoints.TrainingState(step=progress.step, epoch=progress.epoch,
-                                     batch_in_epoch=progress.batch_in_epoch, run_signature=run.signature,
-                                     planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
-                                     trained_seconds=progress.earlier_seconds + progress.train_seconds,
-                                     launches=progress.launches)
+    return checkpoints.TrainingState(
+        step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch, run_signature=run.signature,
+        planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
+        trained_seconds=progress.earlier_seconds + progress.train_seconds, launches=progress.launches)
 
 
 # ---------------------------------------------------------------------------------------------------- fit
