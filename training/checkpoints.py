@@ -158,7 +158,7 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     return state
 
 
-def changes(saved: dict, now: dict, keys, dashes: str = "--") -> tuple[str, str] | None:
+def changed_values(saved: dict, now: dict, keys, dashes: str = "--") -> tuple[str, str] | None:
     """("--key old, ...", "--key new, ...") for the keys whose value changed, or None. A key `saved` lacks (recorded
     by an older checkpoint) has nothing to compare."""
     changed = [key for key in keys if key in saved and key in now and saved[key] != now[key]]
@@ -169,14 +169,14 @@ def changes(saved: dict, now: dict, keys, dashes: str = "--") -> tuple[str, str]
 
 def refuse_optimizer_change(folder: str, saved: dict, now: dict, flags: tuple, way_on: str) -> None:
     """A changed optimizer flag would be silently undone by the checkpoint's optimizer state: refused."""
-    if changed := changes(saved, now, flags):
+    if changed := changed_values(saved, now, flags):
         raise UserInputError(f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: its optimizer "
                              f"state holds the old values; resume with {changed[0]}, or {way_on}.")
 
 
 def refuse_tokenizer_change(folder: str, saved: dict, now: dict) -> None:
     """A resumed run keeps the tokenizer it saved: another --tokenizer_name or --vocab_size would be ignored."""
-    if changed := changes(saved, now, TOKENIZER_FLAGS):
+    if changed := changed_values(saved, now, TOKENIZER_FLAGS):
         raise UserInputError(f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: a resumed run "
                              f"keeps the tokenizer it saved in checkpoints/; resume with {changed[0]}, or start a new "
                              "run with the new tokenizer (another --output_dir, or --overwrite_output_dir).")
@@ -201,7 +201,7 @@ def refuse_architecture_change(folder: str, config, how: str) -> None:
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(path):
         return
-    if changed := changes(read_json(path), config.to_dict(), ARCHITECTURE, dashes=""):
+    if changed := changed_values(read_json(path), config.to_dict(), ARCHITECTURE, dashes=""):
         raise UserInputError(f"{folder} holds a model with {changed[0]}, but this run builds one with {changed[1]}: "
                              f"its weights fit only their own shapes; {how}.")
 
