@@ -1,13 +1,9 @@
-"""The training scripts and the pieces they share, installed as `hf_tinytx_training` (this folder keeps the design
-card's name, `training/`; pyproject.toml maps it).
-
-Run the scripts as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or, in a checkout,
-`python training/pretrain.py` (and `finetune` alike). Every module, one line each, by job:
+"""The training scripts and the pieces they share, installed as `hf_tinytx_training` (pyproject.toml maps training/).
+Run them as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
 
     pretrain.py          pre-training on Accelerate: setup -> fit -> finish -> export_and_push
     finetune.py          supervised fine-tuning with Trainer, optionally LoRA: setup -> fit -> save_folders -> push
-    cli.py               the `tinytx` command (__main__.py: `python -m` on it); how both scripts start and end
-                         (signals first, bad input before torch loads, one exit status)
+    cli.py               the `tinytx` command (also __main__.py); how both scripts start and end
     errors.py            UserInputError and RunError, raised anywhere without importing the flags
     args.py              pretrain's flags, their checks (before torch loads: `preflight`; again in `main`), the plan
     checkpoints.py       resumable checkpoints: save, verify, find, load, prune (output_dir/checkpoints/)

@@ -1,7 +1,5 @@
-"""Command-line arguments of the training scripts, as dataclasses parsed by `HfArgumentParser`.
-
-Flags are named as in transformers' `run_clm_no_trainer.py` wherever they mean the same thing. Every argument can
-also come from a YAML or JSON file given as the first argument; flags after the file override it:
+"""pretrain's flags as dataclasses parsed by `HfArgumentParser`, named as in transformers' `run_clm_no_trainer.py`
+where they mean the same. A YAML or JSON file given first sets the defaults; flags after it override them:
 
     python training/pretrain.py training/configs/tiny.yaml --max_train_steps 50
 """
@@ -132,6 +130,9 @@ class PretrainArguments:
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)
+POSITIVE = ("vocab_size", "block_size", "num_train_documents", "preprocessing_num_workers",  # > 0 where given
+            "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "eval_steps",
+            "max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit", "total_batch_size")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, PretrainArguments]:
@@ -148,8 +149,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
 
 
 def preflight(argv: list[str] | None = None) -> None:
-    """The flags, the output folder, the model's config file and the data files, checked before torch and
-    transformers load (training/cli.py; UserInputError if bad)."""
+    """The flags, the output folder, the model's config file and the data files, checked before torch loads."""
     argv = list(sys.argv[1:] if argv is None else argv)
     warn_if_token_in_argv(argv, program_name("pretrain"))
     model_args, data_args, train_args = parse_args(argv)
@@ -182,21 +182,10 @@ def _read_args_file(path: str, parser: HfArgumentParser) -> dict:
 
 def check_args(model_args: ModelArguments, data_args: DataArguments, train_args: PretrainArguments) -> None:
     """Catch impossible settings now, not after the data is tokenized."""
-    positive = {
-        "block_size": data_args.block_size, "per_device_train_batch_size": train_args.per_device_train_batch_size,
-        "per_device_eval_batch_size": train_args.per_device_eval_batch_size,
-        "gradient_accumulation_steps": train_args.gradient_accumulation_steps, "eval_steps": train_args.eval_steps,
-        "vocab_size": model_args.vocab_size,
-    }
-    if data_args.num_train_documents is not None:
-        positive["num_train_documents"] = data_args.num_train_documents
-    for name in ("max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit",
-                 "total_batch_size"):
-        if getattr(train_args, name) is not None:
-            positive[name] = getattr(train_args, name)
-    for name, value in positive.items():
-        if value <= 0:
-            raise UserInputError(f"--{name} must be a positive number, got {value}.")
+    given = {**vars(model_args), **vars(data_args), **vars(train_args)}
+    for name in POSITIVE:
+        if given[name] is not None and given[name] <= 0:
+            raise UserInputError(f"--{name} must be a positive number, got {given[name]}.")
     if not (math.isfinite(train_args.ddp_timeout) and train_args.ddp_timeout > 0):
         raise UserInputError(f"--ddp_timeout must be a positive number of seconds, got {train_args.ddp_timeout}.")
     if not 0 <= train_args.max_train_seconds < math.inf:
@@ -215,9 +204,6 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if data_args.streaming and not (data_args.dataset_name or data_args.train_file):
         raise UserInputError("--streaming reads a Hub dataset (--dataset_name) or local files (--train_file); give "
                              "one of them.")
-    if data_args.preprocessing_num_workers is not None and data_args.preprocessing_num_workers <= 0:
-        raise UserInputError(f"--preprocessing_num_workers must be a positive number, got "
-                             f"{data_args.preprocessing_num_workers}.")
     if train_args.max_eval_tokens < 0:
         raise UserInputError(f"--max_eval_tokens must be >= 0 (0: the whole validation text), got "
                              f"{train_args.max_eval_tokens}.")
@@ -232,8 +218,7 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if train_args.push_to_hub:
         check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
         check_hub_timeout(train_args.hub_timeout)
-    # The schedule is checked by pretrain.py's setup (check_schedule): it loads transformers' schedules, with peft
-    # and the model code, the heaviest import of all, and everything checked here must be answered before that.
+    # The schedule is checked by pretrain.py's setup (check_schedule): transformers' schedules are a heavy import.
 
 
 def check_report_to(report_to: str) -> None:
@@ -253,8 +238,8 @@ def check_report_to(report_to: str) -> None:
 
 
 def apply_total_batch_size(train_args: PretrainArguments, num_processes: int) -> None:
-    """Sets --gradient_accumulation_steps from --total_batch_size and the processes launched (known only once they
-    are), or stops before any data is read when the processes cannot share it in whole micro-batches."""
+    """Sets --gradient_accumulation_steps from --total_batch_size and the processes launched, or stops before any
+    data is read when the processes cannot share it in whole micro-batches."""
     total = train_args.total_batch_size
     if total is None:
         return
@@ -356,8 +341,7 @@ def check_hub_timeout(hub_timeout: float) -> None:
 
 
 def warn_if_token_in_argv(argv: list[str], script: str) -> None:
-    """--hub_token still works, but a command line is readable by every user of the machine (ps, /proc/PID/cmdline)
-    for the whole run: said once, by the first process, before anything else."""
+    """A command line is readable by every user of the machine (ps): said once, by the first process."""
     if os.environ.get("RANK", "0") == "0" and any(arg.split("=")[0] == "--hub_token" for arg in argv):
         sys.stderr.write(f"{script}: warning: --hub_token puts the token on the command line, where other users of "
                          f"this machine can read it while the run lasts; set HF_TOKEN or run `hf auth login` "
@@ -370,8 +354,7 @@ def env_flag(name: str) -> bool:
 
 
 def args_to_dict(*parts) -> dict:
-    """Arguments (dataclasses, or dicts of more values) as one dict, without the Hub token (it must never reach a file
-    or a log)."""
+    """Arguments (dataclasses, or dicts of more values) as one dict, without the Hub token (never in a file or log)."""
     values = {}
     for part in parts:
         values.update(part if isinstance(part, dict) else vars(part))
@@ -386,8 +369,8 @@ def write_args_json(path: str | os.PathLike, *parts) -> None:
 
 
 def build_parser(dataclass_types, **defaults) -> HfArgumentParser:
-    """An `HfArgumentParser` for these dataclasses, `defaults` overriding theirs, that takes flags only as spelled in
-    full and reports every mistake on one line (`prog: error: ...`, exit 2): a typo is named with the nearest flag."""
+    """An `HfArgumentParser` for these dataclasses that takes flags only as spelled in full and reports every mistake
+    on one line (`prog: error: ...`, exit 2), a typo with the nearest flag."""
     parser = _OneLineErrorParser(dataclass_types, allow_abbrev=False)  # `--max_train_step` must not mean `..._steps`
     parser.set_defaults(**defaults)
     return parser
@@ -420,8 +403,8 @@ class _OneLineErrorParser(HfArgumentParser):
 
 
 def explicit_flags(argv: list[str]) -> frozenset:
-    """The argument names the command line sets (`--name value`, `--name=value`, and those of a leading .yaml/.json
-    file): sizes the user chose are kept, the others may be fitted to a small text (data_fit.py)."""
+    """The argument names the command line sets (flags, and those of a leading .yaml/.json file): sizes the user
+    chose are kept, the others may be fitted to a small text (data/fit.py)."""
     names = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
     if argv and argv[0].endswith((".yaml", ".yml", ".json")) and os.path.isfile(argv[0]):
         names |= set(_read_args_file(argv[0], build_parser(ALL_ARGUMENTS)))

@@ -1,20 +1,13 @@
-"""Resumable checkpoints: save, verify, find, load, prune. One module owns `output_dir/checkpoints/`, and one pair of
-functions (`save_state`, `load_state`) what a checkpoint holds:
+"""Resumable checkpoints: save, verify, find, load, prune. This module owns `output_dir/checkpoints/`:
 
     checkpoints/tokenizer/   the run's tokenizer, saved once (a resumed run must reuse it)
-    checkpoints/step_N/      Accelerate's `save_state` (model as safetensors, optimizer, scheduler, RNG of every
-                             process) + trainer_state.json (`TrainingState`) + data_fingerprint.json (what decided
-                             the data, data/fingerprint.py) + checksums.json (sha256 of each file)
-                             A model sharded by distributed/sharding.py (FSDP2 on CPUs) keeps its model and optimizer
-                             state sharded: sharded/ (torch.distributed.checkpoint, one file per process + .metadata)
-                             and scheduler.bin, next to Accelerate's RNG files.
+    checkpoints/step_N/      Accelerate's `save_state` + trainer_state.json (`TrainingState`) + data_fingerprint.json
+                             + checksums.json (sha256 of each file); under FSDP2 on CPUs also sharded/ and
+                             scheduler.bin (torch.distributed.checkpoint)
 
-A checkpoint is written under a temporary name, flushed, checksummed, then renamed to step_N: a kill mid-save leaves
-the earlier ones as they were. A resume verifies the checksums and falls back to the newest intact checkpoint; those
-it will not continue from are set aside (renamed, never deleted), so that `latest` never picks them.
-
-Nothing is unpickled with `weights_only=False`, DeepSpeed's states included (`load_deepspeed_without_code`).
-Checksums find damage, not a file replaced with its checksum recomputed beside it.
+A checkpoint is written under a temporary name, flushed, checksummed, then renamed: a kill mid-save leaves the
+earlier ones as they were. A resume takes the newest intact one; those it will not continue from are set aside
+(renamed, never deleted). Nothing is unpickled with `weights_only=False`, DeepSpeed's states included.
 """
 
 import contextlib
@@ -24,6 +17,7 @@ import os
 import pickle
 import re
 import shutil
+import types
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
@@ -38,16 +32,12 @@ TOKENIZER_DIR = "tokenizer"
 SHARDED_DIR = "sharded"
 SCHEDULER_FILE = "scheduler.bin"
 CONFIG_FILE = "config.json"
-DATA_FILE = "data_fingerprint.json"  # what decided the data the checkpoint was trained on: a resume must read the same
-# What fixes the order of the data, step by step: a resume must keep them. The process count and the accumulation
-# may change: with the same global batch every step reads the same blocks.
+DATA_FILE = "data_fingerprint.json"  # what decided the data (data/fingerprint.py): a resume must read the same
+# What a resume must keep: the data order (the process count and accumulation may change: every step reads the same
+# global batch), the values the optimizer's state holds, the tokenizer saved in checkpoints/, the tensors' shapes.
 DATA_ORDER = ("seed", "block_size", "global_batch")
-# Flags whose values a checkpoint's optimizer and schedule hold: loading it would bring the old values back, so a
-# resume must keep them. The rest (steps, warm-up, the schedule's shape, clipping) may change on resume.
 OPTIMIZER_STATE = ("optimizer", "learning_rate", "muon_learning_rate", "weight_decay", "adam_beta2")
-# The flags that chose the run's tokenizer: a resume reuses the tokenizer saved in checkpoints/, so it must keep them.
 TOKENIZER_FLAGS = ("tokenizer_name", "vocab_size")
-# The config fields that fix a model's tensors: a checkpoint's weights load only into a model of the same.
 ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "mlp_type", "qk_norm", "tie_word_embeddings", "attention_bias",
                 "mlp_bias")
@@ -58,8 +48,7 @@ DEEPSPEED_DIR = "pytorch_model"  # where Accelerate has DeepSpeed write its stat
 
 @dataclass(frozen=True)
 class Layout:
-    """A run's checkpoints folder and how its checkpoints are named: pretrain's step_N, or Trainer's checkpoint-N
-    (finetune). What lists, picks, sets aside or prunes checkpoints takes one."""
+    """A run's checkpoints folder and how its checkpoints are named: pretrain's step_N, or Trainer's checkpoint-N."""
 
     folder: str
     prefix: str = STEP_PREFIX
@@ -80,34 +69,30 @@ class Layout:
 
 @dataclass
 class TrainingState:
-    """Where a pretrain run stands, as trainer_state.json records it beside Accelerate's files. `save_state` writes
-    every field and `load_state` reads every field back."""
+    """Where a pretrain run stands, as trainer_state.json records it beside Accelerate's files."""
 
     step: int  # optimizer steps completed
     epoch: int
     batch_in_epoch: int  # micro-batches of the epoch already trained on
-    run_signature: dict  # what fixes the data order (make_run_signature): a resume must have the same
+    run_signature: dict  # make_run_signature: what a resume must keep
     planned_steps: int | None = None  # None: planned in seconds
     train_seconds: float = 0.0  # on the run's clock (schedules.Clock): a schedule in seconds goes on from it
     trained_seconds: float = 0.0  # time in training of every launch up to this checkpoint (the card's total)
-    launches: int = 1  # the launches that trained up to this checkpoint: the first one and each resume
+    launches: int = 1
 
 
 def make_run_signature(train_args, block_size: int, global_batch: int, num_processes: int, model_args=None) -> dict:
-    """What a resume must keep (DATA_ORDER, OPTIMIZER_STATE, TOKENIZER_FLAGS) and what it may change, as TrainingState
-    records it."""
+    """What a resume must keep (DATA_ORDER, OPTIMIZER_STATE, TOKENIZER_FLAGS) and what it may change."""
     return {"seed": train_args.seed, "block_size": block_size, "global_batch": global_batch,
             "gradient_accumulation_steps": train_args.gradient_accumulation_steps, "num_processes": num_processes,
             **{key: getattr(train_args, key) for key in OPTIMIZER_STATE},
             **{key: getattr(model_args, key) for key in TOKENIZER_FLAGS if model_args is not None}}
 
 
-def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded=None,
-               model_config=None, data: dict | None = None) -> str:
-    """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`:
-    (model, optimizer, scheduler) that Accelerate does not hold, saved with `save_sharded`. The model's config goes
-    beside the weights, so that --init_from can start a new run from any checkpoint; `data`, the data's fingerprint
-    (data/fingerprint.py), too."""
+def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded, model_config,
+               data: dict) -> str:
+    """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`: (model,
+    optimizer, scheduler) that Accelerate does not hold. The model's config goes beside the weights for --init_from."""
     layout = Layout(checkpoints_dir)
     final = layout.path(state.step)
     temporary = os.path.join(checkpoints_dir, TEMPORARY_PREFIX + os.path.basename(final))
@@ -120,10 +105,8 @@ def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: in
             save_sharded(temporary, *sharded, is_main_process=accelerator.is_main_process)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            if model_config is not None:
-                model_config.to_json_file(os.path.join(temporary, CONFIG_FILE))
-            if data is not None:
-                write_json(os.path.join(temporary, DATA_FILE), data)
+            model_config.to_json_file(os.path.join(temporary, CONFIG_FILE))
+            write_json(os.path.join(temporary, DATA_FILE), data)
             write_json(os.path.join(temporary, STATE_FILE), asdict(state))
             write_json(os.path.join(temporary, CHECKSUM_FILE), checksums(temporary))
             rename_into_place(temporary, final)
@@ -133,8 +116,7 @@ def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: in
 
 
 def rename_into_place(temporary: str, final: str) -> None:
-    """Flushes the finished checkpoint `temporary` and renames it to `final`, setting aside an abandoned checkpoint of
-    that name (left by a run resumed from an earlier step): the new one replaces it."""
+    """Flushes `temporary` and renames it to `final`, setting aside an abandoned checkpoint of that name."""
     fsync_tree(temporary)
     if os.path.exists(final):
         set_aside(final, "replaced")
@@ -145,8 +127,7 @@ def rename_into_place(temporary: str, final: str) -> None:
 def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, sharded: bool,
                deepspeed_engine=None) -> TrainingState:
     """Puts what `save_state` wrote back into the model, optimizer and scheduler (`parts`) and the RNG (every process
-    takes part); returns the TrainingState. Another process count resumes too (sharded states reshard); what cannot
-    is refused before anything loads, naming a route that works."""
+    takes part). Another process count resumes too; what cannot is refused before anything loads."""
     state = read_training_state(folder)
     saved = state.run_signature
     if any(saved.get(key) != run_signature[key] for key in DATA_ORDER):
@@ -159,13 +140,13 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
                             f"start a new run with the new ones from its weights with --init_from {folder}")
     refuse_tokenizer_change(folder, saved, run_signature)
     refuse_layout_change(folder, written_by, accelerator.num_processes, in_shards, sharded, deepspeed_engine)
-    check_random_state(folder, accelerator.process_index)
-    if deepspeed_engine is not None:
-        load_deepspeed_without_code(deepspeed_engine)
+    random_state = read_random_state(folder, accelerator.process_index)
+    if deepspeed_engine is not None:  # DeepSpeed reads every state file through this method, unpickling them
+        deepspeed_engine.checkpoint_engine.load = load_weights_only
     with refusing_pickles(folder):
         if in_shards and not sharded:  # an FSDP2 checkpoint resumed whole: one process, or DDP
             load_sharded(folder, *parts)
-            load_random_state(folder, accelerator.process_index)
+            set_random_state(random_state)
         else:
             accelerator.load_state(folder)
             if sharded:
@@ -177,62 +158,57 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     return state
 
 
+def changed_values(saved: dict, now: dict, keys, dashes: str = "--") -> tuple[str, str] | None:
+    """("--key old, ...", "--key new, ...") for the keys whose value changed, or None. A key `saved` lacks (recorded
+    by an older checkpoint) has nothing to compare."""
+    changed = [key for key in keys if key in saved and key in now and saved[key] != now[key]]
+    if not changed:
+        return None
+    return tuple(", ".join(f"{dashes}{key} {values[key]}" for key in changed) for values in (saved, now))
+
+
 def refuse_optimizer_change(folder: str, saved: dict, now: dict, flags: tuple, way_on: str) -> None:
-    """A changed optimizer flag would be silently undone by the checkpoint's optimizer state: refused, naming each
-    (a checkpoint older than its record of `flags` has none to compare)."""
-    changed = [flag for flag in flags if flag in saved and saved[flag] != now[flag]]
-    if changed:
-        was = ", ".join(f"--{flag} {saved[flag]}" for flag in changed)
-        raise UserInputError(f"{folder} was trained with {was}, but this run has "
-                             f"{', '.join(f'--{flag} {now[flag]}' for flag in changed)}: its optimizer state holds the "
-                             f"old values; resume with {was}, or {way_on}.")
+    """A changed optimizer flag would be silently undone by the checkpoint's optimizer state: refused."""
+    if changed := changed_values(saved, now, flags):
+        raise UserInputError(f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: its optimizer "
+                             f"state holds the old values; resume with {changed[0]}, or {way_on}.")
 
 
 def refuse_tokenizer_change(folder: str, saved: dict, now: dict) -> None:
-    """A resumed run keeps the tokenizer it saved (checkpoints/tokenizer): another --tokenizer_name or --vocab_size
-    would be ignored while the run's record and card named it. Refused (a checkpoint older than the record has none
-    to compare)."""
-    changed = [key for key in TOKENIZER_FLAGS if key in saved and key in now and saved[key] != now[key]]
-    if changed:
-        was = ", ".join(f"--{key} {saved[key]}" for key in changed)
-        raise UserInputError(f"{folder} was trained with {was}, but this run has "
-                             f"{', '.join(f'--{key} {now[key]}' for key in changed)}: a resumed run keeps the "
-                             f"tokenizer it saved in checkpoints/; resume with {was}, or start a new run with the new "
-                             "tokenizer (another --output_dir, or --overwrite_output_dir).")
+    """A resumed run keeps the tokenizer it saved: another --tokenizer_name or --vocab_size would be ignored."""
+    if changed := changed_values(saved, now, TOKENIZER_FLAGS):
+        raise UserInputError(f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: a resumed run "
+                             f"keeps the tokenizer it saved in checkpoints/; resume with {changed[0]}, or start a new "
+                             "run with the new tokenizer (another --output_dir, or --overwrite_output_dir).")
 
 
 def refuse_data_change(folder: str, now: dict, how: str) -> None:
-    """The data this run reads (`now`, data/fingerprint.py) differs from what the checkpoint was trained on: training
-    would go on with other data while the run's record named only the new. Refused, naming each change; `how`: the
-    other way on ("or ..."). A checkpoint without a fingerprint (older than it) has none to compare."""
+    """Other data than the checkpoint was trained on (`now`, data/fingerprint.py): refused, naming each change; `how`:
+    the other way on ("or ..."). A checkpoint older than its fingerprint has none to compare."""
     path = os.path.join(folder, DATA_FILE)
     if not os.path.isfile(path):
         return
-    changes = data_changes(read_json(path), now)
-    if changes:
-        raise UserInputError(f"{folder} was trained on other data: {'; '.join(changes)}. A resumed run must read "
+    changed = data_changes(read_json(path), now)
+    if changed:
+        raise UserInputError(f"{folder} was trained on other data: {'; '.join(changed)}. A resumed run must read "
                              f"the data it was trained on: resume with the same data flags and unchanged files, "
                              f"{how}.")
 
 
 def refuse_architecture_change(folder: str, config, how: str) -> None:
-    """The checkpoint's model (its config.json) and the one this run builds differ in a field that fixes the tensors
-    (ARCHITECTURE): its weights cannot load into it. Refused, naming each field; `how`: what to do instead. A
-    checkpoint without a config.json has none to compare."""
+    """The checkpoint's model (its config.json) and this run's differ in a field that fixes the tensors: refused,
+    naming each field; `how`: what to do instead."""
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(path):
         return
-    saved, now = read_json(path), config.to_dict()
-    changed = [key for key in ARCHITECTURE if key in saved and key in now and saved[key] != now[key]]
-    if changed:
-        raise UserInputError(f"{folder} holds a model with {', '.join(f'{key} {saved[key]}' for key in changed)}, but "
-                             f"this run builds one with {', '.join(f'{key} {now[key]}' for key in changed)}: its "
-                             f"weights fit only their own shapes; {how}.")
+    if changed := changed_values(read_json(path), config.to_dict(), ARCHITECTURE, dashes=""):
+        raise UserInputError(f"{folder} holds a model with {changed[0]}, but this run builds one with {changed[1]}: "
+                             f"its weights fit only their own shapes; {how}.")
 
 
 def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards: bool, sharded: bool,
                          deepspeed_engine) -> None:
-    """The changes of process count or layout a resume cannot make, refused in one line with the way on."""
+    """The changes of process count or layout a resume cannot make, refused with the way on."""
     way_on = f"or continue from its weights with --init_from {folder} (a fresh optimizer and schedule)"
     in_deepspeed = os.path.isdir(os.path.join(folder, DEEPSPEED_DIR))
     if (in_deepspeed or deepspeed_engine is not None) and (written_by != processes or not in_deepspeed
@@ -247,37 +223,31 @@ def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards
                              f"process count), {way_on}.")
 
 
-def check_random_state(folder: str, process_index: int) -> None:
-    """Accelerate skips an RNG file it cannot load without a word (dropout would then draw other numbers): a file that
-    is there must load. A process the checkpoint's run did not have keeps the seed's state."""
+def read_random_state(folder: str, process_index: int) -> dict | None:
+    """This process's RNG state from Accelerate's file, which must load: Accelerate would skip it without a word
+    (dropout would then draw other numbers). None: the checkpoint's run had no such process (the seed's state stays)."""
+    from accelerate.utils import load  # torch.load with weights_only=True and numpy's RNG types allowed
+
     path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
     if not os.path.exists(path):
-        return
+        return None
     try:
-        read_random_state(path)
+        return load(path)
     except Exception as error:  # whatever the unpickler or a damaged file raises
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise RunError(f"{path} cannot be loaded ({reason}): resume from an earlier checkpoint "
                        f"(--resume_from_checkpoint {os.path.dirname(folder)}/step_M) or start anew.") from None
 
 
-def read_random_state(path: str) -> dict:
-    from accelerate.utils import load  # torch.load with weights_only=True and numpy's RNG types allowed
-
-    return load(path)
-
-
-def load_random_state(folder: str, process_index: int) -> None:
-    """This process's RNG state from Accelerate's file, where `accelerator.load_state` cannot be used."""
+def set_random_state(states: dict | None) -> None:
+    """This process's RNG state (`read_random_state`), where `accelerator.load_state` cannot be used."""
     import random
 
     import numpy as np
     import torch
 
-    path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
-    if not os.path.exists(path):
+    if states is None:
         return
-    states = read_random_state(path)
     random.setstate(states["random_state"])
     np.random.set_state(states["numpy_random_seed"])
     torch.set_rng_state(states["torch_manual_seed"])
@@ -296,8 +266,8 @@ def read_training_state(folder: str) -> TrainingState:
 
 
 def save_sharded(folder: str, model, optimizer, scheduler, is_main_process: bool) -> None:
-    """The model's and the optimizer's state as each process holds it (torch.distributed.checkpoint writes one file
-    per process into folder/sharded/, then .metadata), and the scheduler's (the same on every process)."""
+    """The model's and the optimizer's state as each process holds it (one file per process in folder/sharded/), and
+    the scheduler's (the same on every process)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -322,13 +292,8 @@ def load_sharded(folder: str, model, optimizer, scheduler) -> None:
     scheduler.load_state_dict(torch.load(os.path.join(folder, SCHEDULER_FILE), weights_only=True))
 
 
-def load_deepspeed_without_code(engine) -> None:
-    """Makes a DeepSpeed engine read its states with torch.load(weights_only=True) (its own unpickles them, so a planted
-    pickle would run code on resume); three DeepSpeed classes of plain data are allow-listed."""
-    engine.checkpoint_engine.load = load_weights_only  # DeepSpeed reads every state file through this method
-
-
-def load_weights_only(path: str, map_location=None):
+def load_weights_only(path: str, map_location=None, **_ignored):
+    """torch.load(weights_only=True) for DeepSpeed's states, its three classes of plain data allowed."""
     import torch
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
@@ -342,8 +307,8 @@ def load_weights_only(path: str, map_location=None):
 
 
 def pickle_refused(path: str, error: Exception, why: str = "no checkpoint of a training run holds") -> str:
-    """The line for a state file that torch.load(weights_only=True) refused to unpickle (it names the first global it
-    would not import), in place of torch's traceback, which suggests weights_only=False."""
+    """The line for a state file torch.load(weights_only=True) refused, in place of torch's traceback (which suggests
+    weights_only=False)."""
     found = re.search(r"GLOBAL ([\w.]+)", str(error))
     what = found.group(1) if found else "a Python object"
     return (f"Refused to load {path}: it holds {what}, which {why}, and unpickling it could run code. Resume from a "
@@ -352,8 +317,7 @@ def pickle_refused(path: str, error: Exception, why: str = "no checkpoint of a t
 
 @contextlib.contextmanager
 def refusing_pickles(folder: str | None):
-    """Loads from the checkpoint `folder` within the block (Accelerate's or Trainer's own loads, all with
-    weights_only=True); a file they refuse to unpickle ends the run with one line naming it (RunError)."""
+    """A file that the loads from `folder` within the block refuse to unpickle ends the run with one line naming it."""
     try:
         yield
     except pickle.UnpicklingError as error:
@@ -363,8 +327,7 @@ def refusing_pickles(folder: str | None):
 
 
 def refused_file(folder: str) -> str | None:
-    """The first state file in `folder` that a resume's loads refuse to unpickle: read again only after a refusal, to
-    name it (torch's message does not), with weights_only=True and numpy's RNG types allowed as those loads do.
+    """The first state file in `folder` that a resume's loads refuse to unpickle (torch's message does not name it).
     Trainer's training_args.bin, a full pickle, is never loaded on resume."""
     from accelerate.utils import load
 
@@ -395,8 +358,8 @@ def holds_whole_weights(folder: str) -> bool:
 
 
 def load_partitioned_weights(model, folder: str) -> None:
-    """Fills a model built whole on one process with the weights of a checkpoint that FSDP2 (sharded/) or DeepSpeed
-    ZeRO (pytorch_model/) wrote partitioned, on any process count: --init_from on a checkpoint."""
+    """--init_from on a checkpoint that FSDP2 (sharded/) or DeepSpeed ZeRO (pytorch_model/) wrote partitioned: its
+    weights into a model built whole."""
     import torch
 
     if os.path.isdir(os.path.join(folder, SHARDED_DIR)):
@@ -421,30 +384,15 @@ def load_partitioned_weights(model, folder: str) -> None:
 
 @contextlib.contextmanager
 def deepspeed_reads_weights_only():
-    """DeepSpeed's zero_to_fp32 loads every state file with torch.load(weights_only=False): within this block its
-    torch.load reads through `load_weights_only`."""
+    """Within the block DeepSpeed's zero_to_fp32 loads through `load_weights_only`, not weights_only=False."""
     import deepspeed.utils.zero_to_fp32 as consolidation
 
     torch = consolidation.torch
-    consolidation.torch = _WeightsOnlyTorch(torch)
+    consolidation.torch = types.SimpleNamespace(**{**vars(torch), "load": load_weights_only})  # torch as it sees it
     try:
         yield
     finally:
         consolidation.torch = torch
-
-
-class _WeightsOnlyTorch:
-    """torch, as zero_to_fp32 sees it, with a load that never runs pickled code."""
-
-    def __init__(self, torch):
-        self._torch = torch
-
-    def __getattr__(self, name):
-        return getattr(self._torch, name)
-
-    @staticmethod
-    def load(path, map_location=None, **_ignored):
-        return load_weights_only(path, map_location=map_location)
 
 
 def checksums(folder: str) -> dict:
@@ -482,8 +430,7 @@ def problem_with(folder: str) -> str | None:
 
 
 def holds_weights(name: str) -> bool:
-    """Whether a checkpoint file holds model weights: safetensors, a distributed checkpoint's .metadata (FSDP2), or
-    DeepSpeed's model states."""
+    """Whether a checkpoint file holds model weights: safetensors, FSDP2's .metadata, or DeepSpeed's model states."""
     return (name.endswith((".safetensors", "mp_rank_00_model_states.pt"))
             or os.path.basename(name) == ".metadata")
 
@@ -509,7 +456,7 @@ def find_resumable(resume_from: str | None, layout: Layout, say) -> str | None:
 
 
 def set_aside_after(layout: Layout, step: int, say) -> None:
-    """Renames every step_N with N > step (newer but abandoned, or damaged) so `latest` never picks it again."""
+    """Renames every step_N with N > step so `latest` never picks it again."""
     for newer in layout.steps():
         if newer > step:
             folder = set_aside(layout.path(newer), "abandoned")
@@ -546,8 +493,8 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
 
 @contextlib.contextmanager
 def disk_space_guard(path: str, layout: Layout):
-    """Turns "no space left" while writing `path` into a RunError that names the path, the space needed and free,
-    and the newest intact checkpoint; the half-written `path` is removed to give the space back."""
+    """"No space left" while writing `path` becomes a RunError naming the space needed and free and the newest intact
+    checkpoint; the half-written `path` is removed."""
     try:
         yield
     except Exception as error:

@@ -1,23 +1,10 @@
-"""`tinytx`: the project's tools under one command, and how the two training scripts start and end.
+"""`tinytx`: the project's tools under one command (COMMANDS), and how the two training scripts start and end.
 
-    tinytx pretrain [flags]                  pre-train a TinyTx model         (python -m hf_tinytx_training.pretrain)
-    tinytx finetune [flags]                  fine-tune a causal LM (Trainer)  (python -m hf_tinytx_training.finetune)
-    tinytx convert --to llama SRC DST        TinyTx <-> Llama, or GGUF        (python -m hf_tinytx.convert)
-    tinytx serve MODEL [flags]               OpenAI-compatible server         (python -m hf_tinytx.serve)
-    tinytx interpret MODEL TEXT [flags]      attention maps and head roles    (python -m hf_tinytx.interpret)
-    tinytx generate FOLDER PROMPT [flags]    continue a prompt, streamed      (python -m hf_tinytx.generate)
-    tinytx chat FOLDER [flags]               chat in the terminal             (python -m hf_tinytx.chat)
-
-A subcommand runs its module as `python -m` does. Nothing heavy is imported here, so every `--help` is answered
-without torch (convert's and interpret's flags are parsed here first: hf_tinytx/command_flags.py).
-
-pretrain.py and finetune.py call `start_script` above their imports (the stop signals handled, one voice for a
-launch (`speak_only_as_main`), then `preflight`: bad input is one line and exit 2, before torch loads) and
-`finish_script` at their end. The exit status: 0 the run finished; 2 bad input (UserInputError); 1 a fault while
-running (RunError), a full disk, anything unexpected (one line; TINYTX_TRACEBACK=1 shows the traceback instead), or
-another process that left first after a stop signal; 128 + signal stopped by SIGTERM or SIGINT with a checkpoint
-(Stopped). A process of a launch that fails also makes sure its launcher does not hang on (distributed/cluster.py,
-`watch_launcher_exit`).
+A subcommand runs its module as `python -m` does; nothing heavy is imported here, so every `--help` is answered
+without torch. pretrain.py and finetune.py call `start_script` above their imports (stop signals handled, bad input
+refused before torch loads) and `finish_script` at their end. The exit status: 0 the run finished; 2 bad input
+(UserInputError); 1 a fault (RunError, a full disk, anything unexpected: one line, the traceback with
+TINYTX_TRACEBACK=1); 128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped).
 """
 
 import difflib
@@ -53,10 +40,10 @@ EARLY_PARSERS = {"convert": "convert_parser", "interpret": "interpret_parser"}
 TRAIN_EXTRA = ("accelerate", "datasets", "matplotlib", "jinja2", "yaml", "tqdm")
 
 
-def missing_extra(command: str) -> str | None:
-    """The one-line error of a training command whose `train` extra is not installed, or None (looked up, never
-    imported)."""
-    if command not in ("pretrain", "finetune"):
+def missing_extra(command: str, flags: list[str]) -> str | None:
+    """The one-line error of a training command whose `train` extra is not installed, or None (nothing imported).
+    Its --help needs no extra."""
+    if command not in ("pretrain", "finetune") or {"-h", "--help"} & set(flags):
         return None
     missing = []
     for module in TRAIN_EXTRA:
@@ -88,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"did you mean {closest[0]}?" if closest else f"use one of {', '.join(COMMANDS)}"
         sys.stderr.write(f"tinytx: error: unknown command {command!r}; {hint} (tinytx --help lists them)\n")
         return 2
-    error = None if {"-h", "--help"} & set(flags) else missing_extra(command)  # the flags need no extra
-    if error:
+    if error := missing_extra(command, flags):
         sys.stderr.write(error + "\n")
         return 2
     if command in EARLY_PARSERS:  # --help, or a bad flag, ends here (exit 0, 2) before the module loads torch
@@ -97,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
 
         getattr(command_flags, EARLY_PARSERS[command])().parse_args(flags)
     _STARTED_AS[:] = [f"tinytx {command}"]
-    run_as_main(COMMANDS[command][0], flags)
+    module = COMMANDS[command][0]
+    sys.argv = [module, *flags]  # alter_sys puts the module's file first, as `python -m` does
+    runpy.run_module(module, run_name="__main__", alter_sys=True)  # its sys.exit() ends the process
     return 0
 
 
@@ -109,12 +97,6 @@ def program_name(script: str) -> str:
     return _STARTED_AS[0] if _STARTED_AS == [f"tinytx {script}"] else f"{script}.py"
 
 
-def run_as_main(module: str, flags: list[str]) -> None:
-    """Runs `module` as `python -m module flags...` would; its sys.exit() ends the process with its status."""
-    sys.argv = [module, *flags]  # alter_sys puts the module's file first, as `python -m` does
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
 # ---- the training scripts: started before torch loads, ended with one exit status
 
 # Each script's torch-free module, holding the `preflight()` that checks its input before the heavy imports.
@@ -122,14 +104,12 @@ EARLY_CHECKS = {"pretrain": "args", "finetune": "sft.args"}
 
 
 def start_script(script_file: str, package: str | None) -> None:
-    """Called by pretrain.py and finetune.py above their imports (`__file__`, `__package__`): handles the stop
-    signals, then checks the input (exit 2 and one line if bad)."""
+    """Called by pretrain.py and finetune.py above their imports: handles the stop signals, then checks the input."""
     script = os.path.splitext(os.path.basename(script_file))[0]
     program = program_name(script)
     if not package:  # `python training/pretrain.py` in a checkout (also under torchrun or accelerate launch)
         use_this_checkout(script_file)
-    error = None if {"-h", "--help"} & set(sys.argv[1:]) else missing_extra(script)  # the flags need no extra
-    if error:
+    if error := missing_extra(script, sys.argv[1:]):
         sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))  # (the same words under `tinytx`)
     # First: a signal while the libraries load ends the run with a line, not a traceback or a bare -15.
     stop_requests(program).install()
@@ -143,10 +123,8 @@ def start_script(script_file: str, package: str | None) -> None:
 
 
 class OutputWithoutReader:
-    """sys.stdout that outlives its reader. `finetune.py ... | tee log` stopped with Ctrl-C ends tee too; the run's
-    next print then met a closed pipe (BrokenPipeError) in the middle of its last step, and left neither its
-    checkpoint nor its stop line (on stderr). Once a write finds the pipe closed, the output goes to /dev/null and
-    the run goes on to its end."""
+    """sys.stdout that outlives its reader: Ctrl-C on `finetune.py ... | tee log` ends tee too, and the run must still
+    save its checkpoint. Once a write finds the pipe closed, the output goes to /dev/null."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -177,11 +155,8 @@ _OWN_OUTPUT = []  # this process's stdout, kept by speak_only_as_main for `print
 
 
 def speak_only_as_main(env=os.environ) -> None:
-    """One voice for a launch. A process other than the global main one (RANK 0) prints nothing to stdout: Accelerate
-    prints on the main process of every node, so a job's log would hold each line once per node. Its errors and
-    warnings still go to stderr, and `print_own` still reaches its stdout. Progress bars are drawn by the main process
-    only, and only on a terminal: in a job's log file their redraws pile up into one long line (pretrain.py prints a
-    line every few steps instead)."""
+    """One voice for a launch: only the global main process (RANK 0) prints to stdout (Accelerate prints once per
+    node), errors still go to stderr. The libraries' progress bars are drawn by it alone, and only on a terminal."""
     _OWN_OUTPUT[:] = [sys.stdout]
     main = env.get("RANK", "0") == "0"
     if not main:
@@ -192,8 +167,7 @@ def speak_only_as_main(env=os.environ) -> None:
 
 
 def print_own(line: str) -> None:
-    """A line that is each process's own (what it holds of a sharded model), printed by every process, in one write:
-    the processes print at the same moment, and their lines must not interleave."""
+    """A line that is each process's own, printed by every process in one write, so that the lines do not interleave."""
     stream = _OWN_OUTPUT[0] if _OWN_OUTPUT else sys.stdout
     stream.write(line + "\n")
     stream.flush()
@@ -201,7 +175,7 @@ def print_own(line: str) -> None:
 
 def use_this_checkout(script_file: str) -> None:
     """A checkout's script imports the installed hf_tinytx_training, which must be this very folder (an editable
-    install). The checkout's top then replaces training/ on sys.path (whose module names would shadow libraries')."""
+    install); the checkout's top replaces training/ on sys.path."""
     module = f"{__package__}.{os.path.splitext(os.path.basename(script_file))[0]}"
     spec = find_spec(module)
     name = os.path.basename(script_file)
@@ -218,7 +192,10 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
     try:
         main()
     except Stopped as stopped:
-        leave_stopped(stopped, stop)
+        if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
+            sys.stderr.write(f"{stopped}\n")
+        sys.stderr.flush()
+        leave(stopped.exit_code, stop)
     except (UserInputError, RunError) as error:
         # One write, newline included: the processes of a launch may say it at once.
         sys.stderr.write(f"{program}: error: {error}\n")
@@ -247,13 +224,6 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
     leave(0, stop)
 
 
-def leave_stopped(stopped: Stopped, stop: StopRequests) -> NoReturn:
-    if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
-        sys.stderr.write(f"{stopped}\n")
-    sys.stderr.flush()
-    leave(stopped.exit_code, stop)
-
-
 def leave(code: int, stop: StopRequests) -> NoReturn:
     watch_launcher_exit(stop.launcher and stop.launcher.parent, code)
     exit_launched_process(code)
@@ -261,9 +231,8 @@ def leave(code: int, stop: StopRequests) -> NoReturn:
 
 
 def exit_launched_process(code: int = 0) -> None:
-    """Ends a process of a multi-process launch at once, once its run has ended. A gloo group's worker threads live on
-    while DeepSpeed or FSDP2 still reference the group, and one that needs the GIL during the interpreter's shutdown
-    aborts the process (exit -6): a finished run reported as failed. os._exit skips that shutdown."""
+    """Ends a process of a multi-process launch at once: a gloo worker thread that needs the GIL during the
+    interpreter's shutdown would abort it (exit -6), a finished run reported as failed."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logging.shutdown()
         sys.stdout.flush()
@@ -274,9 +243,8 @@ def exit_launched_process(code: int = 0) -> None:
 # ---- the working directory must not stand in for the installed hf_tinytx
 
 def look_past_a_clone_named_hf_tinytx() -> None:
-    """Drops the working directory from sys.path when all it offers under the name hf_tinytx is a clone's folder: from
-    the folder above a clone, Python takes the clone's top for a namespace package named hf_tinytx and stops there
-    (an editable install's finder is asked after every sys.path entry). A real package found first is kept."""
+    """Drops the working directory from sys.path when all it offers under the name hf_tinytx is a clone's folder,
+    which Python would take for a namespace package ahead of the editable install."""
     spec = PathFinder.find_spec("hf_tinytx")
     if spec is None or spec.origin not in (None, "namespace"):  # none, or a real package: nothing shadows it
         return

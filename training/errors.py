@@ -1,5 +1,4 @@
-"""The two errors the training scripts end with: one line that says what is wrong and what to do, printed as
-`<script>.py: error: ...` with exit 2 (bad input, UserInputError) or 1 (a fault while running, RunError)."""
+"""The two errors the training scripts end with, one line each: exit 2 (bad input) or 1 (a fault while running)."""
 
 import contextlib
 
@@ -15,8 +14,7 @@ class RunError(RuntimeError):
 
 @contextlib.contextmanager
 def as_user_input_error(*kinds: type[Exception]):
-    """The library's refusals of `kinds` (a folder overlap, a link out, a bad weights file), raised on as
-    UserInputError with their message: one line, exit 2."""
+    """The library's refusals of `kinds` (a folder overlap, a link out, a bad weights file) as UserInputError."""
     try:
         yield
     except kinds as error:

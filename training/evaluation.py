@@ -1,5 +1,4 @@
-"""The validation loss of a run (and what it means per token and per byte): every validation block counted once,
-whatever the number of processes."""
+"""The validation loss of a run (and perplexity, bits per byte): every block counted once, on any process count."""
 
 import math
 
@@ -8,8 +7,8 @@ import torch
 
 @torch.no_grad()
 def validation_metrics(model, eval_dataloader, accelerator, bytes_per_token: float) -> dict:
-    """Mean loss over the validation blocks, each counted once: `gather_for_metrics` drops the copies that pad the
-    last batch over the processes. Every block has as many targets, so the mean of the blocks' means is exact."""
+    """Mean loss over the validation blocks, each counted once (`gather_for_metrics` drops the padding copies). Every
+    block has as many targets, so the mean of the blocks' means is exact."""
     model.eval()
     losses, full = [], None
     for batch in eval_dataloader:  # always to the end (see data.make_dataloaders)

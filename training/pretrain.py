@@ -4,16 +4,10 @@
     python training/pretrain.py training/configs/tiny.yaml        # the same arguments, from a file
     accelerate launch --config_file training/configs/accelerate-ddp.yaml training/pretrain.py --model_preset small
     torchrun --nproc_per_node 2 training/pretrain.py              # CPU data parallelism
-    accelerate launch --config_file training/configs/accelerate-fsdp2.yaml --num_processes 2 training/pretrain.py
-                                                                  # FSDP2 (GPUs, or CPUs: distributed/sharding.py)
 
-The story, one function each: `setup` (arguments, data and tokenizer, model, optimizer, resume) -> `fit` (the
-training loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and_push` (the model folder, the Hub).
-
-Every input is checked before anything is written. A checkpoint is always saved before the export, so a run
-interrupted at any moment continues with `--resume_from_checkpoint latest`; SIGTERM or SIGINT stops it at the next
-step boundary with a checkpoint (distributed/preemption.py). With --push_to_hub every checkpoint is also uploaded in
-the background, and the final model once it is complete on disk.
+`setup` -> `fit` (the loop) -> `finish` (final checkpoint, evaluation, probes) -> `export_and_push`. Every input is
+checked before anything is written. A checkpoint always comes before the export, so an interrupted run continues
+with `--resume_from_checkpoint latest`; SIGTERM or SIGINT stops it at the next step boundary with a checkpoint.
 """
 
 if __name__ == "__main__":  # the stop signals handled and the input checked before torch loads (training/cli.py)
@@ -89,8 +83,8 @@ class Progress:
     batch_in_epoch: int = 0  # micro-batches of the current epoch already trained on
     saved_step: int | None = None  # the step of the newest checkpoint this launch saved or resumed from
     train_seconds: float = 0.0  # this launch's time in `fit`
-    earlier_seconds: float = 0.0  # the time in `fit` of the launches before this one (a resumed run's)
-    launches: int = 1  # this launch and those before it
+    earlier_seconds: float = 0.0  # the time in `fit` of the launches this one resumes
+    launches: int = 1
     stopped_by_clock: bool = False
 
 
@@ -117,7 +111,7 @@ class Run:
     log: RunLog
     pusher: HubPusher | None  # on the main process with --push_to_hub
     lock: TextIO | None  # on the main process: the output folder's lock, held until the export
-    own_fsdp2: bool  # sharded by training/distributed/sharding.py, not by Accelerate (FSDP2 on CPUs)
+    own_fsdp2: bool  # sharded by distributed/sharding.py, not by Accelerate (FSDP2 on CPUs)
     data_fingerprint: dict  # what decides the data (data/fingerprint.py), recorded in every checkpoint
     progress: Progress = field(default_factory=Progress)
 
@@ -153,7 +147,7 @@ def main(argv=None) -> None:
         not_pushed = export_and_push(run, final_metrics, probe_results)
     except RuntimeError as error:
         if STOP.received or not cluster.is_peer_failure(error):
-            raise  # a peer that left at a stop signal is a stop (see the end of this file)
+            raise  # a peer that left at a stop signal is a stop
         raise RunError(lost_peer_message(run, train_args, error)) from None
     if not_pushed:
         raise RunError(not_pushed)  # exit 1, as finetune.py: a push that was asked for and did not happen
@@ -197,8 +191,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     optimizer = make_optimizer(model, train_args)
     lr_scheduler = make_schedule(optimizer, train_args, max_train_steps, accelerator.num_processes, clock)
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = sharding.prepare(
-        accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
-    )
+        accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
     if sampler is not None and len(train_dataloader) == 0:
         raise UserInputError(f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes "
                              f"({global_batch}: {train_args.per_device_train_batch_size} per process x "
@@ -224,8 +217,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
 
 
 def check_inputs(model_args, data_args, train_args, output_dir: str):
-    """The checks that need transformers loaded or the model's config read; returns (model config, the sharding the
-    launch asked for)."""
+    """The checks that need transformers or the model's config; returns (model config, the sharding asked for)."""
     check_schedule(train_args)  # the one flag check that needs transformers loaded
     refuse_lone_process()
     check_output_dir(output_dir, train_args)
@@ -244,8 +236,8 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
 
 
 def checked_data(data_args, resume_dir: str | None) -> dict:
-    """What decides the run's data (data/fingerprint.py: the files' names, sizes and times, no byte read), refused
-    before the data is prepared when it is not what the checkpoint to resume was trained on."""
+    """The data's fingerprint (names, sizes and times of its files), refused before the data is prepared when it is
+    not what the checkpoint to resume was trained on."""
     data = pretrain_data(data_args, DEFAULT_CORPUS_DOCUMENTS)
     if resume_dir:
         checkpoints.refuse_data_change(resume_dir, data, "or start a new run on this data from its weights "
@@ -281,14 +273,12 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
 
 
 def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit):
-    """The tokenizer (the run's saved one, a named one, the token store's, or a BPE trained now), the data prepared
-    once by the main process for every process (data/packing.py), and the lock on the output folder, taken once every
-    input has passed its checks. A start refused for its input takes back the folders it made (a token store holding
-    finished shards of good files stays, for the corrected rerun)."""
+    """The tokenizer, the data prepared once by the main process for every process, and the output folder's lock,
+    taken once every input has passed its checks. A start refused for its input takes back the folders it made."""
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
     store = token_store.store_folder(data_args, output_dir)
-    made = [folders_to_create(folder) for folder in (store, output_dir)]  # what a refused start takes back
+    made = [folders_to_create(folder) for folder in (store, output_dir)]
     fresh = accelerator.is_main_process and not resume_dir  # a fresh start makes (or finds) its own tokenizer
     handoff = Handoff(accelerator, output_dir, train_args.ddp_timeout)
     try:
@@ -342,8 +332,8 @@ def receive_data(data_args, train_args, handoff, store):
 
 
 def take_back(handoff, store: str, made: list, refused: bool) -> None:
-    """After a failed start: the handoff folder, the token store this start made when its input was refused (unless
-    it holds shards of files that passed, before a bad file stopped the build), and the folders left empty."""
+    """After a failed start: the handoff folder, the token store made for refused input (unless it holds shards of
+    files that passed, for the corrected rerun), and the folders left empty."""
     remove_tree(handoff.folder)
     if refused and made[0] and os.path.isdir(store) and (handoff.published or not token_store.holds_shards(store)):
         remove_tree(store)
@@ -352,8 +342,7 @@ def take_back(handoff, store: str, made: list, refused: bool) -> None:
 
 
 def resume(run: Run, folder: str) -> None:
-    """Continues from the checkpoint in `folder`: its weights, optimizer, schedule and RNG, its step and place in the
-    data, and for a run planned in seconds its clock."""
+    """Continues from the checkpoint in `folder`: weights, optimizer, schedule, RNG, step, place in the data, clock."""
     deepspeed = sharding.zero_stage(run.accelerator) is not None
     checkpoints.refuse_architecture_change(
         folder, run.accelerator.unwrap_model(run.model).config,
@@ -363,17 +352,16 @@ def resume(run: Run, folder: str) -> None:
                                    run.lr_scheduler), run.own_fsdp2, deepspeed_engine=run.model if deepspeed else None)
     progress = run.progress
     progress.step = progress.saved_step = state.step
-    # Micro-batches of this process: the checkpoint's run may have had other processes and accumulation, but a
-    # checkpoint lies at a step boundary, and every step reads the same global batch.
+    # The checkpoint's run may have had other processes and accumulation, but every step reads the same global batch.
     steps_into_epoch = state.batch_in_epoch // state.run_signature["gradient_accumulation_steps"]
     progress.epoch = state.epoch
     progress.batch_in_epoch = steps_into_epoch * run.train_args.gradient_accumulation_steps
     run.accelerator.step = progress.batch_in_epoch  # where `accumulate` counts to its next optimizer step from
     progress.earlier_seconds, progress.launches = state.trained_seconds, state.launches + 1
-    if run.max_train_steps is None:  # planned in seconds: the schedule goes on with the seconds the run had left
+    # Planned in seconds, the schedule goes on with the seconds left; next to a step count the clock bounds each
+    # launch, like a job's time slot.
+    if run.max_train_steps is None:
         run.clock.resume_at(state.train_seconds)
-    # Next to a step count the clock bounds each launch, like a job's time slot: resumed, the run gets its
-    # --max_train_seconds again and goes on towards the planned step count.
     if run.accelerator.is_main_process:
         checkpoints.set_aside_after(run.layout, progress.step, run.accelerator.print)
     run.accelerator.wait_for_everyone()
@@ -386,11 +374,10 @@ def resume(run: Run, folder: str) -> None:
 def training_state(run: Run) -> checkpoints.TrainingState:
     """What the next checkpoint records of the run (`resume` reads it back)."""
     progress = run.progress
-    return checkpoints.TrainingState(step=progress.step, epoch=progress.epoch,
-                                     batch_in_epoch=progress.batch_in_epoch, run_signature=run.signature,
-                                     planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
-                                     trained_seconds=progress.earlier_seconds + progress.train_seconds,
-                                     launches=progress.launches)
+    return checkpoints.TrainingState(
+        step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch, run_signature=run.signature,
+        planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
+        trained_seconds=progress.earlier_seconds + progress.train_seconds, launches=progress.launches)
 
 
 # ---------------------------------------------------------------------------------------------------- fit
@@ -400,14 +387,13 @@ def fit(run: Run) -> None:
     """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
     progress, args = run.progress, run.train_args
     announce_plan(run)
-    # The main process of the launch draws the bar, on a terminal only (disable=None); in a job's log file it
-    # prints a line at the first step and every `line_every` steps instead, in the bar's words (`log_step`).
+    # The main process draws the bar, on a terminal only (disable=None); in a log file `log_step` prints lines.
     bar = tqdm(total=run.max_train_steps, initial=progress.step, desc="train",
                disable=None if run.accelerator.is_main_process else True)
-    pace = Pace(started=time.perf_counter(), first_step=progress.step, line_every=progress_line_every(run))
+    planned = run.max_train_steps or args.eval_steps * 20  # planned in seconds: a line every --eval_steps
+    pace = Pace(time.perf_counter(), first_step=progress.step, line_every=max(1, min(args.eval_steps, planned // 20)))
     batches = micro_batches(run)
-    # One process says it: the cores are the machine's, not a rank's.
-    on_cpu = run.accelerator.device.type == "cpu" and run.accelerator.is_local_main_process
+    on_cpu = run.accelerator.device.type == "cpu" and run.accelerator.is_local_main_process  # the machine's cores
     busy = BusyCores(torch.get_num_threads()) if on_cpu else None
     run.model.train()
     STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
@@ -442,46 +428,29 @@ class Pace:
 
     started: float  # time.perf_counter() when `fit` began
     first_step: int
-    line_every: int  # steps between two progress lines, where no bar is drawn
+    line_every: int  # steps between two progress lines where no bar is drawn: about 20 a run
 
     def seconds(self) -> float:
         return time.perf_counter() - self.started
 
 
-def progress_line_every(run: Run) -> int:
-    """About 20 progress lines a run, at most --eval_steps steps apart (the run's own cadence for news)."""
-    planned = run.max_train_steps or run.train_args.eval_steps * 20  # planned in seconds: every --eval_steps
-    return max(1, min(run.train_args.eval_steps, planned // 20))
-
-
-@dataclass
-class StepLoss:
-    """The optimizer step under way's loss, summed over its micro-batches on the device: read back once, at its end."""
-
-    summed: torch.Tensor  # loss x targets
-    targets: int = 0
-
-    def add(self, loss: torch.Tensor, input_ids: torch.Tensor) -> None:
-        targets = input_ids.numel() - input_ids.shape[0]  # every token but each block's first
-        self.summed, self.targets = self.summed + loss.detach().float() * targets, self.targets + targets
-
-
 def train_step(run: Run, batches) -> tuple[float, int | None]:
-    """One optimizer step: forward and backward over its micro-batches, then the gradient's check, clipping and the
-    update. Returns the step's mean loss over every process's targets and the stop signal any process got."""
+    """One optimizer step over its micro-batches. Returns the step's mean loss over every process's targets and the
+    stop signal any process got."""
     accelerator, model, args = run.accelerator, run.model, run.train_args
-    step_loss = StepLoss(torch.zeros((), device=accelerator.device))
+    summed_loss, targets = torch.zeros((), device=accelerator.device), 0  # loss x targets, read back once
     for batch in batches:
         with accelerator.accumulate(model):
             # Labels are the inputs: the model shifts them by one position to score each next token.
             loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
             accelerator.backward(loss)
-            step_loss.add(loss, batch["input_ids"])
+            batch_targets = batch["input_ids"].numel() - batch["input_ids"].shape[0]  # all but each block's first
+            summed_loss, targets = summed_loss + loss.detach().float() * batch_targets, targets + batch_targets
             step_ends = accelerator.sync_gradients
             if step_ends:
                 # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
                 norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
-                read_back = read_step(run, step_loss, norm)
+                read_back = read_step(run, summed_loss, targets, norm)
             run.optimizer.step()
             run.lr_scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
@@ -500,23 +469,20 @@ def micro_batches(run: Run):
 
 def epoch_batches(run: Run):
     """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on. The
-    loader's own count of passes starts at 0 in every process: set to the run's epoch, a resumed run reads every
-    later epoch as the uninterrupted run did."""
+    loader counts epochs from 0 in every launch: told the run's, a resumed run reads each epoch as the first did."""
     run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
     if run.progress.batch_in_epoch:
         return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
     return run.train_dataloader
 
 
-def read_step(run: Run, step_loss: StepLoss, norm) -> tuple[float, int | None]:
-    """(loss, stop signal or None): the step's loss (token-weighted over every process) and gradient norm, read back
-    together; either one non-finite stops the run. The one all-reduce also carries each process's stop signals, so
-    that all of them stop after the same step."""
+def read_step(run: Run, summed_loss: torch.Tensor, targets: int, norm) -> tuple[float, int | None]:
+    """(loss, stop signal or None), read back in one all-reduce with every process's stop signals, so that all stop
+    after the same step; a non-finite loss or gradient norm stops the run."""
     norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
-    device = step_loss.summed.device
-    summed = torch.cat([step_loss.summed.view(1),
-                        torch.tensor([float(step_loss.targets), *STOP.counts()], device=device)])
+    device = summed_loss.device
+    summed = torch.cat([summed_loss.view(1), torch.tensor([float(targets), *STOP.counts()], device=device)])
     if run.accelerator.num_processes > 1:
         torch.distributed.all_reduce(summed)
     values = torch.cat([summed, torch.as_tensor(norm, device=device).float().view(1)]).tolist()
@@ -603,7 +569,7 @@ def stop_for_signal(run: Run, signum: int) -> None:
 
 
 def stop_if_asked(run: Run) -> None:
-    """Outside the training loop (final checkpoint, evaluation, probes): a stop signal any process got."""
+    """Outside the training loop: a stop signal any process got."""
     signum = STOP.asked(run.accelerator)
     if signum is not None:
         stop_for_signal(run, signum)

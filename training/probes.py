@@ -1,5 +1,4 @@
-"""What a pre-trained model learnt beyond its loss: the probes of hf_tinytx.probes scored on it, beside what guessing
-scores, and a few greedy samples, for the log and the model card."""
+"""What a pre-trained model learnt beyond its loss: hf_tinytx's probes scored beside chance, and greedy samples."""
 
 from dataclasses import dataclass, field
 
@@ -10,7 +9,7 @@ from hf_tinytx_training.data.packing import document_starts
 
 @dataclass
 class ProbeReport:
-    """What the run learnt, beyond the loss: each probe kind's accuracy beside what guessing scores, and samples."""
+    """Each probe kind's accuracy beside what guessing scores, and samples, for the log and the model card."""
 
     accuracy: dict[str, float] = field(default_factory=dict)
     chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
@@ -19,9 +18,8 @@ class ProbeReport:
 
 
 def find_coref_head(model, tokenizer, probes) -> dict:
-    """The head whose attention, from the last word of a coreference probe (the "The" whose noun the model must
-    name), leans most to the noun "it" means rather than the other one (hf_tinytx.interpret's head search), and its
-    attention map on the first probe: what the card draws."""
+    """The head whose attention, from the last "The" of a coreference probe, leans most to the noun "it" means, and
+    its attention map on the first probe: what the card draws."""
     from hf_tinytx.interpret.attention_maps import attention_maps
     from hf_tinytx.interpret.head_roles import coref_head_scores, rank_heads
 
@@ -35,17 +33,16 @@ def find_coref_head(model, tokenizer, probes) -> dict:
 
 
 def own_text_prompts(data_args, validation, tokenizer, count: int) -> list[str] | None:
-    """The samples' prompts for a run on the user's text, its validation documents' first words (`validation`: the
-    validation blocks, streams.Blocks); None for the built-in corpus, whose probes and prompts test what it was
-    written to teach."""
+    """The samples' prompts for a run on the user's text: its validation documents' first words (None for the
+    built-in corpus, whose probes test what it was written to teach)."""
     if not (data_args.train_file or data_args.dataset_name):
         return None
     return [tokenizer.decode(ids) for ids in document_starts(iter(validation), tokenizer.eos_token_id, count)]
 
 
 def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompts: list[str] | None = None):
-    """Probe accuracies and a few greedy generations. The probes test what the built-in corpus teaches; a run on other
-    text gets samples from its own validation documents (`own_prompts`) instead."""
+    """Probe accuracies and a few greedy generations; a run on other text gets samples from its own validation
+    documents (`own_prompts`) instead of probes."""
     report = ProbeReport()
     if own_prompts is not None:
         if train_args.num_probes_per_kind > 0:

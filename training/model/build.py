@@ -1,5 +1,5 @@
-"""The model a pre-training run trains: built from its config and tokenizer (or --init_from's weights), with
-gradient checkpointing and compile as asked, and sharded here when FSDP2 runs on CPUs."""
+"""The model a pre-training run trains: built from its config and tokenizer (or --init_from's weights), and sharded
+here when FSDP2 runs on CPUs."""
 
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM

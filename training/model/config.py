@@ -59,8 +59,8 @@ def _build(model_type: str, values: dict, source: str):
 
 
 def refuse_unknown_keys(config, values: dict, path: str) -> None:
-    """A key the config keeps only as a stray attribute is a typo (`num_hidden_layer` would train the default depth):
-    refused with the nearest field. Legacy names the config takes in (`rope_theta`) pass."""
+    """A key the config keeps only as a stray attribute is a typo: refused with the nearest field. Legacy names the
+    config takes in (`rope_theta`) pass."""
     known = type(config)().to_dict()
     stored = config.to_dict()
     unknown = [key for key in values if key not in known and key in stored]
@@ -73,8 +73,7 @@ def refuse_unknown_keys(config, values: dict, path: str) -> None:
 
 
 def check_model_builds(config, attn_implementation: str, num_processes: int) -> None:
-    """Builds the model without memory, so an unknown attention backend or a size this machine cannot train fails now,
-    not after data and tokenizer were prepared."""
+    """Builds the model without memory: an unknown attention backend or a size too big for this machine fails now."""
     config = copy.deepcopy(config)
     config._attn_implementation = attn_implementation  # validated by the model's constructor
     model_class = AutoModelForCausalLM._model_mapping[type(config)]

@@ -1,6 +1,4 @@
-"""The model's config file, read and checked without torch (so a broken one is refused before torch loads): a
---model_config file (JSON or YAML) or a preset's. training/model/config.py builds the TinyTxConfig from it.
-"""
+"""The model's config file (--model_config, JSON or YAML, or a preset's), read and checked before torch loads."""
 
 import importlib.resources
 import json

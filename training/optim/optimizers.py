@@ -1,9 +1,6 @@
 """The optimizer (AdamW, or Muon for the hidden matrices with AdamW for the rest) and the learning-rate schedule,
-planned over optimizer steps or over the wall clock.
-
-Muon orthogonalises each weight matrix's momentum before the update, as modded-nanogpt and nanochat do for the
-matrices inside the blocks; the embeddings, the output head and the norm gains stay on AdamW.
-"""
+over optimizer steps or over the wall clock. Muon orthogonalises each matrix's momentum before the update, as
+modded-nanogpt and nanochat do for the matrices inside the blocks."""
 
 import functools
 import math
@@ -17,9 +14,8 @@ from hf_tinytx_training.optim.schedules import CLOCK_SHAPES, Clock
 
 
 class StackedMuon(torch.optim.Muon):
-    """torch.optim.Muon's update, with its Newton-Schulz iteration run once per matrix shape on a stack instead of
-    once per matrix: the same state (checkpoints are interchangeable) and arithmetic up to rounding, in a few large
-    matmuls instead of dozens of small ones (benchmarks/recipe_step.py)."""
+    """torch.optim.Muon's update with its Newton-Schulz iteration run once per matrix shape, on a stack: the same
+    state and arithmetic up to rounding, in a few large matmuls instead of dozens of small ones."""
 
     def __init__(self, params, momentum: float):
         super().__init__(params, momentum=momentum, adjust_lr_fn="match_rms_adamw")  # the scale _update applies
@@ -51,8 +47,8 @@ class StackedMuon(torch.optim.Muon):
 
 
 def newton_schulz(stack: torch.Tensor, coefficients: tuple, steps: int, eps: float) -> torch.Tensor:
-    """Pushes every singular value of each (m <= n) matrix in the stack towards 1 (Muon's quintic iteration, in bf16
-    where bf16 is fast): the update keeps the gradient's directions and drops their scale."""
+    """Pushes every singular value of each (m <= n) matrix in the stack towards 1 (Muon's quintic iteration): the
+    update keeps the gradient's directions and drops their scale."""
     a, b, c = coefficients
     x = stack.to(iteration_dtype(stack.device.type))
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
@@ -71,8 +67,7 @@ def iteration_dtype(device_type: str) -> torch.dtype:
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """Muon (StackedMuon) and torch.optim.AdamW as one optimizer, for the training loop, the learning-rate schedule
-    and the checkpoints (one state dict holding both)."""
+    """StackedMuon and torch.optim.AdamW as one optimizer, with one state dict holding both."""
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], adam_betas: tuple[float, float],
                  muon_momentum: float = 0.95):
@@ -99,24 +94,22 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 def parameter_groups(model: torch.nn.Module) -> tuple[list, list]:
-    """(matrices, vectors) in the model's order: weight decay pulls matrices towards zero; norm gains and biases
-    (1-D) are left alone. Shapes are the full ones, even where ZeRO-3 holds a flat shard."""
+    """(matrices, vectors) in the model's order: weight decay applies to matrices only. Shapes are the full ones, even
+    where ZeRO-3 holds a flat shard."""
     trained = [p for p in model.parameters() if p.requires_grad]
     return ([p for p in trained if len(sharding.full_shape(p)) >= 2],
             [p for p in trained if len(sharding.full_shape(p)) < 2])
 
 
 def chosen_optimizer(name: str, sharded_by: str | None) -> str:
-    """--optimizer as named, or for `auto` Muon (the default run learns its rule in far fewer steps with it:
-    docs/results.md), except where FSDP or DeepSpeed shard the matrices that Muon needs whole: AdamW."""
+    """--optimizer as named, or for `auto` Muon, except where FSDP or DeepSpeed shard the matrices Muon needs whole."""
     if name != "auto":
         return name
     return "adamw" if sharded_by else "muon"
 
 
 def make_optimizer(model: torch.nn.Module, train_args) -> torch.optim.Optimizer:
-    """AdamW on everything (--optimizer adamw), or Muon on the hidden matrices (at --muon_learning_rate, default
-    --learning_rate) with AdamW on the rest at --learning_rate (--optimizer muon)."""
+    """AdamW on everything, or Muon on the hidden matrices (at --muon_learning_rate) with AdamW on the rest."""
     matrices, vectors = parameter_groups(model)
     betas = (0.9, train_args.adam_beta2)
     decayed = {"weight_decay": train_args.weight_decay, "lr": train_args.learning_rate}
@@ -134,8 +127,8 @@ def make_optimizer(model: torch.nn.Module, train_args) -> torch.optim.Optimizer:
 
 
 def make_schedule(optimizer, train_args, max_train_steps: int | None, num_processes: int, clock: Clock):
-    """transformers' schedule over --max_train_steps, or, for a run planned in seconds (max_train_steps None), the
-    same shapes over the clock: linear warm-up over --num_warmup_steps steps, then the shape of the time spent."""
+    """transformers' schedule over --max_train_steps, or for a run planned in seconds the same shapes over the clock:
+    linear warm-up over --num_warmup_steps steps, then the shape of the time spent."""
     if max_train_steps is not None:
         # A prepared scheduler advances once per process per step (Accelerate's convention), hence the factor.
         return get_scheduler(

@@ -1,5 +1,4 @@
-"""The run's clock: the learning-rate shapes a run planned by --max_train_seconds alone can take (plain math, read
-before torch loads), and `Clock`, the training seconds every process agrees on."""
+"""The run's clock (--max_train_seconds): the learning-rate shapes over it, and the seconds every process agrees on."""
 
 import math
 
@@ -14,8 +13,7 @@ CLOCK_SHAPES = {  # learning-rate factor as a function of the fraction of the bu
 
 
 class Clock:
-    """The training seconds every process agrees on: the slowest process's, so all of them take the same learning
-    rate and stop at the same step. Carried across a resume in the checkpoint state."""
+    """The slowest process's training seconds, so all take the same learning rate and stop at the same step."""
 
     def __init__(self, budget_seconds: float, accelerator):
         self.budget = budget_seconds
