@@ -13,7 +13,7 @@ from safetensors.torch import load, load_file
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
 from tests.helpers.tiny import assert_same_weights
 from tests.training.test_hub import assert_token_nowhere, client_env, last_json_line, run_python
-from tests.training.test_pretrain_trust import rows
+from tests.training.test_pretrain_recipe import rows
 
 
 STEPS, EVERY = 4, 2  # checkpoints at steps 2 and 4
