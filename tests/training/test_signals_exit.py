@@ -1,6 +1,5 @@
-"""Stop signals honoured to the very end, sent from outside to a running script: during the final Hub push (a server
-that never answers), to a main process whose tokenization workers are running, and again while the process exits.
-Each ends the run with 128 + the signal's number; nothing it started outlives it."""
+"""Stop signals sent from outside during the final Hub push (a server that never answers), to a main process whose
+tokenization workers run, and again while it exits: each ends the run with 128 + the signal, leaving nothing behind."""
 
 import os
 import re
@@ -13,6 +12,7 @@ import time
 import pytest
 
 from tests.helpers.faults import silent_server
+from tests.helpers.processes import alive, descendants
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
 
@@ -120,37 +120,6 @@ def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_a
     assert_stopped_during_push(run, code, signal.SIGINT, "finetune.py", tmp_path / "tuned")
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process under `pid`, found through /proc (children of children included)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except (OSError, ValueError):
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if entry.isdigit() and fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    living = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[-1].split()[0] != "Z":
-                    living.add(pid)
-        except OSError:
-            pass
-    return living
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the workers' death is Linux's prctl")
 def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(tmp_path):
     # Enough text that tokenizing it with 2 workers takes a while: the signal lands while they work.
@@ -164,15 +133,15 @@ def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(
     deadline, workers = time.monotonic() + 240, set()
     while len(workers) < 2:  # what torchrun does to a rank: SIGTERM to that process, not its group
         assert run.process.poll() is None and time.monotonic() < deadline, run.output[-4000:]
-        workers = descendants(run.process.pid)
+        workers = set(descendants(run.process.pid))
         time.sleep(0.05)
     run.process.send_signal(signal.SIGTERM)
     code = run.finish(timeout=PROMPT)
     assert code == 128 + signal.SIGTERM, f"returncode {code}\n{run.output[-4000:]}"
     deadline = time.monotonic() + 10
-    while alive(workers) and time.monotonic() < deadline:
+    while any(map(alive, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(workers), f"workers {sorted(alive(workers))} outlived their parent"
+    assert not any(map(alive, workers)), f"workers {sorted(filter(alive, workers))} outlived their parent"
 
 
 def test_a_second_sigterm_while_a_stopped_run_exits_keeps_its_status(tmp_path):
