@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from safetensors.torch import load_file
 
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env
+from tests.training.test_hub import run_python
 
 
 pytestmark = pytest.mark.deep
@@ -100,17 +100,13 @@ def assert_loads_without_the_package(folder, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["TinyTxForCausalLM"] and config["tie_word_embeddings"]
     assert (folder / "modeling_tinytx.py").is_file()
-    script = BLOCK_HF_TINYTX + textwrap.dedent(f"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = run_python(BLOCK_HF_TINYTX, f"""
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
         tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         print("LOADED", type(model).__module__.split(".")[0], tied)
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
+        """, env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=120)
     assert "LOADED transformers_modules True" in result.stdout
 
 
@@ -139,8 +135,7 @@ def test_fsdp2_killed_resumes_bit_for_bit_and_skips_a_damaged_shard(fsdp2, tmp_p
 # ---- tensor-parallel inference: transformers' tp_plan="auto" with the config's base_model_tp_plan
 
 TP_RUN = str(REPO_ROOT / "tests" / "helpers" / "tp_run.py")
-# How the plan shards each linear layer (weight placements of nn.Linear(in, out), weight shape (out, in)):
-# colwise = Shard(0), output features (whole heads) split; rowwise = Shard(1), input split, outputs all-reduced.
+# colwise = S(0): output features (whole heads) split; rowwise = S(1): input split, outputs all-reduced.
 EXPECTED_PLAN = {
     "model.layers.0.self_attn.q_proj": "S(0)", "model.layers.0.self_attn.k_proj": "S(0)",
     "model.layers.0.self_attn.v_proj": "S(0)", "model.layers.0.self_attn.o_proj": "S(1)",

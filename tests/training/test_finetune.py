@@ -157,9 +157,7 @@ def runs(tmp_path_factory):
     launchers = {name: ["env", setting] for name, setting in LAUNCHED_WITH.items()}
     commands = {name: [*launchers.get(name, []), sys.executable, str(FINETUNE), *args]
                 for name, args in commands.items()}
-    # The LoRA run again as two data-parallel processes; the launcher marks a process whose interpreter shutdown ran.
-    # No --use_cpu: on a machine without a GPU the script must set up CPU data parallelism itself. This one reads a
-    # .txt file (one document per line) and adapts only the classic pair, with its own dropout.
+    # LoRA on two processes (no --use_cpu: the script sets up CPU data parallelism itself), on a .txt file.
     ddp_args = [arg for arg in lora_args("lora_ddp") if arg != "--use_cpu"]
     ddp_args[ddp_args.index("chat.jsonl")] = "documents.txt"
     ddp_args += ["--lora_target_modules", "q_proj,v_proj", "--lora_dropout", "0.1"]

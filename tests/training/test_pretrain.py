@@ -6,7 +6,6 @@ import platform
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import yaml
@@ -134,9 +133,11 @@ def test_folder_loads_natively_and_generates(trained_folder):
 
 
 def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_path):
+    from tests.training.test_hub import run_python
+
     output_dir, _ = trained_folder
-    script = BLOCK_HF_TINYTX + textwrap.dedent(
-        f"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = run_python(BLOCK_HF_TINYTX, f"""
         import sys
         from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({str(output_dir)!r}, trust_remote_code=True)
@@ -145,13 +146,7 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
         output = model.generate(**inputs, max_new_tokens=4, do_sample=False)
         assert not any(name.startswith("hf_tinytx") for name in sys.modules)
         print("REMOTE", type(model).__module__, output.shape[1] - inputs["input_ids"].shape[1])
-        """
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+        """, env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=300)
     line = [line for line in result.stdout.splitlines() if line.startswith("REMOTE")][0]
     module, new_tokens = line.split()[1:]
     assert module.startswith("transformers_modules") and 1 <= int(new_tokens) <= 4
@@ -213,8 +208,7 @@ def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder
     # Without the size overrides: --init_from keeps the saved architecture and refuses them.
     flags = [arg for i, arg in enumerate(TINY_PRETRAIN_ARGS)
              if arg not in SIZE_FLAGS and (i == 0 or TINY_PRETRAIN_ARGS[i - 1] not in SIZE_FLAGS)]
-    # Started as the README's other spelling, `python -m hf_tinytx_training.pretrain`, from a folder outside the
-    # checkout.
+    # The README's other spelling, from a folder outside the checkout.
     command = [sys.executable, "-m", "hf_tinytx_training.pretrain", *flags, "--init_from", str(source),
                "--output_dir", str(tmp_path / "more"), "--max_train_steps", "2", "--learning_rate", "1e-9",
                "--num_probes_per_kind", "0", "--num_samples", "0"]

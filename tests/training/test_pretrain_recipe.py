@@ -273,8 +273,7 @@ def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain,
     out = tmp_path / "run"
     flags = ["--output_dir", out, "--max_train_seconds", BUDGET, "--eval_steps", 10**6, "--checkpointing_steps", 1,
              *QUIET]
-    # Killed right after the second save_state returns (step 2, still under its temporary name): step_1 is resumed.
-    # Two steps fit in the budget on any machine that trains at all.
+    # Killed as step 2 saves (two steps fit in the budget on any machine): step_1 is resumed.
     crashed = run_pretrain(*flags, check=False, launcher=kill_after_call("accelerate.Accelerator.save_state", nth=2))
     assert crashed.returncode == -signal.SIGKILL, "the budget ran out before step 2:\n" + crashed.stdout[-2000:]
     state = json.loads((out / "checkpoints" / "step_1" / "trainer_state.json").read_text())
@@ -286,8 +285,7 @@ def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain,
     assert "Resumed from" in result.stdout and "at step 1" in result.stdout
     after = [row for row in train_rows(out) if row["step"] > 1]
     assert after[0]["step"] == 2
-    # This process trained for what the budget had left, not for the whole budget again, on the clock it resumed (the
-    # log's seconds go on from the earlier launch's).
+    # It trained for what the budget had left, on the clock it resumed.
     assert after[-2]["elapsed_seconds"] <= BUDGET + 0.006 <= after[-1]["elapsed_seconds"] + 0.012
     assert after[0]["elapsed_seconds"] > state["trained_seconds"]
     assert_each_rate_follows_the_clock(after)
@@ -302,10 +300,8 @@ def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    # torch's own log of each recompile: training compiles once, evaluation (no gradients) once more; the probes and
-    # the sample, in many lengths, must not compile again (they did: eight graphs, and the 2-layer run took 137 s on a
-    # cold cache instead of 69 s).
-    # One layer: the C++ compiles of a cold cache are most of this test's minute, and a second layer adds ~20% to them.
+    # Training compiles once, evaluation once more; the probes and samples of many lengths must not (they once did).
+    # One layer: a cold cache's C++ compiles are most of this test's minute.
     result = run_pretrain("--output_dir", out, "--torch_compile", "--max_train_steps", 3, "--num_hidden_layers", 1,
                           env={**pretrain_env(tmp_path), "TORCH_LOGS": "recompiles"})
     assert result.stderr.count("Recompiling function") == 1, result.stderr[-3000:]
