@@ -1,6 +1,7 @@
 """Interrupted pretrain and finetune runs, every fault from outside (tests/helpers/faults.py): a user's file in the
 output folder survives, the newest intact checkpoint loads, and `--resume_from_checkpoint latest` ends with exactly
-the weights of the run never interrupted (the reference, trained once per command)."""
+the weights of the run never interrupted (the reference, trained once per command). A stop signal during the final
+push, to a main process whose workers tokenize, or while it exits, ends the run with 128 + the signal."""
 
 import dataclasses
 import json
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,8 +21,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.helpers.faults import KILL_MARK, KILLED, run_signalled, silent_server
+from tests.helpers.processes import alive, descendants
 from tests.helpers.reference import Command, describe, error_line, succeeded
-from tests.helpers.tiny import REPO_ROOT, assert_same_weights, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env
 from tests.training.test_finetune import prompt_records, write_jsonl
 
 
@@ -50,6 +53,14 @@ def flip_last_bytes(path: Path):
 def tmpfs_bytes(folder: Path) -> int:
     """What the files under `folder` take on a tmpfs: whole 4 KiB pages each."""
     return sum(-(-path.stat().st_size // 4096) * 4096 for path in folder.rglob("*") if path.is_file())
+
+
+def silent_hub_env(server, tmp_path) -> dict:
+    env = {k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+    env.update(HF_ENDPOINT=server.url, HF_TOKEN="hf_silent" + os.urandom(16).hex(), HF_HUB_OFFLINE="0",
+               TRANSFORMERS_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost",
+               no_proxy="127.0.0.1,localhost")
+    return env
 
 
 @pytest.fixture
@@ -330,13 +341,10 @@ def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_
 def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(command, tmp_path):
     from tests.training.test_hub import assert_token_nowhere
 
-    token = "hf_silent" + os.urandom(16).hex()
     out = with_notes(tmp_path / "run")
     with silent_server() as server:
-        env = {k: v for k, v in pretrain_env(command.cwd).items()
-               if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
-        env.update(HF_ENDPOINT=server.url, HF_TOKEN=token, HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0",
-                   HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        env = silent_hub_env(server, command.cwd)
+        token = env["HF_TOKEN"]
         start = time.monotonic()
         try:
             result = command.run(out, *command.every(), "--push_to_hub", "--hub_model_id", "me/tiny",
@@ -759,3 +767,143 @@ def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is
                                            how)
         assert str(refused.value).startswith(f"{checkpoint} was trained on other data: {words}"), refused.value
         assert str(refused.value).endswith("resume with the same data flags and unchanged files, or fine-tune anew.")
+
+
+# ---------------------------------------------------------------- stops during the push, the workers, the exit
+
+PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
+FINETUNE = str(REPO_ROOT / "training" / "finetune.py")
+FAST = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4", "--eval_steps", "100", "--num_probes_per_kind", "0",
+        "--num_samples", "0"]
+LONG_WAIT = "300"  # a --hub_timeout no test may sit out: a stop must end the wait long before
+PROMPT = 60  # seconds a stop may take to end the process; generous, so that a loaded machine does not fail the test
+
+
+class Running:
+    """A command started in the background; its stdout and stderr (together) read line by line as they come."""
+
+    def __init__(self, command, env, cwd):
+        self.process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        pending = b""
+        for chunk in iter(lambda: self.process.stdout.read1(65536), b""):
+            *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+            self.lines += [line.decode(errors="replace") for line in lines]
+        self.lines.append(pending.decode(errors="replace"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> None:
+        regex, deadline = re.compile(pattern), time.monotonic() + timeout
+        while not any(regex.search(line) for line in list(self.lines)):
+            assert self.process.poll() is None, f"ended before {pattern!r}:\n{self.output[-4000:]}"
+            assert time.monotonic() < deadline, f"no {pattern!r} within {timeout} s:\n{self.output[-4000:]}"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"still running {timeout} s after the signal:\n{self.output[-4000:]}")
+        finally:
+            self._reader.join(timeout=10)
+
+
+def assert_stopped_during_push(run: Running, code: int, signum: int, program: str, folder) -> None:
+    output = run.output
+    assert code == 128 + signum, f"returncode {code}\n{output[-4000:]}"
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
+    lines = [line for line in run.lines if line.startswith(f"{program}: stopped by {signal.Signals(signum).name}")]
+    assert len(lines) == 1, output[-4000:]
+    assert f"the local folder {folder} is complete: push it with `hf upload " in lines[0], lines[0]
+    from transformers import AutoModelForCausalLM
+
+    import hf_tinytx  # noqa: F401
+
+    assert AutoModelForCausalLM.from_pretrained(folder).config.model_type == "tinytx"
+
+
+@deep
+def test_sigterm_during_a_pretrain_push_that_never_finishes_ends_it_at_once(tmp_path):
+    out = tmp_path / "out"
+    with silent_server() as server:
+        run = Running([sys.executable, PRETRAIN, *FAST, "--output_dir", str(out), "--push_to_hub", "--hub_model_id",
+                       "me/tiny", "--hub_timeout", LONG_WAIT], silent_hub_env(server, tmp_path), tmp_path)
+        run.wait_for(r"^Model folder: ")
+        time.sleep(1)  # inside the wait for the upload
+        run.process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = run.finish(timeout=PROMPT)
+    assert time.monotonic() - started < PROMPT
+    assert_stopped_during_push(run, code, signal.SIGTERM, "pretrain.py", out)
+    assert not (out / ".lock").exists()
+
+
+@deep
+def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_at_once(tmp_path):
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+    from tests.training.test_finetune import QUICK
+
+    build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
+    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")
+    write_jsonl(tmp_path / "train.jsonl", prompt_records(16))
+    with silent_server() as server:
+        run = Running([sys.executable, FINETUNE, "--model_name_or_path", "base", "--train_file", "train.jsonl",
+                       "--output_dir", "tuned", "--push_to_hub", "--hub_model_id", "me/tuned", "--hub_timeout",
+                       LONG_WAIT, *QUICK], silent_hub_env(server, tmp_path), tmp_path)
+        run.wait_for(r"^Model saved to ")
+        time.sleep(1)
+        for _ in range(3):
+            run.process.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+        code = run.finish(timeout=PROMPT)
+    assert_stopped_during_push(run, code, signal.SIGINT, "finetune.py", tmp_path / "tuned")
+
+
+@deep
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the workers' death is Linux's prctl")
+def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(tmp_path):
+    # Enough text that tokenizing it with 2 workers takes a while: the signal lands while they work.
+    words = "the miller kept his grain in the old mill by the river and sold bread".split()
+    with open(tmp_path / "big.txt", "w", encoding="utf-8") as f:
+        for i in range(200_000):  # 20 MB
+            f.write(" ".join(words[(i + j) % len(words)] for j in range(18)) + ".\n\n")
+    command = [sys.executable, PRETRAIN, *FAST, "--train_file", str(tmp_path / "big.txt"),
+               "--preprocessing_num_workers", "2", "--output_dir", str(tmp_path / "out")]
+    run = Running(command, pretrain_env(tmp_path), tmp_path)
+    deadline, workers = time.monotonic() + 240, set()
+    while len(workers) < 2:  # what torchrun does to a rank: SIGTERM to that process, not its group
+        assert run.process.poll() is None and time.monotonic() < deadline, run.output[-4000:]
+        workers = set(descendants(run.process.pid))
+        time.sleep(0.05)
+    run.process.send_signal(signal.SIGTERM)
+    code = run.finish(timeout=PROMPT)
+    assert code == 128 + signal.SIGTERM, f"returncode {code}\n{run.output[-4000:]}"
+    deadline = time.monotonic() + 10
+    while any(map(alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, workers)), f"workers {sorted(filter(alive, workers))} outlived their parent"
+
+
+@deep
+def test_a_second_sigterm_while_a_stopped_run_exits_keeps_its_status(tmp_path):
+    # Started as `tinytx pretrain` (its module form), so its lines name it so, not "pretrain.py".
+    command = [sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps", "60",
+               "--num_probes_per_kind", "0", "--num_samples", "0", "--output_dir", str(tmp_path / "out")]
+    run = Running(command, pretrain_env(tmp_path), tmp_path)
+    run.wait_for(r"^train:.*\| *[1-9]\d*/")
+    run.process.send_signal(signal.SIGTERM)
+    run.wait_for(r"^tinytx pretrain: stopped at step \d+ of 60 by SIGTERM")
+    while run.process.poll() is None:  # again and again while it exits, up to its very last moments
+        run.process.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
+    code = run.finish(timeout=PROMPT)
+    assert code == 128 + signal.SIGTERM, f"returncode {code}\n{run.output[-4000:]}"
