@@ -143,8 +143,7 @@ def test_accelerate_launch_on_two_machines_without_gpus_trains_on_their_cpus(tmp
 
 def test_a_worker_whose_launcher_dies_stops_with_a_checkpoint_and_the_run_goes_on_over_1_then_2_processes(
         tmp_path, straight):
-    """kill -9 of torchrun's agent: its workers (in their own session) stop at the next step with a checkpoint
-    instead of training on alone; resumed on 1 process, stopped again by SIGTERM, resumed on 2: bit for bit."""
+    """kill -9 of torchrun's agent: its workers stop with a checkpoint instead of training on alone."""
     folder = tmp_path / "run"
     agent = start([*TORCHRUN, "--standalone", "--nproc_per_node", "2", PRETRAIN, *FLAGS, "--output_dir", str(folder)],
                   tmp_path)

@@ -349,8 +349,7 @@ class RunsACommand:
 
 
 def test_a_planted_pickle_in_a_deepspeed_checkpoint_is_refused_and_never_runs(zero3, tmp_path):
-    """A file replaced with its checksum recomputed: DeepSpeed unpickles with weights_only=False, the resume reads
-    with weights_only=True (DeepSpeed's plain-data classes allow-listed)."""
+    """DeepSpeed unpickles with weights_only=False; the resume reads with weights_only=True."""
     import hashlib
 
     straight, _ = zero3

@@ -130,8 +130,7 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(root, refusals,
 
 
 def test_a_full_token_store_names_the_store_and_the_rerun_elsewhere_trains(root, tmp_path, mounted):
-    """Before (issue 40): "No space left on the device while writing the output folder", a folder that did not exist.
-    Now the data is tokenized into the token store (issue 55): a full disk there is named, with the fix."""
+    """Before (issue 40): "No space left on the device while writing the output folder", a folder never made."""
     write_jsonl(tmp_path / "big.jsonl", [{"text": f"document {i} is about the quick brown fox and the lazy dog, "
                                                   f"number {i * 7}"} for i in range(30_000)])  # 1.5 MB of tokens
     flags = TINY_PRETRAIN_ARGS[:]  # every document of the file

@@ -86,8 +86,7 @@ MERGED_REFUSALS = [
 @pytest.mark.parametrize("merged, words", MERGED_REFUSALS)
 def test_a_merged_output_dir_that_would_lose_files_is_refused_before_anything_is_written(root, merged, words,
                                                                                          overwrite):
-    """Before: the merge replaced another model (exit 0), deleted the adapter saved into the same folder a moment
-    earlier, or overwrote the user's config.json above the output folder."""
+    """Before: the merge replaced another model, the adapter beside it, or the user's config.json above it."""
     before = snapshot(root)
     line = one_line(run(root, FINETUNE, *LORA, "--output_dir", "mine/run", "--merged_output_dir", merged, *overwrite),
                     "finetune.py: error: ")
@@ -96,8 +95,7 @@ def test_a_merged_output_dir_that_would_lose_files_is_refused_before_anything_is
 
 
 def test_a_merged_output_dir_apart_from_the_output_folder_is_written_and_replaced_by_the_next_run(root, tmp_path):
-    """The rules refuse only what would lose files: a folder of its own is written, and a later run with
-    --overwrite_output_dir replaces the merge it recorded there."""
+    """The rules refuse only what would lose files."""
     output_dir, merged = tmp_path / "run", tmp_path / "merged"
     for again in ([], ["--overwrite_output_dir"]):
         result = run(root, FINETUNE, *LORA, "--output_dir", output_dir, "--merged_output_dir", merged, *again)
@@ -146,8 +144,7 @@ TINY = ["--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers
 
 
 def test_pretrain_replaces_links_at_its_lock_log_and_staging_names_and_refuses_one_out_of_the_folder(root, tmp_path):
-    """Before: the PID went into the file `.lock` led to; `checkpoints` as a link survived --overwrite_output_dir
-    and the new checkpoints were written into the folder it led to."""
+    """Before: the PID went into the file `.lock` led to; new checkpoints into the folder `checkpoints` led to."""
     out = tmp_path / "out"
     notes, mine = victims(out)
     files, folders = [".lock", "metrics.jsonl", "metrics.jsonl.tmp"], [".tinytx-staging", "checkpoints"]
@@ -167,8 +164,7 @@ def test_pretrain_replaces_links_at_its_lock_log_and_staging_names_and_refuses_o
 
 
 def test_finetune_replaces_links_at_every_name_it_writes(root, tmp_path):
-    """The lock, the staging folder, the record's temporary, Trainer's checkpoint staging folder, and the same in
-    the merged folder: each a link to a user's file or folder inside the destination."""
+    """Each name a link to a user's file or folder inside the destination, in the merged folder too."""
     out = tmp_path / "out"
     notes, mine = victims(out)
     merged_notes, merged_mine = victims(out / "merged")
@@ -187,8 +183,7 @@ def test_finetune_replaces_links_at_every_name_it_writes(root, tmp_path):
 
 
 def test_convert_gguf_and_interpret_replace_links_at_their_staging_record_and_output_names(root, tmp_path):
-    """Before: convert wrote its record into the file `.tinytx-written.json.new` led to, and GGUF its bytes into
-    the file `.m.gguf.tinytx-staging` led to, then left m.gguf a link to it. Here the victims lie outside."""
+    """Before: convert and GGUF wrote through links at their record and staging names. The victims lie outside."""
     victim, victim_dir = tmp_path / "victim.txt", tmp_path / "victim_dir"
     victim.write_text(VICTIM)
     victim_dir.mkdir()
@@ -213,8 +208,7 @@ def test_convert_gguf_and_interpret_replace_links_at_their_staging_record_and_ou
 
 
 def test_a_tokenizer_larger_than_the_model_is_one_line_and_leaves_no_debris(root, tmp_path):
-    """Before: a ValueError traceback mid-training, and checkpoints/.tmp_checkpoint left behind, so the corrected
-    rerun was refused as "already holds an earlier run"."""
+    """Before: a traceback mid-training, and a .tmp_checkpoint that made the rerun "already holds an earlier run"."""
     small = tmp_path / "small"
     build_tiny_model(seed=0, vocab_size=200).save_pretrained(small)
     build_byte_bpe_tokenizer(vocab_size=320).save_pretrained(small)

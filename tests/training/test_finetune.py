@@ -273,8 +273,7 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
 
 
 def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
-    """Under torchrun both processes train; one of them writes the folders and pushes, and neither runs the
-    interpreter's shutdown beside gloo's threads (training/cli.exit_launched_process)."""
+    """Neither process runs the interpreter's shutdown beside gloo's threads (training/cli.exit_launched_process)."""
     from safetensors.torch import load_file
 
     result = runs["results"]["lora_ddp"]
@@ -379,8 +378,7 @@ def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
 
 @pytest.mark.parametrize("tokenizer_side", ["right", "left"])
 def test_batches_are_padded_on_the_right_with_labels_ignored(byte_bpe_tokenizer, tokenizer_side):
-    """The library collator gives exactly the rows below, even for a tokenizer set to pad on the left (for batched
-    generation), which keeps that setting."""
+    """Even for a tokenizer set to pad on the left (for batched generation), which keeps that setting."""
     from hf_tinytx_training.sft.data import pad_collator
 
     tokenizer = byte_bpe_tokenizer()

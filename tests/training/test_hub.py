@@ -248,8 +248,7 @@ def test_push_async_of_a_missing_folder_is_reported_not_raised(tmp_path, monkeyp
 
 
 def test_a_final_push_removes_the_snapshot_a_killed_push_left(tmp_path):
-    """A kill during the final push leaves its hard-linked snapshot (.hub-final-*) in the folder; the resumed run's
-    push used to keep it for good, a second full copy of the model. This pusher only records what it is given."""
+    """A killed push's hard-linked snapshot (.hub-final-*) was once kept for good. This pusher records what it gets."""
     import threading
     from types import SimpleNamespace
 
@@ -483,8 +482,7 @@ configs:
 
 
 def upload_text_dataset(local_hub, tmp_path, repo_id: str) -> Path:
-    """A dataset repo whose configuration "tiny" is train.jsonl and validation.jsonl (the embedded corpus's documents),
-    beside a configuration "other"; returns the local copy."""
+    """A dataset repo of two configurations, "tiny" (train.jsonl, validation.jsonl) and "other"; its local copy."""
     from hf_tinytx.corpus import default_corpus
 
     folder = tmp_path / "dataset"

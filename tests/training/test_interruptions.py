@@ -84,8 +84,7 @@ def command(request) -> Command:
 @deep
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bit(command, tmp_path, signum):
-    """A scheduler's SIGTERM or a user's Ctrl-C: a checkpoint, no export, exit 128 + signal and a line saying how to
-    resume."""
+    """A scheduler's SIGTERM or a user's Ctrl-C: a checkpoint, no export, exit 128 + signal, a line on resuming."""
     out = tmp_path / "run"
     flags = ["--enable_jit_checkpoint"] if command.name == "finetune" and signum == signal.SIGINT else []
     stopped = command.at_call(out, *flags, function=STEP, nth=3, signum=signum)
@@ -167,8 +166,7 @@ def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume
 
 @deep
 def test_a_stop_signal_while_the_run_starts_ends_it_at_once_with_a_line(command, tmp_path):
-    """The handler comes before the heavy imports: a SIGTERM while transformers loads (or pretrain trains its
-    tokenizer) gives the stop line, not a bare -15."""
+    """The handler comes before the heavy imports: the stop line, not a bare -15."""
     args = command.command(tmp_path / "out")[1:]
     when = r"import time:.*\| +transformers\."
     if command.name == "pretrain":
@@ -186,8 +184,7 @@ def test_a_stop_signal_while_the_run_starts_ends_it_at_once_with_a_line(command,
 
 
 def test_a_kill_mid_checkpoint_and_damage_fall_back_to_the_newest_intact_checkpoint(command, tmp_path):
-    """Killed in the fifth checkpoint, then the newest damaged and the one before without its optimizer state:
-    `latest` sets both aside with a line and resumes from the one before."""
+    """Killed in the fifth checkpoint; then `latest` sets aside a damaged one and one without optimizer state."""
     out = tmp_path / "run"
     killed = command.at_call(out, *command.every(), function="safetensors.torch.save_file",
                              match=f"checkpoints{os.sep}.tmp", nth=5)
@@ -294,8 +291,7 @@ def wait_for_line(logs: list[Path], processes, pattern: str, timeout: float = 12
 
 @deep
 def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_it_finished(command, tmp_path):
-    """Two runs started together: the one holding the lock (held still) trains, the other is refused in one line; an
-    overwrite afterwards removes what the earlier run wrote but not the user's files."""
+    """The run holding the lock (held still) trains, the other is refused; an overwrite keeps the user's files."""
     out = with_notes(tmp_path / "run")
     logs, processes = [tmp_path / "a.log", tmp_path / "b.log"], []
     env = {**pretrain_env(command.cwd), "PYTHONUNBUFFERED": "1"}
@@ -368,8 +364,7 @@ def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(
 
 @deep
 def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
-    """On a copy of the finished reference (checkpoints 2, 4 and 6): changed flags refused, resumes of the finished
-    run, from an older checkpoint, on a longer schedule, and a damaged metrics.jsonl."""
+    """On a copy of the finished reference (checkpoints 2, 4 and 6)."""
     out = tmp_path / "run"
     shutil.copytree(pretrain.reference, out)
     checkpoints = out / "checkpoints"
@@ -466,8 +461,7 @@ def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_e
 
 @deep
 def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pretrain, finetune, tmp_path):
-    """Tokenizer, sizes, adapter or data changed for a resume: once ignored (or a traceback mid-load), now refused
-    before anything is written. Data moved with its names and times kept resumes."""
+    """Once ignored (or a traceback mid-load), now refused before anything is written; moved data resumes."""
     from tests.helpers.tiny import build_byte_bpe_tokenizer, run_side_by_side
     from tests.training.test_token_store import write_text
 
@@ -556,8 +550,7 @@ class Planted:
 
 @deep
 def test_a_planted_pickle_in_any_state_file_is_refused_in_one_line(pretrain, finetune, tmp_path):
-    """Each state file a resume unpickles, replaced (checksum recomputed): once torch's traceback advising
-    weights_only=False."""
+    """Checksum recomputed: once torch's traceback advising weights_only=False."""
     import pickle
 
     from hf_tinytx_training import checkpoints
@@ -645,8 +638,7 @@ def test_finetune_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does
 @pytest.mark.parametrize("merged, rerun", [("default", "--resume_from_checkpoint"), ("own", "--overwrite_output_dir")],
                          ids=["merged-resumed", "merged_output_dir-overwritten"])
 def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetune, tmp_path, merged, rerun):
-    """Killed after the merged weights moved in, before the config: once every rerun was refused ("holds a model
-    that tinytx finetune did not write")."""
+    """Once every rerun was refused ("holds a model that tinytx finetune did not write")."""
     out = with_notes(tmp_path / "run")
     merged_dir = out / "merged" if merged == "default" else tmp_path / "elsewhere"
     flags = ["--max_steps", 2, "--save_steps", 2, "--use_peft", "--merge"]

@@ -39,8 +39,7 @@ def train_rows(folder):
 
 
 def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_pretrain, tmp_path):
-    """With gradient accumulation, evaluating on a few batches mid-run once left Accelerate stepping the optimizer on
-    every micro-batch. Evaluation must not change what is trained."""
+    """Once, with gradient accumulation, Accelerate stepped the optimizer on every micro-batch after an evaluation."""
     flags = ["--gradient_accumulation_steps", 2, "--per_device_train_batch_size", 4, "--max_eval_batches", 2,
              "--max_train_steps", 6, *QUIET]
     run_pretrain("--output_dir", tmp_path / "often", *flags, "--eval_steps", 2)
@@ -53,8 +52,7 @@ def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_
 
 
 def test_gradient_checkpointing_trains_the_same_model(run_pretrain, tmp_path, reference_pretrain):
-    """--gradient_checkpointing recomputes each layer's activations in the backward pass: the same arithmetic, so the
-    same weights bit for bit, with no deprecation warning from transformers (the switch was renamed in 5.2x)."""
+    """The same arithmetic, so the same weights, and no deprecation warning (the switch was renamed in 5.2x)."""
     result = run_pretrain("--output_dir", tmp_path / "run", "--max_train_steps", 6, "--gradient_checkpointing", *QUIET)
     assert "checkpointing_enable` is deprecated" not in result.stderr
     assert_same_weights(tmp_path / "run", reference_pretrain.reference)
@@ -75,9 +73,7 @@ def test_a_diverging_run_stops_before_its_weights_turn_to_nan(run_pretrain, tmp_
 
 
 def test_a_clock_the_user_set_says_where_it_stopped_and_resuming_goes_on(run_pretrain, tmp_path):
-    """A clock next to a step count bounds each launch: the same command with --resume_from_checkpoint latest trains
-    on from where the clock stopped it (once, a resumed run started with its seconds already spent, took no step and
-    exported the model as if finished)."""
+    """Once a resume started with its seconds spent, took no step and exported the model as if finished."""
     out = tmp_path / "run"
     flags = ["--output_dir", out, "--max_train_steps", 500, "--max_train_seconds", 1, *QUIET]
     result = run_pretrain(*flags)
@@ -97,8 +93,7 @@ def test_a_clock_the_user_set_says_where_it_stopped_and_resuming_goes_on(run_pre
 
 
 def test_a_half_written_tokenizer_is_named_when_a_resume_needs_it(run_pretrain, tmp_path):
-    """The run's saved tokenizer, damaged, is named when a checkpoint is resumed (its ids are the ones trained); with
-    no checkpoint beside it (a start that died first) a fresh start makes a new one instead."""
+    """A resume needs the ids trained; a fresh start (no checkpoint beside it) makes a new tokenizer."""
     out = tmp_path / "out"
     tokenizer_dir = out / "checkpoints" / "tokenizer"
     tokenizer_dir.mkdir(parents=True)
@@ -140,8 +135,7 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_weight_decay_and_muon_learning_rate_reach_their_groups(optimizer):
-    """--weight_decay decays the matrices and never the norms' gains; --muon_learning_rate is Muon's own rate, and
-    without it Muon runs at --learning_rate."""
+    """Never decay on the norms' gains; without --muon_learning_rate Muon runs at --learning_rate."""
     model = TinyTxForCausalLM(build_tiny_config(tie_word_embeddings=False))
     names = {id(p): name for name, p in model.named_parameters()}
     for muon_lr, expected_muon_lr in ((None, 3e-3), (0.02, 0.02)):
@@ -159,8 +153,7 @@ def test_weight_decay_and_muon_learning_rate_reach_their_groups(optimizer):
 
 
 def test_stacked_muon_makes_torch_muons_update(monkeypatch):
-    """Newton-Schulz on a stack of same-shaped matrices (tall ones transposed) is torch.optim.Muon's arithmetic.
-    Both in bf16, as torch's always is (ours is fp32 on a CPU without fast bf16: the next test)."""
+    """Both in bf16, as torch's always is (ours is fp32 on a CPU without fast bf16: the next test)."""
     monkeypatch.setattr(optimizers, "iteration_dtype", lambda device_type: torch.bfloat16)
     shapes = [(32, 32), (32, 32), (88, 32), (32, 88), (88, 32)]
     generator = torch.Generator().manual_seed(0)
@@ -295,8 +288,7 @@ def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain,
 
 
 def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
-    """--torch_compile compiles the forward in place: the folder holds the model's own weight names (a torch.compile
-    wrapper would have saved them all under "_orig_mod.", and from_pretrained would have started from random ones)."""
+    """A torch.compile wrapper would have saved every name under "_orig_mod.", which from_pretrained ignores."""
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
@@ -320,8 +312,7 @@ def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
 
 
 def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path):
-    """--mixed_precision bf16 on a CPU: the matmuls run in bf16 (the losses differ from fp32 by rounding), the weights
-    and the export stay fp32."""
+    """The losses differ from fp32's by rounding; the weights and the export stay fp32."""
     fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
     run_pretrain("--output_dir", fp32, "--max_train_steps", 3, *QUIET)
     result = run_pretrain("--output_dir", bf16, "--mixed_precision", "bf16", "--max_train_steps", 3, *QUIET)
@@ -342,8 +333,7 @@ def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path)
     ("warmup_stable_decay", lambda p: min(1.0, (1 - p) / 0.3)),
 ])
 def test_every_clock_shape_is_its_formula_of_the_time_spent_after_the_warmup(kind, expected):
-    """A run planned in seconds: the rate follows the clock's progress whatever the step count; warm-up is counted in
-    steps (none for `constant`)."""
+    """Whatever the step count; warm-up is counted in steps (none for `constant`)."""
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     args = PretrainArguments(lr_scheduler_type=kind, num_warmup_steps=4)

@@ -325,8 +325,7 @@ def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
 
 
 def test_the_prepared_training_loader_reads_each_epoch_shifted():
-    """Wired as pretrain.py wires it: Accelerate's loader, told the epoch (see epoch_batches), cuts that epoch's blocks
-    at its shift, in that epoch's order."""
+    """Wired as pretrain.py wires it: Accelerate's loader, told the epoch."""
     stream = list(range(6 * 4))  # six packed blocks of 4 tokens
     train = blocks_of(stream, 4)
     packed = PackedData(train=train, validation=train, bytes_per_token=1.0)
@@ -346,8 +345,7 @@ def test_the_prepared_training_loader_reads_each_epoch_shifted():
 
 
 def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
-    """--train_file takes .txt (one document per paragraph), .json, .jsonl and .parquet, and a glob over several
-    files; --validation_file the same. Each reads the same documents."""
+    """.txt (a document a paragraph), .json, .jsonl, .parquet and a glob, for --train_file and --validation_file."""
     from hf_tinytx_training.args import DataArguments
     from hf_tinytx_training.data.sources import run_sources
 
