@@ -1,7 +1,5 @@
-"""Every path a command writes is a destination, checked as --output_dir is, and no write follows a link.
-
-From outside, as a user would: each refused case runs the real script in a subprocess and finds one line, an exit
-status of 2, and every file of the folders it named (and of a victim a link points at) unchanged."""
+"""Every path a command writes is a destination, checked as --output_dir is, and no write follows a link: each refused
+case runs the real script and finds one line, exit status 2, and every file it named (or a link led to) unchanged."""
 
 import hashlib
 import subprocess
@@ -11,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
-from tests.training.test_finetune import prompt_records, write_jsonl
+from tests.training.test_finetune import prompt_records, save_base, write_jsonl
 
 
 pytestmark = pytest.mark.deep
@@ -47,20 +45,13 @@ def one_line(result, prefix: str) -> str:
     return lines[0]
 
 
-def save_model(folder: Path) -> Path:
-    tokenizer = build_byte_bpe_tokenizer()
-    build_tiny_model(seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     """A base model, another user's model, another run's folder, the data, and a user's folder with a config.json."""
     root = tmp_path_factory.mktemp("destinations")
-    save_model(root / "base")
-    save_model(root / "other")
-    save_model(root / "pretrained")
+    save_base(root / "base")
+    save_base(root / "other")
+    save_base(root / "pretrained")
     (root / "pretrained" / "checkpoints" / "step_2").mkdir(parents=True)
     (root / "pretrained" / "metrics.jsonl").write_text('{"step": 2}\n')
     (root / "mine").mkdir()

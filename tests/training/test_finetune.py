@@ -21,6 +21,7 @@ from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.sft.data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
 from hf_tinytx_training.sft.records import read_records
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, run_side_by_side
+from tests.training.test_hub import assert_token_nowhere
 
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
@@ -184,13 +185,6 @@ def lora_args(name: str) -> list[str]:
             "--push_to_hub", "--hub_model_id", f"tester/tiny-chat-{name}", *QUICK]
 
 
-def assert_token_nowhere(runs, result, folder: Path):
-    assert runs["token"] not in result.stdout + result.stderr, "the Hub token reached the output"
-    for path in folder.rglob("*"):
-        if path.is_file():
-            assert runs["token"].encode() not in path.read_bytes(), f"the Hub token was written to {path}"
-
-
 def succeeded(result):
     assert result.returncode == 0, f"finetune.py failed\nSTDOUT:\n{result.stdout}\nSTDERR:\n{result.stderr}"
 
@@ -204,7 +198,7 @@ def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
     assert (out / "checkpoints" / "checkpoint-8" / "model.safetensors").is_file()
     assert not (out / ".lock").exists()  # a finished run leaves no stale lock
-    assert_token_nowhere(runs, runs["results"]["full"], out)
+    assert_token_nowhere(runs["token"], [out], [runs["results"]["full"].stdout, runs["results"]["full"].stderr])
     # On a CPU under glibc the run keeps freed memory for the next step (test_cpu_memory.py: what that does).
     announced = "Freed memory stays in the process" in runs["results"]["full"].stdout
     assert announced == (platform.libc_ver()[0] == "glibc")
@@ -239,7 +233,7 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
     out = runs["root"] / "lora"
     assert (out / "adapter_model.safetensors").is_file()
     assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
-    assert_token_nowhere(runs, runs["results"]["lora"], out)
+    assert_token_nowhere(runs["token"], [out], [runs["results"]["lora"].stdout, runs["results"]["lora"].stderr])
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     # The default targets minus gate_proj, which a plain-MLP TinyTx does not have.
     assert set(adapter_config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
