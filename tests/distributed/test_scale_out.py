@@ -151,24 +151,30 @@ def tp_run(folder, prefix, ranks: int, plan="auto"):
                           capture_output=True, text=True, timeout=180)
 
 
+def tp_matches_one_process(folder, tmp_path, plan="auto") -> tuple[dict, list[dict]]:
+    """One process, then 2 ranks with `plan`: each rank's logits within 1e-5 of one process's, the same tokens."""
+    for ranks in (1, 2):
+        result = tp_run(folder, tmp_path / f"tp{ranks}", ranks, plan if ranks == 2 else "auto")
+        assert result.returncode == 0, result.stderr[-3000:]
+    one, ranks = torch.load(tmp_path / "tp1.rank0.pt"), [torch.load(tmp_path / f"tp2.rank{rank}.pt") for rank in (0, 1)]
+    for rank, sharded in enumerate(ranks):
+        difference = (sharded["logits"] - one["logits"]).abs().max().item()
+        print(f"{folder.name} rank {rank}: max |tp - one process| logits {difference:.2e}")
+        assert difference < 1e-5
+        assert torch.equal(sharded["tokens"], one["tokens"])
+    return one, ranks
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_tensor_parallel_matches_one_process(tiny_model, tmp_path, tied):
-    folder = tmp_path / "model"
+    folder = tmp_path / f"tied={tied}"
     tiny_model(tie_word_embeddings=tied, intermediate_size=96).save_pretrained(folder)
-    for ranks in (1, 2):
-        result = tp_run(folder, tmp_path / f"tp{ranks}", ranks)
-        assert result.returncode == 0, result.stderr[-3000:]
-    one = torch.load(tmp_path / "tp1.rank0.pt")
-    for rank in (0, 1):
-        sharded = torch.load(tmp_path / f"tp2.rank{rank}.pt")
+    one, ranks = tp_matches_one_process(folder, tmp_path)
+    for sharded in ranks:
         assert {name: layer["placement"] for name, layer in sharded["layers"].items()} == EXPECTED_PLAN
         for name, layer in sharded["layers"].items():  # each rank holds half of every linear layer
             full = torch.Size(one["layers"][name]["local_shape"]).numel()
             assert 2 * torch.Size(layer["local_shape"]).numel() == full
-        difference = (sharded["logits"] - one["logits"]).abs().max().item()
-        print(f"tied={tied} rank {rank}: max |tp - one process| logits {difference:.2e}")
-        assert difference < 1e-5
-        assert torch.equal(sharded["tokens"], one["tokens"])
 
 
 def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_model, tmp_path):
@@ -188,14 +194,7 @@ def test_tensor_parallel_with_unit_styles_shares_the_heads_the_ranks_cannot_spli
     tiny_model(hidden_size=48, num_attention_heads=3, num_key_value_heads=3).save_pretrained(folder)
     plan = {f"model.layers.*.self_attn.{name}": "unit_colwise" for name in ("q_proj", "k_proj", "v_proj")}
     plan["model.layers.*.self_attn.o_proj"] = "unit_rowwise"
-    assert tp_run(folder, tmp_path / "tp1", 1).returncode == 0
-    result = tp_run(folder, tmp_path / "tp2", 2, plan)
-    assert result.returncode == 0, result.stderr[-3000:]
-    one = torch.load(tmp_path / "tp1.rank0.pt")
-    for rank in (0, 1):
-        sharded = torch.load(tmp_path / f"tp2.rank{rank}.pt")
-        assert (sharded["logits"] - one["logits"]).abs().max().item() < 1e-5
-        assert torch.equal(sharded["tokens"], one["tokens"])
+    tp_matches_one_process(folder, tmp_path, plan)
 
 
 # ---- setups this machine cannot run stop in one line, before any data is read
