@@ -1,10 +1,6 @@
-"""Training on a cluster, played on one host: two "nodes" of one CPU process each (gloo on 127.0.0.1), launched by
-the recipes users run (the Kubernetes Job's container command, `accelerate launch` on two machines, torchrun by hand
-on each node), and every node fault injected from outside: a frozen node (SIGSTOP), a launcher killed alone (kill -9
-of torchrun's agent), SIGTERM, node-local folders, launches that would train alone. Each run is compared with one
-process training straight through with the same --total_batch_size, across epoch boundaries. The SLURM recipe runs on
-a real SLURM: tests/distributed/test_slurm.py.
-"""
+"""A cluster played on one host: two "nodes" of one CPU process each, launched by the recipes users run, every node
+fault injected from outside (SIGSTOP, kill -9 of a launcher, SIGTERM, node-local folders). Each run is compared with
+one process training straight through. SLURM: test_slurm.py."""
 
 import os
 import re
@@ -97,10 +93,8 @@ def policy_for(job, status: int) -> str:
 
 def test_the_kubernetes_job_runs_as_written_and_a_deleted_pod_stops_both_with_the_status_its_policy_ignores(
         tmp_path, straight):
-    """Two "pods" run the Job's container command. Kubernetes deletes pod 0 (SIGTERM to its first process, the
-    launcher): both pods save at the same step and exit 143, which the podFailurePolicy ignores, so Kubernetes starts
-    them again; the new pods resume and the run ends bit for bit equal to one process. A crash counts against
-    backoffLimit; bad input fails the Job."""
+    """Deleting pod 0 (SIGTERM to its launcher): both pods save at one step and exit 143, which the podFailurePolicy
+    ignores; the new pods resume. A crash counts against backoffLimit; bad input fails the Job."""
     job = kubernetes_job()
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # what a podFailurePolicy needs
@@ -149,8 +143,7 @@ def test_accelerate_launch_on_two_machines_without_gpus_trains_on_their_cpus(tmp
 
 def test_a_worker_whose_launcher_dies_stops_with_a_checkpoint_and_the_run_goes_on_over_1_then_2_processes(
         tmp_path, straight):
-    """kill -9 of torchrun's agent: its workers (in their own session) stop at the next step with a checkpoint
-    instead of training on alone; resumed on 1 process, stopped again by SIGTERM, resumed on 2: bit for bit."""
+    """kill -9 of torchrun's agent: its workers stop with a checkpoint instead of training on alone."""
     folder = tmp_path / "run"
     agent = start([*TORCHRUN, "--standalone", "--nproc_per_node", "2", PRETRAIN, *FLAGS, "--output_dir", str(folder)],
                   tmp_path)
@@ -182,10 +175,8 @@ def test_a_worker_whose_launcher_dies_stops_with_a_checkpoint_and_the_run_goes_o
 
 
 def test_a_frozen_rendezvous_host_ends_the_other_nodes_launcher_within_ddp_timeout_and_a_grace(tmp_path):
-    """Two nodes started by hand with torchrun (c10d); the node that hosts the rendezvous store frozen whole, launcher
-    and worker (SIGSTOP). The other node's worker stops at --ddp_timeout with its line. Its launcher asks the frozen
-    store for news every 0.1 s and never gets an answer, not even to SIGTERM (it ran on for 900 s and more): the
-    watcher that its failed worker left behind ends it LAUNCHER_GRACE seconds later (distributed/cluster.py)."""
+    """The store host frozen whole: the other worker stops at --ddp_timeout; its launcher, waiting on the frozen store
+    even through SIGTERM, is ended by the watcher its worker left, LAUNCHER_GRACE later."""
     folder, port, timeout = tmp_path / "run", free_port(), 10
     command = [*TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                f"127.0.0.1:{port}", "--rdzv-id", "frozen", PRETRAIN, *FLAGS, "--ddp_timeout", str(timeout),
@@ -357,8 +348,7 @@ def test_finetune_refuses_node_local_folders_and_a_frozen_node_ends_it_within_dd
     ("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:50012", False),
 ], ids=["gloo", "store", "closed"])
 def test_the_lost_peer_line_tells_a_frozen_peer_from_one_that_left(text, frozen):
-    """Found under load: a peer frozen past --ddp_timeout surfaced as a store wait's "wait timeout", which the line
-    called a process that left."""
+    """Under load a frozen peer surfaced as a store's "wait timeout", once called a process that left."""
     from hf_tinytx_training.distributed.cluster import lost_peer_message
 
     line = lost_peer_message(RuntimeError(text), 10, " during step 8", "out/checkpoints/step_8")
@@ -371,9 +361,8 @@ def test_the_lost_peer_line_tells_a_frozen_peer_from_one_that_left(text, frozen)
 
 
 def test_a_launcher_is_ended_only_once_its_last_worker_has_ended_and_the_grace_has_passed():
-    """end_stuck_launcher, the watcher a failed worker leaves: a "launcher" whose "worker" (sleep 2) still runs is left
-    alone; once the worker has ended, the launcher is SIGKILLed after the grace. Another watcher among its children
-    (a container's first process inherits orphans) does not count as a worker."""
+    """end_stuck_launcher leaves a launcher alone while its worker runs; another watcher among its children (a
+    container's first process inherits orphans) is no worker."""
     from hf_tinytx_training.distributed.cluster import end_stuck_launcher, started
 
     watcher = [sys.executable, "-c", "import time; time.sleep(600)  # end_stuck_launcher"]

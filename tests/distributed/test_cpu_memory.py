@@ -1,7 +1,5 @@
-"""distributed/cpu_memory.py: a training step whose logits are 32 MiB (vocabulary 4,096, batch 8 x 256) page-faults them
-back in every step under glibc's defaults, and not once the process keeps freed memory. Each run is a child process:
-the settings are process-wide and one-way.
-"""
+"""distributed/cpu_memory.py: 32 MiB of logits page-fault back in every step under glibc's defaults, not once the
+process keeps freed memory. Each run is a child process: the settings are process-wide and one-way."""
 
 import json
 import os

@@ -13,18 +13,12 @@ from tests.helpers.tiny import LAUNCH, pretrain_env
 pytestmark = pytest.mark.deep
 
 STEPS = 6
-# Two processes average their gradients in a different order than one process summing the same 16 blocks, so the
-# weights agree up to float32 rounding, not bit for bit. Measured: max |diff| 8.9e-08 after 6 steps at lr 3e-3.
-TOLERANCE = 1e-5
-# The logged numbers too: the training loss is the mean over both ranks' tokens, and the evaluation counts each of the
-# 27 validation blocks once though 2 x 8 per batch does not divide them (the last batch is padded with repeats).
-# metrics.jsonl rounds the training loss to 5 decimals, so two values 1e-7 apart may print 1e-5 apart.
-LOGGED_LOSS_TOLERANCE = 1e-5 + 1e-9
+TOLERANCE = 1e-5  # two processes average their gradients in another order: float32 rounding, not bit for bit
+LOGGED_LOSS_TOLERANCE = 1e-5 + 1e-9  # metrics.jsonl rounds to 5 decimals: values 1e-7 apart may print 1e-5 apart
 
 
 def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain, tmp_path):
-    # Each rank runs the script under tests/helpers/launch.py, which hashes the weights it holds at end_training and
-    # marks whether the interpreter's shutdown ran.
+    # tests/helpers/launch.py hashes each rank's weights at end_training and marks whether its shutdown ran.
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
                 "--hash-weights", str(tmp_path / "ddp_checksum"), "--mark-at-exit", str(tmp_path / "shutdown")]
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
@@ -63,7 +57,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(run_pretrain
 
 
 def assert_same_numbers(ddp_dir, single_dir, single_stdout):
-    """2 ranks log and write into the card the 1-process run's training loss and evaluation figures."""
+    """2 ranks log and write into the card the 1-process run's figures (27 validation blocks, each counted once)."""
     assert "27 validation blocks" in single_stdout  # 27 = 16 + 11: the 2-rank evaluation pads its last batch
     ddp_rows, single_rows = ([json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
                              for folder in (ddp_dir, single_dir))
@@ -84,8 +78,7 @@ def assert_same_numbers(ddp_dir, single_dir, single_stdout):
 
 
 def test_two_processes_on_one_clock_with_muon_stay_identical(run_pretrain, tmp_path):
-    """A run planned in seconds: each process's clock differs a little, so they must agree on one (else their learning
-    rates, and so their weights, would drift apart, and one could stop a step before the other and hang it)."""
+    """Each process's clock differs a little: they agree on one, else their rates drift and one may stop first."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
                 "--hash-weights", str(tmp_path / "clock_checksum")]
     out = tmp_path / "clock"

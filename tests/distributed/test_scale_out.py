@@ -1,9 +1,6 @@
-"""Scaling out on CPU ranks (2 processes, gloo): FSDP2 and DeepSpeed ZeRO-2/3 pre-training against 1 process, sharded
-checkpoints and resuming, the export, tensor-parallel inference, and the setups that must stop before the data.
-
-Every run is a real subprocess of training/pretrain.py under Accelerate's or torch's launcher, OMP_NUM_THREADS=1 per
-rank, on a 2-layer model with tied embeddings (so the test would see the tie broken by sharding or by the export).
-"""
+"""Scaling out on 2 CPU ranks (gloo): FSDP2 and DeepSpeed ZeRO-2/3 pre-training against 1 process, sharded checkpoints
+and resuming, the export, tensor-parallel inference, and setups that must stop before the data. The model's embeddings
+are tied, so that sharding or the export would show a broken tie."""
 
 import importlib.util
 import json
@@ -11,23 +8,20 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.helpers.remote_code import BLOCK_HF_TINYTX
-from tests.helpers.tiny import LAUNCH, REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
+from tests.helpers.tiny import LAUNCH, REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env
+from tests.training.test_hub import run_python
 
 
 pytestmark = pytest.mark.deep
 
 STEPS = 8
-# Sharded ranks reduce-scatter their gradients, one process sums the same 16 blocks: equal up to float32 rounding.
-# Measured after 8 steps (tied embeddings, lr 3e-3): max |fsdp2 - single| 8.6e-08, |zero2 - single| and
-# |zero3 - single| 1.2e-07.
-TOLERANCE = 1e-5
+TOLERANCE = 1e-5  # sharded ranks reduce-scatter, one process sums the same 16 blocks: float32 rounding apart
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 FSDP2_CONFIG = str(REPO_ROOT / "training" / "configs" / "accelerate-fsdp2.yaml")
@@ -36,7 +30,6 @@ FSDP2_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
 
 
 def pretrain(folder, *flags, launcher, env=None, check=True):
-    """training/pretrain.py with the tiny arguments, a tied 2-layer model, STEPS steps, no probes or samples."""
     config = folder.parent / "tied.json"
     if not config.exists():
         config.write_text(json.dumps({"tie_word_embeddings": True, "num_key_value_heads": 2}))
@@ -68,9 +61,12 @@ def fsdp2(tmp_path_factory):
     return folder, result
 
 
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[name] - b[name]).abs().max().item() for name in a)
+def assert_matches_one_process(folder, single, what: str):
+    weights, reference = load_file(folder / "model.safetensors"), load_file(single / "model.safetensors")
+    assert "lm_head.weight" not in weights and weights.keys() == reference.keys()  # tied: saved once
+    difference = max((weights[name] - reference[name]).abs().max().item() for name in weights)
+    print(f"max |{what} - single| after {STEPS} steps: {difference:.3e}")
+    assert difference < TOLERANCE
 
 
 def test_fsdp2_shards_half_per_rank_and_matches_one_process(fsdp2, single):
@@ -79,11 +75,7 @@ def test_fsdp2_shards_half_per_rank_and_matches_one_process(fsdp2, single):
     for rank in (0, 1):  # each rank holds half of the parameters and half of AdamW's two moments
         line = next(line for line in result.stdout.splitlines() if line.startswith(f"rank {rank} of 2 holds"))
         assert line.count("(50.0%") == 2, line
-    weights, reference = load_file(folder / "model.safetensors"), load_file(single / "model.safetensors")
-    assert "lm_head.weight" not in weights  # tied: saved once, as in a one-process export
-    difference = max_diff(weights, reference)
-    print(f"max |fsdp2 - single| after {STEPS} steps: {difference:.3e}")
-    assert difference < TOLERANCE
+    assert_matches_one_process(folder, single, "fsdp2")
     losses = [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(line)]
     assert len(losses) == STEPS and losses[-1] < losses[0]
@@ -108,17 +100,13 @@ def assert_loads_without_the_package(folder, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["TinyTxForCausalLM"] and config["tie_word_embeddings"]
     assert (folder / "modeling_tinytx.py").is_file()
-    script = BLOCK_HF_TINYTX + textwrap.dedent(f"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = run_python(BLOCK_HF_TINYTX, f"""
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
         tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         print("LOADED", type(model).__module__.split(".")[0], tied)
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
+        """, env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=120)
     assert "LOADED transformers_modules True" in result.stdout
 
 
@@ -141,17 +129,13 @@ def test_fsdp2_killed_resumes_bit_for_bit_and_skips_a_damaged_shard(fsdp2, tmp_p
                       "--resume_from_checkpoint", "latest", launcher=TORCHRUN, env=FSDP2_ENV)
     assert "sharded/__1_0.distcp does not match its checksum" in result.stdout
     assert "Resumed from" in result.stdout and "at step 2" in result.stdout
-    expected, actual = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
-    assert expected.keys() == actual.keys()
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, actual[name]), f"{name} differs after resuming"
+    assert_same_weights(straight, resumed)
 
 
 # ---- tensor-parallel inference: transformers' tp_plan="auto" with the config's base_model_tp_plan
 
 TP_RUN = str(REPO_ROOT / "tests" / "helpers" / "tp_run.py")
-# How the plan shards each linear layer (weight placements of nn.Linear(in, out), weight shape (out, in)):
-# colwise = Shard(0), output features (whole heads) split; rowwise = Shard(1), input split, outputs all-reduced.
+# colwise = S(0): output features (whole heads) split; rowwise = S(1): input split, outputs all-reduced.
 EXPECTED_PLAN = {
     "model.layers.0.self_attn.q_proj": "S(0)", "model.layers.0.self_attn.k_proj": "S(0)",
     "model.layers.0.self_attn.v_proj": "S(0)", "model.layers.0.self_attn.o_proj": "S(1)",
@@ -167,24 +151,30 @@ def tp_run(folder, prefix, ranks: int, plan="auto"):
                           capture_output=True, text=True, timeout=180)
 
 
+def tp_matches_one_process(folder, tmp_path, plan="auto") -> tuple[dict, list[dict]]:
+    """One process, then 2 ranks with `plan`: each rank's logits within 1e-5 of one process's, the same tokens."""
+    for ranks in (1, 2):
+        result = tp_run(folder, tmp_path / f"tp{ranks}", ranks, plan if ranks == 2 else "auto")
+        assert result.returncode == 0, result.stderr[-3000:]
+    one, ranks = torch.load(tmp_path / "tp1.rank0.pt"), [torch.load(tmp_path / f"tp2.rank{rank}.pt") for rank in (0, 1)]
+    for rank, sharded in enumerate(ranks):
+        difference = (sharded["logits"] - one["logits"]).abs().max().item()
+        print(f"{folder.name} rank {rank}: max |tp - one process| logits {difference:.2e}")
+        assert difference < 1e-5
+        assert torch.equal(sharded["tokens"], one["tokens"])
+    return one, ranks
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_tensor_parallel_matches_one_process(tiny_model, tmp_path, tied):
-    folder = tmp_path / "model"
+    folder = tmp_path / f"tied={tied}"
     tiny_model(tie_word_embeddings=tied, intermediate_size=96).save_pretrained(folder)
-    for ranks in (1, 2):
-        result = tp_run(folder, tmp_path / f"tp{ranks}", ranks)
-        assert result.returncode == 0, result.stderr[-3000:]
-    one = torch.load(tmp_path / "tp1.rank0.pt")
-    for rank in (0, 1):
-        sharded = torch.load(tmp_path / f"tp2.rank{rank}.pt")
+    one, ranks = tp_matches_one_process(folder, tmp_path)
+    for sharded in ranks:
         assert {name: layer["placement"] for name, layer in sharded["layers"].items()} == EXPECTED_PLAN
         for name, layer in sharded["layers"].items():  # each rank holds half of every linear layer
             full = torch.Size(one["layers"][name]["local_shape"]).numel()
             assert 2 * torch.Size(layer["local_shape"]).numel() == full
-        difference = (sharded["logits"] - one["logits"]).abs().max().item()
-        print(f"tied={tied} rank {rank}: max |tp - one process| logits {difference:.2e}")
-        assert difference < 1e-5
-        assert torch.equal(sharded["tokens"], one["tokens"])
 
 
 def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_model, tmp_path):
@@ -199,20 +189,12 @@ def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_mod
 
 
 def test_tensor_parallel_with_unit_styles_shares_the_heads_the_ranks_cannot_split(tiny_model, tmp_path):
-    """transformers 5.25's unit_colwise/unit_rowwise give each rank whole heads, shared where the heads do not divide:
-    the heads check follows the plan in use, and 3 heads over 2 ranks compute what one process does."""
+    """unit_colwise/unit_rowwise share heads that do not divide: 3 heads over 2 ranks compute what one process does."""
     folder = tmp_path / "model"
     tiny_model(hidden_size=48, num_attention_heads=3, num_key_value_heads=3).save_pretrained(folder)
     plan = {f"model.layers.*.self_attn.{name}": "unit_colwise" for name in ("q_proj", "k_proj", "v_proj")}
     plan["model.layers.*.self_attn.o_proj"] = "unit_rowwise"
-    assert tp_run(folder, tmp_path / "tp1", 1).returncode == 0
-    result = tp_run(folder, tmp_path / "tp2", 2, plan)
-    assert result.returncode == 0, result.stderr[-3000:]
-    one = torch.load(tmp_path / "tp1.rank0.pt")
-    for rank in (0, 1):
-        sharded = torch.load(tmp_path / f"tp2.rank{rank}.pt")
-        assert (sharded["logits"] - one["logits"]).abs().max().item() < 1e-5
-        assert torch.equal(sharded["tokens"], one["tokens"])
+    tp_matches_one_process(folder, tmp_path, plan)
 
 
 # ---- setups this machine cannot run stop in one line, before any data is read
@@ -227,9 +209,7 @@ def refusal(result, folder) -> str:
 
 
 def test_a_gpu_config_on_a_cpu_only_machine_trains_on_its_cpus(tmp_path, single):
-    """accelerate-ddp.yaml (MULTI_GPU) where there is no GPU: the processes train on the CPUs over gloo, as under
-    torchrun, equal to one process with the same global batch (it was refused before: one config for either kind of
-    cluster)."""
+    """accelerate-ddp.yaml (MULTI_GPU) with no GPU trains on the CPUs over gloo (it was refused before)."""
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a GPU: it checks a GPU config on a CPU-only box")
     folder = tmp_path / "run"
@@ -238,7 +218,7 @@ def test_a_gpu_config_on_a_cpu_only_machine_trains_on_its_cpus(tmp_path, single)
                       launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"])
     assert "asks for GPUs, but this machine has none: the processes train on its CPUs over gloo" in result.stdout
     assert "2 process(es) on cpu" in result.stdout
-    assert max_diff(load_file(folder / "model.safetensors"), load_file(single / "model.safetensors")) < TOLERANCE
+    assert_matches_one_process(folder, single, "ddp config")
 
 
 # ---- a global batch the processes cannot share stops in one line, before any data is read
@@ -262,9 +242,7 @@ def test_muon_under_a_sharded_config_stops_before_the_data(tmp_path):
         "keep; use --optimizer adamw, or Muon with one process or DDP.")
 
 
-# ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate's own DeepSpeed path, on DeepSpeed's CPU accelerator over gloo
-# (deepspeed is in the test extra; nothing is compiled: distributed/sharding.py keeps DeepSpeed from building its
-# shared-memory all-reduce).
+# ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate, on DeepSpeed's CPU accelerator over gloo (nothing compiled)
 
 def deepspeed_run(folder, stage: int, *flags, check=True):
     """The documented command with the ZeRO config of that stage, 2 processes x 8 blocks."""
@@ -286,14 +264,6 @@ def assert_holds(result, parameters: str, optimizer_state: str):
     for rank in (0, 1):
         line = next(line for line in result.stdout.splitlines() if line.startswith(f"rank {rank} of 2 holds"))
         assert f"parameters ({parameters}," in line and f"optimizer-state values ({optimizer_state}," in line, line
-
-
-def assert_matches_one_process(folder, single, what: str):
-    weights, reference = load_file(folder / "model.safetensors"), load_file(single / "model.safetensors")
-    assert "lm_head.weight" not in weights  # tied: saved once, as in a one-process export
-    difference = max_diff(weights, reference)
-    print(f"max |{what} - single| after {STEPS} steps: {difference:.3e}")
-    assert difference < TOLERANCE
 
 
 def test_deepspeed_zero2_matches_one_process(single, tmp_path):
@@ -332,8 +302,7 @@ def test_a_deepspeed_config_that_disagrees_with_the_flags_stops_before_the_data(
 
 
 def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_auto_takes_the_flag():
-    """The same rule for gradient_clipping, checked in-process on the config Accelerate hands over (the launch above
-    covers the path from an Accelerate config file)."""
+    """The same rule for gradient_clipping, in process on the config Accelerate hands over."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
@@ -365,10 +334,7 @@ def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):
         shutil.copytree(straight / "checkpoints" / name, resumed / "checkpoints" / name)
     result = deepspeed_run(resumed, 3, "--checkpointing_steps", 4, "--resume_from_checkpoint", "latest")
     assert "at step 4" in result.stdout
-    expected, actual = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
-    assert expected.keys() == actual.keys()
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, actual[name]), f"{name} differs after resuming"
+    assert_same_weights(straight, resumed)
 
 
 class RunsACommand:
@@ -382,9 +348,7 @@ class RunsACommand:
 
 
 def test_a_planted_pickle_in_a_deepspeed_checkpoint_is_refused_and_never_runs(zero3, tmp_path):
-    """Checksums find damage, not a file replaced with its checksum recomputed beside it. DeepSpeed unpickles its
-    states with weights_only=False; the resume reads them with weights_only=True (DeepSpeed's own plain-data classes
-    allow-listed), so a model-states file whose pickle runs a command is refused in one line, and nothing runs."""
+    """DeepSpeed unpickles with weights_only=False; the resume reads with weights_only=True."""
     import hashlib
 
     straight, _ = zero3

@@ -1,5 +1,5 @@
-"""Flags of both training scripts (training/args.py: build_parser): spelled in full or refused, and every mistake is
-one line on stderr with exit status 2, a typo named together with the flag it was probably meant to be."""
+"""Flags of both training scripts (training/args.py): spelled in full or refused, every mistake one line on stderr
+with exit status 2, a typo named with the flag it was probably meant to be."""
 
 import argparse
 import subprocess
@@ -89,8 +89,7 @@ def test_help_lists_the_flags_before_torch_loads(tmp_path, script, flag):
 
 
 def test_finetunes_help_before_torch_describes_each_flag_as_trainingarguments_does():
-    """Flag for flag the same names, help, choices and defaults, but for a default transformers computes as it
-    imports (the optimizer's, from torch's version), which the help leaves out."""
+    """Flag for flag, but for the optimizer's default, which transformers computes as it imports."""
     from transformers import TrainingArguments
 
     from hf_tinytx_training.sft.args import finetune_parser
@@ -131,16 +130,24 @@ def test_flags_in_full_and_defaults_still_parse():
     assert (data_args.block_size, train_args.max_train_steps) == (32, 7)
 
 
-def test_total_batch_size_and_gradient_accumulation_are_one_or_the_other():
-    one_or_other = "^--total_batch_size sets --gradient_accumulation_steps itself; give one"
-    with pytest.raises(UserInputError, match=one_or_other):
-        parse_args(["--total_batch_size", "32", "--gradient_accumulation_steps", "2"])
+@pytest.mark.parametrize("flags, refusal", [
+    (["--total_batch_size", "32", "--gradient_accumulation_steps", "2"],
+     "^--total_batch_size sets --gradient_accumulation_steps itself; give one"),
+    (["--report_to", "tensorbord"], "^--report_to 'tensorbord': use tensorboard, trackio or wandb"),
+    # pretrain and finetune share the check (args.check_hub_repo_id); a default id is said to come from the folder
+    (["--push_to_hub", "--output_dir", "out/x y"],
+     "^The Hub repo id from --output_dir's name, 'x y' is not a valid Hub repo id; set --hub_model_id to"),
+    (["--push_to_hub", "--hub_model_id", "a/b/c"], "^--hub_model_id 'a/b/c' is not a valid Hub repo id"),
+])
+def test_flags_that_cannot_go_together_or_name_nothing_are_refused(flags, refusal):
+    with pytest.raises(UserInputError, match=refusal):
+        parse_args(flags)
+
+
+def test_what_parses_beside_the_refusals(monkeypatch):
     parse_args(["--total_batch_size", "32"])  # alone it parses; the process count is checked at launch
-
-
-def test_a_tracker_that_is_not_installed_or_not_known_is_refused(monkeypatch):
-    with pytest.raises(UserInputError, match="^--report_to 'tensorbord': use tensorboard, trackio or wandb"):
-        parse_args(["--report_to", "tensorbord"])
+    assert parse_args(["--push_to_hub", "--output_dir", "out/tiny-run"])[2].hub_model_id == "tiny-run"
+    assert parse_args(["--output_dir", "out/tiny-run"])[2].hub_model_id is None  # no push: no repo
     monkeypatch.setattr("accelerate.utils.is_wandb_available", lambda: False)  # as on a machine without wandb
     with pytest.raises(UserInputError, match="^--report_to wandb needs the wandb package, which is not installed: "
                                              "pip install wandb, or leave --report_to out.$"):
@@ -157,17 +164,6 @@ def test_an_arguments_file_then_flags_that_override_it():
     assert (model_args.model_preset, model_args.vocab_size, train_args.eval_steps) == ("micro", 1024, 200)  # the file
 
 
-def test_the_hub_repo_id_is_checked_then_filled_in_from_the_output_folder():
-    """pretrain and finetune share the check (args.check_hub_repo_id); a default id is said to come from the folder."""
-    from_folder = "^The Hub repo id from --output_dir's name, 'x y' is not a valid Hub repo id; set --hub_model_id to"
-    with pytest.raises(UserInputError, match=from_folder):
-        parse_args(["--push_to_hub", "--output_dir", "out/x y"])
-    with pytest.raises(UserInputError, match="^--hub_model_id 'a/b/c' is not a valid Hub repo id"):
-        parse_args(["--push_to_hub", "--hub_model_id", "a/b/c"])
-    assert parse_args(["--push_to_hub", "--output_dir", "out/tiny-run"])[2].hub_model_id == "tiny-run"
-    assert parse_args(["--output_dir", "out/tiny-run"])[2].hub_model_id is None  # no push: no repo
-
-
 def test_total_batch_size_sets_the_accumulation_the_processes_need():
     """--total_batch_size 64 with 8 sequences per device: 4 micro-batches on 2 processes, 8 on one."""
     from hf_tinytx_training.args import apply_total_batch_size
@@ -179,8 +175,7 @@ def test_total_batch_size_sets_the_accumulation_the_processes_need():
 
 
 def test_the_default_runs_arguments_file_equals_no_arguments():
-    """training/configs/tiny.yaml says it holds the default run's values: parsed, it gives what no arguments give
-    (the step count spelled out where no arguments plan it)."""
+    """training/configs/tiny.yaml says it holds the default run's values (the step count spelled out)."""
     from_file, bare = parse_args([str(REPO_ROOT / "training/configs/tiny.yaml")]), parse_args([])
     bare[2].max_train_steps = plan_steps(bare[1], bare[2], 1)[0]
     assert from_file == bare
@@ -191,8 +186,7 @@ def test_the_default_runs_arguments_file_equals_no_arguments():
     ("base", 50304, 124e6, True),
 ])
 def test_each_model_preset_is_the_size_its_file_says(preset, vocab_size, parameters, qk_norm):
-    """--model_preset micro|tiny|small|base: ~0.17M (at a 1,024-token vocabulary), ~1.3M (at 2,048), ~10M, ~124M,
-    built on the meta device."""
+    """Built on the meta device."""
     import torch
     from transformers import AutoModelForCausalLM
 

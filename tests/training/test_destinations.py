@@ -1,7 +1,5 @@
-"""Every path a command writes is a destination, checked as --output_dir is, and no write follows a link.
-
-From outside, as a user would: each refused case runs the real script in a subprocess and finds one line, an exit
-status of 2, and every file of the folders it named (and of a victim a link points at) unchanged."""
+"""Every path a command writes is a destination, checked as --output_dir is, and no write follows a link: each refused
+case runs the real script and finds one line, exit status 2, and every file it named (or a link led to) unchanged."""
 
 import hashlib
 import subprocess
@@ -11,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
-from tests.training.test_finetune import prompt_records, write_jsonl
+from tests.training.test_finetune import prompt_records, save_base, write_jsonl
 
 
 pytestmark = pytest.mark.deep
@@ -47,20 +45,13 @@ def one_line(result, prefix: str) -> str:
     return lines[0]
 
 
-def save_model(folder: Path) -> Path:
-    tokenizer = build_byte_bpe_tokenizer()
-    build_tiny_model(seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     """A base model, another user's model, another run's folder, the data, and a user's folder with a config.json."""
     root = tmp_path_factory.mktemp("destinations")
-    save_model(root / "base")
-    save_model(root / "other")
-    save_model(root / "pretrained")
+    save_base(root / "base")
+    save_base(root / "other")
+    save_base(root / "pretrained")
     (root / "pretrained" / "checkpoints" / "step_2").mkdir(parents=True)
     (root / "pretrained" / "metrics.jsonl").write_text('{"step": 2}\n')
     (root / "mine").mkdir()
@@ -86,8 +77,7 @@ MERGED_REFUSALS = [
 @pytest.mark.parametrize("merged, words", MERGED_REFUSALS)
 def test_a_merged_output_dir_that_would_lose_files_is_refused_before_anything_is_written(root, merged, words,
                                                                                          overwrite):
-    """Before: the merge replaced another model (exit 0), deleted the adapter saved into the same folder a moment
-    earlier, or overwrote the user's config.json above the output folder."""
+    """Before: the merge replaced another model, the adapter beside it, or the user's config.json above it."""
     before = snapshot(root)
     line = one_line(run(root, FINETUNE, *LORA, "--output_dir", "mine/run", "--merged_output_dir", merged, *overwrite),
                     "finetune.py: error: ")
@@ -96,8 +86,7 @@ def test_a_merged_output_dir_that_would_lose_files_is_refused_before_anything_is
 
 
 def test_a_merged_output_dir_apart_from_the_output_folder_is_written_and_replaced_by_the_next_run(root, tmp_path):
-    """The rules refuse only what would lose files: a folder of its own is written, and a later run with
-    --overwrite_output_dir replaces the merge it recorded there."""
+    """The rules refuse only what would lose files."""
     output_dir, merged = tmp_path / "run", tmp_path / "merged"
     for again in ([], ["--overwrite_output_dir"]):
         result = run(root, FINETUNE, *LORA, "--output_dir", output_dir, "--merged_output_dir", merged, *again)
@@ -146,8 +135,7 @@ TINY = ["--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers
 
 
 def test_pretrain_replaces_links_at_its_lock_log_and_staging_names_and_refuses_one_out_of_the_folder(root, tmp_path):
-    """Before: the PID went into the file `.lock` led to; `checkpoints` as a link survived --overwrite_output_dir
-    and the new checkpoints were written into the folder it led to."""
+    """Before: the PID went into the file `.lock` led to; new checkpoints into the folder `checkpoints` led to."""
     out = tmp_path / "out"
     notes, mine = victims(out)
     files, folders = [".lock", "metrics.jsonl", "metrics.jsonl.tmp"], [".tinytx-staging", "checkpoints"]
@@ -167,8 +155,7 @@ def test_pretrain_replaces_links_at_its_lock_log_and_staging_names_and_refuses_o
 
 
 def test_finetune_replaces_links_at_every_name_it_writes(root, tmp_path):
-    """The lock, the staging folder, the record's temporary, Trainer's checkpoint staging folder, and the same in
-    the merged folder: each a link to a user's file or folder inside the destination."""
+    """Each name a link to a user's file or folder inside the destination, in the merged folder too."""
     out = tmp_path / "out"
     notes, mine = victims(out)
     merged_notes, merged_mine = victims(out / "merged")
@@ -187,8 +174,7 @@ def test_finetune_replaces_links_at_every_name_it_writes(root, tmp_path):
 
 
 def test_convert_gguf_and_interpret_replace_links_at_their_staging_record_and_output_names(root, tmp_path):
-    """Before: convert wrote its record into the file `.tinytx-written.json.new` led to, and GGUF its bytes into
-    the file `.m.gguf.tinytx-staging` led to, then left m.gguf a link to it. Here the victims lie outside."""
+    """Before: convert and GGUF wrote through links at their record and staging names. The victims lie outside."""
     victim, victim_dir = tmp_path / "victim.txt", tmp_path / "victim_dir"
     victim.write_text(VICTIM)
     victim_dir.mkdir()
@@ -213,8 +199,7 @@ def test_convert_gguf_and_interpret_replace_links_at_their_staging_record_and_ou
 
 
 def test_a_tokenizer_larger_than_the_model_is_one_line_and_leaves_no_debris(root, tmp_path):
-    """Before: a ValueError traceback mid-training, and checkpoints/.tmp_checkpoint left behind, so the corrected
-    rerun was refused as "already holds an earlier run"."""
+    """Before: a traceback mid-training, and a .tmp_checkpoint that made the rerun "already holds an earlier run"."""
     small = tmp_path / "small"
     build_tiny_model(seed=0, vocab_size=200).save_pretrained(small)
     build_byte_bpe_tokenizer(vocab_size=320).save_pretrained(small)

@@ -1,12 +1,10 @@
-"""training/finetune.py end to end, in subprocesses as a user runs it: full fine-tuning of a Hub base on
-prompt/response records, LoRA (+ merge, + Hub push) on chat records, their model cards, and bad input (data, model
-folder, Hub repo id, a link out of the output folder) refused in one line before anything is written or uploaded.
-
-All runs start together (module fixture) because each spends most of its time importing libraries; every test then
-checks one run."""
+"""training/finetune.py: end to end in subprocesses as a user runs it (full fine-tuning of a Hub base, LoRA + merge +
+push on chat records, model cards, bad input refused in one line before anything is written or uploaded; all runs
+start together in one module fixture), and its data in process (training/sft/data.py: rows, counts, templates)."""
 
 import gzip
 import json
+import math
 import os
 import platform
 import subprocess
@@ -19,14 +17,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tinytx
 from hf_tinytx_training.distributed import sharding
+from hf_tinytx_training.errors import UserInputError
+from hf_tinytx_training.sft.data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
+from hf_tinytx_training.sft.records import read_records
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, run_side_by_side
+from tests.training.test_hub import assert_token_nowhere
 
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
-QUICK = [
-    "--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps", "2",
-    "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",
-]
+QUICK = ["--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps", "2",
+         "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true"]
 
 GOOD_INPUTS = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl"]  # each bad input replaces one
 UPLOAD = (  # a base model on the (local) Hub, uploaded in a child because the client reads HF_ENDPOINT on import
@@ -57,7 +57,24 @@ FAILURES = {
     "output_in_base": (["--output_dir", "bases/gated/sft"],
                        ["--output_dir", "is inside --model_name_or_path", "never writes where it reads"], None),
     "fsdp_launch": ([], ["saves the weights one process holds", "FSDP and DeepSpeed split up", "drop --fsdp"], None),
+    # Data the tokenizer cannot take: a lone surrogate, a chat template that does not parse, or raises on a record.
+    "surrogate": (["--train_file", "surrogate.jsonl"], ["surrogate.jsonl, line 3: \"prompt\" holds a lone surrogate "
+                                                        "\\ud800 at character 1", "both halves of its pair"], None),
+    "unparsable": (["--model_name_or_path", "bases/unparsable", "--train_file", "chat.jsonl"],
+                   ["the tokenizer's chat template (", "unparsable/chat_template.jinja) does not parse (unexpected "
+                    "'}', template line 1); fix the template"], None),
+    "template": (["--model_name_or_path", "bases/templated", "--train_file", "chat.jsonl"],
+                 ["chat.jsonl, line 2: the tokenizer's chat template (", "templated/chat_template.jinja) failed on "
+                  "this conversation (TemplateError: Conversation roles must alternate); fix the template"], None),
     "deepspeed_launch": ([], ["saves the weights one process holds", "drop --fsdp/--deepspeed"], None),
+}
+ROW, LONG = 32, "word " * 100  # max_seq_length of the data tests; ~300 tokens, three times a row and more
+BAD_TEMPLATES = {
+    "raises": ("{% if messages|length > 2 %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+               "{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}",
+               "failed on this conversation (TemplateError: Conversation roles must alternate)"),
+    "does_not_parse": ("{% for m in messages %}\n{{ m['content'] }\n{% endfor %}",
+                       "does not parse (unexpected '}', template line 2)"),
 }
 # What `accelerate launch` with an FSDP or DeepSpeed config sets for the script (and Trainer) to read.
 LAUNCHED_WITH = {"fsdp_launch": "ACCELERATE_USE_FSDP=true", "deepspeed_launch": "ACCELERATE_USE_DEEPSPEED=true"}
@@ -104,6 +121,15 @@ def write_bad_inputs(root: Path) -> None:
     (root / "linked").mkdir()
     (root / "secret.txt").write_text("not for the Hub")
     (root / "linked" / "notes.txt").symlink_to(root / "secret.txt")  # a link out of the output folder
+    write_jsonl(root / "surrogate.jsonl", [*prompt_records(2), {"prompt": "\ud800", "response": "A"}])
+    for name, template in (("templated", BAD_TEMPLATES["raises"][0]),
+                           ("unparsable", "{% for m in messages %}{{ m['content'] }{% endfor %}")):
+        save_base(root / "bases" / name)
+        tokenizer = AutoTokenizer.from_pretrained(root / "bases" / name)
+        tokenizer.chat_template = template
+        tokenizer.save_pretrained(root / "bases" / name)
+    long_reply, long_prompt = {"prompt": "Q: say word\nA:", "response": LONG}, {"prompt": LONG, "response": " 3"}
+    write_jsonl(root / "cut.jsonl", [*prompt_records(48), long_reply, long_reply, long_prompt])
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +151,14 @@ def runs(tmp_path_factory):
                  "--output_dir", "full", "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
                  "--save_strategy", "steps", "--save_steps", "4", "--bf16"],
         "lora": lora_args("lora"),
+        "cut": ["--model_name_or_path", "bases/gated", "--train_file", "cut.jsonl", "--max_seq_length", "32",
+                "--output_dir", "cut", *QUICK, "--max_steps", "2"],
         **{name: [*GOOD_INPUTS, "--output_dir", f"never-{name}", *flags] for name, (flags, *_) in FAILURES.items()},
     }
     launchers = {name: ["env", setting] for name, setting in LAUNCHED_WITH.items()}
     commands = {name: [*launchers.get(name, []), sys.executable, str(FINETUNE), *args]
                 for name, args in commands.items()}
-    # The LoRA run again as two data-parallel processes; the launcher marks a process whose interpreter shutdown ran.
-    # No --use_cpu: on a machine without a GPU the script must set up CPU data parallelism itself. This one reads a
-    # .txt file (one document per line) and adapts only the classic pair, with its own dropout.
+    # LoRA on two processes (no --use_cpu: the script sets up CPU data parallelism itself), on a .txt file.
     ddp_args = [arg for arg in lora_args("lora_ddp") if arg != "--use_cpu"]
     ddp_args[ddp_args.index("chat.jsonl")] = "documents.txt"
     ddp_args += ["--lora_target_modules", "q_proj,v_proj", "--lora_dropout", "0.1"]
@@ -159,13 +185,6 @@ def lora_args(name: str) -> list[str]:
             "--push_to_hub", "--hub_model_id", f"tester/tiny-chat-{name}", *QUICK]
 
 
-def assert_token_nowhere(runs, result, folder: Path):
-    assert runs["token"] not in result.stdout + result.stderr, "the Hub token reached the output"
-    for path in folder.rglob("*"):
-        if path.is_file():
-            assert runs["token"].encode() not in path.read_bytes(), f"the Hub token was written to {path}"
-
-
 def succeeded(result):
     assert result.returncode == 0, f"finetune.py failed\nSTDOUT:\n{result.stdout}\nSTDERR:\n{result.stderr}"
 
@@ -179,7 +198,7 @@ def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
     assert (out / "checkpoints" / "checkpoint-8" / "model.safetensors").is_file()
     assert not (out / ".lock").exists()  # a finished run leaves no stale lock
-    assert_token_nowhere(runs, runs["results"]["full"], out)
+    assert_token_nowhere(runs["token"], [out], [runs["results"]["full"].stdout, runs["results"]["full"].stderr])
     # On a CPU under glibc the run keeps freed memory for the next step (test_cpu_memory.py: what that does).
     announced = "Freed memory stays in the process" in runs["results"]["full"].stdout
     assert announced == (platform.libc_ver()[0] == "glibc")
@@ -214,7 +233,7 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
     out = runs["root"] / "lora"
     assert (out / "adapter_model.safetensors").is_file()
     assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
-    assert_token_nowhere(runs, runs["results"]["lora"], out)
+    assert_token_nowhere(runs["token"], [out], [runs["results"]["lora"].stdout, runs["results"]["lora"].stderr])
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     # The default targets minus gate_proj, which a plain-MLP TinyTx does not have.
     assert set(adapter_config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
@@ -248,8 +267,7 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
 
 
 def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
-    """Under torchrun both processes train; one of them writes the folders and pushes, and neither runs the
-    interpreter's shutdown beside gloo's threads (training/cli.exit_launched_process)."""
+    """Neither process runs the interpreter's shutdown beside gloo's threads (training/cli.exit_launched_process)."""
     from safetensors.torch import load_file
 
     result = runs["results"]["lora_ddp"]
@@ -278,6 +296,9 @@ def test_bad_input_is_one_line_before_anything_is_written_or_uploaded(runs, case
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
+    if case == "template":  # found only as the records render, after the model loaded (its progress bar above)
+        assert all(line.startswith("Loading weights") for line in lines[:-1]), lines
+        lines = lines[-1:]
     assert len(lines) == 1 and lines[0].startswith("finetune.py: error: "), lines
     assert all(word in lines[0] for word in words), lines[0]
     assert not (runs["root"] / f"never-{case}").exists(), "nothing may be written"
@@ -325,8 +346,6 @@ def test_model_cards_describe_the_run_and_how_to_load_it(runs, folder, kind, rep
 
 def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
     """Labels are -100 on every prompt token: what remains to learn is exactly the replies (and their EOS)."""
-    from hf_tinytx_training.sft.data import IGNORE_INDEX, build_examples, ensure_chat_template, tokenize_record
-
     tokenizer = byte_bpe_tokenizer()
     assert ensure_chat_template(tokenizer)
 
@@ -353,9 +372,8 @@ def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
 
 @pytest.mark.parametrize("tokenizer_side", ["right", "left"])
 def test_batches_are_padded_on_the_right_with_labels_ignored(byte_bpe_tokenizer, tokenizer_side):
-    """The library collator gives exactly the rows below, even for a tokenizer set to pad on the left (for batched
-    generation), which keeps that setting."""
-    from hf_tinytx_training.sft.data import IGNORE_INDEX, pad_collator
+    """Even for a tokenizer set to pad on the left (for batched generation), which keeps that setting."""
+    from hf_tinytx_training.sft.data import pad_collator
 
     tokenizer = byte_bpe_tokenizer()
     tokenizer.padding_side = tokenizer_side
@@ -377,7 +395,6 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
 
     from transformers import TrainingArguments
 
-    from hf_tinytx_training.errors import UserInputError
     from hf_tinytx_training.sft.args import FinetuneArguments, check_args
 
     real_find_spec = importlib.util.find_spec
@@ -388,49 +405,9 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
         check_args(args, TrainingArguments(output_dir="unused"))
 
 
-# ---- what finetune does with data the rows cannot hold whole, or cannot hold at all (training/sft/data.py) ----
-
-LONG_TEXT = "word " * 100  # ~300 tokens, against --max_seq_length 32
-RAISING_TEMPLATE = ("{% if messages|length > 2 %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
-                    "{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}")
-
-
-@pytest.fixture(scope="module")
-def data_runs(tmp_path_factory):
-    """A run whose records do not all fit a row, and two refused ones, started together."""
-    root = tmp_path_factory.mktemp("finetune_data")
-    save_base(root / "bases" / "gated")
-    templated = save_base(root / "bases" / "templated")
-    tokenizer = AutoTokenizer.from_pretrained(templated)
-    tokenizer.chat_template = RAISING_TEMPLATE
-    tokenizer.save_pretrained(templated)
-    unparsable = save_base(root / "bases" / "unparsable")
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }{% endfor %}"
-    tokenizer.save_pretrained(unparsable)
-    long_reply = {"prompt": "Q: say word\nA:", "response": LONG_TEXT}
-    long_prompt = {"prompt": LONG_TEXT, "response": " 3"}
-    write_jsonl(root / "cut.jsonl", [*prompt_records(48), long_reply, long_reply, long_prompt])
-    write_jsonl(root / "surrogate.jsonl", [*prompt_records(2), {"prompt": "\ud800", "response": "A"}])
-    write_jsonl(root / "chat.jsonl", chat_records(4))  # the odd ones have two exchanges: the template raises there
-    commands = {
-        "cut": ["--model_name_or_path", "bases/gated", "--train_file", "cut.jsonl", "--max_seq_length", "32",
-                "--output_dir", "cut", *QUICK, "--max_steps", "2"],
-        "surrogate": ["--model_name_or_path", "bases/gated", "--train_file", "surrogate.jsonl", "--output_dir",
-                      "never-surrogate", *QUICK],
-        "template": ["--model_name_or_path", "bases/templated", "--train_file", "chat.jsonl", "--output_dir",
-                     "never-template", *QUICK],
-        "unparsable": ["--model_name_or_path", "bases/unparsable", "--train_file", "chat.jsonl", "--output_dir",
-                       "never-unparsable", *QUICK],
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(root / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    runs = {name: ([sys.executable, str(FINETUNE), *args], root, env) for name, args in commands.items()}
-    return {"root": root, "results": run_side_by_side(runs, timeout=600)}
-
-
-def test_records_cut_or_dropped_by_max_seq_length_are_counted_on_the_console_and_in_the_card(data_runs):
+def test_records_cut_or_dropped_by_max_seq_length_are_counted_on_the_console_and_in_the_card(runs):
     """51 records, 50 rows: three longer than a row are cut, and one of them, whose prompt fills its row, dropped."""
-    result = data_runs["results"]["cut"]
+    result = runs["results"]["cut"]
     succeeded(result)
     lines = [line for line in result.stdout.splitlines() if line.startswith("cut.jsonl: ")]
     assert len(lines) == 1, result.stdout
@@ -438,31 +415,143 @@ def test_records_cut_or_dropped_by_max_seq_length_are_counted_on_the_console_and
     assert lines[0].endswith("); 1 of them dropped because the prompt fills the row; raise --max_seq_length (up to "
                              "the model's context) or shorten those records to train on all of them.")
     assert "50 training rows of at most 32 tokens (padded)" in result.stdout
-    card = (data_runs["root"] / "cut" / "README.md").read_text(encoding="utf-8")
+    card = (runs["root"] / "cut" / "README.md").read_text(encoding="utf-8")
     row = next(line for line in card.splitlines() if line.startswith("| Training data |"))
     assert row.startswith("| Training data | `cut.jsonl`: 51 prompt/response records, 50 rows of at most 32 tokens "
                           "(one example per row, padded); 3 records cut to 32 tokens (the longest has ")
     assert row.endswith("), 1 of them dropped because the prompt fills the row |")
 
 
-@pytest.mark.parametrize("case, words", [
-    ("surrogate", ["surrogate.jsonl, line 3: \"prompt\" holds a lone surrogate \\ud800 at character 1",
-                   "both halves of its pair"]),
-    ("unparsable", ["the tokenizer's chat template (", "unparsable/chat_template.jinja) does not parse (unexpected "
-                    "'}', template line 1); fix the template"]),
-    ("template", ["chat.jsonl, line 2: the tokenizer's chat template (", "templated/chat_template.jinja) failed on "
-                  "this conversation (TemplateError: Conversation roles must alternate); fix the template"]),
-])
-def test_data_the_tokenizer_cannot_take_is_one_line_before_anything_is_written(data_runs, case, words):
-    result = data_runs["results"][case]
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    if case == "template":
-        # Only rendering the conversations finds a template raising on one of them, which comes after the model
-        # has loaded: transformers' progress bar for that is all that precedes the error.
-        assert all(line.startswith("Loading weights") for line in lines[:-1]), lines
-        lines = lines[-1:]
-    assert len(lines) == 1 and lines[0].startswith("finetune.py: error: "), lines
-    assert all(word in lines[0] for word in words), lines[0]
-    assert not (data_runs["root"] / f"never-{case}").exists(), "nothing may be written"
+# ---- training/sft/data.py in process: rows, what they cut or drop, and input the tokenizer cannot take
+
+
+def test_padded_rows_count_what_is_cut_and_what_is_dropped(tmp_path, byte_bpe_tokenizer):
+    """51 records -> 50 rows: two long ones are cut (and kept), one whose prompt fills the row is dropped."""
+    tokenizer = byte_bpe_tokenizer()
+    long_reply = {"prompt": "Q: say word\nA:", "response": LONG}
+    long_prompt = {"prompt": LONG, "response": " 3"}
+    path = write_jsonl(tmp_path / "train.jsonl", [*prompt_records(48), long_reply, long_prompt])
+    (tmp_path / "more.txt").write_text(LONG + "\n")
+    records = read_records(str(path)) + read_records(str(tmp_path / "more.txt"))
+    whole = [tokenize_record(record, tokenizer) for record in records]
+    assert all(len(example["input_ids"]) <= ROW for example in whole[:48])  # the short ones fit
+    assert all(len(example["input_ids"]) > ROW for example in whole[48:])
+
+    rows = build_examples(records, tokenizer, max_seq_length=ROW, packing=False)
+    counts = rows.counts
+    longest = max(len(example["input_ids"]) for example in whole)
+    assert (counts.records, counts.rows, counts.cut, counts.dropped, counts.empty) == (51, 50, 3, 1, 0)
+    assert counts.tokens == sum(len(example["input_ids"]) for example in whole) and counts.longest == longest
+    assert counts.kept_tokens == sum(len(example["input_ids"]) for example in whole[:48]) + 2 * ROW
+    # The cut records keep their first ROW tokens; the one whose prompt fills the row is gone.
+    assert rows[48]["input_ids"] == whole[48]["input_ids"][:ROW]
+    assert rows[49]["input_ids"] == whole[50]["input_ids"][:ROW]
+    assert rows[:48]["input_ids"] == [example["input_ids"] for example in whole[:48]]
+    assert counts.summary("train.jsonl", ROW, packing=False) == (
+        f"train.jsonl: 3 of 51 records were cut to --max_seq_length 32 tokens (the longest has {longest}); 1 of them "
+        "dropped because the prompt fills the row; raise --max_seq_length (up to the model's context) or shorten "
+        "those records to train on all of them."
+    )
+    # Nothing cut: nothing to say.
+    fitting = build_examples(records[:48], tokenizer, max_seq_length=ROW, packing=False)
+    assert fitting.counts.summary("train.jsonl", ROW, packing=False) is None
+    assert (fitting.counts.rows, fitting.counts.cut, fitting.counts.dropped) == (48, 0, 0)
+
+
+def test_packed_rows_count_every_token_and_the_prompt_only_rows_dropped(byte_bpe_tokenizer):
+    tokenizer = byte_bpe_tokenizer()
+    records = [{"kind": "prompt", "prompt": LONG, "response": " 3"}] + [
+        {"kind": "prompt", **record} for record in prompt_records(20)
+    ]
+    whole = [tokenize_record(record, tokenizer) for record in records]
+    stream = [token for example in whole for token in example["input_ids"]]
+    prompt_tokens = whole[0]["labels"].index(next(label for label in whole[0]["labels"] if label != IGNORE_INDEX))
+    # The rows inside the first record's prompt learn nothing: those are the ones dropped.
+    dropped = prompt_tokens // ROW
+    rows = build_examples(records, tokenizer, max_seq_length=ROW, packing=True)
+    counts = rows.counts
+    assert dropped >= 9 and (counts.records, counts.dropped, counts.cut) == (21, dropped, 0)
+    assert counts.rows == len(rows) == math.ceil(len(stream) / ROW) - dropped
+    assert counts.tokens == len(stream) and counts.kept_tokens == len(stream) - dropped * ROW
+    assert [token for row in rows["input_ids"] for token in row] == stream[dropped * ROW :]  # the rest, all of it
+    assert counts.summary("train.jsonl", ROW, packing=True) == (
+        f"train.jsonl: packed 21 records ({len(stream)} tokens) into {counts.rows} rows of at most 32 tokens; "
+        f"{dropped} rows holding only prompt tokens ({dropped * ROW} tokens) were dropped."
+    )
+    fitting = build_examples(records[1:], tokenizer, max_seq_length=ROW, packing=True)
+    assert fitting.counts.summary("t.jsonl", ROW, packing=True).endswith("rows of at most 32 tokens; no token was "
+                                                                          "dropped.")
+
+
+def test_finetune_refuses_data_of_which_every_record_would_be_dropped(byte_bpe_tokenizer):
+    from hf_tinytx_training.finetune import to_dataset
+
+    records = [{"kind": "prompt", "prompt": LONG, "response": " 3", "where": "train.jsonl, line 1"}]
+    with pytest.raises(UserInputError, match=r"^No example in train.jsonl keeps a token to learn within "
+                                             r"--max_seq_length 32 \(the prompts fill the whole row\)"):
+        to_dataset(records, byte_bpe_tokenizer(), ROW, False, "train.jsonl")
+
+
+@pytest.mark.parametrize(
+    "record, what",
+    [
+        ({"prompt": "\ud800", "response": "A"}, '"prompt" holds a lone surrogate \\ud800 at character 1'),
+        ({"prompt": "Q", "response": "ok \udfff"}, '"response" holds a lone surrogate \\udfff at character 4'),
+        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x\ud83d"}]},
+         'message 1\'s "content" holds a lone surrogate \\ud83d at character 2'),
+    ],
+    ids=["prompt", "response", "chat"],
+)
+def test_a_lone_surrogate_is_refused_with_its_file_and_line(tmp_path, record, what):
+    """json.dumps writes the surrogate as the escape a user's file would hold (ensure_ascii): valid JSON, not text."""
+    path = write_jsonl(tmp_path / "train.jsonl", [prompt_records(1)[0], record])
+    assert "\\ud" in path.read_text()  # the file holds the escape, as ASCII
+    with pytest.raises(UserInputError) as refused:
+        read_records(str(path))
+    assert str(refused.value) == (
+        f"{path}, line 2: {what} (half of a UTF-16 pair, written as a JSON escape), which is not text; write the "
+        "character itself, or both halves of its pair (e.g. \\ud83d\\ude00)."
+    )
+
+
+def test_a_whole_surrogate_pair_is_text(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"prompt": "smile \\ud83d\\ude00", "response": "ok"}\n')
+    assert read_records(str(path))[0]["prompt"] == "smile \U0001F600"
+
+
+def templated_tokenizer(folder: Path, template: str, byte_bpe_tokenizer):
+    """Saved and loaded again, as finetune loads a model folder's tokenizer: the template in chat_template.jinja."""
+    tokenizer = byte_bpe_tokenizer()
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_a_chat_template_that_raises_names_its_file_and_the_record(tmp_path, byte_bpe_tokenizer):
+    template, problem = BAD_TEMPLATES["raises"]
+    tokenizer = templated_tokenizer(tmp_path / "base", template, byte_bpe_tokenizer)
+    assert not ensure_chat_template(tokenizer)  # it parses: the model's own template is kept
+    short = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    longer = {"messages": [*short["messages"], {"role": "user", "content": "again"},
+                           {"role": "assistant", "content": "hello"}]}
+    path = write_jsonl(tmp_path / "chat.jsonl", [short, longer])
+    records = read_records(str(path))
+    assert len(build_examples(records[:1], tokenizer, max_seq_length=ROW, packing=False)) == 1
+    with pytest.raises(UserInputError) as refused:
+        build_examples(records, tokenizer, max_seq_length=ROW, packing=False)  # it raises on the longer one
+    assert str(refused.value) == (
+        f"{path}, line 2: the tokenizer's chat template ({tmp_path / 'base' / 'chat_template.jinja'}) {problem}; fix "
+        "the template, or remove it to get the default one."
+    )
+
+
+def test_a_chat_template_that_does_not_parse_is_refused_before_any_record_renders(tmp_path, byte_bpe_tokenizer):
+    template, problem = BAD_TEMPLATES["does_not_parse"]
+    tokenizer = templated_tokenizer(tmp_path / "base", template, byte_bpe_tokenizer)
+    with pytest.raises(UserInputError) as refused:
+        ensure_chat_template(tokenizer)
+    assert str(refused.value) == (
+        f"the tokenizer's chat template ({tmp_path / 'base' / 'chat_template.jinja'}) {problem}; fix the template, "
+        "or remove it to get the default one."
+    )

@@ -1,10 +1,7 @@
-"""Interrupted training runs, both commands (pretrain and finetune): the one kill/resume matrix.
-
-Every fault comes from outside the script (tests/helpers/faults.py): a stop signal, a SIGKILL at an exact call, a full
-disk, a second run on the same folder, a Hub that never answers. Whatever happens, a file of the user's in the output
-folder survives, the newest intact checkpoint loads, and `--resume_from_checkpoint latest` ends with exactly the
-weights of the run that was never interrupted (the reference, trained once per command).
-"""
+"""Interrupted pretrain and finetune runs, every fault from outside (tests/helpers/faults.py): a user's file in the
+output folder survives, the newest intact checkpoint loads, and `--resume_from_checkpoint latest` ends with exactly
+the weights of the run never interrupted (the reference, trained once per command). A stop signal during the final
+push, to a main process whose workers tokenize, or while it exits, ends the run with 128 + the signal."""
 
 import dataclasses
 import json
@@ -14,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,8 +21,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.helpers.faults import KILL_MARK, KILLED, run_signalled, silent_server
+from tests.helpers.processes import alive, descendants
 from tests.helpers.reference import Command, describe, error_line, succeeded
-from tests.helpers.tiny import REPO_ROOT, assert_same_weights, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env
 from tests.training.test_finetune import prompt_records, write_jsonl
 
 
@@ -56,6 +55,14 @@ def tmpfs_bytes(folder: Path) -> int:
     return sum(-(-path.stat().st_size // 4096) * 4096 for path in folder.rglob("*") if path.is_file())
 
 
+def silent_hub_env(server, tmp_path) -> dict:
+    env = {k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+    env.update(HF_ENDPOINT=server.url, HF_TOKEN="hf_silent" + os.urandom(16).hex(), HF_HUB_OFFLINE="0",
+               TRANSFORMERS_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost",
+               no_proxy="127.0.0.1,localhost")
+    return env
+
+
 @pytest.fixture
 def pretrain(reference_pretrain) -> Command:
     return reference_pretrain
@@ -68,7 +75,6 @@ def finetune(reference_finetune) -> Command:
 
 @pytest.fixture(params=["pretrain", pytest.param("finetune", marks=deep)])
 def command(request) -> Command:
-    """Each test that takes it runs once for each training command."""
     return request.getfixturevalue(f"reference_{request.param}")
 
 
@@ -78,9 +84,7 @@ def command(request) -> Command:
 @deep
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bit(command, tmp_path, signum):
-    """What a scheduler (SIGTERM) or a user (Ctrl-C) sends mid-run: the step ends, a checkpoint is saved, nothing is
-    exported, and the exit status (128 + the signal) and one line say how to resume. Resuming (by `latest` after
-    SIGTERM, by the checkpoint's path after SIGINT) ends with the reference's weights."""
+    """A scheduler's SIGTERM or a user's Ctrl-C: a checkpoint, no export, exit 128 + signal, a line on resuming."""
     out = tmp_path / "run"
     flags = ["--enable_jit_checkpoint"] if command.name == "finetune" and signum == signal.SIGINT else []
     stopped = command.at_call(out, *flags, function=STEP, nth=3, signum=signum)
@@ -121,9 +125,7 @@ def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bi
 
 @deep
 def test_ctrl_c_that_also_ends_the_reader_of_the_output_still_stops_with_a_checkpoint(finetune, tmp_path):
-    """`finetune.py ... | tee log` and Ctrl-C, which ends tee too: before, the run's next print met the closed pipe
-    mid-step (BrokenPipeError), no stop line, an empty .tmp_checkpoint. The reader here closes the pipe once
-    training is under way, then the signal comes."""
+    """`finetune.py ... | tee log` and Ctrl-C, which ends tee too: once a BrokenPipeError mid-step and no checkpoint."""
     out = tmp_path / "run"
     process = subprocess.Popen(finetune.command(out, *finetune.every()), cwd=finetune.cwd,
                                env={**pretrain_env(finetune.cwd), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
@@ -144,8 +146,7 @@ def test_ctrl_c_that_also_ends_the_reader_of_the_output_still_stops_with_a_check
 
 @deep
 def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume_only_saves(command, tmp_path):
-    """A SIGTERM in the last step: the run stops with that step's checkpoint instead of spending a preempted job's
-    seconds on evaluating and saving the model. The resume trains no step, evaluates, and saves the reference."""
+    """A preempted job spends no seconds on evaluating and saving: the resume trains no step, evaluates and saves."""
     out, flags = tmp_path / "run", []
     if command.name == "finetune":
         flags = ["--validation_file", write_jsonl(tmp_path / "validation.jsonl", prompt_records(64, offset=100))]
@@ -165,8 +166,7 @@ def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume
 
 @deep
 def test_a_stop_signal_while_the_run_starts_ends_it_at_once_with_a_line(command, tmp_path):
-    """The handler is installed before anything heavy is imported: a SIGTERM while transformers loads (Python's
-    import log says when) or while pretrain trains its tokenizer ends the run with the stop line, not a bare -15."""
+    """The handler comes before the heavy imports: the stop line, not a bare -15."""
     args = command.command(tmp_path / "out")[1:]
     when = r"import time:.*\| +transformers\."
     if command.name == "pretrain":
@@ -184,10 +184,7 @@ def test_a_stop_signal_while_the_run_starts_ends_it_at_once_with_a_line(command,
 
 
 def test_a_kill_mid_checkpoint_and_damage_fall_back_to_the_newest_intact_checkpoint(command, tmp_path):
-    """Killed right after the fifth checkpoint's weights were written (under a temporary name), the four before stay
-    whole and loadable. Then bit rot hits the newest and the one before loses its optimizer state: `latest` skips both
-    with a line, sets them aside (renamed, kept) and resumes from the one before, ending bit for bit on the
-    reference; the resume keeps the newest two checkpoints and leaves no temporary folder."""
+    """Killed in the fifth checkpoint; then `latest` sets aside a damaged one and one without optimizer state."""
     out = tmp_path / "run"
     killed = command.at_call(out, *command.every(), function="safetensors.torch.save_file",
                              match=f"checkpoints{os.sep}.tmp", nth=5)
@@ -223,8 +220,7 @@ def test_a_kill_mid_checkpoint_and_damage_fall_back_to_the_newest_intact_checkpo
 @deep
 @pytest.mark.parametrize("function, nth", [("os.mkdir", 1), (MOVES, 2)], ids=["staging-created", "second-file-moved"])
 def test_a_kill_during_the_export_keeps_user_files_and_the_resume_ends_bit_for_bit(command, tmp_path, function, nth):
-    """Killed once the export's staging folder exists, or after two of its files moved into the output folder: the
-    last step's checkpoint is there, and the resume finishes the export without a staging folder left."""
+    """Killed once the staging folder exists, or after two files moved in: the resume finishes the export."""
     out = with_notes(tmp_path / "run")
     killed = command.at_call(out, *command.every(), function=function, match=STAGING, nth=nth)
     assert killed.returncode == KILLED and KILL_MARK in killed.stderr, (
@@ -295,10 +291,7 @@ def wait_for_line(logs: list[Path], processes, pattern: str, timeout: float = 12
 
 @deep
 def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_it_finished(command, tmp_path):
-    """Two runs started together: whichever takes the folder first trains (held still here, keeping its lock), the
-    other is refused in one line naming it. After it finished, a new run is refused too (the advice names
-    --resume_from_checkpoint latest and --overwrite_output_dir), and an overwrite removes what the earlier run wrote
-    but not the user's files."""
+    """The run holding the lock (held still) trains, the other is refused; an overwrite keeps the user's files."""
     out = with_notes(tmp_path / "run")
     logs, processes = [tmp_path / "a.log", tmp_path / "b.log"], []
     env = {**pretrain_env(command.cwd), "PYTHONUNBUFFERED": "1"}
@@ -344,13 +337,10 @@ def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_
 def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(command, tmp_path):
     from tests.training.test_hub import assert_token_nowhere
 
-    token = "hf_silent" + os.urandom(16).hex()
     out = with_notes(tmp_path / "run")
     with silent_server() as server:
-        env = {k: v for k, v in pretrain_env(command.cwd).items()
-               if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
-        env.update(HF_ENDPOINT=server.url, HF_TOKEN=token, HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0",
-                   HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        env = silent_hub_env(server, command.cwd)
+        token = env["HF_TOKEN"]
         start = time.monotonic()
         try:
             result = command.run(out, *command.every(), "--push_to_hub", "--hub_model_id", "me/tiny",
@@ -374,11 +364,7 @@ def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(
 
 @deep
 def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
-    """On a copy of the finished reference (checkpoints 2, 4 and 6): a changed batch size or optimizer flag is
-    refused before training; a resume of the finished run re-exports the same model and logs its final evaluation
-    once; a resume from an older checkpoint by its path sets the newer ones aside (numbered when the name is taken)
-    and ends where it did; a longer run on another schedule applies it; a line before the last in metrics.jsonl that
-    is not JSON is named in one line."""
+    """On a copy of the finished reference (checkpoints 2, 4 and 6)."""
     out = tmp_path / "run"
     shutil.copytree(pretrain.reference, out)
     checkpoints = out / "checkpoints"
@@ -427,8 +413,7 @@ def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
 
 @deep
 def test_pretrain_seeds_decide_the_run(pretrain, tmp_path):
-    """The reference and every resume agree because they are seeded alike (--seed, default 42): another seed starts
-    from other weights on other batches, so its first loss is another."""
+    """Resumes agree with the reference because they are seeded alike: another --seed gives another first loss."""
     def first_loss(folder):
         return next(json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()
                     if '"loss"' in line)
@@ -455,9 +440,7 @@ EPOCHS_OF_THREE = ["--num_train_documents", 80, "--per_device_train_batch_size",
 
 @deep
 def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_epoch(pretrain, tmp_path):
-    """Dropout draws random numbers every step: a resumed run must draw exactly those the uninterrupted one drew.
-    And the resume lands inside the second epoch: it must read that epoch's blocks in the same order (not epoch 0's
-    again, as resumed runs once did) and skip the batch it had trained on."""
+    """Dropout's random numbers, and the second epoch's order of blocks (resumes once read epoch 0's again)."""
     values = json.loads((REPO_ROOT / "training" / "configs" / "model-tiny.json").read_text())
     (tmp_path / "dropout.json").write_text(json.dumps({**values, "attention_dropout": 0.1}))
     flags = ["--model_config", tmp_path / "dropout.json", *EPOCHS_OF_THREE, *pretrain.every()]
@@ -478,11 +461,7 @@ def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_e
 
 @deep
 def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pretrain, finetune, tmp_path):
-    """What decides the model a resume continues, changed on the command line: pretrain's tokenizer flags (the run
-    keeps its saved tokenizer) and sizes; finetune's adapter (rank, a LoRA checkpoint without --use_peft, a full one
-    with it); the data of either (a file written again, another file, another corpus size), refused before anything
-    is written. Before: ignored while the card and the arguments recorded them (the new data alone), or a traceback
-    mid-load. Data moved to another folder, its names and times kept, resumes."""
+    """Once ignored (or a traceback mid-load), now refused before anything is written; moved data resumes."""
     from tests.helpers.tiny import build_byte_bpe_tokenizer, run_side_by_side
     from tests.training.test_token_store import write_text
 
@@ -554,8 +533,7 @@ def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pre
 
 
 def folder_state(folder: Path) -> dict:
-    """Every file under `folder`: its size and modification time; not finetune's lock file (taken before the
-    checkpoint to resume is chosen, as it may set later ones aside)."""
+    """Every file's size and modification time, but finetune's lock file (taken before the checkpoint is chosen)."""
     return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
             for path in folder.rglob("*") if path.is_file() and path.name != ".lock"}
 
@@ -572,9 +550,7 @@ class Planted:
 
 @deep
 def test_a_planted_pickle_in_any_state_file_is_refused_in_one_line(pretrain, finetune, tmp_path):
-    """Each state file a resume unpickles, replaced by a pickle that would run a command, its checksum recomputed:
-    refused unread, one line naming the file and the global. Before: torch's UnpicklingError traceback, which
-    suggests weights_only=False (only random_states_0.pkl had a line)."""
+    """Checksum recomputed: once torch's traceback advising weights_only=False."""
     import pickle
 
     from hf_tinytx_training import checkpoints
@@ -604,8 +580,7 @@ def test_a_planted_pickle_in_any_state_file_is_refused_in_one_line(pretrain, fin
 
 @deep
 def test_finetune_rerun_plainly_after_a_kill_before_its_first_checkpoint_starts_afresh(finetune, tmp_path):
-    """Nothing to resume (no checkpoint yet, only the empty checkpoints/.tmp_checkpoint the start left): the same
-    command again is a new run, not refused as "already holds an earlier run"."""
+    """Only the start's empty .tmp_checkpoint: the same command is a new run, not "already holds an earlier run"."""
     out = with_notes(tmp_path / "run")
     killed = finetune.at_call(out, function=STEP, nth=1, when="before")
     assert killed.returncode == KILLED, describe(killed)
@@ -617,9 +592,7 @@ def test_finetune_rerun_plainly_after_a_kill_before_its_first_checkpoint_starts_
 
 @deep
 def test_finetune_killed_while_replacing_a_model_leaves_one_that_loads(finetune, tmp_path):
-    """A second fine-tune replacing the first (--overwrite_output_dir), killed while it saves: first when its weights
-    are written (the folder still holds the first run's files, byte for byte), then after two of its files were moved
-    in (the new weights beside the first run's config: the folder still loads); a third run then saves completely."""
+    """A second fine-tune (--overwrite_output_dir) killed as it writes its weights, then after two moves."""
     out = tmp_path / "run"
     shutil.copytree(finetune.reference, out)
     again = ["--learning_rate", "1e-3", "--overwrite_output_dir"]  # weights that differ from the first's
@@ -647,8 +620,7 @@ def test_finetune_killed_while_replacing_a_model_leaves_one_that_loads(finetune,
 
 @deep
 def test_finetune_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does_not(finetune, tmp_path):
-    """A LoRA run with --merge, then a full fine-tune with --overwrite_output_dir into the same folder: the adapter's
-    files and merged/ go (they would sit beside the new model, and PEFT would load the old adapter); notes stay."""
+    """LoRA with --merge, then a full fine-tune over it: PEFT would load the old adapter beside the new model."""
     out = with_notes(tmp_path / "run")
     succeeded(finetune.run(out, "--max_steps", 2, "--use_peft", "--merge"))
     assert (out / "adapter_config.json").is_file() and (out / "merged" / "model.safetensors").is_file()
@@ -666,10 +638,7 @@ def test_finetune_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does
 @pytest.mark.parametrize("merged, rerun", [("default", "--resume_from_checkpoint"), ("own", "--overwrite_output_dir")],
                          ids=["merged-resumed", "merged_output_dir-overwritten"])
 def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetune, tmp_path, merged, rerun):
-    """--use_peft --merge killed right after the merged weights moved into their folder, before its config: the
-    record of what the run writes there is saved first, so the rerun (resumed, or replacing the run) takes the folder
-    as its own and completes it; before, every rerun was refused ("holds a model that tinytx finetune did not
-    write")."""
+    """Once every rerun was refused ("holds a model that tinytx finetune did not write")."""
     out = with_notes(tmp_path / "run")
     merged_dir = out / "merged" if merged == "default" else tmp_path / "elsewhere"
     flags = ["--max_steps", 2, "--save_steps", 2, "--use_peft", "--merge"]
@@ -688,10 +657,7 @@ def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetu
 
 @deep
 def test_kill_campaign_quick(tmp_path):
-    """Two trials per command (pretrain, finetune, convert): a SIGKILL at a random time or an exact call, and a
-    SIGTERM mid-training; convert also publishes over a model of another shape and over planted links, killed at a
-    move. Every rerun ends bit for bit on the straight run, nothing is lost or written through a link, and every
-    stop signal keeps its promise (a stop line and exit 128 + signal, or a finished run)."""
+    """tests/kill_campaign --quick: two trials per command, and convert's publish over another shape and links."""
     result = subprocess.run(
         [sys.executable, "-m", "tests.kill_campaign", "--quick", "--out", str(tmp_path / "results")],
         cwd=REPO_ROOT, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=900,
@@ -717,10 +683,7 @@ def test_kill_campaign_quick(tmp_path):
 
 @deep
 def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_ends_bit_for_bit(pretrain, tmp_path):
-    """torchrun forwards SIGTERM to each rank (then SIGKILLs after --shutdown_timeout, 30 s): the ranks may get it a
-    step apart, agree on one step in the step's all-reduce, save one checkpoint together, and stop. torchrun itself
-    then exits 1 with its own SignalException; the run's line is rank 0's. 60 steps: a signal sent at the first
-    progress bar lands mid-run."""
+    """The ranks may get torchrun's SIGTERM a step apart: they agree on one step and save one checkpoint."""
     env = pretrain_env(tmp_path, OMP_NUM_THREADS="1")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     command = [*torchrun, *pretrain.command(tmp_path / "straight")[1:], "--per_device_train_batch_size", 4,
@@ -746,8 +709,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_ends_bi
 
 
 def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_one_line(tmp_path):
-    """trainer_state.json as pretrain.py has always written it reads back whole; one that lacks a field a resume needs
-    (not written by pretrain.py) is one line naming the field, not a KeyError."""
+    """A trainer_state.json that lacks a field a resume needs is one line naming it, not a KeyError."""
     from hf_tinytx_training import checkpoints
     from hf_tinytx_training.errors import UserInputError
 
@@ -768,9 +730,7 @@ def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_o
 
 
 def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is_the_same(tmp_path):
-    """The comparison a resume makes (checkpoints.refuse_data_change), without a run: a file written again, another
-    file, another flag are each named; the same file moved to another folder with its times kept is the same data;
-    a checkpoint from before the fingerprint has nothing to compare."""
+    """checkpoints.refuse_data_change without a run; a checkpoint from before the fingerprint has nothing to compare."""
     from types import SimpleNamespace
 
     from hf_tinytx_training import checkpoints
@@ -799,3 +759,143 @@ def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is
                                            how)
         assert str(refused.value).startswith(f"{checkpoint} was trained on other data: {words}"), refused.value
         assert str(refused.value).endswith("resume with the same data flags and unchanged files, or fine-tune anew.")
+
+
+# ---------------------------------------------------------------- stops during the push, the workers, the exit
+
+PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
+FINETUNE = str(REPO_ROOT / "training" / "finetune.py")
+FAST = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4", "--eval_steps", "100", "--num_probes_per_kind", "0",
+        "--num_samples", "0"]
+LONG_WAIT = "300"  # a --hub_timeout no test may sit out: a stop must end the wait long before
+PROMPT = 60  # seconds a stop may take to end the process; generous, so that a loaded machine does not fail the test
+
+
+class Running:
+    """A command started in the background; its stdout and stderr (together) read line by line as they come."""
+
+    def __init__(self, command, env, cwd):
+        self.process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        pending = b""
+        for chunk in iter(lambda: self.process.stdout.read1(65536), b""):
+            *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+            self.lines += [line.decode(errors="replace") for line in lines]
+        self.lines.append(pending.decode(errors="replace"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> None:
+        regex, deadline = re.compile(pattern), time.monotonic() + timeout
+        while not any(regex.search(line) for line in list(self.lines)):
+            assert self.process.poll() is None, f"ended before {pattern!r}:\n{self.output[-4000:]}"
+            assert time.monotonic() < deadline, f"no {pattern!r} within {timeout} s:\n{self.output[-4000:]}"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"still running {timeout} s after the signal:\n{self.output[-4000:]}")
+        finally:
+            self._reader.join(timeout=10)
+
+
+def assert_stopped_during_push(run: Running, code: int, signum: int, program: str, folder) -> None:
+    output = run.output
+    assert code == 128 + signum, f"returncode {code}\n{output[-4000:]}"
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
+    lines = [line for line in run.lines if line.startswith(f"{program}: stopped by {signal.Signals(signum).name}")]
+    assert len(lines) == 1, output[-4000:]
+    assert f"the local folder {folder} is complete: push it with `hf upload " in lines[0], lines[0]
+    from transformers import AutoModelForCausalLM
+
+    import hf_tinytx  # noqa: F401
+
+    assert AutoModelForCausalLM.from_pretrained(folder).config.model_type == "tinytx"
+
+
+@deep
+def test_sigterm_during_a_pretrain_push_that_never_finishes_ends_it_at_once(tmp_path):
+    out = tmp_path / "out"
+    with silent_server() as server:
+        run = Running([sys.executable, PRETRAIN, *FAST, "--output_dir", str(out), "--push_to_hub", "--hub_model_id",
+                       "me/tiny", "--hub_timeout", LONG_WAIT], silent_hub_env(server, tmp_path), tmp_path)
+        run.wait_for(r"^Model folder: ")
+        time.sleep(1)  # inside the wait for the upload
+        run.process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = run.finish(timeout=PROMPT)
+    assert time.monotonic() - started < PROMPT
+    assert_stopped_during_push(run, code, signal.SIGTERM, "pretrain.py", out)
+    assert not (out / ".lock").exists()
+
+
+@deep
+def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_at_once(tmp_path):
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
+    from tests.training.test_finetune import QUICK
+
+    build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
+    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")
+    write_jsonl(tmp_path / "train.jsonl", prompt_records(16))
+    with silent_server() as server:
+        run = Running([sys.executable, FINETUNE, "--model_name_or_path", "base", "--train_file", "train.jsonl",
+                       "--output_dir", "tuned", "--push_to_hub", "--hub_model_id", "me/tuned", "--hub_timeout",
+                       LONG_WAIT, *QUICK], silent_hub_env(server, tmp_path), tmp_path)
+        run.wait_for(r"^Model saved to ")
+        time.sleep(1)
+        for _ in range(3):
+            run.process.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+        code = run.finish(timeout=PROMPT)
+    assert_stopped_during_push(run, code, signal.SIGINT, "finetune.py", tmp_path / "tuned")
+
+
+@deep
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the workers' death is Linux's prctl")
+def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(tmp_path):
+    # Enough text that tokenizing it with 2 workers takes a while: the signal lands while they work.
+    words = "the miller kept his grain in the old mill by the river and sold bread".split()
+    with open(tmp_path / "big.txt", "w", encoding="utf-8") as f:
+        for i in range(200_000):  # 20 MB
+            f.write(" ".join(words[(i + j) % len(words)] for j in range(18)) + ".\n\n")
+    command = [sys.executable, PRETRAIN, *FAST, "--train_file", str(tmp_path / "big.txt"),
+               "--preprocessing_num_workers", "2", "--output_dir", str(tmp_path / "out")]
+    run = Running(command, pretrain_env(tmp_path), tmp_path)
+    deadline, workers = time.monotonic() + 240, set()
+    while len(workers) < 2:  # what torchrun does to a rank: SIGTERM to that process, not its group
+        assert run.process.poll() is None and time.monotonic() < deadline, run.output[-4000:]
+        workers = set(descendants(run.process.pid))
+        time.sleep(0.05)
+    run.process.send_signal(signal.SIGTERM)
+    code = run.finish(timeout=PROMPT)
+    assert code == 128 + signal.SIGTERM, f"returncode {code}\n{run.output[-4000:]}"
+    deadline = time.monotonic() + 10
+    while any(map(alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, workers)), f"workers {sorted(filter(alive, workers))} outlived their parent"
+
+
+@deep
+def test_a_second_sigterm_while_a_stopped_run_exits_keeps_its_status(tmp_path):
+    # Started as `tinytx pretrain` (its module form), so its lines name it so, not "pretrain.py".
+    command = [sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps", "60",
+               "--num_probes_per_kind", "0", "--num_samples", "0", "--output_dir", str(tmp_path / "out")]
+    run = Running(command, pretrain_env(tmp_path), tmp_path)
+    run.wait_for(r"^train:.*\| *[1-9]\d*/")
+    run.process.send_signal(signal.SIGTERM)
+    run.wait_for(r"^tinytx pretrain: stopped at step \d+ of 60 by SIGTERM")
+    while run.process.poll() is None:  # again and again while it exits, up to its very last moments
+        run.process.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
+    code = run.finish(timeout=PROMPT)
+    assert code == 128 + signal.SIGTERM, f"returncode {code}\n{run.output[-4000:]}"

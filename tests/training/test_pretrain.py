@@ -6,7 +6,6 @@ import platform
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import yaml
@@ -85,8 +84,7 @@ def test_model_card_parses_with_metadata(trained_folder):
 
 
 def test_the_card_draws_the_head_the_head_search_finds_for_it(trained_folder):
-    """The head whose attention from the last "The" leans most to the noun "it" means: named on the console and in
-    the card, with its weights on both nouns, and drawn on one probe sentence (coref_head.png)."""
+    """The head leaning most from the last "The" to the noun "it" means: named, and drawn in coref_head.png."""
     output_dir, result = trained_folder
     found = re.search(r'^the head that resolves "it": layer (\d+) head (\d+); from the last "The" it puts '
                       r'(\d\.\d\d) of its attention on the noun "it" means and (\d\.\d\d) on the other',
@@ -101,8 +99,7 @@ def test_the_card_draws_the_head_the_head_search_finds_for_it(trained_folder):
 
 
 def test_model_card_gives_each_probe_its_chance_level_and_the_samples(trained_folder):
-    """A probe at 0.25 reads as learning unless the card says what guessing scores; the samples the run printed are
-    in the card too, not only on the console."""
+    """A probe at 0.25 reads as learning unless the card says what guessing scores."""
     from hf_tinytx.corpus import make_probes
     from hf_tinytx.probes import chance_levels
 
@@ -134,9 +131,11 @@ def test_folder_loads_natively_and_generates(trained_folder):
 
 
 def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_path):
+    from tests.training.test_hub import run_python
+
     output_dir, _ = trained_folder
-    script = BLOCK_HF_TINYTX + textwrap.dedent(
-        f"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = run_python(BLOCK_HF_TINYTX, f"""
         import sys
         from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({str(output_dir)!r}, trust_remote_code=True)
@@ -145,13 +144,7 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
         output = model.generate(**inputs, max_new_tokens=4, do_sample=False)
         assert not any(name.startswith("hf_tinytx") for name in sys.modules)
         print("REMOTE", type(model).__module__, output.shape[1] - inputs["input_ids"].shape[1])
-        """
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+        """, env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=300)
     line = [line for line in result.stdout.splitlines() if line.startswith("REMOTE")][0]
     module, new_tokens = line.split()[1:]
     assert module.startswith("transformers_modules") and 1 <= int(new_tokens) <= 4
@@ -159,9 +152,7 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
 
 @pytest.mark.deep
 def test_report_to_every_tracker_writes_the_logged_rows(run_pretrain, tmp_path):
-    """--report_to hands the rows of metrics.jsonl to Accelerate's trackers: TensorBoard's event files, trackio's
-    database and wandb's offline run get the same losses at the same steps, the evaluations at theirs, and the run's
-    arguments (never the Hub token) as hyperparameters."""
+    """TensorBoard, trackio and wandb (offline) get metrics.jsonl's rows and the arguments, never the Hub token."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.helpers.tiny import pretrain_env
@@ -202,8 +193,7 @@ SIZE_FLAGS = ("--hidden_size", "--intermediate_size", "--num_hidden_layers", "--
 
 
 def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder, tmp_path):
-    """--init_from a finished run's folder: its architecture, weights and tokenizer, not a new model. At a learning
-    rate of 1e-9 two steps move no weight by more than ~2e-9, so the new folder's weights are the old ones."""
+    """At a learning rate of 1e-9 two steps move no weight by more than ~2e-9."""
     import torch
     from safetensors.torch import load_file
 
@@ -213,8 +203,7 @@ def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder
     # Without the size overrides: --init_from keeps the saved architecture and refuses them.
     flags = [arg for i, arg in enumerate(TINY_PRETRAIN_ARGS)
              if arg not in SIZE_FLAGS and (i == 0 or TINY_PRETRAIN_ARGS[i - 1] not in SIZE_FLAGS)]
-    # Started as the README's other spelling, `python -m hf_tinytx_training.pretrain`, from a folder outside the
-    # checkout.
+    # The README's other spelling, from a folder outside the checkout.
     command = [sys.executable, "-m", "hf_tinytx_training.pretrain", *flags, "--init_from", str(source),
                "--output_dir", str(tmp_path / "more"), "--max_train_steps", "2", "--learning_rate", "1e-9",
                "--num_probes_per_kind", "0", "--num_samples", "0"]
@@ -230,8 +219,7 @@ def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder
 
 
 def test_a_named_tokenizer_a_text_column_and_a_token_budget(run_pretrain, trained_folder, tmp_path):
-    """--tokenizer_name uses that tokenizer instead of training a BPE (the model's vocabulary is its size),
-    --text_column reads documents from another field, and --max_train_tokens plans the steps (3 x 8 x 64 tokens)."""
+    """--max_train_tokens plans the steps: 3 x 8 x 64 tokens."""
     from transformers import AutoTokenizer
 
     from tests.helpers.tiny import REPO_ROOT
@@ -257,8 +245,7 @@ def test_a_named_tokenizer_a_text_column_and_a_token_budget(run_pretrain, traine
 
 @pytest.mark.deep
 def test_a_busy_machine_gets_one_line_on_threads_and_one_thread_gets_none(run_pretrain, tmp_path):
-    """Busy loops on every core beside the run: with 2 torch threads it says once what to do (OMP_NUM_THREADS=1);
-    with 1 thread, which waits on nobody, it says nothing."""
+    """Busy loops on every core: 2 threads get one line (OMP_NUM_THREADS=1), 1 thread, which waits on nobody, none."""
     from tests.helpers.tiny import pretrain_env
 
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]

@@ -1,13 +1,15 @@
-"""The fast recipe in pretrain.py: Muon for the hidden matrices (--optimizer muon) and a run planned in seconds
-(--max_train_seconds alone), whose learning-rate schedule ends on the clock. Both resume exactly where they stopped."""
+"""Pre-training you can trust, and its fast recipe: evaluation and recomputation change nothing, a diverging run
+stops before NaN weights, Muon for the hidden matrices, a run planned in seconds whose schedule ends on the clock."""
 
 import copy
 import json
 import math
+import os
 import signal
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from hf_tinytx import TinyTxForCausalLM
 from hf_tinytx_training.args import PretrainArguments
@@ -15,15 +17,96 @@ from hf_tinytx_training.distributed import sharding
 from hf_tinytx_training.optim import optimizers
 from hf_tinytx_training.optim.optimizers import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
 from hf_tinytx_training.optim.schedules import Clock
+from tests.helpers.reference import error_line
 from tests.helpers.tiny import assert_same_weights, build_tiny_config, kill_after_call, pretrain_env
-from tests.training.test_pretrain_trust import QUIET, rows
 
 
 pytestmark = pytest.mark.deep
 
+QUIET = ["--num_probes_per_kind", 0, "--num_samples", 0]
+
+
+def rows(folder):
+    with open(os.path.join(folder, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
 
 def train_rows(folder):
     return [row for row in rows(folder) if "loss" in row]
+
+
+# ---- trust
+
+
+def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_pretrain, tmp_path):
+    """Once, with gradient accumulation, Accelerate stepped the optimizer on every micro-batch after an evaluation."""
+    flags = ["--gradient_accumulation_steps", 2, "--per_device_train_batch_size", 4, "--max_eval_batches", 2,
+             "--max_train_steps", 6, *QUIET]
+    run_pretrain("--output_dir", tmp_path / "often", *flags, "--eval_steps", 2)
+    run_pretrain("--output_dir", tmp_path / "never", *flags, "--eval_steps", 1000)
+    assert_same_weights(tmp_path / "often", tmp_path / "never")
+    steps = [r for r in rows(tmp_path / "often") if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows(tmp_path / "often") if "eval_loss" in r] == [2, 4, 6]  # 6: the final one
+    assert all(r["tokens"] == r["step"] * 8 * 64 for r in steps)  # 2 micro-batches of 4 blocks of 64 tokens a step
+
+
+def test_gradient_checkpointing_trains_the_same_model(run_pretrain, tmp_path, reference_pretrain):
+    """The same arithmetic, so the same weights, and no deprecation warning (the switch was renamed in 5.2x)."""
+    result = run_pretrain("--output_dir", tmp_path / "run", "--max_train_steps", 6, "--gradient_checkpointing", *QUIET)
+    assert "checkpointing_enable` is deprecated" not in result.stderr
+    assert_same_weights(tmp_path / "run", reference_pretrain.reference)
+
+
+def test_a_diverging_run_stops_before_its_weights_turn_to_nan(run_pretrain, tmp_path):
+    out = tmp_path / "run"
+    result = run_pretrain("--output_dir", out, "--learning_rate", 1e30, "--max_train_steps", 6,
+                          "--checkpointing_steps", 1, *QUIET, check=False)
+    error = error_line(result, "pretrain", "Stopped at step", "nothing was exported", "--learning_rate")
+    assert result.returncode == 1 and ("nan" in error or "inf" in error)
+    assert not (out / "model.safetensors").exists()
+    saved = sorted(os.listdir(out / "checkpoints"))
+    for name in saved:
+        if name.startswith("step_"):
+            weights = load_file(out / "checkpoints" / name / "model.safetensors")
+            assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_a_clock_the_user_set_says_where_it_stopped_and_resuming_goes_on(run_pretrain, tmp_path):
+    """Once a resume started with its seconds spent, took no step and exported the model as if finished."""
+    out = tmp_path / "run"
+    flags = ["--output_dir", out, "--max_train_steps", 500, "--max_train_seconds", 1, *QUIET]
+    result = run_pretrain(*flags)
+    final = [r for r in rows(out) if r.get("final") and "eval_loss" in r][0]
+    assert final["stopped_by_clock"] and final["planned_steps"] == 500 and final["step"] < 500
+    assert f"Stopped by the clock at step {final['step']} of 500 planned" in result.stdout
+    assert f"stopped by the clock at step {final['step']} of 500 planned" in (out / "README.md").read_text()
+
+    resumed = run_pretrain(*flags, "--resume_from_checkpoint", "latest")
+    steps = [r["step"] for r in rows(out) if "loss" in r]
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > final["step"]  # on from the step it stopped at
+    again = [r for r in rows(out) if r.get("final") and "eval_loss" in r][-1]
+    assert again["step"] == steps[-1]
+    if again["step"] < 500:  # cut by the clock again: it says so again
+        assert again["stopped_by_clock"]
+        assert f"Stopped by the clock at step {again['step']} of 500 planned" in resumed.stdout
+
+
+def test_a_half_written_tokenizer_is_named_when_a_resume_needs_it(run_pretrain, tmp_path):
+    """A resume needs the ids trained; a fresh start (no checkpoint beside it) makes a new tokenizer."""
+    out = tmp_path / "out"
+    tokenizer_dir = out / "checkpoints" / "tokenizer"
+    tokenizer_dir.mkdir(parents=True)
+    (tokenizer_dir / "special_tokens_map.json").write_text("{}")
+    run_pretrain("--output_dir", out, "--resume_from_checkpoint", "latest", "--max_train_steps", 2, *QUIET)
+    assert (tokenizer_dir / "tokenizer.json").is_file()  # replaced by the fresh start's
+
+    for name in os.listdir(tokenizer_dir):
+        if name != "special_tokens_map.json":
+            os.unlink(tokenizer_dir / name)
+    result = run_pretrain("--output_dir", out, "--resume_from_checkpoint", "latest", "--max_train_steps", 4,
+                          check=False)
+    error_line(result, "pretrain", str(tokenizer_dir), "no tokenizer files")
 
 
 # ---- Muon
@@ -52,8 +135,7 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_weight_decay_and_muon_learning_rate_reach_their_groups(optimizer):
-    """--weight_decay decays the matrices and never the norms' gains; --muon_learning_rate is Muon's own rate, and
-    without it Muon runs at --learning_rate."""
+    """Never decay on the norms' gains; without --muon_learning_rate Muon runs at --learning_rate."""
     model = TinyTxForCausalLM(build_tiny_config(tie_word_embeddings=False))
     names = {id(p): name for name, p in model.named_parameters()}
     for muon_lr, expected_muon_lr in ((None, 3e-3), (0.02, 0.02)):
@@ -71,8 +153,7 @@ def test_weight_decay_and_muon_learning_rate_reach_their_groups(optimizer):
 
 
 def test_stacked_muon_makes_torch_muons_update(monkeypatch):
-    """Newton-Schulz on a stack of same-shaped matrices (tall ones transposed) is torch.optim.Muon's arithmetic.
-    Both in bf16, as torch's always is (ours is fp32 on a CPU without fast bf16: the next test)."""
+    """Both in bf16, as torch's always is (ours is fp32 on a CPU without fast bf16: the next test)."""
     monkeypatch.setattr(optimizers, "iteration_dtype", lambda device_type: torch.bfloat16)
     shapes = [(32, 32), (32, 32), (88, 32), (32, 88), (88, 32)]
     generator = torch.Generator().manual_seed(0)
@@ -185,8 +266,7 @@ def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain,
     out = tmp_path / "run"
     flags = ["--output_dir", out, "--max_train_seconds", BUDGET, "--eval_steps", 10**6, "--checkpointing_steps", 1,
              *QUIET]
-    # Killed right after the second save_state returns (step 2, still under its temporary name): step_1 is resumed.
-    # Two steps fit in the budget on any machine that trains at all.
+    # Killed as step 2 saves (two steps fit in the budget on any machine): step_1 is resumed.
     crashed = run_pretrain(*flags, check=False, launcher=kill_after_call("accelerate.Accelerator.save_state", nth=2))
     assert crashed.returncode == -signal.SIGKILL, "the budget ran out before step 2:\n" + crashed.stdout[-2000:]
     state = json.loads((out / "checkpoints" / "step_1" / "trainer_state.json").read_text())
@@ -198,8 +278,7 @@ def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain,
     assert "Resumed from" in result.stdout and "at step 1" in result.stdout
     after = [row for row in train_rows(out) if row["step"] > 1]
     assert after[0]["step"] == 2
-    # This process trained for what the budget had left, not for the whole budget again, on the clock it resumed (the
-    # log's seconds go on from the earlier launch's).
+    # It trained for what the budget had left, on the clock it resumed.
     assert after[-2]["elapsed_seconds"] <= BUDGET + 0.006 <= after[-1]["elapsed_seconds"] + 0.012
     assert after[0]["elapsed_seconds"] > state["trained_seconds"]
     assert_each_rate_follows_the_clock(after)
@@ -209,16 +288,12 @@ def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain,
 
 
 def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
-    """--torch_compile compiles the forward in place: the folder holds the model's own weight names (a torch.compile
-    wrapper would have saved them all under "_orig_mod.", and from_pretrained would have started from random ones)."""
-    from safetensors.torch import load_file
+    """A torch.compile wrapper would have saved every name under "_orig_mod.", which from_pretrained ignores."""
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    # torch's own log of each recompile: training compiles once, evaluation (no gradients) once more; the probes and
-    # the sample, in many lengths, must not compile again (they did: eight graphs, and the 2-layer run took 137 s on a
-    # cold cache instead of 69 s).
-    # One layer: the C++ compiles of a cold cache are most of this test's minute, and a second layer adds ~20% to them.
+    # Training compiles once, evaluation once more; the probes and samples of many lengths must not (they once did).
+    # One layer: a cold cache's C++ compiles are most of this test's minute.
     result = run_pretrain("--output_dir", out, "--torch_compile", "--max_train_steps", 3, "--num_hidden_layers", 1,
                           env={**pretrain_env(tmp_path), "TORCH_LOGS": "recompiles"})
     assert result.stderr.count("Recompiling function") == 1, result.stderr[-3000:]
@@ -237,10 +312,7 @@ def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
 
 
 def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path):
-    """--mixed_precision bf16 on a CPU: the matmuls run in bf16 (the losses differ from fp32 by rounding), the weights
-    and the export stay fp32."""
-    from safetensors.torch import load_file
-
+    """The losses differ from fp32's by rounding; the weights and the export stay fp32."""
     fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
     run_pretrain("--output_dir", fp32, "--max_train_steps", 3, *QUIET)
     result = run_pretrain("--output_dir", bf16, "--mixed_precision", "bf16", "--max_train_steps", 3, *QUIET)
@@ -253,20 +325,6 @@ def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path)
     assert {tensor.dtype for tensor in load_file(bf16 / "model.safetensors").values()} == {torch.float32}
 
 
-@pytest.mark.parametrize("flags, word", [
-    (["--optimizer", "sgd"], "--optimizer must be auto, adamw or muon"),
-    (["--optimizer", "muon", "--muon_learning_rate", "-1"], "--muon_learning_rate"),
-    (["--max_train_seconds", "5", "--lr_scheduler_type", "polynomial"], "has no form over the clock"),
-])
-def test_bad_recipe_values_are_refused_in_one_line(run_pretrain, tmp_path, flags, word):
-    from tests.training.test_pretrain_trust import one_line_error
-
-    result = run_pretrain("--output_dir", tmp_path / "out", *flags, check=False)
-    assert result.returncode == 2
-    one_line_error(result, word)
-    assert not (tmp_path / "out").exists()
-
-
 @pytest.mark.parametrize("kind, expected", [
     ("cosine", lambda p: 0.5 * (1 + math.cos(math.pi * p))),
     ("linear", lambda p: 1 - p),
@@ -275,8 +333,7 @@ def test_bad_recipe_values_are_refused_in_one_line(run_pretrain, tmp_path, flags
     ("warmup_stable_decay", lambda p: min(1.0, (1 - p) / 0.3)),
 ])
 def test_every_clock_shape_is_its_formula_of_the_time_spent_after_the_warmup(kind, expected):
-    """A run planned in seconds: the rate follows the clock's progress whatever the step count; warm-up is counted in
-    steps (none for `constant`)."""
+    """Whatever the step count; warm-up is counted in steps (none for `constant`)."""
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     args = PretrainArguments(lr_scheduler_type=kind, num_warmup_steps=4)

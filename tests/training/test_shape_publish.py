@@ -1,11 +1,6 @@
-"""Publishing a model of another shape over an earlier one (issue 40), killed from outside at every rename.
-
-A model with 2 layers replaces one with 3: `convert --overwrite` (Llama -> Llama, Llama -> TinyTx), pretrain and
-finetune `--overwrite_output_dir`, and a GGUF export over an earlier file. SIGKILL (tests/helpers/launch.py, the
-scripts unchanged) right before the first and right after every move out of the staging folder; after each kill the
-folder loads as exactly the old model or the new one, or refuses in one line (`hf_tinytx.folders.publish` takes the
-old config out first), never as a mix; then the same command, run again, completes and leaves no staging folder.
-"""
+"""A model of 2 layers published over one of 3 (issue 40: convert --overwrite, pretrain and finetune
+--overwrite_output_dir, GGUF), SIGKILLed from outside before and after each move out of the staging folder: the folder
+loads as the old model or the new one, or refuses in one line, never a mix; the command run again completes."""
 
 import shutil
 import subprocess
@@ -54,27 +49,30 @@ def assert_old_new_or_refused(folder: Path, old: dict, new: dict, where: str) ->
     return False
 
 
-def walk_kills(original: Path, tmp_path: Path, args, script, env=None, cwd=None) -> dict:
-    """Kills `script args` (writing into a copy of `original` named by the placeholder DEST) right before the first
-    move out of the staging folder and right after each one, two at a time, until a run completes unkilled.
-    Returns {kill point: (copy, CompletedProcess)}; the last entry is the run that completed."""
+def kill_copies(original: Path, tmp_path: Path, points, args, **how) -> list:
+    """[(point, copy, run)]: `args` (DEST: the copy) on a copy of `original` for each kill point, two at a time."""
     def one(point):
-        when, nth = point
-        copy = tmp_path / f"kill-{when}-{nth}"
+        copy = tmp_path / f"kill-{point[0]}-{point[1]}"
         shutil.copytree(original, copy, symlinks=True)
-        command = [str(copy) if arg == "DEST" else arg for arg in args]
-        result = run_killed_at(command, env=env, cwd=cwd or REPO_ROOT, function=MOVES, match=STAGING, nth=nth,
-                               when=when, script=script, timeout=300)
-        return point, (copy, result)
+        command = [str(copy) if arg == "DEST" else str(arg) for arg in args]
+        return point, copy, run_killed_at(command, function=MOVES, match=STAGING, nth=point[1], when=point[0],
+                                          timeout=300, **how)
 
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(one, points))
+
+
+def walk_kills(original: Path, tmp_path: Path, args, script) -> dict:
+    """{kill point: (copy, run)}: killed before the first move and after each one, up to the first run that
+    completes (the last entry)."""
     points = [("before", 1)] + [("after", nth) for nth in range(1, 100)]
     runs = {}
-    with ThreadPoolExecutor(2) as pool:
-        for start in range(0, len(points), 2):
-            for point, (copy, result) in pool.map(one, points[start:start + 2]):
-                runs[point] = (copy, result)
-            if any(result.returncode != KILLED for _, result in runs.values()):
-                break
+    for start in range(0, len(points), 2):
+        for point, copy, result in kill_copies(original, tmp_path, points[start:start + 2], args, script=script,
+                                               cwd=REPO_ROOT):
+            runs[point] = (copy, result)
+        if any(result.returncode != KILLED for _, result in runs.values()):
+            break
     finished = [point for point, (_, result) in runs.items() if result.returncode != KILLED]
     assert finished, "no run completed"
     first_unkilled = finished[0]
@@ -87,8 +85,7 @@ def walk_kills(original: Path, tmp_path: Path, args, script, env=None, cwd=None)
 
 
 def assert_every_kill_point(runs: dict, old: dict, new: dict, notes: str | None = NOTES) -> list[Path]:
-    """Each killed copy loads as the old or the new model or refuses; at least one kill left no config (the old
-    config taken out first); returns the killed copies."""
+    """The killed copies, each the old or the new model or refused; at least one refused (its config taken out)."""
     killed, refused = [], 0
     for point, (copy, result) in runs.items():
         if result.returncode != KILLED:
@@ -111,7 +108,7 @@ def assert_complete(folder: Path, new: dict) -> None:
 
 
 def tiny_source(folder: Path, to: str, layers: int, seed: int) -> Path:
-    """A folder to convert `--to to`: a TinyTx model for --to llama, a Llama one (converted from TinyTx) else."""
+    """A TinyTx model to convert --to llama, a Llama one else."""
     model = build_tiny_model(seed=seed, num_hidden_layers=layers, vocab_size=320)
     if to == "tinytx":
         from hf_tinytx.convert import tinytx_to_llama
@@ -162,12 +159,8 @@ def test_convert_names_an_interrupted_save_in_one_line(tmp_path, capsys):
 
 def test_gguf_overwrite_with_fewer_layers_is_one_rename(tmp_path):
     pytest.importorskip("gguf")
-    old_source = build_tiny_model(seed=0, num_hidden_layers=3, vocab_size=320)
-    old_source.save_pretrained(tmp_path / "a")
-    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "a")
-    new_source = build_tiny_model(seed=1, num_hidden_layers=2, vocab_size=320)
-    new_source.save_pretrained(tmp_path / "b")
-    build_byte_bpe_tokenizer().save_pretrained(tmp_path / "b")
+    tiny_source(tmp_path / "a", "llama", 3, 0)
+    tiny_source(tmp_path / "b", "llama", 2, 1)
     assert convert_main(["--to", "gguf", str(tmp_path / "a"), str(tmp_path / "old.gguf")]) == 0
     assert convert_main(["--to", "gguf", str(tmp_path / "b"), str(tmp_path / "new.gguf")]) == 0
     old, new = (tmp_path / "old.gguf").read_bytes(), (tmp_path / "new.gguf").read_bytes()
@@ -207,25 +200,15 @@ def run(script: Path, args, tmp_path: Path, cwd: Path) -> subprocess.CompletedPr
 
 
 def check_training_walk(tmp_path, script, first_args, again_args, cwd) -> None:
-    """`first_args` (3 layers) into `original`, then `again_args` (2 layers, --overwrite_output_dir) killed right
-    before the publish's first move and right after its first two (the shared publish is walked move by move in the
-    convert tests above; a training run a kill point costs ~12 s): each copy loads as the old model or refuses, and
-    the one left with no config is run again to completion, as the new model."""
+    """`again_args` over `first_args`' folder, killed before the first move and after the first two (convert walks
+    every move; a training run a kill point costs ~12 s); the copy left with no config is run again."""
     original = tmp_path / "original"
     run(script, [*first_args, "--output_dir", original], tmp_path, cwd)
     (original / "notes.txt").write_text(NOTES)
     old = weights_of(original)
 
-    def one(point):
-        copy = tmp_path / f"kill-{point[0]}-{point[1]}"
-        shutil.copytree(original, copy, symlinks=True)
-        command = [*map(str, again_args), "--output_dir", str(copy)]
-        return point, copy, run_killed_at(command, env=pretrain_env(tmp_path),
-                                          cwd=cwd, function=MOVES, match=STAGING, nth=point[1], when=point[0],
-                                          script=script, timeout=300)
-
-    with ThreadPoolExecutor(2) as pool:
-        kills = list(pool.map(one, [("before", 1), ("after", 1), ("after", 2)]))
+    kills = kill_copies(original, tmp_path, [("before", 1), ("after", 1), ("after", 2)],
+                        [*again_args, "--output_dir", "DEST"], env=pretrain_env(tmp_path), cwd=cwd, script=script)
     refused = 0
     for point, copy, result in kills:
         assert result.returncode == KILLED and KILL_MARK in result.stderr, f"{point}: {result.stderr[-2000:]}"
@@ -250,8 +233,7 @@ def test_finetune_overwrite_with_fewer_layers_killed_in_its_publish(tmp_path):
     from tests.training.test_finetune import QUICK, prompt_records, write_jsonl
 
     for name, layers in (("base3", 3), ("base2", 2)):
-        build_tiny_model(num_hidden_layers=layers, vocab_size=320).save_pretrained(tmp_path / name)
-        build_byte_bpe_tokenizer().save_pretrained(tmp_path / name)
+        tiny_source(tmp_path / name, "llama", layers, 0)
     write_jsonl(tmp_path / "train.jsonl", prompt_records(8))
     common = ["--train_file", "train.jsonl", *QUICK, "--max_steps", "2"]
     first = ["--model_name_or_path", "base3", *common]

@@ -1,8 +1,6 @@
-"""The token store (issue 55): a corpus tokenized once, in parallel, into shards every process reads; resumed after a
-kill from its last shard; a new file adds its own shards, a changed one is made again, a store of another tokenizer is
-emptied in one line; text without blank lines in bounded documents and bounded memory; a bounded evaluation; local
-files streamed. The builds run in this process (the store's own workers are forked from it); the runs of pretrain.py
-in subprocesses, faults injected from outside (tests/helpers/launch.py)."""
+"""pretrain's data: documents read from local files, the token store (issue 55: tokenized once, in parallel, into
+shards every process reads; resumed after a kill; kept up to date with its files) and the training blocks, each epoch
+cut elsewhere. Builds run in this process; runs of pretrain.py in subprocesses, faults from outside."""
 
 import json
 import os
@@ -11,14 +9,19 @@ import re
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+from accelerate import Accelerator
+from datasets import Dataset
 
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.data import token_store
 from hf_tinytx_training.data.documents import MAX_DOCUMENT_CHARS, documents_of, file_sources, paragraphs
-from hf_tinytx_training.data.streams import GROUP, split
+from hf_tinytx_training.data.packing import EpochShuffleSampler, PackedData, ShiftingBlocks, make_dataloaders
+from hf_tinytx_training.data.streams import GROUP, Blocks, TokenStream, split
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, assert_same_weights, kill_after_call, pretrain_env
 
 
@@ -284,3 +287,83 @@ def high_water_mark(pid: int) -> int:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
     except (OSError, StopIteration):
         return 0
+
+
+# ---------------------------------------------------------------------------------------------------- blocks
+
+
+def blocks_of(tokens: list[int], block_size: int) -> Blocks:
+    """`tokens` as one document held in memory, cut into blocks."""
+    arrays = (np.array(tokens, dtype="<u2"), np.array([len(tokens)], np.uint32), np.zeros(1, np.uint32))
+    shard = token_store.Shard(None, len(tokens), 1, 0, "<u2", arrays)
+    return Blocks(TokenStream([shard], [(0, 0, len(tokens))]), block_size)
+
+
+def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
+    stream = list(range(5 * 8))  # five packed blocks of 8 tokens
+    packed = blocks_of(stream, 8)
+    blocks = ShiftingBlocks(packed, seed=0)
+    sampler = EpochShuffleSampler(len(blocks), seed=0, blocks=blocks)
+
+    sampler.set_epoch(0)  # the first pass reads the blocks as packed
+    assert [blocks[i]["input_ids"].tolist() for i in range(5)] == [stream[i : i + 8] for i in range(0, 40, 8)]
+
+    shifts = set()
+    for epoch in range(1, 6):
+        sampler.set_epoch(epoch)
+        shift = blocks.shift
+        assert 1 <= shift < 8
+        shifts.add(shift)
+        expected = [(stream + stream)[i * 8 + shift : i * 8 + shift + 8] for i in range(5)]  # the last wraps around
+        batch = torch.utils.data.default_collate(blocks.__getitems__([3, 0, 4]))["input_ids"]
+        assert batch.tolist() == [expected[3], expected[0], expected[4]]
+        assert blocks[4]["input_ids"].tolist() == expected[4]
+        again = ShiftingBlocks(packed, seed=0)
+        again.set_epoch(epoch)  # a resumed run: the shift is a function of (seed, epoch) alone
+        assert again.shift == shift
+    assert len(shifts) > 1
+
+
+def test_the_prepared_training_loader_reads_each_epoch_shifted():
+    """Wired as pretrain.py wires it: Accelerate's loader, told the epoch."""
+    stream = list(range(6 * 4))  # six packed blocks of 4 tokens
+    train = blocks_of(stream, 4)
+    packed = PackedData(train=train, validation=train, bytes_per_token=1.0)
+    args = SimpleNamespace(per_device_train_batch_size=2, per_device_eval_batch_size=2, max_eval_batches=None,
+                           max_eval_tokens=0)
+    sampler, loader, _ = make_dataloaders(packed, args, seed=3)
+    loader = Accelerator(cpu=True).prepare(loader)
+    for epoch in (0, 1, 2):
+        loader.set_epoch(epoch)
+        rows = [row for batch in loader for row in batch["input_ids"].tolist()]
+        shift = sampler.blocks.shift
+        assert (shift == 0) == (epoch == 0)
+        expected = [(stream + stream)[i * 4 + shift : i * 4 + shift + 4] for i in range(6)]
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        assert rows == [expected[i] for i in order]
+
+
+def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
+    """.txt (a document a paragraph), .json, .jsonl, .parquet and a glob, for --train_file and --validation_file."""
+    from hf_tinytx_training.args import DataArguments
+    from hf_tinytx_training.data.sources import run_sources
+
+    documents = [f"Document {i} says one thing.\nAnd then another." for i in range(6)]
+    train, validation = documents[:4], documents[4:]
+    for name, docs in (("train", train), ("validation", validation)):
+        (tmp_path / f"{name}.txt").write_text("\n\n".join(docs))  # a trailing newline would end the last one
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
+        (tmp_path / f"{name}.json").write_text(json.dumps([{"text": doc} for doc in docs]))
+        Dataset.from_dict({"text": docs}).to_parquet(tmp_path / f"{name}.parquet")
+    (tmp_path / "parts").mkdir()
+    for i, doc in enumerate(train):  # one document a file, matched by a glob
+        (tmp_path / "parts" / f"part-{i}.jsonl").write_text(json.dumps({"text": doc}) + "\n")
+
+    for train_file in ("train.txt", "train.jsonl", "train.json", "train.parquet", "parts/part-*.jsonl"):
+        validation_file = train_file.replace("parts/part-*", "validation")
+        data_args = DataArguments(train_file=str(tmp_path / train_file),
+                                  validation_file=str(tmp_path / validation_file.replace("train", "validation")))
+        sources = run_sources(data_args, seed=0)
+        assert list(documents_of(sources.train)) == train, train_file
+        assert list(documents_of(sources.validation)) == validation, train_file
