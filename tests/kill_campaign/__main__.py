@@ -116,7 +116,7 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 trials per command, no killed reruns, no 2-process "
                         "trials; writes nothing.")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     parser.add_argument("--keep", action="store_true", help="Keep the trials' folders (printed) to look into.")
     args = parser.parse_args()
     default = ",".join(name for name in COMMANDS if not (args.quick and name == "nodes"))
