@@ -188,15 +188,17 @@ def _old_config_fits(staged: Path, destination: Path, weights: list[str]) -> boo
     if len(weights) > 1:
         return False
     for name in CONFIG_NAMES:
-        old, new = _json_or_none(destination / name), _json_or_none(staged / name)
+        old, new = read_json_or_none(destination / name), read_json_or_none(staged / name)
         if old != new or (old is None and os.path.lexists(destination / name)):  # an unreadable config: replace
             return False
     return True
 
 
-def _json_or_none(path: Path):
+def read_json_or_none(path: str | os.PathLike):
+    """The file's JSON, or None when it is missing or unreadable."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
     except (OSError, ValueError):
         return None
 
@@ -289,18 +291,24 @@ def _plain_relative(name: str) -> bool:
 
 def record_written(destination: str | os.PathLike, writer: str, files) -> None:
     """Replaces the record of what `writer` wrote into `destination`, in one rename."""
-    path = Path(destination) / MANIFEST_NAME
-    temporary = path.with_name(f"{MANIFEST_NAME}.new")
+    replace_file(Path(destination) / MANIFEST_NAME, json.dumps({"writer": writer, "files": sorted(files)}, indent=1))
+
+
+def replace_file(path: str | os.PathLike, text: str, temporary: str | os.PathLike | None = None) -> None:
+    """`path` replaced by `text` in one rename, flushed first: a kill leaves the old file or the new, never half of
+    one, and a failed write (a full disk) leaves the old one whole. `temporary`: the name written first (path.new)."""
+    path = Path(path)
+    temporary = Path(temporary or path.with_name(f"{path.name}.new"))
     try:
         with open_new(temporary) as f:
-            json.dump({"writer": writer, "files": sorted(files)}, f, indent=1)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
-        temporary.unlink(missing_ok=True)  # a full disk leaves the old record, whole
+        temporary.unlink(missing_ok=True)
         raise
     os.replace(temporary, path)
-    fsync_dir(destination)
+    fsync_dir(path.parent)
 
 
 def others_files(destination: str | os.PathLike, writer: str) -> list[str]:

@@ -11,8 +11,8 @@ import os
 import secrets
 import time
 
-from hf_tinytx.folders import remove_tree
-from hf_tinytx_training.data.token_store import JOURNAL, replace_file
+from hf_tinytx.folders import remove_tree, replace_file
+from hf_tinytx_training.data.token_store import JOURNAL
 from hf_tinytx_training.errors import RunError
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hf_tinytx.folders import fsync_dir, is_disk_full, mib, open_new, remove_tree
+from hf_tinytx.folders import is_disk_full, mib, open_new, read_json_or_none, remove_tree, replace_file
 from hf_tinytx_training.data.documents import RULES
 from hf_tinytx_training.data.progress import Progress
 from hf_tinytx_training.errors import RunError
@@ -57,27 +57,6 @@ def tokenizer_hash(tokenizer_json: str) -> str:
 
 def source_id(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def read_json(path: str) -> dict | None:
-    """The file's JSON, or None when it is missing or unreadable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def replace_file(path: str, text: str) -> None:
-    """`path` replaced in one rename, flushed first: a kill leaves the old file or the new, never half of one."""
-    folder, name = os.path.split(path)
-    temporary = os.path.join(folder, TEMPORARY + name)
-    with open_new(temporary) as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-    fsync_dir(folder)
 
 
 @dataclass(frozen=True)
@@ -219,7 +198,7 @@ class TokenStore:
     def start(self, expected: dict) -> dict[tuple[str, int], dict]:
         """Under the lock: a store of other tokens emptied (said in one line), a killed build's temporary files
         removed; returns the shards that can be kept."""
-        header = read_json(self.path(HEADER))
+        header = read_json_or_none(self.path(HEADER))
         if header is not None and header != expected:
             shards = [name for name in os.listdir(self.folder) if name.endswith(SUFFIX)]
             changed = sorted(WHAT[name] for name in expected if header.get(name) != expected[name])
@@ -231,7 +210,8 @@ class TokenStore:
                 os.unlink(self.path(JOURNAL))
         self.remove_temporaries()
         if header != expected:
-            replace_file(self.path(HEADER), json.dumps(expected, indent=1, sort_keys=True))
+            text = json.dumps(expected, indent=1, sort_keys=True)
+            replace_file(self.path(HEADER), text, self.path(TEMPORARY + HEADER))
         return self.entries()
 
     def remove_temporaries(self) -> None:
@@ -252,7 +232,7 @@ class TokenStore:
             if name.endswith(SUFFIX) and name not in names:
                 os.unlink(self.path(name))
         lines = [json.dumps(entry, sort_keys=True) + "\n" for entry in kept.values()]
-        replace_file(self.path(JOURNAL), "".join(lines))
+        replace_file(self.path(JOURNAL), "".join(lines), self.path(TEMPORARY + JOURNAL))
         return kept
 
     def place_tokenizer(self, tokenizer, recipe: dict | None) -> str:

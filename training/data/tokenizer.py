@@ -6,11 +6,12 @@ import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from hf_tinytx.folders import read_json_or_none
 from hf_tinytx.sources import TOKENIZER_MARKERS
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.checkpoints import tokenizer_source
 from hf_tinytx_training.data.sources import tokenizer_texts
-from hf_tinytx_training.data.token_store import RECIPE, read_json
+from hf_tinytx_training.data.token_store import RECIPE
 from hf_tinytx_training.errors import UserInputError
 
 
@@ -81,7 +82,7 @@ def reusable_share(folder: str, recipe: dict) -> float | None:
     """The share (by size) of the texts the tokenizer in `folder` was trained on that `recipe` reads unchanged, when
     its sizes match and that share is at least REUSE_SHARE; else None. A file added to a corpus, or one changed,
     keeps the tokenizer (and so every other file's shards); another corpus does not."""
-    earlier = read_json(os.path.join(folder, RECIPE))  # token_store.place_tokenizer wrote it
+    earlier = read_json_or_none(os.path.join(folder, RECIPE))  # token_store.place_tokenizer wrote it
     settings = ("vocab_size", "model_max_length", "version")
     if earlier is None or any(earlier.get(name) != recipe[name] for name in settings):
         return None
