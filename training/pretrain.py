@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
-from hf_tinytx.folders import folders_to_create, remove_created, remove_tree
+from hf_tinytx.folders import folders_to_create
 from hf_tinytx.quiet import quiet_notices
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.args import (
@@ -49,10 +49,9 @@ from hf_tinytx_training.cli import print_own, program_name
 from hf_tinytx_training.data import packing, token_store
 from hf_tinytx_training.data.fingerprint import pretrain_data
 from hf_tinytx_training.data.fit import memorising_warning
-from hf_tinytx_training.data.handoff import Handoff
+from hf_tinytx_training.data.handoff import Handoff, prepare_as_main, receive_data, take_back
 from hf_tinytx_training.data.packing import PackedData, make_dataloaders
-from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS, run_sources
-from hf_tinytx_training.data.tokenizer import load_tokenizer, pretrain_tokenizer
+from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.distributed.cpu_threads import BusyCores
@@ -307,38 +306,6 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
         accelerator.print(f"{len(packed.train):,} training and {len(packed.validation):,} validation blocks "
                           f"of {data_args.block_size} tokens; {packed.bytes_per_token:.2f} bytes/token")
     return tokenizer, packed, lock
-
-
-def prepare_as_main(model_args, data_args, train_args, handoff, store, saved_tokenizer, fresh, model_config, say):
-    """The main process: (tokenizer, the data's description, its sources), the data tokenized and handed over."""
-    sources = run_sources(data_args, train_args.seed)
-    stored = os.path.join(store, token_store.TOKENIZER_DIR) if sources.kind in ("files", "dataset") else None
-    tokenizer, recipe = pretrain_tokenizer(model_args, sources.train, stored, saved_tokenizer, not fresh,
-                                           model_config.max_position_embeddings, say)
-    tokenizer.save_pretrained(handoff.tokenizer_dir)
-    description = packing.prepare(sources, tokenizer, recipe, store, data_args, say)
-    handoff.ready(description)
-    return tokenizer, description, sources
-
-
-def receive_data(data_args, train_args, handoff, store):
-    """Another process: (tokenizer, description, sources) as the main process prepared them; the sources only where
-    this process reads them itself (the built-in corpus, a stream)."""
-    stored = None if data_args.streaming or not (data_args.train_file or data_args.dataset_name) else store
-    description = handoff.wait(stored)
-    tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
-    sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") else None
-    return tokenizer, description, sources
-
-
-def take_back(handoff, store: str, made: list, refused: bool) -> None:
-    """After a failed start: the handoff folder, the token store made for refused input (unless it holds shards of
-    files that passed, for the corrected rerun), and the folders left empty."""
-    remove_tree(handoff.folder)
-    if refused and made[0] and os.path.isdir(store) and (handoff.published or not token_store.holds_shards(store)):
-        remove_tree(store)
-    for folders in made:
-        remove_created(folders)
 
 
 def resume(run: Run, folder: str) -> None:

@@ -3,7 +3,7 @@
 Tokenizing a corpus can take longer than --ddp_timeout lets a collective wait, so the other processes poll instead
 for the file the main process writes when it is done, in a folder of --output_dir named for this launch. They give up,
 in one line, when the main process has written nothing for --ddp_timeout seconds. The folder goes once every process
-has read it; a killed launch's is removed by the next.
+has read it; a killed launch's is removed by the next. `prepare_as_main` and `receive_data` are the two sides.
 """
 
 import json
@@ -11,8 +11,11 @@ import os
 import secrets
 import time
 
-from hf_tinytx.folders import remove_tree, replace_file
+from hf_tinytx.folders import remove_created, remove_tree, replace_file
+from hf_tinytx_training.data import packing, token_store
+from hf_tinytx_training.data.sources import run_sources
 from hf_tinytx_training.data.token_store import JOURNAL
+from hf_tinytx_training.data.tokenizer import load_tokenizer, pretrain_tokenizer
 from hf_tinytx_training.errors import RunError
 
 
@@ -83,3 +86,35 @@ def _store_state(store_folder: str | None) -> tuple[int, int]:
     except OSError:
         return 0, 0
     return journal.count(b"\n"), len(journal)
+
+
+def prepare_as_main(model_args, data_args, train_args, handoff, store, saved_tokenizer, fresh, model_config, say):
+    """The main process: (tokenizer, the data's description, its sources), the data tokenized and handed over."""
+    sources = run_sources(data_args, train_args.seed)
+    stored = os.path.join(store, token_store.TOKENIZER_DIR) if sources.kind in ("files", "dataset") else None
+    tokenizer, recipe = pretrain_tokenizer(model_args, sources.train, stored, saved_tokenizer, not fresh,
+                                           model_config.max_position_embeddings, say)
+    tokenizer.save_pretrained(handoff.tokenizer_dir)
+    description = packing.prepare(sources, tokenizer, recipe, store, data_args, say)
+    handoff.ready(description)
+    return tokenizer, description, sources
+
+
+def receive_data(data_args, train_args, handoff, store):
+    """Another process: (tokenizer, description, sources) as the main process prepared them; the sources only where
+    this process reads them itself (the built-in corpus, a stream)."""
+    stored = None if data_args.streaming or not (data_args.train_file or data_args.dataset_name) else store
+    description = handoff.wait(stored)
+    tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
+    sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") else None
+    return tokenizer, description, sources
+
+
+def take_back(handoff, store: str, made: list, refused: bool) -> None:
+    """After a failed start: the handoff folder, the token store made for refused input (unless it holds shards of
+    files that passed, for the corrected rerun), and the folders left empty."""
+    remove_tree(handoff.folder)
+    if refused and made[0] and os.path.isdir(store) and (handoff.published or not token_store.holds_shards(store)):
+        remove_tree(store)
+    for folders in made:
+        remove_created(folders)
