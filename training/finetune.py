@@ -80,6 +80,9 @@ def main(argv=None):
     try:
         trainer, metrics = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where,
                                finetune_data(args))
+    except UserInputError:  # a refused resume leaves the folder as it found it
+        release_lock(lock, where.output_dir)
+        raise
     except RuntimeError as error:  # a collective another process broke (frozen past --ddp_timeout, or gone)
         if STOP.received or not cluster.is_peer_failure(error):
             raise

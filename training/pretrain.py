@@ -208,7 +208,11 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         data_fingerprint=data_fingerprint,
     )
     if resume_dir:
-        resume(run, resume_dir)
+        try:
+            resume(run, resume_dir)
+        except UserInputError:  # a refused resume leaves the folder as it found it
+            release_lock(lock, output_dir)
+            raise
     run.log.start(run.progress.step)
     config = cards.flat_scalars(args_to_dict(model_args, data_args, train_args))
     accelerator.init_trackers("tinytx-pretrain", config=config)
