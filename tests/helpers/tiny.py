@@ -90,14 +90,17 @@ def pretrain_env(tmp_path, **extra):
     return env
 
 
-def run_side_by_side(runs: dict, timeout: float = 300, at_once: int = 8) -> dict:
-    """{key: (command, cwd, env)} -> {key: CompletedProcess}, `at_once` at a time: short runs spend most of their
-    time importing torch, which overlaps well; dozens at once on two cores only crowd each other. Each run's timeout
-    counts from its own start."""
+SIDE_BY_SIDE = 8  # runs at once: short runs spend most of their time importing torch, which overlaps; dozens at
+# once on two cores only crowd each other
+
+
+def run_side_by_side(runs: dict, timeout: float = 300) -> dict:
+    """{key: (command, cwd, env)} -> {key: CompletedProcess}, SIDE_BY_SIDE at a time, each timeout counted from its
+    run's own start."""
     def run(command, cwd, env):
         return subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
 
-    with ThreadPoolExecutor(at_once) as pool:
+    with ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
         started = {key: pool.submit(run, *how) for key, how in runs.items()}
         return {key: future.result() for key, future in started.items()}
 
