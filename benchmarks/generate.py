@@ -73,8 +73,8 @@ import torch  # noqa: E402
 from benchmarks.common import count_parameters, interleaved_samples, paired_ratio  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.convert import convert_folder  # noqa: E402
+from hf_tinytx.convert.gguf import write_gguf  # noqa: E402
 from hf_tinytx.corpus import default_corpus  # noqa: E402
-from hf_tinytx.gguf_export import write_gguf  # noqa: E402
 from hf_tinytx.tokenization import train_bpe_tokenizer  # noqa: E402
 
 

@@ -57,7 +57,7 @@ import torch  # noqa: E402
 from benchmarks.common import count_parameters, interleaved_medians, make_train_step  # noqa: E402
 from benchmarks.report import print_report  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
-from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
+from hf_tinytx_training.model.cpu_training import speed_up_cpu_training  # noqa: E402
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

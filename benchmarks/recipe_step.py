@@ -31,9 +31,9 @@ import torch  # noqa: E402
 
 from benchmarks.common import interleaved_samples, medians, paired_ratio  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
-from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
-from hf_tinytx_training.args import PretrainArguments  # noqa: E402
+from hf_tinytx_training.model.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.optim.optimizers import StackedMuon, make_optimizer  # noqa: E402
+from hf_tinytx_training.pretrain_args import PretrainArguments  # noqa: E402
 
 
 def build(args):

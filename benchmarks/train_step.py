@@ -62,8 +62,8 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.gpt_baseline import GPT  # noqa: E402
 from hf_tinytx import TinyTxForCausalLM, modeling_tinytx  # noqa: E402
-from hf_tinytx.cpu_training import speed_up_cpu_training  # noqa: E402
 from hf_tinytx_training.distributed.cpu_memory import keep_freed_memory  # noqa: E402
+from hf_tinytx_training.model.cpu_training import speed_up_cpu_training  # noqa: E402
 
 
 def counting_faults(step, faults: list):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .corpus import Probe
-from .tokenization import adds_bos
+from hf_tinytx.corpus import Probe
+from hf_tinytx.tokenization import adds_bos
 
 
 def _token_ids(tokenizer, texts: list[str]) -> list[list[int]]:

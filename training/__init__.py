@@ -5,10 +5,9 @@ Run them as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or `pytho
     finetune.py          supervised fine-tuning with Trainer, optionally LoRA: setup -> fit -> save_folders -> push
     cli.py               the `tinytx` command (also __main__.py); how both scripts start and end
     errors.py            UserInputError and RunError, raised anywhere without importing the flags
-    args.py              pretrain's flags, their checks (before torch loads: `preflight`; again in `main`), the plan
+    pretrain_args.py     pretrain's flags, their checks (before torch loads: `preflight`; again in `main`), the plan
     checkpoints.py       resumable checkpoints: save, verify, find, load, prune (output_dir/checkpoints/)
-    evaluation.py        the validation loss (and perplexity, bits per byte), every block counted once
-    probes.py            what a pre-trained model learnt beyond its loss: probe accuracies and samples
+    evaluation.py        what a model learnt: the validation loss, every block counted once; probes and samples
 
     data/files.py        local data files found and checked before torch loads
     data/documents.py    a source's documents (bounded), in pieces that processes read side by side
@@ -21,11 +20,12 @@ Run them as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or `pytho
     data/streaming.py    a text tokenized as training reads it (--streaming), shuffled in a buffer
     data/progress.py     a long preparation's progress: a bar, or a line every 15 s in a log
     data/packing.py      the data of every process: tokens, blocks at sizes fitted to the text, loaders
-    data/fit.py          sizes fitted to a small text (block, batch, validation), and the memorising warning
+    data/sizing.py       sizes fitted to a small text (block, batch, validation), and the memorising warning
 
     model/config_file.py the model's config file (a --model_config or a preset's, configs/), read without torch
     model/config.py      the TinyTxConfig built from it, checked against the launch
     model/build.py       pretrain's model built from that config (or --init_from), placed, and sharded on CPUs
+    model/cpu_training.py two speed paths on a CPU: RMSNorm with its backward written out, bf16 attention in fp32
 
     optim/schedules.py   the run's clock (--max_train_seconds) and the learning-rate shapes over it
     optim/optimizers.py  the optimizer (AdamW, or Muon with AdamW) and the learning-rate schedule
@@ -43,7 +43,7 @@ Run them as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or `pytho
     publish/export.py    the finished model folder: weights, code, tokenizer, card, record (and each checkpoint's)
     publish/hub.py       uploads to the Hugging Face Hub in the background, and the final push
 
-    sft/args.py          finetune's flags and the checks run before torch loads
+    sft/finetune_args.py finetune's flags and the checks run before torch loads
     sft/trainer_help.py  Trainer's flags read from transformers' source, for --help before torch loads
     sft/records.py       finetune's data files read and checked (text, prompt/response, chat)
     sft/data.py          finetune's records tokenized into rows, and their collator

@@ -20,7 +20,7 @@ import shutil
 import types
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from hf_tinytx.folders import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
+from hf_tinytx.folders.safe import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
 from hf_tinytx_training.data.fingerprint import data_changes
 from hf_tinytx_training.errors import RunError, UserInputError
 

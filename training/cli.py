@@ -29,8 +29,8 @@ COMMANDS = {  # subcommand -> (module run as __main__, what it does)
     "convert": ("hf_tinytx.convert", "convert a saved folder: TinyTx <-> Llama, or TinyTx -> one GGUF file"),
     "serve": ("hf_tinytx.serve", "serve a model with transformers' OpenAI-compatible server"),
     "interpret": ("hf_tinytx.interpret", "draw attention maps and rank heads by role"),
-    "generate": ("hf_tinytx.generate", "continue a prompt with a model folder, streaming the tokens"),
-    "chat": ("hf_tinytx.chat", "chat with a model folder over its chat template, in the terminal"),
+    "generate": ("hf_tinytx.commands.generate", "continue a prompt with a model folder, streaming the tokens"),
+    "chat": ("hf_tinytx.commands.chat", "chat with a model folder over its chat template, in the terminal"),
 }
 # The library's commands whose flags are parsed before their module runs: command -> its parser in command_flags.
 EARLY_PARSERS = {"convert": "convert_parser", "interpret": "interpret_parser"}
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(error + "\n")
         return 2
     if command in EARLY_PARSERS:  # --help, or a bad flag, ends here (exit 0, 2) before the module loads torch
-        from hf_tinytx import command_flags
+        from hf_tinytx.commands import flags as command_flags
 
         getattr(command_flags, EARLY_PARSERS[command])().parse_args(flags)
     _STARTED_AS[:] = [f"tinytx {command}"]
@@ -100,7 +100,7 @@ def program_name(script: str) -> str:
 # ---- the training scripts: started before torch loads, ended with one exit status
 
 # Each script's torch-free module, holding the `preflight()` that checks its input before the heavy imports.
-EARLY_CHECKS = {"pretrain": "args", "finetune": "sft.args"}
+EARLY_CHECKS = {"pretrain": "pretrain_args", "finetune": "sft.finetune_args"}
 
 
 def start_script(script_file: str, package: str | None) -> None:
@@ -204,8 +204,8 @@ def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
         if stop.peer_left(error):  # left at the signal, or failed: not a stop a scheduler may requeue
             sys.stderr.write(f"{program}: error: {stop.peer_left_message(error)}\n")
             leave(1, stop)
-        from hf_tinytx.exits import TRACEBACK_VARIABLE
-        from hf_tinytx.folders import is_disk_full  # loaded with the script's module by now
+        from hf_tinytx.commands.exits import TRACEBACK_VARIABLE
+        from hf_tinytx.folders.safe import is_disk_full  # loaded with the script's module by now
 
         if is_disk_full(error):
             where = getattr(error, "filename", None) or "the output folder"

@@ -2,7 +2,7 @@
 
 import contextlib
 
-from hf_tinytx.errors import UserInputError
+from hf_tinytx.commands.exits import UserInputError
 
 
 __all__ = ["RunError", "UserInputError", "as_user_input_error"]

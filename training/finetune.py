@@ -28,16 +28,16 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments, set_seed
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type with the Auto classes)
-from hf_tinytx.cpu_training import speed_up_cpu_training
-from hf_tinytx.folders import folders_to_create, is_disk_full, mib, remove_created, remove_tree
-from hf_tinytx.quiet import quiet_notices
+from hf_tinytx.commands.quiet import quiet_notices
+from hf_tinytx.folders.safe import folders_to_create, is_disk_full, mib, remove_created, remove_tree
 from hf_tinytx_training import checkpoints
-from hf_tinytx_training.args import hub_repo_id, write_args_json
 from hf_tinytx_training.cli import program_name
 from hf_tinytx_training.data.fingerprint import finetune_data
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.preemption import Stopped, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
+from hf_tinytx_training.model.cpu_training import speed_up_cpu_training
+from hf_tinytx_training.pretrain_args import hub_repo_id, write_args_json
 from hf_tinytx_training.publish import cards
 from hf_tinytx_training.publish.hub import HubPusher, push_final
 from hf_tinytx_training.publish.output_dir import (
@@ -48,7 +48,8 @@ from hf_tinytx_training.publish.output_dir import (
     replacing_earlier_files,
 )
 from hf_tinytx_training.sft import callbacks
-from hf_tinytx_training.sft.args import (
+from hf_tinytx_training.sft.data import build_examples, pad_collator
+from hf_tinytx_training.sft.finetune_args import (
     WRITER,
     FinetuneArguments,
     check_args,
@@ -57,7 +58,6 @@ from hf_tinytx_training.sft.args import (
     model_source,
     output_dir_flags,
 )
-from hf_tinytx_training.sft.data import build_examples, pad_collator
 from hf_tinytx_training.sft.model import add_lora, check_vocabulary, load_base_model_tokenizer, load_model
 from hf_tinytx_training.sft.records import read_records
 

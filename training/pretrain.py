@@ -31,10 +31,27 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 import hf_tinytx  # noqa: F401  (registers the "tinytx" model type)
-from hf_tinytx.folders import folders_to_create
-from hf_tinytx.quiet import quiet_notices
+from hf_tinytx.commands.quiet import quiet_notices
+from hf_tinytx.folders.safe import folders_to_create
 from hf_tinytx_training import checkpoints
-from hf_tinytx_training.args import (
+from hf_tinytx_training.cli import print_own, program_name
+from hf_tinytx_training.data import packing, token_store
+from hf_tinytx_training.data.fingerprint import pretrain_data
+from hf_tinytx_training.data.handoff import Handoff, prepare_as_main, receive_data, take_back
+from hf_tinytx_training.data.packing import PackedData, make_dataloaders
+from hf_tinytx_training.data.sizing import memorising_warning
+from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
+from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
+from hf_tinytx_training.distributed.cluster import refuse_lone_process
+from hf_tinytx_training.distributed.cpu_threads import BusyCores
+from hf_tinytx_training.distributed.preemption import Stopped, signal_of, stop_message, stop_requests
+from hf_tinytx_training.errors import RunError, UserInputError
+from hf_tinytx_training.evaluation import ProbeReport, own_text_prompts, run_probes_and_samples, validation_metrics
+from hf_tinytx_training.model.build import make_model
+from hf_tinytx_training.model.config import check_model_builds, load_model_config
+from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
+from hf_tinytx_training.optim.schedules import Clock
+from hf_tinytx_training.pretrain_args import (
     DataArguments,
     ModelArguments,
     PretrainArguments,
@@ -45,24 +62,6 @@ from hf_tinytx_training.args import (
     parse_args,
     plan_steps,
 )
-from hf_tinytx_training.cli import print_own, program_name
-from hf_tinytx_training.data import packing, token_store
-from hf_tinytx_training.data.fingerprint import pretrain_data
-from hf_tinytx_training.data.fit import memorising_warning
-from hf_tinytx_training.data.handoff import Handoff, prepare_as_main, receive_data, take_back
-from hf_tinytx_training.data.packing import PackedData, make_dataloaders
-from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
-from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
-from hf_tinytx_training.distributed.cluster import refuse_lone_process
-from hf_tinytx_training.distributed.cpu_threads import BusyCores
-from hf_tinytx_training.distributed.preemption import Stopped, signal_of, stop_message, stop_requests
-from hf_tinytx_training.errors import RunError, UserInputError
-from hf_tinytx_training.evaluation import validation_metrics
-from hf_tinytx_training.model.build import make_model
-from hf_tinytx_training.model.config import check_model_builds, load_model_config
-from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
-from hf_tinytx_training.optim.schedules import Clock
-from hf_tinytx_training.probes import ProbeReport, own_text_prompts, run_probes_and_samples
 from hf_tinytx_training.publish import cards, export
 from hf_tinytx_training.publish.hub import HubPusher, push_final
 from hf_tinytx_training.publish.output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock

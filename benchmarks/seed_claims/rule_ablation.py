@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.seed_claims import __main__ as claims
 from hf_tinytx.corpus import made_up_coref_probes
-from hf_tinytx.folders import open_new
+from hf_tinytx.folders.safe import open_new
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:

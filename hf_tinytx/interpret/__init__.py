@@ -3,17 +3,17 @@
 (:mod:`.attention_maps`), a score per head for positional, induction and coreference roles (:mod:`.head_roles`), and
 numerical checks of how attention sees position (:mod:`.position_checks`).
 
-Command line: ``python -m hf_tinytx.interpret MODEL "text" --out DIR``. Drawing needs matplotlib (not a dependency).
+The command (__main__.py): ``python -m hf_tinytx.interpret MODEL "text" --out DIR``. Drawing needs matplotlib.
 """
 
-from .attention_maps import (
+from hf_tinytx.interpret.attention_maps import (
     attention_maps,
     attention_weights,
     eager_attention,
     render_attention_map,
     save_attention_maps,
 )
-from .head_roles import (
+from hf_tinytx.interpret.head_roles import (
     coref_head_scores,
     find_heads,
     first_token_scores,
@@ -24,7 +24,7 @@ from .head_roles import (
     previous_token_scores,
     uniform_baseline,
 )
-from .position_checks import permutation_check, rotary_separation_check
+from hf_tinytx.interpret.position_checks import permutation_check, rotary_separation_check
 
 
 __all__ = ["attention_maps", "attention_weights", "coref_head_scores", "eager_attention", "find_heads",

@@ -1,18 +1,18 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
 """`python -m hf_tinytx.interpret MODEL "text" --out DIR`: attention maps and head roles of a text. What it draws
-and writes, and its flags: hf_tinytx/command_flags.py (the text `--help` prints; parsed there without torch)."""
+and writes, and its flags: hf_tinytx/commands/flags.py (the text `--help` prints; parsed there without torch)."""
 
 import json
 import os
 import sys
 from pathlib import Path
 
-from ..command_flags import interpret_parser
-from ..folders import OverlapError, open_new, refuse_overlap
-from ..quiet import quiet_notices
-from ..sources import local_folder_or_hub_id
-from .attention_maps import attention_maps, save_attention_maps
-from .head_roles import find_heads, induction_baseline, uniform_baseline
+from hf_tinytx.commands.flags import interpret_parser
+from hf_tinytx.commands.quiet import quiet_notices
+from hf_tinytx.folders.location import local_folder_or_hub_id
+from hf_tinytx.folders.safe import OverlapError, open_new, refuse_overlap
+from hf_tinytx.interpret.attention_maps import attention_maps, save_attention_maps
+from hf_tinytx.interpret.head_roles import find_heads, induction_baseline, uniform_baseline
 
 
 def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False):
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     if len(maps.tokens) >= 2:
         probes = None
         if args.coref_probes:
-            from ..corpus import make_probes
+            from hf_tinytx.corpus import make_probes
 
             probes = [p for p in make_probes(args.coref_probes, recall_distances=()) if p.kind == "coref"]
         found = find_heads(model, tokenizer, [args.text], probes)

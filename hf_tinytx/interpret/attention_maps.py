@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..folders import open_new
-from ..probes import model_device
+from hf_tinytx.folders.safe import open_new
+from hf_tinytx.probes import model_device
 
 
 @dataclass

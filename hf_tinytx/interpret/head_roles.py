@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention_maps import attention_weights
+from hf_tinytx.interpret.attention_maps import attention_weights
 
 
 COREF_QUERIES = ("it", "adjective", "last")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..configuration_tinytx import TinyTxConfig
-from ..modeling_tinytx import TinyTxAttention, TinyTxRotaryEmbedding, apply_rotary_pos_emb
+from hf_tinytx.configuration_tinytx import TinyTxConfig
+from hf_tinytx.modeling_tinytx import TinyTxAttention, TinyTxRotaryEmbedding, apply_rotary_pos_emb
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def finetune_command(tmp_path_factory) -> Command:
     """The reference also pushes to a (local) Hub with --hub_token: the token must be in no byte it wrote, Trainer's
     pickled training_args.bin included, and a warning names the safe ways once."""
     from tests.helpers.hub_server import LocalHub
-    from tests.training.test_finetune import prompt_records, write_jsonl
+    from tests.training.sft.test_finetune import prompt_records, write_jsonl
 
     cwd = tmp_path_factory.mktemp("finetune")
     build_tiny_model(vocab_size=320).save_pretrained(cwd / "base")

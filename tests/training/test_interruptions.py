@@ -24,7 +24,7 @@ from tests.helpers.faults import KILL_MARK, KILLED, run_signalled, silent_server
 from tests.helpers.processes import alive, descendants
 from tests.helpers.reference import Command, describe, error_line, succeeded
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, assert_same_weights, pretrain_env
-from tests.training.test_finetune import prompt_records, write_jsonl
+from tests.training.sft.test_finetune import prompt_records, write_jsonl
 
 
 deep = pytest.mark.deep
@@ -335,7 +335,7 @@ def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_
 
 @deep
 def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(command, tmp_path):
-    from tests.training.test_hub import assert_token_nowhere
+    from tests.training.publish.test_hub import assert_token_nowhere
 
     out = with_notes(tmp_path / "run")
     with silent_server() as server:
@@ -463,7 +463,7 @@ def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_e
 def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pretrain, finetune, tmp_path):
     """Once ignored (or a traceback mid-load), now refused before anything is written; moved data resumes."""
     from tests.helpers.tiny import build_byte_bpe_tokenizer, run_side_by_side
-    from tests.training.test_token_store import write_text
+    from tests.training.data.test_token_store import write_text
 
     build_byte_bpe_tokenizer().save_pretrained(tmp_path / "other-tokenizer")
     lora, on_file, sft = tmp_path / "lora", tmp_path / "on-file", tmp_path / "sft"
@@ -843,7 +843,7 @@ def test_sigterm_during_a_pretrain_push_that_never_finishes_ends_it_at_once(tmp_
 @deep
 def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_at_once(tmp_path):
     from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
-    from tests.training.test_finetune import QUICK
+    from tests.training.sft.test_finetune import QUICK
 
     build_tiny_model(vocab_size=320).save_pretrained(tmp_path / "base")
     build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")

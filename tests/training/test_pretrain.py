@@ -131,7 +131,7 @@ def test_folder_loads_natively_and_generates(trained_folder):
 
 
 def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_path):
-    from tests.training.test_hub import run_python
+    from tests.training.publish.test_hub import run_python
 
     output_dir, _ = trained_folder
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from hf_tinytx import TinyTxForCausalLM
-from hf_tinytx_training.args import PretrainArguments
 from hf_tinytx_training.distributed import sharding
 from hf_tinytx_training.optim import optimizers
 from hf_tinytx_training.optim.optimizers import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
 from hf_tinytx_training.optim.schedules import Clock
+from hf_tinytx_training.pretrain_args import PretrainArguments
 from tests.helpers.reference import error_line
 from tests.helpers.tiny import assert_same_weights, build_tiny_config, kill_after_call, pretrain_env
 

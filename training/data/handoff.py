@@ -11,7 +11,7 @@ import os
 import secrets
 import time
 
-from hf_tinytx.folders import remove_created, remove_tree, replace_file
+from hf_tinytx.folders.safe import remove_created, remove_tree, replace_file
 from hf_tinytx_training.data import packing, token_store
 from hf_tinytx_training.data.sources import run_sources
 from hf_tinytx_training.data.token_store import JOURNAL

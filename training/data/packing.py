@@ -3,7 +3,7 @@
 1. `prepare` (the main process): the run's sources tokenized once into the token store, whose shards every process
    reads; the description it returns reaches the other processes through handoff.py.
 2. `tokens` and `pack_fitted` (every process): the training and validation streams cut into blocks, with sizes fitted
-   to a small text (fit.py). Documents are joined by EOS with no padding, so every block carries the same number of
+   to a small text (sizing.py). Documents are joined by EOS with no padding, so every block carries the same number of
    targets, which keeps the mean loss of gradient accumulation and of data parallelism exact.
 3. `make_dataloaders`: every epoch a new order of the blocks and, after the first, new cuts through the same text.
 """
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hf_tinytx_training.data import fit, streaming, token_store
+from hf_tinytx_training.data import sizing, streaming, token_store
 from hf_tinytx_training.data.sources import Sources
 from hf_tinytx_training.data.streams import Blocks, Split, evenly_spaced, split
 from hf_tinytx_training.errors import UserInputError
@@ -79,7 +79,7 @@ def text_bytes_per_token(shards: list) -> float:
 
 
 def pack_fitted(data: Split, data_args, train_args, num_processes: int, explicit: frozenset, say) -> PackedData:
-    """The blocks at the sizes asked; for a text too small for them, at the sizes fit.py fits to it (each change
+    """The blocks at the sizes asked; for a text too small for them, at the sizes sizing.py fits to it (each change
     said through `say` and set in the run's arguments, so that its record shows them), or one line saying what cannot
     fit."""
     block, per_step = data_args.block_size, (train_args.per_device_train_batch_size
@@ -87,10 +87,10 @@ def pack_fitted(data: Split, data_args, train_args, num_processes: int, explicit
     ratio = bytes_per_token(data)
     if len(data.validation) >= block and len(data.train) // block >= per_step:
         return PackedData(Blocks(data.train, block), Blocks(data.validation, block), ratio)
-    text = fit.Text((len(data.train),), len(data.validation), data.held_out)
-    asked = fit.Asked(block, train_args.per_device_train_batch_size, train_args.gradient_accumulation_steps,
+    text = sizing.Text((len(data.train),), len(data.validation), data.held_out)
+    asked = sizing.Asked(block, train_args.per_device_train_batch_size, train_args.gradient_accumulation_steps,
                       num_processes, explicit)
-    plan = fit.fit(text, asked, share=data_args.validation_split_percentage / 100)
+    plan = sizing.fit_sizes(text, asked, share=data_args.validation_split_percentage / 100)
     if plan.problem:
         raise UserInputError(plan.problem)
     for note in plan.notes:

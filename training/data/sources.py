@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_tinytx.folders import is_disk_full, mib
+from hf_tinytx.folders.safe import is_disk_full, mib
 from hf_tinytx_training.data.documents import RowsSource, StreamSource, check_column, file_sources
 from hf_tinytx_training.data.files import local_data_files
 from hf_tinytx_training.errors import RunError, UserInputError

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hf_tinytx.folders import is_disk_full, mib, open_new, read_json_or_none, remove_tree, replace_file
+from hf_tinytx.folders.safe import is_disk_full, mib, open_new, read_json_or_none, remove_tree, replace_file
 from hf_tinytx_training.data.documents import RULES
 from hf_tinytx_training.data.progress import Progress
 from hf_tinytx_training.errors import RunError

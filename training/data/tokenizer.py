@@ -6,8 +6,8 @@ import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_tinytx.folders import read_json_or_none
-from hf_tinytx.sources import TOKENIZER_MARKERS
+from hf_tinytx.folders.location import TOKENIZER_MARKERS
+from hf_tinytx.folders.safe import read_json_or_none
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.checkpoints import tokenizer_source
 from hf_tinytx_training.data.sources import tokenizer_texts

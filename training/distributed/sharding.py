@@ -13,9 +13,9 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.utils import DistributedType
 
-from hf_tinytx_training.args import env_flag
 from hf_tinytx_training.distributed.cluster import process_group_kwargs
 from hf_tinytx_training.errors import UserInputError
+from hf_tinytx_training.pretrain_args import env_flag
 
 
 def asked_sharding() -> str | None:

@@ -4,10 +4,10 @@ here when FSDP2 runs on CPUs."""
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 
-from hf_tinytx.cpu_training import speed_up_cpu_training
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.distributed import sharding
 from hf_tinytx_training.errors import UserInputError
+from hf_tinytx_training.model.cpu_training import speed_up_cpu_training
 from hf_tinytx_training.publish import cards
 
 
@@ -46,7 +46,7 @@ def make_model(model_args, model_config, tokenizer, accelerator: Accelerator, ow
     with sharding.building_model(accelerator):
         model = build_model(model_args, model_config, tokenizer)
     if accelerator.device.type == "cpu":
-        speed_up_cpu_training(model)  # hf_tinytx/cpu_training.py: two speed paths the model file does not carry
+        speed_up_cpu_training(model)  # training/model/cpu_training.py: two speed paths the model file does not carry
     num_parameters = sum(sharding.full_shape(p).numel() for p in model.parameters())
     accelerator.print(f"TinyTx with {num_parameters:,} parameters ({cards.human_count(num_parameters)})")
     if own_fsdp2:

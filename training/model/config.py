@@ -8,7 +8,7 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_tinytx.sources import local_folder_or_hub_id
+from hf_tinytx.folders.location import local_folder_or_hub_id
 from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.model.config_file import config_file_path, read_config_file
 

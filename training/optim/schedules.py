@@ -25,7 +25,7 @@ class Clock:
         self.before = self.seconds = seconds
 
     def read(self, seconds_this_process: float) -> float:
-        import torch  # not at the top: args.py reads CLOCK_SHAPES before torch loads
+        import torch  # not at the top: pretrain_args.py reads CLOCK_SHAPES before torch loads
 
         seconds = torch.tensor(self.before + seconds_this_process, dtype=torch.float64)
         if self.accelerator.num_processes > 1:

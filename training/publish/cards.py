@@ -9,8 +9,8 @@ import platform
 import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from hf_tinytx_training.args import args_to_dict
 from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
+from hf_tinytx_training.pretrain_args import args_to_dict
 
 
 TEMPLATES = importlib.resources.files("hf_tinytx_training.model_cards")

@@ -10,10 +10,10 @@ import sys
 import torch
 from huggingface_hub import ModelCard
 
-from hf_tinytx.folders import STAGING_NAME, publish, regular_files, remove_tree, staging_folder
-from hf_tinytx_training.args import write_args_json
+from hf_tinytx.folders.safe import STAGING_NAME, publish, regular_files, remove_tree, staging_folder
 from hf_tinytx_training.checkpoints import Layout, disk_space_guard
 from hf_tinytx_training.errors import RunError
+from hf_tinytx_training.pretrain_args import write_args_json
 from hf_tinytx_training.publish import cards
 
 
@@ -74,7 +74,7 @@ COREF_HEAD_PICTURE = "coref_head.png"
 
 
 def draw_coref_head(found: dict, path: str) -> None:
-    """The attention map of the head that resolves "it" (training/probes.py `find_coref_head`) on one sentence."""
+    """The attention map of the head that resolves "it" (training/evaluation.py `find_coref_head`) on one sentence."""
     from hf_tinytx.interpret.attention_maps import render_attention_map
 
     title = f"layer {found['layer']} head {found['head']}: the last row is where the model names the noun"

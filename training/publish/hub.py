@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hf_tinytx.folders import link_or_copy, remove_tree
+from hf_tinytx.folders.safe import link_or_copy, remove_tree
 from hf_tinytx_training.distributed.preemption import Stopped, StopRequests
 
 

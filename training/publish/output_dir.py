@@ -6,7 +6,7 @@ import contextlib
 import fcntl
 import os
 
-from hf_tinytx import folders
+from hf_tinytx.folders import safe as folders
 from hf_tinytx_training.errors import UserInputError, as_user_input_error
 
 
@@ -41,7 +41,7 @@ def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") ->
 
 
 def refuse_links_out(folder: str) -> list[str]:
-    """The folder's files (hf_tinytx.folders.regular_files); a link in it that leads out of it is a one-line error."""
+    """The folder's files (folders.regular_files); a link in it that leads out of it is a one-line error."""
     with as_user_input_error(folders.UnsafeLinkError):
         return folders.regular_files(folder)
 
@@ -63,7 +63,7 @@ def check_second_destination(folder: str, flag: str, output_dir: str, train_args
 
 
 def refuse_overlap(source: str, destination: str, flag_names: tuple[str, str], reason: str = folders.READ_APART):
-    """hf_tinytx.folders.refuse_overlap as a UserInputError: `destination` neither `source`, inside nor above it."""
+    """folders.refuse_overlap as a UserInputError: `destination` neither `source`, inside nor above it."""
     with as_user_input_error(folders.OverlapError):
         folders.refuse_overlap(source, destination, flag_names, reason=reason)
 

@@ -6,7 +6,7 @@ with a warning, while an earlier line that is not JSON stops the resume, naming 
 import json
 import os
 
-from hf_tinytx.folders import open_new
+from hf_tinytx.folders.safe import open_new
 from hf_tinytx_training.errors import RunError
 
 

@@ -6,8 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
 from hf_tinytx_training.errors import UserInputError
-from hf_tinytx_training.sft.args import FinetuneArguments
 from hf_tinytx_training.sft.data import ensure_chat_template
+from hf_tinytx_training.sft.finetune_args import FinetuneArguments
 
 
 def load_base_model_tokenizer(args: FinetuneArguments, chat: bool):

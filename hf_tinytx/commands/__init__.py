@@ -1,0 +1,8 @@
+"""What a user types, and how every command ends:
+
+    generate.py   `tinytx generate FOLDER "prompt"`: a prompt continued, streamed
+    chat.py       `tinytx chat FOLDER`: a conversation over the folder's chat template
+    flags.py      the flags of convert and interpret, parsed without torch
+    exits.py      exit statuses, one line on bad input, stop signals (UserInputError lives here)
+    quiet.py      notices a user cannot act on, silenced
+"""

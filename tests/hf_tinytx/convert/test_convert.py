@@ -1,0 +1,647 @@
+"""Llama <-> TinyTx conversion: same logits, same greedy text, both ways; refusals; the folder-to-folder CLI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import hf_tinytx
+from hf_tinytx.convert import (
+    convert_folder,
+    llama_config_to_tinytx,
+    llama_to_tinytx,
+    tinytx_config_to_llama,
+    tinytx_to_llama,
+)
+from hf_tinytx.convert.__main__ import main as convert_main
+from tests.helpers.faults import relabel_dtype
+from tests.helpers.tiny import REPO_ROOT, build_tiny_config, greedy
+
+
+VOCAB = 96
+NEW_TOKENS = 16
+# initializer_range 0.2: large weights give peaked logits, so greedy decoding has no near-ties
+LLAMA_SETTINGS = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)
+LLAMA_VARIANTS = {
+    "mha-untied": {},
+    "gqa-tied": {"num_key_value_heads": 2, "tie_word_embeddings": True},
+    "mqa-biases-linear-rope": {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True,
+                               "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}},
+    "gqa-llama3-rope": {"num_key_value_heads": 2, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }},
+}
+
+
+def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**{**LLAMA_SETTINGS, **overrides})).eval()
+
+
+def tiny_tinytx(seed: int = 0, **overrides) -> hf_tinytx.TinyTxForCausalLM:
+    torch.manual_seed(seed)
+    settings = {"vocab_size": VOCAB, "max_position_embeddings": 64, "initializer_range": 0.2, **overrides}
+    return hf_tinytx.TinyTxForCausalLM(build_tiny_config(**settings)).eval()
+
+
+def sample_inputs(seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def logits_of(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(sample_inputs()).logits
+
+
+def assert_same_logits(model, reference) -> None:
+    torch.testing.assert_close(logits_of(model), logits_of(reference), rtol=0, atol=1e-5)
+
+
+def assert_same_function(reference, converted) -> None:
+    assert_same_logits(converted, reference)
+    input_ids = sample_inputs()
+    expected_tokens = greedy(reference, input_ids)
+    assert expected_tokens.shape[1] == input_ids.shape[1] + NEW_TOKENS
+    assert torch.equal(greedy(converted, input_ids), expected_tokens)
+
+
+@pytest.mark.parametrize("variant", list(LLAMA_VARIANTS))
+def test_llama_to_tinytx_and_back_compute_the_same(variant):
+    llama = tiny_llama(**LLAMA_VARIANTS[variant])
+
+    tinytx = llama_to_tinytx(llama)
+    assert isinstance(tinytx, hf_tinytx.TinyTxForCausalLM)
+    assert not tinytx.config.qk_norm and tinytx.config.mlp_type == "gated"
+    assert tinytx.config.rope_parameters == llama.config.rope_parameters
+    tied = llama.config.tie_word_embeddings
+    assert (tinytx.lm_head.weight.data_ptr() == tinytx.model.embed_tokens.weight.data_ptr()) == tied
+    assert_same_function(llama, tinytx)
+
+    back = tinytx_to_llama(tinytx)
+    assert type(back) is LlamaForCausalLM
+    assert_same_function(llama, back)
+    for name, tensor in llama.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    back_config = tinytx_config_to_llama(llama_config_to_tinytx(llama.config))
+    for name in ("hidden_size", "num_key_value_heads", "head_dim", "rope_parameters", "rms_norm_eps", "eos_token_id"):
+        assert getattr(back_config, name) == getattr(llama.config, name), name
+    with torch.no_grad():  # the weights were copied, not shared
+        tinytx.model.embed_tokens.weight.zero_()
+    assert llama.model.embed_tokens.weight.abs().sum() > 0
+
+
+def test_tinytx_to_llama_computes_the_same():
+    tinytx = tiny_tinytx(tie_word_embeddings=True)
+    llama = tinytx_to_llama(tinytx)
+    assert llama.config.num_key_value_heads == 2 and llama.config.tie_word_embeddings
+    assert_same_function(tinytx, llama)
+
+
+def test_conversion_keeps_dtype():
+    llama = LlamaForCausalLM._from_config(tiny_llama().config, dtype=torch.bfloat16).eval()
+    tinytx = llama_to_tinytx(llama)
+    assert tinytx.dtype == torch.bfloat16 and tinytx.lm_head.weight.dtype == torch.bfloat16
+    assert torch.equal(logits_of(tinytx), logits_of(llama))
+    assert tinytx_to_llama(tinytx).dtype == torch.bfloat16
+
+
+def test_llama_pad_token_minus_one_means_none():
+    # Some Llama checkpoints store -1 for "no padding token"; TinyTx only accepts real token ids or None.
+    assert llama_config_to_tinytx(LlamaConfig(**{**LLAMA_SETTINGS, "pad_token_id": -1})).pad_token_id is None
+
+
+@pytest.mark.parametrize("setting, field",
+                         [({"qk_norm": True}, "qk_norm"), ({"mlp_type": "plain", "hidden_act": "gelu"}, "mlp_type")])
+def test_tinytx_only_features_are_refused(setting, field):
+    model = tiny_tinytx(**setting)
+    with pytest.raises(ValueError, match=f"`{field}.*no Llama equivalent"):
+        tinytx_config_to_llama(model.config)
+    with pytest.raises(ValueError, match=field):
+        tinytx_to_llama(model)
+
+
+def test_wrong_model_types_are_refused():
+    with pytest.raises(ValueError, match="expected a 'llama' config"):
+        llama_config_to_tinytx(tiny_tinytx().config)
+    with pytest.raises(TypeError, match="expected a LlamaForCausalLM"):
+        llama_to_tinytx(tiny_tinytx())
+    with pytest.raises(TypeError, match="expected a TinyTxForCausalLM"):
+        tinytx_to_llama(tiny_llama())
+
+
+# ---------------------------------------------------------------- folders and the command line
+
+
+def save_tiny_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, VOCAB)}}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def save_llama(folder: Path, tokenizer: bool = False, **overrides) -> Path:
+    tiny_llama(**overrides).save_pretrained(folder)
+    if tokenizer:
+        save_tiny_tokenizer(folder)
+    return folder
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hf_tinytx.convert", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def names_in(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir())
+
+
+def test_cli_round_trip_llama_tinytx_llama(tmp_path):
+    llama = tiny_llama(num_key_value_heads=2, tie_word_embeddings=True)
+    llama.generation_config.max_new_tokens = 7  # a user setting that must survive both conversions
+    llama_dir, tinytx_dir, back_dir = tmp_path / "llama", tmp_path / "tinytx", tmp_path / "llama-again"
+    llama.save_pretrained(llama_dir)
+    save_tiny_tokenizer(llama_dir)
+
+    result = run_cli("--to", "tinytx", str(llama_dir), str(tinytx_dir))
+    assert result.returncode == 0, result.stderr
+    # A normal TinyTx folder: safetensors weights, and the code files plus auto_map for trust_remote_code users.
+    files = set(names_in(tinytx_dir))
+    assert {"model.safetensors", "configuration_tinytx.py", "modeling_tinytx.py", "tokenizer.json"} <= files
+    assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
+    tinytx_config = json.loads((tinytx_dir / "config.json").read_text())
+    assert tinytx_config["model_type"] == "tinytx"
+    assert tinytx_config["auto_map"]["AutoModelForCausalLM"] == "modeling_tinytx.TinyTxForCausalLM"
+    assert json.loads((tinytx_dir / "generation_config.json").read_text())["max_new_tokens"] == 7
+    tinytx = AutoModelForCausalLM.from_pretrained(tinytx_dir).eval()
+    assert isinstance(tinytx, hf_tinytx.TinyTxForCausalLM)
+    assert_same_logits(tinytx, llama)
+
+    result = run_cli("--to", "llama", str(tinytx_dir), str(back_dir))
+    assert result.returncode == 0, result.stderr
+    back_config = json.loads((back_dir / "config.json").read_text())
+    assert back_config["model_type"] == "llama" and "auto_map" not in back_config
+    assert not (back_dir / "modeling_tinytx.py").exists()
+    back = LlamaForCausalLM.from_pretrained(back_dir).eval()
+    assert_same_logits(back, llama)
+    assert back.generation_config.max_new_tokens == 7
+    text = "w5 w17 w42 w9"
+    tokenized = [AutoTokenizer.from_pretrained(folder)(text)["input_ids"] for folder in (back_dir, llama_dir)]
+    assert tokenized[0] == tokenized[1]
+    assert names_in(tmp_path) == ["llama", "llama-again", "tinytx"]  # no staging folders left behind
+
+
+def test_cli_refuses_to_overwrite_without_flag(tmp_path, capsys):
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
+    destination.mkdir()
+    (destination / "notes.txt").write_text("keep me")
+
+    assert convert_main(["--to", "tinytx", str(llama_dir), str(destination)]) != 0
+    message = capsys.readouterr().err
+    assert "not empty" in message and "--overwrite" in message
+    assert names_in(destination) == ["notes.txt"]
+
+    # --overwrite replaces what a conversion writes; the user's own file is not convert's to delete.
+    assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(destination)]) == 0
+    assert (destination / "notes.txt").read_text() == "keep me" and (destination / "model.safetensors").is_file()
+    assert names_in(tmp_path) == ["llama", "out"]
+
+
+@pytest.mark.parametrize("leftover", [False, True], ids=["empty", "a-leftover-staging-folder"])
+def test_an_empty_destination_folder_is_used(tmp_path, leftover):
+    destination = tmp_path / "out"
+    (destination / ".tinytx-staging" if leftover else destination).mkdir(parents=True)
+    convert_folder(save_llama(tmp_path / "llama"), destination, to="tinytx")
+    assert (destination / "model.safetensors").is_file() and not (destination / ".tinytx-staging").exists()
+
+
+def test_source_folder_problems_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder: .*missing"):
+        convert_folder(tmp_path / "missing", tmp_path / "out", to="tinytx")
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        convert_folder(tmp_path / "empty", tmp_path / "out", to="tinytx")
+
+    pickled = tmp_path / "pickled"
+    tiny_llama().config.save_pretrained(pickled)
+    (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(FileNotFoundError, match="pickled weights"):
+        convert_folder(pickled, tmp_path / "out", to="tinytx")
+
+    with pytest.raises(ValueError, match="--to tinytx"):
+        convert_folder(save_llama(tmp_path / "llama"), tmp_path / "out", to="llama")
+    assert not (tmp_path / "out").exists()
+
+
+def test_refused_conversion_writes_nothing(tmp_path, capsys):
+    source = tmp_path / "qknorm"
+    tiny_tinytx(qk_norm=True).save_pretrained(source)
+    assert convert_main(["--to", "llama", str(source), str(tmp_path / "out")]) != 0
+    assert "qk_norm" in capsys.readouterr().err
+    assert names_in(tmp_path) == ["qknorm"]
+
+
+def test_failure_while_saving_leaves_no_half_written_folder(tmp_path, monkeypatch):
+    llama_dir = save_llama(tmp_path / "llama", tokenizer=True)
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("hf_tinytx.convert.llama.shutil.copyfile", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        convert_folder(llama_dir, tmp_path / "out", to="tinytx")
+    assert names_in(tmp_path) == ["llama"]
+
+
+def test_a_link_out_of_the_source_folder_is_refused_before_anything_is_written(tmp_path, capsys):
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"not": "a tokenizer"}')
+    (llama_dir / "tokenizer.json").symlink_to(secret)
+    capsys.readouterr()  # drop what saving printed
+
+    assert convert_main(["--to", "tinytx", str(llama_dir), str(destination)]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and str(llama_dir / "tokenizer.json") in message and "outside" in message
+    assert not destination.exists()
+
+
+def test_a_link_inside_the_source_folder_is_followed(tmp_path):
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
+    save_tiny_tokenizer(llama_dir / "shared")
+    (llama_dir / "tokenizer.json").symlink_to(llama_dir / "shared" / "tokenizer.json")
+
+    convert_folder(llama_dir, destination, to="tinytx")
+    copied = destination / "tokenizer.json"
+    assert not copied.is_symlink() and copied.read_bytes() == (llama_dir / "shared" / "tokenizer.json").read_bytes()
+
+
+def test_overwrite_keeps_the_destination_folder_itself(tmp_path):
+    """The folder is never renamed or removed, only its files replaced: so a mount point works as the destination."""
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
+    convert_folder(llama_dir, destination, to="tinytx")
+    (destination / ".tinytx-staging").mkdir()  # what a killed conversion leaves behind
+    inode = destination.stat().st_ino
+
+    convert_folder(llama_dir, destination, to="tinytx", overwrite=True)
+    assert destination.stat().st_ino == inode
+    assert names_in(destination) == [
+        ".tinytx-written.json", "config.json", "configuration_tinytx.py", "generation_config.json",
+        "model.safetensors", "modeling_tinytx.py",
+    ]
+
+
+def test_writing_into_publishes_at_the_end_and_leaves_nothing_when_the_block_fails(tmp_path):
+    from hf_tinytx.folders.safe import STAGING_NAME, writing_into
+
+    destination = tmp_path / "out"
+    with writing_into(destination) as staged:
+        (staged / "config.json").write_text("{}")
+        assert not (destination / "config.json").exists()  # nothing in place before the block ends
+    assert (destination / "config.json").read_text() == "{}"
+    with pytest.raises(RuntimeError), writing_into(destination) as staged:
+        (staged / "config.json").write_text('{"half": true}')
+        raise RuntimeError("disk full")
+    assert (destination / "config.json").read_text() == "{}" and not (destination / STAGING_NAME).exists()
+
+
+# ---------------------------------------------------------------- the source is sacred; --overwrite; faults (issue 31)
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under `folder` (links not followed) with its bytes: what must not change."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def tinytx_run_folder(folder: Path) -> Path:
+    """A folder as training/pretrain.py leaves it: the model, checkpoints, metrics, a card, and a user's notes."""
+    tiny_tinytx().save_pretrained(folder)
+    (folder / "checkpoints" / "step_4").mkdir(parents=True)
+    (folder / "checkpoints" / "step_4" / "optimizer.pt").write_bytes(b"optimizer state")
+    (folder / "metrics.jsonl").write_text('{"step": 4, "loss": 3.2}\n')
+    (folder / "README.md").write_text("# a model card\n")
+    (folder / "notes.txt").write_text("the user's own notes")
+    return folder
+
+
+def one_line_error(result_or_err) -> str:
+    """The error line (a subprocess may print progress bars before it); no traceback anywhere."""
+    stderr = result_or_err if isinstance(result_or_err, str) else result_or_err.stderr
+    assert "Traceback" not in stderr, stderr
+    message = stderr.strip() if isinstance(result_or_err, str) else stderr.strip().splitlines()[-1]
+    assert message.startswith("error: ") and "\n" not in message, stderr
+    return message
+
+
+def refused(capsys, *args) -> str:
+    """The one error line of `convert args`, which must exit 2."""
+    capsys.readouterr()
+    assert convert_main([*map(str, args)]) == 2
+    return one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "parent", "link", "through-link"])
+def test_a_destination_overlapping_the_source_is_refused_overwrite_included(tmp_path, capsys, where):
+    source = tinytx_run_folder(tmp_path / "runs" / "tinytx")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("not convert's")
+    (tmp_path / "link").symlink_to(elsewhere if where == "link" else tmp_path / "runs", target_is_directory=True)
+    destination = {
+        "same": source, "inside": source / "llama", "parent": source.parent, "link": tmp_path / "link",
+        "through-link": tmp_path / "link" / "tinytx",  # the source itself, reached through a link
+    }[where]
+    before, other = snapshot(tmp_path / "runs"), snapshot(elsewhere)
+
+    message = refused(capsys, "--to", "llama", "--overwrite", source, destination)
+    assert str(destination) in message and ("link" in message if "link" in where else "source" in message)
+    assert snapshot(tmp_path / "runs") == before and snapshot(elsewhere) == other
+
+
+def test_a_gguf_destination_inside_the_source_or_through_a_link_is_refused(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    source = tinytx_run_folder(tmp_path / "tinytx")
+    before = snapshot(source)
+    target = tmp_path / "kept.gguf"
+    target.write_bytes(b"someone else's file")
+    (tmp_path / "link.gguf").symlink_to(target)
+    for destination in (source / "m.gguf", tmp_path / "link.gguf"):
+        assert str(destination) in refused(capsys, "--to", "gguf", "--overwrite", source, destination)
+    assert snapshot(source) == before and target.read_bytes() == b"someone else's file"
+    assert not (source / "m.gguf").exists()
+    (tmp_path / "folder.gguf").mkdir()  # --overwrite replaces a file, never a folder
+    assert "is a folder" in refused(capsys, "--to", "gguf", "--overwrite", source, tmp_path / "folder.gguf")
+
+
+def test_overwrite_replaces_only_what_convert_wrote(tmp_path):
+    first, destination = save_llama(tmp_path / "first", tokenizer=True), tmp_path / "out"
+    second = save_llama(tmp_path / "second", seed=1)  # no tokenizer: the first conversion's tokenizer files must go
+    assert convert_main(["--to", "tinytx", str(first), str(destination)]) == 0
+    assert (destination / "tokenizer.json").is_file()
+    (destination / "notes.txt").write_text("keep me")
+    (destination / "runs").mkdir()
+    (destination / "runs" / "log.txt").write_text("mine too")
+
+    assert convert_main(["--to", "tinytx", "--overwrite", str(second), str(destination)]) == 0
+    assert (destination / "notes.txt").read_text() == "keep me"
+    assert (destination / "runs" / "log.txt").read_text() == "mine too"
+    assert not (destination / "tokenizer.json").exists()  # written by the first conversion only
+    record = json.loads((destination / ".tinytx-written.json").read_text())
+    assert record["files"] == sorted(path.name for path in destination.iterdir() if path.is_file()
+                                     and path.name not in ("notes.txt", ".tinytx-written.json"))
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(destination).eval(), tiny_llama(seed=1))
+
+
+def test_overwrite_refuses_a_folder_holding_a_training_run(tmp_path, capsys):
+    llama_dir, run = save_llama(tmp_path / "llama"), tinytx_run_folder(tmp_path / "run")
+    before = snapshot(run)
+    message = refused(capsys, "--to", "tinytx", "--overwrite", llama_dir, run)
+    assert "did not write" in message and "config.json" in message and "model.safetensors" in message
+    assert snapshot(run) == before and names_in(tmp_path) == ["llama", "run"]
+
+
+CONVERT_SCRIPT = "import sys\nfrom hf_tinytx.convert.__main__ import main\nsys.exit(main())\n"
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("kill", [("before", 1), ("before", 3), ("after", "last")], ids=["first", "third", "config"])
+def test_a_killed_overwrite_leaves_the_old_or_the_new_model_and_the_users_files(tmp_path, kill):
+    """Killed at a move out of the staging folder: the folder loads as the old model or the new one (`publish` moves
+    the config last and deletes nothing before its replacement is in), the user's file is intact, and the same
+    command, run again, completes the new model and removes the old one's leftovers (the record lists them)."""
+    from tests.helpers.faults import KILLED, run_killed_at
+
+    old, new, destination = save_llama(tmp_path / "old", tokenizer=True), tmp_path / "new", tmp_path / "out"
+    save_llama(new, seed=1)
+    assert convert_main(["--to", "tinytx", str(old), str(destination)]) == 0
+    (destination / "notes.txt").write_text("keep me")
+    convert_folder(new, tmp_path / "reference", to="tinytx")
+    moves = len(list((tmp_path / "reference").iterdir())) - 1  # every file but the record moves out of staging
+    when, nth = kill
+    script = tmp_path / "convert_cli.py"
+    script.write_text(CONVERT_SCRIPT)
+
+    args = ["--to", "tinytx", "--overwrite", str(new), str(destination)]
+    killed = run_killed_at(args, cwd=REPO_ROOT, script=script, function="os.replace", match=".tinytx-staging",
+                           when=when, nth=moves if nth == "last" else nth, timeout=300)
+    assert killed.returncode == KILLED, killed.stderr[-2000:]
+    assert (destination / "notes.txt").read_text() == "keep me"
+    loaded = logits_of(AutoModelForCausalLM.from_pretrained(destination).eval())
+    candidates = [logits_of(tiny_llama(seed=seed)) for seed in (0, 1)]
+    assert any(torch.allclose(loaded, logits, rtol=0, atol=1e-5) for logits in candidates)
+
+    assert convert_main(args) == 0
+    assert (destination / "notes.txt").read_text() == "keep me"
+    assert snapshot(destination).keys() - {"notes.txt"} == snapshot(tmp_path / "reference").keys()
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(destination).eval(), tiny_llama(seed=1))
+
+
+def edit_config(folder: Path, **changes) -> Path:
+    """Edits the folder's config.json: weights and config no longer agree."""
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"num_hidden_layers": 3}, "missing: model.layers.2."),
+        ({"num_hidden_layers": 1}, "unexpected: model.layers.1."),
+        ({"intermediate_size": 48}, "misshapen: model.layers.0.mlp.gate_proj.weight [64, 32] (expected [48, 32])"),
+        ({"tie_word_embeddings": True}, "not tied: lm_head.weight (differs from model.embed_tokens.weight"),
+    ],
+    ids=["one-layer-short", "one-layer-more", "shapes", "tied-with-a-head"],
+)
+def test_weights_that_do_not_match_the_config_are_refused_before_anything_is_written(tmp_path, capsys, changes,
+                                                                                      words):
+    source = edit_config(save_llama(tmp_path / "llama"), **changes)
+    message = refused(capsys, "--to", "tinytx", source, tmp_path / "out")
+    assert words in message and "do not match its config.json" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_sharded_weights_are_checked_too(tmp_path, capsys):
+    source = tmp_path / "llama"
+    tiny_llama(tie_word_embeddings=True).save_pretrained(source, max_shard_size="20KB")
+    assert (source / "model.safetensors.index.json").is_file()
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 0  # tied: no lm_head stored
+
+    edit_config(source, num_hidden_layers=3)
+    assert "missing: model.layers.2." in refused(capsys, "--to", "tinytx", source, tmp_path / "out2")
+    shard = sorted(source.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    message = refused(capsys, "--to", "tinytx", source, tmp_path / "out2")
+    assert f"names the shard {shard.name}, which is missing" in message
+    assert not (tmp_path / "out2").exists()
+
+
+def damage(folder: Path, kind: str) -> str:
+    """Damages the saved folder one way; returns the words the one-line error must hold."""
+    config, weights = folder / "config.json", folder / "model.safetensors"
+    if kind == "truncated-weights":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        return f"{weights} is damaged or truncated"
+    if kind == "not-json":
+        config.write_text('{\n  "model_type": "llama",\n  "hidden_size": 32,,\n}\n')
+        return f"{config} is not valid JSON (line 3"
+    if kind == "json-list":
+        config.write_text("[1, 2, 3]")
+        return f"{config} holds a JSON list"
+    if kind in ("i32-header", "f16-header"):
+        relabel_dtype(weights, "F32", kind[:3].upper())
+        return f"{weights} stores " if kind == "i32-header" else f"{weights} is damaged or truncated"
+    values = json.loads(config.read_text())
+    if kind in ("rope-string", "rope-number"):
+        values["rope_parameters"] = "default" if kind == "rope-string" else 5
+        words = f'{config} has "rope_parameters": {json.dumps(values["rope_parameters"])}, which must be an object'
+    else:
+        del values["model_type"]
+        words = f"{config} has no \"model_type\"; this conversion reads a 'llama' model"
+    config.write_text(json.dumps(values))
+    return words
+
+
+@pytest.mark.parametrize("kind", ["truncated-weights", "not-json", "json-list", "rope-string", "rope-number",
+                                  "no-model-type", "i32-header", "f16-header"])
+@pytest.mark.parametrize("to", ["tinytx", "llama"])
+def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind, to):
+    """Both ways; a header that says I32 for F32 data of the same size was converted, exit 0, into weights ~1e9."""
+    source = tmp_path / "source"
+    (tiny_llama() if to == "tinytx" else tiny_tinytx()).save_pretrained(source)
+    words = damage(source, kind).replace("'llama' model", f"'{'llama' if to == 'tinytx' else 'tinytx'}' model")
+    assert words in refused(capsys, "--to", to, source, tmp_path / "out")  # a traceback would raise here
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_both_ways(tmp_path, capsys):
+    """convert --to llama copied a 420-token tokenizer beside a 320-row embedding, exit 0, where the GGUF export and
+    finetune refuse the same folder."""
+    for to, model in (("llama", tiny_tinytx(vocab_size=VOCAB - 16)), ("tinytx", tiny_llama(vocab_size=VOCAB - 16))):
+        source = tmp_path / f"to-{to}"
+        model.save_pretrained(source)
+        save_tiny_tokenizer(source)
+        line = refused(capsys, "--to", to, source, tmp_path / f"out-{to}")
+        assert f"tokenizer has {VOCAB} tokens but the model's embedding only {VOCAB - 16} rows" in line, line
+        assert not (tmp_path / f"out-{to}").exists()
+
+
+@pytest.mark.deep
+def test_a_full_disk_is_one_line_and_the_earlier_conversion_stays(tmp_path, mounted):
+    small = save_llama(tmp_path / "small", hidden_size=8, intermediate_size=16, num_attention_heads=2)
+    large = save_llama(tmp_path / "large", hidden_size=64, intermediate_size=128)  # ~0.4 MB of weights: cannot fit
+    with mounted(tmp_path / "disk", "160k") as disk:
+        destination = disk / "out"
+        assert run_cli("--to", "tinytx", str(small), str(destination)).returncode == 0
+        (destination / "notes.txt").write_text("keep me")
+        before = snapshot(destination)
+
+        result = run_cli("--to", "tinytx", "--overwrite", str(large), str(destination))
+        message = one_line_error(result)
+        assert result.returncode == 1 and "disk is full" in message and str(destination) in message
+        assert "nothing in it was changed" in message
+        assert snapshot(destination) == before and not (destination / ".tinytx-staging").exists()
+        assert_same_logits(AutoModelForCausalLM.from_pretrained(destination).eval(),
+                           LlamaForCausalLM.from_pretrained(small).eval())
+
+        fresh = disk / "fresh"
+        result = run_cli("--to", "tinytx", str(large), str(fresh))
+        assert result.returncode == 1 and "disk is full" in one_line_error(result)
+        assert not fresh.exists() and names_in(disk) == ["out"]
+
+
+def test_a_tied_head_stored_alongside_its_embedding_passes_when_equal(tmp_path):
+    source = tmp_path / "llama"
+    llama = tiny_llama()
+    with torch.no_grad():
+        llama.lm_head.weight.copy_(llama.model.embed_tokens.weight)
+    llama.save_pretrained(source)  # untied: both tensors stored, with equal values
+    convert_folder(edit_config(source, tie_word_embeddings=True), tmp_path / "out", to="tinytx")
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval(), llama)
+
+
+def test_a_record_naming_files_outside_the_destination_deletes_nothing_there(tmp_path):
+    llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
+    convert_folder(llama_dir, destination, to="tinytx")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not convert's")
+    record = destination / ".tinytx-written.json"
+    values = json.loads(record.read_text())
+    values["files"] += ["../outside.txt", str(outside)]
+    record.write_text(json.dumps(values))
+    convert_folder(llama_dir, destination, to="tinytx", overwrite=True)
+    assert outside.read_text() == "not convert's"
+
+
+def test_every_file_of_a_converted_folder_has_the_mode_a_new_file_gets(tmp_path):
+    """safetensors writes model.safetensors 0600 through a temporary file; a published folder gives it the mode of the
+    other files (0644 under umask 022), so another user who can read the folder can load the model."""
+    destination = tmp_path / "out"
+    convert_folder(save_llama(tmp_path / "llama", tokenizer=True), destination, to="tinytx")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {path.name: oct(path.stat().st_mode & 0o777) for path in destination.iterdir() if path.is_file()}
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+CONVERT_SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__main__', alter_sys=True)\n"
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("signum, function, nth", [
+    (signal.SIGINT, "safetensors.torch.save_file", 1),  # the weights written into the staging folder
+    (signal.SIGTERM, ("os.replace", "os.rename"), 1),  # the first file moved into the destination
+], ids=["SIGINT-staged", "SIGTERM-publishing"])
+def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(tmp_path, signum, function, nth):
+    """Ctrl-C or SIGTERM during `convert --to llama` into a folder whose parents do not exist yet: 128 + the signal,
+    one line; stopped before the publish nothing is left, stopped in it the same command (no --overwrite) finishes
+    it."""
+    from tests.helpers.faults import run_killed_at
+
+    source, destination = tmp_path / "tinytx", tmp_path / "new" / "parents" / "llama"
+    tiny_tinytx().save_pretrained(source)
+    save_tiny_tokenizer(source)
+    (tmp_path / "shim.py").write_text(CONVERT_SHIM)
+    args = ["--to", "llama", source, destination]
+    stopped = run_killed_at(args, cwd=REPO_ROOT, function=function, match=".tinytx-staging", nth=nth, when="after",
+                            script=tmp_path / "shim.py", signum=signum)
+    lines = [line for line in stopped.stderr.splitlines()
+             if line.strip() and not line.startswith("[launch]") and "%|" not in line]  # no progress bars
+    assert stopped.returncode == 128 + signum and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert lines == [f"stopped by {signal.Signals(signum).name}; run the same command again (what it had half "
+                     "written is removed, or finished by the rerun)"], lines
+    if signum == signal.SIGINT:
+        assert names_in(tmp_path) == ["shim.py", "tinytx"]
+    again = run_cli(*map(str, args))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_same_logits(LlamaForCausalLM.from_pretrained(destination).eval(),
+                       AutoModelForCausalLM.from_pretrained(source).eval())
+    assert not (destination / ".tinytx-staging").exists()
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling"])
+def test_a_link_that_leads_nowhere_as_the_source_is_named_as_such(tmp_path, capsys, kind):
+    """Before: a loop passed for a missing folder or a Hub id (a traceback from the Hub lookup)."""
+    source = tmp_path / "model"
+    source.symlink_to(source if kind == "loop" else tmp_path / "gone")
+    words = ("is a loop of links (following them leads back to the start)" if kind == "loop"
+             else f"is a link to {tmp_path / 'gone'}, which does not exist")
+    for to, destination in (("llama", tmp_path / "out"), ("gguf", tmp_path / "m.gguf")):
+        line = refused(capsys, "--to", to, source, destination)
+        assert line == f"error: {source} {words}: point the link at a real folder", line
+        assert not destination.exists()

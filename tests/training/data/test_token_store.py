@@ -1,0 +1,369 @@
+"""pretrain's data: documents read from local files, the token store (issue 55: tokenized once, in parallel, into
+shards every process reads; resumed after a kill; kept up to date with its files) and the training blocks, each epoch
+cut elsewhere. Builds run in this process; runs of pretrain.py in subprocesses, faults from outside."""
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+from datasets import Dataset
+
+from hf_tinytx.tokenization import train_bpe_tokenizer
+from hf_tinytx_training.data import token_store
+from hf_tinytx_training.data.documents import MAX_DOCUMENT_CHARS, documents_of, file_sources, paragraphs
+from hf_tinytx_training.data.packing import EpochShuffleSampler, PackedData, ShiftingBlocks, make_dataloaders
+from hf_tinytx_training.data.streams import GROUP, Blocks, TokenStream, split
+from tests.helpers.tiny import LAUNCH, REPO_ROOT, assert_same_weights, kill_after_call, pretrain_env
+
+
+PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
+WORDS = ("the miller kept his grain in the old mill by the river and sold bread to every village while the children "
+         "of the valley played on the bridge until the evening bell rang café").split()
+# A tiny model and a short run; the data flags come with each test.
+FLAGS = ["--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
+         "--vocab_size", "320", "--max_train_steps", "4", "--num_warmup_steps", "1", "--num_probes_per_kind", "0",
+         "--num_samples", "0", "--max_train_seconds", "0", "--per_device_train_batch_size", "8"]
+
+
+def write_text(path, megabytes: float, blank_lines: bool = True, seed: int = 0) -> str:
+    """Paragraphs of 1-3 lines of words (separated by blank lines, or not at all), about `megabytes` MB."""
+    rng, size, lines = random.Random(seed), 0, []
+    while size < megabytes * 1e6:
+        line = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))).capitalize() + "."
+        lines.append(line + ("\n\n" if blank_lines and rng.random() < 0.4 else "\n"))
+        size += len(lines[-1])
+    text = "".join(lines)
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def pretrain(tmp_path, *flags, launcher=None, timeout=600):
+    command = [*(launcher or [sys.executable]), PRETRAIN, *FLAGS, *map(str, flags)]
+    return subprocess.run(command, cwd=tmp_path, env=pretrain_env(tmp_path), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def ok(result):
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def journal(store) -> list[dict]:
+    return [json.loads(line) for line in (store / token_store.JOURNAL).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe_tokenizer([" ".join(WORDS)] * 50, 300)
+
+
+# ---------------------------------------------------------------------------------------------------- documents
+
+
+def test_a_file_read_in_pieces_makes_the_documents_of_one_reading(tmp_path):
+    text = write_text(tmp_path / "paragraphs.txt", 2.5)
+    (source,) = file_sources([str(tmp_path / "paragraphs.txt")], "--train_file", "text", "text")
+    assert len(source.pieces()) > 1  # pieces cut at blank lines, read by several processes
+    assert list(documents_of([source])) == list(paragraphs([text]))
+
+
+def test_json_lines_are_read_in_pieces_one_record_a_document(tmp_path):
+    records = [{"text": line, "id": number} for number, line in enumerate(write_text(tmp_path / "t.txt", 2.5)
+                                                                             .splitlines()) if line]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    (source,) = file_sources([str(tmp_path / "data.jsonl")], "--train_file", "json", "text")
+    assert len(source.pieces()) > 1
+    assert list(documents_of([source])) == [record["text"] for record in records]
+
+
+def test_text_without_blank_lines_is_cut_into_bounded_documents(tmp_path):
+    text = write_text(tmp_path / "lines.txt", 2.5, blank_lines=False)
+    (source,) = file_sources([str(tmp_path / "lines.txt")], "--train_file", "text", "text")
+    documents = list(documents_of([source]))
+    assert len(documents) > 2.5e6 / MAX_DOCUMENT_CHARS  # never one document for the whole file
+    assert all(len(document) <= MAX_DOCUMENT_CHARS and document.endswith("\n") for document in documents)
+    assert "".join(documents) == text  # cut at line breaks, nothing lost
+    assert [len(d) for d in paragraphs(["x" * 100], limit=40)] == [40, 40, 20]  # a line longer than the bound
+
+
+# ---------------------------------------------------------------------------------------------------- the store
+
+
+def test_the_store_holds_the_tokenizers_ids_and_a_second_build_tokenizes_nothing(tmp_path, tokenizer):
+    for number in range(3):
+        write_text(tmp_path / f"part{number}.txt", 0.4 if number else 1.5, seed=number)
+    sources = file_sources(sorted(map(str, tmp_path.glob("part*.txt"))), "--train_file", "text", "text")
+    said = []
+    shards = token_store.build(str(tmp_path / "store"), tokenizer, None, sources, 2, said.append)
+    assert said[0].startswith(f"Tokenizing {sum(len(s.pieces()) for s in sources)} piece(s)") and \
+        said[0].endswith("with 2 process(es)..."), said
+    ids = tokenizer(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
+    expected = [token for document in ids for token in document + [tokenizer.eos_token_id]]
+    stored = np.concatenate([shard.read(0, shard.tokens) for per_source in shards for shard in per_source])
+    assert stored.dtype == np.uint16 and stored.tolist() == expected
+    assert not [name for name in os.listdir(tmp_path / "store") if name.startswith(".tmp-")]
+
+    said.clear()
+    again = token_store.build(str(tmp_path / "store"), tokenizer, None, sources, 2, said.append)
+    assert said == [] and again == shards
+
+
+def test_an_added_file_tokenizes_only_itself_and_a_changed_one_is_made_again(tmp_path, tokenizer):
+    for number in range(3):
+        write_text(tmp_path / f"part{number}.txt", 0.2, seed=number)
+    store, said = tmp_path / "store", []
+    files = lambda: sorted(map(str, tmp_path.glob("part*.txt")))  # noqa: E731
+    token_store.build(str(store), tokenizer, None, file_sources(files(), "-", "text", "text"), 2, said.append)
+    before = {entry["file"] for entry in journal(store)}
+
+    write_text(tmp_path / "part3.txt", 0.2, seed=3)
+    said.clear()
+    token_store.build(str(store), tokenizer, None, file_sources(files(), "-", "text", "text"), 2, said.append)
+    assert said[0].startswith("Tokenizing 1 piece(s)"), said  # the new file alone
+    after = {entry["file"] for entry in journal(store)}
+    assert before < after and len(after - before) == 1
+
+    with open(tmp_path / "part1.txt", "a", encoding="utf-8") as f:
+        f.write("One more paragraph at the end.\n")
+    said.clear()
+    token_store.build(str(store), tokenizer, None, file_sources(files(), "-", "text", "text"), 2, said.append)
+    assert said[0] == f"{tmp_path / 'part1.txt'} changed since it was tokenized (size or time): its shards are made " \
+                      f"again.", said
+    assert said[1].startswith("Tokenizing 1 piece(s)")
+    shards = sorted(name for name in os.listdir(store) if name.endswith(".bin"))
+    assert len(shards) == 4 and sorted(entry["file"] for entry in journal(store)) == shards  # the old one is gone
+
+
+def test_a_store_of_another_tokenizer_is_emptied_in_one_line_and_never_read(tmp_path, tokenizer):
+    write_text(tmp_path / "a.txt", 0.2)
+    sources = file_sources([str(tmp_path / "a.txt")], "--train_file", "text", "text")
+    store = tmp_path / "store"
+    token_store.build(str(store), tokenizer, None, sources, 1, print)
+    other = train_bpe_tokenizer([" ".join(reversed(WORDS))] * 50, 280)
+    said = []
+    (shards,) = token_store.build(str(store), other, None, sources, 1, said.append)
+    assert said[0] == (f"The token store {store} holds tokens made with another tokenizer: its 1 shard(s) are "
+                       f"removed and the data is tokenized again."), said
+    ids = other(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
+    assert shards[0].read(0, shards[0].tokens).tolist() == [t for d in ids for t in d + [other.eos_token_id]]
+
+
+def test_validation_is_held_out_per_group_of_documents(tmp_path, tokenizer):
+    def held_out(count: int) -> int:
+        documents = [f"document {i}" for i in range(count)]
+        ids = [np.array(tokenizer(d)["input_ids"] + [2], np.uint16) for d in documents]
+        ends = np.cumsum([len(i) for i in ids]).astype(np.uint32)
+        shard = token_store.Shard(None, int(ends[-1]), count, 0, "<u2",
+                                  (np.concatenate(ids), ends, np.ones(count, np.uint32)))
+        data = split([shard], None, 5, None)
+        return data.validation_bytes  # one byte a document here
+
+    assert held_out(1) == 0  # a single document: fit.py validates on its end instead
+    assert held_out(12) == 1  # a page of paragraphs keeps one
+    assert held_out(2 * GROUP + 500) == 50 + 50 + 25  # 5% of each group, rounded up
+
+
+def test_progress_in_a_log_is_a_line_with_the_rate_and_the_time_left():
+    import io
+
+    from hf_tinytx_training.data.progress import Progress
+
+    said = []
+    progress = Progress(200_000_000, "Tokenizing", said.append, stream=io.StringIO())  # not a terminal: no bar
+    progress.started -= 10  # as if it began 10 s ago, and its last line came 20 s ago
+    progress.last_line -= 20
+    progress.update(50_000_000)
+    assert said == ["Tokenizing: 50.0 MB of 200.0 MB (25%), 5.0 MB/s, 30 s left"]
+    progress.update(60_000_000)  # within the interval: no line
+    assert len(said) == 1
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+
+
+def test_the_default_evaluation_reads_a_bounded_number_of_tokens_said_in_the_card(tmp_path):
+    write_text(tmp_path / "text.txt", 0.5)
+    out = tmp_path / "out"
+    ok(pretrain(tmp_path, "--train_file", "text.txt", "--validation_split_percentage", 50, "--output_dir", out))
+    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"final"' in line][0]
+    assert final["eval_tokens"] == 65536 // 128 * 127  # --max_eval_tokens 65536: 512 blocks of 128 (127 targets)
+    card = (out / "README.md").read_text()
+    assert re.search(r"On 65,024 held-out tokens: 512 blocks of 128, spread evenly over the [\d,]+ blocks of the "
+                     r"validation text \(an evaluation reads at most 65,536 tokens: `--max_eval_tokens`\):", card), card
+
+
+def test_local_files_stream_with_a_shuffle_buffer(tmp_path):
+    write_text(tmp_path / "text.txt", 0.3)
+    out = tmp_path / "out"
+    said = ok(pretrain(tmp_path, "--train_file", "text.txt", "--streaming", "--output_dir", out))
+    assert "Tokenizing" not in said and not (out / "token_store").exists()  # nothing tokenized ahead
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4]
+    assert [row for row in rows if row.get("final") and row["eval_tokens"] > 0]
+
+
+@pytest.mark.deep
+def test_a_streamed_run_resumes_bit_for_bit(tmp_path):
+    write_text(tmp_path / "text.txt", 0.3)
+    flags = ["--train_file", "text.txt", "--streaming", "--max_train_steps", 6, "--checkpointing_steps", 3]
+    ok(pretrain(tmp_path, *flags, "--output_dir", "straight"))
+    killed = pretrain(tmp_path, *flags, "--output_dir", "out",
+                      launcher=kill_after_call("accelerate.Accelerator.save_state", nth=1))
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    ok(pretrain(tmp_path, *flags, "--output_dir", "out", "--resume_from_checkpoint", "latest"))
+    assert_same_weights(tmp_path / "straight", tmp_path / "out")
+
+
+@pytest.mark.deep
+def test_a_kill_during_tokenization_resumes_from_the_last_shard(tmp_path):
+    write_text(tmp_path / "text.txt", 6)  # 6 pieces of 1 MiB
+    flags = ["--train_file", "text.txt", "--preprocessing_num_workers", 1]
+    killed = pretrain(tmp_path, *flags, "--output_dir", "out",
+                      launcher=kill_after_call("hf_tinytx_training.data.token_store.TokenStore.record", nth=2))
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    store = tmp_path / "out" / "token_store"
+    assert len(journal(store)) == 2
+    said = ok(pretrain(tmp_path, *flags, "--output_dir", "out"))
+    assert "Reusing the tokenizer trained for this data" in said  # not trained again
+    assert re.search(r"^Tokenizing 4 piece\(s\)", said, re.M), said  # 6 - the 2 finished
+    assert not [name for name in os.listdir(store) if name.startswith(".tmp-")]  # the killed worker's, removed
+
+    ok(pretrain(tmp_path, *flags, "--output_dir", "straight"))  # the same text, tokenized without a kill
+    straight = tmp_path / "straight" / "token_store"
+    for entry in journal(store):
+        assert (store / entry["file"]).read_bytes() == (straight / entry["file"]).read_bytes()
+    assert_same_weights(tmp_path / "straight", tmp_path / "out")
+
+
+@pytest.mark.deep
+def test_two_ranks_share_one_tokenization(tmp_path):
+    write_text(tmp_path / "text.txt", 3)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
+                "--hash-weights", str(tmp_path / "weights")]
+    command = [*torchrun, PRETRAIN, *FLAGS, "--train_file", "text.txt", "--output_dir", "out"]
+    result = subprocess.run(command, cwd=tmp_path, env=pretrain_env(tmp_path, OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, timeout=600)
+    said = ok(result)
+    assert len(re.findall(r"^Tokenized \d+ piece\(s\)", said, re.M)) == 1, said  # by the main process alone
+    assert "Process 1" not in said  # it waits in silence: one voice a launch
+    store = tmp_path / "out" / "token_store"
+    assert len(journal(store)) == len({entry["file"] for entry in journal(store)})  # each piece once
+    ranks = [json.loads((tmp_path / f"weights.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["sha256"] == ranks[1]["sha256"]
+    assert not [name for name in os.listdir(tmp_path / "out") if name.startswith(".data-")]  # the handoff, gone
+
+
+@pytest.mark.deep
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_text_without_blank_lines_trains_in_bounded_memory(tmp_path):
+    """Before: one 20 MB document, +150 MiB a MB of text (issue 55). Now documents of at most 64K characters."""
+    write_text(tmp_path / "lines.txt", 20, blank_lines=False)
+    command = [sys.executable, PRETRAIN, *FLAGS, "--train_file", "lines.txt", "--output_dir", "out"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=pretrain_env(tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, high_water_mark(process.pid))
+        time.sleep(0.2)
+    said = process.stdout.read()
+    assert process.returncode == 0, said[-3000:]
+    print(f"peak RSS of the main process: {peak / 2**20:.0f} MiB")
+    assert peak < 1.5 * 2**30, f"{peak / 2**20:.0f} MiB"  # a 20 MB document alone took ~3 GiB
+    assert "Validation: the last" not in said  # documents held out: the text was cut into documents
+
+
+def high_water_mark(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------------- blocks
+
+
+def blocks_of(tokens: list[int], block_size: int) -> Blocks:
+    """`tokens` as one document held in memory, cut into blocks."""
+    arrays = (np.array(tokens, dtype="<u2"), np.array([len(tokens)], np.uint32), np.zeros(1, np.uint32))
+    shard = token_store.Shard(None, len(tokens), 1, 0, "<u2", arrays)
+    return Blocks(TokenStream([shard], [(0, 0, len(tokens))]), block_size)
+
+
+def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
+    stream = list(range(5 * 8))  # five packed blocks of 8 tokens
+    packed = blocks_of(stream, 8)
+    blocks = ShiftingBlocks(packed, seed=0)
+    sampler = EpochShuffleSampler(len(blocks), seed=0, blocks=blocks)
+
+    sampler.set_epoch(0)  # the first pass reads the blocks as packed
+    assert [blocks[i]["input_ids"].tolist() for i in range(5)] == [stream[i : i + 8] for i in range(0, 40, 8)]
+
+    shifts = set()
+    for epoch in range(1, 6):
+        sampler.set_epoch(epoch)
+        shift = blocks.shift
+        assert 1 <= shift < 8
+        shifts.add(shift)
+        expected = [(stream + stream)[i * 8 + shift : i * 8 + shift + 8] for i in range(5)]  # the last wraps around
+        batch = torch.utils.data.default_collate(blocks.__getitems__([3, 0, 4]))["input_ids"]
+        assert batch.tolist() == [expected[3], expected[0], expected[4]]
+        assert blocks[4]["input_ids"].tolist() == expected[4]
+        again = ShiftingBlocks(packed, seed=0)
+        again.set_epoch(epoch)  # a resumed run: the shift is a function of (seed, epoch) alone
+        assert again.shift == shift
+    assert len(shifts) > 1
+
+
+def test_the_prepared_training_loader_reads_each_epoch_shifted():
+    """Wired as pretrain.py wires it: Accelerate's loader, told the epoch."""
+    stream = list(range(6 * 4))  # six packed blocks of 4 tokens
+    train = blocks_of(stream, 4)
+    packed = PackedData(train=train, validation=train, bytes_per_token=1.0)
+    args = SimpleNamespace(per_device_train_batch_size=2, per_device_eval_batch_size=2, max_eval_batches=None,
+                           max_eval_tokens=0)
+    sampler, loader, _ = make_dataloaders(packed, args, seed=3)
+    loader = Accelerator(cpu=True).prepare(loader)
+    for epoch in (0, 1, 2):
+        loader.set_epoch(epoch)
+        rows = [row for batch in loader for row in batch["input_ids"].tolist()]
+        shift = sampler.blocks.shift
+        assert (shift == 0) == (epoch == 0)
+        expected = [(stream + stream)[i * 4 + shift : i * 4 + shift + 4] for i in range(6)]
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        assert rows == [expected[i] for i in order]
+
+
+def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
+    """.txt (a document a paragraph), .json, .jsonl, .parquet and a glob, for --train_file and --validation_file."""
+    from hf_tinytx_training.data.sources import run_sources
+    from hf_tinytx_training.pretrain_args import DataArguments
+
+    documents = [f"Document {i} says one thing.\nAnd then another." for i in range(6)]
+    train, validation = documents[:4], documents[4:]
+    for name, docs in (("train", train), ("validation", validation)):
+        (tmp_path / f"{name}.txt").write_text("\n\n".join(docs))  # a trailing newline would end the last one
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
+        (tmp_path / f"{name}.json").write_text(json.dumps([{"text": doc} for doc in docs]))
+        Dataset.from_dict({"text": docs}).to_parquet(tmp_path / f"{name}.parquet")
+    (tmp_path / "parts").mkdir()
+    for i, doc in enumerate(train):  # one document a file, matched by a glob
+        (tmp_path / "parts" / f"part-{i}.jsonl").write_text(json.dumps({"text": doc}) + "\n")
+
+    for train_file in ("train.txt", "train.jsonl", "train.json", "train.parquet", "parts/part-*.jsonl"):
+        validation_file = train_file.replace("parts/part-*", "validation")
+        data_args = DataArguments(train_file=str(tmp_path / train_file),
+                                  validation_file=str(tmp_path / validation_file.replace("train", "validation")))
+        sources = run_sources(data_args, seed=0)
+        assert list(documents_of(sources.train)) == train, train_file
+        assert list(documents_of(sources.validation)) == validation, train_file
