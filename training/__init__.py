@@ -16,10 +16,9 @@ Run them as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or `pytho
     data/tokenizer.py    the run's tokenizer: a named one, the run's saved one, the store's, or a BPE trained now
     data/token_store.py  the corpus tokenized once, by every core, into shards every process reads
     data/handoff.py      what the main process prepared, received by the others without a collective
-    data/streams.py      token streams over the shards: validation held out, blocks cut
     data/streaming.py    a text tokenized as training reads it (--streaming), shuffled in a buffer
     data/progress.py     a long preparation's progress: a bar, or a line every 15 s in a log
-    data/packing.py      the data of every process: tokens, blocks at sizes fitted to the text, loaders
+    data/packing.py      how a batch is read from the store: shards, validation held out, blocks, loaders
     data/sizing.py       sizes fitted to a small text (block, batch, validation), and the memorising warning
 
     model/config_file.py the model's config file (a --model_config or a preset's, configs/), read without torch

@@ -183,14 +183,14 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     if hasattr(packed.train, "__len__") and (warning := memorising_warning(
             max_train_steps, global_batch, len(packed.train), train_args.num_warmup_steps)):
         accelerator.print(warning)
-    sampler, train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
+    train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
     model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
     clock = Clock(train_args.max_train_seconds, accelerator)
     optimizer = make_optimizer(model, train_args)
     lr_scheduler = make_schedule(optimizer, train_args, max_train_steps, accelerator.num_processes, clock)
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = sharding.prepare(
         accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
-    if sampler is not None and len(train_dataloader) == 0:
+    if hasattr(packed.train, "__len__") and len(train_dataloader) == 0:
         raise UserInputError(f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes "
                              f"({global_batch}: {train_args.per_device_train_batch_size} per process x "
                              f"{accelerator.num_processes} process(es) x {train_args.gradient_accumulation_steps} "

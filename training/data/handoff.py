@@ -12,7 +12,7 @@ import secrets
 import time
 
 from hf_tinytx.folders.safe import remove_created, remove_tree, replace_file
-from hf_tinytx_training.data import packing, token_store
+from hf_tinytx_training.data import token_store
 from hf_tinytx_training.data.sources import run_sources
 from hf_tinytx_training.data.token_store import JOURNAL
 from hf_tinytx_training.data.tokenizer import load_tokenizer, pretrain_tokenizer
@@ -95,7 +95,7 @@ def prepare_as_main(model_args, data_args, train_args, handoff, store, saved_tok
     tokenizer, recipe = pretrain_tokenizer(model_args, sources.train, stored, saved_tokenizer, not fresh,
                                            model_config.max_position_embeddings, say)
     tokenizer.save_pretrained(handoff.tokenizer_dir)
-    description = packing.prepare(sources, tokenizer, recipe, store, data_args, say)
+    description = token_store.prepare(sources, tokenizer, recipe, store, data_args, say)
     handoff.ready(description)
     return tokenizer, description, sources
 

@@ -11,15 +11,15 @@ import torch
 
 from hf_tinytx_training.data import token_store
 from hf_tinytx_training.data.documents import documents_of
-from hf_tinytx_training.data.streams import TokenStream
 
 
 BUFFER = 4096  # blocks
 VALIDATION_DOCUMENTS = 1000  # the validation's documents when --max_eval_tokens 0 sets no bound
 
 
-def validation_text(sources, tokenizer, max_tokens: int) -> tuple[TokenStream, int]:
-    """(the validation tokens, the training documents they take: 0 when validation sources are given)."""
+def validation_text(sources, tokenizer, max_tokens: int) -> tuple[token_store.Shard, int]:
+    """(the validation tokens, in one shard in memory; the training documents they take: 0 when
+    validation sources are given)."""
     eos, dtype = tokenizer.eos_token_id, token_store.token_dtype(len(tokenizer))
     given = sources.validation is not None
     documents = documents_of(sources.validation if given else sources.train)
@@ -31,8 +31,7 @@ def validation_text(sources, tokenizer, max_tokens: int) -> tuple[TokenStream, i
         if part is not None:
             parts.append(part)
             count, taken = count + len(part[0]), taken + 1
-    shard = token_store.memory_shard(parts, dtype)
-    return TokenStream([shard], [(0, 0, shard.tokens)]), 0 if given else taken
+    return token_store.memory_shard(parts, dtype), 0 if given else taken
 
 
 class StreamedBlocks(torch.utils.data.IterableDataset):

@@ -12,6 +12,9 @@ A shard holds one piece of one source (documents.py). Its ID hashes the source's
 so a changed file gets new shards, and a shard is only ever read under the key it was made for. Shards are written
 under a temporary name and renamed once complete. The workers are forked: they inherit the sources, encode with the
 `tokenizers` library on one thread each, and die with the main process (distributed/preemption.py).
+
+`prepare` (the main process) builds the store and describes its shards; handoff.py passes that on, and
+packing.py reads the shards on every process.
 """
 
 import contextlib
@@ -22,7 +25,7 @@ import multiprocessing
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -61,8 +64,8 @@ def source_id(key: dict) -> str:
 
 @dataclass(frozen=True)
 class Shard:
-    """One shard's tokens and document index, read through a memory map opened for each read (and closed after it,
-    as nanoGPT does, so the pages read do not stay counted in the process's memory); or held in `array` (memory)."""
+    """One shard as the journal records it: its file (None: held in `array`, in memory), its tokens,
+    documents, UTF-8 bytes and token type. packing.py reads it."""
 
     path: str | None
     tokens: int
@@ -73,23 +76,8 @@ class Shard:
 
     @property
     def index_offset(self) -> int:
+        """Where the document index starts: after the tokens, padded to 4 bytes."""
         return -(-self.tokens * np.dtype(self.dtype).itemsize // 4) * 4
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        if self.array is not None:
-            return self.array[0][start:stop]
-        itemsize = np.dtype(self.dtype).itemsize
-        return np.array(np.memmap(self.path, dtype=self.dtype, mode="r", offset=start * itemsize,
-                                  shape=(stop - start,)))
-
-    def document_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """(the token each document ends at, its UTF-8 bytes), one entry a document."""
-        if self.array is not None:
-            return self.array[1], self.array[2]
-        if not self.docs:
-            return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
-        index = np.array(np.memmap(self.path, dtype="<u4", mode="r", offset=self.index_offset, shape=(2, self.docs)))
-        return index[0], index[1]
 
     def file_size(self) -> int:
         return self.index_offset + 8 * self.docs
@@ -296,6 +284,27 @@ def holds_shards(folder: str) -> bool:
 def shard_name(source, sid: str, piece: int) -> str:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.splitext(source.name)[0])[:40] or "data"
     return f"{stem}-{sid}-{piece:05d}{SUFFIX}"
+
+
+def prepare(sources, tokenizer, recipe: dict | None, store: str, data_args, say) -> dict:
+    """The main process: the files and datasets of `sources` (sources.Sources) tokenized into the store
+    folder `store`, described for every process (the built-in corpus is tokenized in memory by each, a
+    stream as training reads it)."""
+    if sources.kind not in ("files", "dataset"):
+        return {"kind": sources.kind}
+    every = sources.train + (sources.validation or [])
+    shards = build(store, tokenizer, recipe, every, workers(data_args), say)
+    train = [shard for per_source in shards[: len(sources.train)] for shard in per_source]
+    validation = [shard for per_source in shards[len(sources.train):] for shard in per_source]
+    return {"kind": sources.kind, "train": [asdict(shard) for shard in train],
+            "validation": [asdict(shard) for shard in validation] if sources.validation else None}
+
+
+def workers(data_args) -> int:
+    """--preprocessing_num_workers, else every core this process may run on."""
+    if data_args.preprocessing_num_workers:
+        return data_args.preprocessing_num_workers
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: int, say) -> list:

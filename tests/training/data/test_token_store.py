@@ -20,8 +20,16 @@ from datasets import Dataset
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.data import token_store
 from hf_tinytx_training.data.documents import MAX_DOCUMENT_CHARS, documents_of, file_sources, paragraphs
-from hf_tinytx_training.data.packing import EpochShuffleSampler, PackedData, ShiftingBlocks, make_dataloaders
-from hf_tinytx_training.data.streams import GROUP, Blocks, TokenStream, split
+from hf_tinytx_training.data.packing import (
+    GROUP,
+    Blocks,
+    PackedData,
+    TokenStream,
+    TrainingBlocks,
+    make_dataloaders,
+    read_tokens,
+    split,
+)
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, assert_same_weights, kill_after_call, pretrain_env
 
 
@@ -108,7 +116,7 @@ def test_the_store_holds_the_tokenizers_ids_and_a_second_build_tokenizes_nothing
         said[0].endswith("with 2 process(es)..."), said
     ids = tokenizer(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
     expected = [token for document in ids for token in document + [tokenizer.eos_token_id]]
-    stored = np.concatenate([shard.read(0, shard.tokens) for per_source in shards for shard in per_source])
+    stored = np.concatenate([read_tokens(shard, 0, shard.tokens) for per_source in shards for shard in per_source])
     assert stored.dtype == np.uint16 and stored.tolist() == expected
     assert not [name for name in os.listdir(tmp_path / "store") if name.startswith(".tmp-")]
 
@@ -154,7 +162,7 @@ def test_a_store_of_another_tokenizer_is_emptied_in_one_line_and_never_read(tmp_
     assert said[0] == (f"The token store {store} holds tokens made with another tokenizer: its 1 shard(s) are "
                        f"removed and the data is tokenized again."), said
     ids = other(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
-    assert shards[0].read(0, shards[0].tokens).tolist() == [t for d in ids for t in d + [other.eos_token_id]]
+    assert read_tokens(shards[0], 0, shards[0].tokens).tolist() == [t for d in ids for t in d + [other.eos_token_id]]
 
 
 def test_validation_is_held_out_per_group_of_documents(tmp_path, tokenizer):
@@ -301,47 +309,51 @@ def blocks_of(tokens: list[int], block_size: int) -> Blocks:
 
 def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
     stream = list(range(5 * 8))  # five packed blocks of 8 tokens
-    packed = blocks_of(stream, 8)
-    blocks = ShiftingBlocks(packed, seed=0)
-    sampler = EpochShuffleSampler(len(blocks), seed=0, blocks=blocks)
+    blocks = TrainingBlocks(blocks_of(stream, 8), seed=0, take=5)
 
-    sampler.set_epoch(0)  # the first pass reads the blocks as packed
-    assert [blocks[i]["input_ids"].tolist() for i in range(5)] == [stream[i : i + 8] for i in range(0, 40, 8)]
+    blocks.set_epoch(0)  # the first pass reads the blocks as packed, in its own order
+    assert sorted(blocks.order.tolist()) == [0, 1, 2, 3, 4] and blocks.shift == 0
+    assert [blocks[i]["input_ids"].tolist() for i in range(5)] == [stream[b * 8 : b * 8 + 8] for b in blocks.order]
 
-    shifts = set()
+    shifts, orders = set(), set()
     for epoch in range(1, 6):
-        sampler.set_epoch(epoch)
-        shift = blocks.shift
-        assert 1 <= shift < 8
+        blocks.set_epoch(epoch)
+        shift, order = blocks.shift, blocks.order.tolist()
+        assert 1 <= shift < 8 and sorted(order) == [0, 1, 2, 3, 4]
         shifts.add(shift)
-        expected = [(stream + stream)[i * 8 + shift : i * 8 + shift + 8] for i in range(5)]  # the last wraps around
+        orders.add(tuple(order))
+        expected = [(stream + stream)[b * 8 + shift : b * 8 + shift + 8] for b in order]  # the last wraps around
         batch = torch.utils.data.default_collate(blocks.__getitems__([3, 0, 4]))["input_ids"]
         assert batch.tolist() == [expected[3], expected[0], expected[4]]
         assert blocks[4]["input_ids"].tolist() == expected[4]
-        again = ShiftingBlocks(packed, seed=0)
-        again.set_epoch(epoch)  # a resumed run: the shift is a function of (seed, epoch) alone
-        assert again.shift == shift
-    assert len(shifts) > 1
+        again = TrainingBlocks(blocks_of(stream, 8), seed=0, take=5)
+        again.set_epoch(epoch)  # a resumed run: order and shift are a function of (seed, epoch) alone
+        assert (again.shift, again.order.tolist()) == (shift, order)
+    assert len(shifts) > 1 and len(orders) > 1
 
 
-def test_the_prepared_training_loader_reads_each_epoch_shifted():
-    """Wired as pretrain.py wires it: Accelerate's loader, told the epoch."""
-    stream = list(range(6 * 4))  # six packed blocks of 4 tokens
+def test_the_prepared_loaders_read_each_epoch_shifted_and_the_validation_spread_evenly():
+    """Wired as pretrain.py wires them: Accelerate's loaders, told the epoch; a whole number of steps an epoch."""
+    stream = list(range(7 * 4))  # seven packed blocks of 4 tokens: one is left for the next epoch's order
     train = blocks_of(stream, 4)
-    packed = PackedData(train=train, validation=train, bytes_per_token=1.0)
+    packed = PackedData(train=train, validation=blocks_of(list(range(100, 140)), 4), bytes_per_token=1.0)
     args = SimpleNamespace(per_device_train_batch_size=2, per_device_eval_batch_size=2, max_eval_batches=None,
-                           max_eval_tokens=0)
-    sampler, loader, _ = make_dataloaders(packed, args, seed=3)
-    loader = Accelerator(cpu=True).prepare(loader)
+                           max_eval_tokens=12)  # three blocks of the validation's ten
+    loader, evaluation = Accelerator(cpu=True).prepare(*make_dataloaders(packed, args, seed=3, global_batch=2))
+    epochs = []
     for epoch in (0, 1, 2):
         loader.set_epoch(epoch)
-        rows = [row for batch in loader for row in batch["input_ids"].tolist()]
-        shift = sampler.blocks.shift
-        assert (shift == 0) == (epoch == 0)
-        expected = [(stream + stream)[i * 4 + shift : i * 4 + shift + 4] for i in range(6)]
-        sampler.set_epoch(epoch)
-        order = list(sampler)
-        assert rows == [expected[i] for i in order]
+        epochs.append([row for batch in loader for row in batch["input_ids"].tolist()])
+        shift, order = loader.dataset.shift, loader.dataset.order.tolist()
+        assert (shift == 0) == (epoch == 0) and len(order) == 6 and len(set(order)) == 6
+        assert epochs[-1] == [(stream + stream)[b * 4 + shift : b * 4 + shift + 4] for b in order]
+    assert len({tuple(map(tuple, rows)) for rows in epochs}) == 3
+
+    resumed, _ = Accelerator(cpu=True).prepare(*make_dataloaders(packed, args, seed=3, global_batch=2))
+    resumed.set_epoch(2)
+    assert [row for batch in resumed for row in batch["input_ids"].tolist()] == epochs[2]
+    rows = [row for batch in evaluation for row in batch["input_ids"].tolist()]
+    assert rows == [list(range(100 + b * 4, 104 + b * 4)) for b in (0, 3, 6)]  # every evaluation the same
 
 
 def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
