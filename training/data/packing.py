@@ -6,6 +6,7 @@ token_store.py builds the store: the main process tokenizes, and handoff.py pass
 2. `pack_fitted`: both cut into blocks of `block_size` tokens, at sizes fitted to a small text
    (sizing.py). Documents are joined by EOS with no padding, so every block carries the same number of
    targets, which keeps the mean loss of gradient accumulation and of data parallelism exact.
+   (`pack_streamed`: a text read as training goes, --streaming, streaming.py.)
 3. `make_dataloaders`: the batch of each process and step; `TrainingBlocks`: each epoch's order and cuts.
 4. `Blocks.rows`: which block an item is and where it starts; `TokenStream.read`: which shard, which
    offset; `read_tokens`: a memory map. Nothing here holds more than one shard's document index at a

@@ -22,7 +22,7 @@ TOKENIZER_CHARS = 1 << 25  # ...and 32M characters, shared among the files by th
 @dataclass
 class Sources:
     train: list
-    validation: list | None  # None: held out of the training documents (streams.split)
+    validation: list | None  # None: held out of the training documents (packing.split)
     kind: str  # "files", "dataset", "builtin" (tokenized in memory) or "stream" (read as training goes)
 
 
