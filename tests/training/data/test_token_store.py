@@ -165,6 +165,23 @@ def test_a_store_of_another_tokenizer_is_emptied_in_one_line_and_never_read(tmp_
     assert read_tokens(shards[0], 0, shards[0].tokens).tolist() == [t for d in ids for t in d + [other.eos_token_id]]
 
 
+def test_blocks_read_across_shards_the_training_documents_in_order(tmp_path, tokenizer):
+    """Which shard and which offset: blocks over two files' shards, the held-out documents skipped."""
+    for number in range(2):
+        write_text(tmp_path / f"part{number}.txt", 0.05, seed=number)
+    sources = file_sources(sorted(map(str, tmp_path.glob("part*.txt"))), "--train_file", "text", "text")
+    shards = [shard for per_source in token_store.build(str(tmp_path / "store"), tokenizer, None, sources, 1,
+                                                        print) for shard in per_source]
+    data = split(shards, None, 20, None)
+    documents = list(documents_of(sources))
+    ids = tokenizer(documents, add_special_tokens=False)["input_ids"]
+    held = [number < -(-len(documents) // 5) for number in range(len(documents))]  # the first 20%, rounded up
+    kept = [token for document, out in zip(ids, held) if not out for token in document + [tokenizer.eos_token_id]]
+    blocks = Blocks(data.train, 16)
+    assert len(shards) == 2 and len(blocks) == len(kept) // 16 > 100
+    assert np.concatenate(list(blocks)).tolist() == kept[: len(blocks) * 16]
+
+
 def test_validation_is_held_out_per_group_of_documents(tmp_path, tokenizer):
     def held_out(count: int) -> int:
         documents = [f"document {i}" for i in range(count)]
