@@ -1,6 +1,6 @@
-"""Flags without torch: OneLineParser, the argparse of every command (generate, chat, pretrain, finetune, convert,
-interpret), and the flags of `python -m hf_tinytx.convert` and `python -m hf_tinytx.interpret`, which `tinytx`
-parses before it loads the module, so that `--help` and a mistyped flag are answered at once.
+"""Flags without torch: OneLineParser, the argparse of every command (generate, chat, pretrain, finetune,
+convert, interpret), and the flags of `python -m hf_tinytx.convert` and `python -m hf_tinytx.interpret`, which
+`tinytx` parses before it loads the module, so that `--help` and a mistyped flag are answered at once.
 """
 
 import argparse
@@ -8,8 +8,9 @@ import difflib
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose mistakes are one line on stderr, `PROG: error: ...`, and exit 2, without the usage block. An
-    unknown flag is named with the closest known one; `stray_value` says what to do with a value no flag takes."""
+    """argparse whose mistakes are one line on stderr, `PROG: error: ...`, and exit 2, without the usage
+    block. An unknown flag is named with the closest known one; `stray_value` says what to do with a value no
+    flag takes."""
 
     def __init__(self, *args, stray_value: str = "every value follows its flag (--name value); see --help.",
                  **kwargs):
@@ -34,7 +35,8 @@ class OneLineParser(argparse.ArgumentParser):
         if not text.startswith("-"):
             return f"unexpected value {text!r}: {self.stray_value}"
         flag = text.split("=", 1)[0]
-        known = [option for action in self._actions for option in action.option_strings if option.startswith("--")]
+        known = [option for action in self._actions for option in action.option_strings
+                 if option.startswith("--")]
         closest = difflib.get_close_matches(flag, known, n=1)
         hint = f"did you mean {closest[0]}?" if closest else "run with --help to list the flags."
         return f"unknown flag {flag}; {hint}"

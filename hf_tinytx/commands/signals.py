@@ -1,5 +1,6 @@
-"""The stop signals, SIGTERM and SIGINT: the one place that sets and restores their handlers, in the few shapes the
-commands and launchers need. Each caller keeps its own policy (what a stop means for it, what it prints, its status).
+"""The stop signals, SIGTERM and SIGINT: the one place that sets and restores their handlers, in the few
+shapes the commands and launchers need. Each caller keeps its own policy: what a stop means for it, what it
+prints, its exit status.
 
     raising()          a signal raises StopSignal where the main thread was; a second one is ignored
                        (generate, chat, convert: hf_tinytx/commands/exits.py)
@@ -24,8 +25,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # in this order: a shutdown outr
 
 
 def install(handler, signums: Iterable[int] = STOP_SIGNALS) -> dict:
-    """Sets `handler` for the stop signals; returns the handlers it replaced, for restore(). Off the main thread it
-    sets nothing and returns {}."""
+    """Sets `handler` for the stop signals; returns the handlers it replaced, for restore(). Off the main
+    thread it sets nothing and returns {}."""
     earlier = {}
     try:
         for signum in signums:
@@ -41,13 +42,14 @@ def restore(earlier: dict) -> None:
 
 
 def ignore() -> None:
-    """From now on the stop signals do nothing (a second Ctrl-C while a stop is under way, or after the exit status
-    is chosen)."""
+    """From now on the stop signals do nothing (a second Ctrl-C while a stop is under way, or after the exit
+    status is chosen)."""
     install(signal.SIG_IGN)
 
 
 class StopSignal(BaseException):
-    """SIGINT or SIGTERM, raised where the command was: `except Exception` lets it pass, `finally` cleans up."""
+    """SIGINT or SIGTERM, raised where the command was: `except Exception` lets it pass, `finally` cleans
+    up."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -61,8 +63,8 @@ def raise_stop(signum, frame):
 
 @contextlib.contextmanager
 def raising():
-    """SIGINT and SIGTERM raise StopSignal while the block runs (in the main thread); a second one is ignored. The
-    earlier handlers come back after the block."""
+    """SIGINT and SIGTERM raise StopSignal while the block runs (in the main thread); a second one is
+    ignored. The earlier handlers come back after the block."""
     earlier = install(raise_stop)
     try:
         yield
@@ -71,8 +73,9 @@ def raising():
 
 
 class Recorder:
-    """The stop signals received, in order, for the caller to act on at a safe point. A subclass's `stopping(signum)`
-    runs at each one, in the handler; with exit_on_second a second signal ends the process at once."""
+    """The stop signals received, in order, for the caller to act on at a safe point. A subclass's
+    `stopping(signum)` runs at each one, in the handler; with exit_on_second a second signal ends the process
+    at once."""
 
     def __init__(self, exit_on_second: bool = False):
         self.received: list[int] = []
@@ -108,14 +111,14 @@ class Recorder:
 
 
 def record(exit_on_second: bool = False) -> Recorder:
-    """A Recorder set for the stop signals until its restore(): `record().first` is the signal got, or None."""
+    """A Recorder set for the stop signals until its restore(); `.first` is the signal got, or None."""
     return Recorder(exit_on_second).install()
 
 
 class Forwarder(Recorder):
-    """Records the stop signals and sends the first one on to each of `targets()` (process ids; a negative one is a
-    process group), once each: at the signal, and at every forward() after it, so that a child started later (a
-    restarted worker) gets it too."""
+    """Records the stop signals and sends the first one on to each of `targets()` (process ids; a negative
+    one is a process group), once each: at the signal, and at every forward() after it, so that a child
+    started later (a restarted worker) gets it too."""
 
     def __init__(self, targets: Callable[[], Iterable[int]]):
         super().__init__()

@@ -3,8 +3,9 @@ a checkpoint, and exit status 128 + the signal's number; before training starts,
 
 Once `training()` is called a signal only marks the request; every process asks `asked()` at each step boundary, so
 all stop at the same step. A rank that finds a collective broken after a signal (`peer_left`) exits 1: its peer may
-have crashed (srun sends SIGTERM to a step whose other node failed), and a crash must not be requeued. The handler
-is hf_tinytx/commands/signals.py's Recorder; this module says what a stop means for training.
+have crashed (srun sends SIGTERM to a step whose other node failed), and a crash must not be requeued.
+
+The handler is hf_tinytx/commands/signals.py's Recorder; this module says what a stop means for training.
 """
 
 import atexit

@@ -1,5 +1,5 @@
-"""hf_tinytx/commands/signals.py: each shape with real signals, sent to this process (its handlers run in the main
-thread, as pytest's tests do) or to a child that must end."""
+"""hf_tinytx/commands/signals.py: each shape with real signals, sent to this process (its handlers run in
+the main thread, as pytest's tests do) or to a child that must end."""
 
 import os
 import signal
