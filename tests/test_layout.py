@@ -134,7 +134,7 @@ def test_importing_hf_tinytx_loads_neither_torch_nor_transformers():
     """The commands' checks import hf_tinytx's torch-free modules before torch loads; the classes load on first
     touch, and "tinytx" is registered with the Auto classes when transformers loads them."""
     code = ("import sys, hf_tinytx, hf_tinytx.folders.safe, hf_tinytx.folders.location, hf_tinytx.folders.weights, "
-            "hf_tinytx.commands.flags\n"
+            "hf_tinytx.commands.flags, hf_tinytx.commands.signals\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n"
             "from transformers import AutoConfig\n"
             "assert type(AutoConfig.for_model('tinytx')).__name__ == 'TinyTxConfig'\n"

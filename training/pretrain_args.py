@@ -4,7 +4,6 @@ where they mean the same. A YAML or JSON file given first sets the defaults; fla
     python training/pretrain.py training/configs/tiny.yaml --max_train_steps 50
 """
 
-import difflib
 import json
 import math
 import os
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
+from hf_tinytx.commands.flags import OneLineParser
 from hf_tinytx.folders import location as sources
 from hf_tinytx_training.cli import program_name
 from hf_tinytx_training.data.files import local_data_files
@@ -376,30 +376,18 @@ def build_parser(dataclass_types, **defaults) -> HfArgumentParser:
     return parser
 
 
-class _OneLineErrorParser(HfArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")  # without argparse's usage block above it
-
+class _OneLineErrorParser(HfArgumentParser, OneLineParser):
     def parse_args_into_dataclasses(self, args=None, return_remaining_strings=False, **kwargs):
         # HfArgumentParser raises ValueError (a traceback) for leftover strings; they are named here instead.
         try:
             *outputs, remaining = super().parse_args_into_dataclasses(args, return_remaining_strings=True, **kwargs)
         except ValueError as error:  # a dataclass's own check, e.g. TrainingArguments.__post_init__
-            self.error(" ".join(str(error).split()))
+            self.refuse(" ".join(str(error).split()))
         if return_remaining_strings:
             return (*outputs, remaining)
         if remaining:
-            self.error(self._unknown(remaining[0]))
+            self.refuse(self.unknown(remaining[0]))
         return tuple(outputs)
-
-    def _unknown(self, text: str) -> str:
-        if not text.startswith("-"):
-            return f"unexpected value {text!r}: every value follows its flag (--name value); see --help."
-        flag = text.split("=", 1)[0]
-        known = [option for action in self._actions for option in action.option_strings if option.startswith("--")]
-        closest = difflib.get_close_matches(flag, known, n=1)
-        hint = f"did you mean {closest[0]}?" if closest else "run with --help to list the flags."
-        return f"unknown flag {flag}; {hint}"
 
 
 def explicit_flags(argv: list[str]) -> frozenset:

@@ -15,8 +15,8 @@ import os
 import sys
 
 from hf_tinytx.commands.exits import UserInputError
+from hf_tinytx.commands.flags import OneLineParser
 from hf_tinytx.commands.generate import (
-    OneLineParser,
     add_generation_flags,
     context_length,
     early_checks,

@@ -12,39 +12,15 @@ import os
 import signal
 import sys
 
+from hf_tinytx.commands.signals import StopSignal
+from hf_tinytx.commands.signals import raising as stop_signals  # the names other modules import from here
+
 
 class UserInputError(ValueError):
     """Bad input (a flag, a folder, a file), found before anything is written. The message says how to fix it."""
 
 
 TRACEBACK_VARIABLE = "TINYTX_TRACEBACK"  # set to 1: an unexpected error shows its traceback instead of one line
-
-
-class StopSignal(BaseException):
-    """SIGINT or SIGTERM, raised where the command was: `except Exception` lets it pass, `finally` cleans up."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def stop_signals():
-    """SIGINT and SIGTERM raise StopSignal while the block runs (in the main thread); a second one is ignored."""
-    def raise_stop(signum, frame):
-        for name in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(name, signal.SIG_IGN)
-        raise StopSignal(signum)
-
-    try:
-        earlier = {signum: signal.signal(signum, raise_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread
-        earlier = {}
-    try:
-        yield
-    finally:
-        for signum, handler in earlier.items():
-            signal.signal(signum, handler)
 
 
 def exit_status(prefix: str, command, refused: tuple = (UserInputError,), failed: tuple = (),

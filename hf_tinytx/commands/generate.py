@@ -19,6 +19,7 @@ import sys
 
 from hf_tinytx.commands import exits
 from hf_tinytx.commands.exits import UserInputError
+from hf_tinytx.commands.flags import OneLineParser
 from hf_tinytx.folders import config as folder_config
 from hf_tinytx.folders import location as sources
 from hf_tinytx.folders import weights as stored_weights
@@ -31,26 +32,7 @@ DEVICE_NAME = re.compile(r"^[a-z]+(:\d+)?$")  # cpu, cuda, cuda:1, mps, xpu, ...
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 CXX_COMPILERS = ("g++", "clang++", "c++")  # what inductor's C++ wrapper builds with on a CPU
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose mistakes are one line and exit 2, without the usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
-
-    def parse_args(self, args=None, namespace=None):
-        parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:  # argparse's own line says only "unrecognized arguments"
-            flag = unknown[0].split("=", 1)[0]
-            if flag.startswith("-"):
-                known = [option for action in self._actions for option in action.option_strings]
-                closest = difflib.get_close_matches(flag, known, n=1)
-                hint = f"; did you mean {closest[0]}?" if closest else ""
-            else:  # a second word of an unquoted prompt
-                hint = '; text with spaces goes in quotes ("the cat sat")'
-            self.error(f"unknown argument {unknown[0]!r}{hint}")
-        return parsed
+STRAY_WORD = 'text with spaces goes in quotes ("the cat sat").'  # a second word of an unquoted prompt
 
 
 def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens: int, example: str) -> None:
@@ -77,7 +59,8 @@ def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1])
+                           description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
+                           stray_value=STRAY_WORD)
     add_generation_flags(parser, DEFAULT_MAX_NEW_TOKENS, "out/tinytx")
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
     parser.add_argument("--compile", action="store_true",

@@ -14,36 +14,11 @@ signals, passes them on to the node's training processes and reads how they ende
 import logging
 import os
 import re
-import signal
 import sys
 import threading
 
+from hf_tinytx.commands.signals import STOP_SIGNALS, Forwarder
 from hf_tinytx_training.distributed.cluster import running_children
-from hf_tinytx_training.distributed.preemption import STOP_SIGNALS
-
-
-class PassOn:
-    """The stop signal this process got, passed on to every child (training process), also those started later."""
-
-    def __init__(self):
-        self.signum = None
-        self.told: set[int] = set()
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, self.request)
-
-    def request(self, signum, frame) -> None:
-        self.signum = self.signum or signum
-        self.tell_workers()
-
-    def tell_workers(self) -> None:
-        if self.signum is None:
-            return
-        for pid in set(running_children(os.getpid())) - self.told:
-            try:
-                os.kill(pid, self.signum)
-            except ProcessLookupError:
-                pass
-            self.told.add(pid)
 
 
 class LeaveOutMisleadingLines(logging.Filter):
@@ -75,12 +50,12 @@ def launch_node(argv: list[str]) -> int:
             outcome["error"] = error
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(LeaveOutMisleadingLines())
-    passing = PassOn()
+    passing = Forwarder(lambda: running_children(os.getpid())).install()  # the node's training processes
     thread = threading.Thread(target=agent, name="torchrun-agent", daemon=True)
     thread.start()
     while thread.is_alive():
         thread.join(0.2)
-        passing.tell_workers()  # workers started after the signal get it too
+        passing.forward()  # workers started after the signal get it too
     error = outcome.get("error")
     if error is None:
         return 0

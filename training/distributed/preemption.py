@@ -4,6 +4,8 @@ a checkpoint, and exit status 128 + the signal's number; before training starts,
 Once `training()` is called a signal only marks the request; every process asks `asked()` at each step boundary, so
 all stop at the same step. A rank that finds a collective broken after a signal (`peer_left`) exits 1: its peer may
 have crashed (srun sends SIGTERM to a step whose other node failed), and a crash must not be requeued.
+
+The handler is hf_tinytx/commands/signals.py's Recorder; this module says what a stop means for training.
 """
 
 import atexit
@@ -13,10 +15,11 @@ import os
 import signal
 import sys
 
+from hf_tinytx.commands import signals
+from hf_tinytx.commands.signals import STOP_SIGNALS
 from hf_tinytx_training.distributed.cluster import LauncherWatch
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RESUME_ADVICE = "resume with the same command and --resume_from_checkpoint latest"
 
 
@@ -28,31 +31,30 @@ class Stopped(Exception):
         self.exit_code = 128 + signum
 
 
-class StopRequests:
-    """The stop signals this process received; install() once, at the start of the script."""
+class StopRequests(signals.Recorder):
+    """The stop signals this process received (`received`); install() once, at the start of the script."""
 
     def __init__(self, program: str):
+        super().__init__()
         self.program = program
-        self.received: list[int] = []
         self.deferred = False  # False until training starts: a signal then ends the process at once
         self.pid = None
         self.launcher = None
 
-    def install(self) -> None:
+    def install(self) -> "StopRequests":
         self.pid = os.getpid()  # forked workers (tokenization) inherit the handler but must not speak for the run
         self.launcher = LauncherWatch()
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, self._handle)
+        super().install()
         # Registered first, so run last of the exit handlers: a late signal leaves the chosen exit status alone.
         atexit.register(ignore_stop_signals, self.pid)
         children_die_with_parent()
+        return self
 
     def training(self) -> None:
         """From now on a signal is honoured at the next step boundary."""
         self.deferred = True
 
-    def _handle(self, signum, frame) -> None:
-        self.received.append(signum)
+    def stopping(self, signum: int) -> None:
         if self.deferred and os.getpid() == self.pid:
             return
         # Nothing trained yet, so nothing to save: one line, and the status the signal would give.
@@ -99,8 +101,7 @@ def stop_requests(program: str) -> StopRequests:
 
 def ignore_stop_signals(pid: int | None) -> None:
     if os.getpid() == pid:
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+        signals.ignore()
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

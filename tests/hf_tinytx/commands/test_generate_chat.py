@@ -241,9 +241,11 @@ def test_chat_without_jinja2_says_so(tiny):
     ("generate", ("plain", PROMPT, "--max_new_tokens", "many"), "argument --max_new_tokens: invalid int value"),
     ("generate", ("plain", PROMPT, "--temperature", "0.7"), "--temperature applies only when sampling: add --do_"),
     ("chat", ("chat", "--do_sample", "--top_p", "1.5"), "--top_p must lie in (0, 1], got 1.5."),
-    ("generate", ("plain", PROMPT, "--max_new_token", "3"), "unknown argument '--max_new_token'; did you mean "
+    # The words of pretrain and finetune (one OneLineParser): a flag called a flag, a stray word a value.
+    ("generate", ("plain", PROMPT, "--max_new_token", "3"), "unknown flag --max_new_token; did you mean "
                                                              "--max_new_tokens?"),
-    ("generate", ("plain", "The", "cat"), "unknown argument 'cat'; text with spaces goes in quotes"),
+    ("generate", ("plain", "The", "cat"), "unexpected value 'cat': text with spaces goes in quotes"),
+    ("chat", ("chat", "hello"), "unexpected value 'hello': every value follows its flag (--name value)"),
     ("generate", ("plain", ""), "the prompt is empty: give some text to continue."),
     ("generate", ("plain", PROMPT, "--device", "GPU 0"), "--device 'GPU 0' is not a device name"),
     # Folders convert refuses in one line, refused alike (issue 57): before, tracebacks or a silent wrong answer.
