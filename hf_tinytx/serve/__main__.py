@@ -168,9 +168,17 @@ def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signa
     """Runs both servers until a stop signal or the end of one; returns the exit status."""
     from hf_tinytx.serve.front import Front
     from hf_tinytx.serve.model_checks import Models
+    from hf_tinytx.serve.request_checks import RequestError
 
     port = free_loopback_port()
     backend, report = start_backend({**serve_params, "host": "127.0.0.1", "port": port})
+    models = Models(serve_params, template_kwargs)
+    if serve_params["force_model"] is not None:  # its tokenizer, for the checks, while transformers loads the model
+        try:
+            models.load(serve_params["force_model"])
+        except RequestError as error:
+            stop_backend(backend)
+            usage_error(str(error))
     state = wait_for_backend(backend, port, signals)
     if state == "signal":
         print(f"{PROG}: {signal.Signals(signals.received).name}: stopped before the server started", file=sys.stderr)
@@ -182,7 +190,7 @@ def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signa
             usage_error(f"cannot load {model}: {reason}" if model else reason)
         print(f"{PROG}: the server stopped (see the lines above)", file=sys.stderr)
         return 1
-    front = Front(f"http://127.0.0.1:{port}", limits, Models(serve_params, template_kwargs))
+    front = Front(f"http://127.0.0.1:{port}", limits, models)
     thread, loop = start_front(front, serve_params["host"], serve_params["port"])
     while thread.is_alive() and backend.poll() is None and signals.received is None:
         time.sleep(0.1)

@@ -32,6 +32,7 @@ class Front:
     def __init__(self, upstream: str, limits: Limits, models: Models):
         self.upstream, self.limits, self.models = upstream, limits, models
         self.relays: set[asyncio.Task] = set()  # the answers being relayed, which a stop signal cuts
+        self.checking: set[asyncio.Future] = set()  # model checks under way, which it ends too
         self.answering = 0  # checked requests between their check and their last byte
         self.stopping = False
         self.client: httpx.AsyncClient | None = None  # made on the server's event loop
@@ -68,16 +69,14 @@ class Front:
     def cut_all(self) -> int:
         """Ends every answer being relayed with the text it has; returns how many there were. On the event loop."""
         self.stopping = True
-        for relay in self.relays:
-            relay.cancel()
+        for task in (*self.relays, *self.checking):
+            task.cancel()
         return len(self.relays)
 
     async def checked(self, path: str, raw: bytes, scope, receive, send) -> None:
         try:
             body = parse_request(path, raw, self.limits)
-            loop = asyncio.get_running_loop()
-            forwarded, prompt_tokens, model = await loop.run_in_executor(
-                self.checks, self.models.fit, path, body, self.limits)
+            forwarded, prompt_tokens, model = await self.model_checks(path, body)
         except RequestError as error:
             return await send_json(send, error)
         if self.stopping:
@@ -102,6 +101,19 @@ class Front:
         if problem is not None:
             return await send_json(send, problem)
         await send_json(send, answer.whole(model.count), 200)
+
+    async def model_checks(self, path: str, body: dict):
+        """`Models.fit` off the event loop (it may load a model's tokenizer); a stop signal ends the wait."""
+        check = asyncio.get_running_loop().run_in_executor(self.checks, self.models.fit, path, body, self.limits)
+        self.checking.add(check)
+        try:
+            return await check
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise
+            raise stopping_error() from None
+        finally:
+            self.checking.discard(check)
 
     async def follow(self, relay: asyncio.Task, receive) -> str:
         """"done", "cut" (by `cut_all`) or "left": the client went, and the relay is cancelled, which closes the

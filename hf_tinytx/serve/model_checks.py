@@ -28,7 +28,7 @@ class Model:
 
     def count(self, text: str) -> int:
         """The tokens of generated text (for a usage when the answer was cut short)."""
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 def split_model_name(name: str) -> tuple[str, str | None, str | None]:
@@ -75,7 +75,7 @@ class Models:
         """(the body transformers gets, the prompt's tokens, the model); RequestError if the request does not fit."""
         model = self.load(body.get("model") or self.force_model)
         if "prompt" in body:
-            prompt_tokens = len(model.tokenizer(body["prompt"])["input_ids"])
+            prompt_tokens = len(model.tokenizer(body["prompt"], verbose=False)["input_ids"])
         else:
             prompt_tokens = self.count_chat(model, body)
         tokens = room(model.context, prompt_tokens, body, limits)
