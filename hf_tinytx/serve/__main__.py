@@ -2,21 +2,24 @@
 
     python -m hf_tinytx.serve out/tinytx --port 8000    # a folder or a Hub id; any `transformers serve` option
 
-`transformers serve` finds a model's class with `getattr(transformers, config.architectures[0])`, which misses TinyTx.
-This launcher puts TinyTx's classes there and runs transformers' own `Serve`. It checks the model argument first
-(one line, exit 2) and every request (request_checks.py, guard.py: HTTP 400 in OpenAI's error shape). On SIGINT or
-SIGTERM the generations in flight end at their next token and the process exits 128 + the signal's number.
+Two servers, through transformers' public interface only: transformers' own `Serve` (backend.py) on a loopback port,
+and, on --host and --port, our ASGI app in front of it (front.py), which checks every request (HTTP 400 in OpenAI's
+error shape) and forwards the good ones. The model argument is checked first (one line, exit 2). On SIGINT or SIGTERM
+the answers in flight end with the text they have and the process exits 128 + the signal's number.
 """
 
+import asyncio
+import http.client
+import json
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-
-import transformers  # lazy: it loads torch only when a model class is touched
 
 from hf_tinytx.serve.request_checks import REFUSED_PATHS
 
@@ -24,7 +27,8 @@ from hf_tinytx.serve.request_checks import REFUSED_PATHS
 PROG = "python -m hf_tinytx.serve"
 DEFAULT_MAX_TOKENS_CAP = 1024  # transformers serve's own default for a request that names no max_tokens
 DEFAULT_MAX_REQUEST_SECONDS = 60.0
-SHUTDOWN_S = 3.0  # what a stop signal leaves the cancelled requests to answer with the text they have
+SHUTDOWN_S = 3.0  # what a stop signal leaves the cut answers to go out
+BACKEND_STOP_S = 5.0  # then transformers' server's own graceful stop, before it is killed
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?(@[\w./-]+)?(:[\w.-]+\.gguf)?$")
 
 
@@ -69,8 +73,7 @@ def usage_error(message: str):
 
 
 class StopSignals:
-    """Records SIGINT or SIGTERM for the main thread to poll (uvicorn, in its own thread, leaves signals alone). A
-    second signal exits at once."""
+    """SIGINT or SIGTERM, recorded for the main thread to poll; a second one exits at once."""
 
     def __init__(self):
         self.received: int | None = None
@@ -81,50 +84,139 @@ class StopSignals:
         self.received = signum
 
 
-def load_error(error: BaseException) -> str | None:
-    """The first line of why the model did not load, or None for another failure (a port in use is uvicorn's)."""
-    if not isinstance(error, (OSError, ValueError, RuntimeError)):
-        return None
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+def catch_stop_signals() -> StopSignals:
+    """This command's whole handling of stop signals, in one place (uvicorn, in its own thread, leaves them alone)."""
+    signals = StopSignals()
+    signal.signal(signal.SIGINT, signals)
+    signal.signal(signal.SIGTERM, signals)
+    return signals
 
 
-def quiet_resource_tracker() -> None:
-    """multiprocessing's resource tracker warns that it cleaned up after the model process's `os._exit`."""
-    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
+def free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
-def serve_until_stopped(Serve, serve_params: dict, signals: StopSignals) -> int:
-    """Runs `Serve` in a thread until a stop signal or its end; returns the exit status."""
-    from hf_tinytx.serve.guard import cancel_all, in_flight, started
+def start_backend(serve_params: dict) -> tuple[subprocess.Popen, int]:
+    """transformers' server (backend.py) in a process of its own group, so that a terminal's Ctrl+C reaches this
+    launcher only, which stops it once the answers in flight have ended; and the read end of its report pipe."""
+    report_read, report_write = os.pipe()
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"  # it cleans up after the model process's exit
+    env = {**os.environ, "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))}
+    backend = subprocess.Popen(
+        [sys.executable, "-m", "hf_tinytx.serve.backend", json.dumps(serve_params), str(report_write)],
+        stdin=subprocess.PIPE, pass_fds=(report_write,), process_group=0, env=env)
+    os.close(report_write)
+    os.set_blocking(report_read, False)
+    return backend, report_read
 
-    failure: list[BaseException] = []
 
-    def run():
+def backend_report(report_read: int) -> str:
+    """The one line the backend wrote on its way out (why transformers' server stopped), or ""."""
+    try:
+        return os.read(report_read, 4096).decode(errors="replace").strip()
+    except BlockingIOError:
+        return ""
+
+
+def stop_backend(backend: subprocess.Popen) -> None:
+    if backend.poll() is None:
+        backend.terminate()  # uvicorn's graceful shutdown: the model's process exits with it
         try:
-            Serve(**serve_params)
-        except BaseException as error:  # uvicorn's sys.exit too: reported by the main thread
-            failure.append(error)
+            backend.wait(BACKEND_STOP_S)
+        except subprocess.TimeoutExpired:
+            backend.kill()
+            backend.wait()
 
-    thread = threading.Thread(target=run, name="server", daemon=True)
+
+def backend_is_healthy(port: int) -> bool:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def wait_for_backend(backend: subprocess.Popen, port: int, signals: StopSignals) -> str:
+    """"ready" once transformers' server answers /health (a model on the command line is loaded by then), "exited",
+    or "signal"."""
+    while signals.received is None:
+        if backend.poll() is not None:
+            return "exited"
+        if backend_is_healthy(port):
+            return "ready"
+        time.sleep(0.2)
+    return "signal"
+
+
+def start_front(front, host: str, port: int):
+    """Our ASGI app on the user's host and port, served by uvicorn in a thread; (thread, its event loop)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(front, host=host, port=port, lifespan="off", ws="none"))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), name="front", daemon=True)
     thread.start()
-    while thread.is_alive() and signals.received is None:
-        time.sleep(0.1)
-    if signals.received is None:
-        reason = load_error(failure[0]) if failure and not started() else None
-        if reason is not None:
-            usage_error(f"cannot load {serve_params['force_model']}: {reason}")
+    return thread, loop
+
+
+def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signals: StopSignals) -> int:
+    """Runs both servers until a stop signal or the end of one; returns the exit status."""
+    from hf_tinytx.serve.front import Front
+    from hf_tinytx.serve.model_checks import Models
+    from hf_tinytx.serve.request_checks import RequestError
+
+    port = free_loopback_port()
+    backend, report = start_backend({**serve_params, "host": "127.0.0.1", "port": port})
+    models = Models(serve_params, template_kwargs)
+    if serve_params["force_model"] is not None:  # its tokenizer, for the checks, while transformers loads the model
+        try:
+            models.load(serve_params["force_model"])
+        except RequestError as error:
+            stop_backend(backend)
+            usage_error(str(error))
+    state = wait_for_backend(backend, port, signals)
+    if state == "signal":
+        print(f"{PROG}: {signal.Signals(signals.received).name}: stopped before the server started", file=sys.stderr)
+        stop_backend(backend)
+        return 128 + signals.received
+    if state == "exited":
+        reason, model = backend_report(report), serve_params["force_model"]
+        if reason:
+            usage_error(f"cannot load {model}: {reason}" if model else reason)
         print(f"{PROG}: the server stopped (see the lines above)", file=sys.stderr)
         return 1
-    name = signal.Signals(signals.received).name
-    if not started():
-        print(f"{PROG}: {name}: stopped before the server started", file=sys.stderr)
-        return 128 + signals.received
-    print(f"{PROG}: {name}: stopping ({cancel_all()} request(s) in flight cancelled)", file=sys.stderr)
-    deadline = time.monotonic() + SHUTDOWN_S  # for the cancelled requests to send what they have
-    while in_flight() and time.monotonic() < deadline:
+    front = Front(f"http://127.0.0.1:{port}", limits, models)
+    thread, loop = start_front(front, serve_params["host"], serve_params["port"])
+    while thread.is_alive() and backend.poll() is None and signals.received is None:
+        time.sleep(0.1)
+    if signals.received is not None:
+        return stop(signals.received, front, loop, backend)
+    reason = backend_report(report) if backend.poll() is not None else ""
+    stop_backend(backend)
+    print(f"{PROG}: the server stopped ({reason or 'see the lines above'})", file=sys.stderr)
+    return 1
+
+
+def stop(signum: int, front, loop, backend: subprocess.Popen) -> int:
+    """Cuts the answers in flight (each client gets the text so far), gives them SHUTDOWN_S to go out, then stops
+    transformers' server."""
+
+    async def cut() -> int:
+        return front.cut_all()
+
+    cut_short = asyncio.run_coroutine_threadsafe(cut(), loop).result(timeout=5)
+    name = signal.Signals(signum).name
+    print(f"{PROG}: {name}: stopping ({cut_short} request(s) in flight cancelled)", file=sys.stderr)
+    deadline = time.monotonic() + SHUTDOWN_S
+    while front.answering and time.monotonic() < deadline:
         time.sleep(0.05)
-    return 128 + signals.received
+    stop_backend(backend)
+    return 128 + signum
 
 
 def with_limit_options(Serve, signals: StopSignals):
@@ -139,19 +231,18 @@ def with_limit_options(Serve, signals: StopSignals):
         error = model_argument_error(serve_params["force_model"])
         if error:
             usage_error(error)
-        check_serving_layout()
-        from hf_tinytx.commands.quiet import quiet_notices
-        from hf_tinytx.serve.guard import expose_tinytx_classes, install
+        try:  # `--chat-template-kwargs` and `--reasoning`, as transformers reads them
+            template_kwargs = Serve.parse_chat_template_kwargs(serve_params["chat_template_kwargs"],
+                                                               serve_params["reasoning"])
+        except (ValueError, typer.BadParameter) as bad:
+            usage_error(f"--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": true}}' ({bad})")
         from hf_tinytx.serve.request_checks import Limits
 
-        quiet_notices()
-        expose_tinytx_classes()
-        install(Limits(max_tokens_cap, max_request_seconds, serve_params["force_model"]))
-        quiet_resource_tracker()
-        status = serve_until_stopped(Serve, serve_params, signals)
+        limits = Limits(max_tokens_cap, max_request_seconds, serve_params["force_model"])
+        status = serve_until_stopped(serve_params, limits, template_kwargs, signals)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(status)  # uvicorn's thread is not a daemon; an unfinished one must not hold the exit
+        os._exit(status)  # uvicorn's thread is not done; it must not hold the exit
 
     ours = {
         "max_tokens_cap": (int, DEFAULT_MAX_TOKENS_CAP, typer.Option(
@@ -191,17 +282,10 @@ def served_endpoints_only(doc: str) -> str:
 
 
 def serve_import_error(error: ImportError):
+    import transformers
+
     sys.exit(f"this transformers ({transformers.__version__}) lacks the `serve` this launcher wraps ({error}): "
              'pip install -U "hf_tinytx[serving]" (transformers >= 5.25)')
-
-
-def check_serving_layout() -> None:
-    """Imports the server modules that serve_guard patches (they load torch, so not for --help)."""
-    try:
-        from transformers.cli.serving import chat_completion, completion, server  # noqa: F401
-        from transformers.cli.serving.model_manager import ModelLoader  # noqa: F401  (5.25's layout)
-    except ImportError as error:  # a transformers with another layout of the server
-        serve_import_error(error)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,9 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit('transformers serve needs FastAPI, uvicorn and openai: pip install "hf_tinytx[serving]"')
     import typer
 
-    signals = StopSignals()
-    signal.signal(signal.SIGINT, signals)
-    signal.signal(signal.SIGTERM, signals)
+    signals = catch_stop_signals()
     app = typer.Typer(add_completion=False)
     app.command()(with_limit_options(Serve, signals))  # the only command, so it is the program itself: no "serve" word
     app(args=sys.argv[1:] if argv is None else argv, prog_name=PROG)

@@ -1,6 +1,6 @@
 """The checks `python -m hf_tinytx.serve` makes on a request body before transformers' server sees it: every field
 has a type and a range, and a body that breaks one gets HTTP 400 in OpenAI's error shape, one line naming the field
-and the fix. Plain Python, no FastAPI; what needs the model (the prompt's length) is checked in serve/guard.py.
+and the fix. Plain Python, no FastAPI; what needs the model (the prompt's length) is checked in model_checks.py.
 """
 
 import json
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 # transformers' other endpoints take fields these checks do not cover (max_output_tokens, audio), or let any client
-# load and unload models; the guard refuses them rather than serve them unchecked.
+# load and unload models; the front refuses them rather than serve them unchecked.
 REFUSED_PATHS = ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions", "/reset")
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_JSON_DEPTH = 32  # objects and lists inside one another: a request needs 5; Python's parser recurses per level
@@ -118,7 +118,7 @@ def check_suffix(value, limits) -> None:
 
 
 def check_tools(value, limits) -> None:
-    """OpenAI's function tools, well formed (whether the chat template reads them is asked in serve_guard)."""
+    """OpenAI's function tools, well formed (whether the chat template reads them is asked in model_checks.py)."""
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
         raise RequestError("tools must be a list of JSON objects", "tools")
     for index, tool in enumerate(value):
@@ -146,6 +146,7 @@ GENERATION_FIELDS = {
     "typical_p": lambda name: number(name, 0, 1, low_open=True),
     "repetition_penalty": lambda name: number(name, 0, 100, low_open=True),
     "no_repeat_ngram_size": count,
+    "max_time": lambda name: number(name, 0, 1e9, low_open=True),  # the server's --max_request_seconds bounds it
 }
 # GenerationConfig fields that ask for what one answer per request has no place for (several answers, beams, scores):
 # taken only at the value that asks for nothing more.

@@ -266,3 +266,22 @@ def test_plain_transformers_serve_still_stops_at_start_up(servers, folders, tmp_
     )
     assert without_flag.returncode != 0
     assert "contains custom code which must be executed" in without_flag.stderr, without_flag.stderr[-3000:]
+
+
+def test_the_launcher_imports_no_private_module_of_transformers_serve():
+    """Issue 66: `transformers.cli.serving.*` changes with every release; the launcher runs `Serve` (what the
+    `transformers serve` command runs) and speaks HTTP to it, nothing more."""
+    import ast
+
+    import hf_tinytx.serve
+
+    imported = set()
+    for path in Path(hf_tinytx.serve.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {f"{node.module}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+    transformers_names = {name for name in imported if name.startswith("transformers.")}
+    assert "transformers.cli.serve.Serve" in transformers_names, sorted(transformers_names)
+    assert not [name for name in transformers_names if name.startswith("transformers.cli.serving")], transformers_names
