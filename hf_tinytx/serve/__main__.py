@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from hf_tinytx.commands.signals import Recorder, record
 from hf_tinytx.serve.request_checks import REFUSED_PATHS
 
 
@@ -72,26 +73,6 @@ def usage_error(message: str):
     sys.exit(2)
 
 
-class StopSignals:
-    """SIGINT or SIGTERM, recorded for the main thread to poll; a second one exits at once."""
-
-    def __init__(self):
-        self.received: int | None = None
-
-    def __call__(self, signum, frame):
-        if self.received is not None:
-            os._exit(128 + signum)
-        self.received = signum
-
-
-def catch_stop_signals() -> StopSignals:
-    """This command's whole handling of stop signals, in one place (uvicorn, in its own thread, leaves them alone)."""
-    signals = StopSignals()
-    signal.signal(signal.SIGINT, signals)
-    signal.signal(signal.SIGTERM, signals)
-    return signals
-
-
 def free_loopback_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -141,10 +122,10 @@ def backend_is_healthy(port: int) -> bool:
         connection.close()
 
 
-def wait_for_backend(backend: subprocess.Popen, port: int, signals: StopSignals) -> str:
+def wait_for_backend(backend: subprocess.Popen, port: int, signals: Recorder) -> str:
     """"ready" once transformers' server answers /health (a model on the command line is loaded by then), "exited",
     or "signal"."""
-    while signals.received is None:
+    while signals.first is None:
         if backend.poll() is not None:
             return "exited"
         if backend_is_healthy(port):
@@ -164,7 +145,7 @@ def start_front(front, host: str, port: int):
     return thread, loop
 
 
-def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signals: StopSignals) -> int:
+def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signals: Recorder) -> int:
     """Runs both servers until a stop signal or the end of one; returns the exit status."""
     from hf_tinytx.serve.front import Front
     from hf_tinytx.serve.model_checks import Models
@@ -181,9 +162,9 @@ def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signa
             usage_error(str(error))
     state = wait_for_backend(backend, port, signals)
     if state == "signal":
-        print(f"{PROG}: {signal.Signals(signals.received).name}: stopped before the server started", file=sys.stderr)
+        print(f"{PROG}: {signal.Signals(signals.first).name}: stopped before the server started", file=sys.stderr)
         stop_backend(backend)
-        return 128 + signals.received
+        return 128 + signals.first
     if state == "exited":
         reason, model = backend_report(report), serve_params["force_model"]
         if reason:
@@ -192,10 +173,10 @@ def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signa
         return 1
     front = Front(f"http://127.0.0.1:{port}", limits, models)
     thread, loop = start_front(front, serve_params["host"], serve_params["port"])
-    while thread.is_alive() and backend.poll() is None and signals.received is None:
+    while thread.is_alive() and backend.poll() is None and signals.first is None:
         time.sleep(0.1)
-    if signals.received is not None:
-        return stop(signals.received, front, loop, backend)
+    if signals.first is not None:
+        return stop(signals.first, front, loop, backend)
     reason = backend_report(report) if backend.poll() is not None else ""
     stop_backend(backend)
     print(f"{PROG}: the server stopped ({reason or 'see the lines above'})", file=sys.stderr)
@@ -219,7 +200,7 @@ def stop(signum: int, front, loop, backend: subprocess.Popen) -> int:
     return 128 + signum
 
 
-def with_limit_options(Serve, signals: StopSignals):
+def with_limit_options(Serve, signals: Recorder):
     """A command taking `Serve`'s options plus this launcher's own (so `--help` lists them all); typer reads its
     signature."""
     import inspect
@@ -298,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit('transformers serve needs FastAPI, uvicorn and openai: pip install "hf_tinytx[serving]"')
     import typer
 
-    signals = catch_stop_signals()
+    signals = record(exit_on_second=True)  # uvicorn, in its own thread, leaves them alone
     app = typer.Typer(add_completion=False)
     app.command()(with_limit_options(Serve, signals))  # the only command, so it is the program itself: no "serve" word
     app(args=sys.argv[1:] if argv is None else argv, prog_name=PROG)
