@@ -149,7 +149,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
 
 
 def preflight(argv: list[str] | None = None) -> None:
-    """The flags, the output folder, the model's config file and the data files, checked before torch loads."""
+    """The flags, the output folder, the model's config file and the data files, checked before torch loads
+    (pretrain.py's `main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     warn_if_token_in_argv(argv, program_name("pretrain"))
     model_args, data_args, train_args = parse_args(argv)
