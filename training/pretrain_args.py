@@ -219,7 +219,7 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if train_args.push_to_hub:
         check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
         check_hub_timeout(train_args.hub_timeout)
-    # The schedule is checked by pretrain.py's setup (check_schedule): transformers' schedules are a heavy import.
+    # The schedule is checked by pretrain_run.py's setup (check_schedule): transformers' schedules are a heavy import.
 
 
 def check_report_to(report_to: str) -> None:
