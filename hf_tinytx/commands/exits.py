@@ -1,6 +1,6 @@
 """How every command ends: one line on stderr at most, and a documented status. `Ending.status` runs a command;
-generate, chat and convert use it through `exit_status`, pretrain and finetune through training/cli.py's `RunEnding`,
-which adds the training run's own endings (a stop with its checkpoint, a peer that left, a full disk).
+generate, chat and convert use it through `exit_status`, and a subclass adds a command's own endings (the training
+scripts': a stop with its checkpoint, a peer that left, a full disk).
 
     0      done
     2      bad input (UserInputError; for convert, each of its refusals)
@@ -8,6 +8,7 @@ which adds the training run's own endings (a stop with its checkpoint, a peer th
     130    Ctrl-C (SIGINT), 143 SIGTERM: what the command had half written is removed
     141    the reader of standard output went away (`... | head -c 10`), as for `cat`
 """
+
 import contextlib
 import os
 import signal
@@ -107,7 +108,8 @@ def exit_status(prefix: str, command, refused: tuple = (UserInputError,), failed
 
 
 def say(line: str, newline_first: bool = False) -> None:
-    """The line on stderr, after what stdout holds (a streamed text ends first, on its own line)."""
+    """The line on stderr, after what stdout holds (a streamed text ends first, on its own line). One write, newline
+    included: the processes of a launch may say it at once."""
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
         if newline_first:
