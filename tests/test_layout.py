@@ -96,6 +96,14 @@ def test_the_module_map_of_training_lists_every_module_and_no_other():
     assert listed == files, f"missing from the map: {sorted(files - listed)}; not files: {sorted(listed - files)}"
 
 
+def test_no_module_reaches_into_sys_path():
+    """A script reads the installed packages; nothing in the product rewrites where Python looks."""
+    found = [f"{path.relative_to(REPO_ROOT)}:{number}" for package in PACKAGES.values()
+             for path in package.rglob("*.py")
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "sys.path" in line]
+    assert not found, found
+
+
 # hf_tinytx by job: the model at the top (remote code copies these files), each other job a sub-package.
 HF_TINYTX_TOP = {"__init__.py", "auto_registration.py", "configuration_tinytx.py", "modeling_tinytx.py", "corpus.py",
                  "probes.py", "tokenization.py"}

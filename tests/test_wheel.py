@@ -74,7 +74,7 @@ def test_the_ci_pretrain_flags_parse_and_stay_tiny():
 HELP_SAYS = {  # the command's flags -> a line of their help
     "": "finetune   fine-tune",
     "pretrain": "--max_train_steps",
-    "finetune": "--num_train_epochs",  # one of Trainer's flags, listed without importing TrainingArguments
+    "finetune": "--num_train_epochs",  # one of Trainer's flags: TrainingArguments, and so torch, loads for them
     "convert": "--outtype",
     "interpret": "--coref_probes",
     "serve": "--max_tokens_cap",
@@ -85,15 +85,14 @@ HELP_SAYS = {  # the command's flags -> a line of their help
 
 @pytest.mark.parametrize("command", HELP_SAYS, ids=[name or "tinytx" for name in HELP_SAYS])
 def test_tinytx_help_answers_before_torch_loads(command, tmp_path):
-    """`tinytx [command] --help` answers without importing torch, run from the folder above a clone with git's
-    default name, `hf_tinytx`, which Python would take for the package."""
-    (tmp_path / "hf_tinytx").symlink_to(REPO_ROOT, target_is_directory=True)
+    """`tinytx [command] --help`, run outside the checkout, answers without importing torch; but finetune's, which
+    lists Trainer's flags."""
     argv = [command, "--help"] if command else ["--help"]
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
-    assert "hf_tinytx_training.cli" in imported and "torch" not in imported
+    assert "hf_tinytx_training.cli" in imported and ("torch" in imported) == (command == "finetune")
     assert HELP_SAYS[command] in result.stdout
     if command == "serve":  # the endpoints it lists are those it serves
         assert "POST /v1/chat/completions" in result.stdout and "POST /v1/systemone" not in result.stdout
@@ -146,22 +145,6 @@ def test_a_training_command_without_the_train_extra_is_one_line_naming_it(tmp_pa
     result = subprocess.run([sys.executable, "-m", "hf_tinytx_training", "pretrain", "--help"], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "--max_train_steps" in result.stdout, result.stderr[-3000:]
-
-
-def test_a_checkout_script_refuses_to_run_another_install(tmp_path):
-    """A copy of training/ elsewhere (a second checkout, while this one is installed) says in one line that it is not
-    the installed hf_tinytx_training."""
-    import shutil
-
-    copy = tmp_path / "other" / "training"
-    shutil.copytree(REPO_ROOT / "training", copy, ignore=shutil.ignore_patterns("__pycache__", "configs"))
-    result = subprocess.run([sys.executable, str(copy / "pretrain.py"), "--help"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 1
-    assert result.stderr.strip() == (
-        f"pretrain.py: error: hf_tinytx_training must be this checkout's training/ (it is installed from "
-        f"{REPO_ROOT / 'training'}); run `pip install -e .` in this checkout, or use the installed `tinytx pretrain`."
-    )
 
 
 @pytest.mark.deep

@@ -1,9 +1,10 @@
 """The training scripts and the pieces they share, installed as `hf_tinytx_training` (pyproject.toml maps training/).
 Run them as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
 
-    pretrain.py          pre-training on Accelerate: setup -> fit -> finish -> export_and_push
-    finetune.py          supervised fine-tuning with Trainer, optionally LoRA: setup -> fit -> save_folders -> push
-    cli.py               the `tinytx` command (also __main__.py); how both scripts start and end
+    pretrain.py          the pre-training command: its input checked before torch loads, then pretrain_run.py
+    pretrain_run.py      pre-training on Accelerate: setup -> fit -> finish -> export_and_push
+    finetune.py          the fine-tuning command: its input checked before torch loads, then sft/finetune_run.py
+    cli.py               the `tinytx` command (also __main__.py); how both scripts run and end
     errors.py            UserInputError and RunError, raised anywhere without importing the flags
     pretrain_args.py     pretrain's flags, their checks (before torch loads: `preflight`; again in `main`), the plan
     checkpoints.py       resumable checkpoints: save, verify, find, load, prune (output_dir/checkpoints/)
@@ -43,14 +44,9 @@ Run them as `tinytx pretrain`, `python -m hf_tinytx_training.pretrain` or `pytho
     publish/hub.py       uploads to the Hugging Face Hub in the background, and the final push
 
     sft/finetune_args.py finetune's flags and the checks run before torch loads
-    sft/trainer_help.py  Trainer's flags read from transformers' source, for --help before torch loads
+    sft/finetune_run.py  supervised fine-tuning with Trainer, optionally LoRA: setup -> fit -> save_folders -> push
     sft/records.py       finetune's data files read and checked (text, prompt/response, chat)
     sft/data.py          finetune's records tokenized into rows, and their collator
     sft/model.py         finetune's base model and tokenizer, checked against each other, and its LoRA adapter
     sft/callbacks.py     finetune's Trainer callbacks: checkpoints moved in whole, a stop at a step's end
 """
-
-from .cli import look_past_a_clone_named_hf_tinytx
-
-
-look_past_a_clone_named_hf_tinytx()  # before anything imports hf_tinytx

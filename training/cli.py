@@ -1,26 +1,28 @@
-"""`tinytx`: the project's tools under one command (COMMANDS), and how the two training scripts start and end.
+"""`tinytx`: the project's tools under one command (COMMANDS), and how the two training scripts run.
 
-A subcommand runs its module as `python -m` does; nothing heavy is imported here, so every `--help` is answered
-without torch. pretrain.py and finetune.py call `start_script` above their imports (stop signals handled, bad input
-refused before torch loads) and `finish_script` at their end. The exit status: 0 the run finished; 2 bad input
-(UserInputError); 1 a fault (RunError, a full disk, anything unexpected: one line, the traceback with
-TINYTX_TRACEBACK=1); 128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped).
+A subcommand runs its module as `python -m` does; nothing heavy is imported here, so every `--help` but finetune's
+(Trainer's flags load torch) is answered without torch. pretrain.py and finetune.py end with `run_script`: the stop
+signals handled before the libraries load, then their `main`, which checks the input before it imports torch. Every
+way a run ends is one exit status (`RunEnding`, on top of the library's hf_tinytx/commands/exits.py): 0 the run
+finished; 2 bad input (UserInputError); 1 a fault (RunError, a full disk, anything unexpected: one line, the
+traceback with TINYTX_TRACEBACK=1); 128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped).
 """
 
+import contextlib
 import difflib
-import importlib
 import logging
 import os
 import runpy
 import sys
 from collections.abc import Callable
-from importlib.machinery import PathFinder
 from importlib.util import find_spec
 from typing import NoReturn
 
+from hf_tinytx.commands.exits import Ending
+from hf_tinytx.folders.safe import is_disk_full
 from hf_tinytx_training.distributed.cluster import watch_launcher_exit
 from hf_tinytx_training.distributed.preemption import Stopped, StopRequests, stop_requests
-from hf_tinytx_training.errors import RunError, UserInputError
+from hf_tinytx_training.errors import RunError
 
 
 COMMANDS = {  # subcommand -> (module run as __main__, what it does)
@@ -97,29 +99,24 @@ def program_name(script: str) -> str:
     return _STARTED_AS[0] if _STARTED_AS == [f"tinytx {script}"] else f"{script}.py"
 
 
-# ---- the training scripts: started before torch loads, ended with one exit status
+# ---- the training scripts: the stop signals handled before the libraries load, one exit status at the end
 
-# Each script's torch-free module, holding the `preflight()` that checks its input before the heavy imports.
-EARLY_CHECKS = {"pretrain": "pretrain_args", "finetune": "sft.finetune_args"}
-
-
-def start_script(script_file: str, package: str | None) -> None:
-    """Called by pretrain.py and finetune.py above their imports: handles the stop signals, then checks the input."""
-    script = os.path.splitext(os.path.basename(script_file))[0]
+def run_script(script: str, main: Callable[[], None]) -> NoReturn:
+    """How pretrain.py and finetune.py run their `main`: the stop signals first (a signal while the libraries load
+    ends the run with a line, not a traceback or a bare -15), then `main()`, every way it ends an exit status."""
     program = program_name(script)
-    if not package:  # `python training/pretrain.py` in a checkout (also under torchrun or accelerate launch)
-        use_this_checkout(script_file)
     if error := missing_extra(script, sys.argv[1:]):
         sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))  # (the same words under `tinytx`)
-    # First: a signal while the libraries load ends the run with a line, not a traceback or a bare -15.
-    stop_requests(program).install()
+    stop = stop_requests(program)
+    stop.install()
     sys.stdout = OutputWithoutReader(sys.stdout)
     speak_only_as_main()
     try:
-        importlib.import_module(f"{__package__}.{EARLY_CHECKS[script]}").preflight()
-    except UserInputError as error:
-        sys.stderr.write(f"{program}: error: {error}\n")
-        sys.exit(2)
+        code = RunEnding(stop).status(main)
+    except Exception:  # TINYTX_TRACEBACK=1: the traceback, and its exit status 1
+        watch_launcher_exit(stop.launcher and stop.launcher.parent, 1)
+        raise
+    leave(code, stop)
 
 
 class OutputWithoutReader:
@@ -173,55 +170,31 @@ def print_own(line: str) -> None:
     stream.flush()
 
 
-def use_this_checkout(script_file: str) -> None:
-    """A checkout's script imports the installed hf_tinytx_training, which must be this very folder (an editable
-    install); the checkout's top replaces training/ on sys.path."""
-    module = f"{__package__}.{os.path.splitext(os.path.basename(script_file))[0]}"
-    spec = find_spec(module)
-    name = os.path.basename(script_file)
-    if spec is None or os.path.realpath(spec.origin) != os.path.realpath(script_file):
-        installed = f"it is installed from {os.path.dirname(spec.origin)}" if spec else "it is not installed"
-        sys.exit(f"{name}: error: hf_tinytx_training must be this checkout's training/ ({installed}); run "
-                 f"`pip install -e .` in this checkout, or use the installed `tinytx {name[:-3]}`.")
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(script_file)))
+class RunEnding(Ending):
+    """How a training run ends, on top of the library's commands: a stop at a step boundary with its checkpoint
+    (Stopped), a peer that left, a full disk with the way to resume. The stop signals are StopRequests'."""
 
+    def __init__(self, stop: StopRequests):
+        super().__init__(f"{stop.program}:", failed=(RunError,), intact="the checkpoints saved so far are intact; ")
+        self.stop = stop
 
-def finish_script(main: Callable[[], None], stop: StopRequests) -> NoReturn:
-    """`main()`, and the process's end: every way a run ends becomes its exit status and at most one line."""
-    program = stop.program
-    try:
-        main()
-    except Stopped as stopped:
-        if os.environ.get("RANK", "0") == "0":  # one line for the launch, not one per process
-            sys.stderr.write(f"{stopped}\n")
-        sys.stderr.flush()
-        leave(stopped.exit_code, stop)
-    except (UserInputError, RunError) as error:
-        # One write, newline included: the processes of a launch may say it at once.
-        sys.stderr.write(f"{program}: error: {error}\n")
-        leave(2 if isinstance(error, UserInputError) else 1, stop)
-    except Exception as error:
-        if stop.peer_left(error):  # left at the signal, or failed: not a stop a scheduler may requeue
-            sys.stderr.write(f"{program}: error: {stop.peer_left_message(error)}\n")
-            leave(1, stop)
-        from hf_tinytx.commands.exits import TRACEBACK_VARIABLE
-        from hf_tinytx.folders.safe import is_disk_full  # loaded with the script's module by now
+    def signals(self):
+        return contextlib.nullcontext()  # StopRequests' handlers, installed before the libraries loaded
 
+    def ending(self, error: Exception) -> tuple[int, str | None] | None:
+        """The run's own endings, then the refusals and faults; a BrokenPipeError is unexpected here, as the script's
+        stdout never raises one (OutputWithoutReader)."""
+        if isinstance(error, Stopped):  # one line for the launch, not one per process
+            return error.exit_code, str(error) if os.environ.get("RANK", "0") == "0" else None
+        if said := self.said(error):
+            return said
+        if self.stop.peer_left(error):  # left at the signal, or failed: not a stop a scheduler may requeue
+            return 1, f"{self.start}error: {self.stop.peer_left_message(error)}"
         if is_disk_full(error):
             where = getattr(error, "filename", None) or "the output folder"
-            sys.stderr.write(f"{program}: error: No space left on the device while writing {where}; the "
-                             f"checkpoints saved so far are intact: free some space and rerun with "
-                             f"--resume_from_checkpoint latest.\n")
-            leave(1, stop)
-        if os.environ.get(TRACEBACK_VARIABLE):
-            watch_launcher_exit(stop.launcher and stop.launcher.parent, 1)  # the traceback's exit status
-            raise
-        reason = " ".join(str(error).split())[:300]
-        sys.stderr.write(f"{program}: error: {type(error).__name__}{f': {reason}' if reason else ''} (unexpected: "
-                         f"the checkpoints saved so far are intact; run again with {TRACEBACK_VARIABLE}=1 to see "
-                         f"where, and report it)\n")
-        leave(1, stop)
-    leave(0, stop)
+            return 1, (f"{self.start}error: No space left on the device while writing {where}; the checkpoints "
+                       "saved so far are intact: free some space and rerun with --resume_from_checkpoint latest.")
+        return None
 
 
 def leave(code: int, stop: StopRequests) -> NoReturn:
@@ -238,22 +211,6 @@ def exit_launched_process(code: int = 0) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-# ---- the working directory must not stand in for the installed hf_tinytx
-
-def look_past_a_clone_named_hf_tinytx() -> None:
-    """Drops the working directory from sys.path when all it offers under the name hf_tinytx is a clone's folder,
-    which Python would take for a namespace package ahead of the editable install."""
-    spec = PathFinder.find_spec("hf_tinytx")
-    if spec is None or spec.origin not in (None, "namespace"):  # none, or a real package: nothing shadows it
-        return
-    here = os.path.realpath(os.getcwd())
-    if not os.path.isfile(os.path.join(here, "hf_tinytx", "hf_tinytx", "__init__.py")):
-        return
-    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or ".") != here]
-    if getattr(sys.modules.get("hf_tinytx"), "__file__", True) is None:  # the namespace, already imported
-        del sys.modules["hf_tinytx"]
 
 
 if __name__ == "__main__":

@@ -149,7 +149,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
 
 
 def preflight(argv: list[str] | None = None) -> None:
-    """The flags, the output folder, the model's config file and the data files, checked before torch loads."""
+    """The flags, the output folder, the model's config file and the data files, checked before torch loads
+    (pretrain.py's `main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     warn_if_token_in_argv(argv, program_name("pretrain"))
     model_args, data_args, train_args = parse_args(argv)
@@ -218,7 +219,7 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if train_args.push_to_hub:
         check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
         check_hub_timeout(train_args.hub_timeout)
-    # The schedule is checked by pretrain.py's setup (check_schedule): transformers' schedules are a heavy import.
+    # The schedule is checked by pretrain_run.py's setup (check_schedule): transformers' schedules are a heavy import.
 
 
 def check_report_to(report_to: str) -> None:

@@ -1,1 +1,1 @@
-"""Supervised fine-tuning's pieces for finetune.py: flags, records, rows, the base model and LoRA, callbacks."""
+"""Fine-tuning's pieces for finetune.py: flags, the run, records, rows, the base model and LoRA, callbacks."""

@@ -1,7 +1,8 @@
 """finetune.py's own arguments, its --help and the checks that need neither torch nor transformers' Trainer.
 
-`preflight` runs them before torch loads (~8 s), so --help, a bad flag, model folder or data line is answered in about
-a second; finetune.py's `parse_args` runs the same checks again on the full `TrainingArguments`.
+`preflight` runs them before torch loads (~8 s), so a bad flag, model folder or data line is answered in about a
+second; sft/finetune_run.py's `parse_args` runs the same checks again on the full `TrainingArguments`. --help lists
+Trainer's flags too, so it loads torch.
 """
 
 import difflib
@@ -28,7 +29,6 @@ from hf_tinytx_training.pretrain_args import (
 )
 from hf_tinytx_training.publish.output_dir import check_output_dir, check_second_destination, refuse_overlap
 from hf_tinytx_training.sft.records import read_records
-from hf_tinytx_training.sft.trainer_help import training_arguments_for_help
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -77,10 +77,12 @@ class EarlyTrainerFlags:
 
 
 def preflight(argv: list[str] | None = None) -> None:
-    """The flags, the model folder and the data files checked before the heavy imports (training/cli.py)."""
+    """The flags, the model folder and the data files checked before the heavy imports (finetune.py's `main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:  # every flag, Trainer's too, listed and exit 0
-        finetune_parser(training_arguments_for_help()).parse_known_args(argv)
+        from transformers import TrainingArguments  # loads torch: a few seconds
+
+        finetune_parser(TrainingArguments).parse_known_args(argv)
     warn_if_token_in_argv(argv, program_name("finetune"))
     refuse_lone_process()
     parser = build_parser((FinetuneArguments, EarlyTrainerFlags))
@@ -95,7 +97,7 @@ def preflight(argv: list[str] | None = None) -> None:
 
 
 def finetune_parser(training_arguments: type, **defaults) -> HfArgumentParser:
-    """finetune's flags and those of `training_arguments` (TrainingArguments, or its torch-free twin for --help)."""
+    """finetune's flags and those of `training_arguments` (transformers' TrainingArguments)."""
     parser = build_parser((FinetuneArguments, training_arguments), **TRAINER_DEFAULTS, **defaults)
     parser.description = DESCRIPTION
     return parser

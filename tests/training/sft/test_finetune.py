@@ -484,7 +484,7 @@ def test_packed_rows_count_every_token_and_the_prompt_only_rows_dropped(byte_bpe
 
 
 def test_finetune_refuses_data_of_which_every_record_would_be_dropped(byte_bpe_tokenizer):
-    from hf_tinytx_training.finetune import to_dataset
+    from hf_tinytx_training.sft.finetune_run import to_dataset
 
     records = [{"kind": "prompt", "prompt": LONG, "response": " 3", "where": "train.jsonl, line 1"}]
     with pytest.raises(UserInputError, match=r"^No example in train.jsonl keeps a token to learn within "
