@@ -10,16 +10,24 @@ import pytest
 from hf_tinytx.commands.exits import Ending
 
 
+# Modules a check must not import: None in sys.modules makes `import torch` fail. A module this process loaded
+# earlier still imports, so the script's import log (-X importtime) stays the full proof, on a few cases.
+HEAVY = ("torch", "transformers.training_args")
+
+
 def refused_in_process(capsys, monkeypatch, program: str, check, argv: list[str]) -> str:
-    """The one line `check(argv)` ends with, exit status 2: a parser's own (`PROGRAM: error: ...`), or the
-    UserInputError the script's ending prints with the same start (hf_tinytx/commands/exits.py)."""
+    """The one line `check(argv)` ends with, exit status 2, nothing on stdout: a parser's own (`PROGRAM: error:
+    ...`), or the UserInputError the script's ending prints with the same start (hf_tinytx/commands/exits.py).
+    A check that ends the process itself (a command's `main`) passes its SystemExit through."""
     monkeypatch.setattr(sys, "argv", [program])  # argparse names itself after sys.argv[0], as in the script
     capsys.readouterr()
-    with pytest.raises(SystemExit) as ended:
+    with monkeypatch.context() as blocked, pytest.raises(SystemExit) as ended:
+        for name in HEAVY:
+            blocked.setitem(sys.modules, name, None)
         sys.exit(Ending(f"{program}:").status(lambda: check(argv)))
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    assert ended.value.code == 2, err[-3000:]
+    assert ended.value.code == 2 and out == "", err[-3000:]
     assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith(f"{program}: error: "), lines
     return lines[0]
 
