@@ -1,6 +1,7 @@
 """Every path a command writes is a destination, checked as --output_dir is, and no write follows a link: each refused
 case runs the real script and finds one line, exit status 2, and every file it named (or a link led to) unchanged.
-The --merged_output_dir refusals, decided before torch loads, are in finetune's table (sft/test_finetune_args.py)."""
+The --merged_output_dir refusals, decided before torch loads, are in finetune's table (sft/test_finetune_args.py),
+interpret's --out in its own (hf_tinytx/interpret/test_interpret.py)."""
 
 import hashlib
 import subprocess
@@ -70,14 +71,6 @@ def test_a_merged_output_dir_apart_from_the_output_folder_is_written_and_replace
         assert result.returncode == 0, result.stderr[-3000:]
         assert (output_dir / "adapter_config.json").is_file() and (merged / "model.safetensors").is_file()
         assert not (output_dir / "merged").exists()
-
-
-def test_interpret_never_writes_its_maps_into_the_model_folder(root):
-    before = snapshot(root / "base")
-    result = run(root, "-m", "hf_tinytx.interpret", "base", "the cat sat", "--out", "base/maps")
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert "error: interpret: --out 'base/maps' is inside MODEL 'base'" in result.stderr
-    assert snapshot(root / "base") == before
 
 
 # ---- no write follows a link: a link planted at each name a command writes, the victim unchanged ----
