@@ -16,9 +16,9 @@ HEAVY = ("torch", "transformers.training_args")
 
 
 def refused_in_process(capsys, monkeypatch, program: str, check, argv: list[str]) -> str:
-    """The one line `check(argv)` ends with, exit status 2, nothing on stdout: a parser's own (`PROGRAM: error:
-    ...`), or the UserInputError the script's ending prints with the same start (hf_tinytx/commands/exits.py).
-    A check that ends the process itself (a command's `main`) passes its SystemExit through."""
+    """The one line `check(argv)` ends with, exit status 2, nothing on stdout: a parser's own
+    (`PROGRAM: error: ...`), or the UserInputError the script's ending prints with the same start
+    (hf_tinytx/commands/exits.py). A check that ends the process itself (a `main`) passes its SystemExit on."""
     monkeypatch.setattr(sys, "argv", [program])  # argparse names itself after sys.argv[0], as in the script
     capsys.readouterr()
     with monkeypatch.context() as blocked, pytest.raises(SystemExit) as ended:

@@ -1,6 +1,6 @@
-"""Issue 40's unclear failures on a full disk, reproduced from outside with a small tmpfs: now one line naming the
-file, the problem and the fix, no traceback, and no debris that blocks the corrected rerun. (Its damaged files are
-cases of finetune's table of bad input, sft/test_finetune_args.py.)"""
+"""Issue 40's unclear failures on a full disk, reproduced from outside with a small tmpfs: now one line
+naming the file, the problem and the fix, no traceback, and no debris that blocks the corrected rerun. (Its
+damaged files are cases of finetune's table of bad input, sft/test_finetune_args.py.)"""
 
 import json
 import subprocess

@@ -1,8 +1,8 @@
 """Flags of both training scripts (training/pretrain_args.py): spelled in full or refused, every mistake one
 line on stderr with exit status 2, a typo named with the flag it was probably meant to be.
 
-pretrain's bad input is one table. The cases `preflight` refuses run in process; a few also run the real script,
-which must print the same line, write nothing and never import torch. The cases refused once torch has loaded
+pretrain's bad input is one table. The cases `preflight` refuses run in process; a few also run the real
+script, which must print the same line, write nothing and never import torch. The cases refused once torch has loaded
 (the schedule, the model, the data's columns: pretrain_run.py's setup) run the script, side by side."""
 
 import dataclasses
@@ -37,8 +37,8 @@ FILES = {  # written into every case's folder
                           for i in range(50)).encode(),
 }
 OUT_FILES = {"missing_text_column": {"notes.txt": "mine"}, "output_dir_holding_an_earlier_run": {"config.json": "{}"}}
-# case: (flags after TINY_PRETRAIN_ARGS and --output_dir {tmp}/out, words of the one line); {tmp} is the case's
-# folder, the run's working folder. Refused by `preflight`, before torch loads:
+# case: (flags after TINY_PRETRAIN_ARGS and --output_dir {tmp}/out, words of the one line); {tmp} is the
+# case's folder, the run's working folder. Refused by `preflight`, before torch loads:
 REFUSED_EARLY = {
     "empty_dataset_file": (["--train_file", "empty.jsonl"], ["empty", "--train_file"]),
     "missing_file": (["--train_file", "nope/*.jsonl"], ["matches no file", "Check the path"]),
@@ -83,7 +83,7 @@ REFUSED_EARLY = {
     "a repo id of three parts": (["--push_to_hub", "--hub_model_id", "a/b/c"],
                                  ["error: --hub_model_id 'a/b/c' is not a valid Hub repo id"]),
 }
-# The real script too, with Python's import log (-X importtime): the same line, in about a second, with no torch.
+# The real script too, with Python's import log (-X importtime): the same line, in a second, with no torch.
 IN_A_PROCESS = ("output_dir_holding_an_earlier_run", "missing_file")
 # Refused once torch has loaded (pretrain_run.py's setup); the deep ones are marked so.
 REFUSED_IN_THE_RUN = {
@@ -125,7 +125,8 @@ def case_folder(folder, case: str) -> list[str]:
         (folder / "out" / name).write_text(text)
     flags = {**REFUSED_EARLY, **REFUSED_IN_THE_RUN, **DEEP_IN_THE_RUN}[case][0]
     # a case's own --output_dir comes later and wins
-    return [*TINY_PRETRAIN_ARGS, "--output_dir", str(folder / "out"), *[flag.format(tmp=folder) for flag in flags]]
+    return [*TINY_PRETRAIN_ARGS, "--output_dir", str(folder / "out"),
+            *[flag.format(tmp=folder) for flag in flags]]
 
 
 @pytest.mark.parametrize("case", REFUSED_EARLY)
@@ -142,7 +143,7 @@ def test_bad_input_is_one_line_before_torch_loads_and_nothing_is_written(tmp_pat
 
 
 def run_cases(cases, tmp_path_factory) -> dict:
-    """{case: (its folder, its run)}, the runs started together; IN_A_PROCESS ones with Python's import log."""
+    """{case: (its folder, its snapshot, its run)}, started together; IN_A_PROCESS ones log their imports."""
     runs = {}
     for case in cases:
         folder = tmp_path_factory.mktemp("bad_input")

@@ -269,7 +269,8 @@ def test_bad_input_is_one_line_before_torch_loads(tiny, monkeypatch, capsys, com
     before = snapshot(tiny["root"])
     monkeypatch.chdir(tiny["root"])
     main = {"generate": generate.main, "chat": chat.main}[command]
-    line = refused_in_process(capsys, monkeypatch, f"tinytx {command}", lambda argv: sys.exit(main(argv)), [*args])
+    line = refused_in_process(capsys, monkeypatch, f"tinytx {command}", lambda argv: sys.exit(main(argv)),
+                              [*args])
     assert line.startswith(f"tinytx {command}: error: ") and expected in line, line
     assert snapshot(tiny["root"]) == before
 

@@ -264,11 +264,12 @@ TYPOS = ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"]  # a space:
 REFUSALS = {
     "a folder that holds no model": ("{tmp}/empty", "{tmp}/maps", "save_pretrained", False),
     # Taken for a Hub id, such a path used to wait ~50 s on the network before failing.
-    **{f"mistyped {typo}": (typo, "{tmp}/maps", f"error: no such folder: {typo} (check the path; a Hub id looks "
-                            "like owner/name)", True) for typo in TYPOS},
+    **{f"mistyped {typo}": (typo, "{tmp}/maps",
+                            f"error: no such folder: {typo} (check the path; a Hub id looks like owner/name)", True)
+       for typo in TYPOS},
     # The maps never land in (or around) the model they read (was a subprocess in test_destinations.py).
-    "--out inside the model": ("model", "model/maps", "error: interpret: --out 'model/maps' is inside MODEL 'model'",
-                               False),
+    "--out inside the model": ("model", "model/maps",
+                               "error: interpret: --out 'model/maps' is inside MODEL 'model'", False),
 }
 
 

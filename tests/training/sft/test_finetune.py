@@ -33,9 +33,9 @@ UPLOAD = (  # a base model on the (local) Hub, uploaded in a child because the c
     "api.upload_folder(repo_id=sys.argv[1], folder_path=sys.argv[2])"
 )
 
-# Inputs refused by the real script: name -> (flags that replace GOOD_INPUTS' or add to them, words of the one-line
-# message, a text no Hub request may contain or None). Those refused before torch loads are a table in
-# test_finetune_args.py, run in process; two of them run here too, where a (local) Hub records every request.
+# Inputs refused by the real script: name -> (flags that replace GOOD_INPUTS' or add to them, words of the
+# one-line message, a text no Hub request may contain or None). Those refused before torch loads are a table
+# in test_finetune_args.py, run in process; two of them run here too, where a (local) Hub records every request.
 PUSH = ["--push_to_hub", "--hub_model_id"]
 FAILURES = {
     "typo_path": (["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup

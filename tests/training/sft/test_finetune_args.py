@@ -1,8 +1,9 @@
-"""finetune's bad input, one table (training/sft/finetune_args.py: `preflight`, run before torch loads): each case
-one line on stderr, exit status 2, nothing written, the Hub never asked. The table runs in process; one case also
-runs the real script, which must print the same line, write nothing and never import torch. The refusals found
-once torch has loaded (a mistyped flag, which may be one of Trainer's; a chat template that fails) run the script
-in test_finetune.py's runs, with two of these cases that prove the script never asks the (local) Hub."""
+"""finetune's bad input, one table (training/sft/finetune_args.py: `preflight`, run before torch loads): each
+case one line on stderr, exit status 2, nothing written, the Hub never asked. The table runs in process; one
+case also runs the real script, which must print the same line, write nothing and never import torch. The
+refusals found once torch has loaded (a mistyped flag, which may be one of Trainer's; a chat template that
+fails) run the script in test_finetune.py's runs, with two of these cases, which prove the script never asks
+the (local) Hub."""
 
 import gzip
 import socket
@@ -20,7 +21,7 @@ from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_m
 from tests.training.sft.test_finetune import QUICK, chat_records, prompt_records, save_base, write_jsonl
 
 
-GOOD = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl", *QUICK]  # a case's flags come after
+GOOD = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl", *QUICK]  # a case's flags follow
 PUSH = ["--push_to_hub", "--hub_model_id"]
 MERGE = ["--use_peft", "--merge", "--output_dir", "mine/run", "--merged_output_dir"]
 RELABELED = {"i32-header": "I32", "f16-header": "F16"}  # the header's dtype for F32 data: same size, half the size
