@@ -15,14 +15,15 @@ from hf_tinytx.commands.exits import Ending
 HEAVY = ("torch", "transformers.training_args")
 
 
-def refused_in_process(capsys, monkeypatch, program: str, check, argv: list[str]) -> str:
+def refused_in_process(capsys, monkeypatch, program: str, check, argv: list[str], heavy=HEAVY) -> str:
     """The one line `check(argv)` ends with, exit status 2, nothing on stdout: a parser's own
     (`PROGRAM: error: ...`), or the UserInputError the script's ending prints with the same start
-    (hf_tinytx/commands/exits.py). A check that ends the process itself (a `main`) passes its SystemExit on."""
+    (hf_tinytx/commands/exits.py). A check that ends the process itself (a `main`) passes its SystemExit on.
+    `heavy`: the modules it may not import; () for a check that is known to load torch."""
     monkeypatch.setattr(sys, "argv", [program])  # argparse names itself after sys.argv[0], as in the script
     capsys.readouterr()
     with monkeypatch.context() as blocked, pytest.raises(SystemExit) as ended:
-        for name in HEAVY:
+        for name in heavy:
             blocked.setitem(sys.modules, name, None)
         sys.exit(Ending(f"{program}:").status(lambda: check(argv)))
     out, err = capsys.readouterr()

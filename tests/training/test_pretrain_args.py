@@ -16,7 +16,7 @@ import pytest
 from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.pretrain_args import ALL_ARGUMENTS, build_parser, parse_args, plan_steps, preflight
 from tests.helpers.reference import error_line
-from tests.helpers.refusals import refused_in_process, snapshot
+from tests.helpers.refusals import HEAVY, refused_in_process, snapshot
 from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
 
@@ -85,6 +85,8 @@ REFUSED_EARLY = {
 }
 # The real script too, with Python's import log (-X importtime): the same line, in a second, with no torch.
 IN_A_PROCESS = ("output_dir_holding_an_earlier_run", "missing_file")
+# Refused by preflight, but after torch loads: check_report_to asks Accelerate which trackers are installed.
+LOADS_TORCH = {"a tracker's typo"}
 # Refused once torch has loaded (pretrain_run.py's setup); the deep ones are marked so.
 REFUSED_IN_THE_RUN = {
     "missing_text_column": (["--train_file", "data.jsonl"], ["no column 'text'", "['content']", "--text_column"]),
@@ -134,7 +136,8 @@ def test_bad_input_is_one_line_before_torch_loads_and_nothing_is_written(tmp_pat
     argv = case_folder(tmp_path, case)
     before = snapshot(tmp_path)
     monkeypatch.chdir(tmp_path)
-    line = refused_in_process(capsys, monkeypatch, "pretrain.py", preflight, argv)
+    line = refused_in_process(capsys, monkeypatch, "pretrain.py", preflight, argv,
+                              heavy=() if case in LOADS_TORCH else HEAVY)
     words = REFUSED_EARLY[case][1]
     assert all(word in line for word in words), line
     if words[0].startswith("pretrain.py: "):  # the whole line
