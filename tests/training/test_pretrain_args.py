@@ -1,7 +1,12 @@
-"""Flags of both training scripts (training/pretrain_args.py): spelled in full or refused, every mistake one line on
-stderr with exit status 2, a typo named with the flag it was probably meant to be."""
+"""Flags of both training scripts (training/pretrain_args.py): spelled in full or refused, every mistake one
+line on stderr with exit status 2, a typo named with the flag it was probably meant to be.
+
+pretrain's bad input is one table. The cases `preflight` refuses run in process; a few also run the real
+script, which must print the same line, write nothing and never import torch. The cases refused once torch has loaded
+(the schedule, the model, the data's columns: pretrain_run.py's setup) run the script, side by side."""
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -9,73 +14,181 @@ import sys
 import pytest
 
 from hf_tinytx_training.errors import UserInputError
-from hf_tinytx_training.pretrain_args import ALL_ARGUMENTS, build_parser, parse_args, plan_steps
-from tests.helpers.tiny import REPO_ROOT, pretrain_env, run_side_by_side
+from hf_tinytx_training.pretrain_args import ALL_ARGUMENTS, build_parser, parse_args, plan_steps, preflight
+from tests.helpers.reference import error_line
+from tests.helpers.refusals import HEAVY, refused_in_process, snapshot
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
 
-RECORD = '{"prompt": "Q:", "response": " A"}\n'
-FLAG_MISTAKES = {  # (script, flags) -> the one line the script must print
-    ("finetune", "typo"): (["--learnig_rate", "1e-3"], "unknown flag --learnig_rate; did you mean --learning_rate?"),
-    ("finetune", "abbreviation"): (["--max_step", "3"], "unknown flag --max_step; did you mean --max_steps?"),
-    ("pretrain", "typo"): (["--learnig_rate", "1e-3"], "unknown flag --learnig_rate; did you mean --learning_rate?"),
-    ("pretrain", "abbreviation"): (
-        ["--max_train_step", "3"], "unknown flag --max_train_step; did you mean --max_train_steps?"
-    ),
+BAD_TEXT = "".join(f"document {i} is about the quick brown fox, café\n" for i in range(2000)).encode()
+FILES = {  # written into every case's folder
+    "empty.jsonl": b"",
+    "model.json": json.dumps({"hidden_size": 64, "num_hidden_layer": 6}).encode(),  # once trained the default depth
+    "a_file": b"not a folder",
+    "list.json": b"[1, 2, 3]",
+    "broken.json": b'{"hidden_size": 64,',
+    "binary.txt": bytes(range(256)) * 64,
+    "deep_text.jsonl": b'{"text": "hello there"}\n' * 3 + b"[" * 100_000 + b"\n",
+    "texts/one.txt": b"The quick brown fox jumps over the lazy dog.\n" * 50,
+    # Before, the check read the first 64 KiB: NUL bytes after them trained, a bad UTF-8 byte failed in `datasets`.
+    "nul/data.txt": BAD_TEXT + b"the end of \x00\x00 it\n",
+    "latin/data.txt": BAD_TEXT + b"the end of " + "café".encode("latin-1") + b" it\n",
+    "data.jsonl": "".join(json.dumps({"content": f"document number {i} is about the quick brown fox"}) + "\n"
+                          for i in range(50)).encode(),
+}
+OUT_FILES = {"missing_text_column": {"notes.txt": "mine"}, "output_dir_holding_an_earlier_run": {"config.json": "{}"}}
+# case: (flags after TINY_PRETRAIN_ARGS and --output_dir {tmp}/out, words of the one line); {tmp} is the
+# case's folder, the run's working folder. Refused by `preflight`, before torch loads:
+REFUSED_EARLY = {
+    "empty_dataset_file": (["--train_file", "empty.jsonl"], ["empty", "--train_file"]),
+    "missing_file": (["--train_file", "nope/*.jsonl"], ["matches no file", "Check the path"]),
+    # Root ignores permission bits: a path under a regular file cannot be created by anyone.
+    "output_dir_under_a_file": (["--output_dir", "a_file/model"], ["cannot be created", "not a folder",
+                                                                   "--output_dir"]),
+    "output_dir_holding_an_earlier_run": ([], ["already holds an earlier run", "--overwrite_output_dir"]),
+    "nul_bytes_past_64_kib": (["--train_file", "nul/data.txt"], ["data.txt, line 2001: a NUL byte", "binary file"]),
+    "bad_utf8_past_64_kib": (["--train_file", "latin/data.txt"],
+                             ["data.txt, line 2001: not UTF-8 text (byte 0xe9)", "save the file as UTF-8"]),
+    "negative learning rate": (["--learning_rate", "-1"], ["--learning_rate"]),
+    "infinite learning rate": (["--learning_rate", "inf"], ["--learning_rate"]),
+    "nan weight decay": (["--weight_decay", "nan"], ["--weight_decay"]),
+    "nan clipping": (["--max_grad_norm", "nan"], ["--max_grad_norm"]),
+    "beta2 above one": (["--adam_beta2", "2"], ["--adam_beta2"]),
+    "invalid hub id": (["--push_to_hub", "--hub_model_id", "no spaces/in ids/here"], ["--hub_model_id"]),
+    "a config that is a list": (["--model_config", "list.json"], ["list.json"]),
+    "broken JSON": (["--model_config", "broken.json"], ["broken.json is not valid JSON/YAML"]),
+    "a binary training file": (["--train_file", "binary.txt"], ["binary.txt"]),
+    "an unknown optimizer": (["--optimizer", "sgd"], ["--optimizer must be auto, adamw or muon"]),
+    "a negative muon rate": (["--optimizer", "muon", "--muon_learning_rate", "-1"], ["--muon_learning_rate"]),
+    # Before: "matches no file", of a folder that is there (issue 57).
+    "folder": (["--train_file", "texts"],
+               ["--train_file 'texts' is a folder; give its files", "texts/*.txt"]),
+    "no validation split": (["--validation_split_percentage", "0"],
+                            ["--validation_split_percentage must lie"]),
+    "typo": (["--learnig_rate", "1e-3"],
+             ["pretrain.py: error: unknown flag --learnig_rate; did you mean --learning_rate?"]),
+    "abbreviation": (["--max_train_step", "3"],
+                     ["pretrain.py: error: unknown flag --max_train_step; did you mean --max_train_steps?"]),
+    "not a number": (["--max_train_steps", "many"],
+                     ["argument --max_train_steps/--max-train-steps: invalid int value: 'many'"]),
+    "a stray value": (["--seed", "1", "oops"], ["unexpected value 'oops'"]),
+    "an unknown flag with its value": (["--zzz=1"], ["unknown flag --zzz; run with --help"]),
+    "batch size twice": (["--total_batch_size", "32", "--gradient_accumulation_steps", "2"],
+                         ["error: --total_batch_size sets --gradient_accumulation_steps itself; give one"]),
+    "a tracker's typo": (["--report_to", "tensorbord"],
+                         ["error: --report_to 'tensorbord': use tensorboard, trackio or wandb"]),
+    # pretrain and finetune share the check (args.check_hub_repo_id); a default id is said to come from the folder
+    "a folder name that is no repo id": (["--push_to_hub", "--output_dir", "out/x y"], [
+        "error: The Hub repo id from --output_dir's name, 'x y' is not a valid Hub repo id; set --hub_model_id to"]),
+    "a repo id of three parts": (["--push_to_hub", "--hub_model_id", "a/b/c"],
+                                 ["error: --hub_model_id 'a/b/c' is not a valid Hub repo id"]),
+}
+# The real script too, with Python's import log (-X importtime): the same line, in a second, with no torch.
+IN_A_PROCESS = ("output_dir_holding_an_earlier_run", "missing_file")
+# Refused by preflight, but after torch loads: check_report_to asks Accelerate which trackers are installed.
+LOADS_TORCH = {"a tracker's typo"}
+# Refused once torch has loaded (pretrain_run.py's setup); the deep ones are marked so.
+REFUSED_IN_THE_RUN = {
+    "missing_text_column": (["--train_file", "data.jsonl"], ["no column 'text'", "['content']", "--text_column"]),
+    "block_size_beyond_the_context": (["--block_size", "4096"],
+                                      ["--block_size 4096", "max_position_embeddings (1024)"]),
+    "model_config_with_a_typo": (["--model_config", "model.json"],
+                                 ["model.json: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?)"]),
+}
+DEEP_IN_THE_RUN = {
+    "unknown schedule": (["--lr_scheduler_type", "sideways"], ["--lr_scheduler_type"]),
+    "schedule needing a metric": (["--lr_scheduler_type", "reduce_lr_on_plateau"], ["--lr_scheduler_type"]),
+    "unknown attention": (["--attn_implementation", "magic"], ["--attn_implementation"]),
+    "a model too large": (["--hidden_size", "65536", "--intermediate_size", "262144", "--num_hidden_layers", "64"],
+                          ["smaller"]),
+    "a typo in a local --init_from": (["--init_from", "{tmp}/modle"], ["no such folder"]),
+    # The output folder ({tmp}/out) inside the folder the run starts from: it would write where it reads.
+    "an --init_from folder holding --output_dir": (["--init_from", "{tmp}"], ["is inside --init_from"]),
+    "a clock schedule with no form": (["--max_train_seconds", "5", "--lr_scheduler_type", "polynomial"],
+                                      ["has no form over the clock"]),
+    "int-text-parquet": (["--train_file", "ints.parquet"],
+                         ["--train_file ints.parquet: column 'text' holds int64 values, not text", "astype(str)"]),
+    "deep-jsonl": (["--train_file", "deep_text.jsonl"],
+                   ["--train_file deep_text.jsonl, line 4: JSON nested too deeply", "one JSON object"]),
 }
 
 
-def write_finetune_inputs(folder, records: str):
-    """base/ (a config and a tokenizer file, the names finetune.py checks for) and data.jsonl holding `records`."""
-    (folder / "base").mkdir()
-    for name in ("config.json", "tokenizer.json"):
-        (folder / "base" / name).write_text("{}")
-    (folder / "data.jsonl").write_text(records)
-    return folder
+def case_folder(folder, case: str) -> list[str]:
+    """FILES (and the case's OUT_FILES) written into `folder`; the case's flags, after the tiny run's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, data in FILES.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_bytes(data)
+    pq.write_table(pa.table({"text": list(range(200))}), folder / "ints.parquet")
+    for name, text in OUT_FILES.get(case, {}).items():
+        (folder / "out").mkdir()
+        (folder / "out" / name).write_text(text)
+    flags = {**REFUSED_EARLY, **REFUSED_IN_THE_RUN, **DEEP_IN_THE_RUN}[case][0]
+    # a case's own --output_dir comes later and wins
+    return [*TINY_PRETRAIN_ARGS, "--output_dir", str(folder / "out"),
+            *[flag.format(tmp=folder) for flag in flags]]
+
+
+@pytest.mark.parametrize("case", REFUSED_EARLY)
+def test_bad_input_is_one_line_before_torch_loads_and_nothing_is_written(tmp_path, monkeypatch, capsys, case):
+    argv = case_folder(tmp_path, case)
+    before = snapshot(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    line = refused_in_process(capsys, monkeypatch, "pretrain.py", preflight, argv,
+                              heavy=() if case in LOADS_TORCH else HEAVY)
+    words = REFUSED_EARLY[case][1]
+    assert all(word in line for word in words), line
+    if words[0].startswith("pretrain.py: "):  # the whole line
+        assert line == words[0]
+    assert snapshot(tmp_path) == before
+
+
+def run_cases(cases, tmp_path_factory) -> dict:
+    """{case: (its folder, its snapshot, its run)}, started together; IN_A_PROCESS ones log their imports."""
+    runs = {}
+    for case in cases:
+        folder = tmp_path_factory.mktemp("bad_input")
+        argv = case_folder(folder, case)
+        log = ["-X", "importtime"] if case in IN_A_PROCESS else []
+        runs[case] = [sys.executable, *log, str(REPO_ROOT / "training" / "pretrain.py"), *argv], folder, \
+            pretrain_env(folder)
+    befores = {case: snapshot(folder) for case, (_, folder, _) in runs.items()}
+    finished = run_side_by_side(runs)
+    return {case: (folder, befores[case], finished[case]) for case, (_, folder, _) in runs.items()}
 
 
 @pytest.fixture(scope="module")
-def flag_runs(tmp_path_factory):
-    """Each mistake in its own process, all started together (each spends seconds importing torch)."""
-    inputs = write_finetune_inputs(tmp_path_factory.mktemp("inputs"), RECORD)  # all finetune.py checks early
-    runs = {}
-    for (script, case), (flags, _) in FLAG_MISTAKES.items():
-        cwd = tmp_path_factory.mktemp(f"{script}-{case}")
-        required = ["--model_name_or_path", str(inputs / "base"), "--train_file", str(inputs / "data.jsonl")] \
-            if script == "finetune" else []
-        command = [sys.executable, str(REPO_ROOT / "training" / f"{script}.py"), *required, *flags]
-        env = pretrain_env(tmp_path_factory.mktemp("home"))  # caches outside cwd, which must stay empty
-        runs[script, case] = command, cwd, env
-    finished = run_side_by_side(runs)
-    return {key: (cwd, finished[key]) for key, (_, cwd, _) in runs.items()}
+def refusals(tmp_path_factory):
+    """`refusals(case)`: the first case asked for runs its whole group, quick or deep."""
+    done = {}
+
+    def refusal(case):
+        if case not in done:
+            group = DEEP_IN_THE_RUN if case in DEEP_IN_THE_RUN else [*REFUSED_IN_THE_RUN, *IN_A_PROCESS]
+            done.update(run_cases(group, tmp_path_factory))
+        return done[case]
+
+    return refusal
 
 
-@pytest.mark.parametrize("script, case", list(FLAG_MISTAKES))
-def test_a_mistyped_or_shortened_flag_is_one_line_naming_the_closest_flag(flag_runs, script, case):
-    cwd, result = flag_runs[script, case]
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [f"{script}.py: error: {FLAG_MISTAKES[script, case][1]}"]
-    assert not list(cwd.iterdir()), "nothing may be written"
-
-
-@pytest.mark.parametrize("script, flags, message", [
-    ("pretrain", ["--validation_split_percentage", "0"], "--validation_split_percentage must lie"),
-    ("pretrain", ["--output_dir", "base"], "already holds an earlier run"),  # the commonest refusal of all
-    ("pretrain", ["--train_file", "data.txt"], "'data.txt' matches no file"),
-    ("pretrain", ["--model_config", "broken.json"], "broken.json is not valid JSON/YAML"),
-    ("finetune", ["--model_name_or_path", "base", "--train_file", "data.jsonl"], "data.jsonl, line 2: not valid JSON"),
-])
-def test_bad_input_is_refused_before_torch_loads(tmp_path, script, flags, message):
-    """Refused in about a second, not after ~8 s of imports: Python's import log (-X importtime) names no torch."""
-    write_finetune_inputs(tmp_path, RECORD + '{"prompt": "Q:"\n')
-    (tmp_path / "broken.json").write_text('{"hidden_size": 64,')
-    command = [sys.executable, "-X", "importtime", str(REPO_ROOT / "training" / f"{script}.py"), *flags]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    *imports, error = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and error.startswith(f"{script}.py: error: ") and message in error, error
-    imported = {line.split("|")[-1].strip() for line in imports}
-    assert "json" in imported, "the import log was read"
-    assert "torch" not in imported and "transformers.training_args" not in imported
+@pytest.mark.parametrize("case", [*IN_A_PROCESS, *REFUSED_IN_THE_RUN,
+                                  *(pytest.param(case, marks=pytest.mark.deep) for case in DEEP_IN_THE_RUN)])
+def test_the_script_prints_the_one_line_and_writes_nothing(refusals, case):
+    folder, before, result = refusals(case)
+    assert result.returncode == 2
+    words = {**REFUSED_EARLY, **REFUSED_IN_THE_RUN, **DEEP_IN_THE_RUN}[case][1]
+    line = error_line(result, "pretrain", *words)
+    *imports, last = result.stderr.strip().splitlines()
+    assert last == line
+    # pretrain_env's HF_HOME is in the folder: the caches a run made there are no output
+    after = {name: entry for name, entry in snapshot(folder).items() if not name.startswith("hf_home")}
+    assert after == before
+    if case in IN_A_PROCESS:  # refused in about a second, not after ~8 s of imports
+        imported = {entry.split("|")[-1].strip() for entry in imports}
+        assert "json" in imported, "the import log was read"
+        assert "torch" not in imported and "transformers.training_args" not in imported
 
 
 def test_pretrains_help_lists_the_flags_before_torch_loads(tmp_path):
@@ -101,41 +214,10 @@ def test_finetunes_help_lists_its_flags_then_every_flag_of_trainingarguments(tmp
     assert not list(tmp_path.iterdir()), "nothing may be written"
 
 
-def parse_failure(capsys, flags) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        build_parser(ALL_ARGUMENTS).parse_args_into_dataclasses(flags, look_for_args_file=False)
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
-
-
-def test_argparse_errors_and_stray_values_are_one_line_too(capsys):
-    assert "argument --max_train_steps/--max-train-steps: invalid int value: 'many'" in parse_failure(
-        capsys, ["--max_train_steps", "many"]
-    )
-    assert "unexpected value 'oops'" in parse_failure(capsys, ["--seed", "1", "oops"])
-    assert "unknown flag --zzz; run with --help" in parse_failure(capsys, ["--zzz=1"])
-
-
 def test_flags_in_full_and_defaults_still_parse():
     parser = build_parser(ALL_ARGUMENTS, max_train_steps=7)
     _, data_args, train_args = parser.parse_args_into_dataclasses(["--block-size", "32"], look_for_args_file=False)
     assert (data_args.block_size, train_args.max_train_steps) == (32, 7)
-
-
-@pytest.mark.parametrize("flags, refusal", [
-    (["--total_batch_size", "32", "--gradient_accumulation_steps", "2"],
-     "^--total_batch_size sets --gradient_accumulation_steps itself; give one"),
-    (["--report_to", "tensorbord"], "^--report_to 'tensorbord': use tensorboard, trackio or wandb"),
-    # pretrain and finetune share the check (args.check_hub_repo_id); a default id is said to come from the folder
-    (["--push_to_hub", "--output_dir", "out/x y"],
-     "^The Hub repo id from --output_dir's name, 'x y' is not a valid Hub repo id; set --hub_model_id to"),
-    (["--push_to_hub", "--hub_model_id", "a/b/c"], "^--hub_model_id 'a/b/c' is not a valid Hub repo id"),
-])
-def test_flags_that_cannot_go_together_or_name_nothing_are_refused(flags, refusal):
-    with pytest.raises(UserInputError, match=refusal):
-        parse_args(flags)
 
 
 def test_what_parses_beside_the_refusals(monkeypatch):

@@ -1,6 +1,7 @@
 """`tinytx generate` and `tinytx chat` on a tiny saved folder: greedy output is the README's Python's (eager, compiled,
 without the `train` extra); chat answers from the conversation, /reset, /exit; bad input is one line and exit 2
-before torch loads. The three runs that load a model go in subprocesses side by side."""
+before torch loads (a table, run in process; two of its cases and the refusals that need a fresh process run
+`tinytx`). The three runs that load a model go in subprocesses side by side."""
 
 import json
 import os
@@ -15,6 +16,7 @@ from transformers.utils import logging as transformers_logging
 from hf_tinytx.commands import chat, generate
 from hf_tinytx_training.sft.data import DEFAULT_CHAT_TEMPLATE
 from tests.helpers.faults import relabel_dtype
+from tests.helpers.refusals import refused_in_process, snapshot
 from tests.helpers.tiny import TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.test_wheel import HIDE_MODULES
 
@@ -230,7 +232,8 @@ def test_chat_without_jinja2_says_so(tiny):
                     "jinja2 (the `train` extra brings it).")
 
 
-@pytest.mark.parametrize("command, args, expected", [
+# command, its arguments, words of the one line: each case in process; IN_A_PROCESS ones also as `tinytx`.
+REFUSALS = [
     ("generate", ("missing", PROMPT), "no such folder: missing; give the folder pretrain or finetune wrote"),
     ("generate", ("plai", PROMPT), "no such folder: plai; did you mean 'plain'?"),
     ("chat", ("empty",), "empty has no config.json, so it holds no saved model"),
@@ -256,12 +259,29 @@ def test_chat_without_jinja2_says_so(tiny):
                                             "200 rows"),
     ("generate", ("i32-header", PROMPT), "i32-header/model.safetensors stores lm_head.weight (I32), "),
     ("chat", ("i32-header",), "as an integer type, but the weights of a model that is not quantized are floating"),
-])
-def test_bad_input_is_one_line_before_torch_loads(tiny, command, args, expected):
+]
+IN_A_PROCESS = [REFUSALS[1], REFUSALS[-1]]  # the real command: the same line, and no torch in its import log
+
+
+@pytest.mark.parametrize("command, args, expected", REFUSALS)
+def test_bad_input_is_one_line_before_torch_loads(tiny, monkeypatch, capsys, command, args, expected):
     make_bad_folders(tiny)
+    before = snapshot(tiny["root"])
+    monkeypatch.chdir(tiny["root"])
+    main = {"generate": generate.main, "chat": chat.main}[command]
+    line = refused_in_process(capsys, monkeypatch, f"tinytx {command}", lambda argv: sys.exit(main(argv)),
+                              [*args])
+    assert line.startswith(f"tinytx {command}: error: ") and expected in line, line
+    assert snapshot(tiny["root"]) == before
+
+
+@pytest.mark.parametrize("command, args, expected", IN_A_PROCESS)
+def test_the_command_prints_the_line_before_torch_loads(tiny, command, args, expected):
+    make_bad_folders(tiny)
+    before = snapshot(tiny["root"])
     line = refusal(tiny, command, *args)
     assert line.startswith(f"tinytx {command}: error: ") and expected in line, line
-    assert os.path.isdir(tiny["root"] / "plain")  # (nothing is written or moved)
+    assert snapshot(tiny["root"]) == before
 
 
 def make_bad_folders(tiny) -> None:

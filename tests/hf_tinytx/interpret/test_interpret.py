@@ -30,6 +30,7 @@ from hf_tinytx.interpret import (
 )
 from hf_tinytx.interpret.attention_maps import default_size_inches
 from hf_tinytx.interpret.head_roles import locate_coref_probe
+from tests.helpers.refusals import snapshot
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 
@@ -256,26 +257,42 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
     assert all(len(heads) == 3 for heads in report["heads"].values())
 
 
-def test_command_line_names_a_folder_that_holds_no_model(tmp_path):
+# ---- bad input: one table, each case refused before the model loads, nothing written ----
+
+TYPOS = ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"]  # a space: no repo id
+# case: (MODEL, --out, the message, whether it is the whole message); {tmp} is the case's folder
+REFUSALS = {
+    "a folder that holds no model": ("{tmp}/empty", "{tmp}/maps", "save_pretrained", False),
+    # Taken for a Hub id, such a path used to wait ~50 s on the network before failing.
+    **{f"mistyped {typo}": (typo, "{tmp}/maps",
+                            f"error: no such folder: {typo} (check the path; a Hub id looks like owner/name)", True)
+       for typo in TYPOS},
+    # The maps never land in (or around) the model they read (was a subprocess in test_destinations.py).
+    "--out inside the model": ("model", "model/maps",
+                               "error: interpret: --out 'model/maps' is inside MODEL 'model'", False),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_bad_input_is_refused_at_once_and_nothing_is_written(tokenizer, tmp_path, monkeypatch, case):
+    """SystemExit with the line: the process prints it and exits 1, no traceback."""
     from hf_tinytx.interpret.__main__ import main
 
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match="save_pretrained"):
-        main([str(tmp_path / "empty"), TEXT, "--out", str(tmp_path / "maps")])
-
-
-@pytest.mark.parametrize("typo", ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"])  # a space: no repo id
-def test_a_mistyped_local_path_fails_at_once_without_the_network(tmp_path, monkeypatch, typo):
-    """Taken for a Hub id, such a path used to wait ~50 s on the network before failing."""
-    from hf_tinytx.interpret.__main__ import main
-
+    model, out, message = (value.format(tmp=tmp_path) for value in REFUSALS[case][:3])
+    whole = REFUSALS[case][3]
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
     (tmp_path / "out").mkdir()
+    build_tiny_model(vocab_size=len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    before = snapshot(tmp_path)
     start = time.perf_counter()
     with pytest.raises(SystemExit) as raised:
-        main([typo, TEXT, "--out", str(tmp_path / "maps")])
+        main([model, TEXT, "--out", out])
     assert time.perf_counter() - start < 5  # the check itself takes microseconds; 5 s leaves room for a busy CPU
-    assert str(raised.value) == f"error: no such folder: {typo} (check the path; a Hub id looks like owner/name)"
+    assert isinstance(raised.value.code, str)  # printed on stderr, exit status 1
+    assert str(raised.value) == message if whole else message in str(raised.value), str(raised.value)
+    assert snapshot(tmp_path) == before
 
 
 def test_hub_ids_and_existing_folders_pass_through(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 """Every path a command writes is a destination, checked as --output_dir is, and no write follows a link: each refused
-case runs the real script and finds one line, exit status 2, and every file it named (or a link led to) unchanged."""
+case runs the real script and finds one line, exit status 2, and every file it named (or a link led to) unchanged.
+The --merged_output_dir refusals, decided before torch loads, are in finetune's table
+(sft/test_finetune_args.py), interpret's --out in its own (hf_tinytx/interpret/test_interpret.py)."""
 
 import hashlib
 import subprocess
@@ -61,30 +63,6 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-# --merged_output_dir VALUE (with --output_dir mine/run), words of the one-line refusal
-MERGED_REFUSALS = [
-    pytest.param("base", "is the same folder as --model_name_or_path", id="the base model"),
-    pytest.param("mine/run", "is the same folder as --output_dir", id="the output folder"),
-    pytest.param("mine", "holds --output_dir", id="above the output folder"),
-    pytest.param("mine/run/sub", "is inside --output_dir", id="inside the output folder"),
-    pytest.param("other", "holds a model that tinytx finetune did not write (config.json", id="another model's folder"),
-    pytest.param("pretrained", "holds a training run (checkpoints, metrics.jsonl)", id="another run's folder"),
-    pytest.param("a_file", "is a file", id="a file"),
-]
-
-
-@pytest.mark.parametrize("overwrite", [[], ["--overwrite_output_dir"]], ids=["", "overwrite"])
-@pytest.mark.parametrize("merged, words", MERGED_REFUSALS)
-def test_a_merged_output_dir_that_would_lose_files_is_refused_before_anything_is_written(root, merged, words,
-                                                                                         overwrite):
-    """Before: the merge replaced another model, the adapter beside it, or the user's config.json above it."""
-    before = snapshot(root)
-    line = one_line(run(root, FINETUNE, *LORA, "--output_dir", "mine/run", "--merged_output_dir", merged, *overwrite),
-                    "finetune.py: error: ")
-    assert "--merged_output_dir" in line and words in line, line
-    assert snapshot(root) == before and not (root / "mine" / "run").exists()
-
-
 def test_a_merged_output_dir_apart_from_the_output_folder_is_written_and_replaced_by_the_next_run(root, tmp_path):
     """The rules refuse only what would lose files."""
     output_dir, merged = tmp_path / "run", tmp_path / "merged"
@@ -93,14 +71,6 @@ def test_a_merged_output_dir_apart_from_the_output_folder_is_written_and_replace
         assert result.returncode == 0, result.stderr[-3000:]
         assert (output_dir / "adapter_config.json").is_file() and (merged / "model.safetensors").is_file()
         assert not (output_dir / "merged").exists()
-
-
-def test_interpret_never_writes_its_maps_into_the_model_folder(root):
-    before = snapshot(root / "base")
-    result = run(root, "-m", "hf_tinytx.interpret", "base", "the cat sat", "--out", "base/maps")
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert "error: interpret: --out 'base/maps' is inside MODEL 'base'" in result.stderr
-    assert snapshot(root / "base") == before
 
 
 # ---- no write follows a link: a link planted at each name a command writes, the victim unchanged ----
