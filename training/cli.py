@@ -34,7 +34,7 @@ COMMANDS = {  # subcommand -> (module run as __main__, what it does)
     "generate": ("hf_tinytx.commands.generate", "continue a prompt with a model folder, streaming the tokens"),
     "chat": ("hf_tinytx.commands.chat", "chat with a model folder over its chat template, in the terminal"),
 }
-# The library's commands whose flags are parsed before their module runs: command -> its parser in command_flags.
+# The library's commands whose flags are parsed before their module runs: command -> its parser in commands/flags.py.
 EARLY_PARSERS = {"convert": "convert_parser", "interpret": "interpret_parser"}
 
 

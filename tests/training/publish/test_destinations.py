@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
-from tests.training.sft.test_finetune import prompt_records, save_base, write_jsonl
+from tests.training.sft.test_finetune import prompt_records, save_base, save_folders_beside_the_runs, write_jsonl
 
 
 pytestmark = pytest.mark.deep
@@ -52,13 +52,7 @@ def root(tmp_path_factory) -> Path:
     """A base model, another user's model, another run's folder, the data, and a user's folder with a config.json."""
     root = tmp_path_factory.mktemp("destinations")
     save_base(root / "base")
-    save_base(root / "other")
-    save_base(root / "pretrained")
-    (root / "pretrained" / "checkpoints" / "step_2").mkdir(parents=True)
-    (root / "pretrained" / "metrics.jsonl").write_text('{"step": 2}\n')
-    (root / "mine").mkdir()
-    (root / "mine" / "config.json").write_text('{"my": "settings"}\n')  # the user's, beside the runs' folders
-    (root / "a_file").write_text("not a folder\n")
+    save_folders_beside_the_runs(root)
     write_jsonl(root / "train.jsonl", prompt_records(16))
     return root
 

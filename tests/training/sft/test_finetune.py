@@ -83,6 +83,18 @@ def chat_records(n):
     return records
 
 
+def save_folders_beside_the_runs(root: Path) -> None:
+    """Another user's model, another run's folder, a user's folder with a config.json, and a file: what a
+    destination must never replace."""
+    save_base(root / "other")
+    save_base(root / "pretrained")
+    (root / "pretrained" / "checkpoints" / "step_2").mkdir(parents=True)
+    (root / "pretrained" / "metrics.jsonl").write_text('{"step": 2}\n')
+    (root / "mine").mkdir()
+    (root / "mine" / "config.json").write_text('{"my": "settings"}\n')  # the user's, beside the runs' folders
+    (root / "a_file").write_text("not a folder\n")
+
+
 def save_base(folder: Path, **overrides) -> Path:
     """A tiny TinyTx + tokenizer folder, the script's --model_name_or_path."""
     tokenizer = build_byte_bpe_tokenizer()

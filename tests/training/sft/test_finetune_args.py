@@ -18,7 +18,14 @@ from hf_tinytx_training.sft.finetune_args import preflight
 from tests.helpers.faults import relabel_dtype
 from tests.helpers.refusals import refused_in_process, snapshot
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
-from tests.training.sft.test_finetune import QUICK, chat_records, prompt_records, save_base, write_jsonl
+from tests.training.sft.test_finetune import (
+    QUICK,
+    chat_records,
+    prompt_records,
+    save_base,
+    save_folders_beside_the_runs,
+    write_jsonl,
+)
 
 
 GOOD = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl", *QUICK]  # a case's flags follow
@@ -147,13 +154,7 @@ def root(tmp_path_factory) -> Path:
     (root / "linked").mkdir()
     (root / "secret.txt").write_text("not for the Hub")
     (root / "linked" / "notes.txt").symlink_to(root / "secret.txt")  # a link out of the output folder
-    save_base(root / "other")
-    save_base(root / "pretrained")
-    (root / "pretrained" / "checkpoints" / "step_2").mkdir(parents=True)
-    (root / "pretrained" / "metrics.jsonl").write_text('{"step": 2}\n')
-    (root / "mine").mkdir()
-    (root / "mine" / "config.json").write_text('{"my": "settings"}\n')  # the user's, beside the runs' folders
-    (root / "a_file").write_text("not a folder\n")
+    save_folders_beside_the_runs(root)
     return root
 
 
