@@ -1,4 +1,4 @@
-"""The lookup task of benchmarks/seed_claims.py's claim 3: multi-query associative recall (MQAR, after "Zoology",
+"""The lookup task of claim 3 of benchmarks/seed_claims/: multi-query associative recall (MQAR, after "Zoology",
 Arora et al., 2023) and copying, the probes that ask them at exact distances, and the curriculum that trains on them.
 """
 

@@ -1,4 +1,4 @@
-"""The report of benchmarks/seed_claims.py: the claims table (what the seeds say, what was measured here), REPORT.md
+"""The report of benchmarks/seed_claims/: the claims table (what the seeds say, what was measured here), REPORT.md
 with its detail tables, and the figures.
 """
 

@@ -1,7 +1,7 @@
 """Every path a command writes is a destination, checked as --output_dir is, and no write follows a link: each refused
 case runs the real script and finds one line, exit status 2, and every file it named (or a link led to) unchanged.
 The --merged_output_dir refusals, decided before torch loads, are in finetune's table
-(sft/test_finetune_args.py), interpret's --out in its own (hf_tinytx/interpret/test_interpret.py)."""
+(sft/test_finetune_args.py), interpret's --out in its own (tests/hf_tinytx/interpret/test_interpret.py)."""
 
 import hashlib
 import subprocess
