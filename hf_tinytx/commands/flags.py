@@ -52,9 +52,9 @@ folder or a Hub id; add --trust_remote_code for a checkpoint that carries its ow
 
 
 def convert_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m hf_tinytx.convert", description="Convert a saved Llama model "
-                                     "folder to TinyTx, a TinyTx folder to Llama (safetensors only), or a TinyTx "
-                                     "folder to one GGUF file for llama.cpp / Ollama / LM Studio.")
+    parser = OneLineParser(prog="python -m hf_tinytx.convert", description="Convert a saved Llama model folder to "
+                           "TinyTx, a TinyTx folder to Llama (safetensors only), or a TinyTx folder to one GGUF "
+                           "file for llama.cpp / Ollama / LM Studio.")
     parser.add_argument("--to", required=True, choices=("llama", "tinytx", "gguf"), help="the format to convert to")
     parser.add_argument("source", help="folder written by save_pretrained (config.json + model.safetensors)")
     parser.add_argument("destination", help="folder to write (a file ending in .gguf for --to gguf); must be absent "
@@ -69,7 +69,7 @@ def convert_parser() -> argparse.ArgumentParser:
 
 def interpret_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m hf_tinytx.interpret", description=INTERPRET_DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="model folder or Hub id")
     parser.add_argument("text", help="the text whose attention to draw")
     parser.add_argument("--out", required=True, help="folder for the PNGs and heads.json")

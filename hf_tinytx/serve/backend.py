@@ -13,6 +13,7 @@ import sys
 import threading
 
 import hf_tinytx
+from hf_tinytx.serve.request_checks import first_line
 
 
 def expose_tinytx_classes() -> None:
@@ -31,11 +32,6 @@ def exit_with_the_launcher() -> None:
     while os.read(sys.stdin.fileno(), 4096):  # unbuffered: a daemon thread must hold no lock at exit
         pass
     os._exit(1)
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from hf_tinytx.serve.request_checks import Limits, RequestError, requested_tokens
+from hf_tinytx.serve.request_checks import Limits, RequestError, first_line, requested_tokens
 
 
 NO_CHAT_TEMPLATE = ("{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain "
@@ -66,8 +66,8 @@ class Models:
             config = AutoConfig.from_pretrained(repo, **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(repo, **kwargs)
         except Exception as error:  # OSError for a missing repo, ValueError for code it may not run, ...
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise RequestError(f"cannot load model {name!r}: {reason}", "model", 404, "model_not_found") from None
+            raise RequestError(f"cannot load model {name!r}: {first_line(error)}", "model", 404,
+                               "model_not_found") from None
         context = self.max_model_len or getattr(config.get_text_config(), "max_position_embeddings", None)
         return Model(name, tokenizer, context)
 

@@ -18,6 +18,12 @@ MAX_JSON_DEPTH = 32  # objects and lists inside one another: a request needs 5; 
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.manual_seed takes
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, or its name if it has none: what a one-line answer quotes."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class RequestError(ValueError):
     """A request the server refuses: the one-line message, the field (`param`), the HTTP status."""
 

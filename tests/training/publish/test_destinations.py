@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.refusals import snapshot
 from tests.helpers.tiny import REPO_ROOT, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
 from tests.training.sft.test_finetune import prompt_records, save_base, save_folders_beside_the_runs, write_jsonl
 
@@ -21,17 +22,6 @@ FINETUNE = REPO_ROOT / "training" / "finetune.py"
 QUICK = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "--disable_tqdm", "true",
          "--save_strategy", "no", "--report_to", "none"]
 LORA = ["--model_name_or_path", "base", "--train_file", "train.jsonl", "--use_peft", "--merge", *QUICK]
-
-
-def snapshot(folder: Path) -> dict:
-    """Every file under `folder` (links as links): name -> hash of its bytes, or the link's target."""
-    found = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_symlink():
-            found[str(path.relative_to(folder))] = f"-> {path.readlink()}"
-        elif path.is_file():
-            found[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
 
 
 def run(root: Path, *argv, env=None) -> subprocess.CompletedProcess:
