@@ -1,12 +1,14 @@
-"""Checks that a saved TinyTx folder loads as remote code (`trust_remote_code=True`) where hf_tinytx is absent.
+"""Checks that a saved TinyTx folder loads as remote code
+(`trust_remote_code=True`) where hf_tinytx is absent.
 
 Two steps, usually run by two different Python environments:
 
     python .ci/check_remote_code.py save FOLDER    # needs hf_tinytx; saves a tiny model and reference outputs
-    python .ci/check_remote_code.py check FOLDER   # hf_tinytx is blocked; loads FOLDER as remote code and compares
+    python .ci/check_remote_code.py check FOLDER   # hf_tinytx is blocked; loads FOLDER as remote code and
+                                                   # compares
 
-`.ci/run` saves with the project's environment and checks with one that has the oldest supported transformers, so
-the code files copied into every checkpoint keep working on every release pyproject.toml allows.
+`.ci/run` saves with the project's environment and checks with one that has the oldest supported transformers,
+so the code files copied into every checkpoint keep working on every release pyproject.toml allows.
 """
 
 import os
@@ -25,7 +27,8 @@ def save(folder):
     import hf_tinytx
 
     torch.manual_seed(0)
-    # Grouped-query attention, qk_norm and tied embeddings: the code paths a plain Llama checkpoint would not cover.
+    # Grouped-query attention, qk_norm and tied embeddings: the code paths a plain
+    # Llama checkpoint would not cover.
     config = hf_tinytx.TinyTxConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, qk_norm=True, tie_word_embeddings=True,
@@ -39,8 +42,8 @@ def save(folder):
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     generated = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-        do_sample=False, pad_token_id=0,
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
     )
     save_file(
         {"input_ids": input_ids, "logits": logits.contiguous(), "generated": generated},
@@ -85,14 +88,17 @@ def check(folder):
     attention_mask = torch.ones_like(input_ids)
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    # Other releases may pick another attention kernel or mask path: tiny float differences are fine, new argmaxes not.
+    # Other releases may pick another attention kernel or mask path: tiny float
+    # differences are fine, new argmaxes not.
     torch.testing.assert_close(logits, reference["logits"], rtol=1e-5, atol=1e-5)
     generated = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-        do_sample=False, pad_token_id=0,
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
     )
     if not torch.equal(generated, reference["generated"]):
-        sys.exit(f"FAIL: greedy generation differs from the reference:\n{generated}\nvs\n{reference['generated']}")
+        sys.exit(
+            f"FAIL: greedy generation differs from the reference:\n{generated}\nvs\n{reference['generated']}"
+        )
     max_diff = (logits - reference["logits"]).abs().max().item()
     print(
         f"remote code OK on transformers {transformers.__version__} (torch {torch.__version__}): class from "

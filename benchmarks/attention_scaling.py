@@ -1,13 +1,15 @@
 """How the cost of attention grows with the window n: one TinyTx attention layer, eager vs sdpa.
 
-The explainers say: pair every token with every token, so twice the window is about four times the looking work.
-This measures it. For each n the layer runs forward on a batch of one sequence; both backends run in the same
-process, interleaved, and we report medians, the ratio between backends, and the ratio when n doubles.
-Peak memory is the rise of the process's peak resident set during one forward, measured in a fresh subprocess per
-(backend, n) so that earlier allocations cannot hide it.
+The explainers say: pair every token with every token, so twice the window is about four times the looking
+work. This measures it. For each n the layer runs forward on a batch of one sequence; both backends run in the
+same process, interleaved, and we report medians, the ratio between backends, and the ratio when n doubles.
+Peak memory is the rise of the process's peak resident set during one forward, measured in a fresh subprocess
+per (backend, n) so that earlier allocations cannot hide it.
 
-    python -m benchmarks.attention_scaling            # n = 256 ... 8192, writes benchmarks/results/attention_scaling.*
-    python -m benchmarks.attention_scaling --quick    # n = 128 ... 1024, a few seconds, into benchmarks/results/quick/
+    python -m benchmarks.attention_scaling            # n = 256 ... 8192, writes
+                                                      # benchmarks/results/attention_scaling.*
+    python -m benchmarks.attention_scaling --quick    # n = 128 ... 1024, a few seconds, into
+                                                      # benchmarks/results/quick/
 
 Prints a table, then one JSON line with every figure.
 """
@@ -23,13 +25,16 @@ from pathlib import Path
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--hidden_size", type=int, default=256)
     parser.add_argument("--num_heads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--out_dir", help="default benchmarks/results, or with --quick the scratch folder benchmarks/results/quick"
+        "--out_dir",
+        help="default benchmarks/results, or with --quick the scratch folder benchmarks/results/quick",
     )
     parser.add_argument("--quick", action="store_true", help="n = 128 ... 1024, 3 repeats")
     args = parser.parse_args(argv)
@@ -68,7 +73,8 @@ def build_layer(backend: str, n: int, hidden_size: int, num_heads: int):
     hidden_states = torch.randn(1, n, hidden_size)
     position_ids = torch.arange(n).unsqueeze(0)
     position_embeddings = TinyTxRotaryEmbedding(config)(hidden_states, position_ids)
-    # The mask the model would build: a full (n x n) additive mask for eager, None (SDPA's is_causal path) for sdpa.
+    # The mask the model would build: a full (n x n) additive mask for eager, None
+    # (SDPA's is_causal path) for sdpa.
     mask = create_causal_mask(
         config=config, inputs_embeds=hidden_states, attention_mask=None, cache=None, position_ids=position_ids
     )
@@ -106,8 +112,8 @@ def time_interleaved(lengths, hidden_size, num_heads, repeats):
 def peak_memory_mib(backend: str, n: int, hidden_size: int, num_heads: int) -> float:
     """Runs one forward in a fresh interpreter; returns how far the resident set peaked above its start (MiB).
 
-    Linux lets a process reset its own peak-RSS mark (`echo 5 > /proc/self/clear_refs`), so the peak of the forward
-    is not hidden by the larger peak of importing torch."""
+    Linux lets a process reset its own peak-RSS mark (`echo 5 > /proc/self/clear_refs`), so the peak of the
+    forward is not hidden by the larger peak of importing torch."""
     code = (
         "from benchmarks.attention_scaling import build_layer, read_rss_kib\n"
         "forward = build_layer(%r, %d, %d, %d)\n"
@@ -118,14 +124,15 @@ def peak_memory_mib(backend: str, n: int, hidden_size: int, num_heads: int) -> f
     ) % (backend, n, hidden_size, num_heads)
     # From the checkout's root, where `python -c` finds the benchmarks package.
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+        check=True,
     )
     return float(result.stdout.strip().splitlines()[-1])
 
 
 def peak_memories(lengths: list[int], hidden_size: int, num_heads: int) -> dict[str, dict[int, float]]:
-    """{backend: {n: peak MiB}}, two fresh interpreters at a time: each spends seconds importing on one core, and a
-    process's own peak does not depend on its neighbour (the timings are done by then)."""
+    """{backend: {n: peak MiB}}, two fresh interpreters at a time: each spends seconds importing on one core,
+    and a process's own peak does not depend on its neighbour (the timings are done by then)."""
     cases = [(backend, n) for backend in BACKENDS for n in lengths]
     with ThreadPoolExecutor(max_workers=2) as pool:
         peaks = pool.map(lambda case: peak_memory_mib(*case, hidden_size, num_heads), cases)
@@ -180,7 +187,9 @@ def main(args):
         growth = {}
         for backend in BACKENDS:
             previous = lengths[i - 1] if i else None
-            growth[backend] = times[backend][n] / times[backend][previous] if previous and n == 2 * previous else None
+            growth[backend] = (
+                times[backend][n] / times[backend][previous] if previous and n == 2 * previous else None
+            )
         row = {
             "n": n,
             "eager_ms": times["eager"][n] * 1e3,
@@ -204,7 +213,9 @@ def main(args):
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "attention_scaling.png"
     plot(lengths, times, memory, png)
-    doubling = [r[f"{b}_growth_when_n_doubles"] for r in rows for b in BACKENDS if r[f"{b}_growth_when_n_doubles"]]
+    doubling = [
+        r[f"{b}_growth_when_n_doubles"] for r in rows for b in BACKENDS if r[f"{b}_growth_when_n_doubles"]
+    ]
     summary = {
         "benchmark": "attention_scaling",
         "torch": torch.__version__,
@@ -213,12 +224,16 @@ def main(args):
         "num_heads": args.num_heads,
         "repeats": args.repeats,
         "rows": rows,
-        "median_growth_when_n_doubles": {
-            b: statistics.median([r[f"{b}_growth_when_n_doubles"] for r in rows if r[f"{b}_growth_when_n_doubles"]])
-            for b in BACKENDS
-        }
-        if doubling
-        else None,
+        "median_growth_when_n_doubles": (
+            {
+                b: statistics.median(
+                    [r[f"{b}_growth_when_n_doubles"] for r in rows if r[f"{b}_growth_when_n_doubles"]]
+                )
+                for b in BACKENDS
+            }
+            if doubling
+            else None
+        ),
         "plot": str(png),
     }
     (out_dir / "attention_scaling.json").write_text(json.dumps(summary, indent=2))

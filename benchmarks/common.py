@@ -1,7 +1,8 @@
-"""What the benchmarks share: a model pair of each shape they compare (shapes.py) and a fair, interleaved timer.
+"""What the benchmarks share: a model pair of each shape they compare
+(shapes.py) and a fair, interleaved timer.
 
-Fair means: both sides built from the same weights (TinyTx converted to Llama), run in the same process, one sample
-of each in turn (so a noisy neighbour slows both), reported as medians.
+Fair means: both sides built from the same weights (TinyTx converted to Llama), run in the same process, one
+sample of each in turn (so a noisy neighbour slows both), reported as medians.
 """
 
 import statistics
@@ -27,11 +28,13 @@ def build_pair(shape: str, attn_implementation: str = "sdpa", seed: int = 0):
 
 
 def make_train_step(model: torch.nn.Module, batch: torch.Tensor, dtype: torch.dtype = torch.float32):
-    """One AdamW step on `batch` as a function of no arguments. bf16 autocasts over fp32 master weights, the usual
-    mixed precision."""
+    """One AdamW step on `batch` as a function of no arguments. bf16 autocasts over fp32 master
+    weights, the usual mixed precision."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    autocast = (lambda: torch.autocast(batch.device.type, dtype=dtype)) if dtype != torch.float32 else nullcontext
+    autocast = (
+        (lambda: torch.autocast(batch.device.type, dtype=dtype)) if dtype != torch.float32 else nullcontext
+    )
 
     def step():
         with autocast():
@@ -47,19 +50,21 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # tied weights are counted once by .parameters()
 
 
-def interleaved_samples(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+def interleaved_samples(
+    runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2
+) -> dict[str, list[float]]:
     """Seconds per call of each function, `repeats` rounds, each round sampling every function once in turn.
 
-    A function that returns a number is taken to have timed itself (a worker in another process reports its own
-    seconds, without the round trip to it)."""
+    A function that returns a number is taken to have timed itself (a worker in another process reports its
+    own seconds, without the round trip to it)."""
     for _ in range(warmup):
         for run in runs.values():
             run()
     samples = {name: [] for name in runs}
     order = list(runs)
     for repeat in range(repeats):
-        # Alternate the order each round: whichever runs first after the other pays for cache and allocator state
-        # it left behind (measured here at about +-7%), so neither side may always go first.
+        # Alternate the order each round: whichever runs first after the other pays for cache and allocator
+        # state it left behind (measured here at about +-7%), so neither side may always go first.
         for name in order if repeat % 2 == 0 else reversed(order):
             start = time.perf_counter()
             seconds = runs[name]()
@@ -72,7 +77,9 @@ def medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
+def interleaved_medians(
+    runs: dict[str, Callable[[], None]], repeats: int, warmup: int = 2
+) -> dict[str, float]:
     """Median seconds per call of each function, sampling them in turn so drift hits all of them alike."""
     return medians(interleaved_samples(runs, repeats, warmup))
 
@@ -80,7 +87,7 @@ def interleaved_medians(runs: dict[str, Callable[[], None]], repeats: int, warmu
 def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> float:
     """Median over rounds of numerator time / denominator time measured in the same round.
 
-    On a shared machine the load drifts over seconds; two samples taken back to back see the same load, so their
-    ratio is steadier than the ratio of two medians taken over the whole run.
+    On a shared machine the load drifts over seconds; two samples taken back to back see the same load, so
+    their ratio is steadier than the ratio of two medians taken over the whole run.
     """
     return statistics.median(a / b for a, b in zip(samples[numerator], samples[denominator]))

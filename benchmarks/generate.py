@@ -1,23 +1,24 @@
-"""Decoding speed of the same weights where people run them: transformers' `generate` (TinyTx), llama.cpp, vLLM.
+"""Decoding speed of the same weights where people run them: transformers'
+`generate` (TinyTx), llama.cpp, vLLM.
 
 Greedy, a 32-token prompt, 128 new tokens, batch 1 and 8, fp32 unless the row says otherwise. Engines:
 - `tinytx`: `model.generate` with its default dynamic cache;
 - `tinytx-static`: `cache_implementation="static"`;
-- `tinytx-compiled`: static cache and the model's forward compiled by `torch.compile` (inductor's C++ wrapper), so
-  `generate` decodes with one compiled graph a step (docs/performance.md: `generate` compiles by itself only on
-  accelerators);
-- `llama.cpp-f32`, `llama.cpp-q8_0`: GGUF files of the same weights (`python -m hf_tinytx.convert --to gguf`)
-  decoded by llama.cpp's C API in .venv-llamacpp (benchmarks/llama_cpp_worker.py), B sequences in one context, f32
-  keys/values;
-- `vllm`: the TinyTx folder in vLLM's offline engine (its Transformers modeling backend, through the folder's remote
-  code), `vllm-llama`: the Llama export (`--to llama`) on vLLM's own Llama; .venv-vllm (benchmarks/vllm_worker.py),
-  all prompts handed over at once, 1 GiB of key/value cache.
+- `tinytx-compiled`: static cache and the model's forward compiled by `torch.compile` (inductor's C++
+  wrapper), so `generate` decodes with one compiled graph a step (docs/performance.md: `generate`
+  compiles by itself only on accelerators);
+- `llama.cpp-f32`, `llama.cpp-q8_0`: GGUF files of the same weights (`python -m hf_tinytx.convert
+  --to gguf`) decoded by llama.cpp's C API in .venv-llamacpp (benchmarks/llama_cpp_worker.py), B
+  sequences in one context, f32 keys/values;
+- `vllm`: the TinyTx folder in vLLM's offline engine (its Transformers modeling backend, through the folder's
+  remote code), `vllm-llama`: the Llama export (`--to llama`) on vLLM's own Llama; .venv-vllm
+  (benchmarks/vllm_worker.py), all prompts handed over at once, 1 GiB of key/value cache.
 The llama.cpp and vLLM rows appear when their environments exist (.ci/run builds both).
 
-All engines run in turn each round (llama.cpp in a worker process that times itself); the ratio column is the median
-over rounds of tokens/s over llama.cpp-f32's in the same round. The weights are random (speed does not depend on
-them); the arg-max tokens of the f32 engines are compared and how many agree is printed. The floor row is the
-batch-1 decoding step's matrix-vector products alone: every token streams all the weights once.
+All engines run in turn each round (llama.cpp in a worker process that times itself); the ratio column is the
+median over rounds of tokens/s over llama.cpp-f32's in the same round. The weights are random (speed does not
+depend on them); the arg-max tokens of the f32 engines are compared and how many agree is printed. The floor
+row is the batch-1 decoding step's matrix-vector products alone: every token streams all the weights once.
 
     python -m benchmarks.generate                       # 1.1M and 25M, batch 1 and 8
     python -m benchmarks.generate --shapes 1.1M --batch_sizes 1 --repeats 3
@@ -41,17 +42,25 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 # Llama-compatible shapes (no qk_norm), so llama.cpp runs the very same model. 1.1M is the `tiny` preset that
 # training/pretrain.py trains by default; 25M is a larger model still small enough for a CPU.
 SHAPES = {
-    "1.1M": dict(vocab_size=1200, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4),
-    "25M": dict(vocab_size=6144, hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8),
+    "1.1M": dict(
+        vocab_size=1200, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4
+    ),
+    "25M": dict(
+        vocab_size=6144, hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8
+    ),
 }
 LLAMA_CPP_ENGINES = {"llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}  # engine -> GGUF type
-VLLM_ENGINES = ("vllm", "vllm-llama")  # the TinyTx folder (Transformers backend), its Llama export (vLLM's Llama)
-# The flags' engine names: TRANSFORMERS_ENGINES' first (spelt out here: their settings, below, need transformers).
+# the TinyTx folder (Transformers backend), its Llama export (vLLM's Llama)
+VLLM_ENGINES = ("vllm", "vllm-llama")
+# The flags' engine names: TRANSFORMERS_ENGINES' first (spelt out here: their
+# settings, below, need transformers).
 ENGINES = ["tinytx", "tinytx-static", "tinytx-compiled", *LLAMA_CPP_ENGINES, *VLLM_ENGINES]
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt_len", type=int, default=32)
@@ -101,9 +110,12 @@ assert [*TRANSFORMERS_ENGINES] == ENGINES[:len(TRANSFORMERS_ENGINES)], "the --en
 
 
 def transformers_runs(model, prompt, new_tokens: int, engines: list[str]) -> dict:
-    kwargs = dict(max_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
-    # The recipe of docs/performance.md; it is put on the model for its own runs only, so the others stay eager.
-    torch._dynamo.reset()  # a fresh graph cache for each shape and batch size: their graphs do not count together
+    kwargs = dict(
+        max_new_tokens=new_tokens, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0
+    )
+    # The recipe of docs/performance.md; it is put on the model for its own runs only, so the others stay
+    # eager. a fresh graph cache for each shape and batch size: their graphs do not count together
+    torch._dynamo.reset()
     compiled_forward = torch.compile(model.forward, fullgraph=True, options={"cpp_wrapper": True})
 
     def run(name):
@@ -121,19 +133,23 @@ def transformers_runs(model, prompt, new_tokens: int, engines: list[str]) -> dic
 
 
 class Worker:
-    """An engine in its own environment (llama_cpp_worker.py, vllm_worker.py): loads models on request, then times
-    greedy runs of them and answers with its own seconds and the tokens."""
+    """An engine in its own environment (llama_cpp_worker.py, vllm_worker.py): loads models on request, then
+    times greedy runs of them and answers with its own seconds and the tokens."""
 
     def __init__(self, python: Path, script: str, env: dict | None = None):
-        self.process = subprocess.Popen([str(python), str(Path(__file__).with_name(script))], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, env=env)
+        self.process = subprocess.Popen(
+            [str(python), str(Path(__file__).with_name(script))], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=env,
+        )
 
     def ask(self, request: dict) -> dict:
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"the {self.process.args[-1]} process stopped (exit code {self.process.wait()})")
+            raise RuntimeError(
+                f"the {self.process.args[-1]} process stopped (exit code {self.process.wait()})"
+            )
         return json.loads(line)
 
     def runs(self, names: list[str], prompt: torch.Tensor, new_tokens: int) -> dict:
@@ -153,8 +169,10 @@ class Worker:
 
 
 def start_workers(threads: int, engines: list[str]) -> dict[str, Worker]:
-    """A worker for each engine family asked for whose environment exists; a missing one is named on stderr."""
-    # Its cache in GiB and its threads: vLLM's CPU defaults (4 GiB, a thread bound to every core) are for servers.
+    """A worker for each engine family asked for whose environment exists; a
+    missing one is named on stderr."""
+    # Its cache in GiB and its threads: vLLM's CPU defaults (4 GiB, a thread bound
+    # to every core) are for servers.
     vllm_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "OMP_NUM_THREADS": str(threads), "VLLM_NO_USAGE_STATS": "1"}
     families = {"llama.cpp": (LLAMA_CPP_ENGINES, LLAMA_CPP_PYTHON, "llama_cpp_worker.py", None),
@@ -177,8 +195,8 @@ def agreeing_tokens(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def measure(runs: dict, repeats: int) -> tuple[dict, dict]:
-    """Seconds of every run, interleaved, and each run's tokens. A run returns its tokens, or (seconds, tokens) when
-    it timed itself in another process."""
+    """Seconds of every run, interleaved, and each run's tokens. A run returns its tokens, or (seconds,
+    tokens) when it timed itself in another process."""
     tokens = {}
 
     def call(name, run):
@@ -188,13 +206,15 @@ def measure(runs: dict, repeats: int) -> tuple[dict, dict]:
             return seconds
         return sample
 
-    samples = interleaved_samples({name: call(name, run) for name, run in runs.items()}, repeats=repeats, warmup=1)
+    samples = interleaved_samples(
+        {name: call(name, run) for name, run in runs.items()}, repeats=repeats, warmup=1
+    )
     return samples, tokens
 
 
 def matmul_floor_seconds(model: TinyTxForCausalLM, repeats: int) -> tuple[float, float]:
-    """Seconds per token spent in a batch-1 decoding step's matrix-vector products alone, every projection and the LM
-    head applied once in forward order, and the megabytes of weights they stream."""
+    """Seconds per token spent in a batch-1 decoding step's matrix-vector products alone, every projection and
+    the LM head applied once in forward order, and the megabytes of weights they stream."""
     weights = [module.weight.detach() for module in model.modules() if isinstance(module, torch.nn.Linear)]
     vectors = [torch.randn(1, 1, weight.shape[1]) for weight in weights]
 
@@ -209,9 +229,11 @@ def matmul_floor_seconds(model: TinyTxForCausalLM, repeats: int) -> tuple[float,
     return statistics.median(samples["floor"]) / 32, megabytes
 
 
-def load_engines(shape: str, folder: Path, workers: dict, engines: list[str], work: Path) -> dict[str, list[str]]:
-    """Loads what the chosen engines need once per shape: vLLM's models; llama.cpp's GGUF files (written here, loaded
-    per batch size, as its context is sized for the batch). Returns worker -> its engine names."""
+def load_engines(
+    shape: str, folder: Path, workers: dict, engines: list[str], work: Path
+) -> dict[str, list[str]]:
+    """Loads what the chosen engines need once per shape: vLLM's models; llama.cpp's GGUF files (written here,
+    loaded per batch size, as its context is sized for the batch). Returns worker -> its engine names."""
     names = {}
     if "llama.cpp" in workers:
         names["llama.cpp"] = [name for name in LLAMA_CPP_ENGINES if name in engines]
@@ -239,8 +261,12 @@ def bench_shape(shape: str, args, workers: dict, work: Path) -> tuple[list[dict]
         prompt = torch.randint(3, len(tokenizer), (batch_size, args.prompt_len), generator=generator)
         runs = transformers_runs(model, prompt, args.new_tokens, args.engines)
         for name in names.get("llama.cpp", []):
-            workers["llama.cpp"].ask({"load": name, "gguf": str(work / f"{shape}-{name}.gguf"), "batch": batch_size,
-                                      "n_ctx": args.prompt_len + args.new_tokens, "threads": args.threads})
+            workers["llama.cpp"].ask(
+                {
+                    "load": name, "gguf": str(work / f"{shape}-{name}.gguf"), "batch": batch_size,
+                    "n_ctx": args.prompt_len + args.new_tokens, "threads": args.threads,
+                }
+            )
         for worker, engine_names in names.items():
             runs |= workers[worker].runs(engine_names, prompt, args.new_tokens)
         samples, tokens = measure(runs, args.repeats)
@@ -257,7 +283,10 @@ def bench_shape(shape: str, args, workers: dict, work: Path) -> tuple[list[dict]
 
 
 def print_table(rows: list[dict], shapes: list[dict]) -> None:
-    header = f"{'shape':>5} | {'batch':>5} | {'engine':<16} | {'tokens/s':>9} | {'x llama.cpp f32':>15} | same tokens"
+    header = (
+        f"{'shape':>5} | {'batch':>5} | {'engine':<16} | {'tokens/s':>9} | {'x llama.cpp f32':>15} | "
+        "same tokens"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -265,9 +294,11 @@ def print_table(rows: list[dict], shapes: list[dict]) -> None:
         print(f"{r['shape']:>5} | {r['batch_size']:>5} | {r['engine']:<16} | {r['tokens_per_s']:>9.1f} | "
               f"{'' if ratio is None else f'{ratio:.2f}':>15} | {r['agreeing_tokens_with_tinytx']}")
     for s in shapes:
-        print(f"{s['shape']} ({s['parameters']:,} parameters) batch-1 floor: the matrix-vector products alone take "
-              f"{s['floor_ms_per_token']:.2f} ms/token ({s['weights_mb_per_token']:.1f} MB streamed per token), "
-              f"at most {1e3 / s['floor_ms_per_token']:.0f} tokens/s")
+        print(
+            f"{s['shape']} ({s['parameters']:,} parameters) batch-1 floor: the matrix-vector products alone "
+            f"take {s['floor_ms_per_token']:.2f} ms/token ({s['weights_mb_per_token']:.1f} MB streamed per "
+            f"token), at most {1e3 / s['floor_ms_per_token']:.0f} tokens/s"
+        )
 
 
 def main(args):
@@ -286,10 +317,19 @@ def main(args):
         finally:
             for worker in workers.values():
                 worker.close()
-    print(f"greedy, prompt {args.prompt_len}, {args.new_tokens} new tokens, {args.threads} threads, fp32 weights")
+    print(
+        f"greedy, prompt {args.prompt_len}, {args.new_tokens} new tokens, {args.threads} threads, fp32 "
+        "weights"
+    )
     print_table(rows, shapes)
-    print(json.dumps({"benchmark": "generate", "torch": torch.__version__, "threads": args.threads,
-                      "repeats": args.repeats, "new_tokens": args.new_tokens, "results": rows, "shapes": shapes}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "generate", "torch": torch.__version__, "threads": args.threads,
+                "repeats": args.repeats, "new_tokens": args.new_tokens, "results": rows, "shapes": shapes,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """A GPT of nanoGPT's shape, written here for the speed comparison in benchmarks/train_step.py.
 
 nanoGPT is a script, not a package, so this is our own code with its design: learned position embeddings,
-LayerNorm, one fused query/key/value projection, a GELU MLP four times as wide, `scaled_dot_product_attention`, and
-the output layer tied to the token embedding. Nothing of transformers runs here: it is the bare-PyTorch baseline a
-TinyTx training step is measured against.
+LayerNorm, one fused query/key/value projection, a GELU MLP four times as wide,
+`scaled_dot_product_attention`, and the output layer tied to the token embedding. Nothing of transformers runs
+here: it is the bare-PyTorch baseline a TinyTx training step is measured against.
 """
 
 from types import SimpleNamespace

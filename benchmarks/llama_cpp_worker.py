@@ -1,14 +1,17 @@
-"""Greedy decoding in llama.cpp, timed, for benchmarks/generate.py: a JSON request a line on stdin, an answer a line.
+"""Greedy decoding in llama.cpp, timed, for benchmarks/generate.py: a JSON request
+a line on stdin, an answer a line.
 
-Runs under the interpreter of .venv-llamacpp (llama-cpp-python and numpy, no torch). It drives llama.cpp's own C API
-(through llama-cpp-python's bindings) rather than the `Llama` class, so that a batch of B prompts decodes as B
-sequences of one context, one `llama_decode` call a step, which is how llama.cpp's server batches requests.
+Runs under the interpreter of .venv-llamacpp (llama-cpp-python and numpy, no torch). It drives
+llama.cpp's own C API (through llama-cpp-python's bindings) rather than the `Llama` class, so that a
+batch of B prompts decodes as B sequences of one context, one `llama_decode` call a step, which is
+how llama.cpp's server batches requests.
 
     {"load": NAME, "gguf": PATH, "batch": B, "n_ctx": N, "threads": T}  -> {"loaded": NAME}
-    {"run": NAME, "prompts": [[ID, ...], ...], "new_tokens": K}         -> {"seconds": S, "tokens": [[ID, ...], ...]}
+    {"run": NAME, "prompts": [[ID, ...], ...], "new_tokens": K}         -> {"seconds": S, "tokens": [[ID,
+                                                                        ...], ...]}
 
-A run decodes the prompts (one batch) and then K - 1 more steps, taking the arg-max token each time, never stopping at
-an end-of-sequence token; the seconds cover all of it, as `generate`'s do on the other side.
+A run decodes the prompts (one batch) and then K - 1 more steps, taking the arg-max token each time, never
+stopping at an end-of-sequence token; the seconds cover all of it, as `generate`'s do on the other side.
 """
 
 import ctypes
@@ -22,7 +25,8 @@ import numpy as np
 class Engine:
     def __init__(self, gguf: str, batch: int, n_ctx: int, threads: int):
         model_params = ll.llama_model_default_params()
-        # No repacking for special CPU instructions: llama.cpp 0.3.36 crashes in AMX's q8_0 path (see test_gguf.py).
+        # No repacking for special CPU instructions: llama.cpp 0.3.36 crashes in
+        # AMX's q8_0 path (see test_gguf.py).
         model_params.use_extra_bufts = False
         self.model = ll.llama_model_load_from_file(gguf.encode(), model_params)
         if not self.model:
@@ -79,7 +83,9 @@ def main() -> None:
         if "load" in request:
             if request["load"] in engines:  # the same model again, for another batch size
                 engines.pop(request["load"]).close()
-            engines[request["load"]] = Engine(request["gguf"], request["batch"], request["n_ctx"], request["threads"])
+            engines[request["load"]] = Engine(
+                request["gguf"], request["batch"], request["n_ctx"], request["threads"]
+            )
             answer = {"loaded": request["load"]}
         else:
             start = perf_counter()

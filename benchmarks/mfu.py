@@ -1,18 +1,21 @@
-"""Model FLOP utilisation (MFU) of TinyTx training: useful FLOP/s achieved ÷ FLOP/s of one large matmul, same process.
+"""Model FLOP utilisation (MFU) of TinyTx training: useful FLOP/s achieved ÷ FLOP/s
+of one large matmul, same process.
 
 Useful FLOPs per trained token (forward + backward, the PaLM / nanoGPT convention):
 
     6 * N  +  12 * layers * seq_len * attention_width
 
-- 6 * N: every weight that takes part in a matmul does one multiply-add (2 FLOPs) per token forward and two backward.
-  N counts the matmul weights: all parameters, less the input embedding when it is not tied to the output layer
-  (a lookup is not a matmul; a tied matrix is counted once, as the output layer).
-- 12 * layers * seq_len * width: the two seq_len x seq_len products of attention (Q K^T and weights x V), 2 * 2 *
-  seq_len * width FLOPs per token forward, times 3 with backward. The full square is counted, causal or not.
-The AdamW update, norms, activations and the softmax are not counted: they are overhead, as in published MFU figures.
+- 6 * N: every weight that takes part in a matmul does one multiply-add (2 FLOPs) per token forward and two
+  backward. N counts the matmul weights: all parameters, less the input embedding when it is not tied to the
+  output layer (a lookup is not a matmul; a tied matrix is counted once, as the output layer).
+- 12 * layers * seq_len * width: the two seq_len x seq_len products of attention (Q K^T and
+  weights x V), 2 * 2 * seq_len * width FLOPs per token forward, times 3 with backward. The
+  full square is counted, causal or not.
+The AdamW update, norms, activations and the softmax are not counted: they are
+overhead, as in published MFU figures.
 
-The roof is measured, not looked up: the median FLOP/s of an n x n @ n x n matmul (fp32 2048 on CPU, bf16 8192 on
-GPU by default) sampled in turn with the training steps, so both see the same machine state.
+The roof is measured, not looked up: the median FLOP/s of an n x n @ n x n matmul (fp32 2048 on CPU, bf16 8192
+on GPU by default) sampled in turn with the training steps, so both see the same machine state.
 
     python -m benchmarks.mfu                   # the 10M shape of shapes.SHAPES, fp32 on CPU
     python -m benchmarks.mfu --quick
@@ -30,10 +33,14 @@ from benchmarks.shapes import SHAPES
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", default="10M", choices=list(SHAPES))
-    parser.add_argument("--config", default=None, help="A TinyTxConfig .json (e.g. training/configs/model-base.json); "
-                        "replaces --shape.")
+    parser.add_argument(
+        "--config", default=None,
+        help="A TinyTxConfig .json (e.g. training/configs/model-base.json); " "replaces --shape.",
+    )
     parser.add_argument("--vocab_size", type=int, default=50304, help="With --config: the vocabulary size.")
     parser.add_argument("--batch_size", type=int, default=None, help="Default: the shape's.")
     parser.add_argument("--seq_len", type=int, default=None, help="Default: the shape's.")
@@ -41,8 +48,12 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default=None, choices=["fp32", "bf16"],  # DTYPES' keys
                         help="Default: bf16 on a GPU, fp32 on CPU.")
     parser.add_argument("--attn_implementation", default="sdpa")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model first (as pretrain.py's "
-                        "--torch_compile does); the warm-up steps compile it")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model first (as pretrain.py's --torch_compile does); the warm-up steps "
+        "compile it",
+    )
     parser.add_argument("--matmul_size", type=int, default=None, help="Default: 8192 on a GPU, 2048 on CPU.")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 samples of each, one warm-up")
@@ -67,12 +78,16 @@ def build_model(args) -> TinyTxForCausalLM:
     if args.config:
         values = json.loads(Path(args.config).read_text())
         values = {k: v for k, v in values.items() if not k.startswith("_")}  # "_comment" and the like
-        config = TinyTxConfig(**{**values, "vocab_size": args.vocab_size, "bos_token_id": 0, "eos_token_id": 1})
+        config = TinyTxConfig(
+            **{**values, "vocab_size": args.vocab_size, "bos_token_id": 0, "eos_token_id": 1}
+        )
     else:
         fields, _, _ = SHAPES[args.shape]
         config = TinyTxConfig(max_position_embeddings=2048, bos_token_id=0, eos_token_id=1, **fields)
     torch.manual_seed(0)
-    model = TinyTxForCausalLM._from_config(config, attn_implementation=args.attn_implementation).to(args.device)
+    model = TinyTxForCausalLM._from_config(config, attn_implementation=args.attn_implementation).to(
+        args.device
+    )
     # As tinytx pretrain trains it on a CPU; a GPU runs the model as it is.
     return speed_up_cpu_training(model) if model.device.type == "cpu" else model
 

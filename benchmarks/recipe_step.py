@@ -1,11 +1,12 @@
-"""The training step of the tinyshakespeare recipe, side by side: torch.optim.Muon vs our StackedMuon (the optimizer
-step alone), and a whole step (forward, backward, clipping, Muon + AdamW) in fp32 vs bf16 autocast.
+"""The training step of the tinyshakespeare recipe, side by side: torch.optim.Muon vs our StackedMuon (the
+optimizer step alone), and a whole step (forward, backward, clipping, Muon + AdamW) in fp32 vs bf16 autocast.
 
-    python -m benchmarks.recipe_step                  # the tiny preset, vocabulary 1,024, 16 x 128 tokens a step
+    python -m benchmarks.recipe_step                  # the tiny preset, vocabulary 1,024, 16 x 128 tokens a
+                                                      # step
     python -m benchmarks.recipe_step --hidden_size 192 --intermediate_size 512
 
-Both sides of each row run in the same process, in alternating order each round; ratios are medians of the per-round
-ratios. Prints a table, then one JSON line.
+Both sides of each row run in the same process, in alternating order each round; ratios are medians of the
+per-round ratios. Prints a table, then one JSON line.
 """
 
 import argparse
@@ -13,7 +14,9 @@ import json
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--vocab_size", type=int, default=1024)
     parser.add_argument("--hidden_size", type=int, default=128)
     parser.add_argument("--intermediate_size", type=int, default=352)
@@ -41,15 +44,18 @@ def build(args):
     config = TinyTxConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
                           intermediate_size=args.intermediate_size, num_hidden_layers=args.num_hidden_layers,
                           num_attention_heads=4, bos_token_id=1, eos_token_id=2)
-    # With the CPU speed paths, as tinytx pretrain trains it (the fp32 attention under bf16 autocast among them).
+    # With the CPU speed paths, as tinytx pretrain trains it (the fp32 attention
+    # under bf16 autocast among them).
     return speed_up_cpu_training(TinyTxForCausalLM._from_config(config, attn_implementation="sdpa").train())
 
 
 def muon_steps(model) -> dict:
     """One optimizer step of each Muon over the block matrices, on fixed random gradients."""
     runs = {}
-    for name, make in (("torch Muon", lambda ps: torch.optim.Muon(ps, lr=2e-2, adjust_lr_fn="match_rms_adamw")),
-                       ("StackedMuon", lambda ps: StackedMuon(ps, momentum=0.95))):
+    for name, make in (
+        ("torch Muon", lambda ps: torch.optim.Muon(ps, lr=2e-2, adjust_lr_fn="match_rms_adamw")),
+        ("StackedMuon", lambda ps: StackedMuon(ps, momentum=0.95)),
+    ):
         params = [torch.nn.Parameter(p.detach().clone()) for n, p in model.named_parameters()
                   if p.ndim == 2 and ".layers." in n]
         for p in params:
@@ -86,10 +92,18 @@ def main(args):
                      "speedup": paired_ratio(samples, slow, fast)})
     print(f"{'baseline':>10} | {'ms':>7} | {'ours':>11} | {'ms':>7} | speed-up (median of paired rounds)")
     for row in rows:
-        print(f"{row['baseline']:>10} | {row['baseline_ms']:7.1f} | {row['ours']:>11} | {row['ours_ms']:7.1f} | "
-              f"{row['speedup']:.2f}x")
-    print(json.dumps({"benchmark": "recipe_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
-                      "repeats": args.repeats, "shape": vars(args), "results": rows}))
+        print(
+            f"{row['baseline']:>10} | {row['baseline_ms']:7.1f} | {row['ours']:>11} | {row['ours_ms']:7.1f} "
+            f"| {row['speedup']:.2f}x"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "recipe_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "repeats": args.repeats, "shape": vars(args), "results": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

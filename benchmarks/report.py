@@ -1,5 +1,5 @@
-"""How a benchmark ends: a table for the reader (name | value), then the whole result as one JSON line, last, for
-scripts and benchmarks/results/ to keep."""
+"""How a benchmark ends: a table for the reader (name | value), then the whole result as one JSON line, last,
+for scripts and benchmarks/results/ to keep."""
 
 import json
 

@@ -1,21 +1,25 @@
-"""Tiny Shakespeare in a fixed wall-clock budget: the real training/pretrain.py, end to end, scored in bits per byte.
+"""Tiny Shakespeare in a fixed wall-clock budget: the real training/pretrain.py,
+end to end, scored in bits per byte.
 
-    python -m benchmarks.shakespeare                          # ../shared/data/tinyshakespeare.txt, 160 s of training
-    python -m benchmarks.shakespeare --text my.txt --max_train_seconds 30 --model_preset small --learning_rate 1e-3
+    python -m benchmarks.shakespeare                          # ../shared/data/tinyshakespeare.txt, 160 s of
+                                                              # training
+    python -m benchmarks.shakespeare --text my.txt --max_train_seconds 30 --model_preset small --learning_rate
+                                                              1e-3
 
 What happens:
-1. The text is split at a blank line near 90%: the first part trains (tokenizer included), the last 10% is held out.
-   The two parts go to a temporary folder as .txt files, because pretrain.py reads .txt files one document per
-   paragraph (blank-line block), and a paragraph of Shakespeare is one speech: a document that stands on its own.
-   One document per line would put an EOS token after every verse line instead (a line is not a document).
+1. The text is split at a blank line near 90%: the first part trains (tokenizer included), the last
+   10% is held out. The two parts go to a temporary folder as .txt files, because pretrain.py reads
+   .txt files one document per paragraph (blank-line block), and a paragraph of Shakespeare is one
+   speech: a document that stands on its own. One document per line would put an EOS token after every
+   verse line instead (a line is not a document).
 2. The run is planned in seconds: pretrain.py gets --max_train_seconds and no step count, so its learning-rate
-   schedule runs on the clock and reaches its end at the last second (the recipe any user gets by doing the same).
-   Pass --max_train_steps to plan in steps instead (the clock then only cuts the run short).
-3. pretrain.py runs as a subprocess (exactly the user's script, any extra flag passed through), evaluating once at
-   the end on the whole held-out text; we read its metrics.jsonl.
+   schedule runs on the clock and reaches its end at the last second (the recipe any user gets by doing the
+   same). Pass --max_train_steps to plan in steps instead (the clock then only cuts the run short).
+3. pretrain.py runs as a subprocess (exactly the user's script, any extra flag passed through), evaluating
+   once at the end on the whole held-out text; we read its metrics.jsonl.
 
-Anchor: nanoGPT's character-level Shakespeare GPT on CPU reaches about 2.70 bits per byte (val loss ~1.88 nats).
-Prints a table, then one JSON line with every figure.
+Anchor: nanoGPT's character-level Shakespeare GPT on CPU reaches about 2.70 bits per byte (val loss ~1.88
+nats). Prints a table, then one JSON line with every figure.
 """
 
 import argparse
@@ -41,13 +45,16 @@ DEFAULT_FLAGS = [
     "--vocab_size", "1024", "--block_size", "128",
     "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
     "--learning_rate", "3e-3", "--optimizer", "muon", "--muon_learning_rate", "2e-2", "--weight_decay", "1.0",
-    "--mixed_precision", "bf16",  # bf16 matmuls: ~1.3x the steps on a CPU with AMX (fp32 without: default_flags)
-    "--num_probes_per_kind", "0", "--num_samples", "0",  # probes and sample prompts are for the synthetic corpus
+    # bf16 matmuls: ~1.3x the steps on a CPU with AMX (fp32 without: default_flags)
+    "--mixed_precision", "bf16",
+    # probes and sample prompts are for the synthetic corpus
+    "--num_probes_per_kind", "0", "--num_samples", "0",
 ]
 
 
 def default_flags() -> list[str]:
-    """DEFAULT_FLAGS, in fp32 where bf16 would be slow: a CPU without AVX-512 or AMX has no fast bf16 matmul."""
+    """DEFAULT_FLAGS, in fp32 where bf16 would be slow: a CPU without AVX-512 or
+    AMX has no fast bf16 matmul."""
     from hf_tinytx_training.distributed.sharding import cpu_runs_bf16_fast, has_gpu
 
     if has_gpu() or cpu_runs_bf16_fast():
@@ -63,7 +70,9 @@ def split_text(text: str, holdout: float) -> tuple[str, str]:
     if cut < 0:  # no paragraph break in the tail: cut at a line break instead
         cut = text.find("\n", int(len(text) * (1 - holdout)))
     if cut <= 0:
-        raise SystemExit("shakespeare.py: error: the text has no line break near the 90% mark to split it at.")
+        raise SystemExit(
+            "shakespeare.py: error: the text has no line break near the 90% mark to split it at."
+        )
     return text[:cut], text[cut:].lstrip("\n")
 
 
@@ -79,13 +88,16 @@ def read_metrics(path: Path) -> dict:
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Any other flag goes to training/pretrain.py unchanged (see `python training/pretrain.py --help`).",
+        epilog="Any other flag goes to training/pretrain.py unchanged (see `python training/pretrain.py "
+               "--help`).",
     )
     parser.add_argument("--text", default=None,
                         help=f"A plain-text file (default: {DEFAULT_TEXT} when it exists).")
     parser.add_argument("--max_train_seconds", type=float, default=160.0,
                         help="Wall-clock budget of the training loop.")
-    parser.add_argument("--holdout", type=float, default=0.1, help="Fraction at the end of the text held out.")
+    parser.add_argument(
+        "--holdout", type=float, default=0.1, help="Fraction at the end of the text held out."
+    )
     parser.add_argument("--output_dir", default=None,
                         help="Keep pretrain.py's model folder here (default: temporary).")
     parser.add_argument("--max_train_steps", type=int, default=None,
@@ -107,8 +119,8 @@ def main():
         (tmp / "train.txt").write_text(train_text, encoding="utf-8")
         (tmp / "validation.txt").write_text(validation_text, encoding="utf-8")
         output_dir = Path(args.output_dir).resolve() if args.output_dir else tmp / "model"
-        # The tokenized splits go with the temp folder, and so do torch.compile's kernels: a run with --torch_compile
-        # compiles from scratch inside its budget, as a user's first run does.
+        # The tokenized splits go with the temp folder, and so do torch.compile's kernels: a run with
+        # --torch_compile compiles from scratch inside its budget, as a user's first run does.
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(tmp / "datasets_cache"),
                    TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor_cache"))
         flags = [*default_flags(), *passthrough,
@@ -122,11 +134,15 @@ def main():
               f"{len(validation_text.encode()):,} held out", flush=True)
 
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, str(PRETRAIN), *flags], env=env, capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, str(PRETRAIN), *flags], env=env, capture_output=True, text=True
+        )
         wall_seconds = time.perf_counter() - start
         if result.returncode != 0:
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
-            raise SystemExit(f"shakespeare.py: error: pretrain.py failed with exit status {result.returncode}.")
+            raise SystemExit(
+                f"shakespeare.py: error: pretrain.py failed with exit status {result.returncode}."
+            )
         metrics = read_metrics(output_dir / "metrics.jsonl")
 
     import torch  # only for the thread count the subprocess got too (set OMP_NUM_THREADS to change it)

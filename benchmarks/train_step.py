@@ -1,16 +1,18 @@
-"""Training step speed: TinyTx vs a GPT of nanoGPT's shape and transformers' Llama, same parameter count and batch.
+"""Training step speed: TinyTx vs a GPT of nanoGPT's shape and transformers'
+Llama, same parameter count and batch.
 
-One step = forward + loss + backward + AdamW step, on random token ids, fp32 on CPU, sdpa attention everywhere.
-TinyTx and Llama share the very same weights (same math: Llama is the kernel-for-kernel reference); the GPT
-(benchmarks/gpt_baseline.py: learned positions, LayerNorm, fused qkv, GELU MLP, tied head) has as many parameters
-within a few percent. All run in the same process, interleaved; we report the median ms/step and tokens/s, and the
-ratios TinyTx / GPT and TinyTx / Llama (below 1 means TinyTx is faster) as medians of per-round ratios. With
-`--compile`, each model also runs under `torch.compile` (the same step, compiled forward and backward).
+One step = forward + loss + backward + AdamW step, on random token ids, fp32 on CPU, sdpa attention
+everywhere. TinyTx and Llama share the very same weights (same math: Llama is the kernel-for-kernel
+reference); the GPT (benchmarks/gpt_baseline.py: learned positions, LayerNorm, fused qkv, GELU MLP, tied
+head) has as many parameters within a few percent. All run in the same process, interleaved; we report
+the median ms/step and tokens/s, and the ratios TinyTx / GPT and TinyTx / Llama (below 1 means TinyTx is
+faster) as medians of per-round ratios. With `--compile`, each model also runs under `torch.compile` (the
+same step, compiled forward and backward).
 
-The process keeps freed memory for reuse as training/pretrain.py does on a CPU (training/distributed/cpu_memory.py),
-for every
-model alike; `--glibc_malloc` leaves glibc's defaults instead, under which TinyTx and Llama page-fault their
-activations back in every step, and the GPT far fewer (benchmarks/results/train_step.txt).
+The process keeps freed memory for reuse as training/pretrain.py does on a CPU
+(training/distributed/cpu_memory.py), for every model alike; `--glibc_malloc` leaves glibc's defaults
+instead, under which TinyTx and Llama page-fault their activations back in every step, and the GPT far
+fewer (benchmarks/results/train_step.txt).
 
     python -m benchmarks.train_step                 # both shapes, 20 steps each side
     python -m benchmarks.train_step --compile       # also compiled vs compiled
@@ -32,18 +34,25 @@ from benchmarks.shapes import SHAPES
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--compile", action="store_true", help="also time every model under torch.compile")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="instead of timing: torch.profiler's busiest ops of 10 eager steps per model")
-    parser.add_argument("--attribute", action="store_true",
-                        help="instead: eager TinyTx with LayerNorm for RMSNorm, without RoPE, with the GPT's GELU "
-                             "MLP, and all three, timed beside TinyTx and the GPT (what each choice costs)")
-    parser.add_argument("--glibc_malloc", action="store_true",
-                        help="leave glibc's malloc settings as they are (default: as training/pretrain.py sets them)")
+    parser.add_argument(
+        "--attribute",
+        action="store_true",
+        help="instead: eager TinyTx with LayerNorm for RMSNorm, without RoPE, with the GPT's GELU MLP, and "
+        "all three, timed beside TinyTx and the GPT (what each choice costs)",
+    )
+    parser.add_argument(
+        "--glibc_malloc", action="store_true",
+        help="leave glibc's malloc settings as they are (default: as training/pretrain.py sets them)",
+    )
     return parser.parse_args(argv)
 
 
@@ -82,8 +91,10 @@ def build_models(shape: str, compile_too: bool) -> tuple[dict, int, int]:
     speed_up_cpu_training(models["tinytx"])  # as tinytx pretrain and finetune train it on a CPU
     config = models["tinytx"].config
     torch.manual_seed(0)
-    models["gpt"] = GPT(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                        max_length=seq_len)
+    models["gpt"] = GPT(
+        config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+        max_length=seq_len,
+    )
     if compile_too:
         models |= {f"{name} compiled": torch.compile(model) for name, model in list(models.items())}
     return models, batch_size, seq_len
@@ -101,30 +112,55 @@ def main(args):
     for shape in args.shapes:
         models, batch_size, seq_len = build_models(shape, args.compile)
         vocab_size = models["tinytx"].config.vocab_size
-        batch = torch.randint(0, vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
+        batch = torch.randint(
+            0, vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(0)
+        )
         faults = {name: [] for name in models}
-        steps = {name: counting_faults(make_train_step(model, batch), faults[name]) for name, model in models.items()}
+        steps = {
+            name: counting_faults(make_train_step(model, batch), faults[name])
+            for name, model in models.items()
+        }
         samples = interleaved_samples(steps, repeats=repeats, warmup=3)
         seconds = medians(samples)
         for suffix in ("", " compiled") if args.compile else ("",):
             tinytx, gpt, llama = (f"{name}{suffix}" for name in ("tinytx", "gpt", "llama"))
-            results.append({
-                "shape": shape, "compiled": bool(suffix), "batch_size": batch_size, "seq_len": seq_len,
-                "parameters": {name: count_parameters(models[name]) for name in ("tinytx", "gpt", "llama")},
-                "ms_per_step": {name: seconds[f"{name}{suffix}"] * 1e3 for name in ("tinytx", "gpt", "llama")},
-                "tokens_per_s": {name: batch_size * seq_len / seconds[f"{name}{suffix}"]
-                                 for name in ("tinytx", "gpt", "llama")},
-                # Medians of the per-round ratios (each round times every model back to back).
-                "time_ratio_tinytx_over_gpt": paired_ratio(samples, tinytx, gpt),
-                "time_ratio_tinytx_over_llama": paired_ratio(samples, tinytx, llama),
-                # Median over the timed rounds (not the warm-up): 0 once the process keeps its freed memory.
-                "page_faults_per_step": {name: statistics.median(faults[f"{name}{suffix}"][-repeats:])
-                                         for name in ("tinytx", "gpt", "llama")},
-            })
+            results.append(
+                {
+                    "shape": shape,
+                    "compiled": bool(suffix),
+                    "batch_size": batch_size,
+                    "seq_len": seq_len,
+                    "parameters": {
+                        name: count_parameters(models[name]) for name in ("tinytx", "gpt", "llama")
+                    },
+                    "ms_per_step": {
+                        name: seconds[f"{name}{suffix}"] * 1e3 for name in ("tinytx", "gpt", "llama")
+                    },
+                    "tokens_per_s": {
+                        name: batch_size * seq_len / seconds[f"{name}{suffix}"]
+                        for name in ("tinytx", "gpt", "llama")
+                    },
+                    # Medians of the per-round ratios (each round times every model back to back).
+                    "time_ratio_tinytx_over_gpt": paired_ratio(samples, tinytx, gpt),
+                    "time_ratio_tinytx_over_llama": paired_ratio(samples, tinytx, llama),
+                    # Median over the timed rounds (not the warm-up): 0 once the process keeps its freed
+                    # memory.
+                    "page_faults_per_step": {
+                        name: statistics.median(faults[f"{name}{suffix}"][-repeats:])
+                        for name in ("tinytx", "gpt", "llama")
+                    },
+                }
+            )
     print(f"malloc: {malloc}")
     print_table(results)
-    print(json.dumps({"benchmark": "train_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
-                      "malloc": malloc, "repeats": repeats, "results": results}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "train_step", "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "malloc": malloc, "repeats": repeats, "results": results,
+            }
+        )
+    )
 
 
 def profile_steps(shapes: list[str], steps: int = 10) -> None:
@@ -147,11 +183,15 @@ def profile_steps(shapes: list[str], steps: int = 10) -> None:
             print(f"\n{shape} {name}: {total:.1f} ms of self CPU time a step; the busiest ops")
             print(f"{'op':>45} | {'ms/step':>7} | {'calls/step':>10}")
             for op in ops[:12]:
-                print(f"{op.key[:45]:>45} | {op.self_cpu_time_total / steps / 1e3:>7.2f} | {op.count / steps:>10.0f}")
+                print(
+                    f"{op.key[:45]:>45} | {op.self_cpu_time_total / steps / 1e3:>7.2f} | "
+                    f"{op.count / steps:>10.0f}"
+                )
 
 
 def with_layernorm(model: TinyTxForCausalLM) -> TinyTxForCausalLM:
-    """The model with each RMSNorm replaced by a LayerNorm (without bias), which has a native CPU kernel each way."""
+    """The model with each RMSNorm replaced by a LayerNorm (without bias), which has
+    a native CPU kernel each way."""
     for module in list(model.modules()):
         for name, child in module.named_children():
             if isinstance(child, modeling_tinytx.TinyTxRMSNorm):
@@ -168,7 +208,8 @@ def with_gelu_mlp(model: TinyTxForCausalLM) -> TinyTxForCausalLM:
 
 
 def without_rope(step):
-    """The step with queries and keys left unrotated (positions then enter nowhere: a timing ablation only)."""
+    """The step with queries and keys left unrotated (positions then enter
+    nowhere: a timing ablation only)."""
 
     def unrotated():
         with mock.patch.object(modeling_tinytx, "apply_rotary_pos_emb", lambda q, k, cos, sin: (q, k)):
@@ -178,9 +219,9 @@ def without_rope(step):
 
 
 def attribute_steps(shapes: list[str], repeats: int, malloc: str) -> None:
-    """TinyTx with each design choice in turn swapped for the GPT's, and all three at once, beside TinyTx and the
-    GPT: what each choice costs an eager step. What is left between "all three" and the GPT is transformers'
-    plumbing around the same ops, q/k/v as three matmuls, and the learned positions' one add."""
+    """TinyTx with each design choice in turn swapped for the GPT's, and all three at once, beside TinyTx and
+    the GPT: what each choice costs an eager step. What is left between "all three" and the GPT is
+    transformers' plumbing around the same ops, q/k/v as three matmuls, and the learned positions' one add."""
     results = []
     for shape in shapes:
         models, batch_size, seq_len = build_models(shape, compile_too=False)
@@ -201,19 +242,29 @@ def attribute_steps(shapes: list[str], repeats: int, malloc: str) -> None:
                             "time_ratio_over_gpt": paired_ratio(samples, name, "GPT"),
                             "time_ratio_over_tinytx": paired_ratio(samples, name, "TinyTx")})
     print(f"malloc: {malloc}")
-    header = f"{'shape':>5} | {'TinyTx with':>11} | {'params':>10} | {'ms':>7} | {'/ GPT':>6} | {'/ TinyTx':>8}"
+    header = (
+        f"{'shape':>5} | {'TinyTx with':>11} | {'params':>10} | {'ms':>7} | {'/ GPT':>6} | {'/ TinyTx':>8}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         print(f"{r['shape']:>5} | {r['variant']:>11} | {r['parameters']:>10,} | {r['ms_per_step']:>7.1f} | "
               f"{r['time_ratio_over_gpt']:>6.3f} | {r['time_ratio_over_tinytx']:>8.3f}")
-    print(json.dumps({"benchmark": "train_step_attribution", "torch": torch.__version__,
-                      "threads": torch.get_num_threads(), "malloc": malloc, "repeats": repeats, "results": results}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "train_step_attribution", "torch": torch.__version__,
+                "threads": torch.get_num_threads(), "malloc": malloc, "repeats": repeats, "results": results,
+            }
+        )
+    )
 
 
 def print_table(results: list[dict]) -> None:
-    header = (f"{'shape':>5} | {'mode':>8} | {'params TinyTx/GPT':>21} | {'TinyTx ms':>9} | {'GPT ms':>7} | "
-              f"{'Llama ms':>8} | {'TinyTx/GPT':>10} | {'TinyTx/Llama':>12} | {'page faults a step T/G/L':>24}")
+    header = (
+        f"{'shape':>5} | {'mode':>8} | {'params TinyTx/GPT':>21} | {'TinyTx ms':>9} | {'GPT ms':>7} | "
+        f"{'Llama ms':>8} | {'TinyTx/GPT':>10} | {'TinyTx/Llama':>12} | {'page faults a step T/G/L':>24}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:

@@ -1,12 +1,14 @@
-"""Greedy decoding in vLLM, timed, for benchmarks/generate.py: a JSON request a line on stdin, an answer a line.
+"""Greedy decoding in vLLM, timed, for benchmarks/generate.py: a JSON request a
+line on stdin, an answer a line.
 
-Runs under the interpreter of .venv-vllm (vLLM with its own torch and transformers; hf_tinytx is not installed there,
-a TinyTx folder loads through its remote code). Same protocol as llama_cpp_worker.py:
+Runs under the interpreter of .venv-vllm (vLLM with its own torch and transformers; hf_tinytx is not installed
+there, a TinyTx folder loads through its remote code). Same protocol as llama_cpp_worker.py:
 
     {"load": NAME, "model": FOLDER, ...}                        -> {"loaded": NAME, "architecture": CLASS}
     {"run": NAME, "prompts": [[ID, ...], ...], "new_tokens": K} -> {"seconds": S, "tokens": [[ID, ...], ...]}
 
-A run hands every prompt to the engine at once (vLLM batches them itself), greedy, ignoring end-of-sequence tokens.
+A run hands every prompt to the engine at once (vLLM batches them itself),
+greedy, ignoring end-of-sequence tokens.
 """
 
 import json

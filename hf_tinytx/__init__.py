@@ -1,7 +1,8 @@
 """hf_tinytx: a small, fast, readable rotary causal transformer for the Hugging Face ecosystem.
 
-Importing it registers "tinytx" with transformers' Auto classes, lightly: neither torch nor transformers loads until
-a class is touched or transformers loads its Auto classes (auto_registration.py), so the commands' checks are quick.
+Importing it registers "tinytx" with transformers' Auto classes, lightly: neither torch nor
+transformers loads until a class is touched or transformers loads its Auto classes
+(auto_registration.py), so the commands' checks are quick.
 """
 
 import importlib

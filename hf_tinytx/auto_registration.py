@@ -1,7 +1,7 @@
 """"tinytx" registered with transformers' Auto classes without loading torch at `import hf_tinytx`.
 
-Registering loads torch (seconds), so `import hf_tinytx` only asks to be told when transformers' Auto modules or
-ours finish loading: the first of a pair to load does the registering. Torch is loaded by then anyway.
+Registering loads torch (seconds), so `import hf_tinytx` only asks to be told when transformers' Auto modules
+or ours finish loading: the first of a pair to load does the registering. Torch is loaded by then anyway.
 """
 
 import importlib
@@ -23,7 +23,8 @@ def _loaded(name: str) -> bool:
 
 
 def register_config() -> None:
-    """AutoConfig learns "tinytx" as soon as either side has loaded (the other loads then: torch is loaded by now)."""
+    """AutoConfig learns "tinytx" as soon as either side has loaded (the other loads
+    then: torch is loaded by now)."""
     if "config" in _registered or OUR_CONFIG in _loading or not (_loaded(CONFIG_AUTO) or _loaded(OUR_CONFIG)):
         return
     _registered.add("config")
@@ -38,7 +39,11 @@ def register_config() -> None:
 
 def register_models() -> None:
     """The Auto model classes learn TinyTx's as soon as either modeling module has loaded."""
-    if "models" in _registered or OUR_MODELING in _loading or not (_loaded(MODELING_AUTO) or _loaded(OUR_MODELING)):
+    if (
+        "models" in _registered
+        or OUR_MODELING in _loading
+        or not (_loaded(MODELING_AUTO) or _loaded(OUR_MODELING))
+    ):
         return
     _registered.add("models")
     register_config()

@@ -1,8 +1,8 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
 """TinyTx model configuration: `LlamaConfig`'s field names, plus `qk_norm` and `mlp_type`.
 
-Every value is checked when the config is built, so a mistake is reported where it was made (with the fix), not as
-a shape error inside the first forward pass.
+Every value is checked when the config is built, so a mistake is reported where it was made (with the fix),
+not as a shape error inside the first forward pass.
 """
 
 import math
@@ -13,9 +13,11 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 MLP_TYPES = ("gated", "plain")
-# The largest RoPE scaling `factor`: models stretch their context 4x to 40x; this catches a rope_theta put there.
+# The largest RoPE scaling `factor`: models stretch their context 4x to 40x; this
+# catches a rope_theta put there.
 MAX_ROPE_FACTOR = 1024.0
-# Every Auto class a saved folder opens with as remote code (`save_pretrained` writes only the saving model's class).
+# Every Auto class a saved folder opens with as remote code (`save_pretrained`
+# writes only the saving model's class).
 DEFAULT_AUTO_MAP = {
     "AutoConfig": "configuration_tinytx.TinyTxConfig",
     "AutoModel": "modeling_tinytx.TinyTxModel",
@@ -30,12 +32,13 @@ SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
 
 class TinyTxConfig(PreTrainedConfig):
     r"""
-    Configuration of a TinyTx model: a decoder-only ("writer stack") transformer with rotary positions. Fields as in
-    `LlamaConfig`, each explained beside its default.
+    Configuration of a TinyTx model: a decoder-only ("writer stack") transformer with rotary positions. Fields
+    as in `LlamaConfig`, each explained beside its default.
 
     ```python
     >>> from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
-    >>> config = TinyTxConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    >>> config = TinyTxConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2)
     >>> model = TinyTxForCausalLM(config)
     ```"""
 
@@ -62,7 +65,8 @@ class TinyTxConfig(PreTrainedConfig):
     intermediate_size: int = 688  # width of the position-wise MLP
     num_hidden_layers: int = 4  # residual blocks (attention + MLP)
     num_attention_heads: int = 4  # query heads side by side
-    num_key_value_heads: int | None = None  # grouped-query attention; None: num_attention_heads, 1: multi-query
+    # grouped-query attention; None: num_attention_heads, 1: multi-query
+    num_key_value_heads: int | None = None
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
     hidden_act: str = "silu"  # any name in `transformers.activations`
     # "gated": Llama's down(act(gate(x)) * up(x)); "plain": down(act(up(x))), usually with "gelu" or "relu"
@@ -85,7 +89,11 @@ class TinyTxConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None and _is_positive_int(self.num_attention_heads) and _is_positive_int(self.hidden_size):
+        if (
+            self.head_dim is None
+            and _is_positive_int(self.num_attention_heads)
+            and _is_positive_int(self.hidden_size)
+        ):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.rope_parameters is None and "rope_scaling" not in kwargs:
             self.rope_parameters = {"rope_type": "default", "rope_theta": kwargs.pop("rope_theta", 10000.0)}
@@ -107,23 +115,31 @@ class TinyTxConfig(PreTrainedConfig):
                              f"{_divisors_hint(self.hidden_size, self.num_attention_heads)}.")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
-                f"TinyTxConfig: `num_key_value_heads` ({self.num_key_value_heads}) must divide `num_attention_heads` "
-                f"({self.num_attention_heads}), since each key/value head serves a whole group of query heads; pick "
-                f"one of {[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}."
+                f"TinyTxConfig: `num_key_value_heads` ({self.num_key_value_heads}) must divide "
+                f"`num_attention_heads` ({self.num_attention_heads}), since each key/value head serves a "
+                "whole group of query heads; pick one of "
+                f"{[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}."
             )
         if self.head_dim % 2 != 0:
-            raise ValueError(f"TinyTxConfig: `head_dim` ({self.head_dim}) must be even, because rotary embeddings "
-                             "rotate pairs of dimensions; change `hidden_size`/`num_attention_heads` or set an even "
-                             "`head_dim`.")
+            raise ValueError(
+                f"TinyTxConfig: `head_dim` ({self.head_dim}) must be even, because rotary embeddings rotate "
+                "pairs of dimensions; change `hidden_size`/`num_attention_heads` or set an even `head_dim`."
+            )
         if self.hidden_act not in ACT2FN:
-            raise ValueError(f"TinyTxConfig: unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)} "
-                             "(`silu` for the gated MLP, `gelu` or `relu` for the plain one).")
+            raise ValueError(
+                f"TinyTxConfig: unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)} "
+                "(`silu` for the gated MLP, `gelu` or `relu` for the plain one)."
+            )
         if self.mlp_type not in MLP_TYPES:
             raise ValueError(f"TinyTxConfig: `mlp_type` must be one of {MLP_TYPES}, got {self.mlp_type!r}.")
         if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
-            raise ValueError(f"TinyTxConfig: `rms_norm_eps` must be a positive number, got {self.rms_norm_eps!r}.")
+            raise ValueError(
+                f"TinyTxConfig: `rms_norm_eps` must be a positive number, got {self.rms_norm_eps!r}."
+            )
         if not (isinstance(self.attention_dropout, (int, float)) and 0.0 <= self.attention_dropout < 1.0):
-            raise ValueError(f"TinyTxConfig: `attention_dropout` must be in [0, 1), got {self.attention_dropout!r}.")
+            raise ValueError(
+                f"TinyTxConfig: `attention_dropout` must be in [0, 1), got {self.attention_dropout!r}."
+            )
         if not (isinstance(self.initializer_range, (int, float)) and self.initializer_range >= 0):
             raise ValueError("TinyTxConfig: `initializer_range` must be a non-negative number, got "
                              f"{self.initializer_range!r}.")
@@ -138,30 +154,40 @@ class TinyTxConfig(PreTrainedConfig):
         if not isinstance(params, dict):
             raise ValueError(f"TinyTxConfig: `rope_parameters` must be a dict, got {type(params).__name__}.")
         rope_type = params.get("rope_type", "default")
-        # transformers only warns about an unknown type, then fails with a bare KeyError when the model is built.
+        # transformers only warns about an unknown type, then fails with a bare
+        # KeyError when the model is built.
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
-            raise ValueError(f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
-                             f"{['default', *ROPE_INIT_FUNCTIONS]}.")
+            raise ValueError(
+                f"TinyTxConfig: unknown RoPE type {rope_type!r} in `rope_parameters`; use one of "
+                f"{['default', *ROPE_INIT_FUNCTIONS]}."
+            )
         # transformers checks only the keys: a bad theta or factor would make every position alike, silently.
         theta = params.get("rope_theta")
         if not (_is_finite_number(theta) and theta > 1):
-            raise ValueError("TinyTxConfig: `rope_parameters['rope_theta']` must be a finite number > 1 (the base of "
-                             "the rotary wavelengths, e.g. 10000.0 as in Llama 2 or 500000.0 as in Llama 3), got "
-                             f"{theta!r}.")
+            raise ValueError(
+                "TinyTxConfig: `rope_parameters['rope_theta']` must be a finite number > 1 (the base of the "
+                f"rotary wavelengths, e.g. 10000.0 as in Llama 2 or 500000.0 as in Llama 3), got {theta!r}."
+            )
         factor = params.get("factor")
         if factor is not None and not (_is_finite_number(factor) and 1.0 <= factor <= MAX_ROPE_FACTOR):
-            raise ValueError(f"TinyTxConfig: `rope_parameters['factor']` must be a number in [1, {MAX_ROPE_FACTOR:g}] "
-                             f"(how many times longer than training the context may get), got {factor!r}.")
+            raise ValueError(
+                f"TinyTxConfig: `rope_parameters['factor']` must be a number in [1, {MAX_ROPE_FACTOR:g}] "
+                f"(how many times longer than training the context may get), got {factor!r}."
+            )
         partial = params.get("partial_rotary_factor")
         if partial is not None and (partial != 1.0 or isinstance(partial, bool)):
             # TinyTx rotates every dimension of a head: a fraction would be stored and silently ignored.
-            raise ValueError("TinyTxConfig: `partial_rotary_factor` must be 1.0 (RoPE on every dimension of a head), "
-                             f"got {partial!r}; TinyTx has no partial rotary embeddings, so remove the key.")
+            raise ValueError(
+                "TinyTxConfig: `partial_rotary_factor` must be 1.0 (RoPE on every dimension of a head), got "
+                f"{partial!r}; TinyTx has no partial rotary embeddings, so remove the key."
+            )
         try:
             self.validate_rope()  # transformers' own check of the keys each RoPE type needs
         except KeyError as error:
-            raise ValueError(f"TinyTxConfig: {error.args[0]}; add the missing keys to `rope_parameters` (as for "
-                             "`LlamaConfig`).") from None
+            raise ValueError(
+                f"TinyTxConfig: {error.args[0]}; add the missing keys to `rope_parameters` (as for "
+                "`LlamaConfig`)."
+            ) from None
 
 
 def _is_finite_number(value) -> bool:
@@ -173,7 +199,8 @@ def _is_positive_int(value) -> bool:
 
 
 def _divisors_hint(width: int, heads: int) -> list[int]:
-    """The four head counts nearest `heads` that divide `width` (the smaller first on a tie), in increasing order."""
+    """The four head counts nearest `heads` that divide `width` (the smaller first
+    on a tie), in increasing order."""
     divisors = [d for d in range(1, width + 1) if width % d == 0]
     return sorted(sorted(divisors, key=lambda d: (abs(d - heads), d))[:4])
 

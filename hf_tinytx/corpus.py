@@ -3,11 +3,13 @@
 
 * ``coref`` (Winograd-style): "The animal didn't cross the street because it was too tired. The animal was too
   tired." Only resolving "it" predicts the noun after "The".
-* ``recall``: facts stated early ("The code for the blue door is 4 7 1."), filler, then the fact's opening again.
+* ``recall``: facts stated early ("The code for the blue door is 4 7 1."),
+  filler, then the fact's opening again.
 * ``copy``: "Repeat: w1 w2 ... wk. Again: w1 w2 ... wk.", with filler between the two.
 
-Each stream draws from its own ``random.Random`` seeded with a string (``"hf_tinytx.corpus/documents/{seed}"``): the
-same text on every machine. ``coref_new_nouns`` probes use :data:`HELD_OUT_NOUNS`, which no document contains.
+Each stream draws from its own ``random.Random`` seeded with a string
+(``"hf_tinytx.corpus/documents/{seed}"``): the same text on every machine. ``coref_new_nouns`` probes use
+:data:`HELD_OUT_NOUNS`, which no document contains.
 """
 
 import math
@@ -26,18 +28,21 @@ class Mix:
     kind_weights: tuple[float, ...] | None = None  # odds of coref, recall, copy; None: uniform
     made_up_share: float = 0.0  # of coreference statements whose two nouns are both made up
     copy_max_gap: int | None = None  # caps the filler inside copy documents; None: the recall cap (200 words)
-    # Of made-up pairs, those that begin alike ("blick", "blomp"): the noun is chosen again at its second piece.
+    # Of made-up pairs, those that begin alike ("blick", "blomp"): the noun is
+    # chosen again at its second piece.
     shared_onset_share: float = 0.0
 
     def weights(self, kinds: tuple[str, ...]) -> list[float] | None:
         return None if self.kind_weights is None else [self.kind_weights[KINDS.index(kind)] for kind in kinds]
 
 
-# `tinytx pretrain`'s corpus: mostly coreference with made-up nouns (the rule, not the nouns, is learnt), and short
-# copy documents so that copying is learnt in the same run. Why: docs/results.md ("The default run's corpus ...").
+# `tinytx pretrain`'s corpus: mostly coreference with made-up nouns (the rule, not the nouns, is
+# learnt), and short copy documents so that copying is learnt in the same run. Why:
+# docs/results.md ("The default run's corpus ...").
 DEFAULT_MIX = Mix(kind_weights=(6, 2, 4), made_up_share=0.75, copy_max_gap=10, shared_onset_share=0.5)
-# Claim 4's corpus (`python -m benchmarks.seed_claims`): coreference only, the real quarter keeping the frames' own
-# nouns in the vocabulary. Why: docs/results.md (`python -m benchmarks.seed_claims.rule_ablation`).
+# Claim 4's corpus (`python -m benchmarks.seed_claims`): coreference only, the real quarter keeping
+# the frames' own nouns in the vocabulary. Why: docs/results.md (`python -m
+# benchmarks.seed_claims.rule_ablation`).
 RULE_MIX = Mix(kind_weights=(1, 0, 0), made_up_share=0.75)
 
 
@@ -49,7 +54,8 @@ class Probe:
     prompt: str  # text up to (not including) the answer, e.g. "... because it was too tired. The"
     answer: str  # the correct continuation, with its leading space, e.g. " animal"
     distractors: tuple[str, ...]  # wrong continuations of the same form, e.g. (" street",)
-    distance: int  # words between the fact and the question (recall), the list and its repetition (copy); 0: coref
+    # words between the fact and the question (recall), the list and its repetition (copy); 0: coref
+    distance: int
 
 
 # ---- Coreference
@@ -57,7 +63,8 @@ class Probe:
 
 @dataclass(frozen=True)
 class CorefTemplate:
-    """One sentence frame with two nouns, `a` and `b`. `a_adjectives` make "it" mean `a`, `b_adjectives` mean `b`."""
+    """One sentence frame with two nouns, `a` and `b`. `a_adjectives` make "it" mean
+    `a`, `b_adjectives` mean `b`."""
 
     sentence: str  # uses {a}, {b} and {adjective}
     a_nouns: tuple[str, ...]
@@ -94,7 +101,9 @@ def _read_frames(table: str) -> tuple[CorefTemplate, ...]:
     for sentence, a, b in zip(lines[0::3], lines[1::3], lines[2::3]):
         (a_nouns, a_adjectives, a_held), (b_nouns, b_adjectives, b_held) = (
             [tuple(part.split()) for part in role.split(":", 1)[1].split("|")] for role in (a, b))
-        templates.append(CorefTemplate(sentence, a_nouns, a_adjectives, b_nouns, b_adjectives, a_held, b_held))
+        templates.append(
+            CorefTemplate(sentence, a_nouns, a_adjectives, b_nouns, b_adjectives, a_held, b_held)
+        )
     return tuple(templates)
 
 
@@ -115,19 +124,26 @@ class _CorefItem:
         return Probe(kind, f"{self.statement} The", f" {self.referent}", (f" {self.other}",), distance=0)
 
 
-# Made-up nouns ("blick", "tromp"): a real noun's class can give the answer away (animals get tired), a made-up one
-# has none. English-like syllables, so that their tokenizer pieces also spell real words.
-_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y", "z",
-           "bl", "br", "ch", "cl", "cr", "dr", "fl", "gl", "gr", "pl", "pr", "sc", "sh", "sk", "sl", "sm", "sn",
-           "sp", "st", "sw", "th", "tr", "wh")
-_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ea", "ee", "oa", "oo", "ou", "ow", "ay", "y")
-_CODAS = ("", "", "", "b", "ck", "d", "dge", "ft", "g", "k", "l", "ll", "m", "mp", "n", "nd", "ng", "nk", "nt",
-          "p", "r", "rd", "rk", "rn", "rt", "s", "sh", "sk", "st", "t", "tch", "th", "x")
+# Made-up nouns ("blick", "tromp"): a real noun's class can give the answer away (animals get tired), a
+# made-up one has none. English-like syllables, so that their tokenizer pieces also spell real words.
+_ONSETS = (
+    "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y", "z", "bl", "br",
+    "ch", "cl", "cr", "dr", "fl", "gl", "gr", "pl", "pr", "sc", "sh", "sk", "sl", "sm", "sn", "sp", "st",
+    "sw", "th", "tr", "wh",
+)
+_VOWELS = (
+    "a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "ai", "ea", "ee", "oa", "oo", "ou", "ow", "ay", "y",
+)
+_CODAS = (
+    "", "", "", "b", "ck", "d", "dge", "ft", "g", "k", "l", "ll", "m", "mp", "n", "nd", "ng", "nk", "nt", "p",
+    "r", "rd", "rk", "rn", "rt", "s", "sh", "sk", "st", "t", "tch", "th", "x",
+)
 _ENDINGS = ("", "", "", "", "", "le", "er", "et", "y", "on", "el", "ow", "ing", "age", "ish")
 
 
 def _made_up_noun(rng: random.Random, onset: str = "") -> str:
-    """A pronounceable non-word of one or two syllables, not in :data:`HELD_OUT_NOUNS`; `onset`: its first letters."""
+    """A pronounceable non-word of one or two syllables, not in
+    :data:`HELD_OUT_NOUNS`; `onset`: its first letters."""
     while True:
         syllables = "".join((onset if i == 0 and onset else rng.choice(_ONSETS)) + rng.choice(_VOWELS)
                             + rng.choice(_CODAS) for i in range(rng.choice((1, 1, 2))))
@@ -142,7 +158,8 @@ def _onset(noun: str) -> str:
 
 def _coref_item(rng: random.Random, held_out: bool = False, made_up_share: float = 0.0,
                 shared_onset_share: float = 0.0) -> _CorefItem:
-    """A statement with the frame's held-out nouns, its own nouns or (`made_up_share` of the time) made-up ones."""
+    """A statement with the frame's held-out nouns, its own nouns or
+    (`made_up_share` of the time) made-up ones."""
     template = rng.choice(COREF_TEMPLATES)
     if held_out:
         a, b = rng.choice(template.held_out_a_nouns), rng.choice(template.held_out_b_nouns)
@@ -175,7 +192,9 @@ def _coref_document(rng: random.Random, mix: Mix) -> str:
 
 NAMES = ("Mia", "Leo", "Ava", "Sam", "Noah", "Emma", "Omar", "Lily", "Jack", "Zoe",
          "Ravi", "Nina", "Ben", "Sara", "Tom", "Ana", "Ivan", "Maya", "Eli", "Rosa")
-COLORS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "grey", "pink", "silver")
+COLORS = (
+    "red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "grey", "pink", "silver",
+)
 CITIES = ("Paris", "Lima", "Oslo", "Cairo", "Delhi", "Rome", "Tokyo", "Dublin",
           "Quito", "Accra", "Madrid", "Berlin", "Vienna", "Prague", "Lisbon", "Nairobi")
 MAX_FACTS_PER_DOCUMENT = 3
@@ -236,13 +255,16 @@ def _recall_distractors(rng: random.Random, fact: _Fact, others: list[_Fact]) ->
     return tuple(chosen)
 
 
-_FILLER_SUBJECTS = ("The farmer", "A teacher", "The old man", "Her neighbour", "The children", "A young woman",
-                    "The baker", "His sister", "The driver", "A tall stranger", "The students", "Our uncle")
+_FILLER_SUBJECTS = (
+    "The farmer", "A teacher", "The old man", "Her neighbour", "The children", "A young woman", "The baker",
+    "His sister", "The driver", "A tall stranger", "The students", "Our uncle",
+)
 _FILLER_VERBS = ("walked to", "looked at", "talked about", "waited near", "cleaned", "painted", "visited",
                  "sat beside", "thought about", "drew a picture of", "wrote a letter about", "sang about")
-_FILLER_PLACES = ("the garden", "the market", "the old church", "the kitchen", "the quiet library", "the long hill",
-                  "the village square", "the school", "the small farm", "the harbour", "the museum",
-                  "the train station")
+_FILLER_PLACES = (
+    "the garden", "the market", "the old church", "the kitchen", "the quiet library", "the long hill",
+    "the village square", "the school", "the small farm", "the harbour", "the museum", "the train station",
+)
 _FILLER_TAILS = ("", " in the morning", " after lunch", " before the rain", " for a while", " on Sunday",
                  " with a friend", " late at night", " once again")
 _FILLER_SAYINGS = (
@@ -281,7 +303,8 @@ def _recall_episode(rng: random.Random, distance: int) -> tuple[Probe, str]:
     """A recall question `distance` words after its fact, and the end of the fact's sentence."""
     facts = _make_facts(rng, rng.randint(1, MAX_FACTS_PER_DOCUMENT))
     queried, others = facts[0], facts[1:]
-    # Other facts go before the queried one, or after it when they fit in the distance; filler makes up the rest.
+    # Other facts go before the queried one, or after it when they fit in the
+    # distance; filler makes up the rest.
     before, between = [], []
     budget = distance
     for other in others:
@@ -313,7 +336,8 @@ def _recall_document(rng: random.Random, max_distance: int) -> str:
 
 COPY_WORDS = tuple(
     """apple river stone cloud green quick happy window garden music paper silver winter summer candle forest
-    mountain ocean letter yellow orange purple little bright quiet gentle simple yesterday tomorrow morning evening
+    mountain ocean letter yellow orange purple little bright quiet gentle simple yesterday tomorrow morning
+    evening
     pencil button castle dragon finger hammer ladder mirror needle pillow rocket saddle ticket violin wallet
     zebra anchor basket carpet desert engine feather guitar harbor island jacket kitten lemon magnet nest
     onion pepper rabbit shadow tiger umbrella valley whistle yogurt bottle camera dinner eagle flower honey
@@ -370,12 +394,18 @@ def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], m
     return [makers[draw()](rng) for _ in range(num_documents)]
 
 
-def generate_documents(num_documents: int, seed: int = 0, kinds: tuple[str, ...] = ("coref", "recall", "copy"),
-                       max_recall_distance: int = 200, mix: Mix = DEFAULT_MIX) -> list[str]:
-    """`num_documents` documents of the `kinds` (drawn with the odds of `mix`); the same seed gives the same list.
+def generate_documents(
+    num_documents: int,
+    seed: int = 0,
+    kinds: tuple[str, ...] = ("coref", "recall", "copy"),
+    max_recall_distance: int = 200,
+    mix: Mix = DEFAULT_MIX,
+) -> list[str]:
+    """`num_documents` documents of the `kinds` (drawn with the odds of `mix`);
+    the same seed gives the same list.
 
-    `max_recall_distance` caps the words between a fact and its question, and between a list and its repetition
-    (both drawn log-uniformly from 0 to the cap).
+    `max_recall_distance` caps the words between a fact and its question, and between a list and its
+    repetition (both drawn log-uniformly from 0 to the cap).
     """
     _check_int("num_documents", num_documents, 0)
     _check_int("seed", seed)
@@ -391,8 +421,8 @@ def generate_documents(num_documents: int, seed: int = 0, kinds: tuple[str, ...]
 
 
 def default_corpus(num_documents: int = 20000, seed: int = 0, mix: Mix = DEFAULT_MIX) -> dict[str, list[str]]:
-    """`num_documents` training documents and a validation split one twentieth as large, from its own seed stream
-    and disjoint from training."""
+    """`num_documents` training documents and a validation split one twentieth as large, from its own
+    seed stream and disjoint from training."""
     _check_int("num_documents", num_documents, 1)
     train = generate_documents(num_documents, seed=seed, mix=mix)
     seen = set(train)
@@ -411,7 +441,8 @@ def default_corpus(num_documents: int = 20000, seed: int = 0, mix: Mix = DEFAULT
 
 
 def made_up_coref_probes(num_probes: int = 100, seed: int = 12345) -> list[Probe]:
-    """Coreference probes whose two nouns are made-up words (kind "coref_made_up", for claim 4's ablations)."""
+    """Coreference probes whose two nouns are made-up words (kind
+    "coref_made_up", for claim 4's ablations)."""
     _check_int("num_probes", num_probes, 1)
     _check_int("seed", seed)
     rng = _rng("probes/coref_made_up", seed)
@@ -426,7 +457,8 @@ def made_up_coref_probes(num_probes: int = 100, seed: int = 12345) -> list[Probe
 
 
 def _copy_probe(rng: random.Random, gap: int) -> Probe:
-    """Asks for the word after the first `known` words of the repetition, `gap` words of filler after the list."""
+    """Asks for the word after the first `known` words of the repetition, `gap`
+    words of filler after the list."""
     words = _copy_words(rng)
     known = rng.randrange(len(words))
     answer = words[known]
@@ -437,11 +469,15 @@ def _copy_probe(rng: random.Random, gap: int) -> Probe:
     return Probe("copy", prompt, f" {answer}", distractors, distance=gap)
 
 
-def make_probes(num_per_kind: int = 100, seed: int = 12345, recall_distances: tuple[int, ...] = (10, 50, 200, 400),
-                copy_distances: tuple[int, ...] = (0,)) -> list[Probe]:
-    """Held-out test questions: `num_per_kind` each of coref and coref_new_nouns, and of recall and copy at each of
-    their distances (exact, in words). Each kind has its own seed stream. Recall at 400 lies beyond the training
-    cap of 200 on purpose: does recall carry further than trained?
+def make_probes(
+    num_per_kind: int = 100,
+    seed: int = 12345,
+    recall_distances: tuple[int, ...] = (10, 50, 200, 400),
+    copy_distances: tuple[int, ...] = (0,),
+) -> list[Probe]:
+    """Held-out test questions: `num_per_kind` each of coref and coref_new_nouns, and of recall and copy at
+    each of their distances (exact, in words). Each kind has its own seed stream. Recall at 400 lies beyond
+    the training cap of 200 on purpose: does recall carry further than trained?
     """
     _check_int("num_per_kind", num_per_kind, 1)
     _check_int("seed", seed)
@@ -464,5 +500,7 @@ def make_probes(num_per_kind: int = 100, seed: int = 12345, recall_distances: tu
     return probes
 
 
-__all__ = ["COREF_TEMPLATES", "HELD_OUT_NOUNS", "KINDS", "DEFAULT_MIX", "RULE_MIX", "Mix", "PROBE_KINDS",
-           "CorefTemplate", "Probe", "default_corpus", "generate_documents", "made_up_coref_probes", "make_probes"]
+__all__ = [
+    "COREF_TEMPLATES", "HELD_OUT_NOUNS", "KINDS", "DEFAULT_MIX", "RULE_MIX", "Mix", "PROBE_KINDS",
+    "CorefTemplate", "Probe", "default_corpus", "generate_documents", "made_up_coref_probes", "make_probes",
+]

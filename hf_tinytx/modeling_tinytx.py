@@ -6,11 +6,11 @@ The network, bottom to top:
     token ids -> embedding -> N x [ RMSNorm -> self-attention -> +residual ; RMSNorm -> MLP -> +residual ]
               -> RMSNorm -> lm_head -> next-token logits
 
-Self-attention lets every position look at every earlier position: each token's query is compared with every key
-(a dot product), the scores are scaled by 1/sqrt(head_dim), future positions are masked out, a softmax turns the
-scores into weights, and the output is the weighted average of the values. Several heads do this side by side and
-their outputs are concatenated. Positions enter only by rotating queries and keys (RoPE), so a score depends on how
-far apart two tokens are, not on where they sit.
+Self-attention lets every position look at every earlier position: each token's query is compared with every
+key (a dot product), the scores are scaled by 1/sqrt(head_dim), future positions are masked out, a softmax
+turns the scores into weights, and the output is the weighted average of the values. Several heads do this
+side by side and their outputs are concatenated. Positions enter only by rotating queries and keys (RoPE), so
+a score depends on how far apart two tokens are, not on where they sit.
 
 It imports only torch, transformers and its configuration: checkpoints carry it as remote code.
 """
@@ -41,10 +41,13 @@ from .configuration_tinytx import TinyTxConfig
 
 logger = logging.get_logger(__name__)
 
-# transformers 5.24 renamed `past_key_values` to `cache`; as remote code this file also runs on older releases.
+# transformers 5.24 renamed `past_key_values` to `cache`; as remote code this
+# file also runs on older releases.
 _OUTPUT_FIELDS = {f.name for f in dataclasses.fields(BaseModelOutputWithPast)}
 _CACHE_FIELD = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
-_MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+_MASK_CACHE_ARG = (
+    "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+)
 
 
 def _warn_on_the_old_cache_name(forward):
@@ -73,7 +76,9 @@ class TinyTxRMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.dtype == self.weight.dtype == torch.float32:
             # One call: a decoding step is mostly per-op overhead.
-            return nn.functional.rms_norm(hidden_states, self.weight.shape, self.weight, eps=self.variance_epsilon)
+            return nn.functional.rms_norm(
+                hidden_states, self.weight.shape, self.weight, eps=self.variance_epsilon
+            )
         # Half precision: the statistics in fp32 (a bf16 mean of squares loses too many bits), the gain after.
         input_dtype = hidden_states.dtype
         hidden_states = nn.functional.rms_norm(
@@ -88,8 +93,8 @@ class TinyTxRMSNorm(nn.Module):
 class TinyTxRotaryEmbedding(nn.Module):
     """Turns position ids into the cos/sin tables that rotate queries and keys (RoPE).
 
-    Dimension i of a head is paired with dimension i + d/2, and each pair turns by its own angle. `sin` carries the
-    rotation's sign (-sin on the first half, +sin on the second): see `apply_rotary_pos_emb`.
+    Dimension i of a head is paired with dimension i + d/2, and each pair turns by its own angle. `sin`
+    carries the rotation's sign (-sin on the first half, +sin on the second): see `apply_rotary_pos_emb`.
     """
 
     inv_freq: torch.Tensor
@@ -101,21 +106,25 @@ class TinyTxRotaryEmbedding(nn.Module):
         self.original_max_seq_len = config.max_position_embeddings
         self.rope_type = config.rope_parameters.get("rope_type", "default")
         default = self.rope_type == "default"
-        rope_init_fn = self.compute_default_rope_parameters if default else ROPE_INIT_FUNCTIONS[self.rope_type]
+        rope_init_fn = (
+            self.compute_default_rope_parameters if default else ROPE_INIT_FUNCTIONS[self.rope_type]
+        )
         inv_freq, self.attention_scaling = rope_init_fn(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
 
     @staticmethod
     def compute_default_rope_parameters(config: TinyTxConfig, *args, **kwargs) -> tuple[torch.Tensor, float]:
-        """Pair i of each head's dimensions turns at frequency theta^(-2i/d): fast pairs see near, slow pairs far."""
+        """Pair i of each head's dimensions turns at frequency theta^(-2i/d): fast
+        pairs see near, slow pairs far."""
         base = config.rope_parameters["rope_theta"]
         dim = config.head_dim
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
         return inv_freq, 1.0
 
     @torch.no_grad()
-    @dynamic_rope_update  # only acts for the "dynamic" and "longrope" types, which change with sequence length
+    # only acts for the "dynamic" and "longrope" types, which change with sequence length
+    @dynamic_rope_update
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # angle[b, t, i] = position[b, t] * inv_freq[i], computed in fp32: bf16 positions lose whole tokens.
         inv_freq = self.inv_freq.to(device=x.device, dtype=torch.float32)
@@ -131,8 +140,8 @@ def apply_rotary_pos_emb(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotates queries and keys by their position's angle, so that q_m . k_n depends only on m - n.
 
-    Each pair (x1, x2) = (x[i], x[i + d/2]) turns into (x1 cos - x2 sin, x2 cos + x1 sin). Rolling x by d/2 puts x2
-    where x1 was and x1 where x2 was; `signed_sin` = (-sin, +sin) supplies the signs. That is Llama's
+    Each pair (x1, x2) = (x[i], x[i + d/2]) turns into (x1 cos - x2 sin, x2 cos + x1 sin). Rolling x by d/2
+    puts x2 where x1 was and x1 where x2 was; `signed_sin` = (-sin, +sin) supplies the signs. That is Llama's
     `x * cos + rotate_half(x) * sin`, bit for bit, with one op instead of three for the rotate-half.
     """
     cos = cos.unsqueeze(unsqueeze_dim)  # broadcast over the heads dimension
@@ -166,18 +175,26 @@ class TinyTxMLP(nn.Module):
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """Grouped-query attention: (batch, kv_heads, seq, d) -> (batch, kv_heads * n_rep, seq, d), each kv head shared
-    by `n_rep` query heads."""
+    """Grouped-query attention: (batch, kv_heads, seq, d) -> (batch, kv_heads * n_rep, seq, d), each
+    kv head shared by `n_rep` query heads."""
     if n_rep == 1:
         return hidden_states
     batch, num_key_value_heads, seq_len, head_dim = hidden_states.shape
-    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, seq_len, head_dim)
+    hidden_states = hidden_states[:, :, None, :, :].expand(
+        batch, num_key_value_heads, n_rep, seq_len, head_dim
+    )
     return hidden_states.reshape(batch, num_key_value_heads * n_rep, seq_len, head_dim)
 
 
 def eager_attention_forward(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs: Unpack[TransformersKwargs],
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention step by step. Shapes: query (batch, heads, n_q, d), key/value (batch, kv_heads, n_k, d)."""
     key = repeat_kv(key, module.num_key_value_groups)
@@ -187,8 +204,8 @@ def eager_attention_forward(
     #    Dividing by sqrt(d) keeps the scores from growing with the width and saturating the softmax.
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
 
-    # 2. The causal mask adds a huge negative number wherever a position would look at its future (or at padding),
-    #    so those pairs get zero weight after the softmax.
+    # 2. The causal mask adds a huge negative number wherever a position would look at its future (or at
+    #    padding), so those pairs get zero weight after the softmax.
     if attention_mask is not None:
         scores = scores + attention_mask
 
@@ -214,7 +231,9 @@ class TinyTxAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
 
-        q_width, kv_width = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        q_width, kv_width = (
+            config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim,
+        )
         self.q_proj = nn.Linear(config.hidden_size, q_width, bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
@@ -226,13 +245,18 @@ class TinyTxAttention(nn.Module):
             self.k_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
     def forward(
-        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None, cache: Cache | None = None, **kwargs: Unpack[TransformersKwargs],
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
 
-        # Queries ("what am I looking for"), keys ("what do I offer"), values ("what I pass on"), split into heads.
+        # Queries ("what am I looking for"), keys ("what do I offer"), values ("what
+        # I pass on"), split into heads.
         query_states = self.q_proj(hidden_states).view(hidden_shape)
         key_states = self.k_proj(hidden_states).view(hidden_shape)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
@@ -252,7 +276,8 @@ class TinyTxAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        # The backend is called right here, in forward: vLLM's Transformers backend finds it by reading this source.
+        # The backend is called right here, in forward: vLLM's Transformers backend
+        # finds it by reading this source.
         attn_output, attn_weights = attention_interface(
             self, query_states, key_states, value_states, attention_mask,
             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
@@ -276,15 +301,19 @@ class TinyTxDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = TinyTxRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
-        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None, cache: Cache | None = None, **kwargs: Unpack[TransformersKwargs],
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         # Mix across positions.
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(
-            hidden_states=hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
-            cache=cache, **kwargs,
+            hidden_states=hidden_states, position_embeddings=position_embeddings,
+            attention_mask=attention_mask, cache=cache, **kwargs,
         )
         hidden_states = residual + hidden_states
 
@@ -313,40 +342,51 @@ class TinyTxPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        # Linear/embedding ~ N(0, initializer_range), norms to one, RoPE tables recomputed (they are not saved).
+        # Linear/embedding ~ N(0, initializer_range), norms to one, RoPE tables
+        # recomputed (they are not saved).
         super()._init_weights(module)
-        # GPT-2's residual scaling: the projections that write into the residual stream start smaller by
-        # 1/sqrt(2 * layers), so the stream's variance does not grow with depth (loaded weights stay untouched).
+        # GPT-2's residual scaling: the projections that write into the residual stream start
+        # smaller by 1/sqrt(2 * layers), so the stream's variance does not grow with depth
+        # (loaded weights stay untouched).
         if isinstance(module, (TinyTxAttention, TinyTxMLP)):
             projection = module.o_proj if isinstance(module, TinyTxAttention) else module.down_proj
             std = self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers)
             init.normal_(projection.weight, mean=0.0, std=std)
 
 
-# Tensor-parallel styles that split output features evenly over the ranks (`unit_colwise` shares heads instead).
+# Tensor-parallel styles that split output features evenly over the ranks
+# (`unit_colwise` shares heads instead).
 EVEN_SPLITS = ("colwise", "colwise_rep", "colwise_gather_output")
-HEAD_COUNTS = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads", "v_proj": "num_key_value_heads"}
+HEAD_COUNTS = {
+    "q_proj": "num_attention_heads", "k_proj": "num_key_value_heads", "v_proj": "num_key_value_heads",
+}
 
 
 def _check_tensor_parallel_heads(config: TinyTxConfig) -> None:
-    """An even split of q/k/v over a rank count that does not divide their heads would fail in the first forward as
-    a reshape error. The plan is the config's, under the `distributed_config`'s own `tp_plan` (empty: no TP)."""
+    """An even split of q/k/v over a rank count that does not divide their heads would fail in
+    the first forward as a reshape error. The plan is the config's, under the
+    `distributed_config`'s own `tp_plan` (empty: no TP)."""
     distributed = getattr(config, "distributed_config", None)
     tp_size = getattr(distributed, "tp_size", None) or 1
     override = getattr(distributed, "tp_plan", None)
     if tp_size == 1 or override == {}:
         return
-    # The override names modules from the causal LM down ("model.layers.*..."), the config from the base model.
+    # The override names modules from the causal LM down ("model.layers.*..."),
+    # the config from the base model.
     override = override.items() if isinstance(override, dict) else ()
-    plan = {**(config.base_model_tp_plan or {}), **{key.removeprefix("model."): style for key, style in override}}
+    plan = {
+        **(config.base_model_tp_plan or {}), **{key.removeprefix("model."): style for key, style in override},
+    }
     for key, style in plan.items():
         projection = key.rsplit(".", 1)[-1]
         kind = HEAD_COUNTS.get(projection)
         if ".self_attn." in key and kind and style in EVEN_SPLITS and getattr(config, kind) % tp_size:
-            raise ValueError(f"Tensor parallelism over {tp_size} processes with the {style!r} plan for {projection} "
-                             f"needs {kind} ({getattr(config, kind)}) to be divisible by {tp_size}; run on a process "
-                             "count that divides it (or 1 process), or shard the attention with 'unit_colwise'/"
-                             "'unit_rowwise', which share heads.")
+            raise ValueError(
+                f"Tensor parallelism over {tp_size} processes with the {style!r} plan for {projection} needs "
+                f"{kind} ({getattr(config, kind)}) to be divisible by {tp_size}; run on a process count that "
+                "divides it (or 1 process), or shard the attention with 'unit_colwise'/'unit_rowwise', "
+                "which share heads."
+            )
 
 
 @auto_docstring
@@ -358,7 +398,9 @@ class TinyTxModel(TinyTxPreTrainedModel):
         self.vocab_size = config.vocab_size
 
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([TinyTxDecoderLayer(config, idx) for idx in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList(
+            [TinyTxDecoderLayer(config, idx) for idx in range(config.num_hidden_layers)]
+        )
         self.norm = TinyTxRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = TinyTxRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
@@ -378,7 +420,8 @@ class TinyTxModel(TinyTxPreTrainedModel):
     ) -> BaseModelOutputWithPast:
         r"""
         cache (`Cache`, *optional*):
-            Keys and values of the tokens already seen, extended in place (`past_key_values` before transformers 5.24).
+            Keys and values of the tokens already seen, extended in place
+            (`past_key_values` before transformers 5.24).
         """
         cache = _pop_cache(cache, kwargs)
         if (input_ids is None) ^ (inputs_embeds is not None):
@@ -394,14 +437,16 @@ class TinyTxModel(TinyTxPreTrainedModel):
 
         if position_ids is None:
             past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            position_ids = (
+                torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            )
             position_ids = position_ids.unsqueeze(0)
         self._warn_once_past_context(inputs_embeds.shape[1], cache)
         self._check_attention_mask(attention_mask, inputs_embeds, cache)
 
         causal_mask = create_causal_mask(
-            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-            **{_MASK_CACHE_ARG: cache},
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+            position_ids=position_ids, **{_MASK_CACHE_ARG: cache},
         )
 
         hidden_states = inputs_embeds
@@ -424,55 +469,71 @@ class TinyTxModel(TinyTxPreTrainedModel):
                              f"{tuple(input_ids.shape)}; add a batch dimension for a single sequence: "
                              "`input_ids[None]` (or `input_ids.unsqueeze(0)`).")
         if inputs_embeds is not None and inputs_embeds.dim() != 3:
-            raise ValueError("TinyTxModel: `inputs_embeds` must be 3-D (batch, sequence, hidden_size), got shape "
-                             f"{tuple(inputs_embeds.shape)}; add a batch dimension for a single sequence: "
-                             "`inputs_embeds[None]`.")
+            raise ValueError(
+                "TinyTxModel: `inputs_embeds` must be 3-D (batch, sequence, hidden_size), got shape "
+                f"{tuple(inputs_embeds.shape)}; add a batch dimension for a single sequence: "
+                "`inputs_embeds[None]`."
+            )
         inputs = input_ids if inputs_embeds is None else inputs_embeds
-        # Zero tokens (e.g. an empty prompt tokenized without BOS) would fail deep in attention with a reshape error.
+        # Zero tokens (e.g. an empty prompt tokenized without BOS) would fail deep in
+        # attention with a reshape error.
         if inputs.shape[1] == 0:
             bos = self.config.bos_token_id
             example = f"`torch.tensor([[{bos}]])`" if bos is not None else "the tokenizer's BOS id"
-            raise ValueError(f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is "
-                             f"nothing to continue from; pass at least one token, e.g. the BOS id: {example}.")
+            raise ValueError(
+                f"TinyTxModel: `input_ids` is empty (shape {tuple(inputs.shape[:2])}), so there is nothing "
+                f"to continue from; pass at least one token, e.g. the BOS id: {example}."
+            )
 
     def _warn_once_past_context(self, new_tokens: int, cache: Cache | None) -> None:
-        """Positions past `max_position_embeddings` were never trained on. Once per model, by a flag: `warning_once`
-        would warn at every new token, as the message names the length."""
+        """Positions past `max_position_embeddings` were never trained on. Once per model, by a flag:
+        `warning_once` would warn at every new token, as the message names the length."""
         if getattr(self, "_warned_past_context", False) or torch.compiler.is_compiling():
             return
         if self.rotary_emb.rope_type == "dynamic" or not (cache is None or hasattr(cache, "get_seq_length")):
-            return  # "dynamic" RoPE rescales itself past the limit (what it is for); a paged cache has no length
+            # "dynamic" RoPE rescales itself past the limit (what it is for); a paged cache has no length
+            return
         limit = self.config.max_position_embeddings
         length = new_tokens + (int(cache.get_seq_length()) if cache is not None else 0)
         if length > limit:
             self._warned_past_context = True
-            logger.warning(f"TinyTxModel: a sequence of {length} tokens is longer than "
-                           f"max_position_embeddings={limit}, the longest this model is configured for; positions past "
-                           f"{limit} extrapolate RoPE and the outputs there may degrade (a RoPE scaling type in "
-                           "`rope_parameters` extends the context).")
+            logger.warning(
+                f"TinyTxModel: a sequence of {length} tokens is longer than max_position_embeddings={limit}, "
+                f"the longest this model is configured for; positions past {limit} extrapolate RoPE and the "
+                "outputs there may degrade (a RoPE scaling type in `rope_parameters` extends the context)."
+            )
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:
-        # An out-of-range id is a bare IndexError on CPU. On an accelerator, reading the bounds back would stall every
-        # step: there the embedding's own device-side assert catches it.
+        # An out-of-range id is a bare IndexError on CPU. On an accelerator, reading the bounds back would
+        # stall every step: there the embedding's own device-side assert catches it.
         if torch.compiler.is_compiling() or input_ids.numel() == 0 or input_ids.device.type != "cpu":
             return
         low, high = (int(bound) for bound in torch.aminmax(input_ids))  # one pass over the ids, not two
         if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(f"TinyTxModel: `input_ids` must lie in [0, vocab_size={self.config.vocab_size}), but they "
-                             f"span [{low}, {high}]. The tokenizer and the model disagree: use the tokenizer saved "
-                             f"with this model, or build the model with vocab_size >= {high + 1}.")
+            raise ValueError(
+                f"TinyTxModel: `input_ids` must lie in [0, vocab_size={self.config.vocab_size}), but they "
+                f"span [{low}, {high}]. The tokenizer and the model disagree: use the tokenizer saved with "
+                f"this model, or build the model with vocab_size >= {high + 1}."
+            )
 
     @staticmethod
     def _check_attention_mask(attention_mask, inputs_embeds: torch.Tensor, cache: Cache | None) -> None:
-        if attention_mask is None or not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() == 4:
+        if (
+            attention_mask is None
+            or not isinstance(attention_mask, torch.Tensor)
+            or attention_mask.dim() == 4
+        ):
             return  # 4D masks and flex BlockMasks are the caller's own business
         batch_size, seq_len = inputs_embeds.shape[:2]
         if attention_mask.dim() != 2:
-            raise ValueError("TinyTxModel: `attention_mask` must be 2D (batch, tokens) with 1 for real tokens and 0 "
-                             f"for padding (or a prepared 4D mask), but it has shape {tuple(attention_mask.shape)}; a "
-                             "single sequence's 1D mask gets its batch dimension from `attention_mask[None]`.")
-        # The cached length is unknown under torch.compile (a static cache's length is a tensor there) and for paged
-        # caches (no `get_seq_length`; continuous batching passes no 2D mask anyway): then check what shapes allow.
+            raise ValueError(
+                "TinyTxModel: `attention_mask` must be 2D (batch, tokens) with 1 for real tokens and 0 for "
+                f"padding (or a prepared 4D mask), but it has shape {tuple(attention_mask.shape)}; a single "
+                "sequence's 1D mask gets its batch dimension from `attention_mask[None]`."
+            )
+        # The cached length is unknown under torch.compile (a static cache's length is a tensor
+        # there) and for paged caches (no `get_seq_length`; continuous batching passes no 2D mask
+        # anyway): then check what shapes allow.
         past_seen_tokens = None
         if not torch.compiler.is_compiling() and (cache is None or hasattr(cache, "get_seq_length")):
             past_seen_tokens = cache.get_seq_length() if cache is not None else 0
@@ -481,10 +542,12 @@ class TinyTxModel(TinyTxPreTrainedModel):
         if attention_mask.shape[0] != batch_size or not length_ok:
             cached = "some" if past_seen_tokens is None else past_seen_tokens
             expected = "cached + new tokens" if past_seen_tokens is None else past_seen_tokens + seq_len
-            raise ValueError(f"TinyTxModel: the 2D `attention_mask` has shape {tuple(attention_mask.shape)}, but the "
-                             f"input is batch {batch_size} x {seq_len} tokens (plus {cached} cached). It must be "
-                             f"(batch, cached + new tokens) = ({batch_size}, {expected}): pass the mask the tokenizer "
-                             "returned with these `input_ids`.")
+            raise ValueError(
+                f"TinyTxModel: the 2D `attention_mask` has shape {tuple(attention_mask.shape)}, but the "
+                f"input is batch {batch_size} x {seq_len} tokens (plus {cached} cached). It must be (batch, "
+                f"cached + new tokens) = ({batch_size}, {expected}): pass the mask the tokenizer returned "
+                "with these `input_ids`."
+            )
 
 
 @auto_docstring
@@ -505,14 +568,21 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
     @can_return_tuple
     @auto_docstring
     def forward(
-        self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None, labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0, **kwargs: Unpack[TransformersKwargs],
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""
         cache (`Cache`, *optional*):
-            Keys and values of the tokens already seen, extended in place (`past_key_values` before transformers 5.24).
+            Keys and values of the tokens already seen, extended in place
+            (`past_key_values` before transformers 5.24).
 
         Example:
 
@@ -521,13 +591,14 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
         >>> from transformers import AutoModelForCausalLM, AutoTokenizer
         >>> model = AutoModelForCausalLM.from_pretrained("path/to/tinytx")
         >>> tokenizer = AutoTokenizer.from_pretrained("path/to/tinytx")
-        >>> inputs = tokenizer("The animal didn't cross the street because it was too tired.", return_tensors="pt")
+        >>> inputs = tokenizer("The animal didn't cross the street because it was too tired.",
+            return_tensors="pt")
         >>> output_ids = model.generate(**inputs, max_new_tokens=20)
         ```"""
         cache = _pop_cache(cache, kwargs)
         if use_cache is None and labels is not None and cache is None:
-            # A forward that computes a loss reads no cache: building one would copy every layer's keys and values
-            # for nothing (ask with `use_cache=True` to get one anyway).
+            # A forward that computes a loss reads no cache: building one would copy every layer's keys and
+            # values for nothing (ask with `use_cache=True` to get one anyway).
             use_cache = False
         outputs: BaseModelOutputWithPast = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
@@ -541,8 +612,11 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
 
         loss = None
         if labels is not None:
-            # Shifts labels, ignores -100 and divides by `num_items_in_batch` when given (exact gradient accumulation).
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            # Shifts labels, ignores -100 and divides by `num_items_in_batch` when given
+            # (exact gradient accumulation).
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
 
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,

@@ -1,8 +1,9 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
 """Scores the corpus probes (:func:`hf_tinytx.corpus.make_probes`) with any causal language model.
 
-A probe is multiple choice: the model is right when it gives the correct continuation a higher total log-probability
-than every distractor. Works with anything that maps `input_ids` to next-token logits, plus a transformers tokenizer.
+A probe is multiple choice: the model is right when it gives the correct continuation a higher
+total log-probability than every distractor. Works with anything that maps `input_ids` to
+next-token logits, plus a transformers tokenizer.
 """
 
 import inspect
@@ -21,16 +22,22 @@ def _token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def _split_candidate(prompt_ids: list[int], full_ids: list[int], prompt: str, candidate: str) -> tuple[list, list]:
-    """(context ids, candidate ids) from the tokens of `prompt` and of `prompt + candidate`. BPE may merge across the
-    boundary: the candidate's tokens are those after the longest common prefix with the prompt's."""
+def _split_candidate(
+    prompt_ids: list[int], full_ids: list[int], prompt: str, candidate: str
+) -> tuple[list, list]:
+    """(context ids, candidate ids) from the tokens of `prompt` and of `prompt +
+    candidate`. BPE may merge across the boundary: the candidate's tokens are those after
+    the longest common prefix with the prompt's."""
     common = len(os.path.commonprefix([prompt_ids, full_ids]))
     if common == 0:
-        raise ValueError(f"Probe prompt {prompt!r} leaves no token before the candidate {candidate!r}, so its first "
-                         "token has nothing to be predicted from; use a non-empty prompt or a tokenizer with a "
-                         "`bos_token`.")
+        raise ValueError(
+            f"Probe prompt {prompt!r} leaves no token before the candidate {candidate!r}, so its first token "
+            "has nothing to be predicted from; use a non-empty prompt or a tokenizer with a `bos_token`."
+        )
     if common == len(full_ids):
-        raise ValueError(f"Candidate {candidate!r} adds no tokens to prompt {prompt!r}; candidates must be non-empty.")
+        raise ValueError(
+            f"Candidate {candidate!r} adds no tokens to prompt {prompt!r}; candidates must be non-empty."
+        )
     return full_ids[:common], full_ids[common:]
 
 
@@ -40,8 +47,8 @@ def model_device(model) -> torch.device:
 
 
 def _forward_takes(model) -> tuple[bool, bool]:
-    """(logits_to_keep, attention_mask): whether the model's forward takes each. `logits_to_keep` only when named (a
-    `**kwargs` forward might pass it on to a layer that rejects it)."""
+    """(logits_to_keep, attention_mask): whether the model's forward takes each. `logits_to_keep` only when
+    named (a `**kwargs` forward might pass it on to a layer that rejects it)."""
     try:
         parameters = dict(inspect.signature(model.forward).parameters)
     except (AttributeError, TypeError, ValueError):
@@ -59,11 +66,14 @@ class _Request:
     tokens: list[int]
 
 
-def _plan_inputs(split_candidates: list[tuple[list[int], list[int]]], rows: list[list[int]]) -> list[_Request]:
+def _plan_inputs(
+    split_candidates: list[tuple[list[int], list[int]]], rows: list[list[int]]
+) -> list[_Request]:
     """Model inputs for one probe's candidates, appended to `rows`, and where to read each candidate's score.
 
-    A candidate needs the input `(context + candidate)[:-1]`. A causal model's logits on a prefix do not depend on
-    what follows, so one input serves every candidate whose input is a prefix of it (all one-token candidates).
+    A candidate needs the input `(context + candidate)[:-1]`. A causal model's logits on a
+    prefix do not depend on what follows, so one input serves every candidate whose input is a
+    prefix of it (all one-token candidates).
     """
     own_rows: list[int] = []
     requests: list[_Request | None] = [None] * len(split_candidates)
@@ -81,10 +91,13 @@ def _plan_inputs(split_candidates: list[tuple[list[int], list[int]]], rows: list
 
 
 @torch.no_grad()
-def _score_requests(model, rows: list[list[int]], requests: list[_Request], batch_size: int, pad_id: int) -> list:
+def _score_requests(
+    model, rows: list[list[int]], requests: list[_Request], batch_size: int, pad_id: int
+) -> list:
     """Sum of log p(token | everything before it) over each request's tokens."""
     device = model_device(model)
-    # The mask only marks right padding, which a causal model never looks back at; sent to models that take it.
+    # The mask only marks right padding, which a causal model never looks back
+    # at; sent to models that take it.
     keep_logits_arg, send_mask = _forward_takes(model)
     requests_of_row: list[list[int]] = [[] for _ in rows]
     for index, request in enumerate(requests):
@@ -95,7 +108,8 @@ def _score_requests(model, rows: list[list[int]], requests: list[_Request], batc
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
         width = max(len(rows[r]) for r in batch)
-        # Right padding: every real token keeps its natural position and, the model being causal, never sees a pad.
+        # Right padding: every real token keeps its natural position and, the model
+        # being causal, never sees a pad.
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         for b, r in enumerate(batch):
@@ -138,7 +152,8 @@ def candidate_log_probs(model, tokenizer, probes: list[Probe], batch_size: int =
         ]
         requests += _plan_inputs(split, rows)
     pad_id = getattr(tokenizer, "pad_token_id", None)
-    pad_id = pad_id if pad_id is not None else 0  # any id will do: padded positions are masked and never scored
+    # any id will do: padded positions are masked and never scored
+    pad_id = pad_id if pad_id is not None else 0
 
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
@@ -154,16 +169,16 @@ def candidate_log_probs(model, tokenizer, probes: list[Probe], batch_size: int =
 
 
 def probe_key(probe: Probe) -> str:
-    """The result key a probe counts towards: its kind, with the distance for recall (`recall@200`) and for copying
-    over filler (`copy@200`; plain `copy` when the repetition follows the list at once)."""
+    """The result key a probe counts towards: its kind, with the distance for recall (`recall@200`) and for
+    copying over filler (`copy@200`; plain `copy` when the repetition follows the list at once)."""
     if probe.kind == "recall" or (probe.kind == "copy" and probe.distance > 0):
         return f"{probe.kind}@{probe.distance}"
     return probe.kind
 
 
 def score_probes(model, tokenizer, probes: list[Probe], batch_size: int = 32) -> dict[str, float]:
-    """Accuracy per `probe_key`: right when the answer beats every distractor (ties count wrong), with a matching
-    `n_{key}` count (as a float, like every value)."""
+    """Accuracy per `probe_key`: right when the answer beats every distractor (ties count wrong), with a
+    matching `n_{key}` count (as a float, like every value)."""
     if not probes:
         raise ValueError("`probes` is empty; build some with `hf_tinytx.corpus.make_probes()`.")
     scores = candidate_log_probs(model, tokenizer, probes, batch_size=batch_size)

@@ -1,5 +1,6 @@
-"""A byte-level BPE tokenizer trained from text, wrapped as a transformers tokenizer. It starts from the 256 byte
-values, so every string encodes, then merges the most frequent neighbouring pairs until the vocabulary is full.
+"""A byte-level BPE tokenizer trained from text, wrapped as a transformers tokenizer. It
+starts from the 256 byte values, so every string encodes, then merges the most frequent
+neighbouring pairs until the vocabulary is full.
 """
 
 from collections.abc import Iterable
@@ -14,7 +15,8 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
 
 def train_bpe_tokenizer(texts: Iterable[str] | Iterable[list[str]], vocab_size: int,
                         model_max_length: int = 2048) -> PreTrainedTokenizerFast:
-    """Trains on `texts` (strings, or batches of strings) and returns a fast tokenizer with pad/bos/eos set."""
+    """Trains on `texts` (strings, or batches of strings) and returns a fast
+    tokenizer with pad/bos/eos set."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -25,6 +27,7 @@ def train_bpe_tokenizer(texts: Iterable[str] | Iterable[list[str]], vocab_size: 
 
 
 def adds_bos(tokenizer) -> bool:
-    """Whether this tokenizer puts its BOS in front of every text (Llama-style) rather than none (GPT-2-style)."""
+    """Whether this tokenizer puts its BOS in front of every text (Llama-style)
+    rather than none (GPT-2-style)."""
     bos = getattr(tokenizer, "bos_token_id", None)
     return bos is not None and list(tokenizer("x")["input_ids"])[:1] == [bos]

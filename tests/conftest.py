@@ -31,7 +31,8 @@ def pytest_configure(config):
 
 @pytest.fixture
 def mounted():
-    """`with mounted(path, size):` a small tmpfs on `path`, unmounted afterwards; skips where mounting is denied."""
+    """`with mounted(path, size):` a small tmpfs on `path`, unmounted afterwards;
+    skips where mounting is denied."""
     @contextlib.contextmanager
     def mount(path, size):
         stack = contextlib.ExitStack()
@@ -63,7 +64,8 @@ def tiny_config():
 
 @pytest.fixture
 def tiny_model():
-    """`tiny_model(seed=0, attn_implementation="eager", **config_overrides)` -> TinyTxForCausalLM in eval mode."""
+    """`tiny_model(seed=0, attn_implementation="eager", **config_overrides)` ->
+    TinyTxForCausalLM in eval mode."""
     return build_tiny_model
 
 
@@ -75,13 +77,15 @@ def byte_bpe_tokenizer():
 
 @pytest.fixture
 def run_pretrain(tmp_path):
-    """`run_pretrain(*flags, env=None, launcher=None, check=True)`: training/pretrain.py with TINY_PRETRAIN_ARGS then
-    `flags`, behind `launcher` (e.g. torchrun's argv); returns the CompletedProcess."""
+    """`run_pretrain(*flags, env=None, launcher=None, check=True)`:
+    training/pretrain.py with TINY_PRETRAIN_ARGS then `flags`, behind `launcher` (e.g.
+    torchrun's argv); returns the CompletedProcess."""
     def run(*flags, env=None, launcher=None, check=True, timeout=300):
         script = str(REPO_ROOT / "training" / "pretrain.py")
         command = [*(launcher or [sys.executable]), script, *TINY_PRETRAIN_ARGS, *map(str, flags)]
         result = subprocess.run(
-            command, env=env or pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout
+            command, env=env or pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+            timeout=timeout,
         )
         if check and result.returncode != 0:
             raise AssertionError(
@@ -94,7 +98,8 @@ def run_pretrain(tmp_path):
 
 @pytest.fixture(scope="session")
 def reference_pretrain(tmp_path_factory):
-    """training/pretrain.py and its reference run (tests/helpers/reference.py), trained once per test process."""
+    """training/pretrain.py and its reference run (tests/helpers/reference.py),
+    trained once per test process."""
     from tests.helpers.reference import pretrain_command
 
     return pretrain_command(tmp_path_factory)

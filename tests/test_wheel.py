@@ -1,5 +1,5 @@
-"""The package as built for users: the wheel's contents, the `tinytx` command's help and errors without torch, and the
-smaller parts of the CI install stage (.ci/wheel_check.py)."""
+"""The package as built for users: the wheel's contents, the `tinytx` command's help and errors without torch,
+and the smaller parts of the CI install stage (.ci/wheel_check.py)."""
 
 import importlib.util
 import subprocess
@@ -50,12 +50,16 @@ def test_wheel_problems_names_each_fault():
     bad.append("training/pretrain_args.py")
     problems = wheel_check.wheel_problems(bad)
     assert "missing hf_tinytx_training/model_cards/tinytx_model_card.md" in problems
-    assert "installs a top-level 'training'; only hf_tinytx, hf_tinytx_training belong to this project" in problems
+    assert (
+        "installs a top-level 'training'; only hf_tinytx, hf_tinytx_training belong to this project"
+        in problems
+    )
     assert problems[-1].startswith("no entry_points.txt")
 
 
 def test_the_finetune_records_are_valid_and_include_chats(tmp_path):
-    """finetune reads them (its own reader), and the chats give the model the template `tinytx serve` chat needs."""
+    """finetune reads them (its own reader), and the chats give the model the
+    template `tinytx serve` chat needs."""
     from hf_tinytx_training.sft.records import read_records
 
     (tmp_path / "sft.jsonl").write_text(wheel_check.finetune_records(6))
@@ -74,7 +78,8 @@ def test_the_ci_pretrain_flags_parse_and_stay_tiny():
 HELP_SAYS = {  # the command's flags -> a line of their help
     "": "finetune   fine-tune",
     "pretrain": "--max_train_steps",
-    "finetune": "--num_train_epochs",  # one of Trainer's flags: TrainingArguments, and so torch, loads for them
+    # one of Trainer's flags: TrainingArguments, and so torch, loads for them
+    "finetune": "--num_train_epochs",
     "convert": "--outtype",
     "interpret": "--coref_probes",
     "serve": "--max_tokens_cap",
@@ -85,8 +90,8 @@ HELP_SAYS = {  # the command's flags -> a line of their help
 
 @pytest.mark.parametrize("command", HELP_SAYS, ids=[name or "tinytx" for name in HELP_SAYS])
 def test_tinytx_help_answers_before_torch_loads(command, tmp_path):
-    """`tinytx [command] --help`, run outside the checkout, answers without importing torch; but finetune's, which
-    lists Trainer's flags."""
+    """`tinytx [command] --help`, run outside the checkout, answers without importing torch; but
+    finetune's, which lists Trainer's flags."""
     argv = [command, "--help"] if command else ["--help"]
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", *argv],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -99,7 +104,9 @@ def test_tinytx_help_answers_before_torch_loads(command, tmp_path):
 
 
 def test_a_bad_convert_flag_is_refused_before_torch_loads():
-    command = [sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", "convert", "--to", "onnx", "a", "b"]
+    command = [
+        sys.executable, "-X", "importtime", "-m", "hf_tinytx_training", "convert", "--to", "onnx", "a", "b",
+    ]
     result = subprocess.run(command, cwd=REPO_ROOT.parent, capture_output=True, text=True, timeout=120)
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert result.returncode == 2 and "torch" not in imported
@@ -107,14 +114,16 @@ def test_a_bad_convert_flag_is_refused_before_torch_loads():
 
 
 def test_an_unknown_tinytx_command_is_one_line_naming_the_closest():
-    result = subprocess.run([sys.executable, "-m", "hf_tinytx_training", "pretrian"], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_tinytx_training", "pretrian"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == ("tinytx: error: unknown command 'pretrian'; did you mean pretrain? "
                                      "(tinytx --help lists them)")
 
 
-# Makes the named top-level modules look uninstalled, as after `pip install hf_tinytx` without the `train` extra.
+# Makes the named top-level modules look uninstalled, as after `pip install
+# hf_tinytx` without the `train` extra.
 HIDE_MODULES = """
 import sys
 from importlib.machinery import PathFinder
@@ -131,15 +140,20 @@ sys.meta_path[sys.meta_path.index(PathFinder)] = WithoutSome
 def test_a_training_command_without_the_train_extra_is_one_line_naming_it(tmp_path):
     """Before: `ModuleNotFoundError: No module named 'accelerate'`, a traceback."""
     (tmp_path / "hide").mkdir()
-    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE_MODULES.format(hidden={"accelerate", "datasets"}))
+    (tmp_path / "hide" / "sitecustomize.py").write_text(
+        HIDE_MODULES.format(hidden={"accelerate", "datasets"})
+    )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "hide"), "HOME": str(tmp_path)}
     for command in ("pretrain", "finetune"):
-        result = subprocess.run([sys.executable, "-m", "hf_tinytx_training", command, "--output_dir",
-                                 str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "hf_tinytx_training", command, "--output_dir", str(tmp_path / "out")],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )
         assert result.returncode == 2, result.stderr[-3000:]
-        assert result.stderr.strip() == (f"tinytx {command}: error: the training scripts need the `train` extra "
-                                         "(accelerate, datasets not installed): pip install 'hf_tinytx[train]'")
+        assert result.stderr.strip() == (
+            f"tinytx {command}: error: the training scripts need the `train` extra (accelerate, datasets not "
+            "installed): pip install 'hf_tinytx[train]'"
+        )
     assert not (tmp_path / "out").exists()
     # the flags are still listed
     result = subprocess.run([sys.executable, "-m", "hf_tinytx_training", "pretrain", "--help"], cwd=tmp_path,
@@ -149,20 +163,27 @@ def test_a_training_command_without_the_train_extra_is_one_line_naming_it(tmp_pa
 
 @pytest.mark.deep
 def test_launchers_run_the_module_as_the_readme_says(tmp_path):
-    """README: `torchrun ... -m hf_tinytx_training.pretrain` and `accelerate launch --config_file CONFIG -m ...`,
-    CONFIG from the installed package's configs folder."""
+    """README: `torchrun ... -m hf_tinytx_training.pretrain` and `accelerate launch --config_file CONFIG -m
+    ...`, CONFIG from the installed package's configs folder."""
     from hf_tinytx_training.model.config_file import CONFIGS_DIR
     from tests.helpers.tiny import TINY_PRETRAIN_ARGS, pretrain_env, run_side_by_side
 
-    flags = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "2", "--num_probes_per_kind", "0", "--num_samples", "0"]
+    flags = [
+        *TINY_PRETRAIN_ARGS, "--max_train_steps", "2", "--num_probes_per_kind", "0", "--num_samples", "0",
+    ]
     launchers = {
         "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"],
         "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                        f"{CONFIGS_DIR}/accelerate-cpu.yaml"],
     }
     env = pretrain_env(tmp_path, OMP_NUM_THREADS="1")
-    runs = {name: ([*launcher, "-m", "hf_tinytx_training.pretrain", *flags, "--output_dir", str(tmp_path / name)],
-                   tmp_path, env) for name, launcher in launchers.items()}
+    runs = {
+        name: (
+            [*launcher, "-m", "hf_tinytx_training.pretrain", *flags, "--output_dir", str(tmp_path / name)],
+            tmp_path, env,
+        )
+        for name, launcher in launchers.items()
+    }
     for name, result in run_side_by_side(runs).items():
         assert result.returncode == 0, f"{name}:\n{result.stderr[-3000:]}"
         assert (tmp_path / name / "model.safetensors").is_file(), name

@@ -1,9 +1,9 @@
 """Resumable checkpoints: save, verify, find, load, prune. This module owns `output_dir/checkpoints/`:
 
     checkpoints/tokenizer/   the run's tokenizer, saved once (a resumed run must reuse it)
-    checkpoints/step_N/      Accelerate's `save_state` + trainer_state.json (`TrainingState`) + data_fingerprint.json
-                             + checksums.json (sha256 of each file); under FSDP2 on CPUs also sharded/ and
-                             scheduler.bin (torch.distributed.checkpoint)
+    checkpoints/step_N/      Accelerate's `save_state` + trainer_state.json (`TrainingState`) +
+                             data_fingerprint.json + checksums.json (sha256 of each file); under FSDP2 on CPUs
+                             also sharded/ and scheduler.bin (torch.distributed.checkpoint)
 
 A checkpoint is written under a temporary name, flushed, checksummed, then renamed: a kill mid-save leaves the
 earlier ones as they were. A resume takes the newest intact one; those it will not continue from are set aside
@@ -20,7 +20,15 @@ import shutil
 import types
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from hf_tinytx.folders.safe import STAGING_NAME, fsync_dir, fsync_tree, is_disk_full, mib, open_new, remove_tree
+from hf_tinytx.folders.safe import (
+    STAGING_NAME,
+    fsync_dir,
+    fsync_tree,
+    is_disk_full,
+    mib,
+    open_new,
+    remove_tree,
+)
 from hf_tinytx_training.data.fingerprint import data_changes
 from hf_tinytx_training.errors import RunError, UserInputError
 
@@ -32,15 +40,19 @@ TOKENIZER_DIR = "tokenizer"
 SHARDED_DIR = "sharded"
 SCHEDULER_FILE = "scheduler.bin"
 CONFIG_FILE = "config.json"
-DATA_FILE = "data_fingerprint.json"  # what decided the data (data/fingerprint.py): a resume must read the same
-# What a resume must keep: the data order (the process count and accumulation may change: every step reads the same
-# global batch), the values the optimizer's state holds, the tokenizer saved in checkpoints/, the tensors' shapes.
+# what decided the data (data/fingerprint.py): a resume must read the same
+DATA_FILE = "data_fingerprint.json"
+# What a resume must keep: the data order (the process count and accumulation may change: every
+# step reads the same global batch), the values the optimizer's state holds, the tokenizer saved
+# in checkpoints/, the tensors' shapes.
 DATA_ORDER = ("seed", "block_size", "global_batch")
 OPTIMIZER_STATE = ("optimizer", "learning_rate", "muon_learning_rate", "weight_decay", "adam_beta2")
 TOKENIZER_FLAGS = ("tokenizer_name", "vocab_size")
-ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "mlp_type", "qk_norm", "tie_word_embeddings", "attention_bias",
-                "mlp_bias")
+ARCHITECTURE = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "mlp_type", "qk_norm", "tie_word_embeddings", "attention_bias",
+    "mlp_bias",
+)
 TEMPORARY_PREFIX = ".tmp_"  # a checkpoint is written as .tmp_<name>, then renamed in whole
 RANDOM_STATES = "random_states"  # Accelerate's random_states_<process index>.pkl
 DEEPSPEED_DIR = "pytorch_model"  # where Accelerate has DeepSpeed write its states
@@ -48,7 +60,8 @@ DEEPSPEED_DIR = "pytorch_model"  # where Accelerate has DeepSpeed write its stat
 
 @dataclass(frozen=True)
 class Layout:
-    """A run's checkpoints folder and how its checkpoints are named: pretrain's step_N, or Trainer's checkpoint-N."""
+    """A run's checkpoints folder and how its checkpoints are named: pretrain's
+    step_N, or Trainer's checkpoint-N."""
 
     folder: str
     prefix: str = STEP_PREFIX
@@ -81,18 +94,25 @@ class TrainingState:
     launches: int = 1
 
 
-def make_run_signature(train_args, block_size: int, global_batch: int, num_processes: int, model_args=None) -> dict:
+def make_run_signature(
+    train_args, block_size: int, global_batch: int, num_processes: int, model_args=None
+) -> dict:
     """What a resume must keep (DATA_ORDER, OPTIMIZER_STATE, TOKENIZER_FLAGS) and what it may change."""
-    return {"seed": train_args.seed, "block_size": block_size, "global_batch": global_batch,
-            "gradient_accumulation_steps": train_args.gradient_accumulation_steps, "num_processes": num_processes,
-            **{key: getattr(train_args, key) for key in OPTIMIZER_STATE},
-            **{key: getattr(model_args, key) for key in TOKENIZER_FLAGS if model_args is not None}}
+    return {
+        "seed": train_args.seed, "block_size": block_size, "global_batch": global_batch,
+        "gradient_accumulation_steps": train_args.gradient_accumulation_steps, "num_processes": num_processes,
+        **{key: getattr(train_args, key) for key in OPTIMIZER_STATE},
+        **{key: getattr(model_args, key) for key in TOKENIZER_FLAGS if model_args is not None},
+    }
 
 
-def save_state(accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded, model_config,
-               data: dict) -> str:
-    """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`. `sharded`: (model,
-    optimizer, scheduler) that Accelerate does not hold. The model's config goes beside the weights for --init_from."""
+def save_state(
+    accelerator, checkpoints_dir: str, state: TrainingState, keep: int | None, sharded, model_config,
+    data: dict,
+) -> str:
+    """Writes checkpoints/step_N (every process takes part) and prunes all but the newest `keep`.
+    `sharded`: (model, optimizer, scheduler) that Accelerate does not hold. The model's config goes
+    beside the weights for --init_from."""
     layout = Layout(checkpoints_dir)
     final = layout.path(state.step)
     temporary = os.path.join(checkpoints_dir, TEMPORARY_PREFIX + os.path.basename(final))
@@ -126,15 +146,17 @@ def rename_into_place(temporary: str, final: str) -> None:
 
 def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, sharded: bool,
                deepspeed_engine=None) -> TrainingState:
-    """Puts what `save_state` wrote back into the model, optimizer and scheduler (`parts`) and the RNG (every process
-    takes part). Another process count resumes too; what cannot is refused before anything loads."""
+    """Puts what `save_state` wrote back into the model, optimizer and scheduler (`parts`) and the RNG (every
+    process takes part). Another process count resumes too; what cannot is refused before anything loads."""
     state = read_training_state(folder)
     saved = state.run_signature
     if any(saved.get(key) != run_signature[key] for key in DATA_ORDER):
         was, now = ({key: values.get(key) for key in DATA_ORDER} for values in (saved, run_signature))
-        raise UserInputError(f"{folder} was written with {was}, but this run has {now}; resume with the same --seed, "
-                             "--block_size and --total_batch_size (on any process count), or start a new run from its "
-                             f"weights with --init_from {folder}.")
+        raise UserInputError(
+            f"{folder} was written with {was}, but this run has {now}; resume with the same --seed, "
+            "--block_size and --total_batch_size (on any process count), or start a new run from its "
+            f"weights with --init_from {folder}."
+        )
     written_by, in_shards = saved.get("num_processes", 1), os.path.isdir(os.path.join(folder, SHARDED_DIR))
     refuse_optimizer_change(folder, saved, run_signature, OPTIMIZER_STATE,
                             f"start a new run with the new ones from its weights with --init_from {folder}")
@@ -159,8 +181,8 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
 
 
 def changed_values(saved: dict, now: dict, keys, dashes: str = "--") -> tuple[str, str] | None:
-    """("--key old, ...", "--key new, ...") for the keys whose value changed, or None. A key `saved` lacks (recorded
-    by an older checkpoint) has nothing to compare."""
+    """("--key old, ...", "--key new, ...") for the keys whose value changed, or None. A key `saved` lacks
+    (recorded by an older checkpoint) has nothing to compare."""
     changed = [key for key in keys if key in saved and key in now and saved[key] != now[key]]
     if not changed:
         return None
@@ -170,40 +192,49 @@ def changed_values(saved: dict, now: dict, keys, dashes: str = "--") -> tuple[st
 def refuse_optimizer_change(folder: str, saved: dict, now: dict, flags: tuple, way_on: str) -> None:
     """A changed optimizer flag would be silently undone by the checkpoint's optimizer state: refused."""
     if changed := changed_values(saved, now, flags):
-        raise UserInputError(f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: its optimizer "
-                             f"state holds the old values; resume with {changed[0]}, or {way_on}.")
+        raise UserInputError(
+            f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: its optimizer state "
+            f"holds the old values; resume with {changed[0]}, or {way_on}."
+        )
 
 
 def refuse_tokenizer_change(folder: str, saved: dict, now: dict) -> None:
-    """A resumed run keeps the tokenizer it saved: another --tokenizer_name or --vocab_size would be ignored."""
+    """A resumed run keeps the tokenizer it saved: another --tokenizer_name or
+    --vocab_size would be ignored."""
     if changed := changed_values(saved, now, TOKENIZER_FLAGS):
-        raise UserInputError(f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: a resumed run "
-                             f"keeps the tokenizer it saved in checkpoints/; resume with {changed[0]}, or start a new "
-                             "run with the new tokenizer (another --output_dir, or --overwrite_output_dir).")
+        raise UserInputError(
+            f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: a resumed run keeps the "
+            f"tokenizer it saved in checkpoints/; resume with {changed[0]}, or start a new run with the new "
+            "tokenizer (another --output_dir, or --overwrite_output_dir)."
+        )
 
 
 def refuse_data_change(folder: str, now: dict, how: str) -> None:
-    """Other data than the checkpoint was trained on (`now`, data/fingerprint.py): refused, naming each change; `how`:
-    the other way on ("or ..."). A checkpoint older than its fingerprint has none to compare."""
+    """Other data than the checkpoint was trained on (`now`, data/fingerprint.py): refused,
+    naming each change; `how`: the other way on ("or ..."). A checkpoint older than its
+    fingerprint has none to compare."""
     path = os.path.join(folder, DATA_FILE)
     if not os.path.isfile(path):
         return
     changed = data_changes(read_json(path), now)
     if changed:
-        raise UserInputError(f"{folder} was trained on other data: {'; '.join(changed)}. A resumed run must read "
-                             f"the data it was trained on: resume with the same data flags and unchanged files, "
-                             f"{how}.")
+        raise UserInputError(
+            f"{folder} was trained on other data: {'; '.join(changed)}. A resumed run must read the data it "
+            f"was trained on: resume with the same data flags and unchanged files, {how}."
+        )
 
 
 def refuse_architecture_change(folder: str, config, how: str) -> None:
-    """The checkpoint's model (its config.json) and this run's differ in a field that fixes the tensors: refused,
-    naming each field; `how`: what to do instead."""
+    """The checkpoint's model (its config.json) and this run's differ in a field that fixes the tensors:
+    refused, naming each field; `how`: what to do instead."""
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(path):
         return
     if changed := changed_values(read_json(path), config.to_dict(), ARCHITECTURE, dashes=""):
-        raise UserInputError(f"{folder} holds a model with {changed[0]}, but this run builds one with {changed[1]}: "
-                             f"its weights fit only their own shapes; {how}.")
+        raise UserInputError(
+            f"{folder} holds a model with {changed[0]}, but this run builds one with {changed[1]}: its "
+            f"weights fit only their own shapes; {how}."
+        )
 
 
 def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards: bool, sharded: bool,
@@ -213,19 +244,23 @@ def refuse_layout_change(folder: str, written_by: int, processes: int, in_shards
     in_deepspeed = os.path.isdir(os.path.join(folder, DEEPSPEED_DIR))
     if (in_deepspeed or deepspeed_engine is not None) and (written_by != processes or not in_deepspeed
                                                            or deepspeed_engine is None):
-        raise UserInputError(f"{folder} was written by {written_by} "
-                             f"process(es){' under DeepSpeed' if in_deepspeed else ''}; DeepSpeed resumes its "
-                             "partitioned states only on as many processes and under DeepSpeed: resume with the same "
-                             f"launch, {way_on}.")
+        raise UserInputError(
+            f"{folder} was written by {written_by} process(es){' under DeepSpeed' if in_deepspeed else ''}; "
+            "DeepSpeed resumes its partitioned states only on as many processes and under DeepSpeed: resume "
+            f"with the same launch, {way_on}."
+        )
     if sharded and not in_shards:
-        raise UserInputError(f"{folder} holds whole weights and optimizer state, which this FSDP2 run cannot shard: "
-                             "resume it without the FSDP2 config (one process, torchrun or accelerate-ddp.yaml, any "
-                             f"process count), {way_on}.")
+        raise UserInputError(
+            f"{folder} holds whole weights and optimizer state, which this FSDP2 run cannot shard: resume it "
+            "without the FSDP2 config (one process, torchrun or accelerate-ddp.yaml, any process count), "
+            f"{way_on}."
+        )
 
 
 def read_random_state(folder: str, process_index: int) -> dict | None:
-    """This process's RNG state from Accelerate's file, which must load: Accelerate would skip it without a word
-    (dropout would then draw other numbers). None: the checkpoint's run had no such process (the seed's state stays)."""
+    """This process's RNG state from Accelerate's file, which must load: Accelerate would skip it
+    without a word (dropout would then draw other numbers). None: the checkpoint's run had no
+    such process (the seed's state stays)."""
     from accelerate.utils import load  # torch.load with weights_only=True and numpy's RNG types allowed
 
     path = os.path.join(folder, f"{RANDOM_STATES}_{process_index}.pkl")
@@ -235,8 +270,10 @@ def read_random_state(folder: str, process_index: int) -> dict | None:
         return load(path)
     except Exception as error:  # whatever the unpickler or a damaged file raises
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        raise RunError(f"{path} cannot be loaded ({reason}): resume from an earlier checkpoint "
-                       f"(--resume_from_checkpoint {os.path.dirname(folder)}/step_M) or start anew.") from None
+        raise RunError(
+            f"{path} cannot be loaded ({reason}): resume from an earlier checkpoint "
+            f"(--resume_from_checkpoint {os.path.dirname(folder)}/step_M) or start anew."
+        ) from None
 
 
 def set_random_state(states: dict | None) -> None:
@@ -260,20 +297,24 @@ def read_training_state(folder: str) -> TrainingState:
     names = [f.name for f in fields(TrainingState)]
     missing = [f.name for f in fields(TrainingState) if f.name not in saved and f.default is MISSING]
     if missing:
-        raise UserInputError(f"{folder}/{STATE_FILE} has no {', '.join(missing)}: it is not a checkpoint of "
-                             f"pretrain.py; resume from one of its checkpoints/step_N folders, or start anew.")
+        raise UserInputError(
+            f"{folder}/{STATE_FILE} has no {', '.join(missing)}: it is not a checkpoint of pretrain.py; "
+            "resume from one of its checkpoints/step_N folders, or start anew."
+        )
     return TrainingState(**{name: saved[name] for name in names if name in saved})
 
 
 def save_sharded(folder: str, model, optimizer, scheduler, is_main_process: bool) -> None:
-    """The model's and the optimizer's state as each process holds it (one file per process in folder/sharded/), and
-    the scheduler's (the same on every process)."""
+    """The model's and the optimizer's state as each process holds it (one file per process in
+    folder/sharded/), and the scheduler's (the same on every process)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, getattr(optimizer, "optimizer", optimizer))
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=os.path.join(folder, SHARDED_DIR))
+    dcp.save(
+        {"model": model_state, "optimizer": optimizer_state}, checkpoint_id=os.path.join(folder, SHARDED_DIR)
+    )
     if is_main_process:
         torch.save(scheduler.state_dict(), os.path.join(folder, SCHEDULER_FILE))
 
@@ -307,17 +348,21 @@ def load_weights_only(path: str, map_location=None, **_ignored):
 
 
 def pickle_refused(path: str, error: Exception, why: str = "no checkpoint of a training run holds") -> str:
-    """The line for a state file torch.load(weights_only=True) refused, in place of torch's traceback (which suggests
-    weights_only=False)."""
+    """The line for a state file torch.load(weights_only=True) refused, in place of torch's traceback
+    (which suggests weights_only=False)."""
     found = re.search(r"GLOBAL ([\w.]+)", str(error))
     what = found.group(1) if found else "a Python object"
-    return (f"Refused to load {path}: it holds {what}, which {why}, and unpickling it could run code. Resume from a "
-            f"checkpoint you trust (--resume_from_checkpoint PATH) or start anew with --overwrite_output_dir.")
+    return (
+        f"Refused to load {path}: it holds {what}, which {why}, and unpickling it could run code. Resume "
+        "from a checkpoint you trust (--resume_from_checkpoint PATH) or start anew with "
+        "--overwrite_output_dir."
+    )
 
 
 @contextlib.contextmanager
 def refusing_pickles(folder: str | None):
-    """A file that the loads from `folder` within the block refuse to unpickle ends the run with one line naming it."""
+    """A file that the loads from `folder` within the block refuse to unpickle ends
+    the run with one line naming it."""
     try:
         yield
     except pickle.UnpicklingError as error:
@@ -327,8 +372,8 @@ def refusing_pickles(folder: str | None):
 
 
 def refused_file(folder: str) -> str | None:
-    """The first state file in `folder` that a resume's loads refuse to unpickle (torch's message does not name it).
-    Trainer's training_args.bin, a full pickle, is never loaded on resume."""
+    """The first state file in `folder` that a resume's loads refuse to unpickle (torch's message does not
+    name it). Trainer's training_args.bin, a full pickle, is never loaded on resume."""
     from accelerate.utils import load
 
     for directory, _, names in sorted(os.walk(folder)):
@@ -348,18 +393,24 @@ def is_checkpoint(folder: str | None) -> bool:
 
 
 def tokenizer_source(folder: str) -> str:
-    """Where a model folder's tokenizer is: in it, or, for a checkpoint, in its run's checkpoints/tokenizer."""
-    return os.path.join(os.path.dirname(os.path.abspath(folder)), TOKENIZER_DIR) if is_checkpoint(folder) else folder
+    """Where a model folder's tokenizer is: in it, or, for a checkpoint, in its
+    run's checkpoints/tokenizer."""
+    return (
+        os.path.join(os.path.dirname(os.path.abspath(folder)), TOKENIZER_DIR)
+        if is_checkpoint(folder)
+        else folder
+    )
 
 
 def holds_whole_weights(folder: str) -> bool:
-    """Whether `from_pretrained` can read the folder's weights (one process or DDP wrote it, or it is a model)."""
+    """Whether `from_pretrained` can read the folder's weights (one process or
+    DDP wrote it, or it is a model)."""
     return not is_checkpoint(folder) or os.path.isfile(os.path.join(folder, "model.safetensors"))
 
 
 def load_partitioned_weights(model, folder: str) -> None:
-    """--init_from on a checkpoint that FSDP2 (sharded/) or DeepSpeed ZeRO (pytorch_model/) wrote partitioned: its
-    weights into a model built whole."""
+    """--init_from on a checkpoint that FSDP2 (sharded/) or DeepSpeed ZeRO (pytorch_model/) wrote
+    partitioned: its weights into a model built whole."""
     import torch
 
     if os.path.isdir(os.path.join(folder, SHARDED_DIR)):
@@ -374,7 +425,9 @@ def load_partitioned_weights(model, folder: str) -> None:
 
     with deepspeed_reads_weights_only():  # its consolidation unpickles with weights_only=False
         state = get_fp32_state_dict_from_zero_checkpoint(folder, tag=DEEPSPEED_DIR)
-    missing, unexpected = model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(
+        {k: v.to(torch.float32) for k, v in state.items()}, strict=False
+    )
     tied = set(getattr(model, "_tied_weights_keys", None) or {})
     if unexpected or set(missing) - tied:
         raise RunError(f"{folder}'s DeepSpeed states do not fit the model of its config.json (missing "
@@ -388,7 +441,8 @@ def deepspeed_reads_weights_only():
     import deepspeed.utils.zero_to_fp32 as consolidation
 
     torch = consolidation.torch
-    consolidation.torch = types.SimpleNamespace(**{**vars(torch), "load": load_weights_only})  # torch as it sees it
+    # torch as it sees it
+    consolidation.torch = types.SimpleNamespace(**{**vars(torch), "load": load_weights_only})
     try:
         yield
     finally:
@@ -410,7 +464,8 @@ def checksums(folder: str) -> dict:
 
 
 def problem_with(folder: str) -> str | None:
-    """Why `folder` cannot be resumed from (missing, unreadable or changed files), or None when it is intact."""
+    """Why `folder` cannot be resumed from (missing, unreadable or changed
+    files), or None when it is intact."""
     try:
         expected = read_json(os.path.join(folder, CHECKSUM_FILE))
     except (OSError, ValueError):
@@ -430,7 +485,8 @@ def problem_with(folder: str) -> str | None:
 
 
 def holds_weights(name: str) -> bool:
-    """Whether a checkpoint file holds model weights: safetensors, FSDP2's .metadata, or DeepSpeed's model states."""
+    """Whether a checkpoint file holds model weights: safetensors, FSDP2's
+    .metadata, or DeepSpeed's model states."""
     return (name.endswith((".safetensors", "mp_rank_00_model_states.pt"))
             or os.path.basename(name) == ".metadata")
 
@@ -443,8 +499,10 @@ def find_resumable(resume_from: str | None, layout: Layout, say) -> str | None:
         folder = os.path.abspath(resume_from)
         problem = problem_with(folder) if os.path.isdir(folder) else "it is not a folder"
         if problem:
-            raise UserInputError(f"--resume_from_checkpoint {resume_from} cannot be resumed from: {problem}. Give an "
-                                 f"intact checkpoints/{layout.prefix}N folder, or 'latest' for the newest intact one.")
+            raise UserInputError(
+                f"--resume_from_checkpoint {resume_from} cannot be resumed from: {problem}. Give an intact "
+                f"checkpoints/{layout.prefix}N folder, or 'latest' for the newest intact one."
+            )
         return folder
     for step in reversed(layout.steps()):
         folder = layout.path(step)
@@ -486,15 +544,16 @@ def save_tokenizer(tokenizer, checkpoints_dir: str) -> None:
     with disk_space_guard(temporary, Layout(checkpoints_dir)):
         tokenizer.save_pretrained(temporary)
         fsync_tree(temporary)
-        remove_tree(final)  # one a start that failed before its first checkpoint saved (a kill here: none, retrained)
+        # one a start that failed before its first checkpoint saved (a kill here: none, retrained)
+        remove_tree(final)
         os.replace(temporary, final)
         fsync_dir(checkpoints_dir)
 
 
 @contextlib.contextmanager
 def disk_space_guard(path: str, layout: Layout):
-    """"No space left" while writing `path` becomes a RunError naming the space needed and free and the newest intact
-    checkpoint; the half-written `path` is removed."""
+    """"No space left" while writing `path` becomes a RunError naming the space needed and free and the newest
+    intact checkpoint; the half-written `path` is removed."""
     try:
         yield
     except Exception as error:
@@ -510,10 +569,16 @@ def disk_full_message(path: str, needed_at_least: int, layout: Layout) -> str:
     previous = layout.newest()
     needed = max(needed_at_least, folder_size(previous) if previous else 0)
     free = shutil.disk_usage(os.path.dirname(path)).free
-    intact = (f"the earlier checkpoint {previous} is intact: free some space and rerun with "
-              f"--resume_from_checkpoint latest" if previous else "no checkpoint was saved yet: free space and rerun")
-    return (f"No space left on the device while writing {path} (about {mib(needed)} needed, {mib(free)} free); "
-            f"{intact}.")
+    intact = (
+        f"the earlier checkpoint {previous} is intact: free some space and rerun with "
+        "--resume_from_checkpoint latest"
+        if previous
+        else "no checkpoint was saved yet: free space and rerun"
+    )
+    return (
+        f"No space left on the device while writing {path} (about {mib(needed)} needed, {mib(free)} free); "
+        f"{intact}."
+    )
 
 
 def folder_size(path: str | None) -> int:
@@ -530,6 +595,7 @@ def read_json(path: str) -> dict:
 
 
 def write_json(path: str | os.PathLike, values: dict, indent: int = 1) -> None:
-    """A JSON file, keys sorted, opened by open_new (a link at its name is replaced, never written through)."""
+    """A JSON file, keys sorted, opened by open_new (a link at its name is
+    replaced, never written through)."""
     with open_new(path) as f:
         json.dump(values, f, indent=indent, sort_keys=True, default=str)

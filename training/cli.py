@@ -1,11 +1,12 @@
 """`tinytx`: the project's tools under one command (COMMANDS), and how the two training scripts run.
 
-A subcommand runs its module as `python -m` does; nothing heavy is imported here, so every `--help` but finetune's
-(Trainer's flags load torch) is answered without torch. pretrain.py and finetune.py end with `run_script`: the stop
-signals handled before the libraries load, then their `main`, which checks the input before it imports torch. Every
-way a run ends is one exit status (`RunEnding`, on top of the library's hf_tinytx/commands/exits.py): 0 the run
-finished; 2 bad input (UserInputError); 1 a fault (RunError, a full disk, anything unexpected: one line, the
-traceback with TINYTX_TRACEBACK=1); 128 + signal stopped by SIGTERM or SIGINT with a checkpoint (Stopped).
+A subcommand runs its module as `python -m` does; nothing heavy is imported here, so every `--help` but
+finetune's (Trainer's flags load torch) is answered without torch. pretrain.py and finetune.py end with
+`run_script`: the stop signals handled before the libraries load, then their `main`, which checks the input
+before it imports torch. Every way a run ends is one exit status (`RunEnding`, on top of the library's
+hf_tinytx/commands/exits.py): 0 the run finished; 2 bad input (UserInputError); 1 a fault (RunError, a full
+disk, anything unexpected: one line, the traceback with TINYTX_TRACEBACK=1); 128 + signal stopped by
+SIGTERM or SIGINT with a checkpoint (Stopped).
 """
 
 import contextlib
@@ -26,25 +27,31 @@ from hf_tinytx_training.errors import RunError
 
 
 COMMANDS = {  # subcommand -> (module run as __main__, what it does)
-    "pretrain": ("hf_tinytx_training.pretrain", "pre-train a TinyTx model from scratch, export a model folder"),
+    "pretrain": (
+        "hf_tinytx_training.pretrain", "pre-train a TinyTx model from scratch, export a model folder",
+    ),
     "finetune": ("hf_tinytx_training.finetune", "fine-tune a causal LM folder or Hub id (full or LoRA)"),
     "convert": ("hf_tinytx.convert", "convert a saved folder: TinyTx <-> Llama, or TinyTx -> one GGUF file"),
     "serve": ("hf_tinytx.serve", "serve a model with transformers' OpenAI-compatible server"),
     "interpret": ("hf_tinytx.interpret", "draw attention maps and rank heads by role"),
-    "generate": ("hf_tinytx.commands.generate", "continue a prompt with a model folder, streaming the tokens"),
+    "generate": (
+        "hf_tinytx.commands.generate", "continue a prompt with a model folder, streaming the tokens",
+    ),
     "chat": ("hf_tinytx.commands.chat", "chat with a model folder over its chat template, in the terminal"),
 }
-# The library's commands whose flags are parsed before their module runs: command -> its parser in commands/flags.py.
+# The library's commands whose flags are parsed before their module runs: command ->
+# its parser in commands/flags.py.
 EARLY_PARSERS = {"convert": "convert_parser", "interpret": "interpret_parser"}
 
 
-# What the training scripts import from the `train` extra (a plain `pip install hf_tinytx` brings the model alone).
+# What the training scripts import from the `train` extra (a plain `pip install
+# hf_tinytx` brings the model alone).
 TRAIN_EXTRA = ("accelerate", "datasets", "matplotlib", "jinja2", "yaml", "tqdm")
 
 
 def missing_extra(command: str, flags: list[str]) -> str | None:
-    """The one-line error of a training command whose `train` extra is not installed, or None (nothing imported).
-    Its --help needs no extra."""
+    """The one-line error of a training command whose `train` extra is not installed, or None (nothing
+    imported). Its --help needs no extra."""
     if command not in ("pretrain", "finetune") or {"-h", "--help"} & set(flags):
         return None
     missing = []
@@ -102,8 +109,9 @@ def program_name(script: str) -> str:
 # ---- the training scripts: the stop signals handled before the libraries load, one exit status at the end
 
 def run_script(script: str, main: Callable[[], None]) -> NoReturn:
-    """How pretrain.py and finetune.py run their `main`: the stop signals first (a signal while the libraries load
-    ends the run with a line, not a traceback or a bare -15), then `main()`, every way it ends an exit status."""
+    """How pretrain.py and finetune.py run their `main`: the stop signals first (a signal
+    while the libraries load ends the run with a line, not a traceback or a bare -15), then
+    `main()`, every way it ends an exit status."""
     program = program_name(script)
     if error := missing_extra(script, sys.argv[1:]):
         sys.exit(error.replace(f"tinytx {script}:", f"{program}:", 1))  # (the same words under `tinytx`)
@@ -120,8 +128,8 @@ def run_script(script: str, main: Callable[[], None]) -> NoReturn:
 
 
 class OutputWithoutReader:
-    """sys.stdout that outlives its reader: Ctrl-C on `finetune.py ... | tee log` ends tee too, and the run must still
-    save its checkpoint. Once a write finds the pipe closed, the output goes to /dev/null."""
+    """sys.stdout that outlives its reader: Ctrl-C on `finetune.py ... | tee log` ends tee too, and the run
+    must still save its checkpoint. Once a write finds the pipe closed, the output goes to /dev/null."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -152,8 +160,9 @@ _OWN_OUTPUT = []  # this process's stdout, kept by speak_only_as_main for `print
 
 
 def speak_only_as_main(env=os.environ) -> None:
-    """One voice for a launch: only the global main process (RANK 0) prints to stdout (Accelerate prints once per
-    node), errors still go to stderr. The libraries' progress bars are drawn by it alone, and only on a terminal."""
+    """One voice for a launch: only the global main process (RANK 0) prints to stdout
+    (Accelerate prints once per node), errors still go to stderr. The libraries' progress bars
+    are drawn by it alone, and only on a terminal."""
     _OWN_OUTPUT[:] = [sys.stdout]
     main = env.get("RANK", "0") == "0"
     if not main:
@@ -164,26 +173,30 @@ def speak_only_as_main(env=os.environ) -> None:
 
 
 def print_own(line: str) -> None:
-    """A line that is each process's own, printed by every process in one write, so that the lines do not interleave."""
+    """A line that is each process's own, printed by every process in one write, so
+    that the lines do not interleave."""
     stream = _OWN_OUTPUT[0] if _OWN_OUTPUT else sys.stdout
     stream.write(line + "\n")
     stream.flush()
 
 
 class RunEnding(Ending):
-    """How a training run ends, on top of the library's commands: a stop at a step boundary with its checkpoint
-    (Stopped), a peer that left, a full disk with the way to resume. The stop signals are StopRequests'."""
+    """How a training run ends, on top of the library's commands: a stop at a step boundary
+    with its checkpoint (Stopped), a peer that left, a full disk with the way to resume.
+    The stop signals are StopRequests'."""
 
     def __init__(self, stop: StopRequests):
-        super().__init__(f"{stop.program}:", failed=(RunError,), intact="the checkpoints saved so far are intact; ")
+        super().__init__(
+            f"{stop.program}:", failed=(RunError,), intact="the checkpoints saved so far are intact; "
+        )
         self.stop = stop
 
     def signals(self):
         return contextlib.nullcontext()  # StopRequests' handlers, installed before the libraries loaded
 
     def ending(self, error: Exception) -> tuple[int, str | None] | None:
-        """The run's own endings, then the refusals and faults; a BrokenPipeError is unexpected here, as the script's
-        stdout never raises one (OutputWithoutReader)."""
+        """The run's own endings, then the refusals and faults; a BrokenPipeError is unexpected here, as the
+        script's stdout never raises one (OutputWithoutReader)."""
         if isinstance(error, Stopped):  # one line for the launch, not one per process
             return error.exit_code, str(error) if os.environ.get("RANK", "0") == "0" else None
         if said := self.said(error):
@@ -192,8 +205,10 @@ class RunEnding(Ending):
             return 1, f"{self.start}error: {self.stop.peer_left_message(error)}"
         if is_disk_full(error):
             where = getattr(error, "filename", None) or "the output folder"
-            return 1, (f"{self.start}error: No space left on the device while writing {where}; the checkpoints "
-                       "saved so far are intact: free some space and rerun with --resume_from_checkpoint latest.")
+            return 1, (
+                f"{self.start}error: No space left on the device while writing {where}; the checkpoints "
+                "saved so far are intact: free some space and rerun with --resume_from_checkpoint latest."
+            )
         return None
 
 

@@ -1,5 +1,6 @@
-"""What a pre-trained model learnt: the validation loss (and perplexity, bits per byte), every block counted once on
-any process count; and beyond its loss, hf_tinytx's probes scored beside chance, and greedy samples."""
+"""What a pre-trained model learnt: the validation loss (and perplexity, bits per byte),
+every block counted once on any process count; and beyond its loss, hf_tinytx's probes
+scored beside chance, and greedy samples."""
 
 import math
 from dataclasses import dataclass, field
@@ -13,18 +14,20 @@ from hf_tinytx_training.data.packing import document_starts
 
 @torch.no_grad()
 def validation_metrics(model, eval_dataloader, accelerator, bytes_per_token: float) -> dict:
-    """Mean loss over the validation blocks, each counted once (`gather_for_metrics` drops the padding copies). Every
-    block has as many targets, so the mean of the blocks' means is exact."""
+    """Mean loss over the validation blocks, each counted once (`gather_for_metrics` drops the padding
+    copies). Every block has as many targets, so the mean of the blocks' means is exact."""
     model.eval()
     losses, full = [], None
     for batch in eval_dataloader:  # always to the end (see data.make_dataloaders)
         ids, blocks = batch["input_ids"], batch["input_ids"].shape[0]
         full = full or blocks
-        # A short last batch is topped up with copies of its first block, scored and dropped: one shape, so that
-        # --torch_compile does not compile the forward again for it.
+        # A short last batch is topped up with copies of its first block, scored and dropped: one shape, so
+        # that --torch_compile does not compile the forward again for it.
         padded = torch.cat([ids, ids[:1].expand(full - blocks, -1)]) if blocks < full else ids
         logits = model(input_ids=padded, use_cache=False).logits[:blocks, :-1].float()  # float32, as the loss
-        per_token = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+        per_token = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
+        )
         losses.append(accelerator.gather_for_metrics(per_token.view(blocks, -1).mean(dim=1)))
     model.train()
     losses = torch.cat(losses)
@@ -32,7 +35,8 @@ def validation_metrics(model, eval_dataloader, accelerator, bytes_per_token: flo
     return {
         "eval_loss": mean_loss,
         "perplexity": perplexity(mean_loss),
-        # bits per byte = total nats / (ln 2 * total bytes), with bytes = tokens * (bytes per validation token)
+        # bits per byte = total nats / (ln 2 * total bytes), with bytes = tokens *
+        # (bytes per validation token)
         "bits_per_byte": mean_loss / (math.log(2) * bytes_per_token),
         "eval_tokens": len(losses) * (ids.shape[1] - 1),
     }
@@ -50,13 +54,14 @@ class ProbeReport:
 
     accuracy: dict[str, float] = field(default_factory=dict)
     chance: dict[str, float] = field(default_factory=dict)  # hf_tinytx.probes.chance_levels
-    samples: list[tuple[str, str]] = field(default_factory=list)  # (the prompt's last 80 characters, completion)
+    # (the prompt's last 80 characters, completion)
+    samples: list[tuple[str, str]] = field(default_factory=list)
     coref_head: dict | None = None  # the head that resolves "it" (`find_coref_head`)
 
 
 def find_coref_head(model, tokenizer, probes) -> dict:
-    """The head whose attention, from the last "The" of a coreference probe, leans most to the noun "it" means, and
-    its attention map on the first probe: what the card draws."""
+    """The head whose attention, from the last "The" of a coreference probe, leans most to the noun "it"
+    means, and its attention map on the first probe: what the card draws."""
     from hf_tinytx.interpret.attention_maps import attention_maps
     from hf_tinytx.interpret.head_roles import coref_head_scores, rank_heads
 
@@ -83,8 +88,10 @@ def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompt
     report = ProbeReport()
     if own_prompts is not None:
         if train_args.num_probes_per_kind > 0:
-            accelerator.print("No probes: they test what the built-in corpus teaches (coreference, recall, copying), "
-                              "not this text; the samples below continue its validation documents.")
+            accelerator.print(
+                "No probes: they test what the built-in corpus teaches (coreference, recall, copying), not "
+                "this text; the samples below continue its validation documents."
+            )
         prompts = own_prompts[: train_args.num_samples]
     elif train_args.num_probes_per_kind <= 0 and train_args.num_samples <= 0:
         return report
@@ -95,13 +102,22 @@ def run_probes_and_samples(model, tokenizer, train_args, accelerator, own_prompt
             scores = score_probes(model, tokenizer, probes, batch_size=train_args.per_device_eval_batch_size)
             report.accuracy = {name: value for name, value in scores.items() if not name.startswith("n_")}
             report.chance = chance_levels(probes)
-            accelerator.print("probe accuracy: " + ", ".join(
-                f"{name} {value:.3f} (chance {report.chance[name]:.2f})" for name, value in report.accuracy.items()))
-            head = report.coref_head = find_coref_head(model, tokenizer, [p for p in probes if p.kind == "coref"])
-            accelerator.print(f"the head that resolves \"it\": layer {head['layer']} head {head['head']}; from the "
-                              f"last \"The\" it puts {head['referent']:.2f} of its attention on the noun \"it\" means "
-                              f"and {head['other']:.2f} on the other ({head['agreement']:.0%} of {head['probes']} "
-                              "sentences lean the right way)")
+            accelerator.print(
+                "probe accuracy: "
+                + ", ".join(
+                    f"{name} {value:.3f} (chance {report.chance[name]:.2f})"
+                    for name, value in report.accuracy.items()
+                )
+            )
+            head = report.coref_head = find_coref_head(
+                model, tokenizer, [p for p in probes if p.kind == "coref"]
+            )
+            accelerator.print(
+                f"the head that resolves \"it\": layer {head['layer']} head {head['head']}; from the last "
+                f"\"The\" it puts {head['referent']:.2f} of its attention on the noun \"it\" means and "
+                f"{head['other']:.2f} on the other ({head['agreement']:.0%} of {head['probes']} sentences "
+                "lean the right way)"
+            )
         prompts = []
         for kind in ("coref", "copy", "coref_new_nouns", "recall"):
             prompts += [probe.prompt for probe in probes if probe.kind == kind][:1]

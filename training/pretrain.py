@@ -1,13 +1,16 @@
 """Pre-train a TinyTx model from scratch, then export a complete, shareable Hugging Face model folder.
 
-    python training/pretrain.py                                   # 0.17M params on the embedded corpus, CPU, minutes
+    python training/pretrain.py                                   # 0.17M params on the embedded corpus, CPU,
+                                                                  # minutes
     python training/pretrain.py training/configs/tiny.yaml        # the same arguments, from a file
-    accelerate launch --config_file training/configs/accelerate-ddp.yaml training/pretrain.py --model_preset small
+    accelerate launch --config_file training/configs/accelerate-ddp.yaml training/pretrain.py --model_preset
+                                                                  small
     torchrun --nproc_per_node 2 training/pretrain.py              # CPU data parallelism
 
-The flags, the output folder, the model's config file and the data files are checked first, in about a second; then
-torch loads (~7 s) and pretrain_run.py trains: `setup` -> `fit` -> `finish` -> `export_and_push`. SIGTERM or SIGINT
-stops the run at the next step boundary with a checkpoint; `--resume_from_checkpoint latest` continues it.
+The flags, the output folder, the model's config file and the data files are checked first, in about a
+second; then torch loads (~7 s) and pretrain_run.py trains: `setup` -> `fit` -> `finish` ->
+`export_and_push`. SIGTERM or SIGINT stops the run at the next step boundary with a checkpoint;
+`--resume_from_checkpoint latest` continues it.
 """
 
 from hf_tinytx_training.cli import run_script

@@ -1,5 +1,6 @@
-"""pretrain's flags as dataclasses parsed by `HfArgumentParser`, named as in transformers' `run_clm_no_trainer.py`
-where they mean the same. A YAML or JSON file given first sets the defaults; flags after it override them:
+"""pretrain's flags as dataclasses parsed by `HfArgumentParser`, named as in transformers'
+`run_clm_no_trainer.py` where they mean the same. A YAML or JSON file given first sets the
+defaults; flags after it override them:
 
     python training/pretrain.py training/configs/tiny.yaml --max_train_steps 50
 """
@@ -32,10 +33,14 @@ def flag(default, help: str):
 @dataclass
 class ModelArguments:
     model_preset: str = flag(
-        "micro", "A model size from training/configs/ (micro ~0.17M, the default run's; tiny ~1M, small ~10M, base "
-        "~124M).")
+        "micro",
+        "A model size from training/configs/ (micro ~0.17M, the default run's; tiny ~1M, small ~10M, base "
+        "~124M).",
+    )
     model_config: str | None = flag(None, "A TinyTxConfig as a .json/.yaml file; replaces --model_preset.")
-    init_from: str | None = flag(None, "Continue training the model (and tokenizer) in this saved model folder.")
+    init_from: str | None = flag(
+        None, "Continue training the model (and tokenizer) in this saved model folder."
+    )
     tokenizer_name: str | None = flag(
         None, "A tokenizer folder or Hub id. Default: train a byte-level BPE on the data.")
     vocab_size: int = flag(1024, "Vocabulary size of the BPE trained when none is named.")
@@ -47,8 +52,10 @@ class ModelArguments:
     max_position_embeddings: int | None = flag(None, "Override the longest context.")
     attn_implementation: str = flag("sdpa", "eager, sdpa, flash_attention_2, ...")
     torch_compile: bool = flag(
-        False, "Compile the model with torch.compile for training and evaluation (the final probes and samples run "
-        "eagerly: their many shapes would each compile again).")
+        False,
+        "Compile the model with torch.compile for training and evaluation (the final probes and samples "
+        "run eagerly: their many shapes would each compile again).",
+    )
     gradient_checkpointing: bool = flag(False, "Recompute activations to save memory.")
 
 
@@ -60,14 +67,20 @@ class DataArguments:
     validation_file: str | None = flag(None, "Local validation text, same formats.")
     text_column: str = flag("text", "The column holding the documents.")
     streaming: bool = flag(
-        False, "Read the data as training goes, tokenizing it on the way (shuffled in a buffer), instead of tokenizing "
-        "it all into the token store first: a Hub dataset, or local files with --train_file.")
+        False,
+        "Read the data as training goes, tokenizing it on the way (shuffled in a buffer), instead of "
+        "tokenizing it all into the token store first: a Hub dataset, or local files with --train_file.",
+    )
     token_store: str | None = flag(
-        None, "The folder of the token store (the data tokenized once, reused by resumes and later runs on the same "
-        "files). Default: token_store/ in --output_dir.")
+        None,
+        "The folder of the token store (the data tokenized once, reused by resumes and later runs on the "
+        "same files). Default: token_store/ in --output_dir.",
+    )
     num_train_documents: int | None = flag(
         None, "Documents of the embedded default corpus (default 60000), or at most this many read.")
-    validation_split_percentage: int = flag(5, "Percent of the documents held out when no validation split is given.")
+    validation_split_percentage: int = flag(
+        5, "Percent of the documents held out when no validation split is given."
+    )
     block_size: int = flag(128, "Tokens per training sequence (packed documents).")
     preprocessing_num_workers: int | None = flag(
         None, "Processes that tokenize the data side by side. Default: one per core this process may use.")
@@ -85,9 +98,11 @@ class PretrainArguments:
         "(--per_device_train_batch_size x processes), which must divide it exactly.")
     learning_rate: float = flag(5e-3, "Peak learning rate of AdamW.")
     optimizer: str = flag(
-        "auto", "adamw, or muon: torch.optim.Muon for the matrices inside the blocks, AdamW for the embeddings, the "
-        "output head and the norms (one process or DDP); auto: muon, or adamw where FSDP or DeepSpeed shards the "
-        "matrices.")
+        "auto",
+        "adamw, or muon: torch.optim.Muon for the matrices inside the blocks, AdamW for the embeddings, "
+        "the output head and the norms (one process or DDP); auto: muon, or adamw where FSDP or DeepSpeed "
+        "shards the matrices.",
+    )
     muon_learning_rate: float | None = flag(
         None, "Peak learning rate of Muon (scaled to AdamW's update size); default: --learning_rate.")
     weight_decay: float = flag(0.1, "Weight decay (2-D weights only).")
@@ -98,41 +113,65 @@ class PretrainArguments:
     max_train_steps: int | None = flag(None, "Optimizer steps. Default: from --max_train_tokens, else 3000.")
     max_train_tokens: int | None = flag(None, "Token budget; sets --max_train_steps.")
     max_train_seconds: float = flag(
-        0.0, "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock and ends at "
-        "this second. With --max_train_steps or --max_train_tokens it only cuts the run short (the run then says so; "
-        "--resume_from_checkpoint latest continues it for as long again). 0: no clock.")
+        0.0,
+        "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock and "
+        "ends at this second. With --max_train_steps or --max_train_tokens it only cuts the run short (the "
+        "run then says so; --resume_from_checkpoint latest continues it for as long again). 0: no clock.",
+    )
     seed: int = flag(0, "Seed for initialisation, data order and splits.")
     mixed_precision: str = flag("no", "no or bf16.")
     eval_steps: int = flag(200, "Evaluate every N optimizer steps (and at the end).")
     max_eval_tokens: int = flag(
-        65536, "Evaluate on at most this many validation tokens, in blocks spread evenly over the validation text (the "
-        "same blocks on any process count); 0: all of it.")
+        65536,
+        "Evaluate on at most this many validation tokens, in blocks spread evenly over the validation text "
+        "(the same blocks on any process count); 0: all of it.",
+    )
     max_eval_batches: int | None = flag(
-        None, "Evaluate on at most N batches of --per_device_eval_batch_size blocks, counted over all processes (the "
-        "same blocks on any process count).")
+        None,
+        "Evaluate on at most N batches of --per_device_eval_batch_size blocks, counted over all processes "
+        "(the same blocks on any process count).",
+    )
     checkpointing_steps: int | None = flag(
         None, "Save a resumable checkpoint every N steps (one is always saved at the end).")
     checkpoints_total_limit: int | None = flag(2, "Keep only the last K checkpoints.")
-    resume_from_checkpoint: str | None = flag(None, "'latest' or a checkpoint folder to continue from exactly.")
+    resume_from_checkpoint: str | None = flag(
+        None, "'latest' or a checkpoint folder to continue from exactly."
+    )
     report_to: str = flag("none", "tensorboard, trackio, wandb (several joined by commas), all or none.")
     num_probes_per_kind: int = flag(100, "Probe prompts per kind after training (0: off).")
     num_samples: int = flag(3, "Sample generations printed after training.")
-    push_to_hub: bool = flag(False, "Upload each checkpoint (in the background) and the final model to the Hub.")
+    push_to_hub: bool = flag(
+        False, "Upload each checkpoint (in the background) and the final model to the Hub."
+    )
     hub_model_id: str | None = flag(None, "Hub repo id; default: the output dir name.")
     hub_token: str | None = flag(None, "Hub token; default: HF_TOKEN / stored login.")
     hub_private_repo: bool = flag(False, "Create the Hub repo as private.")
     hub_timeout: float = flag(600.0, "At the end, wait at most this many seconds for the uploads to finish.")
     ddp_timeout: float = flag(
-        1800.0, "Seconds a process waits for the others at any collective (a step's all-reduce, a barrier) before the "
-        "run stops with a line naming the checkpoint to resume from: a frozen or lost node ends the job instead of "
-        "hanging it (Trainer's flag and default). While the main process prepares the data the others wait without a "
-        "collective, for as long as it makes progress.")
+        1800.0,
+        "Seconds a process waits for the others at any collective (a step's all-reduce, a barrier) before "
+        "the run stops with a line naming the checkpoint to resume from: a frozen or lost node ends the "
+        "job instead of hanging it (Trainer's flag and default). While the main process prepares the data "
+        "the others wait without a collective, for as long as it makes progress.",
+    )
 
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)
-POSITIVE = ("vocab_size", "block_size", "num_train_documents", "preprocessing_num_workers",  # > 0 where given
-            "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "eval_steps",
-            "max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit", "total_batch_size")
+POSITIVE = (
+    "vocab_size",
+    "block_size",
+    "num_train_documents",
+    "preprocessing_num_workers",  # > 0 where given
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "eval_steps",
+    "max_train_steps",
+    "max_train_tokens",
+    "checkpointing_steps",
+    "checkpoints_total_limit",
+    "total_batch_size",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, PretrainArguments]:
@@ -141,7 +180,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     parser = build_parser(ALL_ARGUMENTS)
     if argv and argv[0].endswith((".yaml", ".yml", ".json")):
         parser.set_defaults(**_read_args_file(argv.pop(0), parser))
-    model_args, data_args, train_args = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    model_args, data_args, train_args = parser.parse_args_into_dataclasses(
+        args=argv, look_for_args_file=False
+    )
     check_args(model_args, data_args, train_args)
     if train_args.push_to_hub:
         train_args.hub_model_id = hub_repo_id(train_args.hub_model_id, train_args.output_dir)
@@ -159,12 +200,16 @@ def preflight(argv: list[str] | None = None) -> None:
     if not model_args.init_from:
         read_config_file(config_file_path(model_args))
     if data_args.train_file:  # a file already in the token store was checked when it was tokenized
-        local_data_files(data_args, frozenset(tokenized_files(store_folder(data_args, train_args.output_dir))))
+        local_data_files(
+            data_args, frozenset(tokenized_files(store_folder(data_args, train_args.output_dir)))
+        )
 
 
 def _read_args_file(path: str, parser: HfArgumentParser) -> dict:
     if not os.path.isfile(path):
-        raise UserInputError(f"Arguments file {path!r} does not exist; give the path of a .yaml or .json file.")
+        raise UserInputError(
+            f"Arguments file {path!r} does not exist; give the path of a .yaml or .json file."
+        )
     with open(path, encoding="utf-8") as f:
         if path.endswith(".json"):
             values = json.load(f)
@@ -177,7 +222,9 @@ def _read_args_file(path: str, parser: HfArgumentParser) -> dict:
     known = {action.dest for action in parser._actions}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise UserInputError(f"Arguments file {path!r} has unknown arguments {unknown}; see --help for the names.")
+        raise UserInputError(
+            f"Arguments file {path!r} has unknown arguments {unknown}; see --help for the names."
+        )
     return values
 
 
@@ -188,11 +235,17 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         if given[name] is not None and given[name] <= 0:
             raise UserInputError(f"--{name} must be a positive number, got {given[name]}.")
     if not (math.isfinite(train_args.ddp_timeout) and train_args.ddp_timeout > 0):
-        raise UserInputError(f"--ddp_timeout must be a positive number of seconds, got {train_args.ddp_timeout}.")
+        raise UserInputError(
+            f"--ddp_timeout must be a positive number of seconds, got {train_args.ddp_timeout}."
+        )
     if not 0 <= train_args.max_train_seconds < math.inf:
-        raise UserInputError(f"--max_train_seconds must be >= 0 (0: no limit), got {train_args.max_train_seconds}.")
+        raise UserInputError(
+            f"--max_train_seconds must be >= 0 (0: no limit), got {train_args.max_train_seconds}."
+        )
     if train_args.total_batch_size is not None and train_args.gradient_accumulation_steps != 1:
-        raise UserInputError("--total_batch_size sets --gradient_accumulation_steps itself; give one of the two.")
+        raise UserInputError(
+            "--total_batch_size sets --gradient_accumulation_steps itself; give one of the two."
+        )
     check_optimizer_args(train_args)
     if not 0 < data_args.validation_split_percentage < 100:
         raise UserInputError("--validation_split_percentage must lie between 1 and 99.")
@@ -203,8 +256,10 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if data_args.validation_file and not data_args.train_file:
         raise UserInputError("--validation_file needs --train_file as well.")
     if data_args.streaming and not (data_args.dataset_name or data_args.train_file):
-        raise UserInputError("--streaming reads a Hub dataset (--dataset_name) or local files (--train_file); give "
-                             "one of them.")
+        raise UserInputError(
+            "--streaming reads a Hub dataset (--dataset_name) or local files (--train_file); give one of "
+            "them."
+        )
     if train_args.max_eval_tokens < 0:
         raise UserInputError(f"--max_eval_tokens must be >= 0 (0: the whole validation text), got "
                              f"{train_args.max_eval_tokens}.")
@@ -219,37 +274,44 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if train_args.push_to_hub:
         check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
         check_hub_timeout(train_args.hub_timeout)
-    # The schedule is checked by pretrain_run.py's setup (check_schedule): transformers' schedules are a heavy import.
+    # The schedule is checked by pretrain_run.py's setup (check_schedule):
+    # transformers' schedules are a heavy import.
 
 
 def check_report_to(report_to: str) -> None:
     """Each tracker named must be installed: Accelerate would only warn, and the run would log to nothing."""
     if report_to in ("all", "none"):
         return
-    from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available  # loads torch
+    # loads torch
+    from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
 
-    installed = {"tensorboard": is_tensorboard_available, "trackio": is_trackio_available, "wandb": is_wandb_available}
+    installed = {
+        "tensorboard": is_tensorboard_available, "trackio": is_trackio_available, "wandb": is_wandb_available,
+    }
     for name in report_to.split(","):
         if name not in installed:
-            raise UserInputError(f"--report_to {report_to!r}: use tensorboard, trackio or wandb (several joined by "
-                                 f"commas), all, or none.")
+            raise UserInputError(
+                f"--report_to {report_to!r}: use tensorboard, trackio or wandb (several joined by commas), "
+                "all, or none."
+            )
         if not installed[name]():
             raise UserInputError(f"--report_to {name} needs the {name} package, which is not installed: "
                                  f"pip install {name}, or leave --report_to out.")
 
 
 def apply_total_batch_size(train_args: PretrainArguments, num_processes: int) -> None:
-    """Sets --gradient_accumulation_steps from --total_batch_size and the processes launched, or stops before any
-    data is read when the processes cannot share it in whole micro-batches."""
+    """Sets --gradient_accumulation_steps from --total_batch_size and the processes launched, or stops before
+    any data is read when the processes cannot share it in whole micro-batches."""
     total = train_args.total_batch_size
     if total is None:
         return
     per_micro_step = train_args.per_device_train_batch_size * num_processes
     if total % per_micro_step:
-        raise UserInputError(f"--total_batch_size {total} cannot be split over {num_processes} process(es) x "
-                             f"--per_device_train_batch_size {train_args.per_device_train_batch_size}: it must be a "
-                             f"multiple of {per_micro_step}; change the total, the per-device batch or the process "
-                             "count.")
+        raise UserInputError(
+            f"--total_batch_size {total} cannot be split over {num_processes} process(es) x "
+            f"--per_device_train_batch_size {train_args.per_device_train_batch_size}: it must be a multiple "
+            f"of {per_micro_step}; change the total, the per-device batch or the process count."
+        )
     train_args.gradient_accumulation_steps = total // per_micro_step
 
 
@@ -258,7 +320,9 @@ def check_optimizer_args(train_args: PretrainArguments) -> None:
     ranges = {
         "learning_rate": (train_args.learning_rate, 0, False, "a small positive number such as 3e-3"),
         "weight_decay": (train_args.weight_decay, 0, True, "a number >= 0 such as 0.1"),
-        "max_grad_norm": (train_args.max_grad_norm, 0, True, "a number > 0 such as 1.0, or 0 to turn clipping off"),
+        "max_grad_norm": (
+            train_args.max_grad_norm, 0, True, "a number > 0 such as 1.0, or 0 to turn clipping off",
+        ),
     }
     for name, (value, low, low_ok, fix) in ranges.items():
         if not (math.isfinite(value) and (value > low or (low_ok and value == low))):
@@ -267,7 +331,9 @@ def check_optimizer_args(train_args: PretrainArguments) -> None:
         raise UserInputError(f"--optimizer must be auto, adamw or muon, got {train_args.optimizer!r}.")
     muon_lr = train_args.muon_learning_rate
     if muon_lr is not None and not (math.isfinite(muon_lr) and muon_lr > 0):
-        raise UserInputError(f"--muon_learning_rate must be a small positive number such as 3e-3, got {muon_lr}.")
+        raise UserInputError(
+            f"--muon_learning_rate must be a small positive number such as 3e-3, got {muon_lr}."
+        )
     if not (math.isfinite(train_args.adam_beta2) and 0 <= train_args.adam_beta2 < 1):
         raise UserInputError(f"--adam_beta2 must lie in [0, 1), such as 0.95; got {train_args.adam_beta2}.")
     if train_args.num_warmup_steps < 0:
@@ -279,9 +345,11 @@ def check_schedule(train_args: PretrainArguments) -> None:
     if not planned_by_clock(train_args):
         _check_scheduler(train_args.lr_scheduler_type)
     elif train_args.lr_scheduler_type not in CLOCK_SHAPES:
-        raise UserInputError(f"--lr_scheduler_type {train_args.lr_scheduler_type!r} has no form over the clock "
-                             f"(--max_train_seconds without a step count); use one of {', '.join(CLOCK_SHAPES)}, or "
-                             "give --max_train_steps.")
+        raise UserInputError(
+            f"--lr_scheduler_type {train_args.lr_scheduler_type!r} has no form over the clock "
+            f"(--max_train_seconds without a step count); use one of {', '.join(CLOCK_SHAPES)}, or give "
+            "--max_train_steps."
+        )
 
 
 def planned_by_clock(train_args: PretrainArguments) -> bool:
@@ -290,7 +358,9 @@ def planned_by_clock(train_args: PretrainArguments) -> bool:
         and train_args.max_train_tokens is None
 
 
-def plan_steps(data_args: DataArguments, train_args: PretrainArguments, num_processes: int) -> tuple[int | None, int]:
+def plan_steps(
+    data_args: DataArguments, train_args: PretrainArguments, num_processes: int
+) -> tuple[int | None, int]:
     """(optimizer steps, tokens per step): --max_train_steps, else from --max_train_tokens, else None when
     --max_train_seconds plans the run, else 3000."""
     tokens_per_step = (train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
@@ -299,18 +369,23 @@ def plan_steps(data_args: DataArguments, train_args: PretrainArguments, num_proc
         return None, tokens_per_step
     steps = train_args.max_train_steps
     if steps is None:
-        steps = math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 3000
+        steps = (
+            math.ceil(train_args.max_train_tokens / tokens_per_step) if train_args.max_train_tokens else 3000
+        )
     return steps, tokens_per_step
 
 
 def _check_scheduler(name: str) -> None:
-    """Builds and steps the schedule on a dummy optimizer: what fails here would fail at the first training step."""
+    """Builds and steps the schedule on a dummy optimizer: what fails here would
+    fail at the first training step."""
     import torch
     from transformers import SchedulerType, get_scheduler
 
     if name not in [kind.value for kind in SchedulerType]:
-        raise UserInputError(f"--lr_scheduler_type {name!r} is not a transformers schedule; use cosine, linear, "
-                             "constant_with_warmup, warmup_stable_decay, ... (transformers.SchedulerType lists them).")
+        raise UserInputError(
+            f"--lr_scheduler_type {name!r} is not a transformers schedule; use cosine, linear, "
+            "constant_with_warmup, warmup_stable_decay, ... (transformers.SchedulerType lists them)."
+        )
     try:
         optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=1, num_training_steps=10)
@@ -318,12 +393,15 @@ def _check_scheduler(name: str) -> None:
         scheduler.step()
     except Exception as error:  # schedules that need extra arguments or a metric
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UserInputError(f"--lr_scheduler_type {name!r} cannot run on the step count alone ({reason}); use cosine, "
-                             "linear or constant_with_warmup.") from None
+        raise UserInputError(
+            f"--lr_scheduler_type {name!r} cannot run on the step count alone ({reason}); use cosine, linear "
+            "or constant_with_warmup."
+        ) from None
 
 
 def hub_repo_id(hub_model_id: str | None, output_dir: str) -> str:
-    """The Hub repo a run pushes to: --hub_model_id, or else the --output_dir folder's name (as Trainer names it)."""
+    """The Hub repo a run pushes to: --hub_model_id, or else the --output_dir
+    folder's name (as Trainer names it)."""
     return hub_model_id or os.path.basename(os.path.abspath(output_dir))
 
 
@@ -332,8 +410,10 @@ def check_hub_repo_id(hub_model_id: str | None, output_dir: str) -> None:
     repo_id = hub_repo_id(hub_model_id, output_dir)
     if not sources.is_repo_id(repo_id):
         named = "--hub_model_id" if hub_model_id else "The Hub repo id from --output_dir's name,"
-        raise UserInputError(f"{named} {repo_id!r} is not a valid Hub repo id; set --hub_model_id to 'name' or "
-                             "'owner/name' (letters, digits, '-', '_' and '.', at most 96 characters).")
+        raise UserInputError(
+            f"{named} {repo_id!r} is not a valid Hub repo id; set --hub_model_id to 'name' or 'owner/name' "
+            "(letters, digits, '-', '_' and '.', at most 96 characters)."
+        )
 
 
 def check_hub_timeout(hub_timeout: float) -> None:
@@ -344,18 +424,21 @@ def check_hub_timeout(hub_timeout: float) -> None:
 def warn_if_token_in_argv(argv: list[str], script: str) -> None:
     """A command line is readable by every user of the machine (ps): said once, by the first process."""
     if os.environ.get("RANK", "0") == "0" and any(arg.split("=")[0] == "--hub_token" for arg in argv):
-        sys.stderr.write(f"{script}: warning: --hub_token puts the token on the command line, where other users of "
-                         f"this machine can read it while the run lasts; set HF_TOKEN or run `hf auth login` "
-                         f"instead.\n")
+        sys.stderr.write(
+            f"{script}: warning: --hub_token puts the token on the command line, where other users of this "
+            "machine can read it while the run lasts; set HF_TOKEN or run `hf auth login` instead.\n"
+        )
 
 
 def env_flag(name: str) -> bool:
-    """A yes/no setting from the environment, as `accelerate launch` writes its config there (ACCELERATE_USE_FSDP)."""
+    """A yes/no setting from the environment, as `accelerate launch` writes its
+    config there (ACCELERATE_USE_FSDP)."""
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 
 
 def args_to_dict(*parts) -> dict:
-    """Arguments (dataclasses, or dicts of more values) as one dict, without the Hub token (never in a file or log)."""
+    """Arguments (dataclasses, or dicts of more values) as one dict, without the Hub
+    token (never in a file or log)."""
     values = {}
     for part in parts:
         values.update(part if isinstance(part, dict) else vars(part))
@@ -370,9 +453,10 @@ def write_args_json(path: str | os.PathLike, *parts) -> None:
 
 
 def build_parser(dataclass_types, **defaults) -> HfArgumentParser:
-    """An `HfArgumentParser` for these dataclasses that takes flags only as spelled in full and reports every mistake
-    on one line (`prog: error: ...`, exit 2), a typo with the nearest flag."""
-    parser = _OneLineErrorParser(dataclass_types, allow_abbrev=False)  # `--max_train_step` must not mean `..._steps`
+    """An `HfArgumentParser` for these dataclasses that takes flags only as spelled in full and reports every
+    mistake on one line (`prog: error: ...`, exit 2), a typo with the nearest flag."""
+    # `--max_train_step` must not mean `..._steps`
+    parser = _OneLineErrorParser(dataclass_types, allow_abbrev=False)
     parser.set_defaults(**defaults)
     return parser
 
@@ -381,7 +465,9 @@ class _OneLineErrorParser(HfArgumentParser, OneLineParser):
     def parse_args_into_dataclasses(self, args=None, return_remaining_strings=False, **kwargs):
         # HfArgumentParser raises ValueError (a traceback) for leftover strings; they are named here instead.
         try:
-            *outputs, remaining = super().parse_args_into_dataclasses(args, return_remaining_strings=True, **kwargs)
+            *outputs, remaining = super().parse_args_into_dataclasses(
+                args, return_remaining_strings=True, **kwargs
+            )
         except ValueError as error:  # a dataclass's own check, e.g. TrainingArguments.__post_init__
             self.refuse(" ".join(str(error).split()))
         if return_remaining_strings:
@@ -392,8 +478,8 @@ class _OneLineErrorParser(HfArgumentParser, OneLineParser):
 
 
 def explicit_flags(argv: list[str]) -> frozenset:
-    """The argument names the command line sets (flags, and those of a leading .yaml/.json file): sizes the user
-    chose are kept, the others may be fitted to a small text (data/sizing.py)."""
+    """The argument names the command line sets (flags, and those of a leading .yaml/.json file): sizes the
+    user chose are kept, the others may be fitted to a small text (data/sizing.py)."""
     names = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
     if argv and argv[0].endswith((".yaml", ".yml", ".json")) and os.path.isfile(argv[0]):
         names |= set(_read_args_file(argv[0], build_parser(ALL_ARGUMENTS)))

@@ -1,9 +1,10 @@
-"""Pre-training on Accelerate, the run that pretrain.py starts once its input is checked: `setup` -> `fit` (the loop)
--> `finish` (final checkpoint, evaluation, probes) -> `export_and_push` (the model folder, then the Hub).
+"""Pre-training on Accelerate, the run that pretrain.py starts once its input is checked:
+`setup` -> `fit` (the loop) -> `finish` (final checkpoint, evaluation, probes) ->
+`export_and_push` (the model folder, then the Hub).
 
-Every input is checked before anything is written. A checkpoint always comes before the export, so an interrupted run
-continues with `--resume_from_checkpoint latest`; SIGTERM or SIGINT stops it at the next step boundary with a
-checkpoint.
+Every input is checked before anything is written. A checkpoint always comes before the export, so
+an interrupted run continues with `--resume_from_checkpoint latest`; SIGTERM or SIGINT stops it at
+the next step boundary with a checkpoint.
 """
 
 import math
@@ -37,7 +38,12 @@ from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.distributed.cpu_threads import BusyCores
 from hf_tinytx_training.distributed.preemption import Stopped, signal_of, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
-from hf_tinytx_training.evaluation import ProbeReport, own_text_prompts, run_probes_and_samples, validation_metrics
+from hf_tinytx_training.evaluation import (
+    ProbeReport,
+    own_text_prompts,
+    run_probes_and_samples,
+    validation_metrics,
+)
 from hf_tinytx_training.model.build import make_model
 from hf_tinytx_training.model.config import check_model_builds, load_model_config
 from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
@@ -55,7 +61,12 @@ from hf_tinytx_training.pretrain_args import (
 )
 from hf_tinytx_training.publish import cards, export
 from hf_tinytx_training.publish.hub import HubPusher, push_final
-from hf_tinytx_training.publish.output_dir import check_output_dir, claim, refuse_writing_where_read, release_lock
+from hf_tinytx_training.publish.output_dir import (
+    check_output_dir,
+    claim,
+    refuse_writing_where_read,
+    release_lock,
+)
 from hf_tinytx_training.publish.run_log import RunLog
 
 
@@ -79,7 +90,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class Run:
-    """What a training run holds: built by `setup`, advanced by `fit` (in `progress` only), read by the rest."""
+    """What a training run holds: built by `setup`, advanced by `fit` (in
+    `progress` only), read by the rest."""
 
     model_args: ModelArguments
     data_args: DataArguments
@@ -120,7 +132,8 @@ class Run:
 
     @property
     def sharded(self) -> tuple | None:
-        """(model, optimizer, scheduler) when distributed/sharding.py shards them: saved beside Accelerate's state."""
+        """(model, optimizer, scheduler) when distributed/sharding.py shards them:
+        saved beside Accelerate's state."""
         return (self.model, self.optimizer, self.lr_scheduler) if self.own_fsdp2 else None
 
 
@@ -144,17 +157,21 @@ def pretrain(argv=None) -> None:
 
 
 def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str:
-    """A collective another process broke (it froze past --ddp_timeout, or died): where the run stands, one line."""
+    """A collective another process broke (it froze past --ddp_timeout, or died):
+    where the run stands, one line."""
     where = f" during step {run.progress.step + 1}" if run is not None else " before training started"
     newest = checkpoints.Layout(os.path.join(os.path.abspath(train_args.output_dir), "checkpoints")).newest()
-    return cluster.lost_peer_message(error, train_args.ddp_timeout, where, newest and os.path.basename(newest))
+    return cluster.lost_peer_message(
+        error, train_args.ddp_timeout, where, newest and os.path.basename(newest)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- setup
 
 
 def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) -> Run:
-    """Every input checked, then the accelerator, the data, the model, its optimizer and schedule, and the resume."""
+    """Every input checked, then the accelerator, the data, the model, its optimizer
+    and schedule, and the resume."""
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     model_config, sharded_by = check_inputs(model_args, data_args, train_args, output_dir)
@@ -168,8 +185,9 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
     data_fingerprint = cluster.decided_by_main(accelerator, lambda: checked_data(data_args, resume_dir))
-    tokenizer, packed, lock = prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir,
-                                           model_config, explicit)
+    tokenizer, packed, lock = prepare_data(
+        model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit
+    )
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
     global_batch = tokens_per_step // data_args.block_size
     if hasattr(packed.train, "__len__") and (warning := memorising_warning(
@@ -183,19 +201,23 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = sharding.prepare(
         accelerator, own_fsdp2, model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
     if hasattr(packed.train, "__len__") and len(train_dataloader) == 0:
-        raise UserInputError(f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes "
-                             f"({global_batch}: {train_args.per_device_train_batch_size} per process x "
-                             f"{accelerator.num_processes} process(es) x {train_args.gradient_accumulation_steps} "
-                             "accumulated); lower the batch size or add data.")
+        raise UserInputError(
+            f"Fewer training blocks ({len(packed.train)}) than one optimizer step takes ({global_batch}: "
+            f"{train_args.per_device_train_batch_size} per process x {accelerator.num_processes} process(es) "
+            f"x {train_args.gradient_accumulation_steps} accumulated); lower the batch size or add data."
+        )
     # A token of None lets huggingface_hub find HF_TOKEN or the login cache; the pusher never shows it.
-    pusher = HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo) \
-        if train_args.push_to_hub and accelerator.is_main_process else None
+    pusher = (
+        HubPusher(train_args.hub_model_id, token=train_args.hub_token, private=train_args.hub_private_repo)
+        if train_args.push_to_hub and accelerator.is_main_process
+        else None
+    )
     run = Run(
         model_args=model_args, data_args=data_args, train_args=train_args, accelerator=accelerator,
         output_dir=output_dir, tokenizer=tokenizer, packed=packed, model=model, optimizer=optimizer,
         lr_scheduler=lr_scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
-        num_parameters=num_parameters, max_train_steps=max_train_steps, tokens_per_step=tokens_per_step, clock=clock,
-        log=RunLog(output_dir, accelerator), pusher=pusher, lock=lock, own_fsdp2=own_fsdp2,
+        num_parameters=num_parameters, max_train_steps=max_train_steps, tokens_per_step=tokens_per_step,
+        clock=clock, log=RunLog(output_dir, accelerator), pusher=pusher, lock=lock, own_fsdp2=own_fsdp2,
         data_fingerprint=data_fingerprint,
     )
     if resume_dir:
@@ -211,27 +233,33 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
 
 
 def check_inputs(model_args, data_args, train_args, output_dir: str):
-    """The checks that need transformers or the model's config; returns (model config, the sharding asked for)."""
+    """The checks that need transformers or the model's config; returns (model
+    config, the sharding asked for)."""
     check_schedule(train_args)  # the one flag check that needs transformers loaded
     refuse_lone_process()
     check_output_dir(output_dir, train_args)
     refuse_writing_where_read(model_args, output_dir)
-    model_config = load_model_config(model_args)  # before the data: a bad size should not wait for tokenization
+    # before the data: a bad size should not wait for tokenization
+    model_config = load_model_config(model_args)
     if data_args.block_size > model_config.max_position_embeddings:
-        raise UserInputError(f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
-                             f"({model_config.max_position_embeddings}); lower --block_size or raise "
-                             "--max_position_embeddings.")
+        raise UserInputError(
+            f"--block_size {data_args.block_size} is longer than the model's max_position_embeddings "
+            f"({model_config.max_position_embeddings}); lower --block_size or raise "
+            "--max_position_embeddings."
+        )
     sharded_by = sharding.asked_sharding()
     train_args.optimizer = chosen_optimizer(train_args.optimizer, sharded_by)
     if train_args.optimizer == "muon" and sharded_by:
-        raise UserInputError(f"--optimizer muon needs whole weight matrices on every process, which {sharded_by} does "
-                             f"not keep; use --optimizer adamw, or Muon with one process or DDP.")
+        raise UserInputError(
+            f"--optimizer muon needs whole weight matrices on every process, which {sharded_by} does not "
+            "keep; use --optimizer adamw, or Muon with one process or DDP."
+        )
     return model_config, sharded_by
 
 
 def checked_data(data_args, resume_dir: str | None) -> dict:
-    """The data's fingerprint (names, sizes and times of its files), refused before the data is prepared when it is
-    not what the checkpoint to resume was trained on."""
+    """The data's fingerprint (names, sizes and times of its files), refused before the data is prepared when
+    it is not what the checkpoint to resume was trained on."""
     data = pretrain_data(data_args, DEFAULT_CORPUS_DOCUMENTS)
     if resume_dir:
         checkpoints.refuse_data_change(resume_dir, data, "or start a new run on this data from its weights "
@@ -240,35 +268,44 @@ def checked_data(data_args, resume_dir: str | None) -> dict:
 
 
 def start_accelerator(model_args, train_args, output_dir: str, model_config, sharded_by: str | None):
-    """(Accelerator, whether distributed/sharding.py shards the model), checked against the batch and the model."""
+    """(Accelerator, whether distributed/sharding.py shards the model), checked
+    against the batch and the model."""
     accelerator = Accelerator(
         **sharding.device_options(sharded_by, train_args.ddp_timeout),
         mixed_precision=train_args.mixed_precision,
         gradient_accumulation_steps=train_args.gradient_accumulation_steps,
         log_with=None if train_args.report_to == "none" else train_args.report_to.split(","),
-        project_config=ProjectConfiguration(project_dir=output_dir, logging_dir=os.path.join(output_dir, "runs")),
+        project_config=ProjectConfiguration(
+            project_dir=output_dir, logging_dir=os.path.join(output_dir, "runs")
+        ),
     )
     accelerator.print(f"{accelerator.num_processes} process(es) on {accelerator.device} "
                       f"({accelerator.distributed_type})")
     if (problem := cluster.check_process_count(accelerator.num_processes)):
         raise UserInputError(problem)
     if sharding.gpu_config_without_gpus():
-        accelerator.print("The Accelerate config asks for GPUs, but this machine has none: the processes train on "
-                          "its CPUs over gloo.")
+        accelerator.print(
+            "The Accelerate config asks for GPUs, but this machine has none: the processes train on its "
+            "CPUs over gloo."
+        )
     if accelerator.device.type == "cpu":
         bf16 = "--mixed_precision bf16" if train_args.mixed_precision == "bf16" else None
         cpu_memory.train_on_cpu(bf16, accelerator.print)
     own_fsdp2 = sharding.shards_itself(accelerator, sharded_by)
     apply_total_batch_size(train_args, accelerator.num_processes)
-    accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps  # --total_batch_size sets it
+    # --total_batch_size sets it
+    accelerator.gradient_accumulation_steps = train_args.gradient_accumulation_steps
     sharding.apply_flags_to_deepspeed_config(accelerator, train_args)
     check_model_builds(model_config, model_args.attn_implementation, accelerator.num_processes)
     return accelerator, own_fsdp2
 
 
-def prepare_data(model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit):
-    """The tokenizer, the data prepared once by the main process for every process, and the output folder's lock,
-    taken once every input has passed its checks. A start refused for its input takes back the folders it made."""
+def prepare_data(
+    model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit
+):
+    """The tokenizer, the data prepared once by the main process for every process, and the
+    output folder's lock, taken once every input has passed its checks. A start refused for its
+    input takes back the folders it made."""
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
     store = token_store.store_folder(data_args, output_dir)
@@ -277,15 +314,21 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
     handoff = Handoff(accelerator, output_dir, train_args.ddp_timeout)
     try:
         if accelerator.is_main_process:
-            tokenizer, description, sources = prepare_as_main(model_args, data_args, train_args, handoff, store,
-                                                              saved_tokenizer, fresh, model_config, accelerator.print)
+            tokenizer, description, sources = prepare_as_main(
+                model_args, data_args, train_args, handoff, store, saved_tokenizer, fresh, model_config,
+                accelerator.print,
+            )
         else:
             tokenizer, description, sources = receive_data(data_args, train_args, handoff, store)
         if description["kind"] == "stream":
-            packed = packing.pack_streamed(sources, tokenizer, data_args, train_args.max_eval_tokens, train_args.seed)
+            packed = packing.pack_streamed(
+                sources, tokenizer, data_args, train_args.max_eval_tokens, train_args.seed
+            )
         else:
-            packed = packing.pack_fitted(packing.tokens(description, sources, tokenizer, data_args), data_args,
-                                         train_args, accelerator.num_processes, explicit, say=accelerator.print)
+            packed = packing.pack_fitted(
+                packing.tokens(description, sources, tokenizer, data_args), data_args, train_args,
+                accelerator.num_processes, explicit, say=accelerator.print,
+            )
         handoff.close()
     except BaseException as error:
         if accelerator.is_main_process:
@@ -304,24 +347,31 @@ def prepare_data(model_args, data_args, train_args, accelerator, output_dir, res
 
 
 def resume(run: Run, folder: str) -> None:
-    """Continues from the checkpoint in `folder`: weights, optimizer, schedule, RNG, step, place in the data, clock."""
+    """Continues from the checkpoint in `folder`: weights, optimizer, schedule, RNG,
+    step, place in the data, clock."""
     deepspeed = sharding.zero_stage(run.accelerator) is not None
     checkpoints.refuse_architecture_change(
-        folder, run.accelerator.unwrap_model(run.model).config,
-        "resume with the sizes it was started with (the same --model_config and size flags), or start a new run "
-        "(another --output_dir, or --overwrite_output_dir)")
-    state = checkpoints.load_state(folder, run.accelerator, run.signature, (run.model, run.optimizer,
-                                   run.lr_scheduler), run.own_fsdp2, deepspeed_engine=run.model if deepspeed else None)
+        folder,
+        run.accelerator.unwrap_model(run.model).config,
+        "resume with the sizes it was started with (the same --model_config and size flags), or start a "
+        "new run (another --output_dir, or --overwrite_output_dir)",
+    )
+    state = checkpoints.load_state(
+        folder, run.accelerator, run.signature, (run.model, run.optimizer, run.lr_scheduler), run.own_fsdp2,
+        deepspeed_engine=run.model if deepspeed else None,
+    )
     progress = run.progress
     progress.step = progress.saved_step = state.step
-    # The checkpoint's run may have had other processes and accumulation, but every step reads the same global batch.
+    # The checkpoint's run may have had other processes and accumulation, but every
+    # step reads the same global batch.
     steps_into_epoch = state.batch_in_epoch // state.run_signature["gradient_accumulation_steps"]
     progress.epoch = state.epoch
     progress.batch_in_epoch = steps_into_epoch * run.train_args.gradient_accumulation_steps
-    run.accelerator.step = progress.batch_in_epoch  # where `accumulate` counts to its next optimizer step from
+    # where `accumulate` counts to its next optimizer step from
+    run.accelerator.step = progress.batch_in_epoch
     progress.earlier_seconds, progress.launches = state.trained_seconds, state.launches + 1
-    # Planned in seconds, the schedule goes on with the seconds left; next to a step count the clock bounds each
-    # launch, like a job's time slot.
+    # Planned in seconds, the schedule goes on with the seconds left; next to a step count the clock
+    # bounds each launch, like a job's time slot.
     if run.max_train_steps is None:
         run.clock.resume_at(state.train_seconds)
     if run.accelerator.is_main_process:
@@ -337,25 +387,31 @@ def training_state(run: Run) -> checkpoints.TrainingState:
     """What the next checkpoint records of the run (`resume` reads it back)."""
     progress = run.progress
     return checkpoints.TrainingState(
-        step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch, run_signature=run.signature,
-        planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
-        trained_seconds=progress.earlier_seconds + progress.train_seconds, launches=progress.launches)
+        step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
+        run_signature=run.signature, planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
+        trained_seconds=progress.earlier_seconds + progress.train_seconds, launches=progress.launches,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- fit
 
 
 def fit(run: Run) -> None:
-    """Optimizer steps until --max_train_steps (or the clock the user set), evaluating and checkpointing on the way."""
+    """Optimizer steps until --max_train_steps (or the clock the user set),
+    evaluating and checkpointing on the way."""
     progress, args = run.progress, run.train_args
     announce_plan(run)
-    # The main process draws the bar, on a terminal only (disable=None); in a log file `log_step` prints lines.
+    # The main process draws the bar, on a terminal only (disable=None); in a log
+    # file `log_step` prints lines.
     bar = tqdm(total=run.max_train_steps, initial=progress.step, desc="train",
                disable=None if run.accelerator.is_main_process else True)
     planned = run.max_train_steps or args.eval_steps * 20  # planned in seconds: a line every --eval_steps
-    pace = Pace(time.perf_counter(), first_step=progress.step, line_every=max(1, min(args.eval_steps, planned // 20)))
+    pace = Pace(
+        time.perf_counter(), first_step=progress.step, line_every=max(1, min(args.eval_steps, planned // 20))
+    )
     batches = micro_batches(run)
-    on_cpu = run.accelerator.device.type == "cpu" and run.accelerator.is_local_main_process  # the machine's cores
+    # the machine's cores
+    on_cpu = run.accelerator.device.type == "cpu" and run.accelerator.is_local_main_process
     busy = BusyCores(torch.get_num_threads()) if on_cpu else None
     run.model.train()
     STOP.training()  # a signal from now on is honoured at the next step boundary, with a checkpoint
@@ -363,7 +419,8 @@ def fit(run: Run) -> None:
         while not training_done(run):
             loss, stop_signal = train_step(run, batches)
             progress.step += 1
-            seconds = progress.train_seconds = pace.seconds()  # one reading for the clock, the log, the checkpoint
+            # one reading for the clock, the log, the checkpoint
+            seconds = progress.train_seconds = pace.seconds()
             if run.clock.budget:  # every process reads the same clock: same learning rate, same last step
                 run.clock.read(seconds)
             log_step(run, loss, pace, seconds, bar)
@@ -386,7 +443,8 @@ def fit(run: Run) -> None:
 
 @dataclass
 class Pace:
-    """This launch's time in `fit`, and the step it started from: tokens per second are this launch's alone."""
+    """This launch's time in `fit`, and the step it started from: tokens per
+    second are this launch's alone."""
 
     started: float  # time.perf_counter() when `fit` began
     first_step: int
@@ -397,8 +455,8 @@ class Pace:
 
 
 def train_step(run: Run, batches) -> tuple[float, int | None]:
-    """One optimizer step over its micro-batches. Returns the step's mean loss over every process's targets and the
-    stop signal any process got."""
+    """One optimizer step over its micro-batches. Returns the step's mean loss over every process's
+    targets and the stop signal any process got."""
     accelerator, model, args = run.accelerator, run.model, run.train_args
     summed_loss, targets = torch.zeros((), device=accelerator.device), 0  # loss x targets, read back once
     for batch in batches:
@@ -406,11 +464,15 @@ def train_step(run: Run, batches) -> tuple[float, int | None]:
             # Labels are the inputs: the model shifts them by one position to score each next token.
             loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
             accelerator.backward(loss)
-            batch_targets = batch["input_ids"].numel() - batch["input_ids"].shape[0]  # all but each block's first
-            summed_loss, targets = summed_loss + loss.detach().float() * batch_targets, targets + batch_targets
+            # all but each block's first
+            batch_targets = batch["input_ids"].numel() - batch["input_ids"].shape[0]
+            summed_loss, targets = (
+                summed_loss + loss.detach().float() * batch_targets, targets + batch_targets,
+            )
             step_ends = accelerator.sync_gradients
             if step_ends:
-                # Clipping at inf only measures: a non-finite norm must stop the run before it reaches the weights.
+                # Clipping at inf only measures: a non-finite norm must stop the run
+                # before it reaches the weights.
                 norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
                 read_back = read_step(run, summed_loss, targets, norm)
             run.optimizer.step()
@@ -430,8 +492,9 @@ def micro_batches(run: Run):
 
 
 def epoch_batches(run: Run):
-    """The current epoch's batches in its (seed, epoch) order, without those a resumed run already trained on. The
-    loader counts epochs from 0 in every launch: told the run's, a resumed run reads each epoch as the first did."""
+    """The current epoch's batches in its (seed, epoch) order, without those a resumed run
+    already trained on. The loader counts epochs from 0 in every launch: told the run's, a
+    resumed run reads each epoch as the first did."""
     run.train_dataloader.set_epoch(run.progress.epoch)  # skip_first_batches copies it
     if run.progress.batch_in_epoch:
         return run.accelerator.skip_first_batches(run.train_dataloader, run.progress.batch_in_epoch)
@@ -439,8 +502,8 @@ def epoch_batches(run: Run):
 
 
 def read_step(run: Run, summed_loss: torch.Tensor, targets: int, norm) -> tuple[float, int | None]:
-    """(loss, stop signal or None), read back in one all-reduce with every process's stop signals, so that all stop
-    after the same step; a non-finite loss or gradient norm stops the run."""
+    """(loss, stop signal or None), read back in one all-reduce with every process's stop signals, so that all
+    stop after the same step; a non-finite loss or gradient norm stops the run."""
     norm = 0.0 if norm is None else norm  # DeepSpeed: a float (None: not measured)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
     device = summed_loss.device
@@ -466,8 +529,10 @@ def nonfinite_message(run: Run, what: str) -> str:
 def announce_plan(run: Run) -> None:
     args = run.train_args
     if run.max_train_steps is None:
-        run.accelerator.print(f"Training for {args.max_train_seconds:g} s in steps of {run.tokens_per_step:,} tokens "
-                              f"(the {args.lr_scheduler_type} learning-rate schedule runs on the clock)")
+        run.accelerator.print(
+            f"Training for {args.max_train_seconds:g} s in steps of {run.tokens_per_step:,} tokens (the "
+            f"{args.lr_scheduler_type} learning-rate schedule runs on the clock)"
+        )
     else:
         clock = f", at most {args.max_train_seconds:g} s" if args.max_train_seconds else ""
         run.accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
@@ -508,10 +573,12 @@ def log_evaluation(run: Run, bar) -> None:
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
-    """checkpoints/step_N (every process takes part); with --push_to_hub also queued for the Hub as a model folder."""
-    checkpoints.save_state(run.accelerator, run.checkpoints_dir, training_state(run),
-                           run.train_args.checkpoints_total_limit, run.sharded,
-                           model_config=run.accelerator.unwrap_model(run.model).config, data=run.data_fingerprint)
+    """checkpoints/step_N (every process takes part); with --push_to_hub also queued
+    for the Hub as a model folder."""
+    checkpoints.save_state(
+        run.accelerator, run.checkpoints_dir, training_state(run), run.train_args.checkpoints_total_limit,
+        run.sharded, model_config=run.accelerator.unwrap_model(run.model).config, data=run.data_fingerprint,
+    )
     run.progress.saved_step = run.progress.step
     if run.train_args.push_to_hub and push:
         to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
@@ -521,8 +588,8 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
 
 
 def stop_for_signal(run: Run, signum: int) -> None:
-    """Every process, at the same step boundary: the checkpoint (not pushed: a preempted job has seconds), then
-    `Stopped`, exporting nothing."""
+    """Every process, at the same step boundary: the checkpoint (not pushed: a preempted job has
+    seconds), then `Stopped`, exporting nothing."""
     if run.progress.saved_step != run.progress.step:
         save_checkpoint(run, push=False)
     run.accelerator.end_training()  # the trackers' files closed
@@ -550,7 +617,9 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
         save_checkpoint(run)
     stop_if_asked(run)
     metrics = evaluate(run)
-    clock = {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if progress.stopped_by_clock else {}
+    clock = (
+        {"stopped_by_clock": True, "planned_steps": run.max_train_steps} if progress.stopped_by_clock else {}
+    )
     memory = sharding.peak_gpu_memory(accelerator)
     run.log.log({"step": progress.step, **metrics, **clock, **memory, "final": True})
     accelerator.print(
@@ -561,14 +630,21 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
     probe_results = ProbeReport()
     sharded = run.own_fsdp2 or sharding.zero_stage(accelerator) == 3
     if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process
-        # Eagerly, under --torch_compile too: probes and samples come in many shapes, each of which would compile again.
+        # Eagerly, under --torch_compile too: probes and samples come in many shapes,
+        # each of which would compile again.
         with torch.compiler.set_stance("force_eager"):
-            prompts = own_text_prompts(run.data_args, run.packed.validation, run.tokenizer, run.train_args.num_samples)
+            prompts = own_text_prompts(
+                run.data_args, run.packed.validation, run.tokenizer, run.train_args.num_samples
+            )
             probe_results = run_probes_and_samples(accelerator.unwrap_model(run.model), run.tokenizer,
                                                    run.train_args, accelerator, prompts)
         if probe_results.accuracy:
-            run.log.log({"step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
-                         "final": True})
+            run.log.log(
+                {
+                    "step": progress.step, **{f"probe_{k}": v for k, v in probe_results.accuracy.items()},
+                    "final": True,
+                }
+            )
     return metrics, probe_results
 
 
@@ -580,26 +656,32 @@ def evaluate(run: Run) -> dict:
 
 
 def export_and_push(run: Run, final_metrics: dict, probe_results: "ProbeReport") -> str | None:
-    """The model folder first (complete on disk), then the Hub. Returns None, or the line saying that the final model
-    was not pushed (raised by `pretrain` once every process is past the barrier)."""
+    """The model folder first (complete on disk), then the Hub. Returns None, or the line saying that the
+    final model was not pushed (raised by `pretrain` once every process is past the barrier)."""
     accelerator = run.accelerator
-    stop_if_asked(run)  # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
+    # a signal during the evaluation or the probes: the checkpoint is saved, the export waits
+    stop_if_asked(run)
     to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
     not_pushed = None
     if accelerator.is_main_process:
         card = cards.pretrained_card(cards.card_context(run, final_metrics, probe_results))
-        names = export.export_final(run.output_dir, run.checkpoints_dir, *to_save, run.tokenizer, card, run.log.rows,
-                                    cards.training_record(run), probe_results.coref_head)
+        names = export.export_final(
+            run.output_dir, run.checkpoints_dir, *to_save, run.tokenizer, card, run.log.rows,
+            cards.training_record(run), probe_results.coref_head,
+        )
         accelerator.print(f"Model folder: {run.output_dir}")
         try:
             if run.pusher is not None:
                 # The exported files only: not the checkpoints, nor anything else in the folder.
-                not_pushed = push_final(run.pusher, run.output_dir, [*names, "metrics.jsonl"],
-                                        f"TinyTx pre-trained for {run.progress.step} steps", "final model",
-                                        run.train_args.hub_timeout, exclude=("checkpoints/*", ".*"), stop=STOP,
-                                        say=accelerator.print)
+                not_pushed = push_final(
+                    run.pusher, run.output_dir, [*names, "metrics.jsonl"],
+                    f"TinyTx pre-trained for {run.progress.step} steps", "final model",
+                    run.train_args.hub_timeout, exclude=("checkpoints/*", ".*"), stop=STOP,
+                    say=accelerator.print,
+                )
         finally:
-            release_lock(run.lock, run.output_dir)  # the folder is complete, also when a signal ended the push
+            # the folder is complete, also when a signal ended the push
+            release_lock(run.lock, run.output_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return not_pushed

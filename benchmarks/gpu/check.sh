@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The GPU checks in one go (under 5 minutes on one recent GPU); on a machine without CUDA it says so and exits 0.
+# The GPU checks in one go (under 5 minutes on one recent GPU); on a machine
+# without CUDA it says so and exits 0.
 #
 #   bash benchmarks/gpu/check.sh            # PYTHON=/path/to/python to pick the interpreter (default: python)
 #
 # 1. flash-attention vs sdpa parity in bf16 on a TinyTx (check.py parity: flash-attn package, else the
 #    kernels-community kernel, else sdpa's own flash kernel)
 # 2. bf16 training MFU at ~124M parameters (training/configs/model-base.json), batch 8 x seq 1024 (mfu.py)
-# 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic, static and compiled static cache,
-#    beside the bandwidth floor (check.py)
+# 3. greedy generation tokens/s of the same ~124M model, batch 1 and 8, dynamic, static and compiled static
+#    cache, beside the bandwidth floor (check.py)
 # 4. no host-device synchronisation in a training step or a decoding step (check.py syncs,
 #    torch.cuda.set_sync_debug_mode("error"))
 # With 2 or more GPUs (all of them are used; written, not yet run: this project's CI has no GPU):
@@ -15,8 +16,8 @@
 #    tokens/s and peak memory per rank (memory_per_rank.py --device cuda; ZeRO-3 left out, saying so, without
 #    deepspeed)
 # 6. tensor-parallel inference: a `base`-shaped TinyTx loaded with tp_plan="auto" on 2 GPUs, logits vs 1 GPU
-# Each step prints a table and a JSON line; one failing step does not stop the others; the exit status is 1 if any
-# step failed.
+# Each step prints a table and a JSON line; one failing step does not stop the others; the
+# exit status is 1 if any step failed.
 set -u
 cd "$(dirname "$0")"  # benchmarks/gpu: check.py here, mfu.py and memory_per_rank.py in ..
 PYTHON=${PYTHON:-python}

@@ -3,19 +3,20 @@
 #
 #   bash benchmarks/gpu/session.sh OUT_DIR      # PYTHON=... (default python3); BUDGET=seconds (default 540)
 #
-# 0. The machine is offline: the Python packages its image lacks (datasets, dill, multiprocess, fsspec) come as
-#    wheels in .whl/ (pyarrow and xxhash in .whl/fallback/, installed only when datasets will not import without
-#    them) and go to /tmp/site with this project, installed from the checkout (what .whl/ holds: docs/performance.md,
-#    "On a GPU").
+# 0. The machine is offline: the Python packages its image lacks (datasets, dill, multiprocess, fsspec)
+#    come as wheels in .whl/ (pyarrow and xxhash in .whl/fallback/, installed only when datasets will not
+#    import without them) and go to /tmp/site with this project, installed from the checkout (what .whl/
+#    holds: docs/performance.md, "On a GPU").
 # 1. flash vs sdpa parity in bf16, host-device syncs of a training and a decoding step (check.py)
 # 2. training MFU at ~124M, bf16, batch 8 x seq 1024, eager and torch.compile (mfu.py)
-# 3. the README's training command at the base preset, bf16, sdpa, --torch_compile: steady tokens/s, MFU, peak memory;
-#    then the same run stopped by SIGTERM and resumed, weights against the straight run (train_check.py)
-# 4. greedy decoding of the model trained in 3 at batch 1 and 8: dynamic, static and compiled static cache, beside
-#    the bandwidth floor (check.py generate --model)
-# Every step has a time limit inside one overall budget, so a hang costs its own step only. OUT_DIR gets the whole
-# log (session.log), every result's JSON line (results.jsonl), the training runs' console output (pretrain.log) and
-# the straight run's metrics.jsonl. Exit status 1 if a step failed.
+# 3. the README's training command at the base preset, bf16, sdpa, --torch_compile: steady
+#    tokens/s, MFU, peak memory; then the same run stopped by SIGTERM and resumed, weights
+#    against the straight run (train_check.py)
+# 4. greedy decoding of the model trained in 3 at batch 1 and 8: dynamic, static and compiled static cache,
+#    beside the bandwidth floor (check.py generate --model)
+# Every step has a time limit inside one overall budget, so a hang costs its own step only. OUT_DIR gets the
+# whole log (session.log), every result's JSON line (results.jsonl), the training runs' console output
+# (pretrain.log) and the straight run's metrics.jsonl. Exit status 1 if a step failed.
 set -u
 OUT_DIR=${1:?usage: bash benchmarks/gpu/session.sh OUT_DIR}
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)

@@ -1,20 +1,23 @@
-"""The README's training command on a GPU: throughput, MFU and peak memory, then a preempted run resumed bit for bit.
+"""The README's training command on a GPU: throughput, MFU and peak memory, then a
+preempted run resumed bit for bit.
 
-    python -m benchmarks.gpu.train_check --output_dir /tmp/gpu_train          # ~124M (base preset), bf16, compiled
-    python -m benchmarks.gpu.train_check --output_dir /tmp/dry --device cpu   # the same code path on a tiny model
+    python -m benchmarks.gpu.train_check --output_dir /tmp/gpu_train          # ~124M (base preset), bf16,
+        compiled
+    python -m benchmarks.gpu.train_check --output_dir /tmp/dry --device cpu   # the same code path on a tiny
+        model
 
-Three launches of `tinytx pretrain` (python -m hf_tinytx_training.pretrain) with the same flags (--max_train_steps,
---checkpointing_steps at half way):
-1. straight: the whole run. Its metrics.jsonl gives the steady tokens/s (the median over windows of steps, so the
-   compiling first steps, evaluations and checkpoints drop out), MFU (useful FLOP/s of benchmarks/mfu.py's formula
-   over the FLOP/s of one large matmul measured here first) and the final row's peak GPU memory.
+Three launches of `tinytx pretrain` (python -m hf_tinytx_training.pretrain) with the same flags
+(--max_train_steps, --checkpointing_steps at half way):
+1. straight: the whole run. Its metrics.jsonl gives the steady tokens/s (the median over windows of steps, so
+   the compiling first steps, evaluations and checkpoints drop out), MFU (useful FLOP/s of benchmarks/mfu.py's
+   formula over the FLOP/s of one large matmul measured here first) and the final row's peak GPU memory.
 2. stopped: SIGTERM once a third of the steps are logged, as a preempting scheduler sends it; the run saves a
    checkpoint at its next step boundary and exits.
 3. resumed: the same command with --resume_from_checkpoint latest, to the end.
-The weights of (3) are compared with (1). The losses of (2) before the signal, against (1)'s, tell run-to-run spread
-(non-deterministic GPU kernels: atomics in the embedding and attention backward) from a fault of the resume: if the
-runs already differ before the stop, the resumed weights can differ by as much and the resume is not to blame.
-Prints a table and one JSON line; exits 1 when a launch fails.
+The weights of (3) are compared with (1). The losses of (2) before the signal, against (1)'s, tell run-to-run
+spread (non-deterministic GPU kernels: atomics in the embedding and attention backward) from a fault of the
+resume: if the runs already differ before the stop, the resumed weights can differ by as much and the resume
+is not to blame. Prints a table and one JSON line; exits 1 when a launch fails.
 """
 
 import argparse
@@ -33,13 +36,19 @@ PRETRAIN = ["-m", "hf_tinytx_training.pretrain"]  # as `tinytx pretrain` runs it
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--output_dir", required=True, help="Where the three runs go (straight/, resumed/).")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: a dry run of the code path on the tiny preset, no figures worth quoting")
-    parser.add_argument("--steps", type=int, default=None, help="Optimizer steps (default: 600 on cuda, 6 on cpu).")
-    parser.add_argument("pretrain_flags", nargs=argparse.REMAINDER,
-                        help="After --: more flags for pretrain.py (they replace the defaults of the same name)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="Optimizer steps (default: 600 on cuda, 6 on cpu)."
+    )
+    parser.add_argument(
+        "pretrain_flags", nargs=argparse.REMAINDER,
+        help="After --: more flags for pretrain.py (they replace the defaults of the same name)",
+    )
     return parser.parse_args(argv)
 
 
@@ -62,7 +71,8 @@ def pretrain_flags(args) -> list[str]:
 
 
 def launch(flags: list[str], output_dir: Path, log: Path, stop_after_step: int | None = None) -> int:
-    """Runs pretrain.py (its output into `log`); with stop_after_step, SIGTERM once that step is in metrics.jsonl."""
+    """Runs pretrain.py (its output into `log`); with stop_after_step, SIGTERM once
+    that step is in metrics.jsonl."""
     command = [sys.executable, *PRETRAIN, *flags, "--output_dir", str(output_dir)]
     with open(log, "a", encoding="utf-8") as out:
         out.write("$ " + " ".join(command) + "\n")
@@ -108,7 +118,8 @@ def steady_tokens_per_second(training_rows: list[dict]) -> float:
 
 
 def matmul_tflops(device: str) -> float:
-    """FLOP/s of one large matmul on this device (bf16 8192 on a GPU, fp32 2048 on CPU): MFU's roof, as mfu.py's."""
+    """FLOP/s of one large matmul on this device (bf16 8192 on a GPU, fp32 2048 on
+    CPU): MFU's roof, as mfu.py's."""
     import torch
 
     from benchmarks.mfu import make_matmul, synchronized
@@ -153,8 +164,10 @@ def main(args) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu/train_check.py: no CUDA GPU here (torch.cuda.is_available() is False); --device cpu runs the code "
-              "path on a tiny model. Nothing run.")
+        print(
+            "gpu/train_check.py: no CUDA GPU here (torch.cuda.is_available() is False); --device cpu runs "
+            "the code path on a tiny model. Nothing run."
+        )
         return 0
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +177,9 @@ def main(args) -> int:
     roof = matmul_tflops(args.device)
     straight, resumed = out / "straight", out / "resumed"
     timings = {}
-    for name, folder, kwargs in (("straight", straight, {}), ("stopped", resumed, {"stop_after_step": steps // 3})):
+    for name, folder, kwargs in (
+        ("straight", straight, {}), ("stopped", resumed, {"stop_after_step": steps // 3}),
+    ):
         begin = time.perf_counter()
         code = launch(flags, folder, log, **kwargs)
         timings[name] = time.perf_counter() - begin
@@ -185,14 +200,25 @@ def main(args) -> int:
     final = next(row for row in reversed(straight_rows) if row.get("final") and "eval_loss" in row)
     max_diff, identical = weight_difference(straight, resumed)
     result = {
-        "check": "gpu_train", "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "torch": torch.__version__, "pretrain_flags": flags, "steps": steps, "stopped_at_step": stopped_at,
-        "tokens_per_s": tokens_per_s, "train_tflops_per_s": achieved, "matmul_tflops_per_s": roof,
-        "mfu": achieved / roof, "peak_gpu_memory_gib": final.get("peak_gpu_memory_gib"),
-        "eval_loss": final["eval_loss"], "launch_seconds": timings,
+        "check": "gpu_train",
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "pretrain_flags": flags,
+        "steps": steps,
+        "stopped_at_step": stopped_at,
+        "tokens_per_s": tokens_per_s,
+        "train_tflops_per_s": achieved,
+        "matmul_tflops_per_s": roof,
+        "mfu": achieved / roof,
+        "peak_gpu_memory_gib": final.get("peak_gpu_memory_gib"),
+        "eval_loss": final["eval_loss"],
+        "launch_seconds": timings,
         "loss_diff_before_stop": loss_difference(straight_rows, stopped_rows, range(1, stopped_at + 1)),
-        "loss_diff_after_resume": loss_difference(straight_rows, resumed_rows, range(stopped_at + 1, steps + 1)),
-        "weights_max_abs_diff": max_diff, "weights_bit_for_bit": identical,
+        "loss_diff_after_resume": loss_difference(
+            straight_rows, resumed_rows, range(stopped_at + 1, steps + 1)
+        ),
+        "weights_max_abs_diff": max_diff,
+        "weights_bit_for_bit": identical,
     }
     table = [
         ("run", " ".join(flags)),

@@ -1,31 +1,36 @@
-"""The seeds' claims, demonstrated and measured: attention you can see, and why it beat reading one token at a time.
+"""The seeds' claims, demonstrated and measured: attention you can see, and why it
+beat reading one token at a time.
 
-The two explainer texts the project started from make six checkable claims. This script measures each one on this
-machine and writes a report: a table of claims (what the seeds say, what was measured here), the detail tables
-and the figures.
+The two explainer texts the project started from make six checkable claims. This script measures each
+one on this machine and writes a report: a table of claims (what the seeds say, what was measured
+here), the detail tables and the figures.
 
-    python -m benchmarks.seed_claims                    # ~60 minutes on a quiet 2-core CPU (3 seeds for claim 4)
-    python -m benchmarks.seed_claims --quick            # everything at toy scale, into benchmarks/results/quick/
-    python -m benchmarks.seed_claims --model out/tinytx # claims 4 and 6 on a model trained by training/pretrain.py
-    python -m benchmarks.seed_claims --seed 21 --lookup_steps 1500   # one seed for claim 4; claim 3 in steps too
+    python -m benchmarks.seed_claims                    # ~60 minutes on a quiet 2-core CPU (3 seeds for claim
+                                                        # 4)
+    python -m benchmarks.seed_claims --quick            # everything at toy scale, into
+                                                        # benchmarks/results/quick/
+    python -m benchmarks.seed_claims --model out/tinytx # claims 4 and 6 on a model trained by
+                                                        # training/pretrain.py
+    python -m benchmarks.seed_claims --seed 21 --lookup_steps 1500   # one seed for claim 4; claim 3 in steps
+                                                                     # too
 
-1. Twice the window, about four times the looking work: one attention layer timed at n and 2n (attention_scaling).
-2. Token 50 waits for token 49: training tokens/s of TinyTx and of an LSTM with about as many parameters, how each
-   one's step time grows with sequence length, and, one sequence per step, where TinyTx overtakes the LSTM as the
-   sequence grows and cores are added.
-3. A fact from word 1 hardly survives to word 200: TinyTx and an LSTM of as many parameters trained for the same
-   time on a lookup task of the MQAR kind ("Zoology", Arora et al., 2023: key-value pairs first, questions for the
-   keys later) and on copying, then asked at exact distances from 12 to 400 tokens.
+1. Twice the window, about four times the looking work: one attention layer
+   timed at n and 2n (attention_scaling).
+2. Token 50 waits for token 49: training tokens/s of TinyTx and of an LSTM with about as many parameters, how
+   each one's step time grows with sequence length, and, one sequence per step, where TinyTx overtakes the
+   LSTM as the sequence grows and cores are added.
+3. A fact from word 1 hardly survives to word 200: TinyTx and an LSTM of as many parameters trained for the
+   same time on a lookup task of the MQAR kind ("Zoology", Arora et al., 2023: key-value pairs first,
+   questions for the keys later) and on copying, then asked at exact distances from 12 to 400 tokens.
 4. "...because it was too tired": TinyTx's accuracy at resolving "it", and the map of its best "it" head.
 5. Attention alone ignores order; rotary positions make scores depend on separation only (numerical checks).
-6. Different heads specialise: the best heads per role in the trained models (the lookup head of claim 3's model
-   among them, with its map), against the same models untrained.
+6. Different heads specialise: the best heads per role in the trained models (the lookup head of claim 3's
+   model among them, with its map), against the same models untrained.
 
 Writes REPORT.md, results.json and PNGs to --out (default benchmarks/results/seed_claims/; with --quick
 benchmarks/results/quick/seed_claims/, a scratch folder git ignores, so a toy run never replaces the committed
-report). Prints the claims table,
-then, last, one JSON line with the figures. The lookup task lives in lookup_task.py, the LSTM in lstm_baseline.py, the
-report and figures in report.py, all three beside this file.
+report). Prints the claims table, then, last, one JSON line with the figures. The lookup task lives in
+lookup_task.py, the LSTM in lstm_baseline.py, the report and figures in report.py, all three beside this file.
 """
 
 import argparse
@@ -42,29 +47,54 @@ BENCHMARKS = Path(__file__).resolve().parents[1]
 # Everything that differs between --quick and the full run.
 SETTINGS = {
     "full": dict(
-        scaling_lengths=(512, 1024, 2048), scaling_hidden=256, scaling_heads=4, scaling_repeats=5,
-        step_lengths=(64, 128, 256, 512), step_batch=8, step_repeats=5, single_lengths=(64, 128, 256, 512, 1024),
-        # Claims 4 and 6, on RULE_MIX's corpus: ~0.17M parameters (input and output embeddings shared), 2 layers (the
-        # fewest that can chain "read the role from the adjective" and "copy the noun in that role"). Blocks of 128 (a
-        # coreference document is ~60 tokens). The rule arrives late and suddenly (rule_ablation.py), at a step that
-        # small changes move: width 64 at lr 5e-3 on 60,000 documents learnt it at ~1,000 steps on seeds 0 and 2, and
-        # on seed 1 at ~1,000 with a 6,000-step schedule but ~3,300 with a 3,500-step one. 6,000 steps leave room
-        # for a late start and for copying the pieces of a noun never seen after it; 60,000 documents (~35,000
-        # blocks) are read under 3 times. 200 probes per kind: at 50, one probe moves an accuracy by 0.02.
-        model=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                   tie_word_embeddings=True),
-        vocab_size=1024, num_documents=60000, block_size=128, batch_size=16, train_steps=6000, lr=5e-3, warmup=50,
-        probes_per_kind=200, head_texts=16, seeds=(0, 1, 2),
-        # Claim 3, the lookup task: 16 pairs as in Zoology's smaller settings; width 64 (~150k parameters) is where
-        # Zoology's two-layer attention already solves MQAR, and it keeps a step at 512 tokens under a second.
+        scaling_lengths=(512, 1024, 2048),
+        scaling_hidden=256,
+        scaling_heads=4,
+        scaling_repeats=5,
+        step_lengths=(64, 128, 256, 512),
+        step_batch=8,
+        step_repeats=5,
+        single_lengths=(64, 128, 256, 512, 1024),
+        # Claims 4 and 6, on RULE_MIX's corpus: ~0.17M parameters (input and output embeddings shared), 2
+        # layers (the fewest that can chain "read the role from the adjective" and "copy the noun in that
+        # role"). Blocks of 128 (a coreference document is ~60 tokens). The rule arrives late and suddenly
+        # (rule_ablation.py), at a step that small changes move: width 64 at lr 5e-3 on 60,000 documents
+        # learnt it at ~1,000 steps on seeds 0 and 2, and on seed 1 at ~1,000 with a 6,000-step schedule but
+        # ~3,300 with a 3,500-step one. 6,000 steps leave room for a late start and for copying the pieces of
+        # a noun never seen after it; 60,000 documents (~35,000 blocks) are read under 3 times. 200 probes per
+        # kind: at 50, one probe moves an accuracy by 0.02.
+        model=dict(
+            hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+            tie_word_embeddings=True,
+        ),
+        vocab_size=1024,
+        num_documents=60000,
+        block_size=128,
+        batch_size=16,
+        train_steps=6000,
+        lr=5e-3,
+        warmup=50,
+        probes_per_kind=200,
+        head_texts=16,
+        seeds=(0, 1, 2),
+        # Claim 3, the lookup task: 16 pairs as in Zoology's smaller settings; width 64 (~150k
+        # parameters) is where Zoology's two-layer attention already solves MQAR, and it keeps a
+        # step at 512 tokens under a second.
         lookup_task=dict(num_pairs=16, num_keys=64, num_values=64, num_fillers=16),
         lookup_model=dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4),
-        lookup_stages=(("copy", 80), ("copy+lookup", 80), ("copy+lookup", 160), ("copy+lookup", 320),
-                       ("copy+lookup", 512)),
-        # lr 1e-2 with 100 warm-up steps: at 3e-3 TinyTx had started neither copying nor lookups after 800 steps;
-        # the LSTM learnt neither at 1e-2, 3e-3 or 1e-3 in 500 steps (tried).
-        lookup_batch=32, lookup_lr=1e-2, lookup_warmup=100, lookup_seconds=200.0,
-        lookup_distances=(12, 25, 50, 100, 200, 400), lookup_probes=64, map_distance=200,
+        lookup_stages=(
+            ("copy", 80), ("copy+lookup", 80), ("copy+lookup", 160), ("copy+lookup", 320),
+            ("copy+lookup", 512),
+        ),
+        # lr 1e-2 with 100 warm-up steps: at 3e-3 TinyTx had started neither copying nor lookups after 800
+        # steps; the LSTM learnt neither at 1e-2, 3e-3 or 1e-3 in 500 steps (tried).
+        lookup_batch=32,
+        lookup_lr=1e-2,
+        lookup_warmup=100,
+        lookup_seconds=200.0,
+        lookup_distances=(12, 25, 50, 100, 200, 400),
+        lookup_probes=64,
+        map_distance=200,
     ),
     "quick": dict(
         scaling_lengths=(128, 256), scaling_hidden=64, scaling_heads=2, scaling_repeats=3,
@@ -74,9 +104,9 @@ SETTINGS = {
         probes_per_kind=4, head_texts=3, seeds=(0, 1),
         lookup_task=dict(num_pairs=8, num_keys=32, num_values=32, num_fillers=8),
         lookup_model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
-        lookup_stages=(("copy", 48), ("copy+lookup", 48), ("copy+lookup", 96)),
-        lookup_batch=8, lookup_lr=1e-2, lookup_warmup=10, lookup_seconds=6.0,
-        lookup_distances=(12, 25, 50, 100, 200, 400), lookup_probes=4, map_distance=200,
+        lookup_stages=(("copy", 48), ("copy+lookup", 48), ("copy+lookup", 96)), lookup_batch=8,
+        lookup_lr=1e-2, lookup_warmup=10, lookup_seconds=6.0, lookup_distances=(12, 25, 50, 100, 200, 400),
+        lookup_probes=4, map_distance=200,
     ),
 }
 
@@ -111,27 +141,41 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.seed_claims", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--out", help="folder for the report (default benchmarks/results/seed_claims, or with --quick the scratch "
+        "--out",
+        help="folder for the report (default benchmarks/results/seed_claims, or with --quick the scratch "
         "folder benchmarks/results/quick/seed_claims)",
     )
     parser.add_argument("--quick", action="store_true", help="toy scale, end to end in a few minutes")
-    parser.add_argument("--model", help="a trained TinyTx folder for claims 4 and 6 (default: the one trained here)")
-    parser.add_argument("--lookup_seconds", type=float, help="claim 3: training time per model (full run: 200)")
-    parser.add_argument("--lookup_steps", type=int, help="claim 3: training steps per model instead of seconds")
+    parser.add_argument(
+        "--model", help="a trained TinyTx folder for claims 4 and 6 (default: the one trained here)"
+    )
+    parser.add_argument(
+        "--lookup_seconds", type=float, help="claim 3: training time per model (full run: 200)"
+    )
+    parser.add_argument(
+        "--lookup_steps", type=int, help="claim 3: training steps per model instead of seconds"
+    )
     parser.add_argument("--train_steps", type=int, help="claims 4 and 6: corpus training steps (full run: %d)"
                         % SETTINGS["full"]["train_steps"])
-    parser.add_argument("--train_seconds", type=float, help="claims 4 and 6: corpus training time instead of steps")
     parser.add_argument(
-        "--seeds", type=int, nargs="+",
-        help="claim 4: a corpus model trained and scored per seed (default: 0 1 2; --quick: 0 1). The first seed's "
-        "model is claim 6's too, and the first seed seeds every other claim (with --model, that model alone)",
+        "--train_seconds", type=float, help="claims 4 and 6: corpus training time instead of steps"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="claim 4: a corpus model trained and scored per seed (default: 0 1 2; --quick: 0 1). The "
+        "first seed's model is claim 6's too, and the first seed seeds every other claim (with --model, "
+        "that model alone)",
     )
     parser.add_argument("--seed", type=int, help="one seed: the same as --seeds SEED")
     parser.add_argument(
-        "--threads", type=int, default=1,
-        help="CPU threads for torch (default 1: on a shared machine, threads that wait on each other's preempted "
-        "partners make small kernels many times slower, and the comparison noisy; claim 2 also measures on all "
-        "cores, whatever this says)",
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1: on a shared machine, threads that wait on each other's "
+        "preempted partners make small kernels many times slower, and the comparison noisy; claim 2 also "
+        "measures on all cores, whatever this says)",
     )
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -144,9 +188,12 @@ def parse_arguments(argv) -> tuple[argparse.Namespace, dict, Budget, Budget]:
         parser.error(f"--seeds repeats a seed ({' '.join(map(str, args.seeds))}); give each once.")
     args.seed = args.seeds[0]
     args.out = args.out or str(BENCHMARKS / "results" / ("quick" if args.quick else "") / "seed_claims")
-    lookup = budget_from(parser, args.lookup_seconds, args.lookup_steps, Budget(seconds=settings["lookup_seconds"]),
-                         "lookup")
-    corpus = budget_from(parser, args.train_seconds, args.train_steps, Budget(steps=settings["train_steps"]), "train")
+    lookup = budget_from(
+        parser, args.lookup_seconds, args.lookup_steps, Budget(seconds=settings["lookup_seconds"]), "lookup"
+    )
+    corpus = budget_from(
+        parser, args.train_seconds, args.train_steps, Budget(steps=settings["train_steps"]), "train"
+    )
     return args, settings, lookup, corpus
 
 
@@ -155,7 +202,8 @@ if __name__ == "__main__":  # --help, a mistyped flag or a bad budget are answer
 
 import torch  # noqa: E402
 
-from benchmarks.attention_scaling import attention_flops, time_interleaved  # noqa: E402  (scripts in benchmarks/: see __init__)
+# scripts in benchmarks/: see __init__
+from benchmarks.attention_scaling import attention_flops, time_interleaved  # noqa: E402
 from benchmarks.common import count_parameters, interleaved_medians  # noqa: E402
 from hf_tinytx import TinyTxConfig, TinyTxForCausalLM  # noqa: E402
 from hf_tinytx.corpus import RULE_MIX, Mix, default_corpus, make_probes  # noqa: E402
@@ -181,14 +229,15 @@ from .report import draw_figures, render_lookup_map, save_figure, write_report  
 EXAMPLE_SENTENCE = "The animal didn't cross the street because it was too tired. The"
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Data and models
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def build_data(settings: dict, seed: int, mix: Mix = RULE_MIX):
-    """A BPE trained on the corpus, and the training split cut into (blocks, block_size) token ids. The corpus is
-    RULE_MIX's (three statements in four name two made-up nouns, which only the rule resolves), or `mix`'s."""
+    """A BPE trained on the corpus, and the training split cut into (blocks, block_size)
+    token ids. The corpus is RULE_MIX's (three statements in four name two made-up nouns,
+    which only the rule resolves), or `mix`'s."""
     from hf_tinytx.tokenization import train_bpe_tokenizer
 
     corpus = default_corpus(num_documents=settings["num_documents"], seed=seed, mix=mix)
@@ -272,8 +321,9 @@ class CorpusFeed:
 
 
 def train_in_turns(models: dict, feeds: dict, budget: Budget, lr: float, warmup_steps: int = 20) -> dict:
-    """Trains every model for the same budget, taking steps in turn (so a busy neighbour slows all of them alike),
-    each on batches from its own feed. Returns per-model steps, tokens, seconds, tokens/s and final loss."""
+    """Trains every model for the same budget, taking steps in turn (so a busy neighbour slows
+    all of them alike), each on batches from its own feed. Returns per-model steps, tokens,
+    seconds, tokens/s and final loss."""
     optimizers = {name: make_optimizer(model, lr) for name, model in models.items()}
     stats = {name: {"steps": 0, "seconds": 0.0, "tokens": 0, "losses": []} for name in models}
     for model in models.values():
@@ -316,14 +366,16 @@ def probe_accuracy(model, input_ids: torch.Tensor, labels: torch.Tensor, batch_s
     return right / total
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The claims
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def claim_quadratic(settings: dict) -> dict:
     lengths = settings["scaling_lengths"]
-    hidden, heads, repeats = settings["scaling_hidden"], settings["scaling_heads"], settings["scaling_repeats"]
+    hidden, heads, repeats = (
+        settings["scaling_hidden"], settings["scaling_heads"], settings["scaling_repeats"],
+    )
     times = time_interleaved(lengths, hidden, heads, repeats)
     rows = []
     for n in lengths:
@@ -332,7 +384,9 @@ def claim_quadratic(settings: dict) -> dict:
             "attention_gflop": attention_flops(n, settings["scaling_hidden"]) / 1e9,
         })
     growth = {
-        backend: statistics.median(times[backend][2 * n] / times[backend][n] for n in lengths if 2 * n in lengths)
+        backend: statistics.median(
+            times[backend][2 * n] / times[backend][n] for n in lengths if 2 * n in lengths
+        )
         for backend in ("eager", "sdpa")
     }
     flop_growth = attention_flops(2 * lengths[0], 1) / attention_flops(lengths[0], 1)
@@ -340,13 +394,16 @@ def claim_quadratic(settings: dict) -> dict:
 
 
 def claim_sequential(settings: dict, tokenizer, seed: int) -> dict:
-    """Step time (forward + backward + update) of both models at each sequence length, interleaved; then, with one
-    sequence per step (nothing to spread over cores but its positions), tokens/s by length on one core and on all."""
+    """Step time (forward + backward + update) of both models at each sequence length,
+    interleaved; then, with one sequence per step (nothing to spread over cores but its
+    positions), tokens/s by length on one core and on all."""
     models = build_pair(settings, tokenizer, seed)
     optimizers = {name: make_optimizer(model, settings["lr"]) for name, model in models.items()}
 
     def step_medians(batch_size: int, length: int) -> dict[str, float]:
-        batch = torch.randint(0, len(tokenizer), (batch_size, length), generator=torch.Generator().manual_seed(seed))
+        batch = torch.randint(
+            0, len(tokenizer), (batch_size, length), generator=torch.Generator().manual_seed(seed)
+        )
         runs = {name: (lambda m=model, o=optimizers[name]: training_step(m, o, batch, batch))
                 for name, model in models.items()}
         return interleaved_medians(runs, repeats=settings["step_repeats"], warmup=1)
@@ -363,9 +420,9 @@ def claim_sequential(settings: dict, tokenizer, seed: int) -> dict:
                   if b["length"] == 2 * a["length"]]
         growth[name] = statistics.median(ratios) if ratios else float("nan")
 
-    # The seeds' point is about parallel hardware: attention's positions are independent work, the LSTM's are a
-    # chain. One sequence per step leaves the positions as the only parallel work, so tokens/s by length and by
-    # core count shows where, if anywhere, TinyTx overtakes the LSTM.
+    # The seeds' point is about parallel hardware: attention's positions are independent work, the LSTM's are
+    # a chain. One sequence per step leaves the positions as the only parallel work, so tokens/s by length and
+    # by core count shows where, if anywhere, TinyTx overtakes the LSTM.
     threads_before, all_cores = torch.get_num_threads(), available_cores()
     load_before, single = os.getloadavg()[0], []
     for threads in sorted({1, all_cores}):
@@ -387,8 +444,8 @@ def claim_sequential(settings: dict, tokenizer, seed: int) -> dict:
 
 
 def crossover_lengths(single: list[dict]) -> dict[int, int | None]:
-    """Per thread count, the shortest measured length from which on TinyTx reads at least as many tokens/s as the
-    LSTM at every longer measured length (None: the LSTM is ahead at the longest)."""
+    """Per thread count, the shortest measured length from which on TinyTx reads at least as many tokens/s as
+    the LSTM at every longer measured length (None: the LSTM is ahead at the longest)."""
     found = {}
     for threads in sorted({row["threads"] for row in single}):
         rows = [row for row in single if row["threads"] == threads]
@@ -401,8 +458,10 @@ def crossover_lengths(single: list[dict]) -> dict[int, int | None]:
 
 
 def build_lookup_pair(settings: dict, task: LookupTask, seed: int) -> dict[str, torch.nn.Module]:
-    config = TinyTxConfig(vocab_size=task.vocab_size, max_position_embeddings=1024, bos_token_id=0, eos_token_id=0,
-                          pad_token_id=0, **settings["lookup_model"])
+    config = TinyTxConfig(
+        vocab_size=task.vocab_size, max_position_embeddings=1024, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0, **settings["lookup_model"],
+    )
     torch.manual_seed(seed)
     tinytx = TinyTxForCausalLM._from_config(config, attn_implementation="sdpa")
     torch.manual_seed(seed)
@@ -410,11 +469,13 @@ def build_lookup_pair(settings: dict, task: LookupTask, seed: int) -> dict[str, 
 
 
 def claim_lookup(settings: dict, budget: Budget, seed: int) -> tuple[dict, dict, LookupTask]:
-    """Both models trained for the same budget on the same curriculum, then asked at each exact distance (the same
-    probes for both). Returns the results, the trained models and the task."""
+    """Both models trained for the same budget on the same curriculum, then asked at each exact distance (the
+    same probes for both). Returns the results, the trained models and the task."""
     task = LookupTask(**settings["lookup_task"])
     models = build_lookup_pair(settings, task, seed)
-    feeds = {name: LookupFeed(task, settings["lookup_stages"], settings["lookup_batch"], seed) for name in models}
+    feeds = {
+        name: LookupFeed(task, settings["lookup_stages"], settings["lookup_batch"], seed) for name in models
+    }
     training = train_in_turns(models, feeds, budget, settings["lookup_lr"], settings["lookup_warmup"])
     for name, feed in feeds.items():
         training[name]["stages"] = [(step, *settings["lookup_stages"][i]) for step, i in feed.log]
@@ -432,16 +493,19 @@ def claim_lookup(settings: dict, budget: Budget, seed: int) -> tuple[dict, dict,
 
 
 def claim_lookup_head(settings: dict, model, task: LookupTask, seed: int, out_dir: Path) -> dict:
-    """The lookup head, found by the head search among all its roles on probes at the map's distance, against the
-    same model untrained; and its attention at the questions of one probe."""
+    """The lookup head, found by the head search among all its roles on probes at the map's distance, against
+    the same model untrained; and its attention at the questions of one probe."""
     distance = settings["map_distance"]
     ids, labels = lookup_probes(task, 4, distance, torch.Generator().manual_seed(seed + 7))
     sequences = [row.tolist() for row in ids]
     untrained = build_lookup_pair(settings, task, seed + 1)["tinytx"].eval()
     found = {"trained": find_heads(model, None, sequences, top=1),
              "untrained": find_heads(untrained, None, sequences, top=1)}
-    even = {"previous_token": uniform_baseline(len(sequences[0])), "first_token": uniform_baseline(len(sequences[0])),
-            "induction": statistics.mean(induction_baseline(s) for s in sequences)}
+    even = {
+        "previous_token": uniform_baseline(len(sequences[0])),
+        "first_token": uniform_baseline(len(sequences[0])),
+        "induction": statistics.mean(induction_baseline(s) for s in sequences),
+    }
     rows = [{"role": role, "layer": best[0].layer, "head": best[0].head, "score": best[0].score,
              "untrained_best": found["untrained"][role][0].score, "even_spread": even[role]}
             for role, best in found["trained"].items()]
@@ -452,13 +516,16 @@ def claim_lookup_head(settings: dict, model, task: LookupTask, seed: int, out_di
     title = (f"layer {lookup['layer']}, head {lookup['head']}, the lookup head found: "
              f"questions {distance} tokens after their keys")
     save_figure(render_lookup_map(weights[0], labels[0], distance, title), out_dir / "lookup_head.png")
-    return {"rows": rows, "distance": distance, "weight_on_value_at_questions": on_value, "map": "lookup_head.png"}
+    return {
+        "rows": rows, "distance": distance, "weight_on_value_at_questions": on_value,
+        "map": "lookup_head.png",
+    }
 
 
 def claim_coref(args, settings: dict, budget: Budget, first: "CorpusModel", out_dir: Path, log) -> dict:
-    """Claim 4 on a corpus model per seed (the first seed's is `first`, already trained; with --model, that one
-    alone): accuracy on held-out sentences and on unseen nouns, and the best heads. The first model's heads are
-    drawn."""
+    """Claim 4 on a corpus model per seed (the first seed's is `first`, already trained; with
+    --model, that one alone): accuracy on held-out sentences and on unseen nouns, and the best
+    heads. The first model's heads are drawn."""
     rows = [coref_row(settings, first)]
     for seed in [] if args.model else args.seeds[1:]:
         log(f"claim 4: training the corpus model of seed {seed} for {budget.describe()}")
@@ -476,9 +543,9 @@ def claim_coref(args, settings: dict, budget: Budget, first: "CorpusModel", out_
 
 
 def coref_row(settings: dict, corpus: "CorpusModel") -> dict:
-    """One model's "it": accuracy on fresh sentences with training nouns and with unseen nouns; and for the query at
-    "it" and at the final "The", the head the search ranks first on the seen nouns, with its weight on the referent
-    and on the other noun, on seen and on unseen nouns."""
+    """One model's "it": accuracy on fresh sentences with training nouns and with unseen nouns; and for the
+    query at "it" and at the final "The", the head the search ranks first on the seen nouns, with its weight
+    on the referent and on the other noun, on seen and on unseen nouns."""
     model, tokenizer = corpus.model, corpus.tokenizer
     probes = [p for p in make_probes(settings["probes_per_kind"], recall_distances=())
               if p.kind in ("coref", "coref_new_nouns")]
@@ -491,7 +558,8 @@ def coref_row(settings: dict, corpus: "CorpusModel") -> dict:
         heads[query] = {
             "layer": layer, "head": head, "score": float(seen["score"][layer, head]),
             "agreement": float(seen["agreement"][layer, head]),
-            "referent_weight": float(seen["referent"][layer, head]), "other_weight": float(seen["other"][layer, head]),
+            "referent_weight": float(seen["referent"][layer, head]),
+            "other_weight": float(seen["other"][layer, head]),
             "unseen_referent_weight": float(unseen["referent"][layer, head]),
             "unseen_other_weight": float(unseen["other"][layer, head]),
         }
@@ -512,7 +580,8 @@ def claim_positions() -> dict:
 
 def claim_heads(settings: dict, model, untrained, tokenizer, texts: list[str]) -> dict:
     probes = [p for p in make_probes(settings["probes_per_kind"], recall_distances=()) if p.kind == "coref"]
-    # Short windows of real text: the positional roles are about neighbours, and short rows keep the baseline high.
+    # Short windows of real text: the positional roles are about neighbours, and
+    # short rows keep the baseline high.
     texts = [tokenizer.decode(tokenizer(text)["input_ids"][:48]) for text in texts]
     found = {"trained": find_heads(model, tokenizer, texts, probes, top=1)}
     found["untrained"] = find_heads(untrained, tokenizer, texts, probes, top=1)
@@ -531,7 +600,8 @@ def claim_heads(settings: dict, model, untrained, tokenizer, texts: list[str]) -
 
 @dataclass
 class CorpusModel:
-    """A model for claims 4 and 6, with its tokenizer: trained here on the corpus of `seed`, or given (--model)."""
+    """A model for claims 4 and 6, with its tokenizer: trained here on the corpus
+    of `seed`, or given (--model)."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -564,8 +634,10 @@ def corpus_model(args, settings: dict, budget: Budget, log) -> CorpusModel:
         model, tokenizer = load_model_and_tokenizer(args.model)
         untrained = TinyTxForCausalLM._from_config(model.config, attn_implementation="eager").eval()
         return CorpusModel(model, tokenizer, untrained, validation, None, {}, args.model)
-    log(f"building the tokenizer and the corpus of seed {args.seed}; training TinyTx on it for {budget.describe()} "
-        f"(claims 4 and 6)")
+    log(
+        f"building the tokenizer and the corpus of seed {args.seed}; training TinyTx on it for "
+        f"{budget.describe()} (claims 4 and 6)"
+    )
     return train_corpus_model(settings, budget, args.seed)
 
 

@@ -1,5 +1,6 @@
-"""The lookup task of claim 3 of benchmarks/seed_claims/: multi-query associative recall (MQAR, after "Zoology",
-Arora et al., 2023) and copying, the probes that ask them at exact distances, and the curriculum that trains on them.
+"""The lookup task of claim 3 of benchmarks/seed_claims/: multi-query associative recall (MQAR,
+after "Zoology", Arora et al., 2023) and copying, the probes that ask them at exact distances,
+and the curriculum that trains on them.
 """
 
 import statistics
@@ -10,8 +11,8 @@ import torch
 
 @dataclass(frozen=True)
 class LookupTask:
-    """A small synthetic vocabulary for long-range lookups: id 0 opens every sequence, then filler, key and value
-    ids. No words: every labelled token is a lookup, and a filler never looks like a key."""
+    """A small synthetic vocabulary for long-range lookups: id 0 opens every sequence, then filler, key and
+    value ids. No words: every labelled token is a lookup, and a filler never looks like a key."""
 
     num_pairs: int
     num_keys: int = 64
@@ -42,8 +43,11 @@ class LookupTask:
         return 1 + self.num_fillers + torch.rand(batch, pool, generator=generator).argsort(-1)[:, :count]
 
 
-def pairs_opening(task: LookupTask, keys, values, length: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences of `length`: the opening id, k1 v1 k2 v2 ..., filler after; labels all -100 (nothing to learn)."""
+def pairs_opening(
+    task: LookupTask, keys, values, length: int, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of `length`: the opening id, k1 v1 k2 v2 ..., filler after;
+    labels all -100 (nothing to learn)."""
     ids = task.fillers((keys.shape[0], length), generator)
     ids[:, 0] = 0
     ids[:, 1 : task.pairs_end : 2], ids[:, 2 : task.pairs_end : 2] = keys, values
@@ -51,14 +55,16 @@ def pairs_opening(task: LookupTask, keys, values, length: int, generator) -> tup
 
 
 def lookup_batch(task: LookupTask, batch: int, length: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """MQAR: after the pairs, every key is asked once, in random order at random places, its value following; only
-    the values asked for are labels, so every unit of loss is a lookup."""
+    """MQAR: after the pairs, every key is asked once, in random order at random places, its value following;
+    only the values asked for are labels, so every unit of loss is a lookup."""
     keys, values = task.pairs(batch, generator)
     ids, labels = pairs_opening(task, keys, values, length, generator)
     slots = (length - task.pairs_end) // 2  # a question takes two tokens: the key, then its value
     if slots < task.num_pairs:
         raise ValueError(f"{length} tokens leave no room for {task.num_pairs} questions after the pairs.")
-    where = task.pairs_end + 2 * torch.rand(batch, slots, generator=generator).argsort(-1)[:, : task.num_pairs]
+    where = (
+        task.pairs_end + 2 * torch.rand(batch, slots, generator=generator).argsort(-1)[:, : task.num_pairs]
+    )
     rows = torch.arange(batch)[:, None]
     ids[rows, where], ids[rows, where + 1] = keys, values
     labels[rows, where + 1] = values
@@ -66,13 +72,19 @@ def lookup_batch(task: LookupTask, batch: int, length: int, generator) -> tuple[
 
 
 def copy_batch(task: LookupTask, batch: int, length: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Induction: a list of distinct ids, filler of random length, the list again; the repeat after its first id
-    is labelled. The gap varies, so only "find the earlier copy of this id, read what followed" solves it."""
+    """Induction: a list of distinct ids, filler of random length, the list again; the repeat
+    after its first id is labelled. The gap varies, so only "find the earlier copy of this
+    id, read what followed" solves it."""
     count = task.num_pairs
     lists = task.items(batch, count, generator)
     ids = task.fillers((batch, length), generator)
     ids[:, 0], ids[:, 1 : 1 + count] = 0, lists
-    where = 1 + count + torch.randint(0, length - 2 * count, (batch, 1), generator=generator) + torch.arange(count)
+    where = (
+        1
+        + count
+        + torch.randint(0, length - 2 * count, (batch, 1), generator=generator)
+        + torch.arange(count)
+    )
     rows = torch.arange(batch)[:, None]
     ids[rows, where] = lists
     labels = torch.full_like(ids, -100)
@@ -80,9 +92,11 @@ def copy_batch(task: LookupTask, batch: int, length: int, generator) -> tuple[to
     return ids, labels
 
 
-def lookup_probes(task: LookupTask, count: int, distance: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` sequences whose every question stands exactly `distance` tokens after its key: half of the pairs
-    for which that lands after the pairs, asked in the order of the pairs, filler in between."""
+def lookup_probes(
+    task: LookupTask, count: int, distance: int, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` sequences whose every question stands exactly `distance` tokens after its key: half of the
+    pairs for which that lands after the pairs, asked in the order of the pairs, filler in between."""
     keys, values = task.pairs(count, generator)
     key_positions = torch.arange(1, task.pairs_end, 2)
     fits = torch.nonzero(key_positions + distance >= task.pairs_end).flatten()
@@ -97,10 +111,12 @@ def lookup_probes(task: LookupTask, count: int, distance: int, generator) -> tup
 
 
 def copy_probes(task: LookupTask, count: int, distance: int, generator, list_length: int = 8):
-    """`count` sequences with a list of `list_length` ids repeated exactly `distance` tokens later (filler between);
-    the repeat after its first id is labelled."""
+    """`count` sequences with a list of `list_length` ids repeated exactly `distance` tokens later (filler
+    between); the repeat after its first id is labelled."""
     if distance <= list_length:
-        raise ValueError(f"A list of {list_length} ids cannot be repeated {distance} tokens later without overlap.")
+        raise ValueError(
+            f"A list of {list_length} ids cannot be repeated {distance} tokens later without overlap."
+        )
     lists = task.items(count, list_length, generator)
     ids = task.fillers((count, 1 + distance + list_length), generator)
     ids[:, 0], ids[:, 1 : 1 + list_length], ids[:, 1 + distance :] = 0, lists, lists
@@ -111,9 +127,10 @@ def copy_probes(task: LookupTask, count: int, distance: int, generator, list_len
 
 @dataclass
 class Curriculum:
-    """Copying first (the easier way into the same circuit: find the earlier copy, read what followed), then copying
-    and lookups mixed on ever longer sequences. A model moves up a stage once it gets 90% of its answers right over
-    20 steps, and is moved up anyway as its budget runs from 30% to 70%: every model ends at full length."""
+    """Copying first (the easier way into the same circuit: find the earlier copy, read what
+    followed), then copying and lookups mixed on ever longer sequences. A model moves up a stage once
+    it gets 90% of its answers right over 20 steps, and is moved up anyway as its budget runs from 30%
+    to 70%: every model ends at full length."""
 
     stages: tuple
     hold: float = 0.3
@@ -127,7 +144,11 @@ class Curriculum:
 
     def record(self, accuracy: float, fraction_done: float) -> None:
         self.recent = (self.recent + [accuracy])[-20:]
-        if len(self.recent) == 20 and statistics.mean(self.recent) > 0.9 and self.earned < len(self.stages) - 1:
+        if (
+            len(self.recent) == 20
+            and statistics.mean(self.recent) > 0.9
+            and self.earned < len(self.stages) - 1
+        ):
             self.earned, self.recent = self.stage(fraction_done) + 1, []
 
 

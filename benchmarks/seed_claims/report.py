@@ -1,5 +1,5 @@
-"""The report of benchmarks/seed_claims/: the claims table (what the seeds say, what was measured here), REPORT.md
-with its detail tables, and the figures.
+"""The report of benchmarks/seed_claims/: the claims table (what the seeds say, what was measured here),
+REPORT.md with its detail tables, and the figures.
 """
 
 from pathlib import Path
@@ -68,8 +68,8 @@ def plot_lookup_curves(d: dict, path: Path) -> None:
 
 
 def render_lookup_map(weights: torch.Tensor, labels: torch.Tensor, distance: int, title: str):
-    """One head's attention at the questions of one lookup probe: a row per question (the key asked), a column per
-    earlier position, a ring on the value that follows the matching key `distance` tokens back."""
+    """One head's attention at the questions of one lookup probe: a row per question (the key asked), a column
+    per earlier position, a ring on the value that follows the matching key `distance` tokens back."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,9 +79,13 @@ def render_lookup_map(weights: torch.Tensor, labels: torch.Tensor, distance: int
     questions = answers - 1
     rows = weights[questions, : int(questions.max()) + 1]
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.35 * len(questions)))
-    image = ax.imshow(rows.numpy(), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+    image = ax.imshow(
+        rows.numpy(), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest"
+    )
     targets = questions - distance + 1  # the value right after the key
-    ax.scatter(targets.numpy(), range(len(questions)), s=90, facecolors="none", edgecolors="red", label="its value")
+    ax.scatter(
+        targets.numpy(), range(len(questions)), s=90, facecolors="none", edgecolors="red", label="its value"
+    )
     ax.set_yticks(range(len(questions)), labels=[f"question at {q}" for q in questions.tolist()], fontsize=8)
     ax.set_xlabel("position looked at (the key-value pairs open the sequence)")
     ax.set_title(title, fontsize=9)
@@ -98,8 +102,8 @@ def cores_gain(single: dict, name: str) -> float:
 
 
 def cores_spoiled(single: dict) -> bool:
-    """Threads that wait on partners preempted by other processes make both models slower on more cores: then the
-    core count says nothing about the models, and the report says so instead of naming a cross-over."""
+    """Threads that wait on partners preempted by other processes make both models slower on more cores: then
+    the core count says nothing about the models, and the report says so instead of naming a cross-over."""
     return single["cores"] > 1 and cores_gain(single, "tinytx") < 1 and cores_gain(single, "lstm") < 1
 
 
@@ -115,7 +119,8 @@ def seeds_said(coref: dict) -> str:
     if seeds == [None]:
         return "the given model"
     steps = sorted({row["steps"] for row in coref["rows"]})
-    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, {'/'.join(map(str, steps))} steps each"
+    plural = "s" if len(seeds) > 1 else ""
+    return f"seed{plural} {', '.join(map(str, seeds))}, {'/'.join(map(str, steps))} steps each"
 
 
 def first_seed(coref: dict) -> str:
@@ -123,8 +128,8 @@ def first_seed(coref: dict) -> str:
 
 
 def coref_section(coref: dict) -> list[str]:
-    """Claim 4 per seed: the accuracies, and for the heads at "it" and at the final "The" their weight on the referent
-    against the other noun, on seen and unseen nouns."""
+    """Claim 4 per seed: the accuracies, and for the heads at "it" and at the final "The" their weight on the
+    referent against the other noun, on seen and unseen nouns."""
 
     def head(row, query):
         h = row["heads"][query]
@@ -137,14 +142,15 @@ def coref_section(coref: dict) -> list[str]:
     header = ["seed", "steps", "seconds", "held-out sentences", "unseen nouns", "head at \"The\"",
               "referent vs other", "(unseen nouns)", "head at \"it\"", "referent vs other", "(unseen nouns)"]
     return [
-        "## 4. Resolving \"it\", seed by seed",
-        f"Accuracy over {coref['probes_per_kind']} fresh sentences each (chance 0.50): with the training frames' "
-        "nouns, and with nouns no training document contains. The heads are the ones the head search ranks first "
-        "on the seen sentences; their weight on each noun is averaged over the sentences.",
+        '## 4. Resolving "it", seed by seed',
+        f"Accuracy over {coref['probes_per_kind']} fresh sentences each (chance 0.50): with the training "
+        "frames' nouns, and with nouns no training document contains. The heads are the ones the head "
+        "search ranks first on the seen sentences; their weight on each noun is averaged over the "
+        "sentences.",
         markdown_table(header, rows),
-        "At the token \"it\" a causal model has not yet read the adjective that decides the referent, so the "
-        "resolution is read where the noun must be predicted (the final \"The\"). The maps are the first seed's "
-        "heads on the example sentence.",
+        'At the token "it" a causal model has not yet read the adjective that decides the referent, so the '
+        'resolution is read where the noun must be predicted (the final "The"). The maps are the first '
+        "seed's heads on the example sentence.",
         "![coref head](coref_head_last.png) ![it head](coref_head_it.png)",
     ]
 
@@ -165,8 +171,10 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
 
     def speeds(threads):
         rows = [row for row in single["rows"] if row["threads"] == threads]
-        return ", ".join(f"{row['length']}: {row['tinytx_tokens_per_s']:,.0f} vs {row['lstm_tokens_per_s']:,.0f}"
-                         for row in (rows[0], rows[-1]))
+        return ", ".join(
+            f"{row['length']}: {row['tinytx_tokens_per_s']:,.0f} vs {row['lstm_tokens_per_s']:,.0f}"
+            for row in (rows[0], rows[-1])
+        )
 
     def crossing(threads):
         length = single["crossover"][threads]
@@ -176,55 +184,75 @@ def claims_table(r: dict) -> list[tuple[str, str, str]]:
         return cores_gain(single, name)
 
     cores = single["cores"]
-    scaling = (f"The {cores}-core measurement was spoiled by other processes (both models slower on {cores} cores "
-               f"than on 1; load average {single['load_average'][0]:.1f} to {single['load_average'][1]:.1f})"
-               if cores_spoiled(single) else
-               f"TinyTx reads more tokens/s {crossing(1)} on 1 core, {crossing(cores)} on {cores} cores; at the "
-               f"longest, {cores} cores speed TinyTx up ×{gain('tinytx'):.2f}, "
-               f"the LSTM ×{gain('lstm'):.2f}")
+    scaling = (
+        f"The {cores}-core measurement was spoiled by other processes (both models slower on {cores} cores "
+        f"than on 1; load average {single['load_average'][0]:.1f} to {single['load_average'][1]:.1f})"
+        if cores_spoiled(single)
+        else f"TinyTx reads more tokens/s {crossing(1)} on 1 core, {crossing(cores)} on {cores} cores; at "
+        f"the longest, {cores} cores speed TinyTx up ×{gain('tinytx'):.2f}, the LSTM ×{gain('lstm'):.2f}"
+    )
     return [
-        ("1. Twice the window, about four times the looking work",
-         "pairing every token with every token grows with n²",
-         f"n → 2n: attention FLOPs ×{q['flop_growth_when_n_doubles']:.1f}, "
-         f"time ×{q['time_growth_when_n_doubles']['eager']:.2f} (eager), "
-         f"×{q['time_growth_when_n_doubles']['sdpa']:.2f} (sdpa), n = {q['rows'][0]['n']}…{q['rows'][-1]['n']}"),
-        ("2. You cannot compute token 50's summary until token 49 is done",
-         "a recurrent model's steps wait on each other; attention is a few big matrix products",
-         f"one sequence per step, training tokens/s TinyTx vs LSTM by length, on 1 core: {speeds(1)}; on {cores} "
-         f"cores: {speeds(cores)}. {scaling}. Batch {s['batch_size']}, {s['threads']} thread(s): at length "
-         f"{first['length']} TinyTx "
-         f"{first['tinytx_tokens_per_s']:,.0f} vs LSTM {first['lstm_tokens_per_s']:,.0f} tokens/s, at "
-         f"{last['length']} {last['tinytx_tokens_per_s']:,.0f} vs {last['lstm_tokens_per_s']:,.0f} "
-         f"({s['parameters']['tinytx']:,} vs {s['parameters']['lstm']:,} parameters)"),
-        ("3. A fact from word 1 had a hard time still being alive at word 200",
-         "a running summary forgets with distance; attention's path is one step at any distance",
-         f"{d['task']['num_pairs']} key-value pairs, each key asked later (MQAR), after {d['budget']} of training "
-         f"each; value right with the key {' / '.join(str(row['distance']) for row in d['rows'])} tokens back: "
-         f"TinyTx ({t['parameters']:,} parameters, {t['steps']} steps) {curve('tinytx', 'lookup')}; LSTM "
-         f"({lstm['parameters']:,}, {lstm['steps']} steps) {curve('lstm', 'lookup')} (chance {d['chance']:.2f}). "
-         f"A list of 8 copied that far back: TinyTx {curve('tinytx', 'copy')}; LSTM {curve('lstm', 'copy')}"),
-        ("4. The animal didn't cross the street because it was too tired",
-         "attention lets \"it\" pull information from the animal rather than the street",
-         f"resolving \"it\" ({seeds_said(c)}): {spread(c['coref'])} on held-out sentences, "
-         f"{spread(c['coref_new_nouns'])} with nouns no training document holds (chance 0.50, {c['probes_per_kind']} "
-         f"probes each); {first_seed(c)}best head at the final \"The\" ({resolved['layer']}.{resolved['head']}) puts "
-         f"{resolved['referent_weight']:.2f} on the referent vs {resolved['other_weight']:.2f} on the other noun "
-         f"({resolved['unseen_referent_weight']:.2f} vs {resolved['unseen_other_weight']:.2f} with unseen nouns); at "
-         f"\"it\" itself ({it['layer']}.{it['head']}) {it['referent_weight']:.2f} vs {it['other_weight']:.2f}"),
-        ("5. Attention is permutation-invariant; rotary scores depend on separation",
-         "shuffle the input and the output shuffles identically; rotated q·k depends on m − n",
-         f"shuffle error without positions {p['permutation_max_error_without_rope']:.1e} (with RoPE "
-         f"{p['permutation_max_error_with_rope']:.2f}); |q_m·k_n − q_(m+s)·k_(n+s)| ≤ {p['separation_max_error']:.1e} "
-         f"(moving one token changes it by {p['score_change_when_one_token_moves']:.2f})"),
-        ("6. Different heads specialise",
-         "one head may attend consistently to the previous token",
-         f"lookup model: the search ranks head {lookup_head['layer']}.{lookup_head['head']} first as induction "
-         f"head ({lookup_head['score']:.2f}; untrained best {lookup_head['untrained_best']:.2f}, even spread "
-         f"{lookup_head['even_spread']:.3f}); at each question it puts {on_value:.2f} of its weight on the value "
-         f"after the key asked, {r['lookup_head']['distance']} tokens back; "
-         f"corpus model: previous-token head {prev['layer']}.{prev['head']}: {prev['score']:.2f} (untrained best "
-         f"{prev['untrained_best']:.2f}, even spread {prev['even_spread']:.2f}); first-token head "
-         f"{bos['layer']}.{bos['head']}: {bos['score']:.2f} (untrained {bos['untrained_best']:.2f})"),
+        (
+            "1. Twice the window, about four times the looking work",
+            "pairing every token with every token grows with n²",
+            f"n → 2n: attention FLOPs ×{q['flop_growth_when_n_doubles']:.1f}, time "
+            f"×{q['time_growth_when_n_doubles']['eager']:.2f} (eager), "
+            f"×{q['time_growth_when_n_doubles']['sdpa']:.2f} (sdpa), n = "
+            f"{q['rows'][0]['n']}…{q['rows'][-1]['n']}",
+        ),
+        (
+            "2. You cannot compute token 50's summary until token 49 is done",
+            "a recurrent model's steps wait on each other; attention is a few big matrix products",
+            f"one sequence per step, training tokens/s TinyTx vs LSTM by length, on 1 core: {speeds(1)}; on "
+            f"{cores} cores: {speeds(cores)}. {scaling}. Batch {s['batch_size']}, {s['threads']} thread(s): "
+            f"at length {first['length']} TinyTx {first['tinytx_tokens_per_s']:,.0f} vs LSTM "
+            f"{first['lstm_tokens_per_s']:,.0f} tokens/s, at {last['length']} "
+            f"{last['tinytx_tokens_per_s']:,.0f} vs {last['lstm_tokens_per_s']:,.0f} "
+            f"({s['parameters']['tinytx']:,} vs {s['parameters']['lstm']:,} parameters)",
+        ),
+        (
+            "3. A fact from word 1 had a hard time still being alive at word 200",
+            "a running summary forgets with distance; attention's path is one step at any distance",
+            f"{d['task']['num_pairs']} key-value pairs, each key asked later (MQAR), after {d['budget']} of "
+            "training each; value right with the key "
+            f"{' / '.join(str(row['distance']) for row in d['rows'])} tokens back: TinyTx "
+            f"({t['parameters']:,} parameters, {t['steps']} steps) {curve('tinytx', 'lookup')}; LSTM "
+            f"({lstm['parameters']:,}, {lstm['steps']} steps) {curve('lstm', 'lookup')} (chance "
+            f"{d['chance']:.2f}). A list of 8 copied that far back: TinyTx {curve('tinytx', 'copy')}; LSTM "
+            f"{curve('lstm', 'copy')}",
+        ),
+        (
+            "4. The animal didn't cross the street because it was too tired",
+            'attention lets "it" pull information from the animal rather than the street',
+            f"resolving \"it\" ({seeds_said(c)}): {spread(c['coref'])} on held-out sentences, "
+            f"{spread(c['coref_new_nouns'])} with nouns no training document holds (chance 0.50, "
+            f"{c['probes_per_kind']} probes each); {first_seed(c)}best head at the final \"The\" "
+            f"({resolved['layer']}.{resolved['head']}) puts {resolved['referent_weight']:.2f} on the "
+            f"referent vs {resolved['other_weight']:.2f} on the other noun "
+            f"({resolved['unseen_referent_weight']:.2f} vs {resolved['unseen_other_weight']:.2f} with "
+            f"unseen nouns); at \"it\" itself ({it['layer']}.{it['head']}) {it['referent_weight']:.2f} vs "
+            f"{it['other_weight']:.2f}",
+        ),
+        (
+            "5. Attention is permutation-invariant; rotary scores depend on separation",
+            "shuffle the input and the output shuffles identically; rotated q·k depends on m − n",
+            f"shuffle error without positions {p['permutation_max_error_without_rope']:.1e} (with RoPE "
+            f"{p['permutation_max_error_with_rope']:.2f}); |q_m·k_n − q_(m+s)·k_(n+s)| ≤ "
+            f"{p['separation_max_error']:.1e} (moving one token changes it by "
+            f"{p['score_change_when_one_token_moves']:.2f})",
+        ),
+        (
+            "6. Different heads specialise",
+            "one head may attend consistently to the previous token",
+            f"lookup model: the search ranks head {lookup_head['layer']}.{lookup_head['head']} first as "
+            f"induction head ({lookup_head['score']:.2f}; untrained best "
+            f"{lookup_head['untrained_best']:.2f}, even spread {lookup_head['even_spread']:.3f}); at each "
+            f"question it puts {on_value:.2f} of its weight on the value after the key asked, "
+            f"{r['lookup_head']['distance']} tokens back; corpus model: previous-token head "
+            f"{prev['layer']}.{prev['head']}: {prev['score']:.2f} (untrained best "
+            f"{prev['untrained_best']:.2f}, even spread {prev['even_spread']:.2f}); first-token head "
+            f"{bos['layer']}.{bos['head']}: {bos['score']:.2f} (untrained {bos['untrained_best']:.2f})",
+        ),
     ]
 
 
@@ -243,34 +271,54 @@ def lookup_sections(d: dict, head: dict) -> list[str]:
               for name, t in d["training"].items()}
     return [
         "## 3. Lookups by distance (same parameters, same training budget, same curriculum)",
-        markdown_table(["model", "parameters", "steps", "tokens seen", "train s", "tokens/s", "final loss",
-                        "curriculum (task, length)"],
-                       [[name, t["parameters"], t["steps"], t["tokens"], t["seconds"], round(t["tokens_per_s"]),
-                         t["final_loss"], stages[name]] for name, t in d["training"].items()]),
-        markdown_table(["distance (tokens)", "TinyTx lookup", "LSTM lookup", "TinyTx copy", "LSTM copy"],
-                       [[r["distance"], r["tinytx_lookup"], r["lstm_lookup"], r["tinytx_copy"], r["lstm_copy"]]
-                        for r in d["rows"]]),
-        f"Lookup (MQAR, after \"Zoology\", Arora et al. 2023): a sequence opens with {d['task']['num_pairs']} "
-        f"key-value pairs (distinct keys of {d['task']['num_keys']}, values of {d['task']['num_values']}), filler "
-        "ids follow, and keys are asked again, each answered by its value; the loss and the score count only those "
-        "values. Probes ask half the pairs that fit, each exactly `distance` tokens after its key; chance is "
-        f"{d['chance']:.2f} (one of the sequence's values at random). Copy: a list of 8 ids, filler, the list again "
-        "`distance` tokens later; the score counts the repeat after its first id. Training mixes both tasks (copying "
-        "alone first, the easier way into the circuit both need) and lengthens the sequences up to 512 as a model "
-        f"gets 90% of its answers right, or anyway between 30% and 70% of its budget. {d['probes_per_distance']} "
+        markdown_table(
+            [
+                "model", "parameters", "steps", "tokens seen", "train s", "tokens/s", "final loss",
+                "curriculum (task, length)",
+            ],
+            [
+                [
+                    name, t["parameters"], t["steps"], t["tokens"], t["seconds"], round(t["tokens_per_s"]),
+                    t["final_loss"], stages[name],
+                ]
+                for name, t in d["training"].items()
+            ],
+        ),
+        markdown_table(
+            ["distance (tokens)", "TinyTx lookup", "LSTM lookup", "TinyTx copy", "LSTM copy"],
+            [
+                [r["distance"], r["tinytx_lookup"], r["lstm_lookup"], r["tinytx_copy"], r["lstm_copy"]]
+                for r in d["rows"]
+            ],
+        ),
+        "Lookup (MQAR, after \"Zoology\", Arora et al. 2023): a sequence opens with "
+        f"{d['task']['num_pairs']} key-value pairs (distinct keys of {d['task']['num_keys']}, values of "
+        f"{d['task']['num_values']}), filler ids follow, and keys are asked again, each answered by its "
+        "value; the loss and the score count only those values. Probes ask half the pairs that fit, each "
+        f"exactly `distance` tokens after its key; chance is {d['chance']:.2f} (one of the sequence's "
+        "values at random). Copy: a list of 8 ids, filler, the list again `distance` tokens later; the "
+        "score counts the repeat after its first id. Training mixes both tasks (copying alone first, the "
+        "easier way into the circuit both need) and lengthens the sequences up to 512 as a model gets 90% "
+        f"of its answers right, or anyway between 30% and 70% of its budget. {d['probes_per_distance']} "
         "probe sequences per distance and task, the same for both models.",
         "![lookups by distance](lookup_by_distance.png)",
         "Which head does it: the head search (`hf_tinytx.interpret.find_heads`, all roles) on lookup probes "
         f"{head['distance']} tokens apart, against the same model untrained:",
-        markdown_table(["role", "layer.head", "score", "untrained model's best", "even spread"],
-                       [[r["role"], f"{r['layer']}.{r['head']}", r["score"], r["untrained_best"], r["even_spread"]]
-                        for r in head["rows"]]),
+        markdown_table(
+            ["role", "layer.head", "score", "untrained model's best", "even spread"],
+            [
+                [r["role"], f"{r['layer']}.{r['head']}", r["score"], r["untrained_best"], r["even_spread"]]
+                for r in head["rows"]
+            ],
+        ),
         "![the lookup head](lookup_head.png)",
     ]
 
 
 def write_report(results: dict, out_dir: Path) -> str:
-    table = markdown_table(["Claim", "What the seeds say", "Measured here"], [list(r) for r in claims_table(results)])
+    table = markdown_table(
+        ["Claim", "What the seeds say", "Measured here"], [list(r) for r in claims_table(results)]
+    )
     q, s, h = results["quadratic"], results["sequential"], results["heads"]
     single = s["single_sequence"]
     load = results["load"]
@@ -282,28 +330,54 @@ def write_report(results: dict, out_dir: Path) -> str:
         f"{results['model_source']}.",
         table,
         "## 1. Attention time vs window n (one layer, forward)",
-        markdown_table(["n", "eager ms", "sdpa ms", "attention GFLOP"],
-                       [[r["n"], r["eager_ms"], r["sdpa_ms"], r["attention_gflop"]] for r in q["rows"]]),
+        markdown_table(
+            ["n", "eager ms", "sdpa ms", "attention GFLOP"],
+            [[r["n"], r["eager_ms"], r["sdpa_ms"], r["attention_gflop"]] for r in q["rows"]],
+        ),
         "## 2. Training step vs sequence length (batch %d)" % s["batch_size"],
-        markdown_table(["length", "TinyTx ms", "LSTM ms", "TinyTx tokens/s", "LSTM tokens/s"],
-                       [[r["length"], r["tinytx_step_ms"], r["lstm_step_ms"], round(r["tinytx_tokens_per_s"]),
-                         round(r["lstm_tokens_per_s"])] for r in s["rows"]]),
+        markdown_table(
+            ["length", "TinyTx ms", "LSTM ms", "TinyTx tokens/s", "LSTM tokens/s"],
+            [
+                [
+                    r["length"], r["tinytx_step_ms"], r["lstm_step_ms"], round(r["tinytx_tokens_per_s"]),
+                    round(r["lstm_tokens_per_s"]),
+                ]
+                for r in s["rows"]
+            ],
+        ),
         "![step time](step_time.png)",
         "One sequence per step (its positions are the only parallel work), by length and core count:",
-        markdown_table(["threads", "length", "TinyTx tokens/s", "LSTM tokens/s", "TinyTx ÷ LSTM"],
-                       [[r["threads"], r["length"], round(r["tinytx_tokens_per_s"]), round(r["lstm_tokens_per_s"]),
-                         r["tinytx_tokens_per_s"] / r["lstm_tokens_per_s"]] for r in single["rows"]]),
+        markdown_table(
+            ["threads", "length", "TinyTx tokens/s", "LSTM tokens/s", "TinyTx ÷ LSTM"],
+            [
+                [
+                    r["threads"], r["length"], round(r["tinytx_tokens_per_s"]), round(r["lstm_tokens_per_s"]),
+                    r["tinytx_tokens_per_s"] / r["lstm_tokens_per_s"],
+                ]
+                for r in single["rows"]
+            ],
+        ),
         "Cross-over (TinyTx ahead at this and every longer length measured): "
-        + ", ".join(f"{threads} thread(s): {length or 'none'}" for threads, length in single["crossover"].items())
+        + ", ".join(
+            f"{threads} thread(s): {length or 'none'}" for threads, length in single["crossover"].items()
+        )
         + ". Load average (1 min) %.1f before these rows, %.1f after." % tuple(single["load_average"])
-        + (" Both models ran slower on more cores than on one: other processes spoiled those rows, and their "
-           "cross-over means nothing." if cores_spoiled(single) else ""),
+        + (
+            " Both models ran slower on more cores than on one: other processes spoiled those rows, and "
+            "their cross-over means nothing."
+            if cores_spoiled(single)
+            else ""
+        ),
         *lookup_sections(results["lookup"], results["lookup_head"]),
         *coref_section(results["coref"]),
         "## 6. Head roles of the corpus model (best head per role)",
-        markdown_table(["role", "layer.head", "score", "untrained model's best", "even spread"],
-                       [[r["role"], f"{r['layer']}.{r['head']}", r["score"], r["untrained_best"], r["even_spread"]]
-                        for r in h["rows"]]),
+        markdown_table(
+            ["role", "layer.head", "score", "untrained model's best", "even spread"],
+            [
+                [r["role"], f"{r['layer']}.{r['head']}", r["score"], r["untrained_best"], r["even_spread"]]
+                for r in h["rows"]
+            ],
+        ),
     ]
     text = "\n\n".join(sections) + "\n"
     (out_dir / "REPORT.md").write_text(text)
@@ -312,7 +386,10 @@ def write_report(results: dict, out_dir: Path) -> str:
 
 def draw_figures(results: dict, out_dir: Path) -> None:
     s, d = results["sequential"], results["lookup"]
-    plot_lines([r["length"] for r in s["rows"]], {name: [r[f"{name}_step_ms"] for r in s["rows"]] for name in LABELS},
-               "sequence length", "training step (ms, median)", "Step time vs length, same parameters",
-               out_dir / "step_time.png", logx=True)
+    plot_lines(
+        [r["length"] for r in s["rows"]],
+        {name: [r[f"{name}_step_ms"] for r in s["rows"]] for name in LABELS}, "sequence length",
+        "training step (ms, median)", "Step time vs length, same parameters", out_dir / "step_time.png",
+        logx=True,
+    )
     plot_lookup_curves(d, out_dir / "lookup_by_distance.png")

@@ -1,6 +1,6 @@
-"""How every command ends: one line on stderr at most, and a documented status. `Ending.status` runs a command;
-generate, chat and convert use it through `exit_status`, and a subclass adds a command's own endings (the training
-scripts': a stop with its checkpoint, a peer that left, a full disk).
+"""How every command ends: one line on stderr at most, and a documented status. `Ending.status` runs a
+command; generate, chat and convert use it through `exit_status`, and a subclass adds a command's own endings
+(the training scripts': a stop with its checkpoint, a peer that left, a full disk).
 
     0      done
     2      bad input (UserInputError; for convert, each of its refusals)
@@ -19,17 +19,20 @@ from hf_tinytx.commands.signals import raising as stop_signals  # the names othe
 
 
 class UserInputError(ValueError):
-    """Bad input (a flag, a folder, a file), found before anything is written. The message says how to fix it."""
+    """Bad input (a flag, a folder, a file), found before anything is written.
+    The message says how to fix it."""
 
 
-TRACEBACK_VARIABLE = "TINYTX_TRACEBACK"  # set to 1: an unexpected error shows its traceback instead of one line
+# set to 1: an unexpected error shows its traceback instead of one line
+TRACEBACK_VARIABLE = "TINYTX_TRACEBACK"
 
 
 class Ending:
-    """How a command ends: `status(command)` runs it, and every way it ends is a status and at most one line
-    `prefix error: ...` on stderr. `refused` errors exit 2, `failed` ones (no fault of the input) 1, both with their
-    message as the line. `stopped` follows "stopped by SIGINT"; `streams`: a stop first ends the streamed text's
-    line; `intact` says, in an unexpected error's line, what it left whole. A subclass adds its own endings."""
+    """How a command ends: `status(command)` runs it, and every way it ends is a status and at most one
+    line `prefix error: ...` on stderr. `refused` errors exit 2, `failed` ones (no fault of the input)
+    1, both with their message as the line. `stopped` follows "stopped by SIGINT"; `streams`: a stop
+    first ends the streamed text's line; `intact` says, in an unexpected error's line, what it left
+    whole. A subclass adds its own endings."""
 
     def __init__(self, prefix: str, refused: tuple = (UserInputError,), failed: tuple = (), stopped: str = "",
                  streams: bool = False, intact: str = ""):
@@ -41,11 +44,16 @@ class Ending:
         try:
             with self.signals():
                 command()
-        except (StopSignal, KeyboardInterrupt) as stop:  # KeyboardInterrupt: before our handlers, or a library's own
+        # KeyboardInterrupt: before our handlers, or a library's own
+        except (StopSignal, KeyboardInterrupt) as stop:
             signum = getattr(stop, "signum", signal.SIGINT)
-            say(f"{self.start}stopped by {signal.Signals(signum).name}{self.stopped}", newline_first=self.streams)
+            say(
+                f"{self.start}stopped by {signal.Signals(signum).name}{self.stopped}",
+                newline_first=self.streams,
+            )
             return 128 + signum
-        except Exception as error:  # noqa: BLE001  (the one line, not a traceback: the hint says how to see one)
+        # The one line, not a traceback: the hint says how to see one.
+        except Exception as error:  # noqa: BLE001
             known = self.ending(error)
             if known is None and os.environ.get(TRACEBACK_VARIABLE):
                 raise
@@ -79,13 +87,14 @@ class Ending:
 
 def exit_status(prefix: str, command, refused: tuple = (UserInputError,), failed: tuple = (),
                 stopped: str = "", streams: bool = False) -> int:
-    """Runs `command()` and returns its exit status, as `Ending` says (generate, chat and convert end here)."""
+    """Runs `command()` and returns its exit status, as `Ending` says
+    (generate, chat and convert end here)."""
     return Ending(prefix, refused, failed, stopped, streams).status(command)
 
 
 def say(line: str, newline_first: bool = False) -> None:
-    """The line on stderr, after what stdout holds (a streamed text ends first, on its own line). One write, newline
-    included: the processes of a launch may say it at once."""
+    """The line on stderr, after what stdout holds (a streamed text ends first, on its own line). One write,
+    newline included: the processes of a launch may say it at once."""
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
         if newline_first:
@@ -96,7 +105,8 @@ def say(line: str, newline_first: bool = False) -> None:
 
 
 def closed_pipe() -> int:
-    """Standard output's reader left: what is still buffered goes nowhere (else Python reports the flush at exit)."""
+    """Standard output's reader left: what is still buffered goes nowhere (else
+    Python reports the flush at exit)."""
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

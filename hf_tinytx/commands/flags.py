@@ -44,26 +44,41 @@ class OneLineParser(argparse.ArgumentParser):
 
 INTERPRET_DESCRIPTION = """python -m hf_tinytx.interpret MODEL "text" --out DIR
 
-Draws the attention map of every layer and head for the text (DIR/layer{L}_head{H}.png), scores every head on the
-previous-token, first-token and (if a token in it occurs twice) induction roles for that text and, with
---coref_probes N, on resolving "it" in N held-out corpus sentences, and writes DIR/heads.json. MODEL is a local
-folder or a Hub id; add --trust_remote_code for a checkpoint that carries its own code.
+Draws the attention map of every layer and head for the text (DIR/layer{L}_head{H}.png), scores every
+head on the previous-token, first-token and (if a token in it occurs twice) induction roles for that text
+and, with --coref_probes N, on resolving "it" in N held-out corpus sentences, and writes DIR/heads.json.
+MODEL is a local folder or a Hub id; add --trust_remote_code for a checkpoint that carries its own code.
 """
 
 
 def convert_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m hf_tinytx.convert", description="Convert a saved Llama model folder to "
-                           "TinyTx, a TinyTx folder to Llama (safetensors only), or a TinyTx folder to one GGUF "
-                           "file for llama.cpp / Ollama / LM Studio.")
-    parser.add_argument("--to", required=True, choices=("llama", "tinytx", "gguf"), help="the format to convert to")
+    parser = OneLineParser(
+        prog="python -m hf_tinytx.convert",
+        description="Convert a saved Llama model folder to TinyTx, a TinyTx folder to Llama (safetensors "
+        "only), or a TinyTx folder to one GGUF file for llama.cpp / Ollama / LM Studio.",
+    )
+    parser.add_argument(
+        "--to", required=True, choices=("llama", "tinytx", "gguf"), help="the format to convert to"
+    )
     parser.add_argument("source", help="folder written by save_pretrained (config.json + model.safetensors)")
-    parser.add_argument("destination", help="folder to write (a file ending in .gguf for --to gguf); must be absent "
-                        "or empty unless --overwrite")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace what an earlier conversion wrote into the destination folder (other files are "
-                        "kept, or the command refuses if it would replace them), or replace the destination .gguf file")
-    parser.add_argument("--outtype", choices=("f32", "f16", "q8_0"), default=None, help="--to gguf only: how the "
-                        "weight matrices are stored (default f32; norms and biases are always f32)")
+    parser.add_argument(
+        "destination",
+        help="folder to write (a file ending in .gguf for --to gguf); must be absent or empty unless "
+        "--overwrite",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace what an earlier conversion wrote into the destination folder (other files are kept, "
+        "or the command refuses if it would replace them), or replace the destination .gguf file",
+    )
+    parser.add_argument(
+        "--outtype",
+        choices=("f32", "f16", "q8_0"),
+        default=None,
+        help="--to gguf only: how the weight matrices are stored (default f32; norms and biases are always "
+        "f32)",
+    )
     return parser
 
 
@@ -75,7 +90,9 @@ def interpret_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="folder for the PNGs and heads.json")
     parser.add_argument("--layers", type=int, nargs="*", help="only these layers (default: all)")
     parser.add_argument("--heads", type=int, nargs="*", help="only these heads (default: all)")
-    parser.add_argument("--coref_probes", type=int, default=0, help="also score 'it' heads on N corpus sentences")
+    parser.add_argument(
+        "--coref_probes", type=int, default=0, help="also score 'it' heads on N corpus sentences"
+    )
     parser.add_argument("--trust_remote_code", action="store_true")
     parser.add_argument("--dpi", type=int, default=100)
     return parser

@@ -2,7 +2,8 @@
 
     tinytx generate out/tinytx "The animal didn't cross the street because" --max_new_tokens 24
     tinytx generate out/tinytx "Once" --do_sample --temperature 0.8 --top_p 0.95 --seed 0
-    tinytx generate out/tinytx "Once" --compile     # static cache and a compiled forward (docs/performance.md)
+    tinytx generate out/tinytx "Once" --compile     # static cache and a compiled forward
+                                                    # (docs/performance.md)
 
 The flags and the folder are checked before torch loads: a mistake is one line, exit 2. chat.py shares this
 module's flags, checks and loading.
@@ -27,7 +28,8 @@ from hf_tinytx.folders import weights as stored_weights
 
 PROG = "tinytx generate"
 DEFAULT_MAX_NEW_TOKENS = 64  # when neither the flag nor the folder's generation_config says
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p")  # passed to `generate` as given; None leaves the folder's value
+# passed to `generate` as given; None leaves the folder's value
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p")
 DEVICE_NAME = re.compile(r"^[a-z]+(:\d+)?$")  # cpu, cuda, cuda:1, mps, xpu, ...
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -37,35 +39,59 @@ STRAY_WORD = 'text with spaces goes in quotes ("the cat sat").'  # a second word
 
 def add_generation_flags(parser: argparse.ArgumentParser, default_max_new_tokens: int, example: str) -> None:
     """The flags `tinytx generate` and `tinytx chat` share."""
-    parser.add_argument("folder", metavar="FOLDER",
-                        help=f"a model folder with its tokenizer, as pretrain or finetune write it (e.g. {example})")
-    parser.add_argument("--max_new_tokens", type=int, default=None,
-                        help="at most this many new tokens (default: the folder's generation_config max_new_tokens, "
-                        f"else {default_max_new_tokens})")
-    parser.add_argument("--do_sample", action="store_true", help="sample the tokens (default: greedy decoding)")
+    parser.add_argument(
+        "folder", metavar="FOLDER",
+        help=f"a model folder with its tokenizer, as pretrain or finetune write it (e.g. {example})",
+    )
+    parser.add_argument(
+        "--max_new_tokens",
+        type=int,
+        default=None,
+        help="at most this many new tokens (default: the folder's generation_config max_new_tokens, else "
+        f"{default_max_new_tokens})",
+    )
+    parser.add_argument(
+        "--do_sample", action="store_true", help="sample the tokens (default: greedy decoding)"
+    )
     parser.add_argument("--temperature", type=float, default=None,
                         help="with --do_sample: divide the logits by this (default: the folder's, else 1.0)")
-    parser.add_argument("--top_k", type=int, default=None,
-                        help="with --do_sample: sample among the k likeliest tokens (default: the folder's, else 50)")
-    parser.add_argument("--top_p", type=float, default=None,
-                        help="with --do_sample: sample among the likeliest tokens whose probabilities add up to p "
-                        "(default: the folder's, else 1.0)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="with --do_sample: seed torch's generator, so that the same command gives the same text")
-    parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:1, mps, ...")
-    parser.add_argument("--trust_remote_code", action="store_true",
-                        help="run a folder's own modeling code (a model transformers does not know; TinyTx needs none)")
+    parser.add_argument(
+        "--top_k", type=int, default=None,
+        help="with --do_sample: sample among the k likeliest tokens (default: the folder's, else 50)",
+    )
+    parser.add_argument(
+        "--top_p",
+        type=float,
+        default=None,
+        help="with --do_sample: sample among the likeliest tokens whose probabilities add up to p "
+        "(default: the folder's, else 1.0)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None,
+        help="with --do_sample: seed torch's generator, so that the same command gives the same text",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:1, mps, ..."
+    )
+    parser.add_argument(
+        "--trust_remote_code", action="store_true",
+        help="run a folder's own modeling code (a model transformers does not know; TinyTx needs none)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
-                           stray_value=STRAY_WORD)
+    parser = OneLineParser(
+        prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1], stray_value=STRAY_WORD,
+    )
     add_generation_flags(parser, DEFAULT_MAX_NEW_TOKENS, "out/tinytx")
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
-    parser.add_argument("--compile", action="store_true",
-                        help="a static key/value cache and, on a CPU, the forward compiled by torch.compile: faster "
-                        "tokens after 5-30 s of compiling")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="a static key/value cache and, on a CPU, the forward compiled by torch.compile: faster tokens "
+        "after 5-30 s of compiling",
+    )
     return parser
 
 
@@ -73,8 +99,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UserInputError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}.")
     if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature > 0):
-        raise UserInputError(f"--temperature must be a number above 0, got {args.temperature}; for the likeliest "
-                             "token every time leave --do_sample out.")
+        raise UserInputError(
+            f"--temperature must be a number above 0, got {args.temperature}; for the likeliest token every "
+            "time leave --do_sample out."
+        )
     if args.top_k is not None and args.top_k < 1:
         raise UserInputError(f"--top_k must be at least 1, got {args.top_k}.")
     if args.top_p is not None and not 0 < args.top_p <= 1:
@@ -84,41 +112,56 @@ def check_flags(args: argparse.Namespace) -> None:
     given = [f"--{name}" for name in (*SAMPLING_FLAGS, "seed") if getattr(args, name) is not None]
     if given and not args.do_sample:
         applies = "applies" if len(given) == 1 else "apply"
-        raise UserInputError(f"{', '.join(given)} {applies} only when sampling: add --do_sample (greedy decoding, "
-                             "the default, always picks the likeliest token).")
+        raise UserInputError(
+            f"{', '.join(given)} {applies} only when sampling: add --do_sample (greedy decoding, the "
+            "default, always picks the likeliest token)."
+        )
     if not DEVICE_NAME.match(args.device):
-        raise UserInputError(f"--device {args.device!r} is not a device name: use cpu, cuda, cuda:1, mps, ...")
+        raise UserInputError(
+            f"--device {args.device!r} is not a device name: use cpu, cuda, cuda:1, mps, ..."
+        )
 
 
 def check_folder(folder: str) -> str:
-    """The model folder's absolute path, once it holds a config, a tokenizer and weights whose headers read."""
+    """The model folder's absolute path, once it holds a config, a tokenizer
+    and weights whose headers read."""
     path = os.path.abspath(os.path.expanduser(folder))
     if not os.path.exists(path) and (problem := sources.link_problem(path)) is not None:
         raise UserInputError(f"{folder} {problem}.")
     if not os.path.exists(path):
         parent = os.path.dirname(path)
-        siblings = [entry.name for entry in os.scandir(parent) if entry.is_dir()] if os.path.isdir(parent) else []
+        siblings = (
+            [entry.name for entry in os.scandir(parent) if entry.is_dir()] if os.path.isdir(parent) else []
+        )
         closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
         hint = f"did you mean {os.path.join(os.path.dirname(folder), closest[0])!r}? " if closest else ""
         raise UserInputError(f"no such folder: {folder}; {hint}give the folder pretrain or finetune wrote "
                              "(e.g. out/tinytx).")
     if not os.path.isdir(path):
-        raise UserInputError(f"{folder} is a file, not a model folder: give the folder that holds config.json, the "
-                             "weights and the tokenizer.")
+        raise UserInputError(
+            f"{folder} is a file, not a model folder: give the folder that holds config.json, the weights "
+            "and the tokenizer."
+        )
     names = set(os.listdir(path))
     if "config.json" not in names:
         if "adapter_config.json" in names:
             raise UserInputError(f"{folder} holds a LoRA adapter, not a whole model: give the merged folder "
                                  "(finetune --merge writes one, e.g. out/chat-lora/merged).")
-        raise UserInputError(f"{folder} has no config.json, so it holds no saved model: give the folder "
-                             "save_pretrained wrote (pretrain's or finetune's --output_dir, e.g. out/tinytx).")
+        raise UserInputError(
+            f"{folder} has no config.json, so it holds no saved model: give the folder save_pretrained wrote "
+            "(pretrain's or finetune's --output_dir, e.g. out/tinytx)."
+        )
     config = folder_config.read_config_json(path, None)
     if not names.intersection(sources.TOKENIZER_MARKERS):
-        raise UserInputError(f"{folder} has no tokenizer (no tokenizer.json or tokenizer_config.json): save the "
-                             "model's tokenizer into it, AutoTokenizer.from_pretrained(base).save_pretrained(folder).")
+        raise UserInputError(
+            f"{folder} has no tokenizer (no tokenizer.json or tokenizer_config.json): save the model's "
+            "tokenizer into it, AutoTokenizer.from_pretrained(base).save_pretrained(folder)."
+        )
     if not names.intersection(WEIGHT_FILES):
-        raise UserInputError(f"{folder} has a config but no weights (no model.safetensors): save the model into it "
-                             "again, or give the folder that holds them.")
+        raise UserInputError(
+            f"{folder} has a config but no weights (no model.safetensors): save the model into it again, or "
+            "give the folder that holds them."
+        )
     folder_config.check_vocabulary_fits(folder, config, None)
     if stored_weights.has_safetensors(path):
         stored_weights.stored_shapes(path, "FOLDER")
@@ -130,7 +173,9 @@ def read_json(path: str, folder: str) -> dict:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (ValueError, OSError) as error:
-        raise UserInputError(f"{path} does not read as JSON ({error}); save the model into {folder} again.") from None
+        raise UserInputError(
+            f"{path} does not read as JSON ({error}); save the model into {folder} again."
+        ) from None
 
 
 def early_checks(args: argparse.Namespace) -> str:
@@ -147,18 +192,23 @@ def resolve_device(name: str):
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UserInputError(f"--device {name!r} is not a device torch knows: use cpu, cuda, cuda:1, mps, ...") \
-            from None
+        raise UserInputError(
+            f"--device {name!r} is not a device torch knows: use cpu, cuda, cuda:1, mps, ..."
+        ) from None
     if device.type == "cpu":
         return device
     backend = getattr(torch, device.type, None)
     available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
     if not available:
-        raise UserInputError(f"--device {name}: this machine has no {device.type} device torch can use; leave "
-                             "--device out to run on the CPU.")
+        raise UserInputError(
+            f"--device {name}: this machine has no {device.type} device torch can use; leave --device out to "
+            "run on the CPU."
+        )
     if device.index is not None and device.index >= backend.device_count():
-        raise UserInputError(f"--device {name}: there are only {backend.device_count()} {device.type} devices "
-                             f"(0 to {backend.device_count() - 1}).")
+        raise UserInputError(
+            f"--device {name}: there are only {backend.device_count()} {device.type} devices (0 to "
+            f"{backend.device_count() - 1})."
+        )
     return device
 
 
@@ -174,16 +224,22 @@ def load_model(folder: str, device_name: str, trust_remote_code: bool):
     transformers_logging.disable_progress_bar()  # "Loading weights ..." on stderr says nothing a user acts on
     device = resolve_device(device_name)
     verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()  # its load report: refuse_unmatched_weights says it in one line
+    # its load report: refuse_unmatched_weights says it in one line
+    transformers_logging.set_verbosity_error()
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         # Mismatched shapes are reported below with the missing and unexpected tensors, not raised mid-load.
-        model, loading = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", trust_remote_code=trust_remote_code,
-                                                              ignore_mismatched_sizes=True, output_loading_info=True)
-    except Exception as error:  # noqa: BLE001  (whatever a folder makes transformers raise is the folder's problem)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            folder, dtype="auto", trust_remote_code=trust_remote_code, ignore_mismatched_sizes=True,
+            output_loading_info=True,
+        )
+    # Whatever a folder makes transformers raise is the folder's problem.
+    except Exception as error:  # noqa: BLE001
         reason = " ".join(str(error).split())[:300] or type(error).__name__
-        raise UserInputError(f"could not load a causal LM from {folder} ({reason}); give a folder save_pretrained "
-                             "wrote, and add --trust_remote_code if it ships its own code.") from None
+        raise UserInputError(
+            f"could not load a causal LM from {folder} ({reason}); give a folder save_pretrained wrote, and "
+            "add --trust_remote_code if it ships its own code."
+        ) from None
     finally:
         transformers_logging.set_verbosity(verbosity)
     refuse_unmatched_weights(folder, loading)
@@ -191,8 +247,8 @@ def load_model(folder: str, device_name: str, trust_remote_code: bool):
 
 
 def refuse_unmatched_weights(folder: str, loading: dict) -> None:
-    """transformers fills a tensor the files lack with random values and drops one the config does not expect: a
-    config saying 3 layers over weights holding 2 would generate from a model nobody trained."""
+    """transformers fills a tensor the files lack with random values and drops one the config does not expect:
+    a config saying 3 layers over weights holding 2 would generate from a model nobody trained."""
     misshapen = [f"{name} {list(stored)} (expected {list(expected)})"
                  for name, stored, expected in loading.get("mismatched_keys") or []]
     kinds = (("missing", sorted(loading.get("missing_keys") or [])),
@@ -200,8 +256,10 @@ def refuse_unmatched_weights(folder: str, loading: dict) -> None:
     problems = [f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
                 for kind, names in kinds if names]
     if problems:
-        raise UserInputError(f"the weights in {folder} do not match its config.json — {'; '.join(problems)}; fix "
-                             "config.json to describe these weights, or use the weights saved with it.")
+        raise UserInputError(
+            f"the weights in {folder} do not match its config.json — {'; '.join(problems)}; fix "
+            "config.json to describe these weights, or use the weights saved with it."
+        )
 
 
 def generation_settings(args: argparse.Namespace, model, default_max_new_tokens: int) -> dict:
@@ -219,20 +277,23 @@ def context_length(model) -> int | None:
 def check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
     context = context_length(model)
     if context is not None and prompt_tokens + max_new_tokens > context:
-        raise UserInputError(f"the prompt is {prompt_tokens} tokens and --max_new_tokens {max_new_tokens}: together "
-                             f"more than the {context} positions the model reads; shorten the prompt or lower "
-                             "--max_new_tokens.")
+        raise UserInputError(
+            f"the prompt is {prompt_tokens} tokens and --max_new_tokens {max_new_tokens}: together more than "
+            f"the {context} positions the model reads; shorten the prompt or lower --max_new_tokens."
+        )
 
 
 def compile_for_decoding(model) -> dict:
-    """A static cache, and on a CPU the forward compiled here (`generate` compiles it by itself on accelerators only);
-    returns the settings it adds to `generate`'s."""
+    """A static cache, and on a CPU the forward compiled here (`generate` compiles it by itself on
+    accelerators only); returns the settings it adds to `generate`'s."""
     import torch
 
     if model.device.type == "cpu":
         if not os.environ.get("CXX") and not any(shutil.which(name) for name in CXX_COMPILERS):
-            raise UserInputError("--compile on a CPU builds C++ code and needs a C++ compiler (g++ or clang++), and "
-                                 "none is on PATH: install one, or leave --compile out.")
+            raise UserInputError(
+                "--compile on a CPU builds C++ code and needs a C++ compiler (g++ or clang++), and none is "
+                "on PATH: install one, or leave --compile out."
+            )
         model.forward = torch.compile(model.forward, fullgraph=True, options={"cpp_wrapper": True})
     return {"cache_implementation": "static"}
 
@@ -264,7 +325,9 @@ def run(args: argparse.Namespace, folder: str) -> None:
     if args.compile:
         settings.update(compile_for_decoding(model))
     seed(args.seed)
-    continue_prompt(model, tokenizer, args.prompt, settings, TextStreamer(tokenizer, skip_special_tokens=True))
+    continue_prompt(
+        model, tokenizer, args.prompt, settings, TextStreamer(tokenizer, skip_special_tokens=True)
+    )
 
 
 def exit_status(prog: str, command) -> int:

@@ -1,6 +1,6 @@
-"""Silences notices a user cannot act on, for the commands (the library itself never calls this): DeepSpeed's
-"Setting accelerator to CPU" where torch sees no accelerator, and Accelerate's "Removed shared tensor" at every save
-of a model with tied embeddings.
+"""Silences notices a user cannot act on, for the commands (the library itself never calls this):
+DeepSpeed's "Setting accelerator to CPU" where torch sees no accelerator, and Accelerate's "Removed shared
+tensor" at every save of a model with tied embeddings.
 """
 
 import logging
@@ -33,7 +33,8 @@ def quiet_notices() -> None:
     import torch
 
     _drop("accelerate.utils.other", SHARED_TENSOR_NOTICE)
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6 knows CUDA, ROCm, XPU, MPS, ... in one place
+    # torch >= 2.6 knows CUDA, ROCm, XPU, MPS, ... in one place
+    accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None and accelerator.is_available():
         return
     _drop("DeepSpeed", DEEPSPEED_CPU_NOTICE)

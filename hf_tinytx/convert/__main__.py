@@ -1,4 +1,5 @@
-"""`python -m hf_tinytx.convert` (`tinytx convert`): a saved folder converted, one line and a status at the end.
+"""`python -m hf_tinytx.convert` (`tinytx convert`): a saved folder converted,
+one line and a status at the end.
 
     python -m hf_tinytx.convert --to tinytx path/to/llama path/to/tinytx
     python -m hf_tinytx.convert --to llama path/to/tinytx path/to/llama [--overwrite]
@@ -27,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.to == "gguf":
             from hf_tinytx.convert.gguf import write_gguf  # needs the optional `gguf` package
 
-            destination = write_gguf(args.source, args.destination, args.outtype or "f32", overwrite=args.overwrite)
+            destination = write_gguf(
+                args.source, args.destination, args.outtype or "f32", overwrite=args.overwrite
+            )
         else:
             destination = convert_folder(args.source, args.destination, to=args.to, overwrite=args.overwrite)
         print(f"wrote {args.to} model to {destination}")

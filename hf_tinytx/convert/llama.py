@@ -4,8 +4,8 @@
 A TinyTx model with `qk_norm=False` and `mlp_type="gated"` is the same network as a Llama model, with the same
 module names, so converting is config translation; the weights are copied as they are.
 
-Safetensors only, checked against the config before anything is written; `--overwrite` replaces only the files an
-earlier conversion recorded writing.
+Safetensors only, checked against the config before anything is written; `--overwrite` replaces only the
+files an earlier conversion recorded writing.
 """
 
 import copy
@@ -27,12 +27,13 @@ from hf_tinytx.modeling_tinytx import TinyTxForCausalLM
 # Fields with the same name and the same meaning in both configs: these describe the whole network.
 SHARED_FIELDS = (
     *SIZE_FIELDS, "hidden_act", "rope_parameters", "rms_norm_eps", "initializer_range", "tie_word_embeddings",
-    "attention_bias", "mlp_bias", "attention_dropout", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id",
-    "dtype",
+    "attention_bias", "mlp_bias", "attention_dropout", "use_cache", "pad_token_id", "bos_token_id",
+    "eos_token_id", "dtype",
 )
 
 # Files that travel with a checkpoint but not with the model object: copied from the source.
-COPIED = (*TOKENIZER_FILES, "generation_config.json")  # besides these: the config, the weights, the model's code
+# besides these: the config, the weights, the model's code
+COPIED = (*TOKENIZER_FILES, "generation_config.json")
 WRITER = "hf_tinytx.convert"  # the name in the record of what a conversion wrote
 SHOWN = 3  # file names quoted in a refusal
 
@@ -41,8 +42,10 @@ def llama_config_to_tinytx(config: LlamaConfig) -> TinyTxConfig:
     """The TinyTx config that describes the same network as a Llama config."""
     _check_model_type(config, "llama", "llama_config_to_tinytx")
     if getattr(config, "quantization_config", None) is not None:
-        raise ValueError("llama_config_to_tinytx: the Llama model is quantized (`quantization_config` is set); TinyTx "
-                         "converts plain weights only. Load it without quantization (or dequantize it) first.")
+        raise ValueError(
+            "llama_config_to_tinytx: the Llama model is quantized (`quantization_config` is set); TinyTx "
+            "converts plain weights only. Load it without quantization (or dequantize it) first."
+        )
     values = {name: copy.deepcopy(getattr(config, name)) for name in SHARED_FIELDS}
     # Some Llama checkpoints store `pad_token_id=-1` to mean "no padding token"; TinyTx spells that None.
     if isinstance(values["pad_token_id"], int) and not 0 <= values["pad_token_id"] < config.vocab_size:
@@ -51,7 +54,8 @@ def llama_config_to_tinytx(config: LlamaConfig) -> TinyTxConfig:
 
 
 def tinytx_config_to_llama(config: TinyTxConfig) -> LlamaConfig:
-    """The Llama config that describes the same network as a TinyTx config; refuses the TinyTx-only features."""
+    """The Llama config that describes the same network as a TinyTx config;
+    refuses the TinyTx-only features."""
     _check_model_type(config, "tinytx", "tinytx_config_to_llama")
     if (reason := why_not_llama(config)) is not None:
         raise ValueError(f"tinytx_config_to_llama: {reason}")
@@ -81,7 +85,8 @@ def _rebuild(model: PreTrainedModel, target_class: type[PreTrainedModel], config
             config, dtype=model.dtype, attn_implementation=model.config._attn_implementation
         )
     converted.load_state_dict(model.state_dict(), strict=True)
-    converted.tie_weights()  # skipped above along with the initialisation; shares lm_head with the embedding if tied
+    # skipped above along with the initialisation; shares lm_head with the embedding if tied
+    converted.tie_weights()
     converted.to(model.device)
     if model.generation_config is not None:
         converted.generation_config = copy.deepcopy(model.generation_config)
@@ -95,7 +100,9 @@ def _check_model_type(config: PreTrainedConfig, expected: str, caller: str) -> N
         raise ValueError(f"{caller}: expected a {expected!r} config, got model_type={model_type!r}.")
 
 
-def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to: str, overwrite: bool = False) -> Path:
+def convert_folder(
+    source: str | os.PathLike, destination: str | os.PathLike, to: str, overwrite: bool = False
+) -> Path:
     """Converts the checkpoint folder `source` to `to` ("llama" or "tinytx") and saves it as `destination`."""
     source, destination = Path(source), Path(destination)
     if to not in ("llama", "tinytx"):
@@ -121,9 +128,11 @@ def convert_folder(source: str | os.PathLike, destination: str | os.PathLike, to
     return destination
 
 
-def _save(converted: PreTrainedModel, source: Path, source_files: list[str], destination: Path, ours: set[str]):
-    """Stages the converted folder inside `destination` and publishes it; the files of an earlier conversion that
-    this one does not write are removed only once the new model is complete (a kill never loses both)."""
+def _save(
+    converted: PreTrainedModel, source: Path, source_files: list[str], destination: Path, ours: set[str]
+):
+    """Stages the converted folder inside `destination` and publishes it; the files of an earlier conversion
+    that this one does not write are removed only once the new model is complete (a kill never loses both)."""
     created = folders.folders_to_create(destination)  # removed again on failure
     staged = destination / folders.STAGING_NAME
     publishing = False
@@ -165,21 +174,30 @@ def _disk_full_message(destination: Path, needed: int, publishing: bool) -> str:
 
 
 def _check_destination(destination: Path, overwrite: bool) -> set[str]:
-    """Refuses a file, a non-empty folder without `overwrite`, and files of others that a conversion would replace;
-    returns the files an earlier conversion recorded writing there (what `overwrite` may replace)."""
+    """Refuses a file, a non-empty folder without `overwrite`, and files of others that a conversion would
+    replace; returns the files an earlier conversion recorded writing there (what `overwrite` may replace)."""
     if destination.exists() and not destination.is_dir():
         raise FileExistsError(f"convert: destination {str(destination)!r} is a file, not a folder.")
     if not destination.is_dir():
         return set()
     # A staging folder or a record alone is what a killed conversion leaves: the next one may use the folder.
-    old = [path for path in destination.iterdir() if path.name not in (folders.STAGING_NAME, folders.MANIFEST_NAME)]
-    interrupted = (destination / folders.STAGING_NAME).is_dir() and not folders.others_files(destination, WRITER)
+    old = [
+        path
+        for path in destination.iterdir()
+        if path.name not in (folders.STAGING_NAME, folders.MANIFEST_NAME)
+    ]
+    interrupted = (destination / folders.STAGING_NAME).is_dir() and not folders.others_files(
+        destination, WRITER
+    )
     if old and not overwrite and not interrupted:
-        raise FileExistsError(f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace "
-                              "what an earlier conversion wrote there, or choose another folder.")
+        raise FileExistsError(
+            f"convert: destination {str(destination)!r} is not empty; pass --overwrite to replace what an "
+            "earlier conversion wrote there, or choose another folder."
+        )
     # Every name a conversion can write (the exact list is checked again once staged).
     _refuse_others_files(
-        destination, lambda name: folders.would_replace(name, COPIED) or (name.endswith(".py") and "/" not in name)
+        destination,
+        lambda name: folders.would_replace(name, COPIED) or (name.endswith(".py") and "/" not in name),
     )
     return folders.written_before(destination, WRITER)
 
@@ -189,7 +207,11 @@ def _refuse_others_files(destination: Path, replaced) -> None:
     others = sorted((name for name in folders.others_files(destination, WRITER) if replaced(name)),
                     key=lambda name: (name not in ("config.json", "model.safetensors"), name))
     if others:
-        shown = ", ".join(others[:SHOWN]) + (f" and {len(others) - SHOWN} more" if len(others) > SHOWN else "")
-        raise FileExistsError(f"convert: destination {str(destination)!r} holds files that convert did not write "
-                              f"({shown}) and this conversion would replace them; --overwrite only replaces an earlier "
-                              "conversion's files: choose another folder, or move those files away first.")
+        shown = ", ".join(others[:SHOWN]) + (
+            f" and {len(others) - SHOWN} more" if len(others) > SHOWN else ""
+        )
+        raise FileExistsError(
+            f"convert: destination {str(destination)!r} holds files that convert did not write ({shown}) and "
+            "this conversion would replace them; --overwrite only replaces an earlier conversion's files: "
+            "choose another folder, or move those files away first."
+        )

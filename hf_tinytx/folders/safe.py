@@ -1,8 +1,8 @@
 """Reading and writing model folders safely: never through a link that leaves the folder, never half-written.
 
-A model is staged, then published one `os.replace` a file, config last, so the folder always loads as the old model
-or the new one. No command writes where it reads (`refuse_overlap`), and a record of what a command wrote limits what
-a later `--overwrite` replaces.
+A model is staged, then published one `os.replace` a file, config last, so the folder always loads as the old
+model or the new one. No command writes where it reads (`refuse_overlap`), and a record of what a command
+wrote limits what a later `--overwrite` replaces.
 """
 
 import contextlib
@@ -15,13 +15,16 @@ from pathlib import Path
 
 
 STAGING_NAME = ".tinytx-staging"  # inside the destination; only ever written by `staging_folder`
-CONFIG_NAMES = ("config.json", "adapter_config.json")  # a model's, a LoRA adapter's: what loading looks for first
+# a model's, a LoRA adapter's: what loading looks for first
+CONFIG_NAMES = ("config.json", "adapter_config.json")
 # The weight files `save_pretrained` names; a new save removes older ones it does not replace.
 WEIGHT_FILE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
-REPLACED_CONFIGS = ".replaced"  # inside the staging folder: the old configs `publish` took out of the destination
+# inside the staging folder: the old configs `publish` took out of the destination
+REPLACED_CONFIGS = ".replaced"
 # A record of the files a command wrote into a destination: `--overwrite` replaces those and no others.
 MANIFEST_NAME = ".tinytx-written.json"
-READ_APART = "a command never writes where it reads, --overwrite included"  # refuse_overlap's reason by default
+# refuse_overlap's reason by default
+READ_APART = "a command never writes where it reads, --overwrite included"
 
 
 class UnsafeLinkError(ValueError):
@@ -43,9 +46,11 @@ def regular_files(folder: str | os.PathLike) -> list[str]:
                 target = path.resolve()
                 if not target.is_relative_to(root):
                     cache = " (a Hub cache snapshot? `hf download REPO --local-dir DIR` gives real files)"
-                    raise UnsafeLinkError(f"{path} is a link to {target}, outside {root}; copy the file into the "
-                                          "folder (or remove the link) first: links out of a folder are never read or "
-                                          f"uploaded{cache if '/blobs/' in str(target) else ''}.")
+                    raise UnsafeLinkError(
+                        f"{path} is a link to {target}, outside {root}; copy the file into the folder (or "
+                        "remove the link) first: links out of a folder are never read or "
+                        f"uploaded{cache if '/blobs/' in str(target) else ''}."
+                    )
                 if target.is_dir():
                     continue  # its files are listed where they really live
             if path.is_file():
@@ -54,7 +59,8 @@ def regular_files(folder: str | os.PathLike) -> list[str]:
 
 
 def link_or_copy(folder: str | os.PathLike, target: str | os.PathLike, names=None) -> None:
-    """Puts `names` (default: every regular file) of `folder` into `target`: hard links, copies across devices."""
+    """Puts `names` (default: every regular file) of `folder` into `target`: hard
+    links, copies across devices."""
     for name in regular_files(folder) if names is None else names:
         source, destination = Path(folder) / name, Path(target) / name
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -70,8 +76,8 @@ _OPEN_FLAGS = {"w": os.O_WRONLY | os.O_CREAT | os.O_EXCL, "a": os.O_WRONLY | os.
 
 
 def open_new(path: str | os.PathLike, mode: str = "w"):
-    """Opens `path` to write ("w", "a", "a+"; with "b" for bytes), never through a link: a link at `path` is removed,
-    and O_NOFOLLOW refuses one planted in between."""
+    """Opens `path` to write ("w", "a", "a+"; with "b" for bytes), never through a link: a link at `path` is
+    removed, and O_NOFOLLOW refuses one planted in between."""
     flags = _OPEN_FLAGS[mode.replace("b", "")] | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     with contextlib.suppress(FileNotFoundError):
         if os.path.islink(path) or (mode.startswith("w") and not os.path.isdir(path)):
@@ -81,7 +87,8 @@ def open_new(path: str | os.PathLike, mode: str = "w"):
 
 
 def remove_tree(path: str | os.PathLike) -> None:
-    """Removes the folder `path`, or only the link if `path` is one (which shutil.rmtree would leave in place)."""
+    """Removes the folder `path`, or only the link if `path` is one (which
+    shutil.rmtree would leave in place)."""
     if os.path.islink(path):
         os.unlink(path)
     elif os.path.exists(path):
@@ -89,7 +96,8 @@ def remove_tree(path: str | os.PathLike) -> None:
 
 
 def folders_to_create(path: str | os.PathLike) -> list[Path]:
-    """`path` and those of its parents that do not exist yet, deepest first: what `mkdir(parents=True)` creates."""
+    """`path` and those of its parents that do not exist yet, deepest first: what
+    `mkdir(parents=True)` creates."""
     path, missing = Path(os.path.abspath(path)), []
     while not path.exists() and path != path.parent:
         missing.append(path)
@@ -138,8 +146,8 @@ NEW_FILE_MODE = _new_file_mode()
 
 
 def fsync_tree(folder: str | os.PathLike) -> None:
-    """Flushes every file and folder under `folder`, so a rename that follows cannot expose empty files. Each file
-    also gets NEW_FILE_MODE: safetensors writes 0600, which other users could not read."""
+    """Flushes every file and folder under `folder`, so a rename that follows cannot expose empty files. Each
+    file also gets NEW_FILE_MODE: safetensors writes 0600, which other users could not read."""
     for directory, _, names in os.walk(folder):
         for name in names:
             with open(os.path.join(directory, name), "rb") as f:
@@ -158,16 +166,19 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 
 
 def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
-    """Moves every file of `staged` into `destination`, flushed, one `os.replace` each: the weights first, the config
-    last; files that are not the model's are never touched.
+    """Moves every file of `staged` into `destination`, flushed, one `os.replace` each: the weights first, the
+    config last; files that are not the model's are never touched.
 
-    Unless the new config equals the old and one weight file moves, the old configs are first moved out, so that a
-    kill leaves a folder `from_pretrained` refuses (`interrupted_save`), never old config with new weights.
+    Unless the new config equals the old and one weight file moves, the old configs are
+    first moved out, so that a kill leaves a folder `from_pretrained` refuses
+    (`interrupted_save`), never old config with new weights.
     """
     staged, destination = Path(staged), Path(destination)
     names = regular_files(staged)
     fsync_tree(staged)
-    weights = sorted((name for name in names if WEIGHT_FILE.match(name)), key=lambda name: name.endswith(".json"))
+    weights = sorted(
+        (name for name in names if WEIGHT_FILE.match(name)), key=lambda name: name.endswith(".json")
+    )
     rest = sorted(set(names) - set(weights), key=lambda name: name in CONFIG_NAMES)
     if not _old_config_fits(staged, destination, weights):
         _take_configs_out(staged, destination)
@@ -184,12 +195,14 @@ def publish(staged: str | os.PathLike, destination: str | os.PathLike) -> None:
 
 
 def _old_config_fits(staged: Path, destination: Path, weights: list[str]) -> bool:
-    """Whether the destination's configs may stay while the new weights move in: equal configs, one weight file."""
+    """Whether the destination's configs may stay while the new weights move in:
+    equal configs, one weight file."""
     if len(weights) > 1:
         return False
     for name in CONFIG_NAMES:
         old, new = read_json_or_none(destination / name), read_json_or_none(staged / name)
-        if old != new or (old is None and os.path.lexists(destination / name)):  # an unreadable config: replace
+        # an unreadable config: replace
+        if old != new or (old is None and os.path.lexists(destination / name)):
             return False
     return True
 
@@ -217,7 +230,8 @@ def _take_configs_out(staged: Path, destination: Path) -> None:
 
 
 def interrupted_save(folder: str | os.PathLike) -> bool:
-    """Whether `folder` has no config but a staging folder: a `publish` killed after it took the old config out."""
+    """Whether `folder` has no config but a staging folder: a `publish` killed
+    after it took the old config out."""
     folder = Path(folder)
     return (folder / STAGING_NAME).is_dir() and not any((folder / name).exists() for name in CONFIG_NAMES)
 
@@ -231,15 +245,18 @@ class OverlapError(ValueError):
 
 def refuse_overlap(source: str | os.PathLike, destination: str | os.PathLike, flag_names=("SRC", "DST"),
                    who: str | None = None, reason: str = READ_APART) -> None:
-    """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the other
-    (links resolved), or a destination that is a link. `who` starts the line."""
+    """Raises OverlapError when writing `destination` could change `source`: the same path, one inside the
+    other (links resolved), or a destination that is a link. `who` starts the line."""
     source, destination = Path(source), Path(destination)
     source_name, destination_name = flag_names
     start = f"{who}: " if who else ""
-    if destination.is_symlink():  # a link higher up the path is resolved below, like any path (macOS's /tmp is one)
-        raise OverlapError(f"{start}{destination_name} {os.fspath(destination)!r} is a link (to "
-                           f"{str(destination.resolve())!r}); a command never writes through a link, so that it cannot "
-                           "empty or replace the folder it leads to: name the real path instead.")
+    # a link higher up the path is resolved below, like any path (macOS's /tmp is one)
+    if destination.is_symlink():
+        raise OverlapError(
+            f"{start}{destination_name} {os.fspath(destination)!r} is a link (to "
+            f"{str(destination.resolve())!r}); a command never writes through a link, so that it cannot "
+            "empty or replace the folder it leads to: name the real path instead."
+        )
     real_source, real_destination = source.resolve(), destination.resolve()
     if real_source == real_destination:
         relation = "is the same folder as"
@@ -254,12 +271,14 @@ def refuse_overlap(source: str | os.PathLike, destination: str | os.PathLike, fl
 
 
 def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) -> bool:
-    """Whether `error` comes from a full disk; for writers that say so without an errno (numpy, safetensors), the
-    file system of `path` is asked while the partial file still holds its space."""
+    """Whether `error` comes from a full disk; for writers that say so without an errno (numpy, safetensors),
+    the file system of `path` is asked while the partial file still holds its space."""
     if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(error):
         return True
     # Only the bare error types such writers raise: a refusal (FileExistsError, ...) is no full disk.
-    if path is None or (type(error) not in (OSError, RuntimeError) and type(error).__name__ != "SafetensorError"):
+    if path is None or (
+        type(error) not in (OSError, RuntimeError) and type(error).__name__ != "SafetensorError"
+    ):
         return False
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     try:
@@ -269,7 +288,8 @@ def is_disk_full(error: BaseException, path: str | os.PathLike | None = None) ->
 
 
 def mib(size: int) -> str:
-    """A size for a disk-full message: "12.3 MiB", or "less than 0.1 MiB" (never "0.0 MiB", which reads as none)."""
+    """A size for a disk-full message: "12.3 MiB", or "less than 0.1 MiB" (never
+    "0.0 MiB", which reads as none)."""
     return f"{size / 2**20:.1f} MiB" if size >= 0.05 * 2**20 else "less than 0.1 MiB"
 
 
@@ -279,7 +299,11 @@ def written_before(destination: str | os.PathLike, writer: str) -> set[str]:
         record = json.loads((Path(destination) / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return set()
-    if not isinstance(record, dict) or record.get("writer") != writer or not isinstance(record.get("files"), list):
+    if (
+        not isinstance(record, dict)
+        or record.get("writer") != writer
+        or not isinstance(record.get("files"), list)
+    ):
         return set()
     return {name for name in record["files"] if isinstance(name, str) and _plain_relative(name)}
 
@@ -291,12 +315,15 @@ def _plain_relative(name: str) -> bool:
 
 def record_written(destination: str | os.PathLike, writer: str, files) -> None:
     """Replaces the record of what `writer` wrote into `destination`, in one rename."""
-    replace_file(Path(destination) / MANIFEST_NAME, json.dumps({"writer": writer, "files": sorted(files)}, indent=1))
+    replace_file(
+        Path(destination) / MANIFEST_NAME, json.dumps({"writer": writer, "files": sorted(files)}, indent=1)
+    )
 
 
 def replace_file(path: str | os.PathLike, text: str, temporary: str | os.PathLike | None = None) -> None:
-    """`path` replaced by `text` in one rename, flushed first: a kill leaves the old file or the new, never half of
-    one, and a failed write (a full disk) leaves the old one whole. `temporary`: the name written first (path.new)."""
+    """`path` replaced by `text` in one rename, flushed first: a kill leaves the old file or the
+    new, never half of one, and a failed write (a full disk) leaves the old one whole.
+    `temporary`: the name written first (path.new)."""
     path = Path(path)
     temporary = Path(temporary or path.with_name(f"{path.name}.new"))
     try:
@@ -318,8 +345,12 @@ def others_files(destination: str | os.PathLike, writer: str) -> list[str]:
     ours = written_before(destination, writer) | {MANIFEST_NAME, f"{MANIFEST_NAME}.new"}
     found = []
     for directory, subdirectories, names in os.walk(destination, followlinks=False):
-        subdirectories[:] = [name for name in subdirectories if name != STAGING_NAME or directory != str(destination)]
-        for name in names + [name for name in subdirectories if os.path.islink(os.path.join(directory, name))]:
+        subdirectories[:] = [
+            name for name in subdirectories if name != STAGING_NAME or directory != str(destination)
+        ]
+        for name in names + [
+            name for name in subdirectories if os.path.islink(os.path.join(directory, name))
+        ]:
             relative = os.path.relpath(os.path.join(directory, name), destination)
             if relative not in ours:
                 found.append(relative)
@@ -332,7 +363,8 @@ def would_replace(name: str, new_files) -> bool:
 
 
 def remove_written(destination: str | os.PathLike, names) -> None:
-    """Removes files an earlier run recorded writing (links themselves), then the folders this leaves empty."""
+    """Removes files an earlier run recorded writing (links themselves), then
+    the folders this leaves empty."""
     root = Path(destination)
     for name in sorted(names):
         path = root / name

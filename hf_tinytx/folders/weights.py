@@ -1,6 +1,7 @@
-"""The names and shapes of the tensors a saved model folder stores, from the safetensors headers only (no torch), a
-damaged file reported as one ValueError line. Besides safetensors' own checks, an integer weight in a model that is
-not quantized is refused: a header saying I32 for F32 data of the same size would load as values ~1e9.
+"""The names and shapes of the tensors a saved model folder stores, from the safetensors headers
+only (no torch), a damaged file reported as one ValueError line. Besides safetensors' own checks,
+an integer weight in a model that is not quantized is refused: a header saying I32 for F32 data of
+the same size would load as values ~1e9.
 """
 
 import json
@@ -19,7 +20,8 @@ def has_safetensors(folder: str | os.PathLike) -> bool:
 
 
 def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """{tensor name: (file, shape)} of every tensor in the folder's safetensors (one file or an index's shards)."""
+    """{tensor name: (file, shape)} of every tensor in the folder's safetensors
+    (one file or an index's shards)."""
     folder = Path(folder)
     if (folder / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
@@ -29,7 +31,9 @@ def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, 
     for name in files:
         path = folder / name
         if not path.is_file():
-            raise ValueError(f"{who}: {folder / INDEX_FILE} names the shard {name}, which is missing; copy it in.")
+            raise ValueError(
+                f"{who}: {folder / INDEX_FILE} names the shard {name}, which is missing; copy it in."
+            )
         try:
             # "numpy": the header is read as for "pt", without importing torch; the data stays on disk.
             with safe_open(path, framework="numpy") as f:
@@ -43,9 +47,11 @@ def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, 
         integer = [f"{key} ({dtype})" for key, dtype in dtypes.items()
                    if key.endswith((".weight", ".bias")) and dtype.upper().startswith(INTEGER_DTYPES)]
         if integer and not quantized:
-            raise ValueError(f"{who}: {path} stores {', '.join(integer[:3])}{' and more' if len(integer) > 3 else ''} "
-                             "as an integer type, but the weights of a model that is not quantized are floating point "
-                             "(F32, F16, BF16): its header does not describe its data; copy or save it again.")
+            raise ValueError(
+                f"{who}: {path} stores {', '.join(integer[:3])}{' and more' if len(integer) > 3 else ''} as "
+                "an integer type, but the weights of a model that is not quantized are floating point (F32, "
+                "F16, BF16): its header does not describe its data; copy or save it again."
+            )
     return shapes
 
 
@@ -65,4 +71,6 @@ def _weight_map(index: Path, who: str) -> dict[str, str]:
             return weight_map
     except (ValueError, KeyError, TypeError):
         pass
-    raise ValueError(f'{who}: {index} is not an index with a "weight_map" of tensor names to files; save it again.')
+    raise ValueError(
+        f'{who}: {index} is not an index with a "weight_map" of tensor names to files; save it again.'
+    )

@@ -1,6 +1,7 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
-"""`python -m hf_tinytx.interpret MODEL "text" --out DIR`: attention maps and head roles of a text. What it draws
-and writes, and its flags: hf_tinytx/commands/flags.py (the text `--help` prints; parsed there without torch)."""
+"""`python -m hf_tinytx.interpret MODEL "text" --out DIR`: attention maps and head roles of a
+text. What it draws and writes, and its flags: hf_tinytx/commands/flags.py (the text `--help`
+prints; parsed there without torch)."""
 
 import json
 import os
@@ -30,9 +31,11 @@ def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation="eager",
                                                      trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"Could not load a model and tokenizer from {name_or_path!r}: {error}\nGive a folder written "
-                         "by save_pretrained (e.g. training/pretrain.py's --output_dir) or a Hub id; add "
-                         "--trust_remote_code if the checkpoint ships its own modeling code.") from error
+        raise SystemExit(
+            f"Could not load a model and tokenizer from {name_or_path!r}: {error}\nGive a folder written by "
+            "save_pretrained (e.g. training/pretrain.py's --output_dir) or a Hub id; add "
+            "--trust_remote_code if the checkpoint ships its own modeling code."
+        ) from error
     return model.eval(), tokenizer
 
 
@@ -41,7 +44,9 @@ def main(argv=None) -> int:
     quiet_notices()
     if os.path.isdir(args.model):  # the PNGs and heads.json never land in (or around) the model they read
         try:
-            refuse_overlap(args.model, args.out, ("MODEL", "--out"), "interpret", "it never writes where it reads")
+            refuse_overlap(
+                args.model, args.out, ("MODEL", "--out"), "interpret", "it never writes where it reads"
+            )
         except OverlapError as error:
             raise SystemExit(f"error: {error}") from None
 
@@ -60,7 +65,10 @@ def main(argv=None) -> int:
         found = find_heads(model, tokenizer, [args.text], probes)
         report["uniform_baseline"] = uniform_baseline(len(maps.tokens))
         report["heads"] = {role: [vars(h) for h in heads] for role, heads in found.items()}
-        print(f"{'role':<16} best heads (layer.head: score); an even spread scores {report['uniform_baseline']:.3f}")
+        print(
+            f"{'role':<16} best heads (layer.head: score); an even spread scores "
+            f"{report['uniform_baseline']:.3f}"
+        )
         if "induction" in found:  # its own bar: only the positions after a repeated token count
             report["induction_baseline"] = induction_baseline(maps.input_ids)
             print(f"{'':<16} (on induction an even spread scores {report['induction_baseline']:.3f})")

@@ -1,8 +1,9 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
-"""Attention you can see: the weight every token gives every earlier token, per layer and head, as labelled heatmaps.
+"""Attention you can see: the weight every token gives every earlier token, per
+layer and head, as labelled heatmaps.
 
-Only the eager attention path writes its weights out (fused kernels such as SDPA never build the n x n table), so
-the forward here always runs eagerly and the model's own setting is put back afterwards.
+Only the eager attention path writes its weights out (fused kernels such as SDPA never build the n x n table),
+so the forward here always runs eagerly and the model's own setting is put back afterwards.
 """
 
 import contextlib
@@ -26,7 +27,8 @@ class AttentionMaps:
 
 @contextlib.contextmanager
 def eager_attention(model):
-    """Runs the block with `attn_implementation="eager"` (the only path that returns weights), then restores it."""
+    """Runs the block with `attn_implementation="eager"` (the only path that
+    returns weights), then restores it."""
     previous = getattr(model.config, "_attn_implementation", None)
     if previous == "eager":
         yield model
@@ -62,7 +64,9 @@ def attention_weights(model, input_ids: torch.Tensor) -> torch.Tensor:
     model.eval()
     try:
         with eager_attention(model):
-            output = model(input_ids=input_ids.to(model_device(model)), output_attentions=True, use_cache=False)
+            output = model(
+                input_ids=input_ids.to(model_device(model)), output_attentions=True, use_cache=False
+            )
     finally:
         model.train(was_training)
     attentions = getattr(output, "attentions", None)
@@ -73,7 +77,8 @@ def attention_weights(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def attention_maps(model, tokenizer, text: str) -> AttentionMaps:
-    """The attention maps of `text`, tokenized as the model sees it (with the tokenizer's BOS if it adds one)."""
+    """The attention maps of `text`, tokenized as the model sees it (with the
+    tokenizer's BOS if it adds one)."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"`text` must be a non-empty string, got {text!r}.")
     input_ids = list(tokenizer(text)["input_ids"])
@@ -84,13 +89,16 @@ def attention_maps(model, tokenizer, text: str) -> AttentionMaps:
 
 
 def _new_figure(size_inches, dpi: int):
-    """A bare matplotlib Figure: it draws without a display and leaves pyplot (and the user's session) alone."""
+    """A bare matplotlib Figure: it draws without a display and leaves pyplot
+    (and the user's session) alone."""
     try:
         import matplotlib  # noqa: F401  (the package first: its submodule may be cached while it is missing)
         from matplotlib.figure import Figure
     except ImportError as error:
-        raise ImportError("Drawing attention maps needs matplotlib, which hf_tinytx does not install by itself: `pip "
-                          "install matplotlib`.") from error
+        raise ImportError(
+            "Drawing attention maps needs matplotlib, which hf_tinytx does not install by itself: `pip "
+            "install matplotlib`."
+        ) from error
     return Figure(figsize=size_inches, dpi=dpi)
 
 
@@ -131,9 +139,12 @@ def save_attention_maps(maps: AttentionMaps, out_dir, layers=None, heads=None, d
     for layer in range(num_layers) if layers is None else layers:
         for head in range(num_heads) if heads is None else heads:
             if not (0 <= layer < num_layers and 0 <= head < num_heads):
-                raise ValueError(f"No layer {layer} head {head}: the model has {num_layers} layers of {num_heads} "
-                                 "heads.")
-            fig = render_attention_map(maps.weights[layer, head], maps.tokens, f"layer {layer}, head {head}", dpi=dpi)
+                raise ValueError(
+                    f"No layer {layer} head {head}: the model has {num_layers} layers of {num_heads} heads."
+                )
+            fig = render_attention_map(
+                maps.weights[layer, head], maps.tokens, f"layer {layer}, head {head}", dpi=dpi
+            )
             path = out_dir / f"layer{layer}_head{head}.png"
             with open_new(path, "wb") as f:  # a link at the name is replaced, never written through
                 fig.savefig(f, format="png", dpi=dpi)

@@ -1,11 +1,14 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
-"""Which head does what: a score for every (layer, head) on a few roles that can be read off attention weights.
+"""Which head does what: a score for every (layer, head) on a few roles that
+can be read off attention weights.
 
-* previous-token: mean weight on position i-1; first-token: mean weight on position 0 (a common "resting place");
-* induction (lookup): at a token seen once before, weight on the token that followed it then ("Harry Potter ...
-  Harry" -> "Potter"; Olsson et al., 2022);
-* coreference: in the corpus's Winograd sentences, weight on the noun "it" refers to minus weight on the other noun.
-  At "it" a causal model has not yet seen the deciding adjective, so it is also read there and at the final "The".
+* previous-token: mean weight on position i-1; first-token: mean weight on
+  position 0 (a common "resting place");
+* induction (lookup): at a token seen once before, weight on the token that followed it then ("Harry Potter
+  ... Harry" -> "Potter"; Olsson et al., 2022);
+* coreference: in the corpus's Winograd sentences, weight on the noun "it" refers to minus weight
+  on the other noun. At "it" a causal model has not yet seen the deciding adjective, so it is
+  also read there and at the final "The".
 
 An even spread scores `uniform_baseline(n)`, `induction_baseline(ids)` and zero: the bar a head has to clear.
 """
@@ -48,7 +51,8 @@ def uniform_baseline(n: int) -> float:
 
 
 def induction_targets(input_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(queries, targets): each position i whose token occurred exactly once before (at j, j + 1 < i), and j + 1."""
+    """(queries, targets): each position i whose token occurred exactly once before
+    (at j, j + 1 < i), and j + 1."""
     seen: dict[int, list[int]] = {}
     queries, targets = [], []
     for i, token in enumerate(input_ids):
@@ -61,11 +65,14 @@ def induction_targets(input_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def induction_scores(weights: torch.Tensor, input_ids: list[int]) -> torch.Tensor:
-    """(layers, heads) mean of w[i, j+1] over `induction_targets(input_ids)`, from weights (layers, heads, n, n)."""
+    """(layers, heads) mean of w[i, j+1] over `induction_targets(input_ids)`, from
+    weights (layers, heads, n, n)."""
     _check_weights(weights)
     queries, targets = induction_targets(input_ids)
     if len(queries) == 0:
-        raise ValueError("No token occurs exactly twice, so there is nothing to look up; repeat part of the text.")
+        raise ValueError(
+            "No token occurs exactly twice, so there is nothing to look up; repeat part of the text."
+        )
     return weights[..., queries, targets].mean(-1)
 
 
@@ -93,8 +100,9 @@ def _ids(tokenizer, text) -> list[int]:
 
 
 def positional_head_scores(model, tokenizer, texts: list) -> dict[str, torch.Tensor]:
-    """`previous_token` and `first_token` scores, each (layers, heads), averaged over `texts` (strings or lists of
-    token ids); `induction` too, averaged over the texts where some token occurs exactly twice (absent if none)."""
+    """`previous_token` and `first_token` scores, each (layers, heads), averaged over `texts`
+    (strings or lists of token ids); `induction` too, averaged over the texts where some token
+    occurs exactly twice (absent if none)."""
     if isinstance(texts, str) or not texts:
         raise ValueError("`texts` must be a non-empty list of strings or of token-id lists.")
     previous, first, induction, repeating = 0.0, 0.0, 0.0, 0
@@ -135,7 +143,8 @@ def _word_span(text: str, word: str) -> tuple[int, int]:
 
 
 def locate_coref_probe(tokenizer, probe, query: str = "it") -> CorefSentence:
-    """Token positions of the query and of both nouns of a `coref`/`coref_new_nouns` probe from `make_probes`."""
+    """Token positions of the query and of both nouns of a
+    `coref`/`coref_new_nouns` probe from `make_probes`."""
     if query not in COREF_QUERIES:
         raise ValueError(f"`query` must be one of {COREF_QUERIES}, got {query!r}.")
     if probe.kind not in ("coref", "coref_new_nouns"):
@@ -146,7 +155,8 @@ def locate_coref_probe(tokenizer, probe, query: str = "it") -> CorefSentence:
     text = probe.prompt
     encoding = tokenizer(text, return_offsets_mapping=True)
     offsets = encoding["offset_mapping"]
-    statement = text[: text.rindex(".") + 1]  # the nouns are looked up in the statement, not in the trailing "The"
+    # the nouns are looked up in the statement, not in the trailing "The"
+    statement = text[: text.rindex(".") + 1]
     referent = _tokens_covering(offsets, *_word_span(statement, probe.answer.strip()))
     other = _tokens_covering(offsets, *_word_span(statement, probe.distractors[0].strip()))
     if query == "last":
@@ -158,9 +168,12 @@ def locate_coref_probe(tokenizer, probe, query: str = "it") -> CorefSentence:
 
 
 def coref_head_scores(model, tokenizer, probes, query: str = "it") -> dict[str, torch.Tensor]:
-    """Per (layer, head), averaged over the coref probes: `referent` and `other`, the weight from the query token
-    onto each noun's tokens; `score`, their difference; `agreement`, how often the referent gets more."""
-    sentences = [locate_coref_probe(tokenizer, p, query) for p in probes if p.kind in ("coref", "coref_new_nouns")]
+    """Per (layer, head), averaged over the coref probes: `referent` and `other`, the weight
+    from the query token onto each noun's tokens; `score`, their difference; `agreement`,
+    how often the referent gets more."""
+    sentences = [
+        locate_coref_probe(tokenizer, p, query) for p in probes if p.kind in ("coref", "coref_new_nouns")
+    ]
     if not sentences:
         raise ValueError("No coref probes given; build some with `make_probes()` and keep kind 'coref'.")
     referent_total, other_total, agree_total = 0.0, 0.0, 0.0
@@ -188,8 +201,8 @@ def rank_heads(scores: torch.Tensor, top: int = 3) -> list[RankedHead]:
 
 
 def find_heads(model, tokenizer, texts: list, coref_probes=None, top: int = 3) -> dict[str, list[RankedHead]]:
-    """The best heads for each positional role on `texts` (strings, or token-id lists with `tokenizer=None`) and,
-    given coref probes, for `coref@it`, `coref@adjective` and `coref@last`."""
+    """The best heads for each positional role on `texts` (strings, or token-id lists with `tokenizer=None`)
+    and, given coref probes, for `coref@it`, `coref@adjective` and `coref@last`."""
     scores = positional_head_scores(model, tokenizer, texts)
     found = {role: rank_heads(table, top) for role, table in scores.items()}
     if coref_probes:
@@ -199,6 +212,8 @@ def find_heads(model, tokenizer, texts: list, coref_probes=None, top: int = 3) -
     return found
 
 
-__all__ = ["COREF_QUERIES", "CorefSentence", "RankedHead", "coref_head_scores", "find_heads", "first_token_scores",
-           "induction_baseline", "induction_scores", "induction_targets", "locate_coref_probe",
-           "positional_head_scores", "previous_token_scores", "rank_heads", "uniform_baseline"]
+__all__ = [
+    "COREF_QUERIES", "CorefSentence", "RankedHead", "coref_head_scores", "find_heads", "first_token_scores",
+    "induction_baseline", "induction_scores", "induction_targets", "locate_coref_probe",
+    "positional_head_scores", "previous_token_scores", "rank_heads", "uniform_baseline",
+]

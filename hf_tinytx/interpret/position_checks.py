@@ -1,8 +1,10 @@
 # Copyright 2026 The hf_tinytx authors. Licensed under the Apache License, Version 2.0.
 """Two claims about position, checked numerically on TinyTx's own attention code.
 
-1. Without positions (cos = 1, sin = 0, no mask), shuffling the input tokens shuffles the outputs the same way.
-2. With rotary positions, a score depends only on the distance: the rotated q_m . k_n equals q_{m+s} . k_{n+s}.
+1. Without positions (cos = 1, sin = 0, no mask), shuffling the input tokens
+   shuffles the outputs the same way.
+2. With rotary positions, a score depends only on the distance: the rotated
+   q_m . k_n equals q_{m+s} . k_{n+s}.
 
 Each check also measures a contrast where the property must fail, so it cannot pass by computing a constant.
 """
@@ -22,8 +24,10 @@ class PositionCheck:
 
 
 def _attention_layer(hidden_size: int, num_heads: int, seed: int) -> tuple[TinyTxAttention, TinyTxConfig]:
-    config = TinyTxConfig(hidden_size=hidden_size, num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
-                          num_hidden_layers=1, vocab_size=16)
+    config = TinyTxConfig(
+        hidden_size=hidden_size, num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
+        num_hidden_layers=1, vocab_size=16,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     layer = TinyTxAttention(config, layer_idx=0).eval()

@@ -1,11 +1,14 @@
-"""`python -m hf_tinytx.serve`: transformers' OpenAI-compatible server (`transformers serve`), safe to leave running.
+"""`python -m hf_tinytx.serve`: transformers' OpenAI-compatible server
+(`transformers serve`), safe to leave running.
 
-    python -m hf_tinytx.serve out/tinytx --port 8000    # a folder or a Hub id; any `transformers serve` option
+    python -m hf_tinytx.serve out/tinytx --port 8000    # a folder or a Hub id; any `transformers serve`
+                                                        # option
 
-Two servers, through transformers' public interface only: transformers' own `Serve` (backend.py) on a loopback port,
-and, on --host and --port, our ASGI app in front of it (front.py), which checks every request (HTTP 400 in OpenAI's
-error shape) and forwards the good ones. The model argument is checked first (one line, exit 2). On SIGINT or SIGTERM
-the answers in flight end with the text they have and the process exits 128 + the signal's number.
+Two servers, through transformers' public interface only: transformers' own `Serve` (backend.py) on a
+loopback port, and, on --host and --port, our ASGI app in front of it (front.py), which checks every
+request (HTTP 400 in OpenAI's error shape) and forwards the good ones. The model argument is checked
+first (one line, exit 2). On SIGINT or SIGTERM the answers in flight end with the text they have and
+the process exits 128 + the signal's number.
 """
 
 import asyncio
@@ -34,20 +37,27 @@ HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?(@[\w./-]+)?(:[\w.-]+\.gguf)?$")
 
 
 def model_argument_error(model: str | None) -> str | None:
-    """Why `model` cannot be served, in one line; None for no model, a model folder or a name shaped like a Hub id."""
+    """Why `model` cannot be served, in one line; None for no model, a model folder
+    or a name shaped like a Hub id."""
     if model is None:
         return None
     if "://" in model:
-        return (f"{model} is a URL: pass a local model folder or a Hub id (org/name); to serve files from a URL, "
-                "download them into a folder first")
+        return (
+            f"{model} is a URL: pass a local model folder or a Hub id (org/name); to serve files from a URL, "
+            "download them into a folder first"
+        )
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            return (f"{model} is not a model folder (no config.json in it): pass the folder pretrain or finetune "
-                    "wrote, e.g. out/tinytx")
+            return (
+                f"{model} is not a model folder (no config.json in it): pass the folder pretrain or finetune "
+                "wrote, e.g. out/tinytx"
+            )
         return folder_error(path)
     if path.exists():
-        return f"{model} is a file, not a model folder: pass the folder that holds config.json and the weights"
+        return (
+            f"{model} is a file, not a model folder: pass the folder that holds config.json and the weights"
+        )
     if not HUB_ID.match(model) or model.startswith((".", "~")) or os.path.isabs(model):
         return f"no such folder: {model} (pass a model folder, e.g. out/tinytx, or a Hub id such as org/name)"
     return None
@@ -80,10 +90,12 @@ def free_loopback_port() -> int:
 
 
 def start_backend(serve_params: dict) -> tuple[subprocess.Popen, int]:
-    """transformers' server (backend.py) in a process of its own group, so that a terminal's Ctrl+C reaches this
-    launcher only, which stops it once the answers in flight have ended; and the read end of its report pipe."""
+    """transformers' server (backend.py) in a process of its own group, so that a terminal's
+    Ctrl+C reaches this launcher only, which stops it once the answers in flight have ended;
+    and the read end of its report pipe."""
     report_read, report_write = os.pipe()
-    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"  # it cleans up after the model process's exit
+    # it cleans up after the model process's exit
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
     env = {**os.environ, "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))}
     backend = subprocess.Popen(
         [sys.executable, "-m", "hf_tinytx.serve.backend", json.dumps(serve_params), str(report_write)],
@@ -123,8 +135,8 @@ def backend_is_healthy(port: int) -> bool:
 
 
 def wait_for_backend(backend: subprocess.Popen, port: int, signals: Recorder) -> str:
-    """"ready" once transformers' server answers /health (a model on the command line is loaded by then), "exited",
-    or "signal"."""
+    """"ready" once transformers' server answers /health (a model on the command line is
+    loaded by then), "exited", or "signal"."""
     while signals.first is None:
         if backend.poll() is not None:
             return "exited"
@@ -140,7 +152,9 @@ def start_front(front, host: str, port: int):
 
     server = uvicorn.Server(uvicorn.Config(front, host=host, port=port, lifespan="off", ws="none"))
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), name="front", daemon=True)
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(server.serve(),), name="front", daemon=True
+    )
     thread.start()
     return thread, loop
 
@@ -154,7 +168,8 @@ def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signa
     port = free_loopback_port()
     backend, report = start_backend({**serve_params, "host": "127.0.0.1", "port": port})
     models = Models(serve_params, template_kwargs)
-    if serve_params["force_model"] is not None:  # its tokenizer, for the checks, while transformers loads the model
+    # its tokenizer, for the checks, while transformers loads the model
+    if serve_params["force_model"] is not None:
         try:
             models.load(serve_params["force_model"])
         except RequestError as error:
@@ -162,7 +177,10 @@ def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signa
             usage_error(str(error))
     state = wait_for_backend(backend, port, signals)
     if state == "signal":
-        print(f"{PROG}: {signal.Signals(signals.first).name}: stopped before the server started", file=sys.stderr)
+        print(
+            f"{PROG}: {signal.Signals(signals.first).name}: stopped before the server started",
+            file=sys.stderr,
+        )
         stop_backend(backend)
         return 128 + signals.first
     if state == "exited":
@@ -184,8 +202,8 @@ def serve_until_stopped(serve_params: dict, limits, template_kwargs: dict, signa
 
 
 def stop(signum: int, front, loop, backend: subprocess.Popen) -> int:
-    """Cuts the answers in flight (each client gets the text so far), gives them SHUTDOWN_S to go out, then stops
-    transformers' server."""
+    """Cuts the answers in flight (each client gets the text so far), gives them SHUTDOWN_S to go
+    out, then stops transformers' server."""
 
     async def cut() -> int:
         return front.cut_all()
@@ -201,8 +219,8 @@ def stop(signum: int, front, loop, backend: subprocess.Popen) -> int:
 
 
 def with_limit_options(Serve, signals: Recorder):
-    """A command taking `Serve`'s options plus this launcher's own (so `--help` lists them all); typer reads its
-    signature."""
+    """A command taking `Serve`'s options plus this launcher's own (so `--help` lists them
+    all); typer reads its signature."""
     import inspect
     from typing import Annotated
 
@@ -216,7 +234,9 @@ def with_limit_options(Serve, signals: Recorder):
             template_kwargs = Serve.parse_chat_template_kwargs(serve_params["chat_template_kwargs"],
                                                                serve_params["reasoning"])
         except (ValueError, typer.BadParameter) as bad:
-            usage_error(f"--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": true}}' ({bad})")
+            usage_error(
+                f"--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": true}}' ({bad})"
+            )
         from hf_tinytx.serve.request_checks import Limits
 
         limits = Limits(max_tokens_cap, max_request_seconds, serve_params["force_model"])
@@ -226,12 +246,23 @@ def with_limit_options(Serve, signals: Recorder):
         os._exit(status)  # uvicorn's thread is not done; it must not hold the exit
 
     ours = {
-        "max_tokens_cap": (int, DEFAULT_MAX_TOKENS_CAP, typer.Option(
-            "--max_tokens_cap", "--max-tokens-cap", min=1,
-            help="Most tokens one request may generate; the model's context (minus the prompt) also bounds it.")),
-        "max_request_seconds": (float, DEFAULT_MAX_REQUEST_SECONDS, typer.Option(
-            "--max_request_seconds", "--max-request-seconds", min=0.001,
-            help="Longest one generation may run; it then returns the text it has.")),
+        "max_tokens_cap": (
+            int,
+            DEFAULT_MAX_TOKENS_CAP,
+            typer.Option(
+                "--max_tokens_cap", "--max-tokens-cap", min=1,
+                help="Most tokens one request may generate; the model's context (minus the prompt) also "
+                     "bounds it.",
+            ),
+        ),
+        "max_request_seconds": (
+            float,
+            DEFAULT_MAX_REQUEST_SECONDS,
+            typer.Option(
+                "--max_request_seconds", "--max-request-seconds", min=0.001,
+                help="Longest one generation may run; it then returns the text it has.",
+            ),
+        ),
     }
     serve_signature = inspect.signature(Serve)
     keyword = inspect.Parameter.KEYWORD_ONLY
@@ -241,15 +272,16 @@ def with_limit_options(Serve, signals: Recorder):
     serve_command.__signature__ = serve_signature.replace(parameters=params)
     serve_command.__annotations__ = {p.name: p.annotation for p in params}
     serve_command.__doc__ = served_endpoints_only(Serve.__doc__ or "") + (
-        "\n\b\nThis launcher serves /v1/completions and /v1/chat/completions with every field checked (HTTP 400), "
-        f"max_tokens bounded by the context and --max_tokens_cap, and refuses {', '.join(REFUSED_PATHS)} "
-        "(docs/serving.md)."
+        "\n\b\nThis launcher serves /v1/completions and /v1/chat/completions with every field checked (HTTP "
+        "400), max_tokens bounded by the context and --max_tokens_cap, and refuses "
+        f"{', '.join(REFUSED_PATHS)} (docs/serving.md)."
     )
     return serve_command
 
 
 def served_endpoints_only(doc: str) -> str:
-    """transformers' help text without the endpoints this launcher refuses (an entry may wrap onto more lines)."""
+    """transformers' help text without the endpoints this launcher refuses (an
+    entry may wrap onto more lines)."""
     kept, skipping = [], False
     for line in doc.splitlines():
         entry = re.match(r"\s+(GET|POST|DELETE|PUT)\s+(\S+)", line)
@@ -265,8 +297,10 @@ def served_endpoints_only(doc: str) -> str:
 def serve_import_error(error: ImportError):
     import transformers
 
-    sys.exit(f"this transformers ({transformers.__version__}) lacks the `serve` this launcher wraps ({error}): "
-             'pip install -U "hf_tinytx[serving]" (transformers >= 5.25)')
+    sys.exit(
+        f"this transformers ({transformers.__version__}) lacks the `serve` this launcher wraps ({error}): "
+        'pip install -U "hf_tinytx[serving]" (transformers >= 5.25)'
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -281,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
 
     signals = record(exit_on_second=True)  # uvicorn, in its own thread, leaves them alone
     app = typer.Typer(add_completion=False)
-    app.command()(with_limit_options(Serve, signals))  # the only command, so it is the program itself: no "serve" word
+    # the only command, so it is the program itself: no "serve" word
+    app.command()(with_limit_options(Serve, signals))
     app(args=sys.argv[1:] if argv is None else argv, prog_name=PROG)
 
 

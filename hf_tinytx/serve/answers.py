@@ -1,10 +1,10 @@
-"""One answer as transformers' server streams it (server-sent events of OpenAI's chunks), gathered as it comes, so that
-the front can end it early (a stop signal) and still answer: a streamed answer with a closing chunk, any other with
-OpenAI's whole-answer JSON built from the chunks.
+"""One answer as transformers' server streams it (server-sent events of OpenAI's chunks), gathered as it
+comes, so that the front can end it early (a stop signal) and still answer: a streamed answer with a closing
+chunk, any other with OpenAI's whole-answer JSON built from the chunks.
 
-The front asks transformers for a stream even when its client did not: a stream is what can be cut and still hold
-the text so far. A stream that runs to its end carries transformers' own usage (`stream_options.include_usage`); a
-cut one counts its tokens with the model's tokenizer.
+The front asks transformers for a stream even when its client did not: a stream is what can be cut and still
+hold the text so far. A stream that runs to its end carries transformers' own usage
+(`stream_options.include_usage`); a cut one counts its tokens with the model's tokenizer.
 """
 
 import time
@@ -39,8 +39,8 @@ class Answer:
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
 
     def closing_chunk(self) -> dict:
-        """The chunk that ends a stream cut short: no new text, finish_reason "stop" (transformers reports an early
-        stop, by its max_time, the same way; OpenAI's clients take no other word for it)."""
+        """The chunk that ends a stream cut short: no new text, finish_reason "stop" (transformers reports an
+        early stop, by its max_time, the same way; OpenAI's clients take no other word for it)."""
         choice = {"index": 0, "delta": {}} if self.chat else {"index": 0, "text": ""}
         return {**self.envelope(), "choices": [{**choice, "finish_reason": "stop"}]}
 

@@ -1,10 +1,11 @@
-"""transformers' own server (`transformers.cli.serve.Serve`, what `transformers serve` runs), started by the launcher
-as `python -m hf_tinytx.serve.backend PARAMS_JSON REPORT_FD` on a loopback port, behind the checks of front.py.
+"""transformers' own server (`transformers.cli.serve.Serve`, what `transformers serve` runs),
+started by the launcher as `python -m hf_tinytx.serve.backend PARAMS_JSON REPORT_FD` on a
+loopback port, behind the checks of front.py.
 
 transformers serve 5.25 finds a model's class with `getattr(transformers, config.architectures[0])`, even with
-`--trust-remote-code` (measured: "module transformers has no attribute TinyTxForCausalLM"). So this module names
-TinyTx's classes there when it is imported. The model's process, which transformers starts with multiprocessing's
-"spawn", imports the main module again, this one, and so gets them too.
+`--trust-remote-code` (measured: "module transformers has no attribute TinyTxForCausalLM"). So this module
+names TinyTx's classes there when it is imported. The model's process, which transformers starts with
+multiprocessing's "spawn", imports the main module again, this one, and so gets them too.
 """
 
 import json
@@ -28,7 +29,8 @@ expose_tinytx_classes()  # at import: in this process and in every model process
 
 
 def exit_with_the_launcher() -> None:
-    """The launcher holds our stdin open and never writes: end of file means it is gone, whatever killed it."""
+    """The launcher holds our stdin open and never writes: end of file means it
+    is gone, whatever killed it."""
     while os.read(sys.stdin.fileno(), 4096):  # unbuffered: a daemon thread must hold no lock at exit
         pass
     os._exit(1)

@@ -1,10 +1,11 @@
-"""The ASGI app `tinytx serve` answers clients with, in front of transformers' server (backend.py, on a loopback port).
+"""The ASGI app `tinytx serve` answers clients with, in front of transformers'
+server (backend.py, on a loopback port).
 
-A request to /v1/completions or /v1/chat/completions is checked first (request_checks.py, model_checks.py): a bad one
-gets its HTTP 400 here and never reaches transformers. A good one is forwarded as a stream, relayed to its client as it
-comes (or gathered into one answer: answers.py), and ends early when its client leaves (the forwarded connection
-closes, which stops transformers' generation) or when a stop signal cuts it (`cut_all`). Any other endpoint is
-forwarded as it is, but for those request_checks.py refuses.
+A request to /v1/completions or /v1/chat/completions is checked first (request_checks.py, model_checks.py): a
+bad one gets its HTTP 400 here and never reaches transformers. A good one is forwarded as a stream, relayed to
+its client as it comes (or gathered into one answer: answers.py), and ends early when its client leaves (the
+forwarded connection closes, which stops transformers' generation) or when a stop signal cuts it (`cut_all`).
+Any other endpoint is forwarded as it is, but for those request_checks.py refuses.
 """
 
 import asyncio
@@ -15,7 +16,14 @@ import httpx
 
 from hf_tinytx.serve.answers import Answer
 from hf_tinytx.serve.model_checks import Models
-from hf_tinytx.serve.request_checks import CHAT, COMPLETIONS, REFUSED_PATHS, Limits, RequestError, parse_request
+from hf_tinytx.serve.request_checks import (
+    CHAT,
+    COMPLETIONS,
+    REFUSED_PATHS,
+    Limits,
+    RequestError,
+    parse_request,
+)
 
 
 MAX_BODY_BYTES = 4 << 20
@@ -23,7 +31,9 @@ HOP_BY_HOP = {b"host", b"connection", b"keep-alive", b"content-length", b"transf
 
 
 def stopping_error() -> RequestError:
-    return RequestError("the server is stopping: send the request again once it is back", None, 503, "stopping")
+    return RequestError(
+        "the server is stopping: send the request again once it is back", None, 503, "stopping"
+    )
 
 
 class Front:
@@ -36,7 +46,8 @@ class Front:
         self.answering = 0  # checked requests between their check and their last byte
         self.stopping = False
         self.client: httpx.AsyncClient | None = None  # made on the server's event loop
-        self.checks = ThreadPoolExecutor(1, thread_name_prefix="checks")  # tokenizers load and run off the loop
+        # tokenizers load and run off the loop
+        self.checks = ThreadPoolExecutor(1, thread_name_prefix="checks")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":  # uvicorn runs with lifespan and websockets off
@@ -67,7 +78,8 @@ class Front:
         return self.client
 
     def cut_all(self) -> int:
-        """Ends every answer being relayed with the text it has; returns how many there were. On the event loop."""
+        """Ends every answer being relayed with the text it has; returns how many
+        there were. On the event loop."""
         self.stopping = True
         for task in (*self.relays, *self.checking):
             task.cancel()
@@ -86,7 +98,9 @@ class Front:
             forwarded = {**forwarded, "stream": True, "stream_options": {"include_usage": True}}
         request_id = [(name, value) for name, value in scope["headers"] if name == b"x-request-id"]
         answer = Answer(path == CHAT, prompt_tokens)
-        relay = asyncio.create_task(self.relay(path, forwarded, request_id, answer, send if streaming else None))
+        relay = asyncio.create_task(
+            self.relay(path, forwarded, request_id, answer, send if streaming else None)
+        )
         outcome = await self.follow(relay, receive)
         if outcome == "left":
             return
@@ -104,7 +118,9 @@ class Front:
 
     async def model_checks(self, path: str, body: dict):
         """`Models.fit` off the event loop (it may load a model's tokenizer); a stop signal ends the wait."""
-        check = asyncio.get_running_loop().run_in_executor(self.checks, self.models.fit, path, body, self.limits)
+        check = asyncio.get_running_loop().run_in_executor(
+            self.checks, self.models.fit, path, body, self.limits
+        )
         self.checking.add(check)
         try:
             return await check
@@ -116,8 +132,8 @@ class Front:
             self.checking.discard(check)
 
     async def follow(self, relay: asyncio.Task, receive) -> str:
-        """"done", "cut" (by `cut_all`) or "left": the client went, and the relay is cancelled, which closes the
-        forwarded connection, which stops transformers' generation."""
+        """"done", "cut" (by `cut_all`) or "left": the client went, and the relay is cancelled, which closes
+        the forwarded connection, which stops transformers' generation."""
         watcher = asyncio.create_task(client_leaves(receive))
         self.relays.add(relay)
         try:
@@ -135,28 +151,35 @@ class Front:
         return "left"
 
     async def relay(self, path: str, body: dict, headers: list, answer: Answer, send) -> RequestError | None:
-        """Forwards `body`; each chunk goes into `answer`, and to `send` when given. Returns what went wrong, in
-        OpenAI's error shape: transformers' refusal of the request, or its server gone."""
+        """Forwards `body`; each chunk goes into `answer`, and to `send` when given. Returns what went wrong,
+        in OpenAI's error shape: transformers' refusal of the request, or its server gone."""
         try:
             async with self.http().stream("POST", path, json=body, headers=headers) as response:
                 if response.status_code != 200:
                     return upstream_refusal(response.status_code, await response.aread())
                 answer.started = True
                 if send is not None:
-                    await send({"type": "http.response.start", "status": 200, "headers": kept_headers(response)})
+                    await send(
+                        {"type": "http.response.start", "status": 200, "headers": kept_headers(response)}
+                    )
                 async for line in response.aiter_lines():
                     if not line.startswith("data: "):
                         continue
                     if line != "data: [DONE]":
                         answer.add(json.loads(line[len("data: "):]))
                     if send is not None:
-                        await send({"type": "http.response.body", "body": f"{line}\n\n".encode(), "more_body": True})
+                        await send(
+                            {"type": "http.response.body", "body": f"{line}\n\n".encode(), "more_body": True}
+                        )
         except httpx.HTTPError as error:  # transformers' server went away
-            return server_error(f"transformers' server did not answer: {type(error).__name__} {error}".strip(), 502)
+            return server_error(
+                f"transformers' server did not answer: {type(error).__name__} {error}".strip(), 502
+            )
         return None
 
     async def pass_through(self, scope, raw: bytes, send) -> None:
-        """Forwards a request these checks do not cover (GET /health, /v1/models, ...), and its answer, as they are."""
+        """Forwards a request these checks do not cover (GET /health, /v1/models,
+        ...), and its answer, as they are."""
         query = scope.get("query_string", b"").decode("latin-1")
         url = scope["path"] + (f"?{query}" if query else "")
         headers = [(name, value) for name, value in scope["headers"] if name.lower() not in HOP_BY_HOP]
@@ -176,8 +199,9 @@ class Front:
 
 
 async def end_stream(send, answer: Answer, cut: bool, problem: RequestError | None, count) -> None:
-    """The end of a streamed answer: a closing chunk if it was cut (and its usage, when the client asked, counted
-    with `count`). What went wrong before the stream began is a JSON error instead, after it an error event."""
+    """The end of a streamed answer: a closing chunk if it was cut (and its usage, when the
+    client asked, counted with `count`). What went wrong before the stream began is a JSON
+    error instead, after it an error event."""
     if not answer.started:
         return await send_json(send, problem or stopping_error())
     events = []
@@ -234,7 +258,9 @@ async def read_body(receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > MAX_BODY_BYTES:
-            raise RequestError(f"the request body is over {MAX_BODY_BYTES >> 20} MiB: send a shorter one", None, 413)
+            raise RequestError(
+                f"the request body is over {MAX_BODY_BYTES >> 20} MiB: send a shorter one", None, 413
+            )
         if not message.get("more_body"):
             return b"".join(chunks)
 

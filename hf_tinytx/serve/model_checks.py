@@ -1,10 +1,10 @@
 """The checks on a request that need its model: the prompt's length against the model's context, the room that
-leaves for `max_tokens`, and whether the chat template can take the chat. Then the body transformers' server gets:
-`max_tokens` set (the room, up to the cap, when the request names none) and `--max_request_seconds` as the
-`max_time` of its `generation_config` field.
+leaves for `max_tokens`, and whether the chat template can take the chat. Then the body transformers' server
+gets: `max_tokens` set (the room, up to the cap, when the request names none) and `--max_request_seconds` as
+the `max_time` of its `generation_config` field.
 
-This process loads each model's config and tokenizer for these checks (transformers' server loads its own in the
-model's process): light next to the model, and loaded once per model name.
+This process loads each model's config and tokenizer for these checks (transformers' server loads its own in
+the model's process): light next to the model, and loaded once per model name.
 """
 
 import functools
@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from hf_tinytx.serve.request_checks import Limits, RequestError, first_line, requested_tokens
 
 
-NO_CHAT_TEMPLATE = ("{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain "
-                    "text to /v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = "
-                    "'...'; tokenizer.save_pretrained(folder)) and restart the server")
+NO_CHAT_TEMPLATE = (
+    "{model} has no chat template, so its chat messages cannot be turned into a prompt: send plain text to "
+    "/v1/completions instead, or give the tokenizer a template (tokenizer.chat_template = '...'; "
+    "tokenizer.save_pretrained(folder)) and restart the server"
+)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class Models:
         self.force_model = serve_params["force_model"]
         self.max_model_len = serve_params["max_model_len"]
         self.trust_remote_code = serve_params["trust_remote_code"]
-        self.chat_template_kwargs = chat_template_kwargs  # `--chat-template-kwargs` and `--reasoning`, as parsed
+        # `--chat-template-kwargs` and `--reasoning`, as parsed
+        self.chat_template_kwargs = chat_template_kwargs
 
     @functools.lru_cache(maxsize=8)  # noqa: B019  (one Models per process)
     def load(self, name: str) -> Model:
@@ -72,7 +75,8 @@ class Models:
         return Model(name, tokenizer, context)
 
     def fit(self, path: str, body: dict, limits: Limits) -> tuple[dict, int, Model]:
-        """(the body transformers gets, the prompt's tokens, the model); RequestError if the request does not fit."""
+        """(the body transformers gets, the prompt's tokens, the model); RequestError
+        if the request does not fit."""
         model = self.load(body.get("model") or self.force_model)
         if "prompt" in body:
             prompt_tokens = len(model.tokenizer(body["prompt"], verbose=False)["input_ids"])
@@ -81,7 +85,9 @@ class Models:
         tokens = room(model.context, prompt_tokens, body, limits)
         forwarded = {**body, "max_tokens": tokens}
         forwarded.pop("max_completion_tokens", None)  # transformers reads it before max_tokens
-        forwarded["generation_config"] = with_time_limit(body.get("generation_config"), limits.max_request_seconds)
+        forwarded["generation_config"] = with_time_limit(
+            body.get("generation_config"), limits.max_request_seconds
+        )
         return forwarded, prompt_tokens, model
 
     def count_chat(self, model: Model, body: dict) -> int:
@@ -90,21 +96,28 @@ class Models:
         if template is None:
             raise RequestError(NO_CHAT_TEMPLATE.format(model=model.name), "messages", code="no_chat_template")
         if body.get("tools") and "tools" not in str(template):
-            raise RequestError("tools: this model's chat template does not read tools, so the model would never see "
-                               "them and could call none: leave tools out", "tools", code="unsupported_field")
+            raise RequestError(
+                "tools: this model's chat template does not read tools, so the model would never see them "
+                "and could call none: leave tools out",
+                "tools",
+                code="unsupported_field",
+            )
         kwargs = {**self.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
         try:
             inputs = model.tokenizer.apply_chat_template(
                 [template_message(message) for message in body["messages"]], add_generation_prompt=True,
                 tools=body.get("tools"), tokenize=True, return_dict=True, **kwargs)
-        except Exception as error:  # jinja2's TemplateError, a kwarg the template does not take, bad tool_calls
-            raise RequestError(f"the chat template cannot render these messages: {error}"[:300], "messages") from None
+        # jinja2's TemplateError, a kwarg the template does not take, bad tool_calls
+        except Exception as error:
+            raise RequestError(
+                f"the chat template cannot render these messages: {error}"[:300], "messages"
+            ) from None
         return len(inputs["input_ids"])
 
 
 def template_message(message: dict) -> dict:
-    """An OpenAI message as a text model's chat template reads it: the text parts joined, tool calls' arguments as
-    objects."""
+    """An OpenAI message as a text model's chat template reads it: the text parts joined,
+    tool calls' arguments as objects."""
     content = message.get("content") or ""
     if message.get("tool_calls"):
         content = ""  # the calls stand for the text
@@ -126,22 +139,30 @@ def decoded_arguments(call: dict) -> dict:
 
 
 def room(context: int | None, prompt_tokens: int, body: dict, limits: Limits) -> int:
-    """The tokens this request may generate: what it asks for, else the room the context leaves, up to the cap."""
+    """The tokens this request may generate: what it asks for, else the room the
+    context leaves, up to the cap."""
     room = limits.max_tokens_cap if context is None else min(limits.max_tokens_cap, context - prompt_tokens)
     if room < 1:
-        raise RequestError(f"the prompt is {prompt_tokens} tokens, and the model's context is {context}: shorten the "
-                           "prompt", "prompt" if "prompt" in body else "messages", code="context_length_exceeded")
+        raise RequestError(
+            f"the prompt is {prompt_tokens} tokens, and the model's context is {context}: shorten the prompt",
+            "prompt" if "prompt" in body else "messages",
+            code="context_length_exceeded",
+        )
     asked = requested_tokens(body)
     if asked is not None and asked[1] > room:
         name, tokens = asked
-        raise RequestError(f"{name}={tokens} does not fit: the prompt is {prompt_tokens} tokens of the model's "
-                           f"context of {context}; ask for at most {room}", name, code="context_length_exceeded")
+        raise RequestError(
+            f"{name}={tokens} does not fit: the prompt is {prompt_tokens} tokens of the model's context of "
+            f"{context}; ask for at most {room}",
+            name,
+            code="context_length_exceeded",
+        )
     return room if asked is None else asked[1]
 
 
 def with_time_limit(generation_config: str | None, seconds: float) -> str:
-    """The request's `generation_config` (a JSON string, checked) with `max_time` at most `seconds`: transformers
-    passes its fields to `generate`, which then stops and answers with the text it has."""
+    """The request's `generation_config` (a JSON string, checked) with `max_time` at most `seconds`:
+    transformers passes its fields to `generate`, which then stops and answers with the text it has."""
     config = json.loads(generation_config) if generation_config else {}
     config["max_time"] = min(config.get("max_time") or seconds, seconds)
     return json.dumps(config)

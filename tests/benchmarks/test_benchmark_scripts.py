@@ -1,5 +1,5 @@
-"""The benchmark scripts run, as a user runs them, at their smallest settings, and end with one JSON line of figures.
-Smoke tests: speed is never what a test asserts."""
+"""The benchmark scripts run, as a user runs them, at their smallest settings, and end with one JSON line of
+figures. Smoke tests: speed is never what a test asserts."""
 
 import copy
 import json
@@ -29,10 +29,13 @@ BENCHMARKS = REPO_ROOT / "benchmarks"
 
 def run_script(args, tmp_path, timeout=120, check=True):
     result = subprocess.run(
-        args, cwd=BENCHMARKS.parent, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=timeout
+        args, cwd=BENCHMARKS.parent, env=pretrain_env(tmp_path), capture_output=True, text=True,
+        timeout=timeout,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(
+            f"{args} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -61,10 +64,13 @@ def test_train_step(tmp_path):
 
 def test_train_step_profile_lists_each_models_busiest_ops(tmp_path):
     stdout = run_script(python("train_step.py", "--profile", "--shapes", "0.8M"), tmp_path).stdout
-    headers = re.findall(r"^0\.8M (\w+): ([\d.]+) ms of self CPU time a step; the busiest ops$", stdout, re.MULTILINE)
+    headers = re.findall(
+        r"^0\.8M (\w+): ([\d.]+) ms of self CPU time a step; the busiest ops$", stdout, re.MULTILINE
+    )
     assert [name for name, _ in headers] == ["tinytx", "gpt"] and all(float(ms) > 0 for _, ms in headers)
     rows = re.findall(r"^ +(aten::\w+) \| +([\d.]+) \| +(\d+)$", stdout, re.MULTILINE)
-    assert ("aten::mm" in {op for op, _, _ in rows}) and len(rows) >= 12, stdout  # the matmuls, 12 ops a model
+    # the matmuls, 12 ops a model
+    assert ("aten::mm" in {op for op, _, _ in rows}) and len(rows) >= 12, stdout
 
 
 def test_train_step_attribution_times_each_swap_beside_tinytx_and_the_gpt(tmp_path):
@@ -73,7 +79,8 @@ def test_train_step_attribution_times_each_swap_beside_tinytx_and_the_gpt(tmp_pa
     assert summary["benchmark"] == "train_step_attribution"
     rows = {row["variant"]: row for row in summary["results"]}
     assert list(rows) == ["TinyTx", "LayerNorm", "no RoPE", "GELU MLP", "all three", "GPT"]
-    # Every variant is TinyTx's size within 1% (the GELU MLP: two matmuls 4x wide for SwiGLU's three 2.7x wide).
+    # Every variant is TinyTx's size within 1% (the GELU MLP: two matmuls 4x wide
+    # for SwiGLU's three 2.7x wide).
     assert all(abs(row["parameters"] / rows["TinyTx"]["parameters"] - 1) < 0.01 for row in rows.values())
     assert all(row["ms_per_step"] > 0 for row in rows.values())
     assert rows["TinyTx"]["time_ratio_over_tinytx"] == rows["GPT"]["time_ratio_over_gpt"] == 1.0
@@ -91,7 +98,8 @@ def test_the_attribution_variants_swap_what_they_say(tiny_model):
     assert not mlp.gated and mlp.up_proj.out_features == 4 * model.config.hidden_size
     assert isinstance(mlp.act_fn, GELUActivation)
 
-    # Unrotated for the length of the step only: the logits change inside it, and the rotation is back after it.
+    # Unrotated for the length of the step only: the logits change inside it, and
+    # the rotation is back after it.
     ids = torch.arange(8)[None] % model.config.vocab_size
     inside = []
     train_step.without_rope(lambda: inside.append(model(ids).logits))()
@@ -115,20 +123,27 @@ def test_generate(tmp_path):
 
 
 def test_attention_scaling(tmp_path):
-    flags = ["--lengths", "64", "128", "--repeats", "1", "--hidden_size", "64", "--out_dir", tmp_path / "results"]
+    flags = [
+        "--lengths", "64", "128", "--repeats", "1", "--hidden_size", "64", "--out_dir", tmp_path / "results",
+    ]
     summary = final_json(run_script(python("attention_scaling.py", *flags), tmp_path).stdout)
     assert summary["benchmark"] == "attention_scaling"
     assert [row["n"] for row in summary["rows"]] == [64, 128]
     assert set(summary["median_growth_when_n_doubles"]) == {"eager", "sdpa"}
     assert (tmp_path / "results" / "attention_scaling.png").is_file()
-    assert json.loads((tmp_path / "results" / "attention_scaling.json").read_text())["rows"] == summary["rows"]
+    assert (
+        json.loads((tmp_path / "results" / "attention_scaling.json").read_text())["rows"] == summary["rows"]
+    )
 
 
 def test_mfu(tmp_path):
-    flags = ["--quick", "--shape", "0.8M", "--matmul_size", "512"]  # the 10M default is for measuring, not testing
+    # the 10M default is for measuring, not testing
+    flags = ["--quick", "--shape", "0.8M", "--matmul_size", "512"]
     summary = final_json(run_script(python("mfu.py", *flags), tmp_path).stdout)
     assert summary["benchmark"] == "mfu"
-    assert {"mfu", "train_tflops_per_s", "matmul_tflops_per_s", "flops_per_token", "tokens_per_s"} <= set(summary)
+    assert {"mfu", "train_tflops_per_s", "matmul_tflops_per_s", "flops_per_token", "tokens_per_s"} <= set(
+        summary
+    )
     assert summary["mfu"] > 0
     # 6 N + 12 L T d for the 0.8M shape (untied: the input embedding is a lookup, not counted).
     n = summary["matmul_parameters"]
@@ -149,23 +164,44 @@ def write_play(path: Path, num_bytes: int = 20_000) -> None:
 
 
 def test_recipe_step(tmp_path):
-    flags = ["--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--vocab_size", "300",
-             "--batch_size", "2", "--seq_len", "32", "--repeats", "3"]
+    flags = [
+        "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--vocab_size",
+        "300", "--batch_size", "2", "--seq_len", "32", "--repeats", "3",
+    ]
     summary = final_json(run_script(python("recipe_step.py", *flags), tmp_path).stdout)
     assert summary["benchmark"] == "recipe_step"
     assert [(row["baseline"], row["ours"]) for row in summary["results"]] == [
         ("torch Muon", "StackedMuon"), ("fp32 step", "bf16 step")]
-    assert all(row["baseline_ms"] > 0 and row["ours_ms"] > 0 and row["speedup"] > 0 for row in summary["results"])
+    assert all(
+        row["baseline_ms"] > 0 and row["ours_ms"] > 0 and row["speedup"] > 0 for row in summary["results"]
+    )
 
 
 def test_shakespeare(tmp_path):
     text = tmp_path / "play.txt"
     write_play(text)
     flags = [
-        "--text", text, "--max_train_seconds", "5", "--optimizer", "muon",
+        "--text",
+        text,
+        "--max_train_seconds",
+        "5",
+        "--optimizer",
+        "muon",
         # a tiny model, so the short budget still fits several steps (these flags go to pretrain.py unchanged)
-        "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
-        "--vocab_size", "300", "--block_size", "64", "--per_device_train_batch_size", "8",
+        "--hidden_size",
+        "64",
+        "--intermediate_size",
+        "128",
+        "--num_hidden_layers",
+        "2",
+        "--num_attention_heads",
+        "4",
+        "--vocab_size",
+        "300",
+        "--block_size",
+        "64",
+        "--per_device_train_batch_size",
+        "8",
     ]
     summary = final_json(run_script(python("shakespeare.py", *flags), tmp_path, timeout=150).stdout)
     assert summary["benchmark"] == "shakespeare"
@@ -184,12 +220,16 @@ def test_shakespeare_without_text_says_what_to_give(tmp_path):
     assert "no text file at" in result.stderr and "missing.txt" in result.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU dry run; with a GPU the session runs for real")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the CPU dry run; with a GPU the session runs for real"
+)
 def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_path):
-    """`DRY_RUN=1 bash benchmarks/gpu/session.sh OUT` on a copy of the checkout: the project installed from it, then
-    every step on a tiny model on CPU; the training check's stopped and resumed run matches the straight one exactly."""
+    """`DRY_RUN=1 bash benchmarks/gpu/session.sh OUT` on a copy of the checkout: the project
+    installed from it, then every step on a tiny model on CPU; the training check's stopped and
+    resumed run matches the straight one exactly."""
     root, out = tmp_path / "checkout", tmp_path / "out"
-    listed = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]  # what the GPU machine gets
+    # what the GPU machine gets
+    listed = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
     tracked = subprocess.run(listed, cwd=BENCHMARKS.parent, capture_output=True, text=True, check=True).stdout
     for name in filter(None, tracked.split("\0")):
         if (BENCHMARKS.parent / name).is_file():
@@ -211,7 +251,10 @@ def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_pat
     assert checks["syncs"][0]["steps"] == {"training step": "none", "decoding step": "none"}
     assert [row["compiled"] for row in checks["mfu"]] == [False, True]
     (train,) = checks["gpu_train"]
-    assert train["weights_bit_for_bit"] and train["loss_diff_before_stop"] == train["loss_diff_after_resume"] == 0
+    assert (
+        train["weights_bit_for_bit"]
+        and train["loss_diff_before_stop"] == train["loss_diff_after_resume"] == 0
+    )
     assert 1 <= train["stopped_at_step"] < train["steps"] and train["tokens_per_s"] > 0
     (generate,) = checks["generate"]
     assert generate["model"] == str(tmp_path / "work" / "straight")
@@ -220,7 +263,9 @@ def test_the_gpu_session_runs_every_step_on_cpu_before_gpu_time_is_spent(tmp_pat
     assert all(r["same_tokens_as_dynamic"] for r in generate["results"])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the script runs for minutes")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the script runs for minutes"
+)
 def test_gpu_check_without_gpu_exits_cleanly(tmp_path):
     result = subprocess.run(
         ["bash", str(BENCHMARKS / "gpu" / "check.sh")], env=pretrain_env(tmp_path, PYTHON=sys.executable),
@@ -230,7 +275,9 @@ def test_gpu_check_without_gpu_exits_cleanly(tmp_path):
     assert "no CUDA GPU" in result.stdout
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the session runs for real")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the no-GPU path; with a GPU the session runs for real"
+)
 def test_gpu_session_without_gpu_or_dry_run_installs_nothing_and_exits_cleanly(tmp_path):
     env = pretrain_env(tmp_path, PYTHON=sys.executable, SITE=str(tmp_path / "site"))
     result = subprocess.run(["bash", str(BENCHMARKS / "gpu" / "session.sh"), str(tmp_path / "out")], env=env,

@@ -1,5 +1,5 @@
-"""benchmarks/seed_claims/: the lookup task and its curriculum, the cross-over, --quick end to end, and the LSTM
-baseline."""
+"""benchmarks/seed_claims/: the lookup task and its curriculum, the cross-over, --quick
+end to end, and the LSTM baseline."""
 
 import json
 import re
@@ -42,7 +42,9 @@ def test_lookup_batch_asks_every_key_once_after_the_pairs_and_labels_only_its_va
         assert question >= TASK.pairs_end
         assert int(ids[row, pair_position(ids[row], key) + 1]) == value  # the value paired with that key
     for row in range(5):
-        assert sorted(k for r, _, k, _ in asked if r == row) == sorted(ids[row, 1 : TASK.pairs_end : 2].tolist())
+        assert sorted(k for r, _, k, _ in asked if r == row) == sorted(
+            ids[row, 1 : TASK.pairs_end : 2].tolist()
+        )
     with pytest.raises(ValueError, match="no room"):
         lookup_task.lookup_batch(TASK, 1, TASK.pairs_end + 4, torch.Generator())
 
@@ -86,10 +88,14 @@ class LookupOracle(torch.nn.Module):
 
 def test_probe_accuracy_scores_a_perfect_lookup_one_and_a_blind_model_near_chance():
     generator = torch.Generator().manual_seed(4)
-    for probes in (lookup_task.lookup_probes(TASK, 8, 25, generator), lookup_task.copy_probes(TASK, 8, 25, generator)):
+    for probes in (
+        lookup_task.lookup_probes(TASK, 8, 25, generator), lookup_task.copy_probes(TASK, 8, 25, generator),
+    ):
         assert seed_claims.probe_accuracy(LookupOracle(), *probes) == 1.0
     ids, labels = lookup_task.lookup_probes(TASK, 64, 25, generator)
-    constant = lambda input_ids: SimpleNamespace(logits=torch.zeros(*input_ids.shape, TASK.vocab_size))  # noqa: E731
+    def constant(input_ids):
+        return SimpleNamespace(logits=torch.zeros(*input_ids.shape, TASK.vocab_size))
+
     constant.eval = lambda: None
     assert seed_claims.probe_accuracy(constant, ids, labels) < 0.3  # always the same id: right only by luck
 
@@ -123,7 +129,9 @@ def test_lookup_feed_follows_its_curriculum_and_logs_where_each_stage_began():
 
 def test_crossover_is_where_tinytx_stays_ahead():
     def row(threads, length, tinytx, lstm):
-        return {"threads": threads, "length": length, "tinytx_tokens_per_s": tinytx, "lstm_tokens_per_s": lstm}
+        return {
+            "threads": threads, "length": length, "tinytx_tokens_per_s": tinytx, "lstm_tokens_per_s": lstm,
+        }
 
     rows = [row(1, 64, 1, 2), row(1, 128, 3, 2), row(1, 256, 1, 2), row(2, 64, 1, 2), row(2, 128, 3, 2),
             row(2, 256, 4, 2)]
@@ -151,7 +159,8 @@ def test_lstm_is_scored_by_score_probes_like_a_causal_lm():
     probes = make_probes(2, recall_distances=(10,))
     results = score_probes(model, tokenizer, probes)
     assert {"coref", "coref_new_nouns", "copy", "recall@10"} <= set(results)
-    # Right padding must not change a left-to-right reader's scores: a probe alone scores as it does in a batch.
+    # Right padding must not change a left-to-right reader's scores: a probe
+    # alone scores as it does in a batch.
     alone = candidate_log_probs(model, tokenizer, probes[:1], batch_size=1)[0]
     batched = candidate_log_probs(model, tokenizer, probes, batch_size=8)[0]
     assert alone == pytest.approx(batched, abs=1e-4)
@@ -172,7 +181,9 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert before and {path: path.read_bytes() for path in committed.rglob("*") if path.is_file()} == before
-    assert subprocess.run(["git", "check-ignore", "-q", str(out / "REPORT.md")], cwd=BENCHMARKS).returncode == 0
+    assert (
+        subprocess.run(["git", "check-ignore", "-q", str(out / "REPORT.md")], cwd=BENCHMARKS).returncode == 0
+    )
 
     report = (out / "REPORT.md").read_text()
     claim_rows = [line for line in report.splitlines() if re.match(r"\| [1-6]\. ", line)]
@@ -180,7 +191,8 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     for row in claim_rows:
         cells = [cell.strip() for cell in row.strip("|").split(" | ")]
         assert len(cells) == 3 and all(cells), row
-        assert re.search(r"\d", cells[2]) and "nan" not in cells[2].lower(), row  # a measured number in each row
+        # a measured number in each row
+        assert re.search(r"\d", cells[2]) and "nan" not in cells[2].lower(), row
     for png in ("step_time.png", "lookup_by_distance.png", "lookup_head.png", "coref_head_it.png",
                 "coref_head_last.png"):
         assert (out / png).stat().st_size > 0
@@ -200,20 +212,32 @@ def test_quick_run_writes_a_report_with_every_claim_measured(tmp_path):
     assert [row["distance"] for row in lookup["rows"]] == [12, 25, 50, 100, 200, 400]
     assert all(0 <= row[key] <= 1 for row in lookup["rows"] for key in row if key != "distance")
     roles = {row["role"] for row in figures["lookup_head"]["rows"]}
-    assert roles == {"previous_token", "first_token", "induction"}  # the lookup head is ranked among all roles
+    # the lookup head is ranked among all roles
+    assert roles == {"previous_token", "first_token", "induction"}
     assert json.loads((out / "results.json").read_text())["mode"] == "quick"
 
-    # Claim 4 on a corpus model per seed (quick: seeds 0 and 1), trained for the budget in steps, each seed a row.
+    # Claim 4 on a corpus model per seed (quick: seeds 0 and 1), trained for the
+    # budget in steps, each seed a row.
     coref = figures["coref"]
-    assert [row["seed"] for row in coref["rows"]] == [0, 1] and all(row["steps"] == 40 for row in coref["rows"])
+    assert [row["seed"] for row in coref["rows"]] == [0, 1] and all(
+        row["steps"] == 40 for row in coref["rows"]
+    )
     for row in coref["rows"]:
         assert 0 <= row["coref"] <= 1 and 0 <= row["coref_new_nouns"] <= 1 and row["seconds"] > 0
         for head in row["heads"].values():
-            assert all(0 <= head[key] <= 1 for key in ("referent_weight", "other_weight", "unseen_referent_weight",
-                                                       "unseen_other_weight"))
-    assert coref["coref_new_nouns"]["min"] <= coref["coref_new_nouns"]["mean"] <= coref["coref_new_nouns"]["max"]
+            assert all(
+                0 <= head[key] <= 1
+                for key in (
+                    "referent_weight", "other_weight", "unseen_referent_weight", "unseen_other_weight",
+                )
+            )
+    assert (
+        coref["coref_new_nouns"]["min"] <= coref["coref_new_nouns"]["mean"] <= coref["coref_new_nouns"]["max"]
+    )
     section = report[report.index("## 4. Resolving"):]
-    assert [line.split("|")[1].strip() for line in section.splitlines() if re.match(r"\| [01] \|", line)] == ["0", "1"]
+    assert [line.split("|")[1].strip() for line in section.splitlines() if re.match(r"\| [01] \|", line)] == [
+        "0", "1",
+    ]
 
 
 def test_seed_flags_pick_the_claim_4_seeds_and_refuse_repeats_before_torch_loads(capsys):
@@ -222,22 +246,31 @@ def test_seed_flags_pick_the_claim_4_seeds_and_refuse_repeats_before_torch_loads
     args, *_ = seed_claims.parse_arguments(["--seeds", "3", "4", "--train_seconds", "5"])
     assert args.seeds == [3, 4] and args.seed == 3
     assert seed_claims.parse_arguments([])[0].seeds == list(seed_claims.SETTINGS["full"]["seeds"])
-    for argv, message in ((["--seeds", "1", "1"], "repeats a seed"), (["--seed", "1", "--seeds", "2"], "not both")):
+    for argv, message in (
+        (["--seeds", "1", "1"], "repeats a seed"), (["--seed", "1", "--seeds", "2"], "not both"),
+    ):
         with pytest.raises(SystemExit):
             seed_claims.parse_arguments(argv)
         assert message in capsys.readouterr().err
 
 
 def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_path):
-    """rule_ablation.py: claim 4's model on a mix set by flags, its three "it" accuracies every --every steps."""
+    """rule_ablation.py: claim 4's model on a mix set by flags, its three "it"
+    accuracies every --every steps."""
     out, elsewhere = tmp_path / "ablation.json", tmp_path / "elsewhere.json"
     elsewhere.write_text("keep")
     out.symlink_to(elsewhere)  # a link planted at --out is replaced, never written through
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.seed_claims.rule_ablation", "--quick", "--steps", "6", "--every", "4",
-         "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers", "1", "--documents", "200",
-         "--out", str(out)],
-        env=pretrain_env(tmp_path), cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable, "-m", "benchmarks.seed_claims.rule_ablation", "--quick", "--steps", "6",
+            "--every", "4", "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers",
+            "1", "--documents", "200", "--out", str(out),
+        ],
+        env=pretrain_env(tmp_path),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
@@ -249,7 +282,9 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
     assert figures["num_documents"] == 200
     assert [row["step"] for row in figures["curve"]] == [4, 6]  # every 4 steps, and the last
     for row in figures["curve"]:
-        assert all(row[kind] in (0, 0.25, 0.5, 0.75, 1) for kind in ("coref", "coref_new_nouns", "coref_made_up"))
+        assert all(
+            row[kind] in (0, 0.25, 0.5, 0.75, 1) for kind in ("coref", "coref_new_nouns", "coref_made_up")
+        )
         assert row["loss"] > 0 and row["seconds"] >= 0
     rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
     assert [row.split("|")[1].strip() for row in rows] == ["4", "6"]
@@ -270,4 +305,5 @@ def test_rule_ablation_refuses_bad_flags_by_name(argv, message, capsys):
     assert message in capsys.readouterr().err
     settings = rule_ablation.settings_for(rule_ablation.parse_arguments(["--hidden", "96", "--vocab", "300"]))
     assert settings["model"]["hidden_size"] == 96 and settings["model"]["intermediate_size"] == 288
-    assert settings["vocab_size"] == 300 and seed_claims.SETTINGS["full"]["model"]["hidden_size"] == 64  # a copy
+    # a copy
+    assert settings["vocab_size"] == 300 and seed_claims.SETTINGS["full"]["model"]["hidden_size"] == 64

@@ -1,5 +1,5 @@
-"""The run every cluster test trains, one process training it straight through, and the comparison every launch must
-pass: equal weights, the same training loss at every step, the same final evaluation."""
+"""The run every cluster test trains, one process training it straight through, and the comparison every
+launch must pass: equal weights, the same training loss at every step, the same final evaluation."""
 
 import json
 import os
@@ -33,8 +33,10 @@ def env_for(tmp_path, **extra):
 
 
 def start(command, tmp_path, **env):
-    return subprocess.Popen(command, cwd=tmp_path, env=env_for(tmp_path, **env), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=tmp_path, env=env_for(tmp_path, **env), text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )
 
 
 def finish(process, timeout=300) -> tuple[int, str]:

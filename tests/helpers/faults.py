@@ -1,7 +1,7 @@
-"""Faults injected from outside the product, as a real machine can do them to a running script: a process killed
-at an exact call (`run_killed_at`), or signalled at a time or once its output shows a line (`run_process`,
-`run_signalled`), a safetensors header that lies about its dtype, a full disk (`tmpfs`), a server that never
-answers (`silent_server`)."""
+"""Faults injected from outside the product, as a real machine can do them to a running script: a process
+killed at an exact call (`run_killed_at`), or signalled at a time or once its output shows a line
+(`run_process`, `run_signalled`), a safetensors header that lies about its dtype, a full disk (`tmpfs`), a
+server that never answers (`silent_server`)."""
 
 from __future__ import annotations
 
@@ -33,27 +33,32 @@ def _unbuffered(env: dict | None) -> dict:
 def run_killed_at(args, env: dict | None = None, cwd=None, function: str | tuple[str, ...] = "os.replace",
                   match: str = "", nth: int = 1, when: str = "before", script=PRETRAIN, timeout: float = 300,
                   signum: int = signal.SIGKILL) -> subprocess.CompletedProcess:
-    """Runs `script args` in a child Python (tests/helpers/launch.py) that SIGKILLs itself (or sends itself `signum`)
-    right `when` ("before" or "after") the `nth` call of `function` (a dotted name, or several sharing one count)
-    whose str/bytes/path arguments contain `match`: returncode -9 if the call came, and stderr's last line starts with
-    KILL_MARK. With "after", a call that raises counts but kills nothing."""
+    """Runs `script args` in a child Python (tests/helpers/launch.py) that SIGKILLs itself (or sends itself
+    `signum`) right `when` ("before" or "after") the `nth` call of `function` (a dotted name, or several
+    sharing one count) whose str/bytes/path arguments contain `match`: returncode -9 if the call came, and
+    stderr's last line starts with KILL_MARK. With "after", a call that raises counts but kills nothing."""
     if when not in ("before", "after"):
         raise ValueError(f"when must be 'before' or 'after', got {when!r}")
     functions = ",".join([function] if isinstance(function, str) else function)
     command = [sys.executable, str(LAUNCH), "--kill-at", f"{when}:{functions}:{nth}:{match}",
                "--signal", signal.Signals(signum).name, str(script), *map(str, args)]
-    return subprocess.run(command, env=_unbuffered(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, env=_unbuffered(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, after=None, marks=None,
                 merged=False):
-    """Runs `command` (its own process group) and sends `signum` to it (the launcher, under torchrun) `at` seconds
-    after it started, or `at` seconds after a line of its output matches the pattern `after` (lines end at \\n or
-    \\r). `marks`: {name: pattern}, the seconds at which a line first matched each. On a timeout the whole group is
-    killed and the result's returncode is "timeout". Returns a CompletedProcess with .seconds, .sent (whether the
-    signal went out to a live process), .marks and .timed_out; with `merged`, stdout holds stderr too."""
-    process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, start_new_session=True)
+    """Runs `command` (its own process group) and sends `signum` to it (the launcher, under torchrun) `at`
+    seconds after it started, or `at` seconds after a line of its output matches the pattern `after`
+    (lines end at \\n or \\r). `marks`: {name: pattern}, the seconds at which a line first matched each.
+    On a timeout the whole group is killed and the result's returncode is "timeout". Returns a
+    CompletedProcess with .seconds, .sent (whether the signal went out to a live process), .marks and
+    .timed_out; with `merged`, stdout holds stderr too."""
+    process = subprocess.Popen(
+        command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE, start_new_session=True,
+    )
     start, outputs, seen = time.monotonic(), {"stdout": [], "stderr": []}, {}
     patterns = {name: re.compile(pattern) for name, pattern in (marks or {}).items()}
     trigger = re.compile(after) if after else None
@@ -82,8 +87,11 @@ def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, 
                     threading.Thread(target=send_later, args=(time.monotonic() + at,), daemon=True).start()
 
     streams = {"stdout": process.stdout, "stderr": process.stderr}
-    readers = [threading.Thread(target=read, args=(stream, name), daemon=True) for name, stream in streams.items()
-               if stream is not None]
+    readers = [
+        threading.Thread(target=read, args=(stream, name), daemon=True)
+        for name, stream in streams.items()
+        if stream is not None
+    ]
     for reader in readers:
         reader.start()
     if at is not None and trigger is None:
@@ -104,12 +112,15 @@ def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, 
     # a run that hung must not pass for one the trial killed: its status says so instead of -9
     result = subprocess.CompletedProcess(command, "timeout" if timed_out else process.returncode,
                                          b"".join(outputs["stdout"]).decode(errors="replace"), stderr)
-    result.seconds, result.sent, result.marks, result.timed_out = time.monotonic() - start, sent[0], seen, timed_out
+    result.seconds, result.sent, result.marks, result.timed_out = (
+        time.monotonic() - start, sent[0], seen, timed_out,
+    )
     return result
 
 
 def with_leftovers_killed(group: int) -> None:
-    """A launcher killed outright leaves its workers behind; they are in its process group, which only we made."""
+    """A launcher killed outright leaves its workers behind; they are in its
+    process group, which only we made."""
     try:
         os.killpg(group, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -117,8 +128,8 @@ def with_leftovers_killed(group: int) -> None:
 
 
 def run_signalled(command, signum, pattern: str, env, cwd, timeout=300) -> subprocess.CompletedProcess:
-    """Runs `command`, sends it `signum` once a line of its output matches `pattern`, and waits for it to end. The
-    output is stdout and stderr together."""
+    """Runs `command`, sends it `signum` once a line of its output matches `pattern`, and waits for it to end.
+    The output is stdout and stderr together."""
     result = run_process(command, env, cwd, timeout, at=0, signum=signum, after=pattern, merged=True)
     if result.timed_out:
         raise subprocess.TimeoutExpired(command, timeout, result.stdout)
@@ -131,8 +142,9 @@ class TmpfsUnavailable(RuntimeError):
 
 @contextlib.contextmanager
 def tmpfs(path, size: str | int):
-    """Mounts a tmpfs of `size` ("4m", "1500k" or bytes) on the folder `path` (created if missing), yields the path,
-    and unmounts it on the way out, whatever happened inside (lazily if something still holds it open)."""
+    """Mounts a tmpfs of `size` ("4m", "1500k" or bytes) on the folder `path` (created if
+    missing), yields the path, and unmounts it on the way out, whatever happened inside (lazily
+    if something still holds it open)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
@@ -149,7 +161,8 @@ def tmpfs(path, size: str | int):
 
 
 class SilentServer:
-    """Accepts TCP connections on 127.0.0.1 and reads what they send, but never answers and never closes them."""
+    """Accepts TCP connections on 127.0.0.1 and reads what they send, but never
+    answers and never closes them."""
 
     def __init__(self):
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -204,13 +217,14 @@ class SilentServer:
 
 
 def silent_server() -> SilentServer:
-    """`with silent_server() as server:` point a client at `server.url`; it connects, sends, and waits forever."""
+    """`with silent_server() as server:` point a client at `server.url`; it
+    connects, sends, and waits forever."""
     return SilentServer()
 
 
 def relabel_dtype(path, old: str = "F32", new: str = "I32") -> None:
-    """Rewrites the safetensors file `path` so that its header calls every `old` tensor `new` (the same size): the
-    bytes stay, the header's length stays (both names have the same length)."""
+    """Rewrites the safetensors file `path` so that its header calls every `old` tensor `new` (the same size):
+    the bytes stay, the header's length stays (both names have the same length)."""
     data = bytearray(Path(path).read_bytes())
     length = int.from_bytes(data[:8], "little")
     header = data[8:8 + length].replace(f'"{old}"'.encode(), f'"{new}"'.encode())

@@ -1,10 +1,11 @@
-"""A small stand-in for the Hugging Face Hub on 127.0.0.1: enough of its HTTP API (ROUTES) for the real
-`huggingface_hub` client to create repos, commit files, list trees and download (so `from_pretrained(repo_id)` works).
+"""A small stand-in for the Hugging Face Hub on 127.0.0.1: enough of its HTTP API (ROUTES)
+for the real `huggingface_hub` client to create repos, commit files, list trees and download
+(so `from_pretrained(repo_id)` works).
 
-Repos keep a git-like history: each commit a 40-hex id, a parent and a full snapshot (path -> git blob id); blobs
-live in a temporary folder. Writes need the server's token; every request is recorded so tests can check what the
-client sent. The client reads `HF_ENDPOINT` once, on import: talk to this server from a subprocess whose environment
-comes from `LocalHub.client_env`.
+Repos keep a git-like history: each commit a 40-hex id, a parent and a full snapshot (path -> git blob id);
+blobs live in a temporary folder. Writes need the server's token; every request is recorded so tests can check
+what the client sent. The client reads `HF_ENDPOINT` once, on import: talk to this server from a subprocess
+whose environment comes from `LocalHub.client_env`.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class HubError(Exception):
 
 @dataclasses.dataclass
 class Request:
-    """What a route answers: the method, the path's named parts (unquoted), the query, the body, the token's state."""
+    """What a route answers: the method, the path's named parts (unquoted), the
+    query, the body, the token's state."""
 
     method: str
     parts: dict[str, str]
@@ -139,15 +141,17 @@ class LocalHub:
         return f"http://{host}:{port}"
 
     def client_env(self, hf_home: str | Path, token: str | None = "default") -> dict[str, str]:
-        """Environment variables (merge into a copy of os.environ) that point a subprocess's client at this server.
-        `token="default"`: the server's token as HF_TOKEN; None: no HF_TOKEN (remove an inherited one); else as is."""
+        """Environment variables (merge into a copy of os.environ) that point a subprocess's client
+        at this server. `token="default"`: the server's token as HF_TOKEN; None: no HF_TOKEN
+        (remove an inherited one); else as is."""
         env = {
             "HF_ENDPOINT": self.url,
             "HF_HOME": str(hf_home),  # a fresh cache: no user token, no cached files leak in
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "HF_HUB_OFFLINE": "0",
             "TRANSFORMERS_OFFLINE": "0",
-            "NO_PROXY": "127.0.0.1,localhost",  # a proxy set for the machine must not swallow loopback traffic
+            # a proxy set for the machine must not swallow loopback traffic
+            "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
         }
         if token is not None:
@@ -164,8 +168,11 @@ class LocalHub:
             self._commit_failure_status = status
             self._commit_failure_retry_after = retry_after
 
-    def repo_files(self, repo_id: str, revision: str = DEFAULT_BRANCH, repo_type: str = "model") -> dict[str, bytes]:
-        """The files of a repo at a revision: path -> content. Empty if the repo or revision does not exist."""
+    def repo_files(
+        self, repo_id: str, revision: str = DEFAULT_BRANCH, repo_type: str = "model"
+    ) -> dict[str, bytes]:
+        """The files of a repo at a revision: path -> content. Empty if the repo
+        or revision does not exist."""
         with self._lock:
             repo = self._repos.get((repo_type, repo_id))
             commit = repo.resolve(revision) if repo else None
@@ -188,7 +195,9 @@ class LocalHub:
 
     def recorded(self, method: str | None = None, path_contains: str = "") -> list[RecordedRequest]:
         with self._lock:
-            return [r for r in self.requests if (method is None or r.method == method) and path_contains in r.path]
+            return [
+                r for r in self.requests if (method is None or r.method == method) and path_contains in r.path
+            ]
 
     # ---- storage
 
@@ -269,10 +278,21 @@ class LocalHub:
 
     def preupload(self, request: Request):
         commit = self._commit_of(self._repo(request, write=True), request.parts["rev"])
-        # Every file "regular": its bytes travel inline in the commit (no LFS, no Xet); the oid lets the client skip
-        # unchanged files.
-        return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                                "oid": commit.files.get(f["path"])} for f in request.json().get("files", [])]}, {}
+        # Every file "regular": its bytes travel inline in the commit (no LFS, no Xet); the oid
+        # lets the client skip unchanged files.
+        return (
+            200,
+            {
+                "files": [
+                    {
+                        "path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                        "oid": commit.files.get(f["path"]),
+                    }
+                    for f in request.json().get("files", [])
+                ]
+            },
+            {},
+        )
 
     def commit(self, request: Request):
         """An NDJSON body of a header line, then `file`, `deletedFile` and `deletedFolder` lines."""
@@ -312,15 +332,30 @@ class LocalHub:
     def repo_info(self, request: Request):
         repo = self._repo(request)
         commit = self._commit_of(repo, request.parts.get("rev") or DEFAULT_BRANCH)
-        return 200, {
-            "_id": hashlib.sha1(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id, "modelId": repo.repo_id,
-            "author": repo.repo_id.split("/")[0], "sha": commit.oid, "lastModified": commit.date,
-            "createdAt": repo.commits[next(iter(repo.commits))].date, "private": repo.private, "disabled": False,
-            "gated": False, "downloads": 0, "likes": 0, "tags": [],
-            "siblings": [{"rfilename": path, "blobId": blob, "size": self._blob_size(blob)}
-                         for path, blob in sorted(commit.files.items())],
-            "usedStorage": sum(self._blob_size(blob) for blob in set(commit.files.values())),
-        }, {}
+        return (
+            200,
+            {
+                "_id": hashlib.sha1(repo.repo_id.encode()).hexdigest()[:24],
+                "id": repo.repo_id,
+                "modelId": repo.repo_id,
+                "author": repo.repo_id.split("/")[0],
+                "sha": commit.oid,
+                "lastModified": commit.date,
+                "createdAt": repo.commits[next(iter(repo.commits))].date,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "siblings": [
+                    {"rfilename": path, "blobId": blob, "size": self._blob_size(blob)}
+                    for path, blob in sorted(commit.files.items())
+                ],
+                "usedStorage": sum(self._blob_size(blob) for blob in set(commit.files.values())),
+            },
+            {},
+        )
 
     def tree(self, request: Request):
         commit = self._commit_of(self._repo(request), request.parts["rev"])
@@ -348,8 +383,14 @@ class LocalHub:
         blob = commit.files.get(_clean_path(request.parts["path"]))
         if blob is None:
             raise HubError(404, "Entry not found", "EntryNotFound")
-        return 200, self._read_blob(blob), {"ETag": f'"{blob}"', "X-Repo-Commit": commit.oid,
-                                             "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
+        return (
+            200,
+            self._read_blob(blob),
+            {
+                "ETag": f'"{blob}"', "X-Repo-Commit": commit.oid, "Content-Type": "application/octet-stream",
+                "Accept-Ranges": "bytes",
+            },
+        )
 
     def unserved(self, request: Request) -> None:
         self._repo(request)  # an unknown or hidden repo says so before "not served"
@@ -373,14 +414,18 @@ ROUTES = [  # (methods, path, the LocalHub method that answers), the first answe
     ({"GET"}, _API + r"(?:/revision/(?P<rev>[^/]+))?", LocalHub.repo_info),
     ({"GET"}, _API + r"/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?", LocalHub.tree),
     ({"GET"}, _API + r"/.*", LocalHub.unserved),
-    ({"GET", "HEAD"}, r"/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)",
-     LocalHub.resolve_file),
+    (
+        {"GET", "HEAD"},
+        r"/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)",
+        LocalHub.resolve_file,
+    ),
 ]
 
 
 def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the client expects; every answer carries Content-Length
+        # keep-alive, as the client expects; every answer carries Content-Length
+        protocol_version = "HTTP/1.1"
         timeout = 60
 
         def log_message(self, format, *args):  # quiet: the tests read `hub.requests` instead
@@ -396,10 +441,13 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             except HubError as e:
                 message = e.message
                 if hub.echo_auth_in_errors and self.headers.get("Authorization"):
-                    # In the body only: the client puts it in its exception text, the place callers must scrub.
+                    # In the body only: the client puts it in its exception text, the
+                    # place callers must scrub.
                     message += f" (received: {self.headers['Authorization']})"
                 status, payload = e.status, {"error": message}
-                headers = {**e.headers, "X-Error-Message": e.message, **({"X-Error-Code": e.code} if e.code else {})}
+                headers = {
+                    **e.headers, "X-Error-Message": e.message, **({"X-Error-Code": e.code} if e.code else {}),
+                }
             except Exception as e:  # a bug in this server: answer 500 rather than hang the client
                 status, payload, headers = 500, {"error": f"local hub error: {e!r}"}, {}
             record.status = status
@@ -414,7 +462,9 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             for methods, pattern, answer in ROUTES:
                 match = re.fullmatch(pattern, url.path)
                 if match and self.command in methods:
-                    parts = {name: unquote(value) for name, value in match.groupdict().items() if value is not None}
+                    parts = {
+                        name: unquote(value) for name, value in match.groupdict().items() if value is not None
+                    }
                     answered = answer(hub, Request(self.command, parts, parse_qs(url.query), body, auth))
                     if answered is not None:
                         return answered
@@ -425,7 +475,11 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             if not header:
                 return "missing"
             scheme, _, value = header.partition(" ")
-            return "ok" if scheme.lower() == "bearer" and secrets.compare_digest(value.strip(), hub.token) else "bad"
+            return (
+                "ok"
+                if scheme.lower() == "bearer" and secrets.compare_digest(value.strip(), hub.token)
+                else "bad"
+            )
 
         def _read_body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -454,7 +508,8 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             if not isinstance(payload, bytes):
                 self.send_header("Content-Type", "application/json")
             for name, value in headers.items():
-                self.send_header(name, quote(value, safe=" /:;,=\"'()!*+-._~@?"))  # header values must be latin-1
+                # header values must be latin-1
+                self.send_header(name, quote(value, safe=" /:;,=\"'()!*+-._~@?"))
             self.send_header("Content-Length", str(end - start))
             self.end_headers()
             if self.command != "HEAD":

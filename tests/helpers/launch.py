@@ -1,16 +1,23 @@
-"""Runs a training script in this process with library functions wrapped, to act on it from outside the script.
+"""Runs a training script in this process with library functions wrapped, to
+act on it from outside the script.
 
-    python tests/helpers/launch.py --kill-at after:accelerate.Accelerator.save_state:3 training/pretrain.py ARGS...
-    python tests/helpers/launch.py --hash-weights PREFIX training/pretrain.py ARGS...   (works under torchrun too)
+    python tests/helpers/launch.py --kill-at
+    after:accelerate.Accelerator.save_state:3 training/pretrain.py ARGS...
+    python tests/helpers/launch.py --hash-weights PREFIX training/pretrain.py ARGS...   (works under torchrun
+        too)
 
---kill-at WHEN:FUNCTIONS:N[:TEXT]  SIGKILL right before or after (WHEN) the Nth call of the dotted FUNCTIONS (one
-                                   count) whose str/bytes/path arguments contain TEXT; the last stderr line starts
-                                   with KILL_MARK. A call that raises counts but kills nothing.
+--kill-at WHEN:FUNCTIONS:N[:TEXT]  SIGKILL right before or after (WHEN) the Nth
+call of the dotted FUNCTIONS (one
+                                   count) whose str/bytes/path arguments contain TEXT; the last stderr line
+                                   starts with KILL_MARK. A call that raises counts but kills nothing.
 --signal SIGNAME                   with --kill-at: this signal instead, and the call goes on.
---hash-weights PREFIX              at Accelerator.end_training, PREFIX.rankR.json: a sha256 of this rank's weights.
---mark-at-exit PREFIX              if the interpreter's shutdown runs (atexit handlers), writes PREFIX.rankR there.
+--hash-weights PREFIX              at Accelerator.end_training, PREFIX.rankR.json: a sha256 of this rank's
+                                   weights.
+--mark-at-exit PREFIX              if the interpreter's shutdown runs (atexit handlers), writes PREFIX.rankR
+                                   there.
 
-The script is run with runpy as `__main__` after the wrapping, so even a library's `from safetensors.torch import
+The script is run with runpy as `__main__` after the wrapping, so even a library's `from safetensors.torch
+                                   import
 save_file` binds the wrapper. A method is named through its class.
 """
 

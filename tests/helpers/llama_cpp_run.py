@@ -6,9 +6,9 @@ sends the cases on stdin and compares the answer with transformers. Input:
     {"cases": [{"gguf": PATH, "n_ctx": N, "texts": [STR, ...], "prompts": [[ID, ...], ...],
                 "greedy_prompts": [[ID, ...], ...], "new_tokens": K}, ...]}
 
-Output, one entry a case: {"ids": [...] (each text tokenized, no BOS, special tokens not parsed), "logits": [...]
-(each prompt's logits at every position), "greedy": [...] (each greedy prompt's first K tokens from llama.cpp's own
-greedy sampler, temperature 0 and no penalties, stopping after the end-of-sequence token)}.
+Output, one entry a case: {"ids": [...] (each text tokenized, no BOS, special tokens not parsed), "logits":
+[...] (each prompt's logits at every position), "greedy": [...] (each greedy prompt's first K tokens from
+llama.cpp's own greedy sampler, temperature 0 and no penalties, stopping after the end-of-sequence token)}.
 """
 
 import json
@@ -19,21 +19,26 @@ from llama_cpp import Llama
 
 
 def without_weight_repacking():
-    """llama.cpp's defaults without repacking (its --no-repack): on a CPU with Intel AMX it repacks q8_0 matrices and
-    segfaults in the matmul (llama-cpp-python 0.3.36; github.com/ggml-org/llama.cpp/issues/20824)."""
+    """llama.cpp's defaults without repacking (its --no-repack): on a CPU with Intel AMX it repacks q8_0
+    matrices and segfaults in the matmul (llama-cpp-python 0.3.36;
+    github.com/ggml-org/llama.cpp/issues/20824)."""
     params = default_model_params()
     params.use_extra_bufts = False
     return params
 
 
 default_model_params = llama_cpp_c.llama_model_default_params
-llama_cpp_c.llama_model_default_params = without_weight_repacking  # what Llama() builds its model parameters from
+# what Llama() builds its model parameters from
+llama_cpp_c.llama_model_default_params = without_weight_repacking
 
 
 def run_case(case: dict) -> dict:
-    # An f32 key/value cache (llama.cpp's default is f16), so that what is compared is the file, not the cache.
-    llm = Llama(model_path=case["gguf"], n_ctx=case["n_ctx"], n_batch=case["n_ctx"], logits_all=True, seed=0,
-                type_k=llama_cpp_c.GGML_TYPE_F32, type_v=llama_cpp_c.GGML_TYPE_F32, n_threads=2, verbose=False)
+    # An f32 key/value cache (llama.cpp's default is f16), so that what is
+    # compared is the file, not the cache.
+    llm = Llama(
+        model_path=case["gguf"], n_ctx=case["n_ctx"], n_batch=case["n_ctx"], logits_all=True, seed=0,
+        type_k=llama_cpp_c.GGML_TYPE_F32, type_v=llama_cpp_c.GGML_TYPE_F32, n_threads=2, verbose=False,
+    )
     ids = [llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) for text in case["texts"]]
     logits, greedy = [], []
     for prompt in case["prompts"]:

@@ -1,5 +1,5 @@
-"""The processes of a test's launches, read from /proc: who runs under whom, what each listens on, which signals
-wait for it."""
+"""The processes of a test's launches, read from /proc: who runs under whom, what each
+listens on, which signals wait for it."""
 
 import os
 import signal
@@ -101,7 +101,8 @@ def freeze(pids, timeout: float = 60) -> None:
 
 
 def pending_signals(pid: int) -> set[int]:
-    """The signals sent to the process that it has not handled yet (a stopped process holds them until SIGCONT)."""
+    """The signals sent to the process that it has not handled yet (a stopped
+    process holds them until SIGCONT)."""
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as f:
             fields = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)

@@ -1,6 +1,6 @@
-"""The reference runs of the two training commands (never interrupted, trained once per test process: conftest's
-`reference_pretrain` and `reference_finetune`), and how tests run, stop and read them. Every interrupted or resumed
-run of the same flags must end with the reference's weights, bit for bit."""
+"""The reference runs of the two training commands (never interrupted, trained once per test process:
+conftest's `reference_pretrain` and `reference_finetune`), and how tests run, stop and read them. Every
+interrupted or resumed run of the same flags must end with the reference's weights, bit for bit."""
 
 from __future__ import annotations
 
@@ -48,29 +48,41 @@ class Command:
                 *map(str, flags)]
 
     def run(self, output_dir, *flags, env=None, timeout=300) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(output_dir, *flags), cwd=self.cwd, env=env or pretrain_env(self.cwd),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            self.command(output_dir, *flags), cwd=self.cwd, env=env or pretrain_env(self.cwd),
+            capture_output=True, text=True, timeout=timeout,
+        )
 
     def at_call(self, output_dir, *flags, function, nth, match="", when="after", signum=signal.SIGKILL):
-        """The run, sent `signum` by itself right `when` the `nth` call of `function` (tests/helpers/launch.py)."""
-        return run_killed_at([*self.flags, "--output_dir", output_dir, *flags], env=pretrain_env(self.cwd),
-                             cwd=self.cwd, function=function, match=match, nth=nth, when=when, script=self.script,
-                             signum=signum)
+        """The run, sent `signum` by itself right `when` the `nth` call of
+        `function` (tests/helpers/launch.py)."""
+        return run_killed_at(
+            [*self.flags, "--output_dir", output_dir, *flags], env=pretrain_env(self.cwd), cwd=self.cwd,
+            function=function, match=match, nth=nth, when=when, script=self.script, signum=signum,
+        )
 
     def checkpoint(self, output_dir, step) -> Path:
-        return Path(output_dir) / "checkpoints" / (f"step_{step}" if self.name == "pretrain" else f"checkpoint-{step}")
+        return (
+            Path(output_dir)
+            / "checkpoints"
+            / (f"step_{step}" if self.name == "pretrain" else f"checkpoint-{step}")
+        )
 
     def stop_line(self, output: str) -> tuple[int, str, str]:
         """(step, signal name, checkpoint) of the one line a stopped run prints."""
         found = re.findall(
-            rf"^{self.name}\.py: stopped at step (\d+) of {self.steps} by (SIG\w+); checkpoint (\S+) is saved, "
-            r"nothing was exported: resume with the same command and --resume_from_checkpoint latest\.$", output,
-            re.MULTILINE)
+            rf"^{self.name}\.py: stopped at step (\d+) of {self.steps} by (SIG\w+); checkpoint (\S+) is "
+            r"saved, nothing was exported: resume with the same command and "
+            r"--resume_from_checkpoint latest\.$",
+            output,
+            re.MULTILINE,
+        )
         assert len(found) == 1, output[-4000:]
         return int(found[0][0]), found[0][1], found[0][2]
 
     def steps_logged(self, output_dir, final=True) -> list[int]:
-        """pretrain's metrics.jsonl: the training steps logged, each once, and (with `final`) one final evaluation."""
+        """pretrain's metrics.jsonl: the training steps logged, each once, and (with
+        `final`) one final evaluation."""
         rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
         if final:
             assert len([row for row in rows if row.get("final") and "eval_loss" in row]) == 1
@@ -78,7 +90,8 @@ class Command:
 
 
 def describe(result) -> str:
-    stderr = "\n".join(line for line in result.stderr.splitlines() if "%|" not in line)  # without progress bars
+    # without progress bars
+    stderr = "\n".join(line for line in result.stderr.splitlines() if "%|" not in line)
     return f"returncode {result.returncode}\nSTDOUT:\n{result.stdout[-3000:]}\nSTDERR:\n{stderr[-5000:]}"
 
 
@@ -108,8 +121,8 @@ def pretrain_command(tmp_path_factory) -> Command:
 
 
 def finetune_command(tmp_path_factory) -> Command:
-    """The reference also pushes to a (local) Hub with --hub_token: the token must be in no byte it wrote, Trainer's
-    pickled training_args.bin included, and a warning names the safe ways once."""
+    """The reference also pushes to a (local) Hub with --hub_token: the token must be in no byte it wrote,
+    Trainer's pickled training_args.bin included, and a warning names the safe ways once."""
     from tests.helpers.hub_server import LocalHub
     from tests.training.sft.test_finetune import prompt_records, write_jsonl
 
@@ -123,7 +136,9 @@ def finetune_command(tmp_path_factory) -> Command:
     command = Command("finetune", FINETUNE, flags, cwd, steps=30, interval=5, resumed="Resuming from",
                       optimizer_file="optimizer.pt")
     with LocalHub(user="tester") as hub:
-        env = {k: v for k, v in pretrain_env(cwd).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+        env = {
+            k: v for k, v in pretrain_env(cwd).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))
+        }
         env.update(hub.client_env(cwd / "hf_home", token=None))
         result = command.run(cwd / "reference", *command.every(limit=2), "--push_to_hub", "--hub_model_id",
                              "tester/reference", "--hub_token", hub.token, env=env)

@@ -1,5 +1,6 @@
-"""For child Pythons that must behave as on a machine without `hf_tinytx`: put BLOCK_HF_TINYTX first in their code,
-and a model can only load through the code files saved next to its weights (`trust_remote_code=True`)."""
+"""For child Pythons that must behave as on a machine without `hf_tinytx`: put BLOCK_HF_TINYTX
+first in their code, and a model can only load through the code files saved next to its
+weights (`trust_remote_code=True`)."""
 
 BLOCK_HF_TINYTX = """
 import importlib.abc, sys

@@ -1,10 +1,11 @@
 """A real SLURM cluster on this host: munged, slurmctld and two slurmd (nodes n1 and n2 at 127.0.0.1), on a
-throw-away config in a temporary folder (found through SLURM_CONF; the host's own setup is never read), stopped by
-their PIDs. Where Debian's packages are missing, `require_slurm` skips, naming the install command (under
-TINYTX_CI=1 it installs them, or fails).
+throw-away config in a temporary folder (found through SLURM_CONF; the host's own setup is never read),
+stopped by their PIDs. Where Debian's packages are missing, `require_slurm` skips, naming the install command
+(under TINYTX_CI=1 it installs them, or fails).
 
-The config: no cgroups (proctrack/linuxproc, task/none), 4 CPUs a node whatever the host has, CPUs as the unit of
-allocation (two jobs share a node), finished jobs kept 10 minutes so `scontrol show job` tells how each ended.
+The config: no cgroups (proctrack/linuxproc, task/none), 4 CPUs a node whatever the host has,
+CPUs as the unit of allocation (two jobs share a node), finished jobs kept 10 minutes so
+`scontrol show job` tells how each ended.
 """
 
 import contextlib
@@ -50,7 +51,8 @@ def require_slurm() -> None:
 
 
 class SlurmCluster:
-    """The daemons, and the client commands run against them (`env`: theirs, and what sbatch exports to jobs)."""
+    """The daemons, and the client commands run against them (`env`: theirs, and
+    what sbatch exports to jobs)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -63,7 +65,8 @@ class SlurmCluster:
             (self.folder / name).mkdir(parents=True, exist_ok=True)
         os.chmod(self.folder / "munge", 0o700)
         key = self.folder / "munge" / "munge.key"
-        key.write_bytes(os.urandom(1024))  # a munge key is random bytes that every daemon of the cluster shares
+        # a munge key is random bytes that every daemon of the cluster shares
+        key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         socket_path = self.folder / "munge" / "munge.socket"
         munge = self.folder / "munge"
@@ -122,7 +125,9 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
     def stop(self) -> None:
         """Every job cancelled, then the slurmstepd processes left (they detach), then each daemon, by PID."""
         if "slurmctld" in self.daemons:
-            subprocess.run(["scancel", "--full", "--user", "root"], env=self.env, capture_output=True, timeout=60)
+            subprocess.run(
+                ["scancel", "--full", "--user", "root"], env=self.env, capture_output=True, timeout=60
+            )
             deadline = time.monotonic() + 60
             while self.squeue() and time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -154,8 +159,10 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
                          for path in sorted((self.folder / "log").iterdir()))
 
     def command(self, *argv: str, check: bool = True, **kwargs) -> str:
-        result = subprocess.run(argv, env={**self.env, **kwargs.pop("env", {})}, capture_output=True, text=True,
-                                timeout=60, **kwargs)
+        result = subprocess.run(
+            argv, env={**self.env, **kwargs.pop("env", {})}, capture_output=True, text=True, timeout=60,
+            **kwargs,
+        )
         assert result.returncode == 0 or not check, f"{' '.join(argv)}: {result.stderr}{result.stdout}"
         return result.stdout
 
@@ -166,7 +173,8 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
         return self.command("squeue", "--noheader", "--format=%i", check=False).split()
 
     def sbatch(self, script, *argv, options=(), cwd, env) -> str:
-        """Submits `script` with `argv` after it, from `cwd`, with `env` exported to the job; returns the job id."""
+        """Submits `script` with `argv` after it, from `cwd`, with `env` exported to
+        the job; returns the job id."""
         return self.command("sbatch", "--parsable", *options, str(script), *map(str, argv), cwd=cwd,
                             env=env).strip().split(";")[0]
 
@@ -176,15 +184,17 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
         return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
     def wait_job(self, job_id: str, states: set[str], timeout: float = 240, release: bool = True) -> dict:
-        """Waits for the job to reach one of `states`. SLURM holds a requeued job ~120 s (Reason=BeginTime); with
-        `release`, it is told to start 3 s after the requeue instead."""
+        """Waits for the job to reach one of `states`. SLURM holds a requeued job ~120 s (Reason=BeginTime);
+        with `release`, it is told to start 3 s after the requeue instead."""
         deadline, held_since = time.monotonic() + timeout, None
         while (info := self.job(job_id))["JobState"] not in states:
             held = info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime"
             held_since = (held_since or time.monotonic()) if held else None
             if release and held and time.monotonic() - held_since >= 3:
                 self.command("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-            assert time.monotonic() < deadline, f"job {job_id} is {info['JobState']}, not {states}, after {timeout} s"
+            assert (
+                time.monotonic() < deadline
+            ), f"job {job_id} is {info['JobState']}, not {states}, after {timeout} s"
             time.sleep(0.3)
         return info
 
@@ -198,7 +208,8 @@ def kill(pid: int) -> None:
 
 @contextlib.contextmanager
 def running(folder: Path):
-    """The cluster, started in `folder` (skipped or installed first where SLURM is missing), stopped at the end."""
+    """The cluster, started in `folder` (skipped or installed first where SLURM is
+    missing), stopped at the end."""
     require_slurm()
     cluster = SlurmCluster(folder)
     try:

@@ -47,7 +47,9 @@ def build_tiny_model(seed=0, attn_implementation="eager", **overrides):
     import hf_tinytx  # noqa: F401  (registers "tinytx" with the Auto classes)
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(build_tiny_config(**overrides), attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_config(
+        build_tiny_config(**overrides), attn_implementation=attn_implementation
+    )
     return model.eval()
 
 
@@ -55,8 +57,10 @@ def greedy(model, input_ids, new_tokens: int = 16):
     """Exactly `new_tokens` greedy tokens after `input_ids` (no early end)."""
     import torch
 
-    return model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
-                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return model.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+    )
 
 
 def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
@@ -68,14 +72,38 @@ def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
 
 # A model and corpus small enough that a few dozen steps take seconds; a later flag overrides any of these.
 TINY_PRETRAIN_ARGS = [
-    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
-    "--num_train_documents", "300", "--vocab_size", "320", "--block_size", "64",
-    "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--num_warmup_steps", "2",
-    "--max_eval_batches", "4", "--num_probes_per_kind", "4", "--num_samples", "1",
-    "--max_train_seconds", "0",  # no wall-clock cut: a slow machine must not change what a test trains
-    # One optimizer on every launch: `auto` takes Muon on one process and AdamW under FSDP or DeepSpeed, and the tests
-    # compare those launches (and resume across them) weight for weight.
-    "--optimizer", "adamw",
+    "--hidden_size",
+    "64",
+    "--intermediate_size",
+    "128",
+    "--num_hidden_layers",
+    "2",
+    "--num_attention_heads",
+    "4",
+    "--num_train_documents",
+    "300",
+    "--vocab_size",
+    "320",
+    "--block_size",
+    "64",
+    "--per_device_train_batch_size",
+    "8",
+    "--per_device_eval_batch_size",
+    "16",
+    "--num_warmup_steps",
+    "2",
+    "--max_eval_batches",
+    "4",
+    "--num_probes_per_kind",
+    "4",
+    "--num_samples",
+    "1",
+    "--max_train_seconds",
+    "0",  # no wall-clock cut: a slow machine must not change what a test trains
+    # One optimizer on every launch: `auto` takes Muon on one process and AdamW under FSDP or DeepSpeed, and
+    # the tests compare those launches (and resume across them) weight for weight.
+    "--optimizer",
+    "adamw",
 ]
 
 
@@ -90,13 +118,14 @@ def pretrain_env(tmp_path, **extra):
     return env
 
 
-SIDE_BY_SIDE = 8  # runs at once: short runs spend most of their time importing torch, which overlaps; dozens at
+# runs at once: short runs spend most of their time importing torch, which overlaps; dozens at
+SIDE_BY_SIDE = 8
 # once on two cores only crowd each other
 
 
 def run_side_by_side(runs: dict, timeout: float = 300) -> dict:
-    """{key: (command, cwd, env)} -> {key: CompletedProcess}, SIDE_BY_SIDE at a time, each timeout counted from its
-    run's own start."""
+    """{key: (command, cwd, env)} -> {key: CompletedProcess}, SIDE_BY_SIDE at a time, each
+    timeout counted from its run's own start."""
     def run(command, cwd, env):
         return subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
 
@@ -109,7 +138,8 @@ LAUNCH = str(Path(__file__).with_name("launch.py"))
 
 
 def kill_after_call(target: str, nth: int) -> list[str]:
-    """A `run_pretrain` launcher that SIGKILLs the run right after the Nth call of `target` (see launch.py)."""
+    """A `run_pretrain` launcher that SIGKILLs the run right after the Nth call
+    of `target` (see launch.py)."""
     return [sys.executable, LAUNCH, "--kill-at", f"after:{target}:{nth}"]
 
 

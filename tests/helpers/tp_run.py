@@ -1,12 +1,16 @@
-"""Loads a TinyTx folder, with transformers' tensor-parallel plan when run under torchrun, and writes what it computed.
+"""Loads a TinyTx folder, with transformers' tensor-parallel plan when run under
+torchrun, and writes what it computed.
 
-    torchrun --nproc_per_node 2 tests/helpers/tp_run.py FOLDER OUT_PREFIX     # TP plan "auto": weights sharded
+    torchrun --nproc_per_node 2 tests/helpers/tp_run.py FOLDER OUT_PREFIX     # TP plan "auto": weights
+        sharded
     python tests/helpers/tp_run.py FOLDER OUT_PREFIX                          # one process, the reference
-    torchrun ... tests/helpers/tp_run.py FOLDER OUT_PREFIX '{"model.layers.*.self_attn.k_proj": "unit_colwise"}'
-                                                                     # the plan with these rules over the config's
+    torchrun ... tests/helpers/tp_run.py FOLDER OUT_PREFIX
+    '{"model.layers.*.self_attn.k_proj": "unit_colwise"}'
+                                                                     # the plan with these rules
+                                                                     over the config's
 
-Writes OUT_PREFIX.rankR.pt: the logits of a fixed batch, greedy new tokens, and the local weight shape and placement
-of each linear layer of the first decoder layer and the head.
+Writes OUT_PREFIX.rankR.pt: the logits of a fixed batch, greedy new tokens, and the local weight shape and
+placement of each linear layer of the first decoder layer and the head.
 """
 
 import json

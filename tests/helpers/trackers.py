@@ -1,5 +1,6 @@
-"""Reads back what the experiment trackers wrote: trackio's SQLite file, and wandb's offline run file (protobuf
-records in LevelDB's log format: 32 KiB blocks of chunks with 7-byte headers; wandb's own reader is in its Go core)."""
+"""Reads back what the experiment trackers wrote: trackio's SQLite file, and wandb's offline run
+file (protobuf records in LevelDB's log format: 32 KiB blocks of chunks with 7-byte headers;
+wandb's own reader is in its Go core)."""
 
 import contextlib
 import json
@@ -39,7 +40,8 @@ def wandb_records(run_file: Path):
 
 
 def wandb_rows(run_file: Path) -> tuple[list[tuple[int, dict]], dict]:
-    """(step, values) per history row (wandb merges what was logged at one step into one row) and the config."""
+    """(step, values) per history row (wandb merges what was logged at one step
+    into one row) and the config."""
     history, config = [], {}
     for record in wandb_records(run_file):
         kind = record.WhichOneof("record_type")

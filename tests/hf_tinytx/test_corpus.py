@@ -1,5 +1,5 @@
-"""The built-in corpus: deterministic, built on the explainers' sentences, recall at the promised distance, held-out
-nouns kept out of every document, and probes that are well-formed multiple-choice questions."""
+"""The built-in corpus: deterministic, built on the explainers' sentences, recall at the promised distance,
+held-out nouns kept out of every document, and probes that are well-formed multiple-choice questions."""
 
 import re
 
@@ -27,7 +27,9 @@ def _words(text: str) -> set[str]:
 
 def parse_coref(statement: str):
     """(first noun, second noun, adjective, the template that wrote it) of a coref statement."""
-    first, second, adjective = re.fullmatch(r"The (\w+) .* the (\w+) because it was too (\w+)\.", statement).groups()
+    first, second, adjective = re.fullmatch(
+        r"The (\w+) .* the (\w+) because it was too (\w+)\.", statement
+    ).groups()
     template = next(t for t in COREF_TEMPLATES
                     if t.sentence.format(a=first, b=second, adjective=adjective) == statement)
     return first, second, adjective, template
@@ -50,10 +52,13 @@ def test_same_seed_same_documents_and_probes():
     ],
 )
 def test_the_explainers_sentences_belong_to_the_grammar(sentence, referent):
-    # Each seed sentence is produced by some template, and its adjective sends "it" to the noun the explainers say.
+    # Each seed sentence is produced by some template, and its adjective sends "it"
+    # to the noun the explainers say.
     matches = []
     for template in COREF_TEMPLATES:
-        pattern = re.escape(template.sentence).replace(r"\{a\}", "(?P<a>\\w+)").replace(r"\{b\}", "(?P<b>\\w+)")
+        pattern = (
+            re.escape(template.sentence).replace(r"\{a\}", "(?P<a>\\w+)").replace(r"\{b\}", "(?P<b>\\w+)")
+        )
         pattern = pattern.replace(r"\{adjective\}", "(?P<adjective>\\w+)")
         found = re.fullmatch(pattern, sentence)
         if found and found["a"] in template.a_nouns and found["b"] in template.b_nouns:
@@ -79,7 +84,8 @@ def test_coref_documents_name_the_referent_of_it():
 
 
 def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing_away():
-    """RULE_MIX (claim 4's corpus): three statements in four name two made-up nouns; a plain `Mix()` names none."""
+    """RULE_MIX (claim 4's corpus): three statements in four name two made-up
+    nouns; a plain `Mix()` names none."""
     frame_words = set().union(*(_words(" ".join((t.sentence, *t.a_nouns, *t.b_nouns, *t.a_adjectives,
                                                  *t.b_adjectives))) for t in COREF_TEMPLATES))
     assert all(_words(document) <= frame_words
@@ -99,7 +105,8 @@ def test_made_up_nouns_stand_in_either_role_so_the_class_of_a_noun_gives_nothing
 
 
 def test_the_default_mix_pairs_made_up_nouns_that_begin_alike_and_rule_mix_does_not():
-    """DEFAULT_MIX: half its made-up pairs share their opening letters, so the noun is chosen past its first piece."""
+    """DEFAULT_MIX: half its made-up pairs share their opening letters, so the noun
+    is chosen past its first piece."""
     def shared_share(mix):
         shared = pairs = 0
         for document in generate_documents(400, seed=2, kinds=("coref",), mix=mix):
@@ -122,7 +129,9 @@ def test_made_up_coref_probes_ask_for_a_made_up_noun_in_either_role():
         first, second, adjective, template = parse_coref(probe.prompt.removesuffix(" The"))
         assert probe.kind == "coref_made_up" and {first, second}.isdisjoint(frame_nouns | HELD_OUT_NOUNS)
         referent = first if adjective in template.a_adjectives else second
-        assert probe.answer == f" {referent}" and probe.distractors == (f" {({first, second} - {referent}).pop()}",)
+        assert probe.answer == f" {referent}" and probe.distractors == (
+            f" {({first, second} - {referent}).pop()}",
+        )
         firsts += referent == first
     assert 70 < firsts < 130  # the referent is either noun, so "the first one" scores at chance
 
@@ -158,15 +167,20 @@ def test_copy_documents_repeat_their_words():
         assert all(first == second for first, _, second in episodes)
         assert all("Repeat" not in gap and "Again" not in gap for _, gap, _ in episodes)
     def gaps(mix):
-        return [len(gap.split())
-                for document in generate_documents(300, seed=4, kinds=("copy",), max_recall_distance=60, mix=mix)
-                for _, gap, _ in re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)]
+        return [
+            len(gap.split())
+            for document in generate_documents(300, seed=4, kinds=("copy",), max_recall_distance=60, mix=mix)
+            for _, gap, _ in re.findall(r"Repeat: ([^.]+)\.((?: [^.]+\.)*?) Again: ([^.]+)\.", document)
+        ]
     assert min(gaps(Mix())) == 0 and 30 < max(gaps(Mix())) <= 60  # from no filler at all to near the cap
-    assert min(gaps(DEFAULT_MIX)) == 0 and 5 < max(gaps(DEFAULT_MIX)) <= DEFAULT_MIX.copy_max_gap  # its own cap
+    # its own cap
+    assert min(gaps(DEFAULT_MIX)) == 0 and 5 < max(gaps(DEFAULT_MIX)) <= DEFAULT_MIX.copy_max_gap
 
 
 def test_held_out_nouns_never_appear_in_documents():
-    corpus, rule = default_corpus(num_documents=2000, seed=0), default_corpus(num_documents=2000, seed=0, mix=RULE_MIX)
+    corpus, rule = default_corpus(num_documents=2000, seed=0), default_corpus(
+        num_documents=2000, seed=0, mix=RULE_MIX
+    )
     documents = generate_documents(2000, seed=9) + corpus["train"] + corpus["validation"]
     documents += rule["train"] + rule["validation"]
     seen = set().union(*(_words(document) for document in documents))

@@ -1,5 +1,5 @@
-"""The model's forward pass and its math: attention backends, causality, RoPE. The Auto classes. The key/value cache
-and generation."""
+"""The model's forward pass and its math: attention backends, causality, RoPE. The Auto
+classes. The key/value cache and generation."""
 
 import os
 from pathlib import Path
@@ -48,8 +48,8 @@ def test_eager_matches_sdpa(tiny_model, with_padding, num_key_value_heads):
 
 
 FLEX_SKIP_REASON = (
-    "flex_attention compiles for ~45 s on CPU in torch 2.13 (its output matched eager when tried); too slow for "
-    "the suite. Set TINYTX_TEST_FLEX=1 to run it."
+    "flex_attention compiles for ~45 s on CPU in torch 2.13 (its output matched eager when tried); too slow "
+    "for the suite. Set TINYTX_TEST_FLEX=1 to run it."
 )
 FLEX_ONLY_IF_ASKED = pytest.mark.skipif(os.environ.get("TINYTX_TEST_FLEX") != "1", reason=FLEX_SKIP_REASON)
 BACKENDS = ["eager", "sdpa", pytest.param("flex_attention", marks=FLEX_ONLY_IF_ASKED)]
@@ -65,7 +65,8 @@ def test_future_tokens_never_change_past_logits(tiny_model, attn_implementation)
         reference = model(input_ids).logits
         for t in range(seq_len - 1):
             changed = input_ids.clone()
-            # A different token at every position after t (the +offset keeps it inside the vocabulary, never equal).
+            # A different token at every position after t (the +offset keeps it inside
+            # the vocabulary, never equal).
             offset = torch.randint(1, vocab - 3, (2, seq_len - t - 1), generator=generator)
             changed[:, t + 1 :] = (changed[:, t + 1 :] - 3 + offset) % (vocab - 3) + 3
             assert (changed[:, t + 1 :] != input_ids[:, t + 1 :]).all()
@@ -98,19 +99,25 @@ ROPE_SCALINGS = {
     "linear": {"factor": 2.0},
     "dynamic": {"factor": 2.0},
     "yarn": {"factor": 2.0, "original_max_position_embeddings": 16},
-    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "llama3": {
+        "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
 }
 
 
 @pytest.mark.parametrize("rope_type", sorted(ROPE_SCALINGS))
 def test_rope_scaling_types_build_and_change_positions(tiny_model, rope_type):
     rope_parameters = {"rope_type": rope_type, "rope_theta": 10000.0, **ROPE_SCALINGS[rope_type]}
-    # max_position_embeddings=16 and 24 tokens: "dynamic" only rescales once the input outgrows the trained length.
+    # max_position_embeddings=16 and 24 tokens: "dynamic" only rescales once the
+    # input outgrows the trained length.
     scaled = tiny_model(max_position_embeddings=16, rope_parameters=rope_parameters)
     plain = tiny_model(max_position_embeddings=16)
     assert scaled.config.rope_parameters["rope_type"] == rope_type
     assert scaled.model.rotary_emb.rope_type == rope_type
-    input_ids = torch.randint(3, scaled.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    input_ids = torch.randint(
+        3, scaled.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         scaled_logits = scaled(input_ids, use_cache=False).logits
         plain_logits = plain(input_ids, use_cache=False).logits
@@ -121,7 +128,8 @@ def test_rope_scaling_types_build_and_change_positions(tiny_model, rope_type):
 
 @pytest.mark.parametrize("rope_type", ["default", "llama3"])
 def test_rotation_is_bit_for_bit_llamas(rope_type):
-    """TinyTx folds the rotation's signs into its sin table and rolls instead of rotate_half: the same numbers."""
+    """TinyTx folds the rotation's signs into its sin table and rolls instead of
+    rotate_half: the same numbers."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply
@@ -131,7 +139,9 @@ def test_rotation_is_bit_for_bit_llamas(rope_type):
 
     rope = {"rope_type": rope_type, "rope_theta": 10000.0}
     if rope_type == "llama3":
-        rope.update(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)
+        rope.update(
+            factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
+        )
     config = build_tiny_config(rope_parameters=rope)
     llama_config = LlamaConfig(**{k: getattr(config, k) for k in ("hidden_size", "num_attention_heads",
                                "num_key_value_heads", "max_position_embeddings")}, rope_parameters=rope)
@@ -146,8 +156,10 @@ def test_rotation_is_bit_for_bit_llamas(rope_type):
 
 
 def test_auto_round_trip(tmp_path: Path):
-    config = AutoConfig.for_model("tinytx", vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    config = AutoConfig.for_model(
+        "tinytx", vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+    )
     assert isinstance(config, hf_tinytx.TinyTxConfig)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
@@ -197,15 +209,16 @@ def test_sequence_classification_reads_last_real_token(tiny_config):
     assert not torch.allclose(batch[0], batch[1])
 
 
-# ---- The key/value cache: assisted decoding crops it, beam search reorders it, a loss forward builds none, and
-# gradients flow through it; generation (padding, static cache, sampling, continuous batching) gives the tokens that
-# plain full-recompute decoding gives.
+# ---- The key/value cache: assisted decoding crops it, beam search reorders it, a loss forward builds none,
+# and gradients flow through it; generation (padding, static cache, sampling, continuous batching) gives the
+# tokens that plain full-recompute decoding gives.
 
 
 def greedy(model, input_ids, max_new_tokens, **kwargs):
     """`generate` without an end-of-sequence token, so every call yields exactly `max_new_tokens` tokens."""
     config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=model.config.pad_token_id
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+        pad_token_id=model.config.pad_token_id,
     )
     return model.generate(input_ids, generation_config=config, **kwargs)
 
@@ -249,7 +262,8 @@ def test_loss_forward_builds_no_cache_unless_asked(tiny_model):
 
 
 def test_cache_built_with_gradients_still_backpropagates(tiny_model):
-    """Two forwards through one cache, then backward through both (fine-tuning with a prefix, for instance)."""
+    """Two forwards through one cache, then backward through both (fine-tuning
+    with a prefix, for instance)."""
     model = tiny_model()
     model.train()
     first = model(torch.tensor([[5, 6, 7]]), use_cache=True)
@@ -260,8 +274,9 @@ def test_cache_built_with_gradients_still_backpropagates(tiny_model):
 
 
 def test_the_old_cache_name_still_works_and_warns_where_cache_is_current(tiny_model):
-    """`past_key_values=` (older code, PEFT's prefix tuning) gives what `cache=` gives, for the base model and the
-    LM; it warns as Llama's forward does where transformers names the argument `cache` (5.24 on), not before."""
+    """`past_key_values=` (older code, PEFT's prefix tuning) gives what `cache=` gives, for the
+    base model and the LM; it warns as Llama's forward does where transformers names the
+    argument `cache` (5.24 on), not before."""
     import dataclasses
     import warnings
 
@@ -276,7 +291,9 @@ def test_the_old_cache_name_still_works_and_warns_where_cache_is_current(tiny_mo
             first = module(prompt, use_cache=True)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                out = module(step, use_cache=True, **{name: getattr(first, "cache", None) or first.past_key_values})
+                out = module(
+                    step, use_cache=True, **{name: getattr(first, "cache", None) or first.past_key_values}
+                )
             deprecations = [w for w in caught if "`past_key_values` is deprecated" in str(w.message)]
             assert len(deprecations) == (1 if current and name == "past_key_values" else 0), caught
             results.append(out.logits if module is model else out.last_hidden_state)
@@ -309,7 +326,9 @@ def test_left_padded_batch_equals_each_prompt_alone(tiny_model, attn_implementat
     batched = greedy(model, input_ids, max_new_tokens=12, attention_mask=attention_mask)
     for row, prompt in enumerate(batch_prompts):
         alone = greedy(model, torch.tensor([prompt]), max_new_tokens=12)
-        assert batched[row, width:].tolist() == alone[0, len(prompt) :].tolist(), f"prompt {row} changed by padding"
+        assert (
+            batched[row, width:].tolist() == alone[0, len(prompt) :].tolist()
+        ), f"prompt {row} changed by padding"
 
 
 def test_static_cache_equals_dynamic(tiny_model):
@@ -352,14 +371,15 @@ def test_eager_attention_weights_are_causal_and_normalised(tiny_model):
 
 @pytest.mark.parametrize("attn_implementation", [
     "sdpa", "eager",  # generate_batch switches an eager model to paged|eager
-    pytest.param("paged|sdpa", marks=pytest.mark.filterwarnings("ignore::FutureWarning")),  # before 5.19; warns now
+    # before 5.19; warns now
+    pytest.param("paged|sdpa", marks=pytest.mark.filterwarnings("ignore::FutureWarning")),
 ])
 def test_continuous_batching_equals_generate(tiny_model, attn_implementation):
     model = tiny_model(attn_implementation=attn_implementation)
     batch_prompts = prompts(model.config.vocab_size, [4, 3, 7])
     config = GenerationConfig(max_new_tokens=10, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    # Sized for this toy workload: left to itself the manager sizes its page pool from free GPU memory, which on CPU
-    # makes it allocate (and scan) far more than three short requests need.
+    # Sized for this toy workload: left to itself the manager sizes its page pool from free GPU memory, which
+    # on CPU makes it allocate (and scan) far more than three short requests need.
     cb_config = ContinuousBatchingConfig(num_blocks=16, page_size=16, max_batch_tokens=64)
     results = model.generate_batch(
         batch_prompts, generation_config=config, continuous_batching_config=cb_config, warmup=False
@@ -367,7 +387,8 @@ def test_continuous_batching_equals_generate(tiny_model, attn_implementation):
     assert len(results) == len(batch_prompts)
 
     model.set_attn_implementation("sdpa")
-    for prompt, result in zip(batch_prompts, results.values()):  # results come back in the order of the inputs
+    # results come back in the order of the inputs
+    for prompt, result in zip(batch_prompts, results.values()):
         assert result.prompt_ids == prompt
         expected = greedy(model, torch.tensor([prompt]), max_new_tokens=10)[0, len(prompt) :].tolist()
         assert result.generated_tokens == expected

@@ -57,8 +57,9 @@ def test_token_ids_outside_the_vocabulary(tiny_model, bad_id):
 
 
 def test_token_ids_off_the_cpu_are_not_read_back(tiny_model):
-    """Reading the ids' bounds back from an accelerator would stall every step; there the embedding's own device-side
-    assert catches a bad id. "meta" stands in for an accelerator: any read of its values raises."""
+    """Reading the ids' bounds back from an accelerator would stall every step; there the
+    embedding's own device-side assert catches a bad id. "meta" stands in for an
+    accelerator: any read of its values raises."""
     model = tiny_model()
     model.model._check_token_ids(torch.tensor([[5, 1000]], device="meta"))
     with pytest.raises(ValueError, match="vocab_size=128"):
@@ -68,11 +69,14 @@ def test_token_ids_off_the_cpu_are_not_read_back(tiny_model):
 def test_empty_input_ids_name_the_fix(tiny_model):
     model = tiny_model()
     kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
-    with pytest.raises(ValueError, match=r"`input_ids` is empty \(shape \(1, 0\)\).*torch.tensor\(\[\[1\]\]\)"):
+    with pytest.raises(
+        ValueError, match=r"`input_ids` is empty \(shape \(1, 0\)\).*torch.tensor\(\[\[1\]\]\)"
+    ):
         model.generate(torch.zeros(1, 0, dtype=torch.long), **kwargs)
     with pytest.raises(ValueError, match="is empty"):
         model(torch.zeros(1, 0, dtype=torch.long))
-    assert model.generate(torch.tensor([[model.config.bos_token_id]]), **kwargs).shape == (1, 4)  # the fix runs
+    # the fix runs
+    assert model.generate(torch.tensor([[model.config.bos_token_id]]), **kwargs).shape == (1, 4)
 
 
 @pytest.mark.parametrize("mask_shape", [(3, 8), (2, 5), (2, 11), (8,), (2, 8, 8)],
@@ -104,8 +108,8 @@ def test_truncated_safetensors_raises_a_clear_error(tiny_model, tmp_path: Path):
         AutoModelForCausalLM.from_pretrained(tmp_path)
 
 
-# RoPE values transformers lets through (it checks which keys a type needs, and only warns about a factor below 1):
-# (rope_parameters, the message's field, its allowed range, the value as written back).
+# RoPE values transformers lets through (it checks which keys a type needs, and only warns about a factor
+# below 1): (rope_parameters, the message's field, its allowed range, the value as written back).
 BAD_ROPE_VALUES = [
     ({"rope_type": "default", "rope_theta": float("inf")}, "['rope_theta']", "finite number > 1", "inf"),
     ({"rope_type": "default", "rope_theta": 1e-30}, "['rope_theta']", "finite number > 1", "1e-30"),
@@ -116,24 +120,36 @@ BAD_ROPE_VALUES = [
     ({"rope_type": "linear", "rope_theta": 1e4, "factor": float("inf")}, "['factor']", "in [1, 1024]", "inf"),
     ({"rope_type": "dynamic", "rope_theta": 1e4, "factor": 0.0}, "['factor']", "in [1, 1024]", "0.0"),
     ({"rope_type": "yarn", "rope_theta": 1e4, "factor": -2.0}, "['factor']", "in [1, 1024]", "-2.0"),
-    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.0}, "partial_rotary_factor", "be 1.0",
-     "0.0"),
-    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 3}, "partial_rotary_factor", "be 1.0", "3"),
-    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}, "partial_rotary_factor", "be 1.0",
-     "0.5"),
+    (
+        {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.0}, "partial_rotary_factor",
+        "be 1.0", "0.0",
+    ),
+    (
+        {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 3}, "partial_rotary_factor",
+        "be 1.0", "3",
+    ),
+    (
+        {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}, "partial_rotary_factor",
+        "be 1.0", "0.5",
+    ),
 ]
 
 
 @pytest.mark.parametrize("rope, field, allowed, value", BAD_ROPE_VALUES,
                          ids=[f"{field}={value}" for _, field, _, value in BAD_ROPE_VALUES])
-def test_rope_values_outside_their_range_are_refused(tiny_config, tmp_path: Path, rope, field, allowed, value):
-    """Built in code or loaded from a config.json, the message names the field, the allowed range and the value."""
+def test_rope_values_outside_their_range_are_refused(
+    tiny_config, tmp_path: Path, rope, field, allowed, value
+):
+    """Built in code or loaded from a config.json, the message names the field,
+    the allowed range and the value."""
     from transformers import AutoConfig
 
     with pytest.raises(ValueError) as built:
         tiny_config(rope_parameters=dict(rope))
     message = str(built.value)
-    assert field in message and allowed in message and re.search(rf"got {re.escape(value)}[.;]", message), message
+    assert (
+        field in message and allowed in message and re.search(rf"got {re.escape(value)}[.;]", message)
+    ), message
     good = tiny_config()
     good.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
@@ -147,13 +163,19 @@ def test_rope_values_at_the_edges_of_their_range_are_kept(tiny_config):
                        partial_rotary_factor=1.0)
     assert kept.rope_parameters == {"rope_type": "linear", "rope_theta": 1.5, "factor": 1024,
                                     "partial_rotary_factor": 1.0}
-    assert tiny_config(rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 1.0}).rope_parameters[
-        "factor"] == 1.0
+    assert (
+        tiny_config(
+            rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 1.0}
+        ).rope_parameters["factor"]
+        == 1.0
+    )
 
 
 def test_legacy_top_level_rope_keys_are_checked_too(tiny_config):
     """`rope_theta` and `partial_rotary_factor` beside the other fields (as older configs store them)."""
-    with pytest.raises(ValueError, match=r"`rope_parameters\['rope_theta'\]` must be a finite number > 1.*got inf\."):
+    with pytest.raises(
+        ValueError, match=r"`rope_parameters\['rope_theta'\]` must be a finite number > 1.*got inf\."
+    ):
         tiny_config(rope_theta=float("inf"))
     with pytest.raises(ValueError, match=r"`partial_rotary_factor` must be 1\.0 .*got 0\.25;"):
         tiny_config(partial_rotary_factor=0.25)
@@ -163,7 +185,9 @@ def test_legacy_top_level_rope_keys_are_checked_too(tiny_config):
 def test_one_dimensional_input_ids_say_to_add_a_batch_dimension(tiny_model):
     model = tiny_model()
     ids = torch.tensor([5, 6, 7])
-    expected = r"`input_ids` must be 2-D \(batch, sequence\), got shape \(3,\); add a batch dimension.*ids\[None\]"
+    expected = (
+        r"`input_ids` must be 2-D \(batch, sequence\), got shape \(3,\); add a batch dimension.*ids\[None\]"
+    )
     with pytest.raises(ValueError, match=expected):
         model(ids)
     with pytest.raises(ValueError, match=r"`inputs_embeds` must be 3-D .*got shape \(3, 32\)"):
@@ -174,7 +198,8 @@ def test_one_dimensional_input_ids_say_to_add_a_batch_dimension(tiny_model):
 
 def test_a_forward_past_max_position_embeddings_warns_once_and_changes_nothing(tiny_model, caplog):
     short = tiny_model(max_position_embeddings=16)
-    long = tiny_model(max_position_embeddings=64)  # the same weights (same seed); RoPE does not read the limit
+    # the same weights (same seed); RoPE does not read the limit
+    long = tiny_model(max_position_embeddings=64)
     ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(0))
     with caplog.at_level(logging.WARNING), torch.no_grad():
         within = short(ids[:, :16]).logits
@@ -186,9 +211,9 @@ def test_a_forward_past_max_position_embeddings_warns_once_and_changes_nothing(t
         reference = long(ids).logits
     ours = [record for record in caplog.records if record.name.endswith("modeling_tinytx")]
     assert [record.getMessage() for record in ours] == [
-        "TinyTxModel: a sequence of 40 tokens is longer than max_position_embeddings=16, the longest this model is "
-        "configured for; positions past 16 extrapolate RoPE and the outputs there may degrade (a RoPE scaling type "
-        "in `rope_parameters` extends the context)."
+        "TinyTxModel: a sequence of 40 tokens is longer than max_position_embeddings=16, the longest this "
+        "model is configured for; positions past 16 extrapolate RoPE and the outputs there may degrade (a "
+        "RoPE scaling type in `rope_parameters` extends the context)."
     ]
     assert torch.equal(logits, reference)
     assert torch.equal(within, logits[:, :16])
@@ -204,16 +229,19 @@ def test_generation_crossing_the_limit_warns_once_with_the_length_it_reached(tin
                                                 "max_position_embeddings=16"), ours
 
 
-UNIT_PLAN = {"model.layers.*.self_attn.q_proj": "unit_colwise", "model.layers.*.self_attn.k_proj": "unit_colwise",
-             "model.layers.*.self_attn.v_proj": "unit_colwise", "model.layers.*.self_attn.o_proj": "unit_rowwise"}
+UNIT_PLAN = {
+    "model.layers.*.self_attn.q_proj": "unit_colwise", "model.layers.*.self_attn.k_proj": "unit_colwise",
+    "model.layers.*.self_attn.v_proj": "unit_colwise", "model.layers.*.self_attn.o_proj": "unit_rowwise",
+}
 
 
 @pytest.mark.parametrize("plan, refused", [("auto", True), ({}, False), (UNIT_PLAN, False),
                                            ({"model.layers.*.self_attn.v_proj": "colwise_rep"}, True)],
                          ids=["auto", "no-tp", "unit", "v-even"])
 def test_the_tensor_parallel_heads_check_follows_the_plan_in_use(tiny_config, plan, refused):
-    """3 key/value heads over 2 ranks: refused where the plan splits them evenly by columns, kept where transformers'
-    unit_colwise/unit_rowwise share a head across ranks (transformers 5.25's common TP test) or no TP rule applies."""
+    """3 key/value heads over 2 ranks: refused where the plan splits them evenly by columns, kept
+    where transformers' unit_colwise/unit_rowwise share a head across ranks (transformers 5.25's
+    common TP test) or no TP rule applies."""
     from transformers import DistributedConfig
 
     from hf_tinytx import TinyTxForCausalLM

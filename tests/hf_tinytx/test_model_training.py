@@ -9,11 +9,18 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from hf_tinytx_training.model.cpu_training import FP32_SDPA, CpuTrainingRMSNorm, _RMSNormFunction, speed_up_cpu_training
+from hf_tinytx_training.model.cpu_training import (
+    FP32_SDPA,
+    CpuTrainingRMSNorm,
+    _RMSNormFunction,
+    speed_up_cpu_training,
+)
 
 
 def random_batch(model, batch=2, seq_len=16, seed=0):
-    return torch.randint(3, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        3, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed)
+    )
 
 
 @pytest.mark.parametrize("overrides", [{}, {"qk_norm": True}, {"mlp_type": "plain", "hidden_act": "gelu"}],
@@ -66,10 +73,11 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
     def gradients(checkpointing):
         model = tiny_model(attn_implementation="eager").train()
         if checkpointing:
-            # `gradient_checkpointing_enable` is the pre-5.2x name of the same switch (deprecated, still works).
+            # `gradient_checkpointing_enable` is the pre-5.2x name of the same
+            # switch (deprecated, still works).
             getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
-        # Count runs of a module inside the layer: a checkpointed layer runs its forward again during backward.
-        # (A forward hook is no counter here: in torch 2.13 it did not fire on the replay.)
+        # Count runs of a module inside the layer: a checkpointed layer runs its forward again during
+        # backward. (A forward hook is no counter here: in torch 2.13 it did not fire on the replay.)
         calls, mlp = [], model.model.layers[0].mlp
         mlp_forward = mlp.forward
         mlp.forward = lambda x: calls.append(1) or mlp_forward(x)
@@ -94,7 +102,9 @@ def test_cpu_speed_path_changes_no_weight_and_no_result(tiny_model, tmp_path):
     input_ids = random_batch(plain)
     losses = [model(input_ids, labels=input_ids).loss for model in (plain, fast)]
     torch.testing.assert_close(losses[1], losses[0])
-    grads = [torch.autograd.grad(loss, list(model.parameters())) for loss, model in zip(losses, (plain, fast))]
+    grads = [
+        torch.autograd.grad(loss, list(model.parameters())) for loss, model in zip(losses, (plain, fast))
+    ]
     for ours, theirs in zip(grads[1], grads[0]):
         torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
     # What it saves loads as the plain model: same keys, and no trace of the speed path in config.json.
@@ -152,7 +162,9 @@ def test_num_items_in_batch_makes_gradient_accumulation_exact(tiny_model):
             for rows in (slice(0, 1), slice(1, 4))
         )
         torch.testing.assert_close(halves, full)
-        uneven_mean = (model(input_ids[:1], labels=labels[:1]).loss + model(input_ids[1:], labels=labels[1:]).loss) / 2
+        uneven_mean = (
+            model(input_ids[:1], labels=labels[:1]).loss + model(input_ids[1:], labels=labels[1:]).loss
+        ) / 2
         assert not torch.allclose(uneven_mean, full)  # without num_items_in_batch accumulation is biased
 
 

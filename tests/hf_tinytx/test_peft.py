@@ -1,11 +1,19 @@
-"""PEFT treats TinyTx like a built-in model: LoRA trains, saves a safetensors adapter that reloads and merges to the
-same logits; prompt and prefix tuning train and generate as Llama does; checkpointing works with a frozen base."""
+"""PEFT treats TinyTx like a built-in model: LoRA trains, saves a safetensors adapter that reloads
+and merges to the same logits; prompt and prefix tuning train and generate as Llama does;
+checkpointing works with a frozen base."""
 
 from pathlib import Path
 
 import pytest
 import torch
-from peft import AutoPeftModelForCausalLM, LoraConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, get_peft_model
+from peft import (
+    AutoPeftModelForCausalLM,
+    LoraConfig,
+    PeftModel,
+    PrefixTuningConfig,
+    PromptTuningConfig,
+    get_peft_model,
+)
 from transformers import AutoModelForCausalLM
 
 import hf_tinytx
@@ -45,7 +53,8 @@ def load_base(folder):
                          ids=["named", "all-linear"])
 def test_lora_trains_saves_reloads_and_merges(base_folder, tmp_path: Path, target_modules):
     model = get_peft_model(
-        load_base(base_folder), LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=16, target_modules=target_modules)
+        load_base(base_folder),
+        LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=16, target_modules=target_modules),
     )
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable), "only the LoRA matrices may train"
@@ -69,7 +78,8 @@ def test_lora_trains_saves_reloads_and_merges(base_folder, tmp_path: Path, targe
     with torch.no_grad():
         expected = model(input_ids=input_ids).logits
         via_peft_model = PeftModel.from_pretrained(load_base(base_folder), adapter).eval()
-        # AutoPeft reads the base folder from adapter_config.json and loads it natively, since hf_tinytx is imported.
+        # AutoPeft reads the base folder from adapter_config.json and loads it
+        # natively, since hf_tinytx is imported.
         via_auto = AutoPeftModelForCausalLM.from_pretrained(adapter, attn_implementation="eager").eval()
         assert type(via_auto.get_base_model()) is hf_tinytx.TinyTxForCausalLM
         for reloaded in (via_peft_model, via_auto):
@@ -86,15 +96,18 @@ def test_lora_trains_saves_reloads_and_merges(base_folder, tmp_path: Path, targe
 @pytest.mark.parametrize(
     "make_config",
     [
-        lambda: PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),  # virtual tokens: inputs_embeds
-        lambda: PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),  # virtual keys/values: the cache
+        # virtual tokens: inputs_embeds
+        lambda: PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
+        # virtual keys/values: the cache
+        lambda: PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
     ],
     ids=["prompt-tuning", "prefix-tuning"],
 )
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_prompt_and_prefix_tuning_train_and_generate_like_llama(tiny_model, make_config, attn_implementation):
-    """TinyTx under prompt/prefix tuning gives what the same network as a LlamaForCausalLM gives, token for token
-    (not a cache-free recomputation: `generate` and a forward place the virtual tokens differently for Llama too)."""
+    """TinyTx under prompt/prefix tuning gives what the same network as a LlamaForCausalLM
+    gives, token for token (not a cache-free recomputation: `generate` and a forward place the
+    virtual tokens differently for Llama too)."""
     tinytx = tiny_model(seed=0, attn_implementation=attn_implementation)
     llama = tinytx_to_llama(tinytx)
     input_ids = token_batch(tinytx.config.vocab_size)
@@ -118,7 +131,9 @@ def test_prompt_and_prefix_tuning_train_and_generate_like_llama(tiny_model, make
 
     losses, logits, generated = runs["tinytx"]
     assert losses[-1] < losses[0], losses
-    assert (logits[:, -input_ids.shape[1] :] - base_logits).abs().max() > 1e-3, "the virtual tokens had no effect"
+    assert (
+        logits[:, -input_ids.shape[1] :] - base_logits
+    ).abs().max() > 1e-3, "the virtual tokens had no effect"
     llama_losses, llama_logits, llama_generated = runs["llama"]
     assert losses == pytest.approx(llama_losses, abs=1e-5)
     torch.testing.assert_close(logits, llama_logits, rtol=0, atol=1e-5)
@@ -138,7 +153,9 @@ def test_checkpointing_with_a_frozen_base_sends_gradients_to_lora(tiny_model, en
                                      "activation_checkpointing_kwargs": {"use_reentrant": True}})
             assert all(layer.gradient_checkpointing for layer in base.model.layers)
         torch.manual_seed(1)
-        model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"]))
+        model = get_peft_model(
+            base, LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"])
+        )
         # B starts at zero, which would leave A without a gradient: give B values so both get one.
         for name, p in model.named_parameters():
             if "lora_B" in name:

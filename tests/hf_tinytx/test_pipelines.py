@@ -1,5 +1,6 @@
-"""TinyTx in the tools people deploy with: `pipeline("text-generation")` from a folder and from a Hub id, chat messages,
-streaming and batched left-padded generation all give exactly the text plain greedy `generate` gives."""
+"""TinyTx in the tools people deploy with: `pipeline("text-generation")` from a folder and
+from a Hub id, chat messages, streaming and batched left-padded generation all give exactly
+the text plain greedy `generate` gives."""
 
 import json
 import os
@@ -27,7 +28,8 @@ CHAT_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> Path:
-    """A saved TinyTx + tokenizer folder; wide initial weights, so greedy decoding does not repeat one token."""
+    """A saved TinyTx + tokenizer folder; wide initial weights, so greedy
+    decoding does not repeat one token."""
     tokenizer = build_byte_bpe_tokenizer()
     model = build_tiny_model(seed=0, vocab_size=len(tokenizer), initializer_range=0.3)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -49,7 +51,11 @@ def generate_text(model, tokenizer, prompt: str) -> str:
 
 def test_pipeline_from_a_saved_folder(model_folder):
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    assert len(tokenizer) == 300 and tokenizer.pad_token == "<pad>" and (model_folder / "tokenizer.json").is_file()
+    assert (
+        len(tokenizer) == 300
+        and tokenizer.pad_token == "<pad>"
+        and (model_folder / "tokenizer.json").is_file()
+    )
     generator = pipeline("text-generation", model=str(model_folder), device="cpu")
     assert isinstance(generator.model, hf_tinytx.TinyTxForCausalLM)
     prompt = "The quick brown fox"
@@ -62,7 +68,8 @@ def test_pipeline_from_a_saved_folder(model_folder):
 
 
 def test_pipeline_from_a_hub_id(model_folder, local_hub, tmp_path: Path):
-    """Upload the folder to the local Hub server, then build the pipeline from the repo id in a fresh process."""
+    """Upload the folder to the local Hub server, then build the pipeline from
+    the repo id in a fresh process."""
     repo_id = f"{local_hub.user}/tinytx-pipeline"
     prompt = "A small model learns"
     code = textwrap.dedent(
@@ -105,7 +112,9 @@ def test_chat_messages_through_the_pipeline(model_folder):
     assert conversation[-1]["role"] == "assistant"
 
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     assert tokenizer.decode(inputs["input_ids"][0]).endswith("<|assistant|>\n")
     model = AutoModelForCausalLM.from_pretrained(model_folder)
     with torch.no_grad():
@@ -168,4 +177,6 @@ def test_batched_left_padded_generation_equals_each_prompt_alone(model_folder):
 
     for prompt, output in zip(prompts, batched):
         alone = generator(prompt, return_full_text=False, **GREEDY)[0]["generated_text"]
-        assert alone and output[0]["generated_text"] == alone, f"padding changed the continuation of {prompt!r}"
+        assert (
+            alone and output[0]["generated_text"] == alone
+        ), f"padding changed the continuation of {prompt!r}"

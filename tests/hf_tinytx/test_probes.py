@@ -1,5 +1,5 @@
-"""The probe scorer: right keys and ranges on a random TinyTx, exact bookkeeping proven with an oracle model that
-knows every answer, and batching/padding that does not change a single score."""
+"""The probe scorer: right keys and ranges on a random TinyTx, exact bookkeeping proven with an oracle model
+that knows every answer, and batching/padding that does not change a single score."""
 
 import pytest
 import torch
@@ -26,8 +26,10 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer):
     torch.manual_seed(0)
-    config = TinyTxConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=2, max_position_embeddings=2048, bos_token_id=None, eos_token_id=None)
+    config = TinyTxConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=2048, bos_token_id=None, eos_token_id=None,
+    )
     return TinyTxForCausalLM(config)
 
 
@@ -37,8 +39,8 @@ def probes():
 
 
 class OracleLM(torch.nn.Module):
-    """Knows a set of token sequences: wherever the input so far is a prefix of one, it puts a high logit on that
-    sequence's next token. Fed the prompt+answer sequences, a correct scorer must find every answer."""
+    """Knows a set of token sequences: wherever the input so far is a prefix of one, it puts a high logit on
+    that sequence's next token. Fed the prompt+answer sequences, a correct scorer must find every answer."""
 
     def __init__(self, sequences: list[list[int]], vocab_size: int):
         super().__init__()
@@ -72,7 +74,9 @@ def test_scores_have_the_right_keys_and_ranges(tiny_model, tokenizer, probes):
 
 
 @pytest.mark.parametrize("knows, batch_size, score", [("answer", 5, 1.0), ("distractor", 3, 0.0)])
-def test_an_oracle_scores_100_percent_or_0_when_it_prefers_a_distractor(tokenizer, probes, knows, batch_size, score):
+def test_an_oracle_scores_100_percent_or_0_when_it_prefers_a_distractor(
+    tokenizer, probes, knows, batch_size, score
+):
     oracle = _oracle(tokenizer, probes, lambda p: p.answer if knows == "answer" else p.distractors[-1])
     results = score_probes(oracle, tokenizer, probes, batch_size=batch_size)
     assert all(results[key] == score for key in results if not key.startswith("n_"))
@@ -96,8 +100,8 @@ def test_log_probs_match_a_plain_forward_pass_and_ignore_batching(tiny_model, to
 
 
 def test_candidate_tokens_are_split_after_the_common_prefix(tokenizer):
-    # Without a leading space the candidate merges with the prompt's last word ("Aga" + "in" -> one "Again" token),
-    # so the candidate's tokens start before the candidate's text does.
+    # Without a leading space the candidate merges with the prompt's last word ("Aga" + "in" -> one "Again"
+    # token), so the candidate's tokens start before the candidate's text does.
     from hf_tinytx.probes import _split_candidate
 
     prompt, candidate = "Repeat: tiger. Aga", "in:"
@@ -116,8 +120,8 @@ def test_empty_probe_list_is_an_error(tiny_model, tokenizer):
 
 
 def test_a_tokenizer_that_adds_bos_gets_it_in_front_of_every_probe(tokenizer, probes):
-    # Llama-style tokenizers put <s> before every text; the scorer must do the same, or an oracle trained on such
-    # text would not recognise the probes.
+    # Llama-style tokenizers put <s> before every text; the scorer must do the same, or an oracle trained on
+    # such text would not recognise the probes.
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.add_special_tokens(["<s>"])
     bos_id = backend.token_to_id("<s>")

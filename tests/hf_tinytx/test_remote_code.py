@@ -16,8 +16,8 @@ from tests.helpers.tiny import build_tiny_config, greedy
 
 NEW_TOKENS = 16
 
-# Runs in the child. The import hook stands in for a machine without the package: even where hf_tinytx is installed
-# (editable, as in CI), every attempt to import it fails.
+# Runs in the child. The import hook stands in for a machine without the package: even where hf_tinytx is
+# installed (editable, as in CI), every attempt to import it fails.
 CHILD_SCRIPT = BLOCK_HF_TINYTX + textwrap.dedent(
     """
     import hashlib, inspect, json, os, sys
@@ -58,21 +58,24 @@ CHILD_SCRIPT = BLOCK_HF_TINYTX + textwrap.dedent(
 
 
 def run_without_the_package(script: str, tmp_path, *args, cwd=None, **env) -> subprocess.CompletedProcess:
-    """`script args` in a child with private caches (the user's ~/.cache/huggingface is neither read nor written) and
-    no path to the repository."""
+    """`script args` in a child with private caches (the user's ~/.cache/huggingface is neither read nor
+    written) and no path to the repository."""
     path = tmp_path / "child.py"
     path.write_text(script)
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     environment.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", **env)
-    result = subprocess.run([sys.executable, str(path), *map(str, args)], cwd=cwd or tmp_path, env=environment,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(path), *map(str, args)], cwd=cwd or tmp_path, env=environment,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     return result
 
 
 def test_saved_folder_loads_as_remote_code_without_the_package(tmp_path):
     torch.manual_seed(0)
-    # qk_norm and GQA exercise the code paths a Llama model lacks, so nothing can be borrowed from transformers.
+    # qk_norm and GQA exercise the code paths a Llama model lacks, so nothing can
+    # be borrowed from transformers.
     config = build_tiny_config(qk_norm=True, initializer_range=0.2)
     model = hf_tinytx.TinyTxForCausalLM(config).eval()
     folder = tmp_path / "tiny_tinytx"
@@ -118,8 +121,9 @@ TOKENIZER_SCRIPT = BLOCK_HF_TINYTX + textwrap.dedent(
 
 
 def test_a_saved_tokenizer_loads_without_the_package_and_without_a_prompt(tmp_path):
-    """The README's two ways to load a trained folder's tokenizer where hf_tinytx is not installed. No stdin: if
-    either asked "Do you wish to run the custom code?", its answer would be EOF and AutoTokenizer would log that."""
+    """The README's two ways to load a trained folder's tokenizer where hf_tinytx is not
+    installed. No stdin: if either asked "Do you wish to run the custom code?", its answer would
+    be EOF and AutoTokenizer would log that."""
     from tests.helpers.tiny import build_byte_bpe_tokenizer
 
     folder = tmp_path / "tiny_tinytx"

@@ -1,5 +1,6 @@
-"""transformers' Trainer drives TinyTx like a built-in model: it trains, evaluates, saves safetensors that reload to
-the same logits, and its gradient accumulation is exact (the loss is averaged over tokens, not over micro-batches)."""
+"""transformers' Trainer drives TinyTx like a built-in model: it trains, evaluates, saves
+safetensors that reload to the same logits, and its gradient accumulation is exact (the loss is
+averaged over tokens, not over micro-batches)."""
 
 from pathlib import Path
 
@@ -22,9 +23,10 @@ def sentence_dataset(tokenizer, sentences):
 
 def quiet_args(output_dir, **overrides):
     # train_sampling_strategy "sequential": the same data order whatever the batch size
-    return TrainingArguments(output_dir=str(output_dir), report_to="none", save_strategy="no", disable_tqdm=True,
-                             use_cpu=True, dataloader_pin_memory=False, train_sampling_strategy="sequential", seed=0,
-                             **overrides)
+    return TrainingArguments(
+        output_dir=str(output_dir), report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True,
+        dataloader_pin_memory=False, train_sampling_strategy="sequential", seed=0, **overrides,
+    )
 
 
 def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokenizer, tmp_path: Path):
@@ -62,10 +64,11 @@ def test_trainer_trains_evaluates_saves_and_reloads(tiny_model, byte_bpe_tokeniz
 
 
 def one_step(tiny_model, dataset, collator, output_dir, batch_size, accumulation):
-    """One SGD step (learning rate 1: the weight change is exactly minus the gradient) over all four sequences.
+    """One SGD step (learning rate 1: the weight change is exactly minus the
+    gradient) over all four sequences.
 
-    Weights are drawn wider than usual (std 0.2) so the per-token losses differ between sequences; at the default
-    std every token costs about log(vocab_size) and any averaging would look right."""
+    Weights are drawn wider than usual (std 0.2) so the per-token losses differ between sequences; at the
+    default std every token costs about log(vocab_size) and any averaging would look right."""
     model = tiny_model(seed=0, initializer_range=0.2).train()
     args = quiet_args(output_dir, max_steps=1, per_device_train_batch_size=batch_size,
                       gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=1.0,
@@ -80,15 +83,21 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_model, byte_bpe_tokeni
     # Pad id 0: no token drawn below is 0, so only padding leaves the loss.
     collator = pad_collator(byte_bpe_tokenizer())
     generator = torch.Generator().manual_seed(1)
-    # Different numbers of real tokens per sequence (3, 19, 6, 14), so a mean over micro-batches would be wrong.
+    # Different numbers of real tokens per sequence (3, 19, 6, 14), so a mean
+    # over micro-batches would be wrong.
     lengths = [3, 19, 6, 14]
     sequences = [torch.randint(3, 128, (n,), generator=generator).tolist() for n in lengths]
     dataset = Dataset.from_dict({"input_ids": sequences})
 
-    big_loss, big_weights = one_step(tiny_model, dataset, collator, tmp_path / "big", batch_size=4, accumulation=1)
-    acc_loss, acc_weights = one_step(tiny_model, dataset, collator, tmp_path / "acc", batch_size=2, accumulation=2)
+    big_loss, big_weights = one_step(
+        tiny_model, dataset, collator, tmp_path / "big", batch_size=4, accumulation=1
+    )
+    acc_loss, acc_weights = one_step(
+        tiny_model, dataset, collator, tmp_path / "acc", batch_size=2, accumulation=2
+    )
 
-    # The naive answer (mean of the two micro-batch means) differs clearly, so the check below can tell them apart.
+    # The naive answer (mean of the two micro-batch means) differs clearly, so the
+    # check below can tell them apart.
     model = tiny_model(seed=0, initializer_range=0.2)
     with torch.no_grad():
         halves = [collator([dataset[i] for i in pair]) for pair in ((0, 1), (2, 3))]
@@ -97,6 +106,8 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_model, byte_bpe_tokeni
 
     assert abs(acc_loss - big_loss) < 1e-5, (acc_loss, big_loss)
     initial = model.state_dict()
-    assert any(not torch.equal(big_weights[name], initial[name]) for name in initial), "the step changed nothing"
+    assert any(
+        not torch.equal(big_weights[name], initial[name]) for name in initial
+    ), "the step changed nothing"
     for name in big_weights:
         torch.testing.assert_close(acc_weights[name], big_weights[name], rtol=0, atol=1e-6, msg=name)

@@ -1,10 +1,11 @@
-"""Runs a script with library functions counted, as tests/helpers/launch.py --kill-at counts them (the same `wrap`),
-so that a trial can be killed right before or after any one of the calls a reference run made.
+"""Runs a script with library functions counted, as tests/helpers/launch.py --kill-at counts them (the same
+`wrap`), so that a trial can be killed right before or after any one of the calls a reference run made.
 
-    python tests/kill_campaign/call_tracer.py --calls OUT.json --count LABEL=FUNCTION[,...]:TEXT ... SCRIPT ARGS
+    python tests/kill_campaign/call_tracer.py --calls OUT.json --count
+    LABEL=FUNCTION[,...]:TEXT ... SCRIPT ARGS
 
-Each process writes OUT.rankR.json, {label: [the calls' path arguments, in order]}, after every counted call: a
-process that leaves with os._exit still leaves its counts.
+Each process writes OUT.rankR.json, {label: [the calls' path arguments, in order]}, after every counted call:
+a process that leaves with os._exit still leaves its counts.
 """
 
 import argparse
@@ -37,7 +38,8 @@ def main():
     def counting(label, text):
         def around(original, args, kwargs):
             texts = list(_texts(args, kwargs))
-            if not text or any(text in value for value in texts):  # counted before the call, as --kill-at counts
+            # counted before the call, as --kill-at counts
+            if not text or any(text in value for value in texts):
                 with lock:
                     calls[label].append(" -> ".join(texts))
                     write()

@@ -1,5 +1,6 @@
-"""What the kill campaign's trials share (__main__.py explains the design): a run stopped from outside at a moment,
-a timed reference, the user's file and planted links, what a folder holds after a kill, a trial's row and table."""
+"""What the kill campaign's trials share (__main__.py explains the design): a run stopped from
+outside at a moment, a timed reference, the user's file and planted links, what a folder holds
+after a kill, a trial's row and table."""
 
 import hashlib
 import json
@@ -33,8 +34,8 @@ def traced(command_prefix: list, calls_file: Path, counted: dict) -> list:
 
 
 def read_calls(calls_file: Path) -> dict:
-    """{label: [calls]} of the traced run; of a launch, the rank that made the most of them (each process counts
-    its own calls, so an Nth call up to that many is reached by some rank)."""
+    """{label: [calls]} of the traced run; of a launch, the rank that made the most of them (each process
+    counts its own calls, so an Nth call up to that many is reached by some rank)."""
     merged = {}
     for path in sorted(calls_file.parent.glob(f"{calls_file.name}.rank*.json")):
         for label, calls in json.loads(path.read_text()).items():
@@ -50,8 +51,8 @@ def killed_at(prefix: list, call: dict) -> list:
 
 
 def plan_call(rng, calls: dict, choices: list) -> dict:
-    """One exact moment: a kind of call drawn from `choices` [(label, functions, text)], one of its calls in the
-    reference run (nth), before or after it."""
+    """One exact moment: a kind of call drawn from `choices` [(label, functions, text)], one of its calls in
+    the reference run (nth), before or after it."""
     label, functions, text = rng.choice(choices)
     count = len(calls[label])
     nth = rng.randint(1, count)
@@ -66,14 +67,15 @@ def tail(texts: str) -> str:
 
 
 def rerun_kills(rng, never: bool = False) -> list:
-    """Per rerun, the fraction of the reference's time at which it is SIGKILLed, or None; never the last rerun."""
+    """Per rerun, the fraction of the reference's time at which it is SIGKILLed,
+    or None; never the last rerun."""
     return [None if never or rerun == MAX_RERUNS - 1 or rng.random() >= RERUN_KILL_CHANCE else rng.random()
             for rerun in range(MAX_RERUNS)]
 
 
 class StoppedRuns:
-    """Pretrain's and finetune's reference runs and first runs: the lines that open training and the final phase
-    (export, publish), the program's stop line and the line it prints once finished."""
+    """Pretrain's and finetune's reference runs and first runs: the lines that open training and the final
+    phase (export, publish), the program's stop line and the line it prints once finished."""
 
     program = phase = phase_line = training_line = finished_line = ""
 
@@ -87,14 +89,25 @@ class StoppedRuns:
             sys.exit(f"kill_campaign: the {self.program[:-3]} reference printed no line matching "
                      f"{self.training_line!r} or {self.phase_line!r}; update them.")
         training, phase = result.marks["training"], result.marks[self.phase]
-        return result, {"seconds": result.seconds, "training_start": training, "training_seconds": phase - training,
-                        f"{self.phase}_seconds": result.seconds - phase}
+        return result, {
+            "seconds": result.seconds, "training_start": training, "training_seconds": phase - training,
+            f"{self.phase}_seconds": result.seconds - phase,
+        }
 
-    def stopped_run(self, plan: dict, reference: dict, command: list, env: dict, cwd: Path, launched: bool = False,
-                    signal_timeout: float = 300):
-        """The first run, stopped as the plan's kind says: SIGKILL at a time of the run ("time") or of its final
-        phase ("export", "publish"), or SIGTERM/SIGINT at a time of the run or of its training ("SIGINT training").
-        Returns the moment as the table shows it, the result, and what a stop signal did (None for SIGKILL)."""
+    def stopped_run(
+        self,
+        plan: dict,
+        reference: dict,
+        command: list,
+        env: dict,
+        cwd: Path,
+        launched: bool = False,
+        signal_timeout: float = 300,
+    ):
+        """The first run, stopped as the plan's kind says: SIGKILL at a time of the run ("time") or of
+        its final phase ("export", "publish"), or SIGTERM/SIGINT at a time of the run or of its
+        training ("SIGINT training"). Returns the moment as the table shows it, the result, and what a
+        stop signal did (None for SIGKILL)."""
         name, _, part = plan["kind"].rpartition(" ")
         signum = SIGNALS.get(name, signal.SIGKILL)
         if part == "time":
@@ -102,7 +115,9 @@ class StoppedRuns:
             moment = f"{name or 'SIGKILL'} t={at:.2f}s of {reference['seconds']:.1f}s"
         else:  # counted from the line that opens the phase
             seconds = reference[f"{part}_seconds"]
-            at, after = plan["fraction"] * seconds, self.training_line if part == "training" else self.phase_line
+            at, after = plan["fraction"] * seconds, (
+                self.training_line if part == "training" else self.phase_line
+            )
             moment = f"{name or 'SIGKILL'} {part} +{at:.2f}s of {seconds:.2f}s"
         first = run_process(command, env, cwd, at=at, signum=signum, after=after,
                             timeout=signal_timeout if name else 300)
@@ -127,8 +142,8 @@ LINKED = "A file of the user's that a planted link leads to: no command may writ
 
 
 def plant_links(folder: Path, files: list[str], folders: list[str]) -> None:
-    """Links at the names a command writes: `files` to a user's file, `folders` to a user's folder, both beside them
-    in `folder` (so that the links pass the links-out check and the writes meet them)."""
+    """Links at the names a command writes: `files` to a user's file, `folders` to a user's folder, both
+    beside them in `folder` (so that the links pass the links-out check and the writes meet them)."""
     (folder / "linked" / "kept").mkdir(parents=True, exist_ok=True)
     (folder / "linked" / "file.txt").write_text(LINKED)
     (folder / "linked" / "kept" / "kept.txt").write_text(LINKED)
@@ -162,9 +177,9 @@ def same_weights(expected: Path, actual: Path) -> bool:
 
 
 def model_state(folder: Path) -> str:
-    """What a user finds in a model folder: "none" (no config.json yet: not a model folder; "none+w" when weights
-    already stand there, as in a first publish, which moves the config last), "loadable" (the config loads and the
-    weights match it: no missing, unexpected or mis-shaped tensor), or "BROKEN: why"."""
+    """What a user finds in a model folder: "none" (no config.json yet: not a model folder; "none+w" when
+    weights already stand there, as in a first publish, which moves the config last), "loadable" (the config
+    loads and the weights match it: no missing, unexpected or mis-shaped tensor), or "BROKEN: why"."""
     from transformers import AutoModelForCausalLM
 
     import hf_tinytx  # noqa: F401  (registers "tinytx")
@@ -183,8 +198,8 @@ def model_state(folder: Path) -> str:
 
 def lost_reasons(states: list[str], notes_lost: bool, source_changed: bool = False,
                  written_through_link: bool = False) -> list[str]:
-    """What a trial lost: the user's file, the source's bytes, a file a planted link led to, or a loadable model at
-    a moment after a kill."""
+    """What a trial lost: the user's file, the source's bytes, a file a planted link led to, or a
+    loadable model at a moment after a kill."""
     reasons = ["my_notes.txt gone or changed"] if notes_lost else []
     if written_through_link:
         reasons.append("a file a planted link led to was written")
@@ -201,11 +216,11 @@ def last_error(result) -> str | None:
 
 
 def stop_outcome(result, signum: int, program: str, launched: bool, finished_line: str) -> str:
-    """What a SIGTERM or SIGINT did: "stopped" (exit 128 + the signal, torchrun's 1, with one line saying how to
-    resume), "finished" (exit 0: the run had finished before it could stop), "late" (the run had published its
-    model, `finished_line` printed, and the signal came as the process was leaving: the interpreter's shutdown
-    restores the default handlers, so exit -signal, or torchrun's 1 with its SignalException; nothing was left to
-    do), or "broken" (any other exit: the stop broke its promise)."""
+    """What a SIGTERM or SIGINT did: "stopped" (exit 128 + the signal, torchrun's 1, with one line saying how
+    to resume), "finished" (exit 0: the run had finished before it could stop), "late" (the run had published
+    its model, `finished_line` printed, and the signal came as the process was leaving: the interpreter's
+    shutdown restores the default handlers, so exit -signal, or torchrun's 1 with its SignalException; nothing
+    was left to do), or "broken" (any other exit: the stop broke its promise)."""
     if result.returncode == 0:
         return "finished"
     lines = [line for line in result.stderr.splitlines()
@@ -225,9 +240,10 @@ def resumed_from(stdout: str) -> str:
 
 
 def rerun_until_done(first, rerun, observe, kills: list, folder: Path) -> dict:
-    """Reruns (`rerun(None)`, or `rerun(fraction)` for a rerun SIGKILLed at that fraction of the reference's time)
-    until a run exits 0, at most MAX_RERUNS times; `observe()` says what the folder holds after each killed rerun.
-    Returns the last result, the counts, the states observed, whether my_notes.txt ever went, and the last error."""
+    """Reruns (`rerun(None)`, or `rerun(fraction)` for a rerun SIGKILLed at that fraction of the
+    reference's time) until a run exits 0, at most MAX_RERUNS times; `observe()` says what the folder
+    holds after each killed rerun. Returns the last result, the counts, the states observed, whether
+    my_notes.txt ever went, and the last error."""
     result, reruns, rerun_kills, states, lost, error = first, 0, 0, [], False, None
     while result.returncode != 0 and reruns < MAX_RERUNS:
         fraction = kills[reruns] if reruns < len(kills) else None
@@ -239,15 +255,34 @@ def rerun_until_done(first, rerun, observe, kills: list, folder: Path) -> dict:
         lost |= not notes_kept(folder)
         if result.returncode not in (0, KILLED):
             error = f"rerun exit {result.returncode}: {last_error(result)}"
-    return {"result": result, "reruns": reruns, "rerun_kills": rerun_kills, "states": states, "notes_lost": lost,
-            "error": error, "resumed_from": resumed_from(result.stdout) if reruns else "-"}
+    return {
+        "result": result, "reruns": reruns, "rerun_kills": rerun_kills, "states": states, "notes_lost": lost,
+        "error": error, "resumed_from": resumed_from(result.stdout) if reruns else "-",
+    }
 
 
-def resume_and_judge(plan: dict, output_dir: Path, first, rerun, killed: bool, *, moment: str, error, started: float,
-                     observe, compare, promise=None, stop=None, source_changed=None, resumed=None, **extra) -> dict:
-    """A trial's end: what the folder held after the first run (`observe()`), the reruns until one finishes
-    (`rerun_until_done`), then its row. `compare()`: None when the final result is the reference's, else why ("" for
-    no more than the verdict's own words); `resumed`: the row's "resumed from" in place of the rerun's own line."""
+def resume_and_judge(
+    plan: dict,
+    output_dir: Path,
+    first,
+    rerun,
+    killed: bool,
+    *,
+    moment: str,
+    error,
+    started: float,
+    observe,
+    compare,
+    promise=None,
+    stop=None,
+    source_changed=None,
+    resumed=None,
+    **extra,
+) -> dict:
+    """A trial's end: what the folder held after the first run (`observe()`), the reruns until one
+    finishes (`rerun_until_done`), then its row. `compare()`: None when the final result is the
+    reference's, else why ("" for no more than the verdict's own words); `resumed`: the row's "resumed
+    from" in place of the rerun's own line."""
     states = [observe()] if killed else []
     notes_lost = not notes_kept(output_dir)
     done = rerun_until_done(first, rerun, observe, plan["rerun_kills"], output_dir)
@@ -257,18 +292,34 @@ def resume_and_judge(plan: dict, output_dir: Path, first, rerun, killed: bool, *
     through_link = not links_kept(output_dir)
     lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir),
                                 bool(source_changed and source_changed()), through_link)
-    return row(plan, moment=moment, killed=killed, first_exit=first.returncode, after_kill=states,
-               through_link=through_link, reruns=done["reruns"], rerun_kills=done["rerun_kills"],
-               resumed_from=resumed if resumed and done["reruns"] else done["resumed_from"], exit=result.returncode,
-               equal=equal, lost=bool(lost_because), promise=promise, stop=stop,
-               error=verdict(equal, lost_because, promise,
-                             error if promise is False else why or done["error"] or error, result),
-               **extra, seconds=round(time.monotonic() - started, 1))
+    return row(
+        plan,
+        moment=moment,
+        killed=killed,
+        first_exit=first.returncode,
+        after_kill=states,
+        through_link=through_link,
+        reruns=done["reruns"],
+        rerun_kills=done["rerun_kills"],
+        resumed_from=resumed if resumed and done["reruns"] else done["resumed_from"],
+        exit=result.returncode,
+        equal=equal,
+        lost=bool(lost_because),
+        promise=promise,
+        stop=stop,
+        error=verdict(
+            equal, lost_because, promise, error if promise is False else why or done["error"] or error, result
+        ),
+        **extra,
+        seconds=round(time.monotonic() - started, 1),
+    )
 
 
 def same_model(reference: Path, output_dir: Path):
     """A `compare` for resume_and_judge: the final weights are the reference's, bit for bit."""
-    return lambda: None if same_weights(reference / "model.safetensors", output_dir / "model.safetensors") else ""
+    return lambda: (
+        None if same_weights(reference / "model.safetensors", output_dir / "model.safetensors") else ""
+    )
 
 
 def verdict(equal: bool, lost_because: list[str], promise, error: str | None, result) -> str | None:
@@ -280,16 +331,19 @@ def verdict(equal: bool, lost_because: list[str], promise, error: str | None, re
     if equal:
         return None
     if result.returncode != 0:
-        return error or f"no run exited 0 in {MAX_RERUNS} reruns: exit {result.returncode}: {last_error(result)}"
+        return (
+            error or f"no run exited 0 in {MAX_RERUNS} reruns: exit {result.returncode}: {last_error(result)}"
+        )
     return error or "the final model differs from the uninterrupted run's"
 
 
 def row(plan: dict, **values) -> dict:
-    base = {"trial": plan["trial"], "command": plan["command"], "config": plan["config"], "kind": plan["kind"],
-            "moment": "", "killed": False, "first_exit": None, "after_kill": [], "reruns": 0, "rerun_kills": 0,
-            "resumed_from": "-", "exit": None, "equal": False, "lost": False, "promise": None, "stop": None,
-            "through_link": False, "error": None,
-            "seconds": 0.0}
+    base = {
+        "trial": plan["trial"], "command": plan["command"], "config": plan["config"], "kind": plan["kind"],
+        "moment": "", "killed": False, "first_exit": None, "after_kill": [], "reruns": 0, "rerun_kills": 0,
+        "resumed_from": "-", "exit": None, "equal": False, "lost": False, "promise": None, "stop": None,
+        "through_link": False, "error": None, "seconds": 0.0,
+    }
     base.update(values)
     return base
 
@@ -312,7 +366,8 @@ def table(rows: list[dict]) -> str:
 
 
 def quiet_transformers() -> None:
-    """No progress bars from this process's loads and saves (the trials' own output is captured, not shown)."""
+    """No progress bars from this process's loads and saves (the trials' own
+    output is captured, not shown)."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
@@ -325,4 +380,3 @@ def say(text: str) -> None:
 def repo_env(env: dict) -> dict:
     """The environment with the repository on PYTHONPATH (for `-m hf_tinytx.convert` from another folder)."""
     return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))}
-

@@ -1,7 +1,8 @@
-"""The kill campaign's trials of `python -m hf_tinytx.convert --to llama` (__main__.py explains the design): an old
-and a new TinyTx model (seeds 0 and 1) and their conversions; each trial runs `convert --to llama new DEST
---overwrite` over the old conversion, SIGKILLed at a time or at a move into DEST. After a kill DEST must load as the
-old or the new model (logits equal to one conversion's, bit for bit); the rerun must end with the new one's files."""
+"""The kill campaign's trials of `python -m hf_tinytx.convert --to llama` (__main__.py explains the
+design): an old and a new TinyTx model (seeds 0 and 1) and their conversions; each trial runs `convert
+--to llama new DEST --overwrite` over the old conversion, SIGKILLed at a time or at a move into DEST.
+After a kill DEST must load as the old or the new model (logits equal to one conversion's, bit for bit);
+the rerun must end with the new one's files."""
 
 import random
 import shutil
@@ -32,11 +33,13 @@ from tests.kill_campaign.common import (
 
 
 MANIFEST = ".tinytx-written.json"
-CALLS = {"move into DEST": (MOVES, "llama")}  # DEST is always .../llama; no other path the command touches says so
+# DEST is always .../llama; no other path the command touches says so
+CALLS = {"move into DEST": (MOVES, "llama")}
 KINDS, QUICK_KINDS = ("call", "time", "call"), ("call", "call")
 OLD_SHAPE_LAYERS = 3  # the "shape" trials' earlier model; build_tiny_model's is 2
 LINKED_FILES, LINKED_FOLDERS = [f"{MANIFEST}.new"], [".tinytx-staging"]
-# `python -m hf_tinytx.convert` as a script file, so tests/helpers/launch.py (which runs a file) can wrap its calls.
+# `python -m hf_tinytx.convert` as a script file, so tests/helpers/launch.py (which
+# runs a file) can wrap its calls.
 SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__main__', alter_sys=True)\n"
 
 
@@ -58,7 +61,8 @@ class Convert:
         return run_process(command, self.env, self.folder, **kill)
 
     def prepare(self) -> None:
-        """The two sources, their conversions into fresh folders, then the trials' command once, timed and traced."""
+        """The two sources, their conversions into fresh folders, then the trials'
+        command once, timed and traced."""
         self.folder.mkdir()
         (self.folder / "convert_shim.py").write_text(SHIM)
         quiet_transformers()
@@ -76,7 +80,8 @@ class Convert:
         self.calls, self.seconds = self.traced_reference("reference", "old", "the convert reference run")
         say(f"convert reference: {self.seconds:.1f} s; calls: "
             + ", ".join(f"{label} {len(calls)}" for label, calls in self.calls.items()))
-        if self.shape_trials:  # the publish over the 3-layer conversion makes its own moves: traced on its own
+        # the publish over the 3-layer conversion makes its own moves: traced on its own
+        if self.shape_trials:
             self.shape_calls, _ = self.traced_reference("reference_shape", "old3",
                                                         "the convert run over the 3-layer model")
 
@@ -108,10 +113,15 @@ class Convert:
                 plan["call"] = plan_call(rng, self.calls, [(label, *value) for label, value in CALLS.items()])
             plan["rerun_kills"] = rerun_kills(rng, never=self.quick)
             plans.append(plan)
-        rng = random.Random(f"{self.seed}-convert-folders")  # their own draws: a seed still names the trials above
+        # their own draws: a seed still names the trials above
+        rng = random.Random(f"{self.seed}-convert-folders")
         for index in range(self.shape_trials + self.link_trials):
             config = "shape" if index < self.shape_trials else "links"
-            kind = "call" if config == "shape" or self.quick else ("call", "time")[(index - self.shape_trials) % 2]
+            kind = (
+                "call"
+                if config == "shape" or self.quick
+                else ("call", "time")[(index - self.shape_trials) % 2]
+            )
             plan = {"trial": len(plans) + 1, "command": self.name, "config": config, "kind": kind,
                     "fraction": rng.random()}
             if kind == "call":
@@ -126,7 +136,9 @@ class Convert:
         return plans
 
     def run_trial(self, plan: dict) -> dict:
-        destination = self.destination(f"trial_{plan['trial']:02d}", "old3" if plan["config"] == "shape" else "old")
+        destination = self.destination(
+            f"trial_{plan['trial']:02d}", "old3" if plan["config"] == "shape" else "old"
+        )
         if plan["config"] == "links":
             plant_links(destination, LINKED_FILES, LINKED_FOLDERS)
         started, error = time.monotonic(), None
@@ -147,17 +159,21 @@ class Convert:
                 error = f"exit {first.returncode}: {last_error(first)}"
 
         def rerun(fraction):
-            return self.convert("tinytx_new", destination, at=None if fraction is None else fraction * self.seconds)
+            return self.convert(
+                "tinytx_new", destination, at=None if fraction is None else fraction * self.seconds
+            )
 
-        return resume_and_judge(plan, destination, first, rerun, killed, moment=moment, error=error, started=started,
-                                observe=lambda: self.state(destination),
-                                compare=lambda: self.differs_from_new(destination),
-                                source_changed=lambda: file_digests(self.folder / "tinytx_new") != self.source_digests,
-                                resumed="rerun", call=plan.get("call", {}).get("target"))
+        return resume_and_judge(
+            plan, destination, first, rerun, killed, moment=moment, error=error, started=started,
+            observe=lambda: self.state(destination), compare=lambda: self.differs_from_new(destination),
+            source_changed=lambda: file_digests(self.folder / "tinytx_new") != self.source_digests,
+            resumed="rerun", call=plan.get("call", {}).get("target"),
+        )
 
     def state(self, destination: Path) -> str:
-        """"old" or "new": which conversion DEST loads as (its logits equal that one's); "refused" when loading
-        stops with a one-line error (a publish of another shape takes the old config out first); else "BROKEN: why".
+        """"old" or "new": which conversion DEST loads as (its logits equal that one's);
+        "refused" when loading stops with a one-line error (a publish of another shape takes the
+        old config out first); else "BROKEN: why".
         """
         import torch
 
@@ -183,13 +199,16 @@ class Convert:
         different = sorted(name for name in expected if found.get(name) != expected[name])
         extra = sorted(set(found) - set(expected))
         if different or extra:
-            return f"files differ from the new conversion's: {different}; files that should not be there: {extra}"
+            return (f"files differ from the new conversion's: {different}; "
+                    f"files that should not be there: {extra}")
         return None
 
     def summary(self) -> dict:
-        return {"reference_seconds": {"overwrite": round(self.seconds, 2)},
-                "calls": {label: len(calls) for label, calls in self.calls.items()},
-                "command": ["python", "-m", "hf_tinytx.convert", "--to", "llama", "NEW", "DEST", "--overwrite"]}
+        return {
+            "reference_seconds": {"overwrite": round(self.seconds, 2)},
+            "calls": {label: len(calls) for label, calls in self.calls.items()},
+            "command": ["python", "-m", "hf_tinytx.convert", "--to", "llama", "NEW", "DEST", "--overwrite"],
+        }
 
 
 def logits_of(folder: Path):

@@ -1,7 +1,7 @@
-"""The kill campaign's trials of training/pretrain.py on two simulated nodes (__main__.py explains the design): two
-`torchrun --nnodes 2 --rdzv-backend c10d` launches, a node's fault once a checkpoint is written (worker or agent
-killed, worker frozen), the seconds until every process is gone, then resumes on 1 process or 2 nodes until the run
-ends, bit for bit equal to one process with the same --total_batch_size."""
+"""The kill campaign's trials of training/pretrain.py on two simulated nodes (__main__.py explains the
+design): two `torchrun --nnodes 2 --rdzv-backend c10d` launches, a node's fault once a checkpoint is written
+(worker or agent killed, worker frozen), the seconds until every process is gone, then resumes on 1 process or
+2 nodes until the run ends, bit for bit equal to one process with the same --total_batch_size."""
 
 import os
 import random
@@ -16,24 +16,38 @@ from tests.helpers.cluster_runs import free_port
 from tests.helpers.faults import PRETRAIN
 from tests.helpers.processes import alive, descendants, workers_under
 from tests.helpers.tiny import TINY_PRETRAIN_ARGS
-from tests.kill_campaign.common import MAX_RERUNS, notes_kept, row, run_process, same_weights, say, write_notes
+from tests.kill_campaign.common import (
+    MAX_RERUNS,
+    notes_kept,
+    row,
+    run_process,
+    same_weights,
+    say,
+    write_notes,
+)
 
 
 STEPS, EVERY = 40, 5
-FLAGS = [*TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_size", "16", "--max_train_steps",
-         str(STEPS), "--checkpointing_steps", str(EVERY), "--eval_steps", "1000", "--num_probes_per_kind", "0",
-         "--num_samples", "0", "--ddp_timeout", "10"]
+FLAGS = [
+    *TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_size", "16", "--max_train_steps",
+    str(STEPS), "--checkpointing_steps", str(EVERY), "--eval_steps", "1000", "--num_probes_per_kind", "0",
+    "--num_samples", "0", "--ddp_timeout", "10",
+]
 FAULTS = ("kill worker", "kill agent", "freeze worker")
-BOUND = 90  # seconds from a fault to every process gone: --ddp_timeout, torchrun's restart and its join timeout
+# seconds from a fault to every process gone: --ddp_timeout, torchrun's restart and its join timeout
+BOUND = 90
 JOIN_TIMEOUT = 30  # --rdzv-conf join_timeout: how long a restarted node waits for one that is gone
 TRAINING_LINE = "Training for "  # printed by each node's first process once the run trains
-GROUP_LINE = re.compile(r"^(\d+) process\(es\) on", re.M)  # printed by each node's first process: the group's size
+# printed by each node's first process: the group's size
+GROUP_LINE = re.compile(r"^(\d+) process\(es\) on", re.M)
 
 
 def torchrun(port: int, run_id: str, max_restarts: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend",
-            "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
-            f"join_timeout={JOIN_TIMEOUT}", "--max-restarts", str(max_restarts)]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
+        f"join_timeout={JOIN_TIMEOUT}", "--max-restarts", str(max_restarts),
+    ]
 
 
 def fewer_than(launched: int, outputs: list[str]) -> bool:
@@ -57,8 +71,9 @@ class Nodes:
 
     def prepare(self) -> None:
         output_dir = self.folder / "reference"
-        result = run_process([sys.executable, str(PRETRAIN), *FLAGS, "--output_dir", str(output_dir)], self.env,
-                             self.folder)
+        result = run_process(
+            [sys.executable, str(PRETRAIN), *FLAGS, "--output_dir", str(output_dir)], self.env, self.folder
+        )
         if result.returncode != 0:
             sys.exit(f"kill_campaign: the two-node reference run failed:\n{result.stderr[-3000:]}")
         self.reference = {"seconds": result.seconds, "output_dir": output_dir}
@@ -74,14 +89,21 @@ class Nodes:
 
     def launch(self, output_dir: Path, max_restarts: int) -> list[subprocess.Popen]:
         port, run_id = free_port(), f"campaign{time.monotonic_ns()}"
-        command = [*torchrun(port, run_id, max_restarts), str(PRETRAIN), *FLAGS, "--output_dir", str(output_dir),
-                   "--resume_from_checkpoint", "latest"]
-        return [subprocess.Popen(command, env=self.env, cwd=self.folder, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True) for _ in range(2)]
+        command = [
+            *torchrun(port, run_id, max_restarts), str(PRETRAIN), *FLAGS, "--output_dir", str(output_dir),
+            "--resume_from_checkpoint", "latest",
+        ]
+        return [
+            subprocess.Popen(
+                command, env=self.env, cwd=self.folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True,
+            )
+            for _ in range(2)
+        ]
 
     def fault(self, plan: dict, nodes: list, output_dir: Path) -> tuple[float | None, list[int], list[int]]:
-        """Waits for the planned checkpoint, then injects the fault into one node: the moment it struck (None: the
-        run ended first), the workers of both nodes then, and the processes frozen."""
+        """Waits for the planned checkpoint, then injects the fault into one node: the moment it struck (None:
+        the run ended first), the workers of both nodes then, and the processes frozen."""
         checkpoint = output_dir / "checkpoints" / f"step_{plan['after_step']}"
         while not checkpoint.exists():
             if any(node.poll() is not None for node in nodes):
@@ -98,8 +120,8 @@ class Nodes:
         return time.monotonic(), every, mine if plan["kind"] == "freeze worker" else []
 
     def end_of(self, plan: dict, nodes: list, struck: float | None, pids: list[int], frozen: list[int]):
-        """Outputs of both launches, the seconds from the fault until every process but the frozen ones was gone,
-        and whether that took past BOUND (a hang: everything is then killed)."""
+        """Outputs of both launches, the seconds from the fault until every process but the frozen ones was
+        gone, and whether that took past BOUND (a hang: everything is then killed)."""
         frozen_node = nodes[plan["node"]] if frozen else None
         deadline = (struck or time.monotonic()) + (BOUND if struck else 600)
 
@@ -110,7 +132,9 @@ class Nodes:
         while running() and time.monotonic() < deadline:
             time.sleep(0.1)
         hung, gone = running(), time.monotonic()
-        for pid in [*pids, *(p for node in nodes for p in descendants(node.pid)), *(node.pid for node in nodes)]:
+        for pid in [
+            *pids, *(p for node in nodes for p in descendants(node.pid)), *(node.pid for node in nodes),
+        ]:
             try:  # the frozen node goes once the others have ended, as a scheduler's job step would
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -1,5 +1,5 @@
-"""The kill campaign's trials of training/pretrain.py (__main__.py explains the design): SIGKILL at a time, in the
-export or at an exact call; SIGTERM and SIGINT; and the "shape" and "links" configs."""
+"""The kill campaign's trials of training/pretrain.py (__main__.py explains the design): SIGKILL at a time, in
+the export or at an exact call; SIGTERM and SIGINT; and the "shape" and "links" configs."""
 
 import json
 import random
@@ -27,7 +27,8 @@ from tests.kill_campaign.common import (
 
 
 FINISHED_LINE = "Model folder: "  # printed once the export is complete
-EXPORT_LINE = r"validation: loss"  # printed after the final evaluation; the final checkpoint and the export follow
+# printed after the final evaluation; the final checkpoint and the export follow
+EXPORT_LINE = r"validation: loss"
 TRAINING_LINE = r"^train:.*\| *[1-9]\d*/"  # the progress bar after a step (not "Tokenizing train:")
 STAGING = ".tinytx-staging"
 # Exact moments: (functions, text in an argument, calls per step (None: per run), label).
@@ -70,11 +71,24 @@ class Pretrain(StoppedRuns):
     name, program, phase = "pretrain", "pretrain.py", "export"
     phase_line, training_line, finished_line = EXPORT_LINE, TRAINING_LINE, FINISHED_LINE
 
-    def __init__(self, folder: Path, env: dict, quick: bool, trials: int, dropout_trials: int, signal_trials: int,
-                 steps: int, seed: int, shape_trials: int = 0, link_trials: int = 0):
+    def __init__(
+        self,
+        folder: Path,
+        env: dict,
+        quick: bool,
+        trials: int,
+        dropout_trials: int,
+        signal_trials: int,
+        steps: int,
+        seed: int,
+        shape_trials: int = 0,
+        link_trials: int = 0,
+    ):
         self.folder, self.env, self.quick, self.steps = folder / "pretrain", env, quick, steps
         self.folder.mkdir()
-        self.trials, self.dropout_trials, self.signal_trials, self.seed = trials, dropout_trials, signal_trials, seed
+        self.trials, self.dropout_trials, self.signal_trials, self.seed = (
+            trials, dropout_trials, signal_trials, seed,
+        )
         self.shape_trials, self.link_trials = shape_trials, link_trials
         self.configs = {"plain": None}
         if dropout_trials:
@@ -85,15 +99,18 @@ class Pretrain(StoppedRuns):
         return ["python", "training/pretrain.py", *command_flags(self.steps, None)]
 
     def prepare(self) -> None:
-        """Runs the command straight through (per config), timed: its duration, and when training and export began."""
+        """Runs the command straight through (per config), timed: its duration, and
+        when training and export began."""
         for name, config in self.configs.items():
             output_dir = self.folder / f"reference_{name}"
             command = [sys.executable, str(PRETRAIN), *command_flags(self.steps, config), "--output_dir",
                        str(output_dir)]
             result, times = self.timed_reference(command, self.env, self.folder, "pretrain reference run")
             self.references[name] = {**times, "output_dir": output_dir}
-            say(f"pretrain reference ({name}): {result.seconds:.1f} s, training from {times['training_start']:.1f} s,"
-                f" export phase {times['export_seconds']:.2f} s")
+            say(
+                f"pretrain reference ({name}): {result.seconds:.1f} s, training from "
+                f"{times['training_start']:.1f} s, export phase {times['export_seconds']:.2f} s"
+            )
         for name in ("shape", "links"):  # trained as plain; they differ in what the output folder holds
             self.references[name] = self.references["plain"]
         if self.shape_trials:
@@ -103,21 +120,23 @@ class Pretrain(StoppedRuns):
                 sys.exit("kill_campaign: the pretrain run of the 3-layer model failed")
 
     def plans(self) -> list[dict]:
-        """Every random choice, made up front so that a seed names the same campaign whatever happens in it. The kill
-        trials draw from random.Random(seed) as before the signal trials existed, so a seed keeps naming them."""
+        """Every random choice, made up front so that a seed names the same campaign whatever
+        happens in it. The kill trials draw from random.Random(seed) as before the signal trials
+        existed, so a seed keeps naming them."""
         rng, count, steps, quick = random.Random(self.seed), self.trials, self.steps, self.quick
         plans = []
         for index in range(count):
             plan = {"trial": index + 1, "command": self.name,
                     "config": "dropout" if index >= count - self.dropout_trials else "plain",
                     "kind": ("time", "export", "call")[index % 3]}
-            # In --quick every kill must land: keep time kills off the very end, exact calls on ones every run makes.
+            # In --quick every kill must land: keep time kills off the very end, exact
+            # calls on ones every run makes.
             plan["fraction"] = rng.uniform(0.05, 0.6) if quick else rng.random()
             moment = CALLS[0] if quick else rng.choice(CALLS)
             plan["call"] = exact_call(rng, moment, 4 if moment[2] is None else moment[2] * steps)
             if plan["config"] == "dropout":
-                # Dropout only matters when the rerun trains steps again: kill while a checkpoint in the middle of
-                # the run is being written, so that the rerun resumes from the one before it.
+                # Dropout only matters when the rerun trains steps again: kill while a checkpoint in the
+                # middle of the run is being written, so that the rerun resumes from the one before it.
                 plan["kind"] = "call"
                 plan["call"] = exact_call(rng, CALLS[0], max(2, steps - 1), first=2)
             plan["rerun_kills"] = rerun_kills(rng, never=quick)
@@ -137,7 +156,9 @@ class Pretrain(StoppedRuns):
         rng, plans = random.Random(f"{self.seed}-pretrain-folders"), []
         for index in range(self.shape_trials + self.link_trials):
             config = "shape" if index < self.shape_trials else "links"
-            kind = ("call", "export")[index % 2] if config == "shape" else ("time", "export", "call")[index % 3]
+            kind = (
+                ("call", "export")[index % 2] if config == "shape" else ("time", "export", "call")[index % 3]
+            )
             moment = CALLS[3] if config == "shape" else rng.choice(CALLS)
             last = EXPORT_MOVES if moment[2] is None else moment[2] * self.steps
             plans.append({"trial": done + index + 1, "command": self.name, "config": config, "kind": kind,
@@ -146,7 +167,8 @@ class Pretrain(StoppedRuns):
         return plans
 
     def trial_folder(self, plan: dict) -> tuple[Path, list[str]]:
-        """The trial's output folder, as the config has it before the first run, and the flags the config adds."""
+        """The trial's output folder, as the config has it before the first run,
+        and the flags the config adds."""
         output_dir = self.folder / f"trial_{plan['trial']:02d}"
         if plan["config"] == "shape":
             shutil.copytree(self.folder / "old_3_layers", output_dir)
@@ -154,24 +176,34 @@ class Pretrain(StoppedRuns):
         if plan["config"] == "links":
             plant_links(output_dir, LINKED_FILES, LINKED_FOLDERS)
         # links: the metrics log's name stands there already, which only a resume (of nothing, here) may meet
-        return output_dir, {"shape": ["--overwrite_output_dir"], "links": ["--resume_from_checkpoint", "latest"]}.get(
-            plan["config"], [])
+        return output_dir, {
+            "shape": ["--overwrite_output_dir"], "links": ["--resume_from_checkpoint", "latest"],
+        }.get(plan["config"], [])
 
     def run_trial(self, plan: dict) -> dict:
         reference = self.references[plan["config"]]
         output_dir, extra = self.trial_folder(plan)
-        args = [*command_flags(self.steps, self.configs.get(plan["config"])), *extra, "--output_dir", str(output_dir)]
+        args = [
+            *command_flags(self.steps, self.configs.get(plan["config"])), *extra, "--output_dir",
+            str(output_dir),
+        ]
         env, cwd, started = self.env, self.folder, time.monotonic()
         if plan["kind"] == "call":
             call, stop = plan["call"], None
             moment = f"{call['when']} {call['label']} #{call['nth']}"
-            first = run_killed_at(args, env=env, cwd=cwd, function=tuple(call["function"]), match=call["match"],
-                                  nth=call["nth"], when=call["when"])
+            first = run_killed_at(
+                args, env=env, cwd=cwd, function=tuple(call["function"]), match=call["match"],
+                nth=call["nth"], when=call["when"],
+            )
         else:
-            moment, first, stop = self.stopped_run(plan, reference, [sys.executable, str(PRETRAIN), *args], env, cwd)
+            moment, first, stop = self.stopped_run(
+                plan, reference, [sys.executable, str(PRETRAIN), *args], env, cwd
+            )
         if stop is None:
             killed = first.returncode == KILLED
-            error = None if first.returncode in (0, KILLED) else f"exit {first.returncode}: {last_error(first)}"
+            error = (
+                None if first.returncode in (0, KILLED) else f"exit {first.returncode}: {last_error(first)}"
+            )
         else:
             killed = first.returncode != 0
             error = None if stop != "broken" else (f"the stop broke its promise: exit {first.returncode}: "
@@ -182,15 +214,21 @@ class Pretrain(StoppedRuns):
             moment += " (after the publish)"
 
         def rerun(fraction):  # "shape": the same command, which starts afresh; "links" resumes already
-            command = [sys.executable, str(PRETRAIN), *args, *([] if extra else ["--resume_from_checkpoint", "latest"])]
+            command = [
+                sys.executable, str(PRETRAIN), *args,
+                *([] if extra else ["--resume_from_checkpoint", "latest"]),
+            ]
             at = None if fraction is None else fraction * reference["seconds"]
             return run_process(command, env, cwd, at=at)
 
-        return resume_and_judge(plan, output_dir, first, rerun, killed, moment=moment, error=error, started=started,
-                                observe=lambda: model_state(output_dir),
-                                compare=same_model(reference["output_dir"], output_dir),
-                                promise=None if stop is None else stop != "broken", stop=stop)
+        return resume_and_judge(
+            plan, output_dir, first, rerun, killed, moment=moment, error=error, started=started,
+            observe=lambda: model_state(output_dir), compare=same_model(reference["output_dir"], output_dir),
+            promise=None if stop is None else stop != "broken", stop=stop,
+        )
 
     def summary(self) -> dict:
-        return {"reference_seconds": {name: round(ref["seconds"], 2) for name, ref in self.references.items()},
-                "steps": self.steps, "command": self.command()}
+        return {
+            "reference_seconds": {name: round(ref["seconds"], 2) for name, ref in self.references.items()},
+            "steps": self.steps, "command": self.command(),
+        }

@@ -50,9 +50,19 @@ def run(command, tmp_path) -> subprocess.CompletedProcess:
 
 
 def test_a_full_token_store_names_the_store_and_the_rerun_elsewhere_trains(root, tmp_path, mounted):
-    """Before (issue 40): "No space left on the device while writing the output folder", a folder never made."""
-    write_jsonl(tmp_path / "big.jsonl", [{"text": f"document {i} is about the quick brown fox and the lazy dog, "
-                                                  f"number {i * 7}"} for i in range(30_000)])  # 1.5 MB of tokens
+    """Before (issue 40): "No space left on the device while writing the output
+    folder", a folder never made."""
+    write_jsonl(
+        tmp_path / "big.jsonl",
+        [
+            {
+                "text": f"document {i} is about the quick brown fox and the lazy dog, "
+                # 1.5 MB of tokens
+                f"number {i * 7}"
+            }
+            for i in range(30_000)
+        ],
+    )
     flags = TINY_PRETRAIN_ARGS[:]  # every document of the file
     at = flags.index("--num_train_documents")
     del flags[at : at + 2]
@@ -63,16 +73,20 @@ def test_a_full_token_store_names_the_store_and_the_rerun_elsewhere_trains(root,
         line = error_line(full, "pretrain")
         assert full.returncode == 1
         assert f"while writing the token store {store} (" in line and "--token_store" in line, line
-        assert not [path for path in store.iterdir() if path.name.startswith(".tmp-")], line  # the partial shard
+        # the partial shard
+        assert not [path for path in store.iterdir() if path.name.startswith(".tmp-")], line
     assert not (tmp_path / "out").exists()
     rerun = run([*command, "--token_store", str(tmp_path / "roomy")], tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
 
 def test_a_full_disk_in_the_merged_save_names_the_merged_folder_and_removes_it(root, tmp_path, mounted):
-    """Before: the line named OUT/.tinytx-staging, said "about 0.0 MiB needed", and left an empty merged/ behind."""
-    command = [sys.executable, str(FINETUNE), "--model_name_or_path", str(root / "base"), "--train_file",
-               str(root / "train.jsonl"), *QUICK, "--use_peft", "--merge", "--output_dir", str(tmp_path / "out")]
+    """Before: the line named OUT/.tinytx-staging, said "about 0.0 MiB needed", and
+    left an empty merged/ behind."""
+    command = [
+        sys.executable, str(FINETUNE), "--model_name_or_path", str(root / "base"), "--train_file",
+        str(root / "train.jsonl"), *QUICK, "--use_peft", "--merge", "--output_dir", str(tmp_path / "out"),
+    ]
     with mounted(tmp_path / "disk", "100k") as disk:
         merged = disk / "a" / "merged"
         full = run([*command, "--merged_output_dir", str(merged)], tmp_path)
@@ -82,18 +96,24 @@ def test_a_full_disk_in_the_merged_save_names_the_merged_folder_and_removes_it(r
         assert " 0.0 MiB" not in line and "--overwrite_output_dir" in line, line
         assert list(disk.iterdir()) == [], "the folders the failed save created were left behind"
     assert (tmp_path / "out" / "adapter_config.json").is_file()  # the adapter, saved before the merge, stays
-    rerun = run([*command, "--merged_output_dir", str(tmp_path / "merged"), "--overwrite_output_dir"], tmp_path)
+    rerun = run(
+        [*command, "--merged_output_dir", str(tmp_path / "merged"), "--overwrite_output_dir"], tmp_path
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (tmp_path / "merged" / "config.json").is_file()
 
 
 @pytest.mark.parametrize("to, name", [("llama", "model"), ("gguf", "model.gguf")])
-def test_convert_and_gguf_on_a_full_disk_remove_the_folders_they_created(root, tmp_path, mounted, capsys, to, name):
+def test_convert_and_gguf_on_a_full_disk_remove_the_folders_they_created(
+    root, tmp_path, mounted, capsys, to, name
+):
     with mounted(tmp_path / "disk", "64k") as disk:
         assert convert_main(["--to", to, str(root / "base"), str(disk / "x" / "y" / name)]) == 1
         err = capsys.readouterr().err
         message = err.strip().splitlines()[-1]  # above it, only the progress bar of loading the weights
-        assert "Traceback" not in err and message.startswith(f"error: {'gguf' if to == 'gguf' else 'convert'}: ")
+        assert "Traceback" not in err and message.startswith(
+            f"error: {'gguf' if to == 'gguf' else 'convert'}: "
+        )
         assert "the disk is full while writing" in message, message
         assert list(disk.iterdir()) == [], "the parent folders the command created were left behind"
         assert " 0.0 MiB" not in message, message

@@ -1,7 +1,8 @@
-"""Interrupted pretrain and finetune runs, every fault from outside (tests/helpers/faults.py): a user's file in the
-output folder survives, the newest intact checkpoint loads, and `--resume_from_checkpoint latest` ends with exactly
-the weights of the run never interrupted (the reference, trained once per command). A stop signal during the final
-push, to a main process whose workers tokenize, or while it exits, ends the run with 128 + the signal."""
+"""Interrupted pretrain and finetune runs, every fault from outside (tests/helpers/faults.py): a user's
+file in the output folder survives, the newest intact checkpoint loads, and `--resume_from_checkpoint
+latest` ends with exactly the weights of the run never interrupted (the reference, trained once per
+command). A stop signal during the final push, to a main process whose workers tokenize, or while it
+exits, ends the run with 128 + the signal."""
 
 import dataclasses
 import json
@@ -31,7 +32,8 @@ deep = pytest.mark.deep
 NOTES = "My own notes, kept in the output folder: no training run may touch them.\n"
 STAGING = ".tinytx-staging"  # the export's hidden folder inside the output folder
 MOVES = ("os.replace", "os.rename")  # either may move a staged file into place; they share one call count
-STEP = "accelerate.Accelerator.backward"  # called once a step by both scripts: a signal after call N lands in step N
+# called once a step by both scripts: a signal after call N lands in step N
+STEP = "accelerate.Accelerator.backward"
 
 
 def with_notes(path: Path) -> Path:
@@ -56,7 +58,9 @@ def tmpfs_bytes(folder: Path) -> int:
 
 
 def silent_hub_env(server, tmp_path) -> dict:
-    env = {k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+    env = {
+        k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))
+    }
     env.update(HF_ENDPOINT=server.url, HF_TOKEN="hf_silent" + os.urandom(16).hex(), HF_HUB_OFFLINE="0",
                TRANSFORMERS_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost",
                no_proxy="127.0.0.1,localhost")
@@ -84,7 +88,8 @@ def command(request) -> Command:
 @deep
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bit(command, tmp_path, signum):
-    """A scheduler's SIGTERM or a user's Ctrl-C: a checkpoint, no export, exit 128 + signal, a line on resuming."""
+    """A scheduler's SIGTERM or a user's Ctrl-C: a checkpoint, no export, exit 128
+    + signal, a line on resuming."""
     out = tmp_path / "run"
     flags = ["--enable_jit_checkpoint"] if command.name == "finetune" and signum == signal.SIGINT else []
     stopped = command.at_call(out, *flags, function=STEP, nth=3, signum=signum)
@@ -96,20 +101,29 @@ def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bi
     assert (command.checkpoint(out, step) / "checksums.json").is_file()
     assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
 
-    resume = ["--resume_from_checkpoint", "latest" if signum == signal.SIGTERM else command.checkpoint(out, step)]
+    resume = [
+        "--resume_from_checkpoint", "latest" if signum == signal.SIGTERM else command.checkpoint(out, step),
+    ]
     if signum == signal.SIGTERM:  # the checkpoint's optimizer state would undo a changed rate: refused
         refused = command.run(out, *flags, *resume, "--learning_rate", "1e-3")
-        line = error_line(refused, command.name, "resume with --learning_rate", "but this run has --learning_rate")
-        assert refused.returncode == 2 and re.search(r"was trained with --learning_rate 0\.00[35],", line), line
+        line = error_line(
+            refused, command.name, "resume with --learning_rate", "but this run has --learning_rate"
+        )
+        assert refused.returncode == 2 and re.search(
+            r"was trained with --learning_rate 0\.00[35],", line
+        ), line
         assert not (out / "model.safetensors").exists()
     if command.name == "pretrain":
         assert command.steps_logged(out, final=False) == list(range(1, step + 1))
-        if signum == signal.SIGTERM:  # a full disk mid-append tears the last line: the resume drops it and says so
+        # a full disk mid-append tears the last line: the resume drops it and says so
+        if signum == signal.SIGTERM:
             with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write('{"step": %d, "loss": 4.1' % (step + 1))
     resumed = command.run(out, *flags, *resume)
     succeeded(resumed)
-    assert f"{command.resumed} {command.checkpoint(out, step)} at step {step}" in resumed.stdout, describe(resumed)
+    assert f"{command.resumed} {command.checkpoint(out, step)} at step {step}" in resumed.stdout, describe(
+        resumed
+    )
     assert_same_weights(command.reference, out)
     if command.name == "pretrain":
         torn = [line for line in resumed.stdout.splitlines() if "torn last line" in line]
@@ -117,19 +131,28 @@ def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bi
         assert not torn or f"line {step + 1} of {out / 'metrics.jsonl'}" in torn[0]
         assert command.steps_logged(out) == list(range(1, command.steps + 1))
         # The log and the card count both launches' time: the log's seconds go on from the stopped launch's.
-        seconds = [json.loads(line)["elapsed_seconds"] for line in (out / "metrics.jsonl").read_text().splitlines()
-                   if '"loss"' in line]
+        seconds = [
+            json.loads(line)["elapsed_seconds"]
+            for line in (out / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line
+        ]
         assert seconds == sorted(seconds) and seconds[step] > seconds[step - 1] > 0, seconds
-        assert "in 2 launches (the run was resumed 1 time; the last launch trained" in (out / "README.md").read_text()
+        assert (
+            "in 2 launches (the run was resumed 1 time; the last launch trained"
+            in (out / "README.md").read_text()
+        )
 
 
 @deep
 def test_ctrl_c_that_also_ends_the_reader_of_the_output_still_stops_with_a_checkpoint(finetune, tmp_path):
-    """`finetune.py ... | tee log` and Ctrl-C, which ends tee too: once a BrokenPipeError mid-step and no checkpoint."""
+    """`finetune.py ... | tee log` and Ctrl-C, which ends tee too: once a
+    BrokenPipeError mid-step and no checkpoint."""
     out = tmp_path / "run"
-    process = subprocess.Popen(finetune.command(out, *finetune.every()), cwd=finetune.cwd,
-                               env={**pretrain_env(finetune.cwd), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        finetune.command(out, *finetune.every()), cwd=finetune.cwd,
+        env={**pretrain_env(finetune.cwd), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
     for line in process.stdout:
         if "'loss'" in line:
             break
@@ -145,11 +168,16 @@ def test_ctrl_c_that_also_ends_the_reader_of_the_output_still_stops_with_a_check
 
 
 @deep
-def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume_only_saves(command, tmp_path):
-    """A preempted job spends no seconds on evaluating and saving: the resume trains no step, evaluates and saves."""
+def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume_only_saves(
+    command, tmp_path
+):
+    """A preempted job spends no seconds on evaluating and saving: the resume trains
+    no step, evaluates and saves."""
     out, flags = tmp_path / "run", []
     if command.name == "finetune":
-        flags = ["--validation_file", write_jsonl(tmp_path / "validation.jsonl", prompt_records(64, offset=100))]
+        flags = [
+            "--validation_file", write_jsonl(tmp_path / "validation.jsonl", prompt_records(64, offset=100)),
+        ]
     stopped = command.at_call(out, *flags, function=STEP, nth=command.steps, signum=signal.SIGTERM)
     assert stopped.returncode == 128 + signal.SIGTERM, describe(stopped)
     assert command.stop_line(stopped.stdout + stopped.stderr)[0] == command.steps
@@ -157,8 +185,12 @@ def test_a_stop_signal_in_the_last_step_stops_with_its_checkpoint_and_the_resume
 
     resumed = command.run(out, *flags, "--resume_from_checkpoint", "latest")
     succeeded(resumed)
-    assert f"{command.resumed} {command.checkpoint(out, command.steps)} at step {command.steps}" in resumed.stdout
-    assert "eval_loss" in resumed.stdout or "validation: loss" in resumed.stdout  # the evaluation the signal cut
+    assert (
+        f"{command.resumed} {command.checkpoint(out, command.steps)} at step {command.steps}"
+        in resumed.stdout
+    )
+    # the evaluation the signal cut
+    assert "eval_loss" in resumed.stdout or "validation: loss" in resumed.stdout
     assert_same_weights(command.reference, out)
     if command.name == "pretrain":
         assert command.steps_logged(out) == list(range(1, command.steps + 1))
@@ -175,8 +207,10 @@ def test_a_stop_signal_while_the_run_starts_ends_it_at_once_with_a_line(command,
                             pretrain_env(command.cwd), command.cwd)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout[-3000:]
     assert "Traceback" not in stopped.stdout
-    assert (f"{command.name}.py: stopped by SIGTERM before training started; resume with the same command and "
-            "--resume_from_checkpoint latest.") in stopped.stdout.splitlines(), stopped.stdout[-3000:]
+    assert (
+        f"{command.name}.py: stopped by SIGTERM before training started; resume with the same command and "
+        "--resume_from_checkpoint latest."
+    ) in stopped.stdout.splitlines(), stopped.stdout[-3000:]
     assert not (tmp_path / "out" / "config.json").exists()
 
 
@@ -184,15 +218,17 @@ def test_a_stop_signal_while_the_run_starts_ends_it_at_once_with_a_line(command,
 
 
 def test_a_kill_mid_checkpoint_and_damage_fall_back_to_the_newest_intact_checkpoint(command, tmp_path):
-    """Killed in the fifth checkpoint; then `latest` sets aside a damaged one and one without optimizer state."""
+    """Killed in the fifth checkpoint; then `latest` sets aside a damaged one and
+    one without optimizer state."""
     out = tmp_path / "run"
     killed = command.at_call(out, *command.every(), function="safetensors.torch.save_file",
                              match=f"checkpoints{os.sep}.tmp", nth=5)
     assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
     intact = [command.interval * n for n in (1, 2, 3, 4)]
     checkpoints = out / "checkpoints"
-    assert sorted(name for name in os.listdir(checkpoints) if not name.startswith((".", "tokenizer"))) == sorted(
-        command.checkpoint(out, step).name for step in intact)
+    assert sorted(
+        name for name in os.listdir(checkpoints) if not name.startswith((".", "tokenizer"))
+    ) == sorted(command.checkpoint(out, step).name for step in intact)
     assert not (out / "model.safetensors").exists()  # no final export from a killed run
     newest = command.checkpoint(out, intact[-1])
     weights = load_file(newest / "model.safetensors")
@@ -205,7 +241,9 @@ def test_a_kill_mid_checkpoint_and_damage_fall_back_to_the_newest_intact_checkpo
     resumed = command.run(out, *command.every(limit=2), "--resume_from_checkpoint", "latest")
     succeeded(resumed)
     assert re.search(rf"{newest.name}\b.*model\.safetensors does not match its checksum", resumed.stdout)
-    assert re.search(rf"{intact[-2]}\b.*{command.optimizer_file} is missing", resumed.stdout), describe(resumed)
+    assert re.search(rf"{intact[-2]}\b.*{command.optimizer_file} is missing", resumed.stdout), describe(
+        resumed
+    )
     assert f"{command.resumed} {command.checkpoint(out, intact[-3])} at step {intact[-3]}" in resumed.stdout
     assert_same_weights(command.reference, out)
     names = set(os.listdir(checkpoints))
@@ -218,13 +256,20 @@ def test_a_kill_mid_checkpoint_and_damage_fall_back_to_the_newest_intact_checkpo
 
 
 @deep
-@pytest.mark.parametrize("function, nth", [("os.mkdir", 1), (MOVES, 2)], ids=["staging-created", "second-file-moved"])
-def test_a_kill_during_the_export_keeps_user_files_and_the_resume_ends_bit_for_bit(command, tmp_path, function, nth):
+@pytest.mark.parametrize(
+    "function, nth", [("os.mkdir", 1), (MOVES, 2)], ids=["staging-created", "second-file-moved"]
+)
+def test_a_kill_during_the_export_keeps_user_files_and_the_resume_ends_bit_for_bit(
+    command, tmp_path, function, nth
+):
     """Killed once the staging folder exists, or after two files moved in: the resume finishes the export."""
     out = with_notes(tmp_path / "run")
     killed = command.at_call(out, *command.every(), function=function, match=STAGING, nth=nth)
-    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, (
-        f"not killed in the export (no call of {function} with {STAGING} in its arguments)\n" + describe(killed))
+    assert (
+        killed.returncode == KILLED and KILL_MARK in killed.stderr
+    ), f"not killed in the export (no call of {function} with {STAGING} in its arguments)\n" + describe(
+        killed
+    )
     assert_notes_kept(out)
     assert command.checkpoint(out, command.steps).is_dir(), sorted(os.listdir(out / "checkpoints"))
 
@@ -248,8 +293,9 @@ def test_a_run_killed_in_its_first_step_leaves_no_stuck_lock(command, tmp_path):
 
 
 @deep
-def test_a_full_disk_is_one_line_naming_the_intact_checkpoint_and_the_resume_ends_bit_for_bit(command, tmp_path,
-                                                                                                 mounted):
+def test_a_full_disk_is_one_line_naming_the_intact_checkpoint_and_the_resume_ends_bit_for_bit(
+    command, tmp_path, mounted
+):
     """A tmpfs with room for two and a half checkpoints (and the rest of the run): the third cannot fit."""
     reference_checkpoint = command.checkpoint(command.reference, command.steps)
     room = tmpfs_bytes(reference_checkpoint) * 5 // 2 + 16 * 4096
@@ -258,7 +304,9 @@ def test_a_full_disk_is_one_line_naming_the_intact_checkpoint_and_the_resume_end
     with mounted(tmp_path / "small", f"{room // 1024}k") as out:
         with_notes(out)
         result = command.run(out, *command.every())
-        assert result.returncode not in (0, KILLED), f"the run did not fail on a full disk\n{describe(result)}"
+        assert result.returncode not in (
+            0, KILLED,
+        ), f"the run did not fail on a full disk\n{describe(result)}"
         line = error_line(result, command.name, "No space left on the device while writing", str(out))
         saved = sorted(int(m[1]) for m in map(re.compile(r"(?:step_|checkpoint-)(\d+)$").match,
                                                os.listdir(out / "checkpoints")) if m)
@@ -267,7 +315,9 @@ def test_a_full_disk_is_one_line_naming_the_intact_checkpoint_and_the_resume_end
             str(out / "checkpoints") + os.sep, ""), line
         weights = load_file(command.checkpoint(out, saved[-1]) / "model.safetensors")
         assert weights and all(torch.isfinite(tensor).all() for tensor in weights.values())
-        assert not [name for name in os.listdir(out / "checkpoints") if name.startswith(".tmp")], "partial left"
+        assert not [
+            name for name in os.listdir(out / "checkpoints") if name.startswith(".tmp")
+        ], "partial left"
         assert_notes_kept(out)
         shutil.copytree(out, tmp_path / "moved", symlinks=True)
     succeeded(command.run(tmp_path / "moved", *command.every(), "--resume_from_checkpoint", "latest"))
@@ -277,7 +327,8 @@ def test_a_full_disk_is_one_line_naming_the_intact_checkpoint_and_the_resume_end
 
 
 def wait_for_line(logs: list[Path], processes, pattern: str, timeout: float = 120) -> int:
-    """The index of the first process whose log shows `pattern`; fails if none does before all exit or `timeout`."""
+    """The index of the first process whose log shows `pattern`; fails if none does
+    before all exit or `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for index, log in enumerate(logs):
@@ -290,15 +341,20 @@ def wait_for_line(logs: list[Path], processes, pattern: str, timeout: float = 12
 
 
 @deep
-def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_it_finished(command, tmp_path):
-    """The run holding the lock (held still) trains, the other is refused; an overwrite keeps the user's files."""
+def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_it_finished(
+    command, tmp_path
+):
+    """The run holding the lock (held still) trains, the other is refused; an
+    overwrite keeps the user's files."""
     out = with_notes(tmp_path / "run")
     logs, processes = [tmp_path / "a.log", tmp_path / "b.log"], []
     env = {**pretrain_env(command.cwd), "PYTHONUNBUFFERED": "1"}
     try:
         for log in logs:
             with open(log, "w") as f:
-                processes.append(subprocess.Popen(command.command(out), env=env, cwd=command.cwd, stdout=f, stderr=f))
+                processes.append(
+                    subprocess.Popen(command.command(out), env=env, cwd=command.cwd, stdout=f, stderr=f)
+                )
         winner = wait_for_line(logs, processes, r"^Training for|'loss'")
         processes[winner].send_signal(signal.SIGSTOP)
         loser = processes[1 - winner]
@@ -349,7 +405,8 @@ def test_a_silent_hub_ends_the_push_in_bounded_time_with_the_model_kept_locally(
             pytest.fail(f"{command.name}.py still waited on a silent Hub after 150 s")
         elapsed, connections = time.monotonic() - start, server.connections
 
-    assert result.returncode == 1 and "Traceback" not in result.stderr, describe(result)  # asked, not done: no success
+    # asked, not done: no success
+    assert result.returncode == 1 and "Traceback" not in result.stderr, describe(result)
     assert connections >= 1, "the run never reached the (silent) Hub: HF_ENDPOINT was not used"
     assert elapsed < 120, f"{elapsed:.0f} s on a Hub that never answers"
     assert "did not finish within 5 s" in result.stdout + result.stderr, describe(result)
@@ -370,13 +427,17 @@ def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
     checkpoints = out / "checkpoints"
     resume = ["--resume_from_checkpoint", "latest"]
     refused = pretrain.run(out, *resume, "--per_device_train_batch_size", 4)
-    assert "resume with the same --seed, --block_size and --total_batch_size (on any process count)" in error_line(
-        refused, "pretrain")
+    assert (
+        "resume with the same --seed, --block_size and --total_batch_size (on any process count)"
+        in error_line(refused, "pretrain")
+    )
     for flag, value, was in (("--learning_rate", "1e-3", "0.005"), ("--weight_decay", "0.0", "0.1"),
                              ("--adam_beta2", "0.99", "0.95")):
         refused = pretrain.run(out, *resume, flag, value)
-        line = error_line(refused, "pretrain", f"was trained with {flag} {was}, but this run has {flag} {float(value)}",
-                          f"resume with {flag} {was}, or start a new run", "--init_from")
+        line = error_line(
+            refused, "pretrain", f"was trained with {flag} {was}, but this run has {flag} {float(value)}",
+            f"resume with {flag} {was}, or start a new run", "--init_from",
+        )
         assert refused.returncode == 2, line
     assert sorted(os.listdir(checkpoints)) == ["step_2", "step_4", "step_6", "tokenizer"]
 
@@ -393,8 +454,10 @@ def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
     assert "Set aside abandoned_step_6: this run continues from step 2." in older.stdout
     assert_same_weights(pretrain.reference, out)
 
-    longer = pretrain.run(out, *resume, "--max_train_steps", 10, "--lr_scheduler_type", "constant_with_warmup",
-                          "--overwrite_output_dir")
+    longer = pretrain.run(
+        out, *resume, "--max_train_steps", 10, "--lr_scheduler_type", "constant_with_warmup",
+        "--overwrite_output_dir",
+    )
     assert "at step 6" in longer.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [row for row in rows if "loss" in row]
@@ -413,7 +476,8 @@ def test_pretrain_resume_rules_on_a_finished_run(pretrain, tmp_path):
 
 @deep
 def test_pretrain_seeds_decide_the_run(pretrain, tmp_path):
-    """Resumes agree with the reference because they are seeded alike: another --seed gives another first loss."""
+    """Resumes agree with the reference because they are seeded alike: another
+    --seed gives another first loss."""
     def first_loss(folder):
         return next(json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()
                     if '"loss"' in line)
@@ -440,7 +504,8 @@ EPOCHS_OF_THREE = ["--num_train_documents", 80, "--per_device_train_batch_size",
 
 @deep
 def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_epoch(pretrain, tmp_path):
-    """Dropout's random numbers, and the second epoch's order of blocks (resumes once read epoch 0's again)."""
+    """Dropout's random numbers, and the second epoch's order of blocks
+    (resumes once read epoch 0's again)."""
     values = json.loads((REPO_ROOT / "training" / "configs" / "model-tiny.json").read_text())
     (tmp_path / "dropout.json").write_text(json.dumps({**values, "attention_dropout": 0.1}))
     flags = ["--model_config", tmp_path / "dropout.json", *EPOCHS_OF_THREE, *pretrain.every()]
@@ -448,7 +513,8 @@ def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_e
     succeeded(ran)
     blocks = int(re.search(r"([\d,]+) training and", ran.stdout).group(1).replace(",", ""))
     assert blocks // 48 == 3, f"{blocks} blocks: not three batches an epoch any more; change EPOCHS_OF_THREE"
-    # Killed right after step 5's checkpoint weights were written: the run resumes from step 4, in the second epoch.
+    # Killed right after step 5's checkpoint weights were written: the run resumes
+    # from step 4, in the second epoch.
     out = tmp_path / "run"
     killed = pretrain.at_call(out, *flags, function="safetensors.torch.save_file", match="checkpoints", nth=5)
     assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
@@ -486,38 +552,79 @@ def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pre
     write_jsonl(records, prompt_records(17))
     resume = ["--resume_from_checkpoint", "latest"]
     cases = {  # name: (command, its finished run, flags, words of the one line)
-        "hidden_size": (pretrain, pretrain.reference, ["--hidden_size", 32],
-                        ["holds a model with hidden_size 64, head_dim 16, but this run builds one with hidden_size 32, "
-                         "head_dim 8", "resume with the sizes it was started with"]),
-        "vocab_size": (pretrain, pretrain.reference, ["--vocab_size", 400],
-                       ["was trained with --vocab_size 320, but this run has --vocab_size 400",
-                        "keeps the tokenizer it saved"]),
-        "tokenizer_name": (pretrain, pretrain.reference, ["--tokenizer_name", tmp_path / "other-tokenizer"],
-                           ["was trained with --tokenizer_name None, but this run has --tokenizer_name"]),
-        "lora_r": (finetune, lora, ["--use_peft", "--lora_r", 4],
-                   ["holds a LoRA adapter trained with --lora_r 8, but this run has --lora_r 4"]),
-        "lora_without_peft": (finetune, lora, [], ["holds a LoRA adapter, but this run fine-tunes every weight"]),
-        "full_with_peft": (finetune, finetune.reference, ["--use_peft"],
-                           ["holds a full fine-tune's weights, but this run trains a LoRA adapter"]),
-        "pretrain_file_rewritten": (pretrain, on_file, ["--train_file", text],
-                                    ["step_2 was trained on other data: --train_file data.txt changed since",
-                                     "resume with the same data flags and unchanged files, or start a new run on "
-                                     "this data from its weights (--init_from "]),
-        "pretrain_another_file": (pretrain, on_file, ["--train_file", other_text],
-                                  ["--train_file was data.txt, this run has other.txt"]),
-        "pretrain_corpus_size": (pretrain, pretrain.reference, ["--num_train_documents", 200],
-                                 ["--num_train_documents was 300, this run has 200"]),
-        "finetune_file_rewritten": (finetune, sft, ["--train_file", records],
-                                    ["checkpoint-2 was trained on other data: --train_file sft.jsonl changed since",
-                                     "or fine-tune anew (another --output_dir, or --overwrite_output_dir)"]),
-        "finetune_another_file": (finetune, finetune.reference, ["--train_file", other_records],
-                                  ["--train_file was train.jsonl, this run has other.jsonl"]),
+        "hidden_size": (
+            pretrain,
+            pretrain.reference,
+            ["--hidden_size", 32],
+            [
+                "holds a model with hidden_size 64, head_dim 16, but this run builds one with hidden_size "
+                "32, head_dim 8",
+                "resume with the sizes it was started with",
+            ],
+        ),
+        "vocab_size": (
+            pretrain,
+            pretrain.reference,
+            ["--vocab_size", 400],
+            [
+                "was trained with --vocab_size 320, but this run has --vocab_size 400",
+                "keeps the tokenizer it saved",
+            ],
+        ),
+        "tokenizer_name": (
+            pretrain, pretrain.reference, ["--tokenizer_name", tmp_path / "other-tokenizer"],
+            ["was trained with --tokenizer_name None, but this run has --tokenizer_name"],
+        ),
+        "lora_r": (
+            finetune, lora, ["--use_peft", "--lora_r", 4],
+            ["holds a LoRA adapter trained with --lora_r 8, but this run has --lora_r 4"],
+        ),
+        "lora_without_peft": (
+            finetune, lora, [], ["holds a LoRA adapter, but this run fine-tunes every weight"],
+        ),
+        "full_with_peft": (
+            finetune, finetune.reference, ["--use_peft"],
+            ["holds a full fine-tune's weights, but this run trains a LoRA adapter"],
+        ),
+        "pretrain_file_rewritten": (
+            pretrain,
+            on_file,
+            ["--train_file", text],
+            [
+                "step_2 was trained on other data: --train_file data.txt changed since",
+                "resume with the same data flags and unchanged files, or start a new run on this data from "
+                "its weights (--init_from ",
+            ],
+        ),
+        "pretrain_another_file": (
+            pretrain, on_file, ["--train_file", other_text],
+            ["--train_file was data.txt, this run has other.txt"],
+        ),
+        "pretrain_corpus_size": (
+            pretrain, pretrain.reference, ["--num_train_documents", 200],
+            ["--num_train_documents was 300, this run has 200"],
+        ),
+        "finetune_file_rewritten": (
+            finetune,
+            sft,
+            ["--train_file", records],
+            [
+                "checkpoint-2 was trained on other data: --train_file sft.jsonl changed since",
+                "or fine-tune anew (another --output_dir, or --overwrite_output_dir)",
+            ],
+        ),
+        "finetune_another_file": (
+            finetune, finetune.reference, ["--train_file", other_records],
+            ["--train_file was train.jsonl, this run has other.jsonl"],
+        ),
     }
     resumed = {"moved_data": (pretrain, on_file, ["--train_file", moved, "--max_train_steps", 4])}
     runs = {}
     for name, (command, finished, flags, *_) in {**cases, **resumed}.items():
         shutil.copytree(finished, tmp_path / name)
-        runs[name] = (command.command(tmp_path / name, *resume, *flags), command.cwd, pretrain_env(command.cwd))
+        runs[name] = (
+            command.command(tmp_path / name, *resume, *flags), command.cwd, pretrain_env(command.cwd),
+        )
     # The data is compared before anything is tokenized or moved: the token store and the checkpoints stay.
     before = {name: folder_state(tmp_path / name) for name in cases}
     results = run_side_by_side(runs, timeout=600)
@@ -527,10 +634,14 @@ def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pre
         weights = "adapter_model.safetensors" if finished == lora else "model.safetensors"
         assert (tmp_path / name / weights).read_bytes() == (finished / weights).read_bytes()
         after = folder_state(tmp_path / name)
-        assert after == before[name], (name, sorted(k for k in after.keys() | before[name].keys() if after.get(k) !=
-                                                    before[name].get(k)))
+        assert after == before[name], (
+            name,
+            sorted(k for k in after.keys() | before[name].keys() if after.get(k) != before[name].get(k)),
+        )
     succeeded(results["moved_data"])
-    assert re.search(r"Resumed from \S*step_2\b", results["moved_data"].stdout), describe(results["moved_data"])
+    assert re.search(r"Resumed from \S*step_2\b", results["moved_data"].stdout), describe(
+        results["moved_data"]
+    )
 
 
 def folder_state(folder: Path) -> dict:
@@ -581,7 +692,8 @@ def test_a_planted_pickle_in_any_state_file_is_refused_in_one_line(pretrain, fin
 
 @deep
 def test_finetune_rerun_plainly_after_a_kill_before_its_first_checkpoint_starts_afresh(finetune, tmp_path):
-    """Only the start's empty .tmp_checkpoint: the same command is a new run, not "already holds an earlier run"."""
+    """Only the start's empty .tmp_checkpoint: the same command is a new run, not
+    "already holds an earlier run"."""
     out = with_notes(tmp_path / "run")
     killed = finetune.at_call(out, function=STEP, nth=1, when="before")
     assert killed.returncode == KILLED, describe(killed)
@@ -599,7 +711,9 @@ def test_finetune_killed_while_replacing_a_model_leaves_one_that_loads(finetune,
     again = ["--learning_rate", "1e-3", "--overwrite_output_dir"]  # weights that differ from the first's
 
     def files():
-        return {path.name: path.read_bytes() for path in out.iterdir() if path.is_file() and path.name != ".lock"}
+        return {
+            path.name: path.read_bytes() for path in out.iterdir() if path.is_file() and path.name != ".lock"
+        }
 
     saved = files()
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(saved)
@@ -621,7 +735,8 @@ def test_finetune_killed_while_replacing_a_model_leaves_one_that_loads(finetune,
 
 @deep
 def test_finetune_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does_not(finetune, tmp_path):
-    """LoRA with --merge, then a full fine-tune over it: PEFT would load the old adapter beside the new model."""
+    """LoRA with --merge, then a full fine-tune over it: PEFT would load the old
+    adapter beside the new model."""
     out = with_notes(tmp_path / "run")
     succeeded(finetune.run(out, "--max_steps", 2, "--use_peft", "--merge"))
     assert (out / "adapter_config.json").is_file() and (out / "merged" / "model.safetensors").is_file()
@@ -636,8 +751,10 @@ def test_finetune_overwrite_removes_what_the_earlier_run_wrote_and_this_one_does
 
 
 @deep
-@pytest.mark.parametrize("merged, rerun", [("default", "--resume_from_checkpoint"), ("own", "--overwrite_output_dir")],
-                         ids=["merged-resumed", "merged_output_dir-overwritten"])
+@pytest.mark.parametrize(
+    "merged, rerun", [("default", "--resume_from_checkpoint"), ("own", "--overwrite_output_dir")],
+    ids=["merged-resumed", "merged_output_dir-overwritten"],
+)
 def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetune, tmp_path, merged, rerun):
     """Once every rerun was refused ("holds a model that tinytx finetune did not write")."""
     out = with_notes(tmp_path / "run")
@@ -649,7 +766,9 @@ def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetu
     assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
     assert (merged_dir / "model.safetensors").is_file() and not (merged_dir / "config.json").exists()
 
-    again = finetune.run(out, *flags, *([rerun, "latest"] if rerun == "--resume_from_checkpoint" else [rerun]))
+    again = finetune.run(
+        out, *flags, *([rerun, "latest"] if rerun == "--resume_from_checkpoint" else [rerun])
+    )
     succeeded(again)
     assert type(AutoModelForCausalLM.from_pretrained(merged_dir)).__name__ == "TinyTxForCausalLM"
     assert not (merged_dir / STAGING).exists(), "staging folder left behind"
@@ -658,7 +777,8 @@ def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetu
 
 @deep
 def test_kill_campaign_quick(tmp_path):
-    """tests/kill_campaign --quick: two trials per command, and convert's publish over another shape and links."""
+    """tests/kill_campaign --quick: two trials per command, and convert's publish
+    over another shape and links."""
     result = subprocess.run(
         [sys.executable, "-m", "tests.kill_campaign", "--quick", "--out", str(tmp_path / "results")],
         cwd=REPO_ROOT, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=900,
@@ -669,12 +789,18 @@ def test_kill_campaign_quick(tmp_path):
     assert summary["commands"] == ["pretrain", "finetune", "convert"], summary["commands"]
     for name, counts in summary["per_command"].items():
         tried = 4 if name == "convert" else 2  # convert: also a publish of another shape, and planted links
-        assert counts["tried"] == tried and counts["lost"] == 0 and counts["bit_for_bit"] == tried, (name, counts)
+        assert counts["tried"] == tried and counts["lost"] == 0 and counts["bit_for_bit"] == tried, (
+            name, counts,
+        )
         assert f"{name}: {tried} tried, {tried} resumed bit for bit, 0 lost" in result.stdout
     convert = summary["per_command"]["convert"]
-    assert convert["shape_trials"] == 1 and convert["link_trials"] == 1 and convert["written_through_links"] == 0
+    assert (
+        convert["shape_trials"] == 1 and convert["link_trials"] == 1 and convert["written_through_links"] == 0
+    )
     assert "planted links: 1 trials, 0 written through" in result.stdout
-    assert "overall: 8 tried, 8 resumed bit for bit, 0 lost; 0 written through a planted link" in result.stdout
+    assert (
+        "overall: 8 tried, 8 resumed bit for bit, 0 lost; 0 written through a planted link" in result.stdout
+    )
     failed = [trial for trial in summary["trials"] if not trial["equal"] or trial["lost"] or trial["error"]]
     assert not failed, json.dumps(failed, indent=1)
     assert all(trial["killed"] for trial in summary["trials"] if trial["stop"] is None), summary["trials"]
@@ -714,24 +840,30 @@ def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_o
     from hf_tinytx_training import checkpoints
     from hf_tinytx_training.errors import UserInputError
 
-    signature = {"seed": 42, "block_size": 64, "global_batch": 8, "gradient_accumulation_steps": 1, "num_processes": 1}
+    signature = {
+        "seed": 42, "block_size": 64, "global_batch": 8, "gradient_accumulation_steps": 1, "num_processes": 1,
+    }
     written = {"step": 6, "epoch": 1, "batch_in_epoch": 3, "run_signature": signature, "planned_steps": 8,
                "train_seconds": 2.5, "trained_seconds": 4.0, "launches": 2}
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
     state = checkpoints.read_training_state(str(tmp_path))
     assert dataclasses.asdict(state) == written
 
-    del written["trained_seconds"], written["launches"]  # a checkpoint of before they were recorded: one launch
+    # a checkpoint of before they were recorded: one launch
+    del written["trained_seconds"], written["launches"]
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
     assert (checkpoints.read_training_state(str(tmp_path)).launches, state.launches) == (1, 2)
 
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps({"step": 6, "run_signature": signature}))
-    with pytest.raises(UserInputError, match=r"has no epoch, batch_in_epoch: it is not a checkpoint of pretrain\.py"):
+    with pytest.raises(
+        UserInputError, match=r"has no epoch, batch_in_epoch: it is not a checkpoint of pretrain\.py"
+    ):
         checkpoints.read_training_state(str(tmp_path))
 
 
 def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is_the_same(tmp_path):
-    """checkpoints.refuse_data_change without a run; a checkpoint from before the fingerprint has nothing to compare."""
+    """checkpoints.refuse_data_change without a run; a checkpoint from before the
+    fingerprint has nothing to compare."""
     from types import SimpleNamespace
 
     from hf_tinytx_training import checkpoints
@@ -743,37 +875,50 @@ def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
     how = "or fine-tune anew"
-    checkpoints.refuse_data_change(str(checkpoint), finetune_data(SimpleNamespace(**flags)), how)  # none recorded
+    # none recorded
+    checkpoints.refuse_data_change(str(checkpoint), finetune_data(SimpleNamespace(**flags)), how)
     checkpoints.write_json(checkpoint / checkpoints.DATA_FILE, finetune_data(SimpleNamespace(**flags)))
 
     (tmp_path / "moved").mkdir()
     moved = shutil.copy2(data, tmp_path / "moved" / "a.jsonl")
     for same in ({}, {"train_file": moved}):
-        checkpoints.refuse_data_change(str(checkpoint), finetune_data(SimpleNamespace(**{**flags, **same})), how)
+        checkpoints.refuse_data_change(
+            str(checkpoint), finetune_data(SimpleNamespace(**{**flags, **same})), how
+        )
     write_jsonl(data, prompt_records(4, offset=1))  # the same size, other text
     os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
-    for changed, words in [({}, "--train_file a.jsonl changed since (another size or modification time)"),
-                           ({"train_file": str(other)}, "--train_file was a.jsonl, this run has b.jsonl"),
-                           ({"train_file": moved, "packing": True}, "--packing was False, this run has True")]:
+    for changed, words in [
+        ({}, "--train_file a.jsonl changed since (another size or modification time)"),
+        ({"train_file": str(other)}, "--train_file was a.jsonl, this run has b.jsonl"),
+        ({"train_file": moved, "packing": True}, "--packing was False, this run has True"),
+    ]:
         with pytest.raises(UserInputError) as refused:
-            checkpoints.refuse_data_change(str(checkpoint), finetune_data(SimpleNamespace(**{**flags, **changed})),
-                                           how)
-        assert str(refused.value).startswith(f"{checkpoint} was trained on other data: {words}"), refused.value
-        assert str(refused.value).endswith("resume with the same data flags and unchanged files, or fine-tune anew.")
+            checkpoints.refuse_data_change(
+                str(checkpoint), finetune_data(SimpleNamespace(**{**flags, **changed})), how
+            )
+        assert str(refused.value).startswith(
+            f"{checkpoint} was trained on other data: {words}"
+        ), refused.value
+        assert str(refused.value).endswith(
+            "resume with the same data flags and unchanged files, or fine-tune anew."
+        )
 
 
-# ---------------------------------------------------------------- stops during the push, the workers, the exit
+# ---------------------------------------------------------------- stops during
+# the push, the workers, the exit
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
 FINETUNE = str(REPO_ROOT / "training" / "finetune.py")
 FAST = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4", "--eval_steps", "100", "--num_probes_per_kind", "0",
         "--num_samples", "0"]
 LONG_WAIT = "300"  # a --hub_timeout no test may sit out: a stop must end the wait long before
-PROMPT = 60  # seconds a stop may take to end the process; generous, so that a loaded machine does not fail the test
+# seconds a stop may take to end the process; generous, so that a loaded machine does not fail the test
+PROMPT = 60
 
 
 class Running:
-    """A command started in the background; its stdout and stderr (together) read line by line as they come."""
+    """A command started in the background; its stdout and stderr (together)
+    read line by line as they come."""
 
     def __init__(self, command, env, cwd):
         self.process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd,
@@ -814,7 +959,9 @@ def assert_stopped_during_push(run: Running, code: int, signum: int, program: st
     output = run.output
     assert code == 128 + signum, f"returncode {code}\n{output[-4000:]}"
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
-    lines = [line for line in run.lines if line.startswith(f"{program}: stopped by {signal.Signals(signum).name}")]
+    lines = [
+        line for line in run.lines if line.startswith(f"{program}: stopped by {signal.Signals(signum).name}")
+    ]
     assert len(lines) == 1, output[-4000:]
     assert f"the local folder {folder} is complete: push it with `hf upload " in lines[0], lines[0]
     from transformers import AutoModelForCausalLM
@@ -828,8 +975,14 @@ def assert_stopped_during_push(run: Running, code: int, signum: int, program: st
 def test_sigterm_during_a_pretrain_push_that_never_finishes_ends_it_at_once(tmp_path):
     out = tmp_path / "out"
     with silent_server() as server:
-        run = Running([sys.executable, PRETRAIN, *FAST, "--output_dir", str(out), "--push_to_hub", "--hub_model_id",
-                       "me/tiny", "--hub_timeout", LONG_WAIT], silent_hub_env(server, tmp_path), tmp_path)
+        run = Running(
+            [
+                sys.executable, PRETRAIN, *FAST, "--output_dir", str(out), "--push_to_hub", "--hub_model_id",
+                "me/tiny", "--hub_timeout", LONG_WAIT,
+            ],
+            silent_hub_env(server, tmp_path),
+            tmp_path,
+        )
         run.wait_for(r"^Model folder: ")
         time.sleep(1)  # inside the wait for the upload
         run.process.send_signal(signal.SIGTERM)
@@ -849,9 +1002,15 @@ def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_a
     build_byte_bpe_tokenizer().save_pretrained(tmp_path / "base")
     write_jsonl(tmp_path / "train.jsonl", prompt_records(16))
     with silent_server() as server:
-        run = Running([sys.executable, FINETUNE, "--model_name_or_path", "base", "--train_file", "train.jsonl",
-                       "--output_dir", "tuned", "--push_to_hub", "--hub_model_id", "me/tuned", "--hub_timeout",
-                       LONG_WAIT, *QUICK], silent_hub_env(server, tmp_path), tmp_path)
+        run = Running(
+            [
+                sys.executable, FINETUNE, "--model_name_or_path", "base", "--train_file", "train.jsonl",
+                "--output_dir", "tuned", "--push_to_hub", "--hub_model_id", "me/tuned", "--hub_timeout",
+                LONG_WAIT, *QUICK,
+            ],
+            silent_hub_env(server, tmp_path),
+            tmp_path,
+        )
         run.wait_for(r"^Model saved to ")
         time.sleep(1)
         for _ in range(3):
@@ -862,7 +1021,9 @@ def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_a
 
 
 @deep
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the workers' death is Linux's prctl")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc; the workers' death is Linux's prctl"
+)
 def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(tmp_path):
     # Enough text that tokenizing it with 2 workers takes a while: the signal lands while they work.
     words = "the miller kept his grain in the old mill by the river and sold bread".split()
@@ -889,8 +1050,10 @@ def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(
 @deep
 def test_a_second_sigterm_while_a_stopped_run_exits_keeps_its_status(tmp_path):
     # Started as `tinytx pretrain` (its module form), so its lines name it so, not "pretrain.py".
-    command = [sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps", "60",
-               "--num_probes_per_kind", "0", "--num_samples", "0", "--output_dir", str(tmp_path / "out")]
+    command = [
+        sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps",
+        "60", "--num_probes_per_kind", "0", "--num_samples", "0", "--output_dir", str(tmp_path / "out"),
+    ]
     run = Running(command, pretrain_env(tmp_path), tmp_path)
     run.wait_for(r"^train:.*\| *[1-9]\d*/")
     run.process.send_signal(signal.SIGTERM)

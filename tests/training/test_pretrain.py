@@ -1,4 +1,5 @@
-"""training/pretrain.py end to end: a short run on the embedded corpus leaves a complete, loadable model folder."""
+"""training/pretrain.py end to end: a short run on the embedded corpus leaves a
+complete, loadable model folder."""
 
 import json
 import os
@@ -22,7 +23,8 @@ def trained_folder(tmp_path_factory):
     output_dir = tmp_path / "model"
     command = [
         sys.executable, os.path.join(REPO_ROOT, "training", "pretrain.py"), *TINY_PRETRAIN_ARGS,
-        "--output_dir", str(output_dir), "--max_train_steps", "40", "--eval_steps", "20", "--learning_rate", "3e-3",
+        "--output_dir", str(output_dir), "--max_train_steps", "40", "--eval_steps", "20", "--learning_rate",
+        "3e-3",
     ]
     result = subprocess.run(command, env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
                             timeout=600)
@@ -51,9 +53,9 @@ def test_folder_is_a_complete_model_repo(trained_folder):
     output_dir, _ = trained_folder
     names = set(os.listdir(output_dir))
     expected = {
-        "model.safetensors", "config.json", "generation_config.json", "configuration_tinytx.py", "modeling_tinytx.py",
-        "tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png", "training_args.json",
-        "metrics.jsonl", "coref_head.png",
+        "model.safetensors", "config.json", "generation_config.json", "configuration_tinytx.py",
+        "modeling_tinytx.py", "tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png",
+        "training_args.json", "metrics.jsonl", "coref_head.png",
     }
     assert expected <= names, expected - names
     assert ".lock" not in names  # released (and removed) by the finished run
@@ -84,7 +86,8 @@ def test_model_card_parses_with_metadata(trained_folder):
 
 
 def test_the_card_draws_the_head_the_head_search_finds_for_it(trained_folder):
-    """The head leaning most from the last "The" to the noun "it" means: named, and drawn in coref_head.png."""
+    """The head leaning most from the last "The" to the noun "it" means: named,
+    and drawn in coref_head.png."""
     output_dir, result = trained_folder
     found = re.search(r'^the head that resolves "it": layer (\d+) head (\d+); from the last "The" it puts '
                       r'(\d\.\d\d) of its attention on the noun "it" means and (\d\.\d\d) on the other',
@@ -93,7 +96,7 @@ def test_the_card_draws_the_head_the_head_search_finds_for_it(trained_folder):
     layer, head, referent, other = found.groups()
     text = (output_dir / "README.md").read_text()
     assert f"layer {layer}, head {head}. From the last \"The\"" in text
-    assert f"it puts {referent} of its attention on the noun \"it\" means and\n{other} on the other one" in text
+    assert f'it puts {referent} of its attention on the noun "it" means and\n{other} on the other one' in text
     assert "(coref_head.png)" in text
     assert (output_dir / "coref_head.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -110,7 +113,9 @@ def test_model_card_gives_each_probe_its_chance_level_and_the_samples(trained_fo
     chance = chance_levels(make_probes(num_per_kind=4))  # TINY_PRETRAIN_ARGS: --num_probes_per_kind 4
     assert rows and rows == {key: f"{value:.2f}" for key, value in chance.items()}
     assert rows["coref"] == "0.50" and float(rows["copy"]) < 0.5  # one distractor for "it", more for copying
-    printed = [line.removeprefix("sample: ") for line in result.stdout.splitlines() if line.startswith("sample: ")]
+    printed = [
+        line.removeprefix("sample: ") for line in result.stdout.splitlines() if line.startswith("sample: ")
+    ]
     assert printed and all(f"- {sample}" in text for sample in printed)
 
 
@@ -135,7 +140,9 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
 
     output_dir, _ = trained_folder
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = run_python(BLOCK_HF_TINYTX, f"""
+    result = run_python(
+        BLOCK_HF_TINYTX,
+        f"""
         import sys
         from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({str(output_dir)!r}, trust_remote_code=True)
@@ -144,7 +151,11 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
         output = model.generate(**inputs, max_new_tokens=4, do_sample=False)
         assert not any(name.startswith("hf_tinytx") for name in sys.modules)
         print("REMOTE", type(model).__module__, output.shape[1] - inputs["input_ids"].shape[1])
-        """, env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=300)
+        """,
+        env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"},
+        cwd=tmp_path,
+        timeout=300,
+    )
     line = [line for line in result.stdout.splitlines() if line.startswith("REMOTE")][0]
     module, new_tokens = line.split()[1:]
     assert module.startswith("transformers_modules") and 1 <= int(new_tokens) <= 4
@@ -152,7 +163,8 @@ def test_folder_loads_as_remote_code_without_the_package(trained_folder, tmp_pat
 
 @pytest.mark.deep
 def test_report_to_every_tracker_writes_the_logged_rows(run_pretrain, tmp_path):
-    """TensorBoard, trackio and wandb (offline) get metrics.jsonl's rows and the arguments, never the Hub token."""
+    """TensorBoard, trackio and wandb (offline) get metrics.jsonl's rows and the
+    arguments, never the Hub token."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.helpers.tiny import pretrain_env
@@ -211,7 +223,9 @@ def test_init_from_continues_from_the_saved_weights_and_tokenizer(trained_folder
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Training a byte-level BPE tokenizer" not in result.stdout
-    before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "more" / "model.safetensors")
+    before, after = load_file(source / "model.safetensors"), load_file(
+        tmp_path / "more" / "model.safetensors"
+    )
     assert before.keys() == after.keys()
     for name in before:
         torch.testing.assert_close(after[name], before[name], rtol=0, atol=1e-7, msg=name)
@@ -232,31 +246,42 @@ def test_a_named_tokenizer_a_text_column_and_a_token_budget(run_pretrain, traine
     # Launched as the README's one-process Accelerate command.
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(REPO_ROOT / "training" / "configs" / "accelerate-cpu.yaml")]
-    result = run_pretrain("--output_dir", out, "--tokenizer_name", source, "--train_file", tmp_path / "docs.jsonl",
-                          "--text_column", "content", "--max_train_tokens", 3 * 8 * 64, "--num_probes_per_kind", 0,
-                          "--num_samples", 0, launcher=launcher)
+    result = run_pretrain(
+        "--output_dir", out, "--tokenizer_name", source, "--train_file", tmp_path / "docs.jsonl",
+        "--text_column", "content", "--max_train_tokens", 3 * 8 * 64, "--num_probes_per_kind", 0,
+        "--num_samples", 0, launcher=launcher,
+    )
     assert "1 process(es) on cpu" in result.stdout
     assert "Training a byte-level BPE tokenizer" not in result.stdout
     assert (out / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()
-    assert json.loads((out / "config.json").read_text())["vocab_size"] == len(AutoTokenizer.from_pretrained(source))
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == len(
+        AutoTokenizer.from_pretrained(source)
+    )
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged if "loss" in row] == [1, 2, 3]
 
 
 @pytest.mark.deep
 def test_a_busy_machine_gets_one_line_on_threads_and_one_thread_gets_none(run_pretrain, tmp_path):
-    """Busy loops on every core: 2 threads get one line (OMP_NUM_THREADS=1), 1 thread, which waits on nobody, none."""
+    """Busy loops on every core: 2 threads get one line (OMP_NUM_THREADS=1), 1
+    thread, which waits on nobody, none."""
     from tests.helpers.tiny import pretrain_env
 
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         flags = ["--max_train_steps", 12, "--num_probes_per_kind", 0, "--num_samples", 0]
-        two = run_pretrain("--output_dir", tmp_path / "two", *flags, env=pretrain_env(tmp_path, OMP_NUM_THREADS="2"))
-        one = run_pretrain("--output_dir", tmp_path / "one", *flags, env=pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
+        two = run_pretrain(
+            "--output_dir", tmp_path / "two", *flags, env=pretrain_env(tmp_path, OMP_NUM_THREADS="2")
+        )
+        one = run_pretrain(
+            "--output_dir", tmp_path / "one", *flags, env=pretrain_env(tmp_path, OMP_NUM_THREADS="1")
+        )
     finally:
         for loop in loops:
             loop.kill()
             loop.wait()
     lines = [line for line in (two.stdout + two.stderr).splitlines() if "CPU cores are busy" in line]
-    assert len(lines) == 1 and lines[0].startswith("pretrain.py: the ") and "OMP_NUM_THREADS=1" in lines[0], lines
+    assert (
+        len(lines) == 1 and lines[0].startswith("pretrain.py: the ") and "OMP_NUM_THREADS=1" in lines[0]
+    ), lines
     assert "CPU cores are busy" not in one.stdout + one.stderr

@@ -2,8 +2,8 @@
 line on stderr with exit status 2, a typo named with the flag it was probably meant to be.
 
 pretrain's bad input is one table. The cases `preflight` refuses run in process; a few also run the real
-script, which must print the same line, write nothing and never import torch. The cases refused once torch has loaded
-(the schedule, the model, the data's columns: pretrain_run.py's setup) run the script, side by side."""
+script, which must print the same line, write nothing and never import torch. The cases refused once torch has
+loaded (the schedule, the model, the data's columns: pretrain_run.py's setup) run the script, side by side."""
 
 import dataclasses
 import json
@@ -23,32 +23,41 @@ from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, run_
 BAD_TEXT = "".join(f"document {i} is about the quick brown fox, café\n" for i in range(2000)).encode()
 FILES = {  # written into every case's folder
     "empty.jsonl": b"",
-    "model.json": json.dumps({"hidden_size": 64, "num_hidden_layer": 6}).encode(),  # once trained the default depth
+    # once trained the default depth
+    "model.json": json.dumps({"hidden_size": 64, "num_hidden_layer": 6}).encode(),
     "a_file": b"not a folder",
     "list.json": b"[1, 2, 3]",
     "broken.json": b'{"hidden_size": 64,',
     "binary.txt": bytes(range(256)) * 64,
     "deep_text.jsonl": b'{"text": "hello there"}\n' * 3 + b"[" * 100_000 + b"\n",
     "texts/one.txt": b"The quick brown fox jumps over the lazy dog.\n" * 50,
-    # Before, the check read the first 64 KiB: NUL bytes after them trained, a bad UTF-8 byte failed in `datasets`.
+    # Before, the check read the first 64 KiB: NUL bytes after them trained, a bad
+    # UTF-8 byte failed in `datasets`.
     "nul/data.txt": BAD_TEXT + b"the end of \x00\x00 it\n",
     "latin/data.txt": BAD_TEXT + b"the end of " + "café".encode("latin-1") + b" it\n",
     "data.jsonl": "".join(json.dumps({"content": f"document number {i} is about the quick brown fox"}) + "\n"
                           for i in range(50)).encode(),
 }
-OUT_FILES = {"missing_text_column": {"notes.txt": "mine"}, "output_dir_holding_an_earlier_run": {"config.json": "{}"}}
+OUT_FILES = {
+    "missing_text_column": {"notes.txt": "mine"}, "output_dir_holding_an_earlier_run": {"config.json": "{}"},
+}
 # case: (flags after TINY_PRETRAIN_ARGS and --output_dir {tmp}/out, words of the one line); {tmp} is the
 # case's folder, the run's working folder. Refused by `preflight`, before torch loads:
 REFUSED_EARLY = {
     "empty_dataset_file": (["--train_file", "empty.jsonl"], ["empty", "--train_file"]),
     "missing_file": (["--train_file", "nope/*.jsonl"], ["matches no file", "Check the path"]),
     # Root ignores permission bits: a path under a regular file cannot be created by anyone.
-    "output_dir_under_a_file": (["--output_dir", "a_file/model"], ["cannot be created", "not a folder",
-                                                                   "--output_dir"]),
+    "output_dir_under_a_file": (
+        ["--output_dir", "a_file/model"], ["cannot be created", "not a folder", "--output_dir"],
+    ),
     "output_dir_holding_an_earlier_run": ([], ["already holds an earlier run", "--overwrite_output_dir"]),
-    "nul_bytes_past_64_kib": (["--train_file", "nul/data.txt"], ["data.txt, line 2001: a NUL byte", "binary file"]),
-    "bad_utf8_past_64_kib": (["--train_file", "latin/data.txt"],
-                             ["data.txt, line 2001: not UTF-8 text (byte 0xe9)", "save the file as UTF-8"]),
+    "nul_bytes_past_64_kib": (
+        ["--train_file", "nul/data.txt"], ["data.txt, line 2001: a NUL byte", "binary file"],
+    ),
+    "bad_utf8_past_64_kib": (
+        ["--train_file", "latin/data.txt"],
+        ["data.txt, line 2001: not UTF-8 text (byte 0xe9)", "save the file as UTF-8"],
+    ),
     "negative learning rate": (["--learning_rate", "-1"], ["--learning_rate"]),
     "infinite learning rate": (["--learning_rate", "inf"], ["--learning_rate"]),
     "nan weight decay": (["--weight_decay", "nan"], ["--weight_decay"]),
@@ -61,27 +70,46 @@ REFUSED_EARLY = {
     "an unknown optimizer": (["--optimizer", "sgd"], ["--optimizer must be auto, adamw or muon"]),
     "a negative muon rate": (["--optimizer", "muon", "--muon_learning_rate", "-1"], ["--muon_learning_rate"]),
     # Before: "matches no file", of a folder that is there (issue 57).
-    "folder": (["--train_file", "texts"],
-               ["--train_file 'texts' is a folder; give its files", "texts/*.txt"]),
-    "no validation split": (["--validation_split_percentage", "0"],
-                            ["--validation_split_percentage must lie"]),
-    "typo": (["--learnig_rate", "1e-3"],
-             ["pretrain.py: error: unknown flag --learnig_rate; did you mean --learning_rate?"]),
-    "abbreviation": (["--max_train_step", "3"],
-                     ["pretrain.py: error: unknown flag --max_train_step; did you mean --max_train_steps?"]),
-    "not a number": (["--max_train_steps", "many"],
-                     ["argument --max_train_steps/--max-train-steps: invalid int value: 'many'"]),
+    "folder": (
+        ["--train_file", "texts"], ["--train_file 'texts' is a folder; give its files", "texts/*.txt"],
+    ),
+    "no validation split": (
+        ["--validation_split_percentage", "0"], ["--validation_split_percentage must lie"],
+    ),
+    "typo": (
+        ["--learnig_rate", "1e-3"],
+        ["pretrain.py: error: unknown flag --learnig_rate; did you mean --learning_rate?"],
+    ),
+    "abbreviation": (
+        ["--max_train_step", "3"],
+        ["pretrain.py: error: unknown flag --max_train_step; did you mean --max_train_steps?"],
+    ),
+    "not a number": (
+        ["--max_train_steps", "many"],
+        ["argument --max_train_steps/--max-train-steps: invalid int value: 'many'"],
+    ),
     "a stray value": (["--seed", "1", "oops"], ["unexpected value 'oops'"]),
     "an unknown flag with its value": (["--zzz=1"], ["unknown flag --zzz; run with --help"]),
-    "batch size twice": (["--total_batch_size", "32", "--gradient_accumulation_steps", "2"],
-                         ["error: --total_batch_size sets --gradient_accumulation_steps itself; give one"]),
-    "a tracker's typo": (["--report_to", "tensorbord"],
-                         ["error: --report_to 'tensorbord': use tensorboard, trackio or wandb"]),
-    # pretrain and finetune share the check (args.check_hub_repo_id); a default id is said to come from the folder
-    "a folder name that is no repo id": (["--push_to_hub", "--output_dir", "out/x y"], [
-        "error: The Hub repo id from --output_dir's name, 'x y' is not a valid Hub repo id; set --hub_model_id to"]),
-    "a repo id of three parts": (["--push_to_hub", "--hub_model_id", "a/b/c"],
-                                 ["error: --hub_model_id 'a/b/c' is not a valid Hub repo id"]),
+    "batch size twice": (
+        ["--total_batch_size", "32", "--gradient_accumulation_steps", "2"],
+        ["error: --total_batch_size sets --gradient_accumulation_steps itself; give one"],
+    ),
+    "a tracker's typo": (
+        ["--report_to", "tensorbord"], ["error: --report_to 'tensorbord': use tensorboard, trackio or wandb"],
+    ),
+    # pretrain and finetune share the check (args.check_hub_repo_id); a default id
+    # is said to come from the folder
+    "a folder name that is no repo id": (
+        ["--push_to_hub", "--output_dir", "out/x y"],
+        [
+            "error: The Hub repo id from --output_dir's name, 'x y' is not a valid Hub repo id; set "
+            "--hub_model_id to"
+        ],
+    ),
+    "a repo id of three parts": (
+        ["--push_to_hub", "--hub_model_id", "a/b/c"],
+        ["error: --hub_model_id 'a/b/c' is not a valid Hub repo id"],
+    ),
 }
 # The real script too, with Python's import log (-X importtime): the same line, in a second, with no torch.
 IN_A_PROCESS = ("output_dir_holding_an_earlier_run", "missing_file")
@@ -89,27 +117,38 @@ IN_A_PROCESS = ("output_dir_holding_an_earlier_run", "missing_file")
 LOADS_TORCH = {"a tracker's typo"}
 # Refused once torch has loaded (pretrain_run.py's setup); the deep ones are marked so.
 REFUSED_IN_THE_RUN = {
-    "missing_text_column": (["--train_file", "data.jsonl"], ["no column 'text'", "['content']", "--text_column"]),
-    "block_size_beyond_the_context": (["--block_size", "4096"],
-                                      ["--block_size 4096", "max_position_embeddings (1024)"]),
-    "model_config_with_a_typo": (["--model_config", "model.json"],
-                                 ["model.json: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?)"]),
+    "missing_text_column": (
+        ["--train_file", "data.jsonl"], ["no column 'text'", "['content']", "--text_column"],
+    ),
+    "block_size_beyond_the_context": (
+        ["--block_size", "4096"], ["--block_size 4096", "max_position_embeddings (1024)"],
+    ),
+    "model_config_with_a_typo": (
+        ["--model_config", "model.json"],
+        ["model.json: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?)"],
+    ),
 }
 DEEP_IN_THE_RUN = {
     "unknown schedule": (["--lr_scheduler_type", "sideways"], ["--lr_scheduler_type"]),
     "schedule needing a metric": (["--lr_scheduler_type", "reduce_lr_on_plateau"], ["--lr_scheduler_type"]),
     "unknown attention": (["--attn_implementation", "magic"], ["--attn_implementation"]),
-    "a model too large": (["--hidden_size", "65536", "--intermediate_size", "262144", "--num_hidden_layers", "64"],
-                          ["smaller"]),
+    "a model too large": (
+        ["--hidden_size", "65536", "--intermediate_size", "262144", "--num_hidden_layers", "64"], ["smaller"],
+    ),
     "a typo in a local --init_from": (["--init_from", "{tmp}/modle"], ["no such folder"]),
     # The output folder ({tmp}/out) inside the folder the run starts from: it would write where it reads.
     "an --init_from folder holding --output_dir": (["--init_from", "{tmp}"], ["is inside --init_from"]),
-    "a clock schedule with no form": (["--max_train_seconds", "5", "--lr_scheduler_type", "polynomial"],
-                                      ["has no form over the clock"]),
-    "int-text-parquet": (["--train_file", "ints.parquet"],
-                         ["--train_file ints.parquet: column 'text' holds int64 values, not text", "astype(str)"]),
-    "deep-jsonl": (["--train_file", "deep_text.jsonl"],
-                   ["--train_file deep_text.jsonl, line 4: JSON nested too deeply", "one JSON object"]),
+    "a clock schedule with no form": (
+        ["--max_train_seconds", "5", "--lr_scheduler_type", "polynomial"], ["has no form over the clock"],
+    ),
+    "int-text-parquet": (
+        ["--train_file", "ints.parquet"],
+        ["--train_file ints.parquet: column 'text' holds int64 values, not text", "astype(str)"],
+    ),
+    "deep-jsonl": (
+        ["--train_file", "deep_text.jsonl"],
+        ["--train_file deep_text.jsonl, line 4: JSON nested too deeply", "one JSON object"],
+    ),
 }
 
 
@@ -204,8 +243,10 @@ def test_finetunes_help_lists_its_flags_then_every_flag_of_trainingarguments(tmp
     """Trainer's flags as transformers declares them (TrainingArguments loads torch: a few seconds)."""
     from transformers import TrainingArguments
 
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "training" / "finetune.py"), "--help"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "training" / "finetune.py"), "--help"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=240,
+    )
     assert result.returncode == 0 and "usage: finetune.py" in result.stdout, result.stderr[-3000:]
     listed = re.findall(r"^  (--\w+)", result.stdout, re.MULTILINE)
     trainer = [f"--{field.name}" for field in dataclasses.fields(TrainingArguments) if field.init]
@@ -216,7 +257,9 @@ def test_finetunes_help_lists_its_flags_then_every_flag_of_trainingarguments(tmp
 
 def test_flags_in_full_and_defaults_still_parse():
     parser = build_parser(ALL_ARGUMENTS, max_train_steps=7)
-    _, data_args, train_args = parser.parse_args_into_dataclasses(["--block-size", "32"], look_for_args_file=False)
+    _, data_args, train_args = parser.parse_args_into_dataclasses(
+        ["--block-size", "32"], look_for_args_file=False
+    )
     assert (data_args.block_size, train_args.max_train_steps) == (32, 7)
 
 
@@ -225,19 +268,24 @@ def test_what_parses_beside_the_refusals(monkeypatch):
     assert parse_args(["--push_to_hub", "--output_dir", "out/tiny-run"])[2].hub_model_id == "tiny-run"
     assert parse_args(["--output_dir", "out/tiny-run"])[2].hub_model_id is None  # no push: no repo
     monkeypatch.setattr("accelerate.utils.is_wandb_available", lambda: False)  # as on a machine without wandb
-    with pytest.raises(UserInputError, match="^--report_to wandb needs the wandb package, which is not installed: "
-                                             "pip install wandb, or leave --report_to out.$"):
+    with pytest.raises(
+        UserInputError,
+        match="^--report_to wandb needs the wandb package, which is not installed: pip install wandb, or "
+        "leave --report_to out.$",
+    ):
         parse_args(["--report_to", "tensorboard,wandb"])
     parse_args(["--report_to", "tensorboard"])  # installed with the test extra
     parse_args(["--report_to", "all"])
 
 
 def test_an_arguments_file_then_flags_that_override_it():
-    """`pretrain.py training/configs/tiny.yaml --max_train_steps 100`: the file's values, then the flags after it."""
+    """`pretrain.py training/configs/tiny.yaml --max_train_steps 100`: the file's
+    values, then the flags after it."""
     model_args, data_args, train_args = parse_args([str(REPO_ROOT / "training/configs/tiny.yaml"),
                                                     "--max_train_steps", "100", "--block_size", "64"])
     assert (train_args.max_train_steps, data_args.block_size) == (100, 64)  # the flags win
-    assert (model_args.model_preset, model_args.vocab_size, train_args.eval_steps) == ("micro", 1024, 200)  # the file
+    # the file
+    assert (model_args.model_preset, model_args.vocab_size, train_args.eval_steps) == ("micro", 1024, 200)
 
 
 def test_total_batch_size_sets_the_accumulation_the_processes_need():

@@ -1,5 +1,6 @@
-"""Pre-training you can trust, and its fast recipe: evaluation and recomputation change nothing, a diverging run
-stops before NaN weights, Muon for the hidden matrices, a run planned in seconds whose schedule ends on the clock."""
+"""Pre-training you can trust, and its fast recipe: evaluation and recomputation change
+nothing, a diverging run stops before NaN weights, Muon for the hidden matrices, a run planned
+in seconds whose schedule ends on the clock."""
 
 import copy
 import json
@@ -14,7 +15,13 @@ from safetensors.torch import load_file
 from hf_tinytx import TinyTxForCausalLM
 from hf_tinytx_training.distributed import sharding
 from hf_tinytx_training.optim import optimizers
-from hf_tinytx_training.optim.optimizers import MuonWithAdamW, StackedMuon, make_optimizer, make_schedule, newton_schulz
+from hf_tinytx_training.optim.optimizers import (
+    MuonWithAdamW,
+    StackedMuon,
+    make_optimizer,
+    make_schedule,
+    newton_schulz,
+)
 from hf_tinytx_training.optim.schedules import Clock
 from hf_tinytx_training.pretrain_args import PretrainArguments
 from tests.helpers.reference import error_line
@@ -39,7 +46,8 @@ def train_rows(folder):
 
 
 def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_pretrain, tmp_path):
-    """Once, with gradient accumulation, Accelerate stepped the optimizer on every micro-batch after an evaluation."""
+    """Once, with gradient accumulation, Accelerate stepped the optimizer on every
+    micro-batch after an evaluation."""
     flags = ["--gradient_accumulation_steps", 2, "--per_device_train_batch_size", 4, "--max_eval_batches", 2,
              "--max_train_steps", 6, *QUIET]
     run_pretrain("--output_dir", tmp_path / "often", *flags, "--eval_steps", 2)
@@ -48,12 +56,16 @@ def test_an_evaluation_that_reads_part_of_the_data_does_not_change_training(run_
     steps = [r for r in rows(tmp_path / "often") if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in rows(tmp_path / "often") if "eval_loss" in r] == [2, 4, 6]  # 6: the final one
-    assert all(r["tokens"] == r["step"] * 8 * 64 for r in steps)  # 2 micro-batches of 4 blocks of 64 tokens a step
+    # 2 micro-batches of 4 blocks of 64 tokens a step
+    assert all(r["tokens"] == r["step"] * 8 * 64 for r in steps)
 
 
 def test_gradient_checkpointing_trains_the_same_model(run_pretrain, tmp_path, reference_pretrain):
-    """The same arithmetic, so the same weights, and no deprecation warning (the switch was renamed in 5.2x)."""
-    result = run_pretrain("--output_dir", tmp_path / "run", "--max_train_steps", 6, "--gradient_checkpointing", *QUIET)
+    """The same arithmetic, so the same weights, and no deprecation warning (the
+    switch was renamed in 5.2x)."""
+    result = run_pretrain(
+        "--output_dir", tmp_path / "run", "--max_train_steps", 6, "--gradient_checkpointing", *QUIET
+    )
     assert "checkpointing_enable` is deprecated" not in result.stderr
     assert_same_weights(tmp_path / "run", reference_pretrain.reference)
 
@@ -84,7 +96,8 @@ def test_a_clock_the_user_set_says_where_it_stopped_and_resuming_goes_on(run_pre
 
     resumed = run_pretrain(*flags, "--resume_from_checkpoint", "latest")
     steps = [r["step"] for r in rows(out) if "loss" in r]
-    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > final["step"]  # on from the step it stopped at
+    # on from the step it stopped at
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > final["step"]
     again = [r for r in rows(out) if r.get("final") and "eval_loss" in r][-1]
     assert again["step"] == steps[-1]
     if again["step"] < 500:  # cut by the clock again: it says so again
@@ -171,7 +184,8 @@ def test_stacked_muon_makes_torch_muons_update(monkeypatch):
         reference.step()
         for a, b, old in zip(ours, torchs, before):
             ours_step, torch_step = a.detach() - old, b.detach() - old
-            # bf16 inside both: equal to its rounding (a transposed or mis-scaled update would be off by ~100%)
+            # bf16 inside both: equal to its rounding (a transposed or mis-scaled
+            # update would be off by ~100%)
             assert (ours_step - torch_step).norm() <= 1e-2 * torch_step.norm()
     assert stacked.state_dict()["state"].keys() == reference.state_dict()["state"].keys()
     buffers = (stacked.state[ours[2]]["momentum_buffer"], reference.state[torchs[2]]["momentum_buffer"])
@@ -179,7 +193,8 @@ def test_stacked_muon_makes_torch_muons_update(monkeypatch):
 
 
 def test_newton_schulz_runs_in_bf16_only_where_bf16_is_fast():
-    """On a CPU without AVX-512 or AMX a bf16 matmul takes a slow path (~40x fp32's): there the iteration is fp32."""
+    """On a CPU without AVX-512 or AMX a bf16 matmul takes a slow path (~40x
+    fp32's): there the iteration is fp32."""
     expected = torch.bfloat16 if sharding.cpu_runs_bf16_fast() else torch.float32
     assert newton_schulz(torch.randn(3, 8, 16), (3.4445, -4.775, 2.0315), 5, 1e-7).dtype == expected
 
@@ -195,14 +210,17 @@ def test_muon_state_round_trips_so_the_next_step_is_the_same():
     model, optimizer = muon_optimizer()
     step(model, optimizer)
     saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
-    saved_state = copy.deepcopy(optimizer.state_dict())  # what a checkpoint holds (the live one changes in place)
+    # what a checkpoint holds (the live one changes in place)
+    saved_state = copy.deepcopy(optimizer.state_dict())
     assert saved_state["muon"]["state"] and saved_state["adamw"]["state"]  # momentum buffers and Adam moments
     step(model, optimizer)
 
     fresh_model, fresh = muon_optimizer(seed=1)
     fresh_model.load_state_dict(saved_weights)
-    fresh.load_state_dict(saved_state)  # as Accelerate does when it prepares an optimizer, and when it resumes
-    fresh.param_groups[0]["lr"] = fresh.param_groups[-1]["lr"] = 0.25  # what a schedule does to the wrapper's groups
+    # as Accelerate does when it prepares an optimizer, and when it resumes
+    fresh.load_state_dict(saved_state)
+    # what a schedule does to the wrapper's groups
+    fresh.param_groups[0]["lr"] = fresh.param_groups[-1]["lr"] = 0.25
     assert fresh.muon.param_groups[0]["lr"] == fresh.adamw.param_groups[-1]["lr"] == 0.25
     for group in fresh.param_groups:
         group["lr"] = 1e-2
@@ -236,13 +254,16 @@ def cosine(progress):
 
 
 def assert_each_rate_follows_the_clock(train, warmup: int = 2):
-    """Each step's rate is the cosine of the seconds the clock had read before it: the logged rate of step i (the one
-    step i+1 takes) is the cosine at step i-1's logged seconds (the clock and the log read one timestamp). Exact up to
-    the log's rounding of seconds to 0.01, however fast or slow the machine (warmup: TINY_PRETRAIN_ARGS's)."""
+    """Each step's rate is the cosine of the seconds the clock had read before it: the logged rate of
+    step i (the one step i+1 takes) is the cosine at step i-1's logged seconds (the clock and the log
+    read one timestamp). Exact up to the log's rounding of seconds to 0.01, however fast or slow the
+    machine (warmup: TINY_PRETRAIN_ARGS's)."""
     for earlier, row in zip(train, train[1:]):
         if row["step"] > warmup:
             expected = PEAK_LR * cosine(min(1.0, earlier["elapsed_seconds"] / BUDGET))
-            assert abs(row["lr"] - expected) <= 1e-5 * PEAK_LR + PEAK_LR * math.pi / BUDGET * 0.005, (row, expected)
+            assert abs(row["lr"] - expected) <= 1e-5 * PEAK_LR + PEAK_LR * math.pi / BUDGET * 0.005, (
+                row, expected,
+            )
 
 
 def test_a_run_planned_in_seconds_ends_its_schedule_at_the_last_second(run_pretrain, tmp_path):
@@ -264,11 +285,17 @@ def test_a_run_planned_in_seconds_ends_its_schedule_at_the_last_second(run_pretr
 
 def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain, tmp_path):
     out = tmp_path / "run"
-    flags = ["--output_dir", out, "--max_train_seconds", BUDGET, "--eval_steps", 10**6, "--checkpointing_steps", 1,
-             *QUIET]
+    flags = [
+        "--output_dir", out, "--max_train_seconds", BUDGET, "--eval_steps", 10**6, "--checkpointing_steps", 1,
+        *QUIET,
+    ]
     # Killed as step 2 saves (two steps fit in the budget on any machine): step_1 is resumed.
-    crashed = run_pretrain(*flags, check=False, launcher=kill_after_call("accelerate.Accelerator.save_state", nth=2))
-    assert crashed.returncode == -signal.SIGKILL, "the budget ran out before step 2:\n" + crashed.stdout[-2000:]
+    crashed = run_pretrain(
+        *flags, check=False, launcher=kill_after_call("accelerate.Accelerator.save_state", nth=2)
+    )
+    assert crashed.returncode == -signal.SIGKILL, (
+        "the budget ran out before step 2:\n" + crashed.stdout[-2000:]
+    )
     state = json.loads((out / "checkpoints" / "step_1" / "trainer_state.json").read_text())
     assert 0 < state["train_seconds"] < BUDGET
     assert state["train_seconds"] == pytest.approx(train_rows(out)[0]["elapsed_seconds"], abs=0.006)
@@ -288,14 +315,17 @@ def test_a_run_planned_in_seconds_resumes_on_the_clock_it_had_used(run_pretrain,
 
 
 def test_a_compiled_run_exports_the_plain_model(run_pretrain, tmp_path):
-    """A torch.compile wrapper would have saved every name under "_orig_mod.", which from_pretrained ignores."""
+    """A torch.compile wrapper would have saved every name under "_orig_mod.",
+    which from_pretrained ignores."""
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    # Training compiles once, evaluation once more; the probes and samples of many lengths must not (they once did).
-    # One layer: a cold cache's C++ compiles are most of this test's minute.
-    result = run_pretrain("--output_dir", out, "--torch_compile", "--max_train_steps", 3, "--num_hidden_layers", 1,
-                          env={**pretrain_env(tmp_path), "TORCH_LOGS": "recompiles"})
+    # Training compiles once, evaluation once more; the probes and samples of many lengths must not (they once
+    # did). One layer: a cold cache's C++ compiles are most of this test's minute.
+    result = run_pretrain(
+        "--output_dir", out, "--torch_compile", "--max_train_steps", 3, "--num_hidden_layers", 1,
+        env={**pretrain_env(tmp_path), "TORCH_LOGS": "recompiles"},
+    )
     assert result.stderr.count("Recompiling function") == 1, result.stderr[-3000:]
     assert "sample: " in result.stdout
     saved = load_file(out / "model.safetensors")
@@ -316,8 +346,11 @@ def test_a_bf16_run_on_cpu_trains_in_bf16_and_saves_fp32(run_pretrain, tmp_path)
     fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
     run_pretrain("--output_dir", fp32, "--max_train_steps", 3, *QUIET)
     result = run_pretrain("--output_dir", bf16, "--mixed_precision", "bf16", "--max_train_steps", 3, *QUIET)
-    # Where oneDNN has no bf16 kernels (an AVX2-only CPU) the run says bf16 is slow here and how to train faster.
-    assert (sharding.slow_bf16("--mixed_precision bf16") in result.stdout) == (not sharding.cpu_runs_bf16_fast())
+    # Where oneDNN has no bf16 kernels (an AVX2-only CPU) the run says bf16 is
+    # slow here and how to train faster.
+    assert (sharding.slow_bf16("--mixed_precision bf16") in result.stdout) == (
+        not sharding.cpu_runs_bf16_fast()
+    )
     fp32_losses = [row["loss"] for row in train_rows(fp32)]
     bf16_losses = [row["loss"] for row in train_rows(bf16)]
     assert len(bf16_losses) == 3 and all(math.isfinite(loss) for loss in bf16_losses)

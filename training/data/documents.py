@@ -1,12 +1,13 @@
 """Where the documents come from, cut into pieces that processes can read side by side.
 
-A source is a local file, a split of a `datasets` dataset, or documents in memory (the built-in corpus). Each says
-what decides its content (`key`), how it divides into pieces (`pieces`), and yields one piece's documents
-(`documents`). A file's pieces are byte ranges that start and end on a document boundary and depend on its size
-alone, not on how many processes read them: the same file always makes the same documents.
+A source is a local file, a split of a `datasets` dataset, or documents in memory (the built-in corpus). Each
+says what decides its content (`key`), how it divides into pieces (`pieces`), and yields one piece's documents
+(`documents`). A file's pieces are byte ranges that start and end on a document boundary and depend on its
+size alone, not on how many processes read them: the same file always makes the same documents.
 
-Documents are bounded: .txt is cut at blank lines (a paragraph a document, as `datasets`' paragraph reader does), and
-a longer document is cut into documents of at most MAX_DOCUMENT_CHARS, at a line break where there is one.
+Documents are bounded: .txt is cut at blank lines (a paragraph a document, as `datasets`'
+paragraph reader does), and a longer document is cut into documents of at most
+MAX_DOCUMENT_CHARS, at a line break where there is one.
 """
 
 import codecs
@@ -19,14 +20,18 @@ from dataclasses import dataclass
 from hf_tinytx_training.errors import UserInputError
 
 
-MAX_DOCUMENT_CHARS = 1 << 16  # ~16K tokens: longer than any block, short enough that encoding it takes little memory
+# ~16K tokens: longer than any block, short enough that encoding it takes little memory
+MAX_DOCUMENT_CHARS = 1 << 16
 PIECES_PER_FILE = 16  # a file of any size is read by up to 16 processes side by side...
-PIECE_BYTES = (1 << 20, 1 << 26)  # ...in pieces of 1 to 64 MiB (a resumed build starts again at a piece's start)
+# ...in pieces of 1 to 64 MiB (a resumed build starts again at a piece's start)
+PIECE_BYTES = (1 << 20, 1 << 26)
 READ_BYTES = 1 << 22  # bytes read at a time within a piece
 ROWS_PER_PIECE = (1000, 100_000)  # the same for the rows of a dataset or a list in memory
 BOUNDARY_WINDOW = 1 << 20  # how far past a piece's nominal end to look for a blank line to end it on
-RULES = {"max_document_chars": MAX_DOCUMENT_CHARS, "pieces_per_file": PIECES_PER_FILE, "piece_bytes": PIECE_BYTES,
-         "rows_per_piece": ROWS_PER_PIECE, "boundary_window": BOUNDARY_WINDOW, "version": 1}
+RULES = {
+    "max_document_chars": MAX_DOCUMENT_CHARS, "pieces_per_file": PIECES_PER_FILE, "piece_bytes": PIECE_BYTES,
+    "rows_per_piece": ROWS_PER_PIECE, "boundary_window": BOUNDARY_WINDOW, "version": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -36,8 +41,8 @@ class Piece:
 
 
 def bounded(text: str, limit: int = MAX_DOCUMENT_CHARS):
-    """`text` in documents of at most `limit` characters, each cut after the last line break within the limit (or at
-    the limit, for a line longer than it)."""
+    """`text` in documents of at most `limit` characters, each cut after the last line break within the limit
+    (or at the limit, for a line longer than it)."""
     while len(text) > limit:
         cut = text.rfind("\n", 0, limit) + 1 or limit
         yield text[:cut]
@@ -47,8 +52,8 @@ def bounded(text: str, limit: int = MAX_DOCUMENT_CHARS):
 
 
 def paragraphs(chunks, limit: int = MAX_DOCUMENT_CHARS):
-    """The documents of a text read in `chunks` (strings): one per non-empty paragraph, each bounded. The cuts depend
-    on the text alone, not on where the chunks end."""
+    """The documents of a text read in `chunks` (strings): one per non-empty paragraph, each bounded. The cuts
+    depend on the text alone, not on where the chunks end."""
     pending = ""
     for chunk in chunks:
         *complete, pending = (pending + chunk).split("\n\n")
@@ -81,8 +86,8 @@ class LocalFile:
 
 
 class FileSource(LocalFile):
-    """A .txt or .jsonl file, read in byte ranges: documents are paragraphs (.txt) or one JSON object a line (.jsonl,
-    its `column`)."""
+    """A .txt or .jsonl file, read in byte ranges: documents are paragraphs (.txt) or one JSON
+    object a line (.jsonl, its `column`)."""
 
     def __init__(self, path: str, flag: str, column: str):
         self.lines = path.lower().endswith(".jsonl")
@@ -99,8 +104,8 @@ class FileSource(LocalFile):
         return [Piece(a, b) for a, b in zip(cuts, cuts[1:])]
 
     def _boundary_after(self, f, offset: int) -> int:
-        """The first document start at or after `offset`: past a blank line within the window (.txt), else past the
-        next line break, else (a line longer than the window) the next character's start."""
+        """The first document start at or after `offset`: past a blank line within the window (.txt), else
+        past the next line break, else (a line longer than the window) the next character's start."""
         f.seek(offset)
         window = f.read(BOUNDARY_WINDOW)
         if self.lines:  # a JSON line is never cut: read on to its end
@@ -166,16 +171,21 @@ class FileSource(LocalFile):
             raise UserInputError(self._bad_line(text, piece, f"a JSON {type(value).__name__}, not an object"))
         document = value.get(self.column)
         if document is not None and not isinstance(document, str):
-            raise UserInputError(f"{self.flag} {self.shown}: field {self.column!r} holds {type(document).__name__} "
-                                 f"values, not text; store the documents as strings, or pass --text_column with the "
-                                 f"field that holds the text.")
+            raise UserInputError(
+                f"{self.flag} {self.shown}: field {self.column!r} holds {type(document).__name__} values, "
+                "not text; store the documents as strings, or pass --text_column with the field that holds "
+                "the text."
+            )
         if document is None and self.column not in value:
-            raise UserInputError(f"The data has no column {self.column!r} ({self.flag} {self.shown}: its columns are "
-                                 f"{sorted(value)}); pass --text_column with the column that holds the text.")
+            raise UserInputError(
+                f"The data has no column {self.column!r} ({self.flag} {self.shown}: its columns are "
+                f"{sorted(value)}); pass --text_column with the column that holds the text."
+            )
         yield from bounded(document or "")
 
     def _bad_line(self, text: str, piece: Piece, reason: str) -> str:
-        """Found only on an error, so the line's number is counted then (the piece is read again to find it)."""
+        """Found only on an error, so the line's number is counted then (the
+        piece is read again to find it)."""
         with open(self.path, "rb") as f:
             f.seek(piece.start)
             at = piece.start + max(f.read(piece.stop - piece.start).find(text.encode("utf-8")), 0)
@@ -194,8 +204,8 @@ class FileSource(LocalFile):
 
 
 class TableFileSource(LocalFile):
-    """A .json, .csv or .parquet file, read whole (one piece) through `datasets`, streamed: nothing goes to its
-    cache. `kind` is the `datasets` builder."""
+    """A .json, .csv or .parquet file, read whole (one piece) through `datasets`, streamed: nothing goes to
+    its cache. `kind` is the `datasets` builder."""
 
     def pieces(self) -> list[Piece]:
         return [Piece(0, self.size)]
@@ -207,8 +217,10 @@ class TableFileSource(LocalFile):
             rows = datasets.load_dataset(self.kind, data_files=[self.path], split="train", streaming=True)
             features = rows.features
         except Exception as error:  # datasets raises many kinds
-            raise UserInputError(f"Could not read {self.flag} {self.shown} as {self.kind}: {type(error).__name__}: "
-                                 f"{error}. Check that the file is valid {self.kind}.") from None
+            raise UserInputError(
+                f"Could not read {self.flag} {self.shown} as {self.kind}: {type(error).__name__}: {error}. "
+                f"Check that the file is valid {self.kind}."
+            ) from None
         if features is not None:
             check_column(features, self.column, f"{self.flag} {self.shown}")
         for row in rows:
@@ -245,30 +257,38 @@ class RowsSource:
 
 def text_of(row: dict, column: str, where: str) -> str:
     if column not in row:
-        raise UserInputError(f"The data has no column {column!r} ({where}: its columns are {sorted(row)}); pass "
-                             f"--text_column with the column that holds the text.")
+        raise UserInputError(
+            f"The data has no column {column!r} ({where}: its columns are {sorted(row)}); pass --text_column "
+            "with the column that holds the text."
+        )
     value = row[column]
     if value is not None and not isinstance(value, str):
-        raise UserInputError(f"{where}: column {column!r} holds {type(value).__name__} values, not text; store the "
-                             f"documents as strings (e.g. df[{column!r}].astype(str) before writing), or pass "
-                             f"--text_column with the column that holds the text.")
+        raise UserInputError(
+            f"{where}: column {column!r} holds {type(value).__name__} values, not text; store the documents "
+            f"as strings (e.g. df[{column!r}].astype(str) before writing), or pass --text_column with the "
+            "column that holds the text."
+        )
     return value or ""
 
 
 def check_column(features, column: str, where: str) -> None:
-    """A table's column checked from its schema: there, and text (a parquet column of int64 would otherwise reach
-    the tokenizer as ints)."""
+    """A table's column checked from its schema: there, and text (a parquet column of int64 would
+    otherwise reach the tokenizer as ints)."""
     import datasets
 
     if column not in features:
-        raise UserInputError(f"The data has no column {column!r} ({where}: its columns are {list(features)}); pass "
-                             f"--text_column with the column that holds the text.")
+        raise UserInputError(
+            f"The data has no column {column!r} ({where}: its columns are {list(features)}); pass "
+            "--text_column with the column that holds the text."
+        )
     feature = features[column]
     dtype = getattr(feature, "dtype", None)
     if isinstance(feature, datasets.Value) and dtype not in ("string", "large_string", "null"):
-        raise UserInputError(f"{where}: column {column!r} holds {dtype} values, not text; store the documents as "
-                             f"strings (e.g. df[{column!r}].astype(str) before writing), or pass --text_column with "
-                             f"the column that holds the text.")
+        raise UserInputError(
+            f"{where}: column {column!r} holds {dtype} values, not text; store the documents as strings "
+            f"(e.g. df[{column!r}].astype(str) before writing), or pass --text_column with the column that "
+            "holds the text."
+        )
 
 
 def file_sources(paths: list[str], flag: str, builder: str, column: str) -> list:
@@ -296,5 +316,7 @@ class StreamSource:
 
 def documents_of(sources: list, skip: int = 0):
     """Every document of `sources`, in order, after the first `skip`."""
-    documents = (document for source in sources for piece in source.pieces() for document in source.documents(piece))
+    documents = (
+        document for source in sources for piece in source.pieces() for document in source.documents(piece)
+    )
     return itertools.islice(documents, skip, None)

@@ -1,6 +1,6 @@
-"""The local data files of --train_file and --validation_file: found, and checked to be text of one format, with
-nothing beyond Python's own modules, so that a wrong path, an empty or a binary file is refused before torch and
-`datasets` load (~7 s on a small CPU)."""
+"""The local data files of --train_file and --validation_file: found, and checked to be text of one format,
+with nothing beyond Python's own modules, so that a wrong path, an empty or a binary file is refused before
+torch and `datasets` load (~7 s on a small CPU)."""
 
 import codecs
 import glob
@@ -14,8 +14,8 @@ FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": 
 
 
 def local_data_files(data_args, checked: frozenset = frozenset()) -> tuple[dict[str, list[str]], str]:
-    """({"train": paths, "validation": paths (if given)}, the `datasets` builder that reads them). The text of files
-    whose absolute path is in `checked` (tokenized already, unchanged since) is not read again."""
+    """({"train": paths, "validation": paths (if given)}, the `datasets` builder that reads them). The text of
+    files whose absolute path is in `checked` (tokenized already, unchanged since) is not read again."""
     data_files = {"train": _expand(data_args.train_file, "--train_file", checked)}
     if data_args.validation_file:
         data_files["validation"] = _expand(data_args.validation_file, "--validation_file", checked)
@@ -23,8 +23,8 @@ def local_data_files(data_args, checked: frozenset = frozenset()) -> tuple[dict[
     unknown = extensions - set(FILE_BUILDERS)
     if unknown or len({FILE_BUILDERS[ext] for ext in extensions}) != 1:
         raise UserInputError(
-            f"Data files must all be of one kind among {sorted(FILE_BUILDERS)}; got {sorted(extensions)}. Convert "
-            f"them, or pass training and validation files of the same format."
+            f"Data files must all be of one kind among {sorted(FILE_BUILDERS)}; got {sorted(extensions)}. "
+            "Convert them, or pass training and validation files of the same format."
         )
     return data_files, FILE_BUILDERS[extensions.pop()]
 
@@ -35,7 +35,9 @@ def _expand(pattern: str, flag: str, checked: frozenset) -> list[str]:
                              f"'{os.path.join(pattern, '*.txt')}' takes them all).")
     paths = matching_files(pattern)
     if not paths:
-        raise UserInputError(f"{flag} {pattern!r} matches no file. Check the path (globs like 'data/*.jsonl' work).")
+        raise UserInputError(
+            f"{flag} {pattern!r} matches no file. Check the path (globs like 'data/*.jsonl' work)."
+        )
     if all(os.path.getsize(path) == 0 for path in paths):
         raise UserInputError(f"{flag} {pattern!r}: the data is empty (0 bytes); give a file with text in it.")
     for path in paths:
@@ -50,9 +52,9 @@ def matching_files(pattern: str) -> list[str]:
 
 
 def _check_is_text(path: str, flag: str) -> None:
-    """Text formats must be UTF-8 without NUL bytes, all of the file: a binary or mis-encoded part anywhere would
-    train on garbage, or fail deep inside `datasets` with no file named. The line is counted on the way, for the
-    message."""
+    """Text formats must be UTF-8 without NUL bytes, all of the file: a binary or mis-encoded part
+    anywhere would train on garbage, or fail deep inside `datasets` with no file named. The line is
+    counted on the way, for the message."""
     if path.lower().endswith(".parquet"):
         return
     line, decoder = 1, codecs.getincrementaldecoder("utf-8")()
@@ -61,13 +63,14 @@ def _check_is_text(path: str, flag: str) -> None:
             chunk = f.read(CHUNK)
             if b"\x00" in chunk:
                 raise UserInputError(
-                    f"{flag} {path}, line {line + chunk[:chunk.index(0)].count(10)}: a NUL byte, so it is a binary "
-                    f"file (or UTF-16 text), not UTF-8 text; give a text file."
+                    f"{flag} {path}, line {line + chunk[:chunk.index(0)].count(10)}: a NUL byte, so it is a "
+                    "binary file (or UTF-16 text), not UTF-8 text; give a text file."
                 )
             try:
                 decoder.decode(chunk, final=not chunk)
             except UnicodeDecodeError as error:
-                data = error.object  # the chunk, after the start of a character the last one cut (no line break)
+                # the chunk, after the start of a character the last one cut (no line break)
+                data = error.object
                 raise UserInputError(
                     f"{flag} {path}, line {line + data[:error.start].count(10)}: not UTF-8 text (byte "
                     f"{data[error.start]:#04x}); save the file as UTF-8 text, or give a .parquet file."

@@ -1,10 +1,10 @@
-"""What decides a run's data, recorded in each checkpoint (checkpoints.DATA_FILE) so that a resume reading other data
-is refused instead of training on it.
+"""What decides a run's data, recorded in each checkpoint (checkpoints.DATA_FILE) so that a resume reading
+other data is refused instead of training on it.
 
-Cheap on purpose, as the token store's key is: a data file counts by its name, size and modification time, never its
-bytes, so a resume reads no file. A file moved with its times kept (`cp -p`, `rsync -a`) is the same data; one
-written again is not. A Hub dataset counts by its name and configuration, the built-in corpus by its document count;
-the flags that choose which documents are read count too.
+Cheap on purpose, as the token store's key is: a data file counts by its name, size and modification time,
+never its bytes, so a resume reads no file. A file moved with its times kept (`cp -p`, `rsync -a`) is the same
+data; one written again is not. A Hub dataset counts by its name and configuration, the built-in corpus by its
+document count; the flags that choose which documents are read count too.
 """
 
 import os
@@ -29,12 +29,14 @@ def pretrain_data(data_args, builtin_documents: int) -> dict:
     builtin = not (data_args.train_file or data_args.dataset_name)
     return {
         "--train_file": data_files(matching_files(data_args.train_file)) if data_args.train_file else None,
-        "--validation_file": data_files(matching_files(data_args.validation_file)) if data_args.validation_file
-        else None,
+        "--validation_file": (
+            data_files(matching_files(data_args.validation_file)) if data_args.validation_file else None
+        ),
         "--dataset_name": data_args.dataset_name,
         "--dataset_config_name": data_args.dataset_config_name,
-        "--num_train_documents": (data_args.num_train_documents or builtin_documents) if builtin
-        else data_args.num_train_documents,
+        "--num_train_documents": (
+            (data_args.num_train_documents or builtin_documents) if builtin else data_args.num_train_documents
+        ),
         "--text_column": data_args.text_column,
         "--validation_split_percentage": data_args.validation_split_percentage,
         "--streaming": data_args.streaming,
@@ -42,8 +44,8 @@ def pretrain_data(data_args, builtin_documents: int) -> dict:
 
 
 def finetune_data(args) -> dict:
-    """finetune's data, flag by flag: its files (each one path, never a glob), and the flags that cut them into
-    rows."""
+    """finetune's data, flag by flag: its files (each one path, never a glob), and the
+    flags that cut them into rows."""
     return {
         "--train_file": data_files([args.train_file]),
         "--validation_file": data_files([args.validation_file]) if args.validation_file else None,
@@ -53,8 +55,8 @@ def finetune_data(args) -> dict:
 
 
 def data_changes(saved: dict, now: dict) -> list[str]:
-    """How this run's data differs from what a checkpoint recorded, one phrase a flag; [] when it does not. A flag
-    the checkpoint did not record (written by an older version) is not compared."""
+    """How this run's data differs from what a checkpoint recorded, one phrase a flag; [] when it does not. A
+    flag the checkpoint did not record (written by an older version) is not compared."""
     changes = []
     for flag in [flag for flag in now if flag in saved and saved[flag] != now[flag]]:
         was, new = saved[flag], now[flag]

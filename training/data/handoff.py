@@ -1,9 +1,10 @@
 """The data prepared once, by the main process, for every process of a launch.
 
-Tokenizing a corpus can take longer than --ddp_timeout lets a collective wait, so the other processes poll instead
-for the file the main process writes when it is done, in a folder of --output_dir named for this launch. They give up,
-in one line, when the main process has written nothing for --ddp_timeout seconds. The folder goes once every process
-has read it; a killed launch's is removed by the next. `prepare_as_main` and `receive_data` are the two sides.
+Tokenizing a corpus can take longer than --ddp_timeout lets a collective wait, so the other processes poll
+instead for the file the main process writes when it is done, in a folder of --output_dir named for this
+launch. They give up, in one line, when the main process has written nothing for --ddp_timeout seconds.
+The folder goes once every process has read it; a killed launch's is removed by the next.
+`prepare_as_main` and `receive_data` are the two sides.
 """
 
 import json
@@ -51,8 +52,8 @@ class Handoff:
         self.published = True
 
     def wait(self, store_folder: str | None) -> dict:
-        """Another process: the main process's description of the data, once it is ready. It waits in silence: the
-        main process reports the work (training/cli.py)."""
+        """Another process: the main process's description of the data, once it is ready. It waits in silence:
+        the main process reports the work (training/cli.py)."""
         path = os.path.join(self.folder, READY)
         last_change, seen = time.monotonic(), None
         while not os.path.isfile(path):
@@ -61,10 +62,12 @@ class Handoff:
             if state != seen:
                 last_change, seen = now, state
             if now - last_change > self.timeout:
-                raise RunError(f"Process {self.accelerator.process_index} waited {self.timeout:g} s (--ddp_timeout) "
-                               f"for the main process to prepare the data, which wrote nothing in that time (frozen, "
-                               f"or lost with its node); run the same command again (a token store keeps every "
-                               f"shard it finished).")
+                raise RunError(
+                    f"Process {self.accelerator.process_index} waited {self.timeout:g} s (--ddp_timeout) for "
+                    "the main process to prepare the data, which wrote nothing in that time (frozen, or "
+                    "lost with its node); run the same command again (a token store keeps every shard it "
+                    "finished)."
+                )
             time.sleep(POLL_SECONDS)
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -88,8 +91,11 @@ def _store_state(store_folder: str | None) -> tuple[int, int]:
     return journal.count(b"\n"), len(journal)
 
 
-def prepare_as_main(model_args, data_args, train_args, handoff, store, saved_tokenizer, fresh, model_config, say):
-    """The main process: (tokenizer, the data's description, its sources), the data tokenized and handed over."""
+def prepare_as_main(
+    model_args, data_args, train_args, handoff, store, saved_tokenizer, fresh, model_config, say
+):
+    """The main process: (tokenizer, the data's description, its sources), the
+    data tokenized and handed over."""
     sources = run_sources(data_args, train_args.seed)
     stored = os.path.join(store, token_store.TOKENIZER_DIR) if sources.kind in ("files", "dataset") else None
     tokenizer, recipe = pretrain_tokenizer(model_args, sources.train, stored, saved_tokenizer, not fresh,
@@ -101,20 +107,27 @@ def prepare_as_main(model_args, data_args, train_args, handoff, store, saved_tok
 
 
 def receive_data(data_args, train_args, handoff, store):
-    """Another process: (tokenizer, description, sources) as the main process prepared them; the sources only where
-    this process reads them itself (the built-in corpus, a stream)."""
+    """Another process: (tokenizer, description, sources) as the main process prepared them; the sources only
+    where this process reads them itself (the built-in corpus, a stream)."""
     stored = None if data_args.streaming or not (data_args.train_file or data_args.dataset_name) else store
     description = handoff.wait(stored)
     tokenizer = load_tokenizer(handoff.tokenizer_dir, what="The main process's tokenizer")
-    sources = run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") else None
+    sources = (
+        run_sources(data_args, train_args.seed) if description["kind"] in ("builtin", "stream") else None
+    )
     return tokenizer, description, sources
 
 
 def take_back(handoff, store: str, made: list, refused: bool) -> None:
-    """After a failed start: the handoff folder, the token store made for refused input (unless it holds shards of
-    files that passed, for the corrected rerun), and the folders left empty."""
+    """After a failed start: the handoff folder, the token store made for refused input (unless it holds
+    shards of files that passed, for the corrected rerun), and the folders left empty."""
     remove_tree(handoff.folder)
-    if refused and made[0] and os.path.isdir(store) and (handoff.published or not token_store.holds_shards(store)):
+    if (
+        refused
+        and made[0]
+        and os.path.isdir(store)
+        and (handoff.published or not token_store.holds_shards(store))
+    ):
         remove_tree(store)
     for folders in made:
         remove_created(folders)

@@ -72,7 +72,9 @@ def split(train_shards: list, validation_shards: list | None, percent: int,
     first = 0  # the global number of the shard's first document
     for number, shard in enumerate(train_shards):
         ends, sizes = document_index(shard)
-        held = held_out_mask(first, shard.docs, documents, percent) if hold_out else np.zeros(shard.docs, bool)
+        held = (
+            held_out_mask(first, shard.docs, documents, percent) if hold_out else np.zeros(shard.docs, bool)
+        )
         first += shard.docs
         for start, stop, is_held in runs(held):
             if not is_held and max_train_documents is not None:
@@ -162,8 +164,10 @@ def pack_streamed(sources: Sources, tokenizer, data_args, max_eval_tokens: int, 
     shard, skip = streaming.validation_text(sources, tokenizer, max_eval_tokens)
     blocks = Blocks(TokenStream([shard], [(0, 0, shard.tokens)]), data_args.block_size)
     if not len(blocks):
-        raise UserInputError(f"The validation text is shorter than one block of {data_args.block_size} tokens "
-                             f"({shard.tokens} tokens); lower --block_size.")
+        raise UserInputError(
+            f"The validation text is shorter than one block of {data_args.block_size} tokens ({shard.tokens} "
+            "tokens); lower --block_size."
+        )
     train = streaming.StreamedBlocks(sources.train, tokenizer, data_args.block_size, seed, skip)
     return PackedData(train, blocks, text_bytes_per_token([shard]))
 
@@ -338,7 +342,9 @@ def document_starts(blocks, eos_token_id: int, count: int, length: int = 8) -> l
         return starts
     for number, block in enumerate(blocks):
         block = [int(token) for token in block]
-        points = ([0] if number == 0 else []) + [i + 1 for i, token in enumerate(block) if token == eos_token_id]
+        points = ([0] if number == 0 else []) + [
+            i + 1 for i, token in enumerate(block) if token == eos_token_id
+        ]
         for point in points:
             ids = block[point : point + length]
             ids = ids[: ids.index(eos_token_id)] if eos_token_id in ids else ids

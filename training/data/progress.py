@@ -1,5 +1,5 @@
-"""How far tokenizing a corpus has come: tqdm's bar on a terminal; in a job's log a line every INTERVAL seconds, so
-that the log is not one line redrawn thousands of times."""
+"""How far tokenizing a corpus has come: tqdm's bar on a terminal; in a job's log a line every INTERVAL
+seconds, so that the log is not one line redrawn thousands of times."""
 
 import sys
 import time
@@ -9,7 +9,8 @@ INTERVAL = 15.0  # seconds between two lines in a log
 
 
 class Progress:
-    """`update(done)` with the amount done so far (bytes, or rows with `unit="rows"`), `close()` at the end."""
+    """`update(done)` with the amount done so far (bytes, or rows with
+    `unit="rows"`), `close()` at the end."""
 
     def __init__(self, total: int, what: str, say, unit: str = "B", stream=None):
         self.total, self.what, self.say, self.unit = max(total, 1), what, say, unit
@@ -55,4 +56,6 @@ def duration(seconds: float) -> str:
         return "unknown time"
     minutes, seconds = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if hours else f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+    return (
+        f"{hours} h {minutes} min" if hours else f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+    )

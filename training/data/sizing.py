@@ -1,9 +1,10 @@
 """Sizes that fit the text: a few paragraphs of one's own text train as well as a corpus does.
 
-Text too small for the default sizes gets, in this order: a shorter block (halved down to MIN_BLOCK), its validation
-from the end of the training text (one paragraph cannot be split into documents), and a smaller batch, each change
-said in one line. A size given on the command line is kept; what cannot fit it is said in one message, with the flags
-that would. The plan depends on the text and the flags alone, so a resumed run plans the same sizes.
+Text too small for the default sizes gets, in this order: a shorter block (halved down to MIN_BLOCK),
+its validation from the end of the training text (one paragraph cannot be split into documents), and a
+smaller batch, each change said in one line. A size given on the command line is kept; what cannot fit
+it is said in one message, with the flags that would. The plan depends on the text and the flags
+alone, so a resumed run plans the same sizes.
 """
 
 from dataclasses import dataclass, field, replace
@@ -15,8 +16,9 @@ MEMORISING_PASSES = 10  # more passes over the same blocks than this and the mod
 
 @dataclass(frozen=True)
 class Text:
-    """Tokens of the training text per packing chunk (a chunk's tail short of a block is dropped), of the validation
-    text, and whether that was held out of the training documents (so it may come from the end of the text instead)."""
+    """Tokens of the training text per packing chunk (a chunk's tail short of a block is dropped),
+    of the validation text, and whether that was held out of the training documents (so it may
+    come from the end of the text instead)."""
 
     train_chunks: tuple[int, ...]
     validation_tokens: int
@@ -46,8 +48,8 @@ def blocks_of(chunks, block_size: int) -> int:
 
 
 def from_end(text: Text, block_size: int, share: float) -> tuple[int, int]:
-    """(training blocks, validation tokens) when the validation is the end of all the text: `share` of it, in whole
-    blocks, at least one. Taken from the last chunk, where the documents are regrouped."""
+    """(training blocks, validation tokens) when the validation is the end of all the text: `share` of it, in
+    whole blocks, at least one. Taken from the last chunk, where the documents are regrouped."""
     chunks = list(text.train_chunks)
     chunks[-1] += text.validation_tokens  # the held-out documents go back into the text
     validation = max(1, round(share * sum(chunks) / block_size)) * block_size
@@ -58,8 +60,8 @@ def from_end(text: Text, block_size: int, share: float) -> tuple[int, int]:
 
 
 def fit_sizes(text: Text, asked: Asked, share: float) -> Plan:
-    """The largest sizes, at most those asked, under which the validation text holds one block and the training text
-    one optimizer step."""
+    """The largest sizes, at most those asked, under which the validation text holds one block and
+    the training text one optimizer step."""
     blocks = [asked.block_size]
     if "block_size" not in asked.explicit:
         while blocks[-1] // 2 >= MIN_BLOCK:
@@ -89,12 +91,17 @@ def largest_power_of_two(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n >= 1 else 0
 
 
-def notes_for(text: Text, asked: Asked, block: int, batch: int, validation: int, train_blocks: int) -> list[str]:
+def notes_for(
+    text: Text, asked: Asked, block: int, batch: int, validation: int, train_blocks: int
+) -> list[str]:
     total = sum(text.train_chunks) + text.validation_tokens
     notes = []
     if validation:
-        why = (f"the documents held out hold {text.validation_tokens}, fewer than one block" if text.validation_tokens
-               else "a single document: none to hold out")
+        why = (
+            f"the documents held out hold {text.validation_tokens}, fewer than one block"
+            if text.validation_tokens
+            else "a single document: none to hold out"
+        )
         notes.append(f"Validation: the last {validation} of the text's {total:,} tokens ({why}); set "
                      f"--validation_file to choose it.")
     if block != asked.block_size:
@@ -103,14 +110,17 @@ def notes_for(text: Text, asked: Asked, block: int, batch: int, validation: int,
         notes.append(f"--block_size {block} instead of {asked.block_size}: {why}, too few for blocks of "
                      f"{asked.block_size}; set --block_size to keep it.")
     if batch != asked.per_device_train_batch_size:
-        notes.append(f"--per_device_train_batch_size {batch} instead of {asked.per_device_train_batch_size}: the text "
-                     f"makes {train_blocks} training block(s) of {block} tokens, fewer than one batch of "
-                     f"{asked.per_device_train_batch_size} x {asked.num_processes} process(es).")
+        notes.append(
+            f"--per_device_train_batch_size {batch} instead of {asked.per_device_train_batch_size}: the text "
+            f"makes {train_blocks} training block(s) of {block} tokens, fewer than one batch of "
+            f"{asked.per_device_train_batch_size} x {asked.num_processes} process(es)."
+        )
     return notes
 
 
 def too_little(text: Text, asked: Asked, relaxed: Plan | None) -> str:
-    """Why no sizes fit, with the flags that would (those of the plan without the sizes given), or how much text."""
+    """Why no sizes fit, with the flags that would (those of the plan without the
+    sizes given), or how much text."""
     problems = []
     if text.validation_tokens < asked.block_size:
         problems.append(f"the validation text holds {text.validation_tokens} tokens, less than one block of "
@@ -118,13 +128,17 @@ def too_little(text: Text, asked: Asked, relaxed: Plan | None) -> str:
     train_blocks = blocks_of(text.train_chunks, asked.block_size)
     per_step = asked.per_device_train_batch_size * asked.gradient_accumulation_steps * asked.num_processes
     if train_blocks < per_step:
-        problems.append(f"the training text makes {train_blocks} blocks of {asked.block_size} tokens, fewer than one "
-                        f"optimizer step takes ({per_step})")
+        problems.append(
+            f"the training text makes {train_blocks} blocks of {asked.block_size} tokens, fewer than one "
+            f"optimizer step takes ({per_step})"
+        )
     if relaxed is not None and relaxed.problem is None:
         flags = [f"--block_size {relaxed.block_size}",
                  f"--per_device_train_batch_size {relaxed.per_device_train_batch_size}"]
         if "total_batch_size" in asked.explicit:  # it would set the accumulation from the old batch again
-            step = relaxed.per_device_train_batch_size * asked.gradient_accumulation_steps * asked.num_processes
+            step = (
+                relaxed.per_device_train_batch_size * asked.gradient_accumulation_steps * asked.num_processes
+            )
             flags.append(f"--total_batch_size {step}")
         fix = f"run with {' '.join(flags)} (or leave the sizes out: they are then fitted to the text)"
     else:
@@ -141,8 +155,9 @@ def passes(max_train_steps: int | None, global_batch: int, train_blocks: int) ->
 
 def memorising_warning(max_train_steps: int | None, global_batch: int, train_blocks: int,
                        warmup_steps: int = 0) -> str | None:
-    """A line when the run will read its training text so often that it learns it by heart, or None. The steps it
-    advises come with a warm-up that ends before them: a run still warming up has barely moved from its start."""
+    """A line when the run will read its training text so often that it learns it by heart, or
+    None. The steps it advises come with a warm-up that ends before them: a run still warming
+    up has barely moved from its start."""
     times = passes(max_train_steps, global_batch, train_blocks)
     if times <= MEMORISING_PASSES:
         return None
@@ -150,6 +165,8 @@ def memorising_warning(max_train_steps: int | None, global_batch: int, train_blo
     flags = f"--max_train_steps {steps}"
     if warmup_steps >= steps // 2:
         flags += f" --num_warmup_steps {steps // 10}"
-    return (f"Warning: {max_train_steps} steps of {global_batch} blocks read the {train_blocks} training blocks "
-            f"{times:.0f} times: the model will learn them by heart (the training loss falls toward 0 while the "
-            f"validation loss rises). Give more text, or set {flags} (about {MEMORISING_PASSES // 2} passes).")
+    return (
+        f"Warning: {max_train_steps} steps of {global_batch} blocks read the {train_blocks} training blocks "
+        f"{times:.0f} times: the model will learn them by heart (the training loss falls toward 0 while the "
+        f"validation loss rises). Give more text, or set {flags} (about {MEMORISING_PASSES // 2} passes)."
+    )

@@ -1,5 +1,6 @@
-"""What a run reads, as documents.py sources: local files (--train_file, --validation_file), a `datasets` dataset
-(--dataset_name, downloaded or streamed), or the built-in corpus; and the texts its tokenizer is trained on."""
+"""What a run reads, as documents.py sources: local files (--train_file, --validation_file),
+a `datasets` dataset (--dataset_name, downloaded or streamed), or the built-in corpus; and
+the texts its tokenizer is trained on."""
 
 import contextlib
 import hashlib
@@ -16,7 +17,8 @@ from hf_tinytx_training.errors import RunError, UserInputError
 
 DEFAULT_CORPUS_DOCUMENTS = 60000
 TOKENIZER_DOCUMENTS = 50_000  # the tokenizer is trained on at most this many documents...
-TOKENIZER_CHARS = 1 << 25  # ...and 32M characters, shared among the files by their sizes: enough for the merges
+# ...and 32M characters, shared among the files by their sizes: enough for the merges
+TOKENIZER_CHARS = 1 << 25
 
 
 @dataclass
@@ -38,10 +40,16 @@ def run_sources(data_args, seed: int) -> Sources:
         return _dataset_sources(data_args)
     from hf_tinytx.corpus import default_corpus
 
-    splits = default_corpus(num_documents=data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS, seed=seed)
-    rows = {name: RowsSource(f"the built-in corpus ({name})", documents, None,
-                             {"kind": "builtin", "sha256": hashlib.sha256("\0".join(documents).encode()).hexdigest()})
-            for name, documents in splits.items()}
+    splits = default_corpus(
+        num_documents=data_args.num_train_documents or DEFAULT_CORPUS_DOCUMENTS, seed=seed
+    )
+    rows = {
+        name: RowsSource(
+            f"the built-in corpus ({name})", documents, None,
+            {"kind": "builtin", "sha256": hashlib.sha256("\0".join(documents).encode()).hexdigest()},
+        )
+        for name, documents in splits.items()
+    }
     return Sources([rows["train"]], [rows["validation"]], "builtin")
 
 
@@ -55,8 +63,10 @@ def _dataset_sources(data_args) -> Sources:
     except RunError:
         raise
     except Exception as error:  # datasets raises many kinds (network, missing config, bad files)
-        raise UserInputError(f"Could not load the dataset {name!r} (config {config!r}): {error}. Check the name and "
-                             f"--dataset_config_name, or use --train_file for local text.") from error
+        raise UserInputError(
+            f"Could not load the dataset {name!r} (config {config!r}): {error}. Check the name and "
+            "--dataset_config_name, or use --train_file for local text."
+        ) from error
     if "train" not in raw:
         raise UserInputError(f"The dataset {name!r} has no 'train' split (it has {list(raw)}).")
     column, sources = data_args.text_column, {}
@@ -72,15 +82,20 @@ def _dataset_sources(data_args) -> Sources:
             key = {"kind": "dataset", "name": name, "config": config, "split": split, "column": column,
                    "fingerprint": raw[split]._fingerprint}
             sources[split] = [RowsSource(where, raw[split].select_columns([column]), column, key)]
-    return Sources(sources["train"], sources.get("validation"), "stream" if data_args.streaming else "dataset")
+    return Sources(
+        sources["train"], sources.get("validation"), "stream" if data_args.streaming else "dataset"
+    )
 
 
 def tokenizer_texts(sources: list):
-    """The documents the tokenizer is trained on: the first of each source, each its share of TOKENIZER_CHARS by size
-    (so that the merges see every file, not the first ones alone), at most TOKENIZER_DOCUMENTS in all."""
+    """The documents the tokenizer is trained on: the first of each source, each its share
+    of TOKENIZER_CHARS by size (so that the merges see every file, not the first ones
+    alone), at most TOKENIZER_DOCUMENTS in all."""
     sizes = [getattr(source, "size", 0) or 1 for source in sources]
     total = sum(sizes)
-    openings = (_opening(source, max(1, TOKENIZER_CHARS * size // total)) for source, size in zip(sources, sizes))
+    openings = (
+        _opening(source, max(1, TOKENIZER_CHARS * size // total)) for source, size in zip(sources, sizes)
+    )
     return itertools.islice(itertools.chain.from_iterable(openings), TOKENIZER_DOCUMENTS)
 
 
@@ -96,8 +111,9 @@ def _opening(source, budget: int):
 
 @contextlib.contextmanager
 def datasets_cache_space():
-    """A full disk while `datasets` downloads and converts a Hub dataset into its cache, as one line naming the cache
-    folder and the fix; the partial table it was writing (`tmp*`) is removed to give its space back."""
+    """A full disk while `datasets` downloads and converts a Hub dataset into its cache, as
+    one line naming the cache folder and the fix; the partial table it was writing (`tmp*`)
+    is removed to give its space back."""
     import datasets
 
     cache = Path(datasets.config.HF_DATASETS_CACHE)
@@ -114,7 +130,8 @@ def datasets_cache_space():
             if partial.is_file() and not partial.is_symlink():
                 partial.unlink(missing_ok=True)
         raise RunError(
-            f"No space left on the device in the datasets cache {cache} ({mib(shutil.disk_usage(cache).free)} free); "
-            f"nothing was written to --output_dir: free space there, or set HF_DATASETS_CACHE to a folder on a disk "
-            f"with room, and run the same command again."
+            f"No space left on the device in the datasets cache {cache} "
+            f"({mib(shutil.disk_usage(cache).free)} free); nothing was written to --output_dir: free space "
+            "there, or set HF_DATASETS_CACHE to a folder on a disk with room, and run the same command "
+            "again."
         ) from None

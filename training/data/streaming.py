@@ -1,9 +1,9 @@
 """A text read as training goes (--streaming), nothing tokenized ahead: the first step comes at once.
 
 Blocks wait in a buffer of BUFFER and leave it in an order seeded by (seed, epoch): neighbouring blocks of one
-document are not trained on one after another, and a resumed run (which reads the stream again and skips what it
-trained on) reads exactly what an uninterrupted one read. The validation text is read first, in memory, bounded: the
-validation sources, or else the stream's first documents, which training then skips.
+document are not trained on one after another, and a resumed run (which reads the stream again and skips what
+it trained on) reads exactly what an uninterrupted one read. The validation text is read first, in memory,
+bounded: the validation sources, or else the stream's first documents, which training then skips.
 """
 
 import numpy as np
@@ -35,8 +35,8 @@ def validation_text(sources, tokenizer, max_tokens: int) -> tuple[token_store.Sh
 
 
 class StreamedBlocks(torch.utils.data.IterableDataset):
-    """Training blocks of `block_size` tokens from the documents of `sources` (after the first `skip`), tokenized
-    as they are read, shuffled in a buffer seeded by (seed, epoch)."""
+    """Training blocks of `block_size` tokens from the documents of `sources` (after the first `skip`),
+    tokenized as they are read, shuffled in a buffer seeded by (seed, epoch)."""
 
     def __init__(self, sources: list, tokenizer, block_size: int, seed: int, skip: int = 0):
         self.sources, self.block_size, self.seed, self.skip = sources, block_size, seed, skip
@@ -63,13 +63,14 @@ class StreamedBlocks(torch.utils.data.IterableDataset):
         for tokens, _, _ in token_store.encoded(backend, documents_of(self.sources, self.skip), eos, dtype):
             pending = np.concatenate([pending, tokens.astype(np.int64)])
             whole = len(pending) // self.block_size * self.block_size
-            yield from (row.copy() for row in pending[:whole].reshape(-1, self.block_size))  # not views: see _take
+            # not views: see _take
+            yield from (row.copy() for row in pending[:whole].reshape(-1, self.block_size))
             pending = pending[whole:]
 
 
 def _take(buffer: list, rng) -> np.ndarray:
-    """A block out of `buffer` at random (the last one fills its place). Each block is its own array: a view would keep
-    the whole batch it was cut from alive while it waits here."""
+    """A block out of `buffer` at random (the last one fills its place). Each block is its own array: a view
+    would keep the whole batch it was cut from alive while it waits here."""
     at = int(rng.integers(len(buffer)))
     block, buffer[at] = buffer[at], buffer[-1]
     buffer.pop()

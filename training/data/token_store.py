@@ -1,17 +1,21 @@
 """The token store: a corpus tokenized once, by every core, into compact shards that the run's processes read.
 
-    STORE/store.json        what every shard's tokens depend on: the tokenizer (a hash of its tokenizer.json), the
-                            token type and the document rules (documents.RULES); a store of other tokens is emptied,
-                            in one line, never read
-    STORE/shards.jsonl      one line per finished shard, appended as it finishes: a killed build goes on from there
-    STORE/tokenizer/        the tokenizer of those tokens, with what it was trained from (data/tokenizer.py reuses it)
-    STORE/NAME-ID-NNNNN.bin a shard: its tokens, then for each document the token it ends at and its UTF-8 bytes
+    STORE/store.json        what every shard's tokens depend on: the tokenizer (a hash of its tokenizer.json),
+                            the token type and the document rules (documents.RULES); a store of other tokens
+                            is emptied, in one line, never read
+    STORE/shards.jsonl      one line per finished shard, appended as it finishes: a killed build goes on from
+                            there
+    STORE/tokenizer/        the tokenizer of those tokens, with what it was trained from (data/tokenizer.py
+                            reuses it)
+    STORE/NAME-ID-NNNNN.bin a shard: its tokens, then for each document the token it ends at and its UTF-8
+                            bytes
     STORE/.lock             held by the one process that builds
 
-A shard holds one piece of one source (documents.py). Its ID hashes the source's key (a file's path, size and mtime),
-so a changed file gets new shards, and a shard is only ever read under the key it was made for. Shards are written
-under a temporary name and renamed once complete. The workers are forked: they inherit the sources, encode with the
-`tokenizers` library on one thread each, and die with the main process (distributed/preemption.py).
+A shard holds one piece of one source (documents.py). Its ID hashes the source's key (a file's path,
+size and mtime), so a changed file gets new shards, and a shard is only ever read under the key it was
+made for. Shards are written under a temporary name and renamed once complete. The workers are forked:
+they inherit the sources, encode with the `tokenizers` library on one thread each, and die with the
+main process (distributed/preemption.py).
 
 `prepare` (the main process) builds the store and describes its shards; handoff.py passes that on, and
 packing.py reads the shards on every process.
@@ -37,7 +41,8 @@ from hf_tinytx_training.errors import RunError
 
 FORMAT = 1
 HEADER, JOURNAL, TOKENIZER_DIR, LOCK = "store.json", "shards.jsonl", "tokenizer", ".lock"
-RECIPE = "tinytx_recipe.json"  # in tokenizer/, beside a tokenizer trained for the store: what it was trained on
+# in tokenizer/, beside a tokenizer trained for the store: what it was trained on
+RECIPE = "tinytx_recipe.json"
 TEMPORARY = ".tmp-"
 SUFFIX = ".bin"
 ENCODE_CHARS = 1 << 18  # characters of documents encoded in one batch (~1,000 paragraphs)
@@ -50,8 +55,8 @@ def token_dtype(vocabulary: int) -> np.dtype:
 
 
 def tokenizer_hash(tokenizer_json: str) -> str:
-    """What decides the ids: the tokenizer's JSON without the truncation and padding settings a loaded tokenizer may
-    carry from its last call (the store's encoding turns them off)."""
+    """What decides the ids: the tokenizer's JSON without the truncation and padding settings a loaded
+    tokenizer may carry from its last call (the store's encoding turns them off)."""
     with open(tokenizer_json, encoding="utf-8") as f:
         spec = json.load(f)
     spec.pop("truncation", None), spec.pop("padding", None)
@@ -84,8 +89,8 @@ class Shard:
 
 
 def encoded(tokenizer, documents, eos: int, dtype: np.dtype):
-    """(tokens, document ends, document bytes) arrays, a batch of documents at a time: each document's ids with EOS
-    after it. `tokenizer` is a `tokenizers.Tokenizer`."""
+    """(tokens, document ends, document bytes) arrays, a batch of documents at a time: each document's ids
+    with EOS after it. `tokenizer` is a `tokenizers.Tokenizer`."""
     batch, chars = [], 0
     for document in documents:
         if document:
@@ -110,8 +115,8 @@ def _encode(tokenizer, batch: list[str], eos: int, dtype: np.dtype):
 
 
 def plain_tokenizer(tokenizer):
-    """A `tokenizers.Tokenizer` with the ids of `tokenizer` (a fast transformers tokenizer, or tokenizer.json's path),
-    truncation and padding off."""
+    """A `tokenizers.Tokenizer` with the ids of `tokenizer` (a fast transformers tokenizer, or
+    tokenizer.json's path), truncation and padding off."""
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_file(tokenizer) if isinstance(tokenizer, str) else \
@@ -160,8 +165,9 @@ class TokenStore:
             yield
 
     def entries(self) -> dict[tuple[str, int], dict]:
-        """{(source id, piece): journal entry} of the shards that are there, whole. A torn last line (a kill while
-        appending) is skipped; so is a shard whose file is missing or of another size (it is made again)."""
+        """{(source id, piece): journal entry} of the shards that are there, whole. A torn last
+        line (a kill while appending) is skipped; so is a shard whose file is missing or of
+        another size (it is made again)."""
         entries = {}
         try:
             with open(self.path(JOURNAL), encoding="utf-8") as f:
@@ -184,14 +190,16 @@ class TokenStore:
         return Shard(self.path(entry["file"]), entry["tokens"], entry["docs"], entry["bytes"], entry["dtype"])
 
     def start(self, expected: dict) -> dict[tuple[str, int], dict]:
-        """Under the lock: a store of other tokens emptied (said in one line), a killed build's temporary files
-        removed; returns the shards that can be kept."""
+        """Under the lock: a store of other tokens emptied (said in one line), a killed build's temporary
+        files removed; returns the shards that can be kept."""
         header = read_json_or_none(self.path(HEADER))
         if header is not None and header != expected:
             shards = [name for name in os.listdir(self.folder) if name.endswith(SUFFIX)]
             changed = sorted(WHAT[name] for name in expected if header.get(name) != expected[name])
-            self.say(f"The token store {self.folder} holds tokens made with another {' and '.join(changed)}: its "
-                     f"{len(shards)} shard(s) are removed and the data is tokenized again.")
+            self.say(
+                f"The token store {self.folder} holds tokens made with another {' and '.join(changed)}: its "
+                f"{len(shards)} shard(s) are removed and the data is tokenized again."
+            )
             for name in shards:
                 os.unlink(self.path(name))
             with contextlib.suppress(FileNotFoundError):
@@ -212,8 +220,8 @@ class TokenStore:
                     os.unlink(path)
 
     def keep_only(self, entries: dict, drop_paths: set[str]) -> dict:
-        """The journal rewritten without the shards of the sources at `drop_paths` (changed since), whose files go;
-        so do shard files no entry names (a killed build's last, renamed but not recorded)."""
+        """The journal rewritten without the shards of the sources at `drop_paths` (changed since), whose
+        files go; so do shard files no entry names (a killed build's last, renamed but not recorded)."""
         kept = {key: entry for key, entry in entries.items() if entry.get("path") not in drop_paths}
         names = {entry["file"] for entry in kept.values()}
         for name in os.listdir(self.folder):
@@ -224,8 +232,8 @@ class TokenStore:
         return kept
 
     def place_tokenizer(self, tokenizer, recipe: dict | None) -> str:
-        """The store's tokenizer/ replaced by `tokenizer` (in one rename) unless it holds the same ids already;
-        returns its tokenizer.json."""
+        """The store's tokenizer/ replaced by `tokenizer` (in one rename) unless it holds the same ids
+        already; returns its tokenizer.json."""
         final, temporary = self.path(TOKENIZER_DIR), self.path(TEMPORARY + TOKENIZER_DIR)
         remove_tree(temporary)
         tokenizer.save_pretrained(temporary)
@@ -255,8 +263,8 @@ def store_folder(data_args, output_dir: str) -> str:
 
 
 def tokenized_files(folder: str) -> set[str]:
-    """The files the store holds every shard of, unchanged since (same size and mtime): their text was checked when
-    they were tokenized (files.py need not read them again)."""
+    """The files the store holds every shard of, unchanged since (same size and mtime): their text was checked
+    when they were tokenized (files.py need not read them again)."""
     pieces = {}
     for entry in TokenStore(folder, print).entries().values() if os.path.isdir(folder) else []:
         key = entry.get("key") or {}
@@ -272,9 +280,11 @@ def tokenized_files(folder: str) -> set[str]:
 
 def disk_full(folder: str) -> str:
     free = mib(shutil.disk_usage(folder).free)
-    return (f"No space left on the device while writing the token store {folder} ({free} free); the shards finished "
-            f"so far are kept: free space, or give --token_store a folder on a disk with room, and run the same "
-            f"command again.")
+    return (
+        f"No space left on the device while writing the token store {folder} ({free} free); the shards "
+        "finished so far are kept: free space, or give --token_store a folder on a disk with room, and run "
+        "the same command again."
+    )
 
 
 def holds_shards(folder: str) -> bool:
@@ -308,9 +318,9 @@ def workers(data_args) -> int:
 
 
 def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: int, say) -> list:
-    """Every source's shards (a list of Shard per source, in piece order), tokenizing only the pieces the store lacks,
-    `workers` processes side by side. `tokenizer` (a fast transformers tokenizer) goes into the store first, with the
-    `recipe` it was trained from (None: it was loaded, not trained)."""
+    """Every source's shards (a list of Shard per source, in piece order), tokenizing only the pieces the
+    store lacks, `workers` processes side by side. `tokenizer` (a fast transformers tokenizer) goes into the
+    store first, with the `recipe` it was trained from (None: it was loaded, not trained)."""
     store = TokenStore(folder, say)
     dtype, eos = token_dtype(len(tokenizer)), tokenizer.eos_token_id
     with store.locked():
@@ -321,7 +331,9 @@ def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: i
         ids = [source_id(source.key()) for source in sources]
         done_ids = {sid for sid, _ in entries}
         paths = {source.key().get("path") for source, sid in zip(sources, ids) if sid not in done_ids}
-        changed = sorted({entry["path"] for (sid, _), entry in entries.items() if entry.get("path") in paths} - {None})
+        changed = sorted(
+            {entry["path"] for (sid, _), entry in entries.items() if entry.get("path") in paths} - {None}
+        )
         for path in changed:
             say(f"{path} changed since it was tokenized (size or time): its shards are made again.")
         entries = store.keep_only(entries, set(changed))
@@ -344,7 +356,8 @@ def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: i
 
 def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype, sources: list, tasks: list,
               workers: int, say) -> dict:
-    """The shards of `tasks`, made by a pool of forked processes, each recorded as it finishes; the progress shown."""
+    """The shards of `tasks`, made by a pool of forked processes, each recorded as
+    it finishes; the progress shown."""
     unit = "B" if hasattr(sources[tasks[0][0]], "path") else "rows"
     total = sum(piece.stop - piece.start for *_, piece in tasks)
     context = multiprocessing.get_context("fork")
@@ -353,7 +366,9 @@ def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype,
     say(f"Tokenizing {len(tasks)} piece(s) of the data into {store.folder} with {workers} process(es)...")
     progress = Progress(total, "Tokenizing", say, unit=unit)
     with _without_tokenizer_threads():  # each worker encodes on one thread: the processes are the parallelism
-        pool = context.Pool(workers, _start_worker, (tokenizer_json, eos, dtype.str, sources, store.folder, counter))
+        pool = context.Pool(
+            workers, _start_worker, (tokenizer_json, eos, dtype.str, sources, store.folder, counter)
+        )
     new = {}
     try:
         with open(store.path(JOURNAL), "a", encoding="utf-8") as journal:
@@ -381,15 +396,17 @@ def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype,
     tokens = sum(entry["tokens"] for entry in new.values())
     on_disk = sum(store.shard(entry).file_size() for entry in new.values())
     rate = f"{total / 1e6 / seconds:.2f} MB/s" if unit == "B" else f"{total / seconds:,.0f} rows/s"
-    say(f"Tokenized {len(new)} piece(s) in {seconds:.1f} s ({rate} with {workers} process(es)): {tokens:,} tokens, "
-        f"{mib(on_disk)} on disk.")
+    say(
+        f"Tokenized {len(new)} piece(s) in {seconds:.1f} s ({rate} with {workers} process(es)): {tokens:,} "
+        f"tokens, {mib(on_disk)} on disk."
+    )
     return new
 
 
 @contextlib.contextmanager
 def _without_tokenizer_threads():
-    """TOKENIZERS_PARALLELISM=false while the workers are forked: one thread in each, and no warning of the fork
-    (which `tokenizers` gives when the variable is unset and the parent has used its threads)."""
+    """TOKENIZERS_PARALLELISM=false while the workers are forked: one thread in each, and no warning of the
+    fork (which `tokenizers` gives when the variable is unset and the parent has used its threads)."""
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
@@ -430,8 +447,10 @@ def _tokenize_piece(task) -> dict:
                 sizes.append(part_sizes)
                 tokens += len(part)
             if tokens >= 1 << 32:
-                raise RunError(f"A piece of {source.name} holds {tokens:,} tokens, more than a shard can index; split "
-                               f"the file into smaller files.")
+                raise RunError(
+                    f"A piece of {source.name} holds {tokens:,} tokens, more than a shard can index; split "
+                    "the file into smaller files."
+                )
             f.write(bytes(-(-tokens * dtype.itemsize // 4) * 4 - tokens * dtype.itemsize))
             for parts in (ends, sizes):
                 f.write((np.concatenate(parts) if parts else np.zeros(0)).astype("<u4").tobytes())
@@ -445,6 +464,8 @@ def _tokenize_piece(task) -> dict:
             raise RunError(disk_full(folder)) from None
         raise
     key, documents = source.key(), sum(len(part) for part in ends)
-    return {"source": sid, "piece": index, "pieces": pieces, "file": name, "tokens": tokens, "docs": documents,
-            "bytes": int(sum(int(part.sum()) for part in sizes)), "dtype": dtype.str, "path": key.get("path"),
-            "key": key}
+    return {
+        "source": sid, "piece": index, "pieces": pieces, "file": name, "tokens": tokens, "docs": documents,
+        "bytes": int(sum(int(part.sum()) for part in sizes)), "dtype": dtype.str, "path": key.get("path"),
+        "key": key,
+    }

@@ -1,14 +1,16 @@
-"""`python -m hf_tinytx_training.distributed TORCHRUN_FLAGS`: torchrun for one node of a scheduler's job, whose exit
-status a job script can act on. training/configs/slurm.sbatch and kubernetes-job.yaml run it on every node.
+"""`python -m hf_tinytx_training.distributed TORCHRUN_FLAGS`: torchrun for one node of a scheduler's
+job, whose exit status a job script can act on. training/configs/slurm.sbatch and
+kubernetes-job.yaml run it on every node.
 
     0            the run finished
-    128 + signal every training process of this node stopped at SIGTERM (143) or SIGINT (130): at a step boundary,
-                 with a checkpoint, or before training started, with nothing to save. A scheduler may requeue it.
+    128 + signal every training process of this node stopped at SIGTERM (143) or SIGINT (130): at a step
+                 boundary, with a checkpoint, or before training started, with nothing to save. A scheduler
+                 may requeue it.
     1            anything else, with torchrun's own report: a crash, bad input, a lost or frozen peer.
 
-torchrun exits 1 for a stop too, and a SIGTERM reaches it also when srun ends the step because another node failed:
-only the workers' statuses tell the two apart. So torchrun's agent runs in a thread, and this process takes the stop
-signals, passes them on to the node's training processes and reads how they ended.
+torchrun exits 1 for a stop too, and a SIGTERM reaches it also when srun ends the step because another node
+failed: only the workers' statuses tell the two apart. So torchrun's agent runs in a thread, and this process
+takes the stop signals, passes them on to the node's training processes and reads how they ended.
 """
 
 import logging
@@ -22,16 +24,22 @@ from hf_tinytx_training.distributed.cluster import running_children
 
 
 class LeaveOutMisleadingLines(logging.Filter):
-    """torchrun lines wrong here: that it could not take the stop signals, and a worker's stop called a failure."""
+    """torchrun lines wrong here: that it could not take the stop signals, and a
+    worker's stop called a failure."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        return not ("Failed to register signal handlers" in text or re.search(r"failed \(exitcode: 1(43|30)\)", text))
+        return not (
+            "Failed to register signal handlers" in text or re.search(r"failed \(exitcode: 1(43|30)\)", text)
+        )
 
 
 def stop_status(failures) -> int | None:
-    """128 + the stop signal when every failed worker stopped at it (or was ended by it: -signal), else None."""
-    statuses = {128 - code if code < 0 else code for code in (failure.exitcode for failure in failures.values())}
+    """128 + the stop signal when every failed worker stopped at it (or was
+    ended by it: -signal), else None."""
+    statuses = {
+        128 - code if code < 0 else code for code in (failure.exitcode for failure in failures.values())
+    }
     stops = {128 + signum for signum in STOP_SIGNALS}
     return statuses.pop() if len(statuses) == 1 and statuses <= stops else None
 

@@ -1,6 +1,6 @@
-"""Training on a busy CPU: one line when other work keeps the cores this run's threads need. torch's threads wait for
-each other at each kernel's end, so one busy core stalls them all; the run cannot change its thread count itself
-(another count trains other weights), so it says what to do, once.
+"""Training on a busy CPU: one line when other work keeps the cores this run's threads need. torch's threads
+wait for each other at each kernel's end, so one busy core stalls them all; the run cannot change its thread
+count itself (another count trains other weights), so it says what to do, once.
 """
 
 import os
@@ -41,7 +41,9 @@ class BusyCores:
         running = statistics.median(self.readings)
         if running <= self.cores + 0.5:  # this run's threads alone fill the cores at most
             return None
-        return (f"{program}: the {self.cores} CPU cores are busy ({running:g} threads running, this run's "
-                f"{self.threads} included): torch's threads wait on each other and may train ~10x slower. On a busy "
-                f"machine run with OMP_NUM_THREADS=1 (another thread count trains other weights, so a resume keeps "
-                f"the count it started with).")
+        return (
+            f"{program}: the {self.cores} CPU cores are busy ({running:g} threads running, this run's "
+            f"{self.threads} included): torch's threads wait on each other and may train ~10x slower. On a "
+            "busy machine run with OMP_NUM_THREADS=1 (another thread count trains other weights, so a "
+            "resume keeps the count it started with)."
+        )

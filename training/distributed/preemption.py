@@ -1,9 +1,10 @@
-"""Preemption: SIGTERM (SLURM, Kubernetes) and SIGINT (Ctrl-C) stop a run at the next optimizer step boundary, with
-a checkpoint, and exit status 128 + the signal's number; before training starts, at once, in one line.
+"""Preemption: SIGTERM (SLURM, Kubernetes) and SIGINT (Ctrl-C) stop a run at the next optimizer step boundary,
+with a checkpoint, and exit status 128 + the signal's number; before training starts, at once, in one line.
 
-Once `training()` is called a signal only marks the request; every process asks `asked()` at each step boundary, so
-all stop at the same step. A rank that finds a collective broken after a signal (`peer_left`) exits 1: its peer may
-have crashed (srun sends SIGTERM to a step whose other node failed), and a crash must not be requeued.
+Once `training()` is called a signal only marks the request; every process asks `asked()` at each step
+boundary, so all stop at the same step. A rank that finds a collective broken after a signal
+(`peer_left`) exits 1: its peer may have crashed (srun sends SIGTERM to a step whose other node
+failed), and a crash must not be requeued.
 
 The handler is hf_tinytx/commands/signals.py's Recorder; this module says what a stop means for training.
 """
@@ -24,7 +25,8 @@ RESUME_ADVICE = "resume with the same command and --resume_from_checkpoint lates
 
 
 class Stopped(Exception):
-    """A run stopped by a signal at a step boundary, its checkpoint saved; the message is the one line to print."""
+    """A run stopped by a signal at a step boundary, its checkpoint saved; the
+    message is the one line to print."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)
@@ -42,10 +44,12 @@ class StopRequests(signals.Recorder):
         self.launcher = None
 
     def install(self) -> "StopRequests":
-        self.pid = os.getpid()  # forked workers (tokenization) inherit the handler but must not speak for the run
+        # forked workers (tokenization) inherit the handler but must not speak for the run
+        self.pid = os.getpid()
         self.launcher = LauncherWatch()
         super().install()
-        # Registered first, so run last of the exit handlers: a late signal leaves the chosen exit status alone.
+        # Registered first, so run last of the exit handlers: a late signal leaves
+        # the chosen exit status alone.
         atexit.register(ignore_stop_signals, self.pid)
         children_die_with_parent()
         return self
@@ -59,15 +63,22 @@ class StopRequests(signals.Recorder):
             return
         # Nothing trained yet, so nothing to save: one line, and the status the signal would give.
         if os.environ.get("RANK", "0") == "0" and os.getpid() == self.pid:
-            sys.stderr.write(f"{self.program}: stopped by {signal.Signals(signum).name} before training started; "
-                             f"{RESUME_ADVICE}.\n")
+            sys.stderr.write(
+                f"{self.program}: stopped by {signal.Signals(signum).name} before training started; "
+                f"{RESUME_ADVICE}.\n"
+            )
             sys.stderr.flush()
         sys.stdout.flush()
         os._exit(128 + signum)
 
     def peer_left(self, error: BaseException) -> bool:
-        """Whether `error` is a collective another process broke after this one got a signal (it left, or failed)."""
-        return bool(self.received) and int(os.environ.get("WORLD_SIZE", "1")) > 1 and isinstance(error, RuntimeError)
+        """Whether `error` is a collective another process broke after this one got a
+        signal (it left, or failed)."""
+        return (
+            bool(self.received)
+            and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and isinstance(error, RuntimeError)
+        )
 
     def peer_left_message(self, error: BaseException) -> str:
         signum = self.received[0]
@@ -76,11 +87,18 @@ class StopRequests(signals.Recorder):
                 f"({reason}); the checkpoints saved so far are intact: {RESUME_ADVICE}.")
 
     def counts(self) -> list[float]:
-        """1 or 0 for each of STOP_SIGNALS (an all-reduce sums them); a worker whose launcher died counts a SIGTERM."""
-        if self.launcher is not None and self.launcher.launcher_gone() and signal.SIGTERM not in self.received:
+        """1 or 0 for each of STOP_SIGNALS (an all-reduce sums them); a worker whose
+        launcher died counts a SIGTERM."""
+        if (
+            self.launcher is not None
+            and self.launcher.launcher_gone()
+            and signal.SIGTERM not in self.received
+        ):
             self.received.append(signal.SIGTERM)
-            sys.stderr.write(f"{self.program}: the launcher that started this process (PID {self.launcher.parent}) "
-                             f"is gone; stopping at this step with a checkpoint, as on SIGTERM.\n")
+            sys.stderr.write(
+                f"{self.program}: the launcher that started this process (PID {self.launcher.parent}) is "
+                "gone; stopping at this step with a checkpoint, as on SIGTERM.\n"
+            )
         return [float(signum in self.received) for signum in STOP_SIGNALS]
 
     def asked(self, accelerator) -> int | None:
@@ -95,7 +113,8 @@ class StopRequests(signals.Recorder):
 
 @functools.cache
 def stop_requests(program: str) -> StopRequests:
-    """The one StopRequests of `program` in this process (training/cli.py installs it, the script reads it)."""
+    """The one StopRequests of `program` in this process (training/cli.py
+    installs it, the script reads it)."""
     return StopRequests(program)
 
 
@@ -109,8 +128,8 @@ _forking_pid = [None]
 
 
 def children_die_with_parent() -> None:
-    """Every process forked from now on gets SIGKILL when the thread that forked it ends: datasets' tokenization
-    workers would otherwise live on after a SIGTERM to this process alone. Linux only."""
+    """Every process forked from now on gets SIGKILL when the thread that forked it ends: datasets'
+    tokenization workers would otherwise live on after a SIGTERM to this process alone. Linux only."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -133,5 +152,7 @@ def signal_of(counts: list[float]) -> int | None:
 
 def stop_message(program: str, signum: int, step: int, planned: int | None, saved: str) -> str:
     of = f" of {planned}" if planned is not None else ""
-    return (f"{program}: stopped at step {step}{of} by {signal.Signals(signum).name}; checkpoint {saved} is saved, "
-            f"nothing was exported: {RESUME_ADVICE}.")
+    return (
+        f"{program}: stopped at step {step}{of} by {signal.Signals(signum).name}; checkpoint {saved} is "
+        f"saved, nothing was exported: {RESUME_ADVICE}."
+    )

@@ -1,6 +1,7 @@
-"""Sharded training: what the launch asked for (`accelerate launch` passes its config through the environment), and
-torch's FSDP2 where Accelerate would silently train unsharded (on CPUs): `fully_shard` on each decoder layer and the
-root over gloo, Accelerate's optimizer and scheduler wrappers, and a full state dict gathered on rank 0 for the export.
+"""Sharded training: what the launch asked for (`accelerate launch` passes its config through the
+environment), and torch's FSDP2 where Accelerate would silently train unsharded (on CPUs): `fully_shard`
+on each decoder layer and the root over gloo, Accelerate's optimizer and scheduler wrappers, and a full
+state dict gathered on rank 0 for the export.
 """
 
 import contextlib
@@ -19,12 +20,15 @@ from hf_tinytx_training.pretrain_args import env_flag
 
 
 def asked_sharding() -> str | None:
-    """"fsdp2", "deepspeed" or None, from Accelerate's launch environment; a config this script cannot run stops."""
+    """"fsdp2", "deepspeed" or None, from Accelerate's launch environment; a config
+    this script cannot run stops."""
     if env_flag("ACCELERATE_USE_FSDP"):
         version = os.environ.get("FSDP_VERSION", "1")
         if version != "2":
-            raise UserInputError(f"The Accelerate config asks for FSDP version {version}; this script trains with "
-                                 f"FSDP2 only: set fsdp_version: 2 (see training/configs/accelerate-fsdp2.yaml).")
+            raise UserInputError(
+                f"The Accelerate config asks for FSDP version {version}; this script trains with FSDP2 only: "
+                "set fsdp_version: 2 (see training/configs/accelerate-fsdp2.yaml)."
+            )
         return "fsdp2"
     if env_flag("ACCELERATE_USE_DEEPSPEED"):
         return "deepspeed"
@@ -32,7 +36,8 @@ def asked_sharding() -> str | None:
 
 
 def gpu_config_without_gpus() -> bool:
-    """Whether `accelerate launch` ran a plain multi-GPU config without GPUs (it then trains on CPUs over gloo)."""
+    """Whether `accelerate launch` ran a plain multi-GPU config without GPUs (it
+    then trains on CPUs over gloo)."""
     launched_for_gpus = "ACCELERATE_MIXED_PRECISION" in os.environ and "ACCELERATE_USE_CPU" not in os.environ
     plain_gpu_config = not (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED"))
     return launched_for_gpus and plain_gpu_config and not has_gpu()
@@ -43,25 +48,32 @@ def has_gpu() -> bool:
 
 
 def cpu_runs_bf16_fast() -> bool:
-    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 or AMX); without them bf16 runs many times slower."""
+    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 or AMX); without them
+    bf16 runs many times slower."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def slow_bf16(flag: str) -> str:
-    return (f"{flag}: this CPU has no bf16 matrix instructions (AVX-512 or AMX), so bf16 matmuls run many times "
-            f"slower than fp32 here; training without {flag} will be faster.")
+    return (
+        f"{flag}: this CPU has no bf16 matrix instructions (AVX-512 or AMX), so bf16 matmuls run many times "
+        f"slower than fp32 here; training without {flag} will be faster."
+    )
 
 
 def device_options(sharding: str | None, ddp_timeout: float) -> dict:
-    """Accelerator arguments for the device and the process group (collectives wait at most `ddp_timeout` s). Without
-    a GPU `cpu=True`, but for DeepSpeed, which it turns off: that runs on DeepSpeed's CPU accelerator over gloo."""
+    """Accelerator arguments for the device and the process group (collectives wait at most
+    `ddp_timeout` s). Without a GPU `cpu=True`, but for DeepSpeed, which it turns off: that runs on
+    DeepSpeed's CPU accelerator over gloo."""
     if sharding == "deepspeed":
         # ZeRO calls collectives torch deprecates: a FutureWarning on every call, which no user can act on.
-        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
+        )
     if has_gpu():
         return {"kwargs_handlers": [process_group_kwargs(ddp_timeout)]}
     if sharding == "deepspeed":
-        # DeepSpeed's CPU accelerator would JIT-build a shared-memory all-reduce (minutes) that gloo never uses.
+        # DeepSpeed's CPU accelerator would JIT-build a shared-memory all-reduce
+        # (minutes) that gloo never uses.
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
@@ -70,7 +82,8 @@ def device_options(sharding: str | None, ddp_timeout: float) -> dict:
 
 
 def apply_flags_to_deepspeed_config(accelerator: Accelerator, train_args) -> None:
-    """DeepSpeed's config takes the flags' accumulation and clipping where it says "auto" or nothing, else refuses."""
+    """DeepSpeed's config takes the flags' accumulation and clipping where it says
+    "auto" or nothing, else refuses."""
     if zero_stage(accelerator) is None:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -81,20 +94,27 @@ def apply_flags_to_deepspeed_config(accelerator: Accelerator, train_args) -> Non
         if setting == "auto":
             config[key] = value
         elif float(setting) != value:
-            raise UserInputError(f"The DeepSpeed config sets {key}: {setting} but this run has {flag} {value}; "
-                                 f"remove it from the Accelerate config (the flag decides) or pass {flag} {setting}.")
+            raise UserInputError(
+                f"The DeepSpeed config sets {key}: {setting} but this run has {flag} {value}; remove it from "
+                f"the Accelerate config (the flag decides) or pass {flag} {setting}."
+            )
 
 
 def zero_stage(accelerator: Accelerator) -> int | None:
     """The DeepSpeed ZeRO stage of this run, None without DeepSpeed."""
-    plugin = accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    plugin = (
+        accelerator.state.deepspeed_plugin
+        if accelerator.distributed_type == DistributedType.DEEPSPEED
+        else None
+    )
     return plugin.zero_stage if plugin is not None else None
 
 
 @contextlib.contextmanager
 def building_model(accelerator: Accelerator):
-    """Where the model is built. Under ZeRO-3 with zero3_init_flag false transformers would still build it partitioned
-    (other weights from the same seed): it is built whole here, as on 1 process, and partitioned in `prepare`."""
+    """Where the model is built. Under ZeRO-3 with zero3_init_flag false transformers would still
+    build it partitioned (other weights from the same seed): it is built whole here, as on 1
+    process, and partitioned in `prepare`."""
     plugin = accelerator.state.deepspeed_plugin if zero_stage(accelerator) == 3 else None
     if plugin is None or plugin.zero3_init_flag:
         yield
@@ -114,7 +134,8 @@ def full_shape(parameter: torch.Tensor) -> torch.Size:
 
 
 def shards_itself(accelerator: Accelerator, sharding: str | None) -> bool:
-    """Whether this module, not Accelerate, shards the model: FSDP2 asked for where Accelerate fell back to DDP."""
+    """Whether this module, not Accelerate, shards the model: FSDP2 asked for
+    where Accelerate fell back to DDP."""
     asked = sharding == "fsdp2" and accelerator.num_processes > 1  # one process has nothing to share
     return asked and accelerator.distributed_type != DistributedType.FSDP
 
@@ -134,17 +155,21 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def prepare(accelerator: Accelerator, own_fsdp2: bool, model, optimizer, train_dataloader, eval_dataloader,
             lr_scheduler):
-    """`accelerator.prepare` for all five, or, for a model sharded here, for the loaders only (see the docstring)."""
+    """`accelerator.prepare` for all five, or, for a model sharded here, for the
+    loaders only (see the docstring)."""
     if not own_fsdp2:
         return accelerator.prepare(model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
     train_dataloader, eval_dataloader = accelerator.prepare(train_dataloader, eval_dataloader)
     optimizer = AcceleratedOptimizer(optimizer, device_placement=False)
-    lr_scheduler = AcceleratedScheduler(lr_scheduler, optimizer, step_with_optimizer=True, split_batches=False)
+    lr_scheduler = AcceleratedScheduler(
+        lr_scheduler, optimizer, step_with_optimizer=True, split_batches=False
+    )
     return model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
 
 
 def local_and_full(tensors) -> tuple[int, int, int]:
-    """(values held by this process, values in all, bytes held by this process) of (possibly sharded) tensors."""
+    """(values held by this process, values in all, bytes held by this process)
+    of (possibly sharded) tensors."""
     local = full = size = 0
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
@@ -160,21 +185,25 @@ def local_and_full(tensors) -> tuple[int, int, int]:
 
 
 def shard_report(model, optimizer, accelerator: Accelerator) -> str:
-    """One line: what this process holds of the parameters and of the optimizer state; every process must call it
-    (DeepSpeed's flat state partitions do not know the whole, hence the sum over ranks)."""
-    while hasattr(optimizer, "optimizer"):  # Accelerate's wrapper, then DeepSpeed's ZeRO optimizer, then AdamW
+    """One line: what this process holds of the parameters and of the optimizer state; every process must call
+    it (DeepSpeed's flat state partitions do not know the whole, hence the sum over ranks)."""
+    # Accelerate's wrapper, then DeepSpeed's ZeRO optimizer, then AdamW
+    while hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer
     p_local, p_full, p_bytes = local_and_full(model.parameters())
     states = [value for state in optimizer.state.values() for value in state.values()]
     s_local, _, s_bytes = local_and_full(states)
     s_full = int(accelerator.reduce(torch.tensor(s_local, device=accelerator.device), reduction="sum").item())
-    return (f"rank {accelerator.process_index} of {accelerator.num_processes} holds {p_local:,} of {p_full:,} "
-            f"parameters ({p_local / max(p_full, 1):.1%}, {p_bytes:,} bytes) and {s_local:,} of {s_full:,} "
-            f"optimizer-state values ({s_local / max(s_full, 1):.1%}, {s_bytes:,} bytes)")
+    return (
+        f"rank {accelerator.process_index} of {accelerator.num_processes} holds {p_local:,} of {p_full:,} "
+        f"parameters ({p_local / max(p_full, 1):.1%}, {p_bytes:,} bytes) and {s_local:,} of {s_full:,} "
+        f"optimizer-state values ({s_local / max(s_full, 1):.1%}, {s_bytes:,} bytes)"
+    )
 
 
 def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module, dict]:
-    """(model, state dict) for `save_pretrained`; an FSDP model (torch's subclass) becomes a plain one, tied again."""
+    """(model, state dict) for `save_pretrained`; an FSDP model (torch's subclass)
+    becomes a plain one, tied again."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, FSDPModule):
@@ -189,7 +218,8 @@ def model_and_weights_to_save(model, state_dict: dict) -> tuple[torch.nn.Module,
 
 
 def without_tied_copies(model, state_dict: dict) -> dict:
-    """DeepSpeed's gathered state dict clones every tensor: a tied head is left out, as save_pretrained would."""
+    """DeepSpeed's gathered state dict clones every tensor: a tied head is left
+    out, as save_pretrained would."""
     if not getattr(model.config, "tie_word_embeddings", False):
         return state_dict
     tied = {target for target, source in (getattr(model, "_tied_weights_keys", None) or {}).items()
@@ -204,8 +234,11 @@ def full_state_dict(model) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def gather_for_saving(accelerator: Accelerator, model, own_fsdp2: bool) -> tuple[torch.nn.Module, dict] | None:
-    """(model, full state dict) for `save_pretrained` on the main process, None elsewhere; every process takes part."""
+def gather_for_saving(
+    accelerator: Accelerator, model, own_fsdp2: bool
+) -> tuple[torch.nn.Module, dict] | None:
+    """(model, full state dict) for `save_pretrained` on the main process, None
+    elsewhere; every process takes part."""
     state_dict = full_state_dict(model) if own_fsdp2 else accelerator.get_state_dict(model)
     if not accelerator.is_main_process:
         return None

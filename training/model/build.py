@@ -1,5 +1,5 @@
-"""The model a pre-training run trains: built from its config and tokenizer (or --init_from's weights), and sharded
-here when FSDP2 runs on CPUs."""
+"""The model a pre-training run trains: built from its config and tokenizer (or --init_from's weights),
+and sharded here when FSDP2 runs on CPUs."""
 
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
@@ -46,11 +46,14 @@ def make_model(model_args, model_config, tokenizer, accelerator: Accelerator, ow
     with sharding.building_model(accelerator):
         model = build_model(model_args, model_config, tokenizer)
     if accelerator.device.type == "cpu":
-        speed_up_cpu_training(model)  # training/model/cpu_training.py: two speed paths the model file does not carry
+        # training/model/cpu_training.py: two speed paths the model file does not carry
+        speed_up_cpu_training(model)
     num_parameters = sum(sharding.full_shape(p).numel() for p in model.parameters())
     accelerator.print(f"TinyTx with {num_parameters:,} parameters ({cards.human_count(num_parameters)})")
     if own_fsdp2:
         model = sharding.shard_model(model)
-        accelerator.print("FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate "
-                          "shards on GPUs only")
+        accelerator.print(
+            "FSDP2 by torch's fully_shard (each decoder layer, then the root) over gloo: Accelerate shards "
+            "on GPUs only"
+        )
     return model, num_parameters

@@ -1,5 +1,5 @@
-"""The model to train: a preset, a --model_config file or an --init_from folder, with command-line overrides, checked
-by building it on PyTorch's "meta" device (no memory) before anything is written."""
+"""The model to train: a preset, a --model_config file or an --init_from folder, with command-line overrides,
+checked by building it on PyTorch's "meta" device (no memory) before anything is written."""
 
 import copy
 import difflib
@@ -13,8 +13,10 @@ from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.model.config_file import config_file_path, read_config_file
 
 
-OVERRIDES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-             "max_position_embeddings")
+OVERRIDES = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "max_position_embeddings",
+)
 # fp32 weights + gradients + AdamW's two moments: what training needs per parameter before activations.
 TRAINING_BYTES_PER_PARAMETER = 16
 
@@ -32,7 +34,9 @@ def load_model_config(model_args):
             config = AutoConfig.from_pretrained(model_args.init_from)
         except (OSError, ValueError) as error:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise UserInputError(f"--init_from {model_args.init_from!r} is not a model folder: {reason}") from None
+            raise UserInputError(
+                f"--init_from {model_args.init_from!r} is not a model folder: {reason}"
+            ) from None
     else:
         path = config_file_path(model_args)
         values = {key: value for key, value in read_config_file(path).items() if not key.startswith("_")}
@@ -59,8 +63,8 @@ def _build(model_type: str, values: dict, source: str):
 
 
 def refuse_unknown_keys(config, values: dict, path: str) -> None:
-    """A key the config keeps only as a stray attribute is a typo: refused with the nearest field. Legacy names the
-    config takes in (`rope_theta`) pass."""
+    """A key the config keeps only as a stray attribute is a typo: refused with the nearest field. Legacy
+    names the config takes in (`rope_theta`) pass."""
     known = type(config)().to_dict()
     stored = config.to_dict()
     unknown = [key for key in values if key not in known and key in stored]
@@ -68,17 +72,21 @@ def refuse_unknown_keys(config, values: dict, path: str) -> None:
         key = unknown[0]
         close = difflib.get_close_matches(key, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UserInputError(f"--model_config {path}: unknown key {key!r}{hint}; {type(config).__name__} has no such "
-                             "field, so fix or remove it (the fields: training/configs/model-tiny.json).")
+        raise UserInputError(
+            f"--model_config {path}: unknown key {key!r}{hint}; {type(config).__name__} has no such field, "
+            "so fix or remove it (the fields: training/configs/model-tiny.json)."
+        )
 
 
 def check_model_builds(config, attn_implementation: str, num_processes: int) -> None:
-    """Builds the model without memory: an unknown attention backend or a size too big for this machine fails now."""
+    """Builds the model without memory: an unknown attention backend or a size too
+    big for this machine fails now."""
     config = copy.deepcopy(config)
     config._attn_implementation = attn_implementation  # validated by the model's constructor
     model_class = AutoModelForCausalLM._model_mapping[type(config)]
     try:
-        # The class itself, not from_config: under DeepSpeed ZeRO-3 from_config would partition the model at once.
+        # The class itself, not from_config: under DeepSpeed ZeRO-3 from_config
+        # would partition the model at once.
         with torch.device("meta"):
             model = model_class(config)
     except (ValueError, ImportError) as error:
@@ -88,9 +96,11 @@ def check_model_builds(config, attn_implementation: str, num_processes: int) -> 
     needed = num_parameters * TRAINING_BYTES_PER_PARAMETER
     available = _memory_bytes() * num_processes
     if needed > available:
-        raise UserInputError(f"The model has {num_parameters:,} parameters: training needs about {needed / 2**30:,.0f} "
-                             f"GiB for weights, gradients and optimizer state, more than the {available / 2**30:,.0f} "
-                             "GiB here; choose a smaller --model_preset / --model_config.")
+        raise UserInputError(
+            f"The model has {num_parameters:,} parameters: training needs about {needed / 2**30:,.0f} GiB "
+            f"for weights, gradients and optimizer state, more than the {available / 2**30:,.0f} GiB here; "
+            "choose a smaller --model_preset / --model_config."
+        )
 
 
 def _memory_bytes() -> int:

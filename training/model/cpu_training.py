@@ -1,5 +1,5 @@
-"""Two speed paths for training TinyTx on a CPU, put in by `speed_up_cpu_training(model)` (not in the model file,
-which every checkpoint copies). Figures: docs/performance.md.
+"""Two speed paths for training TinyTx on a CPU, put in by `speed_up_cpu_training(model)` (not in the model
+file, which every checkpoint copies). Figures: docs/performance.md.
 
 - RMSNorm with its backward written out (torch has no fused CPU kernel): `CpuTrainingRMSNorm`, same parameter.
 - Under bf16 autocast, attention in fp32 (torch's CPU flash attention is far slower backwards in bf16).
@@ -23,14 +23,17 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # 1 / rms(x) per row: one reduction (the row's vector norm), then arithmetic on one number per row.
-        inv_rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        inv_rms = (
+            torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        )
         ctx.save_for_backward(x, weight, inv_rms)
         return torch.mul(x, inv_rms).mul_(weight)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         # y = n * w with n = x / rms(x). With h = g * w (the gradient reaching n):
-        #   dL/dx = (h - n * mean(h * n)) / rms(x)   (rescaling x does not change n: that direction is projected out)
+        #   dL/dx = (h - n * mean(h * n)) / rms(x)   (rescaling x does not change n: that direction is
+        #                                            projected out)
         #   dL/dw = the sum over rows of g * n
         x, weight, inv_rms = ctx.saved_tensors
         normed = x * inv_rms
@@ -55,8 +58,9 @@ class CpuTrainingRMSNorm(TinyTxRMSNorm):
         return super().forward(hidden_states)
 
 
-def fp32_sdpa_under_cpu_autocast(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                 *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fp32_sdpa_under_cpu_autocast(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """sdpa, run in fp32 with autocast off when a CPU autocast is on; plain sdpa otherwise."""
     if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
         return sdpa_attention_forward(module, query, key, value, *args, **kwargs)

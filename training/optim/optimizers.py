@@ -1,6 +1,6 @@
-"""The optimizer (AdamW, or Muon for the hidden matrices with AdamW for the rest) and the learning-rate schedule,
-over optimizer steps or over the wall clock. Muon orthogonalises each matrix's momentum before the update, as
-modded-nanogpt and nanochat do for the matrices inside the blocks."""
+"""The optimizer (AdamW, or Muon for the hidden matrices with AdamW for the rest) and the learning-rate
+schedule, over optimizer steps or over the wall clock. Muon orthogonalises each matrix's momentum before the
+update, as modded-nanogpt and nanochat do for the matrices inside the blocks."""
 
 import functools
 import math
@@ -14,17 +14,19 @@ from hf_tinytx_training.optim.schedules import CLOCK_SHAPES, Clock
 
 
 class StackedMuon(torch.optim.Muon):
-    """torch.optim.Muon's update with its Newton-Schulz iteration run once per matrix shape, on a stack: the same
-    state and arithmetic up to rounding, in a few large matmuls instead of dozens of small ones."""
+    """torch.optim.Muon's update with its Newton-Schulz iteration run once per matrix shape, on a stack: the
+    same state and arithmetic up to rounding, in a few large matmuls instead of dozens of small ones."""
 
     def __init__(self, params, momentum: float):
-        super().__init__(params, momentum=momentum, adjust_lr_fn="match_rms_adamw")  # the scale _update applies
+        # the scale _update applies
+        super().__init__(params, momentum=momentum, adjust_lr_fn="match_rms_adamw")
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            by_shape = defaultdict(list)  # a (m, n) matrix joins the (n, m) ones: it is orthogonalised transposed
+            # a (m, n) matrix joins the (n, m) ones: it is orthogonalised transposed
+            by_shape = defaultdict(list)
             for p in group["params"]:
                 if p.grad is not None:
                     by_shape[tuple(sorted(p.shape))].append(p)
@@ -47,8 +49,8 @@ class StackedMuon(torch.optim.Muon):
 
 
 def newton_schulz(stack: torch.Tensor, coefficients: tuple, steps: int, eps: float) -> torch.Tensor:
-    """Pushes every singular value of each (m <= n) matrix in the stack towards 1 (Muon's quintic iteration): the
-    update keeps the gradient's directions and drops their scale."""
+    """Pushes every singular value of each (m <= n) matrix in the stack towards 1 (Muon's quintic iteration):
+    the update keeps the gradient's directions and drops their scale."""
     a, b, c = coefficients
     x = stack.to(iteration_dtype(stack.device.type))
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
@@ -60,7 +62,8 @@ def newton_schulz(stack: torch.Tensor, coefficients: tuple, steps: int, eps: flo
 
 @functools.cache
 def iteration_dtype(device_type: str) -> torch.dtype:
-    """bf16, as torch.optim.Muon, except on a CPU without bf16 matrix instructions, where bf16 is the slow path."""
+    """bf16, as torch.optim.Muon, except on a CPU without bf16 matrix
+    instructions, where bf16 is the slow path."""
     if device_type == "cpu" and not sharding.cpu_runs_bf16_fast():
         return torch.float32
     return torch.bfloat16
@@ -89,27 +92,30 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         self.muon.load_state_dict(state_dict["muon"])
         self.adamw.load_state_dict(state_dict["adamw"])
-        # Loading builds new group dicts inside Muon and AdamW: share those, or the schedule would set unread rates.
+        # Loading builds new group dicts inside Muon and AdamW: share those, or the
+        # schedule would set unread rates.
         self.param_groups = self.muon.param_groups + self.adamw.param_groups
 
 
 def parameter_groups(model: torch.nn.Module) -> tuple[list, list]:
-    """(matrices, vectors) in the model's order: weight decay applies to matrices only. Shapes are the full ones, even
-    where ZeRO-3 holds a flat shard."""
+    """(matrices, vectors) in the model's order: weight decay applies to matrices only. Shapes are the full
+    ones, even where ZeRO-3 holds a flat shard."""
     trained = [p for p in model.parameters() if p.requires_grad]
     return ([p for p in trained if len(sharding.full_shape(p)) >= 2],
             [p for p in trained if len(sharding.full_shape(p)) < 2])
 
 
 def chosen_optimizer(name: str, sharded_by: str | None) -> str:
-    """--optimizer as named, or for `auto` Muon, except where FSDP or DeepSpeed shard the matrices Muon needs whole."""
+    """--optimizer as named, or for `auto` Muon, except where FSDP or DeepSpeed shard
+    the matrices Muon needs whole."""
     if name != "auto":
         return name
     return "adamw" if sharded_by else "muon"
 
 
 def make_optimizer(model: torch.nn.Module, train_args) -> torch.optim.Optimizer:
-    """AdamW on everything, or Muon on the hidden matrices (at --muon_learning_rate) with AdamW on the rest."""
+    """AdamW on everything, or Muon on the hidden matrices (at
+    --muon_learning_rate) with AdamW on the rest."""
     matrices, vectors = parameter_groups(model)
     betas = (0.9, train_args.adam_beta2)
     decayed = {"weight_decay": train_args.weight_decay, "lr": train_args.learning_rate}
@@ -119,7 +125,8 @@ def make_optimizer(model: torch.nn.Module, train_args) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=train_args.learning_rate, betas=betas, fused=True)
     outer = {id(module.weight) for module in (model.get_input_embeddings(), model.get_output_embeddings())
              if module is not None}  # a lookup table and a classifier: not maps between hidden states
-    muon_lr = train_args.muon_learning_rate or train_args.learning_rate  # Muon's steps are scaled to AdamW's size
+    # Muon's steps are scaled to AdamW's size
+    muon_lr = train_args.muon_learning_rate or train_args.learning_rate
     muon = [{"params": [p for p in matrices if id(p) not in outer], "weight_decay": train_args.weight_decay,
              "lr": muon_lr}]
     adamw = [{"params": [p for p in matrices if id(p) in outer], **decayed}, {"params": vectors, **plain}]
@@ -127,8 +134,8 @@ def make_optimizer(model: torch.nn.Module, train_args) -> torch.optim.Optimizer:
 
 
 def make_schedule(optimizer, train_args, max_train_steps: int | None, num_processes: int, clock: Clock):
-    """transformers' schedule over --max_train_steps, or for a run planned in seconds the same shapes over the clock:
-    linear warm-up over --num_warmup_steps steps, then the shape of the time spent."""
+    """transformers' schedule over --max_train_steps, or for a run planned in seconds the same shapes over the
+    clock: linear warm-up over --num_warmup_steps steps, then the shape of the time spent."""
     if max_train_steps is not None:
         # A prepared scheduler advances once per process per step (Accelerate's convention), hence the factor.
         return get_scheduler(
@@ -137,7 +144,9 @@ def make_schedule(optimizer, train_args, max_train_steps: int | None, num_proces
             num_training_steps=max_train_steps * num_processes,
         )
     kind = train_args.lr_scheduler_type
-    shape, warmup = CLOCK_SHAPES[kind], 0 if kind == "constant" else train_args.num_warmup_steps * num_processes
+    shape, warmup = CLOCK_SHAPES[kind], (
+        0 if kind == "constant" else train_args.num_warmup_steps * num_processes
+    )
 
     def factor(ticks: int) -> float:
         return min(1.0, (ticks + 1) / warmup if warmup else 1.0) * shape(clock.progress)

@@ -1,4 +1,5 @@
-"""The run's clock (--max_train_seconds): the learning-rate shapes over it, and the seconds every process agrees on."""
+"""The run's clock (--max_train_seconds): the learning-rate shapes over it, and the
+seconds every process agrees on."""
 
 import math
 
@@ -8,12 +9,14 @@ CLOCK_SHAPES = {  # learning-rate factor as a function of the fraction of the bu
     "linear": lambda progress: 1 - progress,
     "constant": lambda progress: 1.0,
     "constant_with_warmup": lambda progress: 1.0,
-    "warmup_stable_decay": lambda progress: min(1.0, (1 - progress) / 0.3),  # flat, then down to 0 over the last 30%
+    # flat, then down to 0 over the last 30%
+    "warmup_stable_decay": lambda progress: min(1.0, (1 - progress) / 0.3),
 }
 
 
 class Clock:
-    """The slowest process's training seconds, so all take the same learning rate and stop at the same step."""
+    """The slowest process's training seconds, so all take the same learning
+    rate and stop at the same step."""
 
     def __init__(self, budget_seconds: float, accelerator):
         self.budget = budget_seconds

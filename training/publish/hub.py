@@ -1,9 +1,10 @@
 """Push checkpoints and the final model to the Hugging Face Hub without ever stopping training.
 
-`HubPusher.push_async` snapshots a folder by hard links (so the checkpoint may be rotated meanwhile) and returns; one
-daemon thread uploads the queue in order, retries a bounded number of times, and keeps what failed in `failures`.
-Every wait is bounded (`huggingface_hub`'s `run_as_future` would join its thread at exit, hanging on a dead Hub).
-The token (None: HF_TOKEN or the `hf auth login` cache) is never logged and is scrubbed from every message.
+`HubPusher.push_async` snapshots a folder by hard links (so the checkpoint may be rotated meanwhile)
+and returns; one daemon thread uploads the queue in order, retries a bounded number of times, and keeps
+what failed in `failures`. Every wait is bounded (`huggingface_hub`'s `run_as_future` would join its
+thread at exit, hanging on a dead Hub). The token (None: HF_TOKEN or the `hf auth login` cache) is
+never logged and is scrubbed from every message.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how long a stop signal may wait for a wait to notice it
 SNAPSHOT_PREFIX = ".hub-final-"  # the final push's hard-linked snapshot, inside the folder it pushes
-# Anything shaped like a Hub token or an Authorization header value, in case a message carries one we don't know.
+# Anything shaped like a Hub token or an Authorization header value, in case a
+# message carries one we don't know.
 _TOKEN_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?i)(bearer\s+)[^\s'\")]+"))
 
 
@@ -47,8 +49,8 @@ class HubPusher:
 
     def __init__(self, repo_id: str, token: str | None = None, private: bool = False, max_attempts: int = 3,
                  retry_wait_s: float = 5.0):
-        # `upload_folder` already retries 5xx answers (about 23 s); these attempts, 5 s then 10 s apart, cover longer
-        # outages and network errors.
+        # `upload_folder` already retries 5xx answers (about 23 s); these attempts, 5 s then 10 s apart,
+        # cover longer outages and network errors.
         self.repo_id = repo_id
         self.private = private
         self.max_attempts = max(1, max_attempts)
@@ -57,7 +59,8 @@ class HubPusher:
         self._repo_ready = False
         self._failures: list[str] = []
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Job] = queue.Queue()  # its unfinished_tasks counts the uploads not yet ended
+        # its unfinished_tasks counts the uploads not yet ended
+        self._queue: queue.Queue[_Job] = queue.Queue()
         self._worker: threading.Thread | None = None
 
     def __repr__(self) -> str:  # the default one would show the token
@@ -72,7 +75,8 @@ class HubPusher:
             self._record_failure(commit_message, e)
 
     def push(self, folder: str, commit_message: str, path_in_repo: str | None = None, timeout=None) -> bool:
-        """Upload `folder` after the queued uploads, wait for it (at most `timeout` s), return whether it got there."""
+        """Upload `folder` after the queued uploads, wait for it (at most `timeout`
+        s), return whether it got there."""
         started = time.monotonic()
         job = self.submit(folder, commit_message, path_in_repo)
         if not wait_until(job.done.is_set, job.done.wait, None if timeout is None else started + timeout):
@@ -81,13 +85,15 @@ class HubPusher:
         return job.ok
 
     def submit(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> _Job:
-        """Queue an upload of `folder` as it is (no snapshot) and return its job: `job.done` is set once it ended."""
+        """Queue an upload of `folder` as it is (no snapshot) and return its job:
+        `job.done` is set once it ended."""
         job = _Job(str(folder), commit_message, path_in_repo)
         self._enqueue(job)
         return job
 
     def wait(self, timeout: float | None = None, stop=None) -> bool:
-        """Wait until every queued upload has ended; False if `timeout` ran out first, or `stop()` turned true."""
+        """Wait until every queued upload has ended; False if `timeout` ran out
+        first, or `stop()` turned true."""
         deadline = None if timeout is None else time.monotonic() + timeout
         return wait_until(lambda: not self._queue.unfinished_tasks, self._wait_idle, deadline, stop)
 
@@ -97,7 +103,8 @@ class HubPusher:
                 self._queue.all_tasks_done.wait(seconds)
 
     def note_unfinished(self, commit_message: str, waited: float, timeout: float | None) -> None:
-        """Records an upload not waited for to its end, with the true time waited (the flag may have allowed more)."""
+        """Records an upload not waited for to its end, with the true time waited
+        (the flag may have allowed more)."""
         limit = f" (--hub_timeout {timeout:g} s)" if timeout is not None else ""
         with self._lock:
             self._failures.append(f"Hub push {commit_message!r} to {self.repo_id} did not finish within "
@@ -141,8 +148,10 @@ class HubPusher:
                     self._record_failure(job.commit_message, e)
                     return False
                 wait_s = self.retry_wait_s * 2 ** (attempt - 1)
-                logger.warning("Hub push %r failed (attempt %d of %d), retrying in %.0f s: %s", job.commit_message,
-                               attempt, self.max_attempts, wait_s, self._scrub(_describe(e)))
+                logger.warning(
+                    "Hub push %r failed (attempt %d of %d), retrying in %.0f s: %s", job.commit_message,
+                    attempt, self.max_attempts, wait_s, self._scrub(_describe(e)),
+                )
                 time.sleep(wait_s)
         return False
 
@@ -152,8 +161,10 @@ class HubPusher:
         if not self._repo_ready:
             create_repo(self.repo_id, token=self._token, private=self.private, exist_ok=True)
             self._repo_ready = True
-        upload_folder(repo_id=self.repo_id, folder_path=job.snapshot or job.folder, path_in_repo=job.path_in_repo,
-                      commit_message=job.commit_message, token=self._token)
+        upload_folder(
+            repo_id=self.repo_id, folder_path=job.snapshot or job.folder, path_in_repo=job.path_in_repo,
+            commit_message=job.commit_message, token=self._token,
+        )
 
     def _record_failure(self, commit_message: str, error: BaseException) -> None:
         message = self._scrub(f"Hub push {commit_message!r} to {self.repo_id} failed: {_describe(error)}")
@@ -169,9 +180,9 @@ class HubPusher:
 
 
 def wait_until(done, sleep, deadline: float | None, stop=None) -> bool:
-    """Whether `done()` came true before the monotonic `deadline` (None: no limit) and before `stop()` did; `sleep(s)`
-    waits for a change. With a `stop`, waits are slices of POLL_S: a signal handler only records the signal, so one
-    long wait would sit out the whole --hub_timeout after a Ctrl-C."""
+    """Whether `done()` came true before the monotonic `deadline` (None: no limit) and before `stop()` did;
+    `sleep(s)` waits for a change. With a `stop`, waits are slices of POLL_S: a signal handler only records
+    the signal, so one long wait would sit out the whole --hub_timeout after a Ctrl-C."""
     while not done():
         if stop is not None and stop():
             return False
@@ -199,7 +210,8 @@ def _snapshot(folder: str) -> str:
 
 
 def _is_permanent(error: BaseException) -> bool:
-    """Errors another attempt cannot fix: 4xx answers (auth, not found, bad request), a missing folder, bad values."""
+    """Errors another attempt cannot fix: 4xx answers (auth, not found, bad
+    request), a missing folder, bad values."""
     status = _http_status(error)
     if status is not None:
         return 400 <= status < 500 and status not in (408, 429)  # timeout, rate limit: worth another try
@@ -229,12 +241,14 @@ def _token_from_client() -> str | None:
         return None
 
 
-def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message: str, what: str, timeout: float,
-               exclude: tuple[str, ...], stop: StopRequests, say=print) -> str | None:
-    """Uploads `names` of `folder` (hard-linked into a hidden folder first) to the repo's root after the queued
-    uploads, within `timeout` s in all, then says how every upload went. Returns None once the model is on the Hub,
-    else the line to end the run with, naming the `hf upload` command (with `exclude`) that retries. A stop signal
-    ends the wait as `Stopped`: the model is complete on disk."""
+def push_final(
+    pusher: HubPusher, folder: str, names: list[str], commit_message: str, what: str, timeout: float,
+    exclude: tuple[str, ...], stop: StopRequests, say=print,
+) -> str | None:
+    """Uploads `names` of `folder` (hard-linked into a hidden folder first) to the repo's root after the
+    queued uploads, within `timeout` s in all, then says how every upload went. Returns None once the model is
+    on the Hub, else the line to end the run with, naming the `hf upload` command (with `exclude`) that
+    retries. A stop signal ends the wait as `Stopped`: the model is complete on disk."""
     started = time.monotonic()
     patterns = "".join(f" --exclude '{pattern}'" for pattern in exclude)
     retry = f"`hf upload {pusher.repo_id} {folder}{patterns}`"
@@ -256,21 +270,26 @@ def push_final(pusher: HubPusher, folder: str, names: list[str], commit_message:
     waited = time.monotonic() - started
     if not finished and asked():
         signum = stop.received[0]
-        raise Stopped(f"{stop.program}: stopped by {signal.Signals(signum).name} after {waited:.0f} s of the Hub "
-                      f"push, which did not finish; the local folder {folder} is complete: push it with {retry}.",
-                      signum)
+        raise Stopped(
+            f"{stop.program}: stopped by {signal.Signals(signum).name} after {waited:.0f} s of the Hub "
+            f"push, which did not finish; the local folder {folder} is complete: push it with {retry}.",
+            signum,
+        )
     if not finished:
         pusher.note_unfinished(commit_message, waited, timeout)
     pushed = finished and job.ok
     report_final_push(pusher, pushed, what, folder, say)
     if pushed:
         return None
-    return (f"The {what} was NOT pushed to {pusher.repo_id}; the local folder {folder} is complete: push it with "
-            f"{retry}.")
+    return (
+        f"The {what} was NOT pushed to {pusher.repo_id}; the local folder {folder} is complete: push it with "
+        f"{retry}."
+    )
 
 
 def report_final_push(pusher: HubPusher, pushed: bool, what: str, folder: str, say=print) -> None:
-    """A summary at the very end, so a failed upload is not lost in the training log (never with the token)."""
+    """A summary at the very end, so a failed upload is not lost in the
+    training log (never with the token)."""
     failures = pusher.failures
     if pushed and not failures:
         say(f"Pushed the {what} to the Hub as {pusher.repo_id}.")

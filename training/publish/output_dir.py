@@ -1,5 +1,6 @@
-"""The run's output folder: checked before anything is written, then held with a lock for the whole run: an `flock`
-on `output_dir/.lock`, which the kernel releases however the process ends, so a killed run never leaves it stuck.
+"""The run's output folder: checked before anything is written, then held with a lock for the
+whole run: an `flock` on `output_dir/.lock`, which the kernel releases however the process
+ends, so a killed run never leaves it stuck.
 """
 
 import contextlib
@@ -16,8 +17,9 @@ MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json
 # What else marks an earlier run: its checkpoints, pretrain's log, finetune's LoRA adapter and arguments.
 TRAINING_FILES = ("checkpoints", "metrics.jsonl", "adapter_config.json", "finetune_args.json")
 RUN_FILES = (*MODEL_FILES, *TRAINING_FILES)
-# All that a start which failed before its first checkpoint leaves in checkpoints/ (pretrain's tokenizer, maybe under
-# its temporary name; finetune's checkpoint staging folder): no run to lose, the next start replaces them.
+# All that a start which failed before its first checkpoint leaves in checkpoints/
+# (pretrain's tokenizer, maybe under its temporary name; finetune's checkpoint staging
+# folder): no run to lose, the next start replaces them.
 STARTED_ONLY = ("tokenizer", ".tmp_tokenizer", ".tmp_checkpoint")
 
 
@@ -29,9 +31,10 @@ def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") ->
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK):
-        raise UserInputError(f"{flag} {output_dir} cannot be created: {ancestor} is "
-                             f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another "
-                             f"{flag}.")
+        raise UserInputError(
+            f"{flag} {output_dir} cannot be created: {ancestor} is "
+            f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another {flag}."
+        )
     if not os.path.isdir(output_dir):
         return
     refuse_links_out(output_dir)  # a save or the lock would write through such a link, and a push read it
@@ -46,23 +49,33 @@ def refuse_links_out(folder: str) -> list[str]:
         return folders.regular_files(folder)
 
 
-def check_second_destination(folder: str, flag: str, output_dir: str, train_args, writer: str, default: str) -> None:
-    """A second folder a run writes (--merged_output_dir) gets the output folder's checks, lies apart from it (unless
-    it is the `default` sub-folder), and holds no run nor another's model."""
+def check_second_destination(
+    folder: str, flag: str, output_dir: str, train_args, writer: str, default: str
+) -> None:
+    """A second folder a run writes (--merged_output_dir) gets the output folder's checks, lies apart from it
+    (unless it is the `default` sub-folder), and holds no run nor another's model."""
     if folder != default:
         refuse_overlap(output_dir, folder, ("--output_dir", flag), "the folders one run writes never overlap")
     if os.path.isdir(folder):
         if run := sorted(set(os.listdir(folder)) & set(TRAINING_FILES)):
-            raise UserInputError(f"{flag} {folder} holds a training run ({', '.join(run)}), which a merged model "
-                                 f"would replace; choose another {flag}.")
-        if model := [name for name in folders.others_files(folder, writer) if folders.would_replace(name, ())]:
-            raise UserInputError(f"{flag} {folder} holds a model that {writer} did not write ({', '.join(model)}); "
-                                 f"--overwrite_output_dir replaces only a fine-tune's own files: choose another "
-                                 f"{flag}, or move that model away first.")
+            raise UserInputError(
+                f"{flag} {folder} holds a training run ({', '.join(run)}), which a merged model would "
+                f"replace; choose another {flag}."
+            )
+        if model := [
+            name for name in folders.others_files(folder, writer) if folders.would_replace(name, ())
+        ]:
+            raise UserInputError(
+                f"{flag} {folder} holds a model that {writer} did not write ({', '.join(model)}); "
+                f"--overwrite_output_dir replaces only a fine-tune's own files: choose another {flag}, or "
+                "move that model away first."
+            )
     check_output_dir(folder, train_args, flag)
 
 
-def refuse_overlap(source: str, destination: str, flag_names: tuple[str, str], reason: str = folders.READ_APART):
+def refuse_overlap(
+    source: str, destination: str, flag_names: tuple[str, str], reason: str = folders.READ_APART
+):
     """folders.refuse_overlap as a UserInputError: `destination` neither `source`, inside nor above it."""
     with as_user_input_error(folders.OverlapError):
         folders.refuse_overlap(source, destination, flag_names, reason=reason)
@@ -75,9 +88,11 @@ def refuse_earlier_run(output_dir: str, train_args, flag: str = "--output_dir") 
     earlier_run = sorted(name for name in set(os.listdir(output_dir)) & set(RUN_FILES)
                          if not only_started(os.path.join(output_dir, name)))
     if earlier_run and not train_args.overwrite_output_dir:
-        raise UserInputError(f"{flag} {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
-                             "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, "
-                             "or pick a new folder.")
+        raise UserInputError(
+            f"{flag} {output_dir} already holds an earlier run ({', '.join(earlier_run)}). Pass "
+            "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or pick "
+            "a new folder."
+        )
 
 
 def only_started(path: str) -> bool:
@@ -87,7 +102,8 @@ def only_started(path: str) -> bool:
 
 
 def refuse_if_locked(output_dir: str, flag: str = "--output_dir") -> None:
-    """Asks, without writing, whether a living run holds the folder (a shared lock fails only against its lock)."""
+    """Asks, without writing, whether a living run holds the folder (a shared lock
+    fails only against its lock)."""
     path = os.path.join(output_dir, LOCK_FILE)
     if os.path.islink(path) or not os.path.isfile(path):
         return  # a link is no lock of a run's (take_lock replaces it)
@@ -99,14 +115,17 @@ def refuse_if_locked(output_dir: str, flag: str = "--output_dir") -> None:
 
 
 def in_use(output_dir: str, holder: str, flag: str = "--output_dir") -> UserInputError:
-    return UserInputError(f"{flag} {output_dir} is in use by another training run (process {holder or 'unknown'}); "
-                          f"wait for it to finish, or choose another {flag}.")
+    return UserInputError(
+        f"{flag} {output_dir} is in use by another training run (process {holder or 'unknown'}); wait for it "
+        f"to finish, or choose another {flag}."
+    )
 
 
 def take_lock(output_dir: str):
     """Creates the folder if needed and locks it for this process; refuses when another run holds it."""
     os.makedirs(output_dir, exist_ok=True)
-    handle = folders.open_new(os.path.join(output_dir, LOCK_FILE), "a+")  # a link there is replaced, not followed
+    # a link there is replaced, not followed
+    handle = folders.open_new(os.path.join(output_dir, LOCK_FILE), "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -122,8 +141,8 @@ def take_lock(output_dir: str):
 
 
 def claim(output_dir: str, checkpoints_dir: str, replace: bool, recheck=None):
-    """Locks output_dir once every check passed; returns the lock. `recheck`: flags to ask again for an earlier run;
-    `replace`: only now may its checkpoints go."""
+    """Locks output_dir once every check passed; returns the lock. `recheck`: flags to ask again for an
+    earlier run; `replace`: only now may its checkpoints go."""
     lock = take_lock(output_dir)
     if recheck is not None:
         refuse_earlier_run(output_dir, recheck)
@@ -142,18 +161,20 @@ def release_lock(handle, output_dir: str) -> None:
 
 
 def refuse_writing_where_read(model_args, output_dir: str) -> None:
-    """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir would
-    otherwise remove its checkpoints, and the export replace its model)."""
-    for flag, folder in (("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name)):
+    """A model or tokenizer folder the run starts from lies apart from --output_dir (an --overwrite_output_dir
+    would otherwise remove its checkpoints, and the export replace its model)."""
+    for flag, folder in (
+        ("--init_from", model_args.init_from), ("--tokenizer_name", model_args.tokenizer_name),
+    ):
         if folder and os.path.isdir(folder):
             refuse_overlap(folder, output_dir, (flag, "--output_dir"))
 
 
 @contextlib.contextmanager
 def replacing_earlier_files(folder: str, writer: str):
-    """`writing_into(folder)`, then the files an earlier run of `writer` wrote there and this one did not go, and what
-    this one wrote is recorded. The record names the new files before the first moves in: a kill mid-publish never
-    leaves a model "another" wrote."""
+    """`writing_into(folder)`, then the files an earlier run of `writer` wrote there and this one did not go,
+    and what this one wrote is recorded. The record names the new files before the first moves in: a kill
+    mid-publish never leaves a model "another" wrote."""
     earlier = folders.written_before(folder, writer)
     with folders.writing_into(folder) as staged:
         yield staged

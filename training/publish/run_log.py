@@ -1,6 +1,6 @@
-"""The run's record, `output_dir/metrics.jsonl`: one JSON row per optimizer step, evaluation and final result. A
-resumed run drops the rows marked "final" and those beyond its step; a torn last line (a kill mid-append) is dropped
-with a warning, while an earlier line that is not JSON stops the resume, naming file and line.
+"""The run's record, `output_dir/metrics.jsonl`: one JSON row per optimizer step, evaluation and final result.
+A resumed run drops the rows marked "final" and those beyond its step; a torn last line (a kill mid-append) is
+dropped with a warning, while an earlier line that is not JSON stops the resume, naming file and line.
 """
 
 import json
@@ -23,7 +23,8 @@ class RunLog:
             self.rows = [row for row in rows if row["step"] <= resumed_step and not row.get("final")]
         if self.accelerator.is_main_process:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open_new(self.path + ".tmp") as f:  # a link at either name is replaced, never written through
+            # a link at either name is replaced, never written through
+            with open_new(self.path + ".tmp") as f:
                 f.writelines(json.dumps(row) + "\n" for row in self.rows)
             os.replace(self.path + ".tmp", self.path)
 
@@ -40,10 +41,14 @@ class RunLog:
                 rows.append(row)
             except ValueError as error:
                 if number != lines[-1][0]:
-                    raise RunError(f"{self.path} line {number} is not a metrics row ({error}); remove or repair that "
-                                   f"line, then resume again.") from None
-                self.accelerator.print(f"Warning: dropped the torn last line {number} of {self.path} (a run stopped "
-                                       f"while writing it): {line[:60].decode(errors='replace')!r}")
+                    raise RunError(
+                        f"{self.path} line {number} is not a metrics row ({error}); remove or repair that "
+                        "line, then resume again."
+                    ) from None
+                self.accelerator.print(
+                    f"Warning: dropped the torn last line {number} of {self.path} (a run stopped while "
+                    f"writing it): {line[:60].decode(errors='replace')!r}"
+                )
         return rows
 
     def log(self, row: dict) -> None:

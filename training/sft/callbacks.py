@@ -1,5 +1,5 @@
-"""The Trainer callbacks finetune.py runs with: each checkpoint moved into checkpoints/ whole (`CheckpointsAside`),
-and a stop signal honoured at a step's end with a checkpoint (`StopAtStepEnd`)."""
+"""The Trainer callbacks finetune.py runs with: each checkpoint moved into checkpoints/ whole
+(`CheckpointsAside`), and a stop signal honoured at a step's end with a checkpoint (`StopAtStepEnd`)."""
 
 import os
 
@@ -24,12 +24,14 @@ def optimizer_flags(training_args) -> dict:
 
 
 class CheckpointsAside(TrainerCallback):
-    """Each checkpoint-N Trainer wrote into the staging folder is checksummed and renamed into checkpoints/ whole;
-    then the oldest beyond --save_total_limit go. `where`: finetune.Destinations; `data`: written into each."""
+    """Each checkpoint-N Trainer wrote into the staging folder is checksummed and renamed into
+    checkpoints/ whole; then the oldest beyond --save_total_limit go. `where`:
+    finetune.Destinations; `data`: written into each."""
 
     def __init__(self, where, resumed: str | None, data: dict):
         self.where, self.resumed, self.data = where, resumed, data
-        self.saved: tuple[int, str] | None = None  # the newest checkpoint's (step, folder), the same on every process
+        # the newest checkpoint's (step, folder), the same on every process
+        self.saved: tuple[int, str] | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.resumed:  # the state is the checkpoint's by now
@@ -48,19 +50,22 @@ class CheckpointsAside(TrainerCallback):
     def move_in(self, args, state) -> None:
         final = self.final_folder(state)
         written = os.path.join(self.where.checkpoint_staging, os.path.basename(final))
-        if state.best_model_checkpoint == written:  # Trainer recorded where it wrote: a resume must find it here
+        # Trainer recorded where it wrote: a resume must find it here
+        if state.best_model_checkpoint == written:
             state.best_model_checkpoint = final
             state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
         checkpoints.write_json(os.path.join(written, OPTIMIZER_FLAGS_FILE), optimizer_flags(args))
         checkpoints.write_json(os.path.join(written, checkpoints.DATA_FILE), self.data)
-        checkpoints.write_json(os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written))
+        checkpoints.write_json(
+            os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written)
+        )
         checkpoints.rename_into_place(written, final)
         checkpoints.prune(self.where.layout, self.where.keep_checkpoints)
 
 
 class StopAtStepEnd(TrainerCallback):
-    """A stop signal honoured when a step ends: a checkpoint, then a stop, every process at the same step (Trainer's
-    --enable_jit_checkpoint saves mid-step and reports a finished run)."""
+    """A stop signal honoured when a step ends: a checkpoint, then a stop, every process at the same step
+    (Trainer's --enable_jit_checkpoint saves mid-step and reports a finished run)."""
 
     def __init__(self, accelerator, stop: StopRequests):
         self.accelerator, self.stop = accelerator, stop

@@ -1,6 +1,6 @@
-"""Fine-tuning data: checked records (sft/records.py) in, token ids with labels out: every token of a text record,
-the response of a prompt/response record, the assistant turns of a chat (labels -100 elsewhere). Examples are padded
-one per row or packed end to end; what that cuts or drops is counted (`RowCounts`)."""
+"""Fine-tuning data: checked records (sft/records.py) in, token ids with labels out: every token of a text
+record, the response of a prompt/response record, the assistant turns of a chat (labels -100 elsewhere).
+Examples are padded one per row or packed end to end; what that cuts or drops is counted (`RowCounts`)."""
 
 import copy
 import os
@@ -17,8 +17,9 @@ from hf_tinytx_training.errors import UserInputError
 
 IGNORE_INDEX = -100  # the label value transformers' cross-entropy skips
 
-# Used only when the data is chat and the tokenizer has no template. Role markers are plain text (no new tokens, so
-# the vocabulary and the embedding table stay as they are); the EOS after each turn is what stops generation.
+# Used only when the data is chat and the tokenizer has no template. Role markers are plain
+# text (no new tokens, so the vocabulary and the embedding table stay as they are); the EOS
+# after each turn is what stops generation.
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token }}"
@@ -28,7 +29,8 @@ DEFAULT_CHAT_TEMPLATE = (
 
 
 def ensure_chat_template(tokenizer) -> bool:
-    """Gives the tokenizer the default chat template if it has none (returns whether it did); refuses a broken one."""
+    """Gives the tokenizer the default chat template if it has none (returns whether
+    it did); refuses a broken one."""
     if tokenizer.chat_template:
         try:
             # transformers' own (cached) compile: a syntax error or an unknown filter shows here.
@@ -37,7 +39,9 @@ def ensure_chat_template(tokenizer) -> bool:
             raise UserInputError(_template_failure(error, tokenizer)) from None
         return False
     if tokenizer.eos_token is None:
-        raise UserInputError("Chat data needs a tokenizer with an EOS token (it ends each turn); this one has none.")
+        raise UserInputError(
+            "Chat data needs a tokenizer with an EOS token (it ends each turn); this one has none."
+        )
     tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     return True
 
@@ -72,8 +76,9 @@ def _bos(tokenizer) -> list[int]:
 
 
 def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:
-    """Splits the rendered conversation at each assistant turn: turn i is the text between `template(messages[:i],
-    add_generation_prompt=True)` and `template(messages[:i + 1])` (for a template that concatenates its turns)."""
+    """Splits the rendered conversation at each assistant turn: turn i is the text between
+    `template(messages[:i], add_generation_prompt=True)` and `template(messages[:i + 1])` (for a
+    template that concatenates its turns)."""
     full = _render(tokenizer, messages, add_generation_prompt=False)
     segments, done = [], 0
     for i, message in enumerate(messages):
@@ -83,10 +88,11 @@ def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:
         upto_reply = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
         start, end = len(prompt), len(upto_reply)
         if not (done <= start <= end and upto_reply.startswith(prompt) and full.startswith(upto_reply)):
-            raise UserInputError("The tokenizer's chat template does not render a conversation as the concatenation "
-                                 "of its turns, so the assistant replies cannot be located for the loss; use a "
-                                 "template that does (or remove the tokenizer's chat_template to get the default "
-                                 "one).")
+            raise UserInputError(
+                "The tokenizer's chat template does not render a conversation as the concatenation of its "
+                "turns, so the assistant replies cannot be located for the loss; use a template that does "
+                "(or remove the tokenizer's chat_template to get the default one)."
+            )
         segments += [(full[done:start], False), (full[start:end], True)]
         done = end
     segments.append((full[done:], False))
@@ -96,18 +102,23 @@ def _chat_segments(messages: list[dict], tokenizer) -> list[tuple]:
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     if not messages:
         return ""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
 def _template_failure(error: jinja2.TemplateError, tokenizer, where: str | None = None) -> str:
-    """One line for a chat template that does not parse, or that raises on the conversation of record `where`."""
+    """One line for a chat template that does not parse, or that raises on the
+    conversation of record `where`."""
     where = f"{where}: " if where else ""
     if isinstance(error, jinja2.TemplateSyntaxError):
         problem = f"does not parse ({error.message}, template line {error.lineno})"
     else:
         problem = f"failed on this conversation ({type(error).__name__}: {error})"
-    return (f"{where}the tokenizer's chat template ({_template_source(tokenizer)}) {problem}; fix the template, or "
-            f"remove it to get the default one.")
+    return (
+        f"{where}the tokenizer's chat template ({_template_source(tokenizer)}) {problem}; fix the template, "
+        "or remove it to get the default one."
+    )
 
 
 def _template_source(tokenizer) -> str:
@@ -129,23 +140,32 @@ class RowCounts:
     kept_tokens: int  # in the rows trained on
     longest: int  # tokens of the longest record
     cut: int  # one record a row: records longer than max_seq_length (their ends are cut off)
-    dropped: int  # one record a row: cut records left with nothing to learn; packed: rows of prompt tokens only
+    # one record a row: cut records left with nothing to learn; packed: rows of prompt tokens only
+    dropped: int
     empty: int  # one record a row: records with no token to learn even whole (e.g. an empty reply and no EOS)
 
     def summary(self, path: str, max_seq_length: int, packing: bool) -> str | None:
         """One line for the console; None when padding kept every record whole."""
         if packing:
-            dropped = (f"{self.dropped:,} rows holding only prompt tokens ({self.tokens - self.kept_tokens:,} tokens) "
-                       f"were dropped" if self.dropped else "no token was dropped")
-            return (f"{path}: packed {self.records:,} records ({self.tokens:,} tokens) into {self.rows:,} rows of at "
-                    f"most {max_seq_length} tokens; {dropped}.")
+            dropped = (
+                f"{self.dropped:,} rows holding only prompt tokens ({self.tokens - self.kept_tokens:,} "
+                "tokens) were dropped"
+                if self.dropped
+                else "no token was dropped"
+            )
+            return (
+                f"{path}: packed {self.records:,} records ({self.tokens:,} tokens) into {self.rows:,} rows "
+                f"of at most {max_seq_length} tokens; {dropped}."
+            )
         if not (self.cut or self.empty):
             return None
         empty = f"; {self.empty:,} hold no token to learn and were dropped" if self.empty else ""
-        return (f"{path}: {self.cut:,} of {self.records:,} records were cut to --max_seq_length {max_seq_length} "
-                f"tokens (the longest has {self.longest:,}); {self.dropped:,} of them dropped because the prompt fills "
-                f"the row{empty}; raise --max_seq_length (up to the model's context) or shorten those records to train "
-                "on all of them.")
+        return (
+            f"{path}: {self.cut:,} of {self.records:,} records were cut to --max_seq_length {max_seq_length} "
+            f"tokens (the longest has {self.longest:,}); {self.dropped:,} of them dropped because the prompt "
+            f"fills the row{empty}; raise --max_seq_length (up to the model's context) or shorten those "
+            "records to train on all of them."
+        )
 
 
 class RowsDataset(Dataset):
@@ -155,17 +175,20 @@ class RowsDataset(Dataset):
 
 
 def build_examples(records: list[dict], tokenizer, max_seq_length: int, packing: bool) -> RowsDataset:
-    """Tokenized rows for `pad_collator`, each at most `max_seq_length` tokens, each with something to learn."""
+    """Tokenized rows for `pad_collator`, each at most `max_seq_length` tokens,
+    each with something to learn."""
     tokenized = [tokenize_record(record, tokenizer) for record in records]
     if packing:
-        # End to end, then cut: no padding is wasted; documents may attend to the one before them in the same row.
+        # End to end, then cut: no padding is wasted; documents may attend to the
+        # one before them in the same row.
         ids = [token for example in tokenized for token in example["input_ids"]]
         labels = [label for example in tokenized for label in example["labels"]]
         rows = [{"input_ids": ids[i : i + max_seq_length], "labels": labels[i : i + max_seq_length]}
                 for i in range(0, len(ids), max_seq_length)]
     else:
         rows = [{key: values[:max_seq_length] for key, values in example.items()} for example in tokenized]
-    # A row whose learnable tokens were all cut off (a prompt longer than max_seq_length) would only add zero loss.
+    # A row whose learnable tokens were all cut off (a prompt longer than
+    # max_seq_length) would only add zero loss.
     kept = [row for row in rows if _learns(row)]
     lengths = [len(example["input_ids"]) for example in tokenized]
     empty = 0 if packing else sum(not _learns(example) for example in tokenized)
@@ -180,12 +203,14 @@ def build_examples(records: list[dict], tokenizer, max_seq_length: int, packing:
 
 
 def _learns(row: dict) -> bool:
-    """Whether a row predicts a token to learn (the first position is never predicted: nothing comes before it)."""
+    """Whether a row predicts a token to learn (the first position is never
+    predicted: nothing comes before it)."""
     return any(label != IGNORE_INDEX for label in row["labels"][1:])
 
 
 def pad_collator(tokenizer) -> DataCollatorForSeq2Seq:
-    """Pads a batch on the right: input_ids with the pad id, labels with -100, attention_mask 0 on the padding."""
+    """Pads a batch on the right: input_ids with the pad id, labels with -100,
+    attention_mask 0 on the padding."""
     if tokenizer.padding_side != "right":
         # A copy: the saved tokenizer keeps the side its owner chose for batched generation.
         tokenizer = copy.deepcopy(tokenizer)

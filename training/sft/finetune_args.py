@@ -1,8 +1,8 @@
 """finetune.py's own arguments, its --help and the checks that need neither torch nor transformers' Trainer.
 
-`preflight` runs them before torch loads (~8 s), so a bad flag, model folder or data line is answered in about a
-second; sft/finetune_run.py's `parse_args` runs the same checks again on the full `TrainingArguments`. --help lists
-Trainer's flags too, so it loads torch.
+`preflight` runs them before torch loads (~8 s), so a bad flag, model folder or data line is answered in about
+a second; sft/finetune_run.py's `parse_args` runs the same checks again on the full `TrainingArguments`.
+--help lists Trainer's flags too, so it loads torch.
 """
 
 import difflib
@@ -32,41 +32,56 @@ from hf_tinytx_training.sft.records import read_records
 
 
 LLAMA_LINEAR_NAMES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-WRITER = "tinytx finetune"  # its name in the record of the files it wrote into a folder (hf_tinytx.folders.safe)
-TRAINER_DEFAULTS = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}  # finetune's, over Trainer's
-DESCRIPTION = ("Fine-tunes a causal LM (a model folder or a Hub id) with transformers' Trainer, in full or as a LoRA "
-               "adapter (--use_peft). finetune's own flags come first, then every flag of transformers' "
-               "TrainingArguments. Without a GPU, --dataloader_pin_memory defaults to False, and a launch of several "
-               "processes sets --use_cpu.")
+# its name in the record of the files it wrote into a folder (hf_tinytx.folders.safe)
+WRITER = "tinytx finetune"
+# finetune's, over Trainer's
+TRAINER_DEFAULTS = {"logging_steps": 10, "report_to": "none", "save_total_limit": 2}
+DESCRIPTION = (
+    "Fine-tunes a causal LM (a model folder or a Hub id) with transformers' Trainer, in full or as a LoRA "
+    "adapter (--use_peft). finetune's own flags come first, then every flag of transformers' "
+    "TrainingArguments. Without a GPU, --dataloader_pin_memory defaults to False, and a launch of several "
+    "processes sets --use_cpu."
+)
 
 
 @dataclass
 class FinetuneArguments:
-    model_name_or_path: str = field(metadata={"help": "The model to fine-tune: a saved model folder or a Hub id."})
+    model_name_or_path: str = field(
+        metadata={"help": "The model to fine-tune: a saved model folder or a Hub id."}
+    )
     train_file: str = field(
-        metadata={"help": ".jsonl of {prompt, response} or {messages} records, or .txt with one document per line."}
+        metadata={
+            "help": ".jsonl of {prompt, response} or {messages} records, or .txt with one document per line."
+        }
     )
     validation_file: str | None = flag(None, "Held-out data in the same format.")
-    max_seq_length: int | None = flag(None, "Longest training row in tokens. Default: min(1024, the model's context).")
+    max_seq_length: int | None = flag(
+        None, "Longest training row in tokens. Default: min(1024, the model's context)."
+    )
     packing: bool = flag(False, "Pack examples end to end into full rows instead of padding each one.")
     use_peft: bool = flag(False, "Train a LoRA adapter instead of every weight.")
     lora_r: int = flag(8, "LoRA rank.")
     lora_alpha: int = flag(16, "LoRA scaling numerator (the update is scaled by alpha/r).")
     lora_dropout: float = flag(0.05, "Dropout on the LoRA input.")
     lora_target_modules: str = flag(
-        LLAMA_LINEAR_NAMES, "Comma-separated module names to adapt (those the model lacks are skipped), or all-linear.")
+        LLAMA_LINEAR_NAMES,
+        "Comma-separated module names to adapt (those the model lacks are skipped), or all-linear.",
+    )
     merge: bool = flag(False, "With --use_peft: also save base + adapter merged into one model folder.")
     merged_output_dir: str | None = flag(None, "Where --merge writes; default output_dir/merged.")
     attn_implementation: str | None = flag(None, "eager, sdpa, ...; default: the model's.")
     hub_timeout: float = flag(600.0, "With --push_to_hub: wait at most this many seconds for the upload.")
-    trust_remote_code: bool = flag(False, "Allow a checkpoint's own code (models transformers does not know).")
+    trust_remote_code: bool = flag(
+        False, "Allow a checkpoint's own code (models transformers does not know)."
+    )
     overwrite_output_dir: bool = flag(  # TrainingArguments dropped its flag of this name in transformers 5
         False, "Replace the earlier run in --output_dir (its model and checkpoints; other files stay).")
 
 
 @dataclass
 class EarlyTrainerFlags:
-    """The `TrainingArguments` flags the checks read, spelled and typed as Trainer's; preflight ignores the rest."""
+    """The `TrainingArguments` flags the checks read, spelled and typed as
+    Trainer's; preflight ignores the rest."""
 
     output_dir: str = "trainer_output"  # Trainer's default
     push_to_hub: bool = False
@@ -77,7 +92,8 @@ class EarlyTrainerFlags:
 
 
 def preflight(argv: list[str] | None = None) -> None:
-    """The flags, the model folder and the data files checked before the heavy imports (finetune.py's `main`)."""
+    """The flags, the model folder and the data files checked before the heavy
+    imports (finetune.py's `main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:  # every flag, Trainer's too, listed and exit 0
         from transformers import TrainingArguments  # loads torch: a few seconds
@@ -111,7 +127,9 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
     if args.merge and not args.use_peft:
         raise UserInputError("--merge folds a LoRA adapter into the model, so it needs --use_peft.")
     if args.use_peft and importlib.util.find_spec("peft") is None:
-        raise UserInputError('--use_peft needs the peft package: pip install -e ".[peft]" (or pip install peft).')
+        raise UserInputError(
+            '--use_peft needs the peft package: pip install -e ".[peft]" (or pip install peft).'
+        )
     if args.max_seq_length is not None and args.max_seq_length < 2:
         raise UserInputError(f"--max_seq_length must be at least 2 tokens, got {args.max_seq_length}.")
     check_hub_timeout(args.hub_timeout)
@@ -122,15 +140,18 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
     # `accelerate launch` with an FSDP or DeepSpeed config tells Trainer so through the environment.
     launched_sharded = env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED")
     if trainer_flags.fsdp or trainer_flags.deepspeed or launched_sharded:
-        raise UserInputError("finetune.py runs on one process or data-parallel (torchrun) and saves the weights one "
-                             "process holds, which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the "
-                             "accelerate config that sets them).")
+        raise UserInputError(
+            "finetune.py runs on one process or data-parallel (torchrun) and saves the weights one process "
+            "holds, which FSDP and DeepSpeed split up: drop --fsdp/--deepspeed (or the accelerate config "
+            "that sets them)."
+        )
     if trainer_flags.push_to_hub:
         check_hub_repo_id(trainer_flags.hub_model_id, trainer_flags.output_dir)
 
 
 def check_destinations(args: FinetuneArguments, trainer_flags) -> tuple[str, str]:
-    """(output folder, merged folder), absolute; refused if one overlaps the base model, or would lose a run."""
+    """(output folder, merged folder), absolute; refused if one overlaps the
+    base model, or would lose a run."""
     output_dir = os.path.abspath(trainer_flags.output_dir)
     default_merged = os.path.join(output_dir, "merged")
     merged_dir = os.path.abspath(args.merged_output_dir) if args.merged_output_dir else default_merged
@@ -146,7 +167,8 @@ def check_destinations(args: FinetuneArguments, trainer_flags) -> tuple[str, str
 
 
 def output_dir_flags(args: FinetuneArguments, trainer_flags) -> SimpleNamespace:
-    """What training/publish/output_dir.py reads to let a run into a folder: resume, or replace what finetune wrote."""
+    """What training/publish/output_dir.py reads to let a run into a folder: resume,
+    or replace what finetune wrote."""
     return SimpleNamespace(resume_from_checkpoint=trainer_flags.resume_from_checkpoint,
                            overwrite_output_dir=args.overwrite_output_dir)
 
@@ -158,7 +180,9 @@ def model_source(name_or_path: str) -> str:
         check_model_folder(path, name_or_path)
         return path
     if os.path.exists(path):
-        raise UserInputError(f"--model_name_or_path {name_or_path!r} is a file; give a model folder or a Hub id.")
+        raise UserInputError(
+            f"--model_name_or_path {name_or_path!r} is a file; give a model folder or a Hub id."
+        )
     if (problem := sources.link_problem(path)) is not None:  # not a Hub id, whatever its name looks like
         raise UserInputError(f"--model_name_or_path {name_or_path!r} {problem}.")
     try:
@@ -167,16 +191,22 @@ def model_source(name_or_path: str) -> str:
         parent = os.path.dirname(path)
         siblings = os.listdir(parent) if os.path.isdir(parent) else []
         closest = difflib.get_close_matches(os.path.basename(path), siblings, n=1)
-        hint = f" (did you mean {os.path.join(os.path.dirname(name_or_path), closest[0])!r}?)" if closest else ""
-        raise UserInputError(f"--model_name_or_path {name_or_path!r}: no such folder{hint}; give a saved model folder "
-                             "or a Hub id like 'owner/name'.") from None
+        hint = (
+            f" (did you mean {os.path.join(os.path.dirname(name_or_path), closest[0])!r}?)" if closest else ""
+        )
+        raise UserInputError(
+            f"--model_name_or_path {name_or_path!r}: no such folder{hint}; give a saved model folder or a "
+            "Hub id like 'owner/name'."
+        ) from None
 
 
 def check_model_folder(path: str, name: str) -> None:
     names = set(os.listdir(path))
     if "config.json" not in names:
-        raise UserInputError(f"--model_name_or_path {name!r} has no config.json, so it holds no saved model; give the "
-                             "folder that save_pretrained wrote.")
+        raise UserInputError(
+            f"--model_name_or_path {name!r} has no config.json, so it holds no saved model; give the folder "
+            "that save_pretrained wrote."
+        )
     if not names.intersection(sources.TOKENIZER_MARKERS):
         raise UserInputError(f"--model_name_or_path {name!r} has no tokenizer (no tokenizer.json or "
                              "tokenizer_config.json); save the base model's tokenizer into it: "

@@ -1,8 +1,9 @@
-"""Supervised fine-tuning with transformers' Trainer, optionally LoRA: the run that finetune.py starts once its input is
-checked.
+"""Supervised fine-tuning with transformers' Trainer, optionally LoRA: the run that
+finetune.py starts once its input is checked.
 
-`finetune`: arguments -> `setup` -> the output folder (locked) -> `fit` (Trainer) -> `save_folders` -> `push_result`.
-As in pretrain_run.py, SIGTERM or Ctrl-C ends the step with a checkpoint and exit 128 + the signal's number.
+`finetune`: arguments -> `setup` -> the output folder (locked) -> `fit` (Trainer) ->
+`save_folders` -> `push_result`. As in pretrain_run.py, SIGTERM or Ctrl-C ends the step with a
+checkpoint and exit 128 + the signal's number.
 """
 
 import contextlib
@@ -52,7 +53,8 @@ from hf_tinytx_training.sft.records import read_records
 
 PROGRAM = program_name("finetune")  # "tinytx finetune" or "finetune.py", as the user started it
 STOP = stop_requests(PROGRAM)  # SIGTERM and SIGINT: a checkpoint at the next step's end, then a clean stop
-RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}  # sft_records' kinds, as the card says
+# sft_records' kinds, as the card says
+RECORD_KINDS = {"text": "text", "prompt": "prompt/response", "chat": "chat"}
 
 
 def finetune(argv=None):
@@ -75,7 +77,9 @@ def finetune(argv=None):
     except RuntimeError as error:  # a collective another process broke (frozen past --ddp_timeout, or gone)
         if STOP.received or not cluster.is_peer_failure(error):
             raise
-        message = cluster.lost_peer_message(error, training_args.ddp_timeout, "", where.layout.newest(), how="")
+        message = cluster.lost_peer_message(
+            error, training_args.ddp_timeout, "", where.layout.newest(), how=""
+        )
         raise RunError(message) from None
     if not trainer.is_world_process_zero():
         return  # under torchrun every process holds the same weights: one writes them, and pushes
@@ -83,15 +87,19 @@ def finetune(argv=None):
     facts.update(cards.training_facts(args, training_args, trainer, metrics))
     save_folders(trainer.model, tokenizer, args, where, metrics, facts)
     try:
-        not_pushed = push_result(args, training_args, where, trainer.state.global_step) if where.pushed_dir else None
+        not_pushed = (
+            push_result(args, training_args, where, trainer.state.global_step) if where.pushed_dir else None
+        )
     finally:
-        release_lock(lock, where.output_dir)  # no stale .lock in the finished folder, also when a signal ended the push
+        # no stale .lock in the finished folder, also when a signal ended the push
+        release_lock(lock, where.output_dir)
     if not_pushed:
         raise RunError(not_pushed)  # exit 1, as pretrain.py: a push that was asked for and did not happen
 
 
 def setup(args: FinetuneArguments, training_args: TrainingArguments):
-    """(tokenizer, model, training rows, validation rows or None, facts for the cards); the data before the model."""
+    """(tokenizer, model, training rows, validation rows or None, facts for the
+    cards); the data before the model."""
     train_records = read_records(args.train_file)
     validation_records = read_records(args.validation_file) if args.validation_file else []
     chat = any(record["kind"] == "chat" for record in train_records + validation_records)
@@ -115,17 +123,22 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
     return tokenizer, model, train_dataset, eval_dataset, facts
 
 
-def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations",
-        data: dict):
-    """Trainer's run, resumed if asked, then the evaluation: (trainer, metrics). `data` (data/fingerprint.py) goes into
-    every checkpoint. A stop signal ends it at a step's end with a checkpoint, as `Stopped`."""
+def fit(
+    model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations",
+    data: dict,
+):
+    """Trainer's run, resumed if asked, then the evaluation: (trainer, metrics). `data` (data/fingerprint.py)
+    goes into every checkpoint. A stop signal ends it at a step's end with a checkpoint, as `Stopped`."""
     resume_dir = resume_point(training_args, where, model, data)
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                       data_collator=pad_collator(tokenizer), processing_class=tokenizer,
                       callbacks=[aside := callbacks.CheckpointsAside(where, resume_dir, data)])
     trainer.add_callback(callbacks.StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
-    with checkpoints.disk_space_guard(where.checkpoint_staging, where.layout), checkpoints.refusing_pickles(resume_dir):
+    with (
+        checkpoints.disk_space_guard(where.checkpoint_staging, where.layout),
+        checkpoints.refusing_pickles(resume_dir),
+    ):
         result = trainer.train(resume_from_checkpoint=resume_dir)
     if trainer.is_world_process_zero():
         with contextlib.suppress(OSError):
@@ -134,12 +147,14 @@ def fit(model, tokenizer, train_dataset, eval_dataset, training_args: TrainingAr
     metrics = dict(result.metrics)
     if eval_dataset is not None:
         metrics.update(trainer.evaluate())
-        stop_if_asked(trainer, aside)  # a signal during the evaluation: the final checkpoint is there, the save waits
+        # a signal during the evaluation: the final checkpoint is there, the save waits
+        stop_if_asked(trainer, aside)
     return trainer, metrics
 
 
 def stop_if_asked(trainer: Trainer, aside: callbacks.CheckpointsAside) -> None:
-    """`Stopped` if any process got a stop signal and the step reached has its checkpoint (else the run goes on)."""
+    """`Stopped` if any process got a stop signal and the step reached has its
+    checkpoint (else the run goes on)."""
     signum = STOP.asked(trainer.accelerator)
     step = trainer.state.global_step
     if signum is not None and aside.saved is not None and aside.saved[0] == step:
@@ -154,8 +169,10 @@ class Destinations:
     hub_model_id: str
     checkpoints_dir: str  # checkpoint-N, each complete (CheckpointsAside)
     checkpoint_staging: str  # Trainer's output_dir: where it writes a checkpoint before it is moved in
-    keep_checkpoints: int | None  # --save_total_limit, applied here: Trainer would only ever see the staging folder
-    hub_token: str | None = field(default=None, repr=False)  # for HubPusher only: never in TrainingArguments' pickle
+    # --save_total_limit, applied here: Trainer would only ever see the staging folder
+    keep_checkpoints: int | None
+    # for HubPusher only: never in TrainingArguments' pickle
+    hub_token: str | None = field(default=None, repr=False)
 
     @property
     def layout(self) -> checkpoints.Layout:
@@ -163,8 +180,8 @@ class Destinations:
 
 
 def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> Destinations:
-    """Where the run writes. Trainer writes into checkpoints/'s staging folder, and is kept from the Hub and the token
-    (it pickles its arguments into every checkpoint; the push is ours, after saving)."""
+    """Where the run writes. Trainer writes into checkpoints/'s staging folder, and is kept from the Hub and
+    the token (it pickles its arguments into every checkpoint; the push is ours, after saving)."""
     output_dir, merged_dir = check_destinations(args, training_args)  # links out of either refused there too
     hub_model_id = hub_repo_id(training_args.hub_model_id, training_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
@@ -179,18 +196,20 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
 
 
 def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, where: Destinations):
-    """The main process's lock on output_dir, taken once it is asked again, under the lock, for an earlier run."""
+    """The main process's lock on output_dir, taken once it is asked again, under
+    the lock, for an earlier run."""
     if training_args.process_index != 0:
         return None
     lock = claim(where.output_dir, where.checkpoints_dir, args.overwrite_output_dir,
                  recheck=output_dir_flags(args, training_args))
-    remove_tree(where.checkpoint_staging)  # a killed save's partial checkpoint (never resumable), or a planted link
+    # a killed save's partial checkpoint (never resumable), or a planted link
+    remove_tree(where.checkpoint_staging)
     return lock
 
 
 def resume_point(training_args: TrainingArguments, where: Destinations, model, data: dict) -> str | None:
-    """The checkpoint --resume_from_checkpoint names (a folder, or latest), checked against this run's model, optimizer
-    flags and data; those newer than it are set aside."""
+    """The checkpoint --resume_from_checkpoint names (a folder, or latest), checked against this run's model,
+    optimizer flags and data; those newer than it are set aside."""
     if not training_args.resume_from_checkpoint:
         return None
     main_process = training_args.process_index == 0
@@ -203,9 +222,11 @@ def resume_point(training_args: TrainingArguments, where: Destinations, model, d
         step = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))["global_step"]
         path = os.path.join(folder, callbacks.OPTIMIZER_FLAGS_FILE)
         if os.path.isfile(path):
-            checkpoints.refuse_optimizer_change(folder, checkpoints.read_json(path),
-                                                callbacks.optimizer_flags(training_args), callbacks.OPTIMIZER_FLAGS,
-                                                "fine-tune its model anew with the new ones from --model_name_or_path")
+            checkpoints.refuse_optimizer_change(
+                folder, checkpoints.read_json(path), callbacks.optimizer_flags(training_args),
+                callbacks.OPTIMIZER_FLAGS,
+                "fine-tune its model anew with the new ones from --model_name_or_path",
+            )
         refuse_model_change(folder, model)
         checkpoints.refuse_data_change(folder, data, NEW_RUN)
         if main_process:
@@ -220,13 +241,16 @@ LORA_FLAGS = {"r": "--lora_r", "lora_alpha": "--lora_alpha", "lora_dropout": "--
 
 
 def refuse_model_change(folder: str, model) -> None:
-    """A checkpoint resumes only into the same kind (LoRA adapter or full weights), the same adapter flags or a model
-    of the same shapes: Trainer would fail mid-load, or train an adapter the run's record does not describe."""
+    """A checkpoint resumes only into the same kind (LoRA adapter or full weights), the same
+    adapter flags or a model of the same shapes: Trainer would fail mid-load, or train an adapter
+    the run's record does not describe."""
     saved_adapter = os.path.join(folder, "adapter_config.json")
     lora = getattr(model, "peft_config", {}).get("default")
     if os.path.isfile(saved_adapter) and lora is None:
-        raise UserInputError(f"{folder} holds a LoRA adapter, but this run fine-tunes every weight: resume with "
-                             f"--use_peft and the LoRA flags it was started with, {NEW_RUN}.")
+        raise UserInputError(
+            f"{folder} holds a LoRA adapter, but this run fine-tunes every weight: resume with --use_peft "
+            f"and the LoRA flags it was started with, {NEW_RUN}."
+        )
     if lora is not None and not os.path.isfile(saved_adapter):
         raise UserInputError(f"{folder} holds a full fine-tune's weights, but this run trains a LoRA adapter "
                              f"(--use_peft): resume without --use_peft, {NEW_RUN}.")
@@ -249,8 +273,11 @@ def comparable(value):
     return ",".join(sorted(value)) if isinstance(value, (list, set, tuple)) else value
 
 
-def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict) -> None:
-    """The model (or adapter) folder, then with --merge the merged one, each published through a staging folder."""
+def save_folders(
+    model, tokenizer, args: FinetuneArguments, where: Destinations, metrics: dict, facts: dict
+) -> None:
+    """The model (or adapter) folder, then with --merge the merged one, each
+    published through a staging folder."""
     with saving_into(where.output_dir, model, where) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
@@ -266,14 +293,15 @@ def save_folders(model, tokenizer, args: FinetuneArguments, where: Destinations,
             tokenizer.save_pretrained(staged)
             cards.write_card(where.merged_dir, staged, "merged", facts, where)
         print(f"Merged model saved to {where.merged_dir}")
-    elif os.path.dirname(where.merged_dir) == where.output_dir:  # an earlier run's merged/ is part of the folder
+    # an earlier run's merged/ is part of the folder
+    elif os.path.dirname(where.merged_dir) == where.output_dir:
         remove_earlier_merge(where.merged_dir, WRITER)
 
 
 @contextlib.contextmanager
 def saving_into(folder: str, model, where: Destinations, saved: str | None = None):
-    """`replacing_earlier_files(folder)`; on a full disk, the folders it created are removed and one line names the
-    space needed. `saved`: the folder this run saved already (the adapter)."""
+    """`replacing_earlier_files(folder)`; on a full disk, the folders it created are removed and one line
+    names the space needed. `saved`: the folder this run saved already (the adapter)."""
     created = folders_to_create(folder)
     try:
         with replacing_earlier_files(folder, WRITER) as staged:
@@ -290,42 +318,60 @@ def saving_into(folder: str, model, where: Destinations, saved: str | None = Non
         if saved:
             kept = f"the LoRA adapter in {saved} is saved; rerun with --overwrite_output_dir"
         elif newest:
-            kept = f"the checkpoint {os.path.basename(newest)} is intact: rerun with --resume_from_checkpoint latest"
+            name = os.path.basename(newest)
+            kept = f"the checkpoint {name} is intact: rerun with --resume_from_checkpoint latest"
         else:
             kept = "rerun the same command"
-        raise RunError(f"No space left on the device while saving {folder} (about {mib(needed)} needed, {mib(free)} "
-                       "free); the partial save was removed: free some space there, or point "
-                       f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}.") from None
+        raise RunError(
+            f"No space left on the device while saving {folder} (about {mib(needed)} needed, {mib(free)} "
+            "free); the partial save was removed: free some space there, or point "
+            f"{'--merged_output_dir' if saved else '--output_dir'} at another disk, and {kept}."
+        ) from None
 
 
 def build_datasets(args, tokenizer, model, train_records, validation_records):
-    """(training rows, validation rows or None, row length), the length checked against the model's context."""
+    """(training rows, validation rows or None, row length), the length checked
+    against the model's context."""
     context = getattr(model.config, "max_position_embeddings", None) or 1024
     max_seq_length = args.max_seq_length or min(1024, context)
     if max_seq_length > context:
-        raise UserInputError(f"--max_seq_length {max_seq_length} exceeds the model's context ({context} tokens).")
+        raise UserInputError(
+            f"--max_seq_length {max_seq_length} exceeds the model's context ({context} tokens)."
+        )
     train_dataset = to_dataset(train_records, tokenizer, max_seq_length, args.packing, args.train_file)
-    eval_dataset = to_dataset(validation_records, tokenizer, max_seq_length, args.packing, args.validation_file) \
-        if validation_records else None
-    rows = f"{len(train_dataset)} training rows" + (f", {len(eval_dataset)} validation rows" if eval_dataset else "")
+    eval_dataset = (
+        to_dataset(validation_records, tokenizer, max_seq_length, args.packing, args.validation_file)
+        if validation_records
+        else None
+    )
+    rows = f"{len(train_dataset)} training rows" + (
+        f", {len(eval_dataset)} validation rows" if eval_dataset else ""
+    )
     print(f"{rows} of at most {max_seq_length} tokens ({'packed' if args.packing else 'padded'})")
     return train_dataset, eval_dataset, max_seq_length
 
 
 def push_result(args, training_args, where: Destinations, steps: int) -> str | None:
-    """One upload at the end: the merged model with --merge, else output_dir's files without its sub-folders and
-    hidden files (the .lock). None once pushed, else the line to end the run with."""
-    pusher = HubPusher(where.hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo))
+    """One upload at the end: the merged model with --merge, else output_dir's files without its sub-folders
+    and hidden files (the .lock). None once pushed, else the line to end the run with."""
+    pusher = HubPusher(
+        where.hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo)
+    )
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
-    names = [name for name in refuse_links_out(where.pushed_dir) if os.sep not in name and not name.startswith(".")]
-    return push_final(pusher, where.pushed_dir, names, f"Fine-tuned {what} ({steps} steps)", what, args.hub_timeout,
-                      exclude=("*/*", ".*"), stop=STOP)
+    names = [
+        name for name in refuse_links_out(where.pushed_dir) if os.sep not in name and not name.startswith(".")
+    ]
+    return push_final(
+        pusher, where.pushed_dir, names, f"Fine-tuned {what} ({steps} steps)", what, args.hub_timeout,
+        exclude=("*/*", ".*"), stop=STOP,
+    )
 
 
 def parse_args(argv) -> tuple[FinetuneArguments, TrainingArguments]:
     defaults = {}
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not sharding.has_gpu():
-        # Without it Trainer runs each process of a CPU launch as a run of its own, all writing the same folder.
+        # Without it Trainer runs each process of a CPU launch as a run of its own,
+        # all writing the same folder.
         defaults["use_cpu"] = True
         cluster.start_cpu_group(argv)  # before TrainingArguments starts the group, without the timeout
     if not sharding.has_gpu():
@@ -341,8 +387,10 @@ def to_dataset(records, tokenizer, max_seq_length: int, packing: bool, path: str
     """The rows, with `.counts` for the card; what was cut or dropped is said on the console."""
     examples = build_examples(records, tokenizer, max_seq_length, packing)
     if not examples:
-        raise UserInputError(f"No example in {path} keeps a token to learn within --max_seq_length {max_seq_length} "
-                             "(the prompts fill the whole row); raise --max_seq_length or shorten the prompts.")
+        raise UserInputError(
+            f"No example in {path} keeps a token to learn within --max_seq_length {max_seq_length} (the "
+            "prompts fill the whole row); raise --max_seq_length or shorten the prompts."
+        )
     if summary := examples.counts.summary(path, max_seq_length, packing):
         print(summary)
     return examples

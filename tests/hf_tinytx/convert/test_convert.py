@@ -1,4 +1,5 @@
-"""Llama <-> TinyTx conversion: same logits, same greedy text, both ways; refusals; the folder-to-folder CLI."""
+"""Llama <-> TinyTx conversion: same logits, same greedy text, both ways;
+refusals; the folder-to-folder CLI."""
 
 import json
 import os
@@ -12,7 +13,13 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 import hf_tinytx
 from hf_tinytx.convert import (
@@ -30,17 +37,24 @@ from tests.helpers.tiny import REPO_ROOT, build_tiny_config, greedy
 VOCAB = 96
 NEW_TOKENS = 16
 # initializer_range 0.2: large weights give peaked logits, so greedy decoding has no near-ties
-LLAMA_SETTINGS = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)
+LLAMA_SETTINGS = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    max_position_embeddings=64, initializer_range=0.2, pad_token_id=0,
+)
 LLAMA_VARIANTS = {
     "mha-untied": {},
     "gqa-tied": {"num_key_value_heads": 2, "tie_word_embeddings": True},
-    "mqa-biases-linear-rope": {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True,
-                               "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}},
-    "gqa-llama3-rope": {"num_key_value_heads": 2, "rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16,
-    }},
+    "mqa-biases-linear-rope": {
+        "num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True,
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0},
+    },
+    "gqa-llama3-rope": {
+        "num_key_value_heads": 2,
+        "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+        },
+    },
 }
 
 
@@ -94,7 +108,9 @@ def test_llama_to_tinytx_and_back_compute_the_same(variant):
     for name, tensor in llama.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
     back_config = tinytx_config_to_llama(llama_config_to_tinytx(llama.config))
-    for name in ("hidden_size", "num_key_value_heads", "head_dim", "rope_parameters", "rms_norm_eps", "eos_token_id"):
+    for name in (
+        "hidden_size", "num_key_value_heads", "head_dim", "rope_parameters", "rms_norm_eps", "eos_token_id",
+    ):
         assert getattr(back_config, name) == getattr(llama.config, name), name
     with torch.no_grad():  # the weights were copied, not shared
         tinytx.model.embed_tokens.weight.zero_()
@@ -121,8 +137,10 @@ def test_llama_pad_token_minus_one_means_none():
     assert llama_config_to_tinytx(LlamaConfig(**{**LLAMA_SETTINGS, "pad_token_id": -1})).pad_token_id is None
 
 
-@pytest.mark.parametrize("setting, field",
-                         [({"qk_norm": True}, "qk_norm"), ({"mlp_type": "plain", "hidden_act": "gelu"}, "mlp_type")])
+@pytest.mark.parametrize(
+    "setting, field",
+    [({"qk_norm": True}, "qk_norm"), ({"mlp_type": "plain", "hidden_act": "gelu"}, "mlp_type")],
+)
 def test_tinytx_only_features_are_refused(setting, field):
     model = tiny_tinytx(**setting)
     with pytest.raises(ValueError, match=f"`{field}.*no Llama equivalent"):
@@ -162,8 +180,10 @@ def save_llama(folder: Path, tokenizer: bool = False, **overrides) -> Path:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hf_tinytx.convert", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_tinytx.convert", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=300,
+    )
 
 
 def names_in(folder: Path) -> list[str]:
@@ -179,7 +199,8 @@ def test_cli_round_trip_llama_tinytx_llama(tmp_path):
 
     result = run_cli("--to", "tinytx", str(llama_dir), str(tinytx_dir))
     assert result.returncode == 0, result.stderr
-    # A normal TinyTx folder: safetensors weights, and the code files plus auto_map for trust_remote_code users.
+    # A normal TinyTx folder: safetensors weights, and the code files plus
+    # auto_map for trust_remote_code users.
     files = set(names_in(tinytx_dir))
     assert {"model.safetensors", "configuration_tinytx.py", "modeling_tinytx.py", "tokenizer.json"} <= files
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
@@ -217,7 +238,9 @@ def test_cli_refuses_to_overwrite_without_flag(tmp_path, capsys):
 
     # --overwrite replaces what a conversion writes; the user's own file is not convert's to delete.
     assert convert_main(["--to", "tinytx", "--overwrite", str(llama_dir), str(destination)]) == 0
-    assert (destination / "notes.txt").read_text() == "keep me" and (destination / "model.safetensors").is_file()
+    assert (destination / "notes.txt").read_text() == "keep me" and (
+        destination / "model.safetensors"
+    ).is_file()
     assert names_in(tmp_path) == ["llama", "out"]
 
 
@@ -288,11 +311,15 @@ def test_a_link_inside_the_source_folder_is_followed(tmp_path):
 
     convert_folder(llama_dir, destination, to="tinytx")
     copied = destination / "tokenizer.json"
-    assert not copied.is_symlink() and copied.read_bytes() == (llama_dir / "shared" / "tokenizer.json").read_bytes()
+    assert (
+        not copied.is_symlink()
+        and copied.read_bytes() == (llama_dir / "shared" / "tokenizer.json").read_bytes()
+    )
 
 
 def test_overwrite_keeps_the_destination_folder_itself(tmp_path):
-    """The folder is never renamed or removed, only its files replaced: so a mount point works as the destination."""
+    """The folder is never renamed or removed, only its files replaced: so a mount
+    point works as the destination."""
     llama_dir, destination = save_llama(tmp_path / "llama"), tmp_path / "out"
     convert_folder(llama_dir, destination, to="tinytx")
     (destination / ".tinytx-staging").mkdir()  # what a killed conversion leaves behind
@@ -320,16 +347,22 @@ def test_writing_into_publishes_at_the_end_and_leaves_nothing_when_the_block_fai
     assert (destination / "config.json").read_text() == "{}" and not (destination / STAGING_NAME).exists()
 
 
-# ---------------------------------------------------------------- the source is sacred; --overwrite; faults (issue 31)
+# ---------------------------------------------------------------- the source is
+# sacred; --overwrite; faults (issue 31)
 
 
 def snapshot(folder: Path) -> dict:
     """Every file under `folder` (links not followed) with its bytes: what must not change."""
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
 
 
 def tinytx_run_folder(folder: Path) -> Path:
-    """A folder as training/pretrain.py leaves it: the model, checkpoints, metrics, a card, and a user's notes."""
+    """A folder as training/pretrain.py leaves it: the model, checkpoints,
+    metrics, a card, and a user's notes."""
     tiny_tinytx().save_pretrained(folder)
     (folder / "checkpoints" / "step_4").mkdir(parents=True)
     (folder / "checkpoints" / "step_4" / "optimizer.pt").write_bytes(b"optimizer state")
@@ -361,7 +394,9 @@ def test_a_destination_overlapping_the_source_is_refused_overwrite_included(tmp_
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "precious.txt").write_text("not convert's")
-    (tmp_path / "link").symlink_to(elsewhere if where == "link" else tmp_path / "runs", target_is_directory=True)
+    (tmp_path / "link").symlink_to(
+        elsewhere if where == "link" else tmp_path / "runs", target_is_directory=True
+    )
     destination = {
         "same": source, "inside": source / "llama", "parent": source.parent, "link": tmp_path / "link",
         "through-link": tmp_path / "link" / "tinytx",  # the source itself, reached through a link
@@ -390,7 +425,8 @@ def test_a_gguf_destination_inside_the_source_or_through_a_link_is_refused(tmp_p
 
 def test_overwrite_replaces_only_what_convert_wrote(tmp_path):
     first, destination = save_llama(tmp_path / "first", tokenizer=True), tmp_path / "out"
-    second = save_llama(tmp_path / "second", seed=1)  # no tokenizer: the first conversion's tokenizer files must go
+    # no tokenizer: the first conversion's tokenizer files must go
+    second = save_llama(tmp_path / "second", seed=1)
     assert convert_main(["--to", "tinytx", str(first), str(destination)]) == 0
     assert (destination / "tokenizer.json").is_file()
     (destination / "notes.txt").write_text("keep me")
@@ -419,11 +455,14 @@ CONVERT_SCRIPT = "import sys\nfrom hf_tinytx.convert.__main__ import main\nsys.e
 
 
 @pytest.mark.deep
-@pytest.mark.parametrize("kill", [("before", 1), ("before", 3), ("after", "last")], ids=["first", "third", "config"])
+@pytest.mark.parametrize(
+    "kill", [("before", 1), ("before", 3), ("after", "last")], ids=["first", "third", "config"]
+)
 def test_a_killed_overwrite_leaves_the_old_or_the_new_model_and_the_users_files(tmp_path, kill):
-    """Killed at a move out of the staging folder: the folder loads as the old model or the new one (`publish` moves
-    the config last and deletes nothing before its replacement is in), the user's file is intact, and the same
-    command, run again, completes the new model and removes the old one's leftovers (the record lists them)."""
+    """Killed at a move out of the staging folder: the folder loads as the old model or the new one
+    (`publish` moves the config last and deletes nothing before its replacement is in), the user's
+    file is intact, and the same command, run again, completes the new model and removes the old
+    one's leftovers (the record lists them)."""
     from tests.helpers.faults import KILLED, run_killed_at
 
     old, new, destination = save_llama(tmp_path / "old", tokenizer=True), tmp_path / "new", tmp_path / "out"
@@ -431,7 +470,8 @@ def test_a_killed_overwrite_leaves_the_old_or_the_new_model_and_the_users_files(
     assert convert_main(["--to", "tinytx", str(old), str(destination)]) == 0
     (destination / "notes.txt").write_text("keep me")
     convert_folder(new, tmp_path / "reference", to="tinytx")
-    moves = len(list((tmp_path / "reference").iterdir())) - 1  # every file but the record moves out of staging
+    # every file but the record moves out of staging
+    moves = len(list((tmp_path / "reference").iterdir())) - 1
     when, nth = kill
     script = tmp_path / "convert_cli.py"
     script.write_text(CONVERT_SCRIPT)
@@ -463,13 +503,17 @@ def edit_config(folder: Path, **changes) -> Path:
     [
         ({"num_hidden_layers": 3}, "missing: model.layers.2."),
         ({"num_hidden_layers": 1}, "unexpected: model.layers.1."),
-        ({"intermediate_size": 48}, "misshapen: model.layers.0.mlp.gate_proj.weight [64, 32] (expected [48, 32])"),
+        (
+            {"intermediate_size": 48},
+            "misshapen: model.layers.0.mlp.gate_proj.weight [64, 32] (expected [48, 32])",
+        ),
         ({"tie_word_embeddings": True}, "not tied: lm_head.weight (differs from model.embed_tokens.weight"),
     ],
     ids=["one-layer-short", "one-layer-more", "shapes", "tied-with-a-head"],
 )
-def test_weights_that_do_not_match_the_config_are_refused_before_anything_is_written(tmp_path, capsys, changes,
-                                                                                      words):
+def test_weights_that_do_not_match_the_config_are_refused_before_anything_is_written(
+    tmp_path, capsys, changes, words
+):
     source = edit_config(save_llama(tmp_path / "llama"), **changes)
     message = refused(capsys, "--to", "tinytx", source, tmp_path / "out")
     assert words in message and "do not match its config.json" in message
@@ -480,7 +524,8 @@ def test_sharded_weights_are_checked_too(tmp_path, capsys):
     source = tmp_path / "llama"
     tiny_llama(tie_word_embeddings=True).save_pretrained(source, max_shard_size="20KB")
     assert (source / "model.safetensors.index.json").is_file()
-    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 0  # tied: no lm_head stored
+    # tied: no lm_head stored
+    assert convert_main(["--to", "tinytx", str(source), str(tmp_path / "out")]) == 0
 
     edit_config(source, num_hidden_layers=3)
     assert "missing: model.layers.2." in refused(capsys, "--to", "tinytx", source, tmp_path / "out2")
@@ -509,7 +554,8 @@ def damage(folder: Path, kind: str) -> str:
     values = json.loads(config.read_text())
     if kind in ("rope-string", "rope-number"):
         values["rope_parameters"] = "default" if kind == "rope-string" else 5
-        words = f'{config} has "rope_parameters": {json.dumps(values["rope_parameters"])}, which must be an object'
+        shown = json.dumps(values["rope_parameters"])
+        words = f'{config} has "rope_parameters": {shown}, which must be an object'
     else:
         del values["model_type"]
         words = f"{config} has no \"model_type\"; this conversion reads a 'llama' model"
@@ -521,18 +567,23 @@ def damage(folder: Path, kind: str) -> str:
                                   "no-model-type", "i32-header", "f16-header"])
 @pytest.mark.parametrize("to", ["tinytx", "llama"])
 def test_a_damaged_source_gets_one_line_naming_the_file(tmp_path, capsys, kind, to):
-    """Both ways; a header that says I32 for F32 data of the same size was converted, exit 0, into weights ~1e9."""
+    """Both ways; a header that says I32 for F32 data of the same size was
+    converted, exit 0, into weights ~1e9."""
     source = tmp_path / "source"
     (tiny_llama() if to == "tinytx" else tiny_tinytx()).save_pretrained(source)
-    words = damage(source, kind).replace("'llama' model", f"'{'llama' if to == 'tinytx' else 'tinytx'}' model")
+    words = damage(source, kind).replace(
+        "'llama' model", f"'{'llama' if to == 'tinytx' else 'tinytx'}' model"
+    )
     assert words in refused(capsys, "--to", to, source, tmp_path / "out")  # a traceback would raise here
     assert not (tmp_path / "out").exists()
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused_both_ways(tmp_path, capsys):
-    """convert --to llama copied a 420-token tokenizer beside a 320-row embedding, exit 0, where the GGUF export and
-    finetune refuse the same folder."""
-    for to, model in (("llama", tiny_tinytx(vocab_size=VOCAB - 16)), ("tinytx", tiny_llama(vocab_size=VOCAB - 16))):
+    """convert --to llama copied a 420-token tokenizer beside a 320-row embedding, exit 0, where the GGUF
+    export and finetune refuse the same folder."""
+    for to, model in (
+        ("llama", tiny_tinytx(vocab_size=VOCAB - 16)), ("tinytx", tiny_llama(vocab_size=VOCAB - 16)),
+    ):
         source = tmp_path / f"to-{to}"
         model.save_pretrained(source)
         save_tiny_tokenizer(source)
@@ -544,7 +595,8 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_both_ways(tmp_path, ca
 @pytest.mark.deep
 def test_a_full_disk_is_one_line_and_the_earlier_conversion_stays(tmp_path, mounted):
     small = save_llama(tmp_path / "small", hidden_size=8, intermediate_size=16, num_attention_heads=2)
-    large = save_llama(tmp_path / "large", hidden_size=64, intermediate_size=128)  # ~0.4 MB of weights: cannot fit
+    # ~0.4 MB of weights: cannot fit
+    large = save_llama(tmp_path / "large", hidden_size=64, intermediate_size=128)
     with mounted(tmp_path / "disk", "160k") as disk:
         destination = disk / "out"
         assert run_cli("--to", "tinytx", str(small), str(destination)).returncode == 0
@@ -589,8 +641,9 @@ def test_a_record_naming_files_outside_the_destination_deletes_nothing_there(tmp
 
 
 def test_every_file_of_a_converted_folder_has_the_mode_a_new_file_gets(tmp_path):
-    """safetensors writes model.safetensors 0600 through a temporary file; a published folder gives it the mode of the
-    other files (0644 under umask 022), so another user who can read the folder can load the model."""
+    """safetensors writes model.safetensors 0600 through a temporary file; a published
+    folder gives it the mode of the other files (0644 under umask 022), so another user who
+    can read the folder can load the model."""
     destination = tmp_path / "out"
     convert_folder(save_llama(tmp_path / "llama", tokenizer=True), destination, to="tinytx")
     umask = os.umask(0o022)
@@ -607,10 +660,12 @@ CONVERT_SHIM = "import runpy\nrunpy.run_module('hf_tinytx.convert', run_name='__
     (signal.SIGINT, "safetensors.torch.save_file", 1),  # the weights written into the staging folder
     (signal.SIGTERM, ("os.replace", "os.rename"), 1),  # the first file moved into the destination
 ], ids=["SIGINT-staged", "SIGTERM-publishing"])
-def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(tmp_path, signum, function, nth):
-    """Ctrl-C or SIGTERM during `convert --to llama` into a folder whose parents do not exist yet: 128 + the signal,
-    one line; stopped before the publish nothing is left, stopped in it the same command (no --overwrite) finishes
-    it."""
+def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(
+    tmp_path, signum, function, nth
+):
+    """Ctrl-C or SIGTERM during `convert --to llama` into a folder whose parents do not exist yet:
+    128 + the signal, one line; stopped before the publish nothing is left, stopped in it the same
+    command (no --overwrite) finishes it."""
     from tests.helpers.faults import run_killed_at
 
     source, destination = tmp_path / "tinytx", tmp_path / "new" / "parents" / "llama"
@@ -618,13 +673,17 @@ def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(tm
     save_tiny_tokenizer(source)
     (tmp_path / "shim.py").write_text(CONVERT_SHIM)
     args = ["--to", "llama", source, destination]
-    stopped = run_killed_at(args, cwd=REPO_ROOT, function=function, match=".tinytx-staging", nth=nth, when="after",
-                            script=tmp_path / "shim.py", signum=signum)
+    stopped = run_killed_at(
+        args, cwd=REPO_ROOT, function=function, match=".tinytx-staging", nth=nth, when="after",
+        script=tmp_path / "shim.py", signum=signum,
+    )
     lines = [line for line in stopped.stderr.splitlines()
              if line.strip() and not line.startswith("[launch]") and "%|" not in line]  # no progress bars
     assert stopped.returncode == 128 + signum and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
-    assert lines == [f"stopped by {signal.Signals(signum).name}; run the same command again (what it had half "
-                     "written is removed, or finished by the rerun)"], lines
+    assert lines == [
+        f"stopped by {signal.Signals(signum).name}; run the same command again (what it had half written is "
+        "removed, or finished by the rerun)"
+    ], lines
     if signum == signal.SIGINT:
         assert names_in(tmp_path) == ["shim.py", "tinytx"]
     again = run_cli(*map(str, args))

@@ -1,6 +1,6 @@
-"""GGUF export (`python -m hf_tinytx.convert --to gguf`): llama.cpp itself tokenizes like our tokenizer and computes
-what the model computes; refused configs and tokenizers write nothing; the file says what the config says.
-llama.cpp runs in .venv-llamacpp (tests/helpers/engines.py), in a subprocess (tests marked `engine`)."""
+"""GGUF export (`python -m hf_tinytx.convert --to gguf`): llama.cpp itself tokenizes like our tokenizer and
+computes what the model computes; refused configs and tokenizers write nothing; the file says what the config
+says. llama.cpp runs in .venv-llamacpp (tests/helpers/engines.py), in a subprocess (tests marked `engine`)."""
 
 import ast
 import contextlib
@@ -26,13 +26,16 @@ from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokeniz
 
 NEW_TOKENS = 32
 N_CTX = 256
-# The tiny model of every test; the llama.cpp comparisons use it trained for a few seconds (see `trained_weights`).
-# vocab_size 320 > the tokenizer's 300 tokens: the unused embedding rows are written as [PAD] tokens.
-MODEL = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=N_CTX)
-# Every model feature the export maps onto llama.cpp, each a model of its own (written as f32), all with the trained
-# weights except "head-dim-32", whose shapes differ: it gets large random weights (peaked logits, position-dependent
-# attention), so a wrong RoPE layout or scaling shows in the logits either way.
+# The tiny model of every test; the llama.cpp comparisons use it trained for a few seconds
+# (see `trained_weights`). vocab_size 320 > the tokenizer's 300 tokens: the unused
+# embedding rows are written as [PAD] tokens.
+MODEL = dict(
+    vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=N_CTX,
+)
+# Every model feature the export maps onto llama.cpp, each a model of its own (written as f32), all with the
+# trained weights except "head-dim-32", whose shapes differ: it gets large random weights (peaked logits,
+# position-dependent attention), so a wrong RoPE layout or scaling shows in the logits either way.
 VARIANTS = {
     "gqa": {},
     "tied": {"tie_word_embeddings": True},
@@ -56,14 +59,15 @@ TRICKY_TEXTS = [
 ]
 # Largest |llama.cpp logit - transformers logit| allowed, as a fraction of the largest |logit|.
 LOGIT_TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "q8_0": 1e-1}
-# How many greedy tokens must agree: all of them in f32. The trained model is sure of its first tokens (the sentence it
-# learnt: top-2 logit gaps ~7), less so of what it makes up after the sentence ends (gaps down to ~0.03), where the
-# rounding of f16 and q8_0 may flip a near-tie.
+# How many greedy tokens must agree: all of them in f32. The trained model is sure of its first tokens (the
+# sentence it learnt: top-2 logit gaps ~7), less so of what it makes up after the sentence ends (gaps down to
+# ~0.03), where the rounding of f16 and q8_0 may flip a near-tie.
 GREEDY_AGREEMENT = {"f32": NEW_TOKENS, "f16": 16, "q8_0": 8}
 
 
 def save_model(folder, tokenizer, weights=None, seed=0, **overrides):
-    """Saves a model with `weights` (a state dict; missing biases drawn at random) or random ones, and the tokenizer."""
+    """Saves a model with `weights` (a state dict; missing biases drawn at random) or
+    random ones, and the tokenizer."""
     torch.manual_seed(seed)
     model = hf_tinytx.TinyTxForCausalLM(build_tiny_config(**{**MODEL, **overrides})).eval()
     if weights is not None:
@@ -90,7 +94,8 @@ def one_thread():
 
 
 def train_tiny(tokenizer, steps=100) -> dict:
-    """About a second of training: the model learns TINY_SENTENCES by heart, so its logits are confident (no ties)."""
+    """About a second of training: the model learns TINY_SENTENCES by heart, so its
+    logits are confident (no ties)."""
     torch.manual_seed(0)
     model = hf_tinytx.TinyTxForCausalLM(build_tiny_config(**MODEL)).train()
     batch = tokenizer(TINY_SENTENCES, padding=True, return_tensors="pt")
@@ -112,7 +117,9 @@ def reference(folder, tokenizer, greedy: bool) -> dict:
     with torch.no_grad(), one_thread():
         logits = [model(torch.tensor([prompt])).logits[0].numpy() for prompt in prompts]
         continuations = [
-            model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS)[0, len(prompt):]
+            model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS)[
+                0, len(prompt) :
+            ]
             for prompt in greedy_prompts
         ]
     greedy = [tokens.tolist() for tokens in continuations]
@@ -126,8 +133,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, tokenizer):
-    """{case: (GGUF path, outtype, transformers' reference)} for every variant (f32), the plain model in f16 and q8_0,
-    and a negative control: the plain model written without the q/k permutation."""
+    """{case: (GGUF path, outtype, transformers' reference)} for every variant (f32), the plain model in f16
+    and q8_0, and a negative control: the plain model written without the q/k permutation."""
     root = tmp_path_factory.mktemp("gguf")
     weights = train_tiny(tokenizer)
     cases = {}
@@ -199,7 +206,8 @@ def test_llama_cpp_greedy_tokens_equal_generate(llama_cpp, exports, outtype):
 
 @pytest.mark.engine
 def test_the_qk_permutation_is_what_makes_llama_cpp_agree(llama_cpp, exports):
-    """Negative control: without the rotate-half -> interleaved permutation the logits are far outside the tolerance."""
+    """Negative control: without the rotate-half -> interleaved permutation the logits
+    are far outside the tolerance."""
     _, _, expected = exports["unpermuted-f32"]
     error = relative_logit_error(llama_cpp["unpermuted-f32"]["logits"], expected["logits"])
     assert error > 100 * LOGIT_TOLERANCE["f32"]
@@ -209,8 +217,8 @@ def test_the_qk_permutation_is_what_makes_llama_cpp_agree(llama_cpp, exports):
 
 
 def test_rotate_half_to_interleaved_keeps_attention_scores():
-    """Hugging Face's rotation (pairs i, i + d/2) and llama.cpp's after the permutation (pairs 2i, 2i + 1) give the
-    same dot products at every pair of positions."""
+    """Hugging Face's rotation (pairs i, i + d/2) and llama.cpp's after the permutation (pairs 2i, 2i + 1)
+    give the same dot products at every pair of positions."""
     torch.manual_seed(0)
     heads, head_dim, hidden, positions = 3, 8, 12, 7
     q_weight, k_weight = torch.randn(heads * head_dim, hidden), torch.randn(heads * head_dim, hidden)
@@ -235,7 +243,8 @@ def test_rotate_half_to_interleaved_keeps_attention_scores():
     expected = scores(rotate_half, q_weight, k_weight)
     permuted = [rotate_half_to_interleaved(w, heads) for w in (q_weight, k_weight)]
     torch.testing.assert_close(scores(interleaved, *permuted), expected)
-    assert not torch.allclose(scores(interleaved, q_weight, k_weight), expected, atol=1e-3)  # the permutation matters
+    # the permutation matters
+    assert not torch.allclose(scores(interleaved, q_weight, k_weight), expected, atol=1e-3)
 
 
 @pytest.fixture
@@ -266,8 +275,8 @@ def test_metadata_describes_the_model_and_its_tokenizer(folder, tokenizer, tmp_p
         "general.architecture": "llama", "general.file_type": gguf.LlamaFileType.ALL_F32,
         "llama.vocab_size": 320, "llama.context_length": N_CTX, "llama.embedding_length": 64,
         "llama.block_count": 2, "llama.feed_forward_length": 128, "llama.attention.head_count": 4,
-        "llama.attention.head_count_kv": 1, "llama.attention.key_length": 16, "llama.attention.value_length": 16,
-        "llama.rope.dimension_count": 16, "llama.rope.freq_base": 10000.0,
+        "llama.attention.head_count_kv": 1, "llama.attention.key_length": 16,
+        "llama.attention.value_length": 16, "llama.rope.dimension_count": 16, "llama.rope.freq_base": 10000.0,
         "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.bos_token_id": 1,
         "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.padding_token_id": 0,
         "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": False,
@@ -338,12 +347,15 @@ def test_rope_scaling_is_written_the_way_llama_cpp_reads_it(folder, tmp_path):
     write_gguf(folder(**VARIANTS["rope-llama3"]), tmp_path / "llama3.gguf")
     fields, tensors = read_fields(tmp_path / "llama3.gguf")
     assert "llama.rope.scaling.type" not in fields
-    # Llama 3's rule, written out: short wavelengths keep their speed, long ones turn 8x slower, a blend between.
+    # Llama 3's rule, written out: short wavelengths keep their speed, long ones
+    # turn 8x slower, a blend between.
     expected = []
     for i in range(8):
         wavelength = 2 * np.pi * 10000.0 ** (2 * i / 16)
         blend = (16 / wavelength - 1.0) / (4.0 - 1.0)
-        expected.append(1.0 if wavelength < 16 / 4 else 8.0 if wavelength > 16 else 1 / ((1 - blend) / 8 + blend))
+        expected.append(
+            1.0 if wavelength < 16 / 4 else 8.0 if wavelength > 16 else 1 / ((1 - blend) / 8 + blend)
+        )
     np.testing.assert_allclose(tensors["rope_freqs.weight"].data, expected, rtol=1e-5)
 
 
@@ -353,15 +365,26 @@ def test_rope_scaling_is_written_the_way_llama_cpp_reads_it(folder, tmp_path):
         ({"qk_norm": True}, "`qk_norm=True` has no Llama equivalent"),
         ({"mlp_type": "plain", "hidden_act": "gelu"}, "`mlp_type='plain'` has no Llama equivalent"),
         ({"hidden_act": "gelu"}, "`hidden_act='gelu'` has no llama.cpp equivalent"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE type 'dynamic'"),
         (
-            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
-                                 "long_factor": [2.0] * 8, "original_max_position_embeddings": 32}},
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
+            "RoPE type 'dynamic'",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+                    "long_factor": [2.0] * 8, "original_max_position_embeddings": 32,
+                }
+            },
             "RoPE type 'longrope'",
         ),
         (
-            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
-                                 "original_max_position_embeddings": 32, "attention_factor": 1.5}},
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
+                    "original_max_position_embeddings": 32, "attention_factor": 1.5,
+                }
+            },
             "YaRN with ['attention_factor']",
         ),
     ],
@@ -380,7 +403,9 @@ def test_a_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path, caps
 
     backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "hello": 3}, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
     source = save_model(tmp_path / "model", tokenizer)
     message = refused(capsys, source, tmp_path / "m.gguf")
     assert "not a byte-level BPE" in message and "'WordLevel', not BPE" in message
@@ -422,8 +447,8 @@ def test_failure_while_writing_keeps_the_old_file_and_leaves_no_staging_file(fol
 
 
 def test_the_library_does_not_need_gguf():
-    """The GGUF writer is an optional extra, and the model files ship as remote code: none of these imports `gguf` or
-    the writer when it is imported (convert/__main__.py does only inside `main`, for --to gguf)."""
+    """The GGUF writer is an optional extra, and the model files ship as remote code: none of these imports
+    `gguf` or the writer when it is imported (convert/__main__.py does only inside `main`, for --to gguf)."""
     for name in ("__init__.py", "configuration_tinytx.py", "modeling_tinytx.py", "convert/__init__.py",
                  "convert/llama.py", "convert/__main__.py"):
         tree = ast.parse((REPO_ROOT / "hf_tinytx" / name).read_text())
@@ -432,7 +457,8 @@ def test_the_library_does_not_need_gguf():
         assert not [module for module in imported if "gguf" in module], name
 
 
-# ---------------------------------------------------------------- issue 31: no silent wrong result, a full disk
+# ---------------------------------------------------------------- issue 31: no
+# silent wrong result, a full disk
 
 
 def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written(folder, tmp_path, capsys):
@@ -459,8 +485,14 @@ def test_a_full_disk_is_one_line_and_the_old_file_stays(folder, tmp_path, mounte
         destination = disk / "m.gguf"
         destination.write_bytes(b"old")
         result = subprocess.run(
-            [sys.executable, "-m", "hf_tinytx.convert", "--to", "gguf", "--overwrite", str(source), str(destination)],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable, "-m", "hf_tinytx.convert", "--to", "gguf", "--overwrite", str(source),
+                str(destination),
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         message = result.stderr.strip().splitlines()[-1]
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr

@@ -1,6 +1,7 @@
-"""The llama.cpp recipes of docs/serving.md as a user runs them, read from the page: `llama_cpp.Llama` from Python, the
-no-repack setting for q8_0 files, and llama-cpp-python's OpenAI-compatible server with `repeat_penalty` 1.0, on
-test_serve.py's tiny chat model exported to f32 and q8_0. llama.cpp runs in .venv-llamacpp (marked `engine`).
+"""The llama.cpp recipes of docs/serving.md as a user runs them, read from the page:
+`llama_cpp.Llama` from Python, the no-repack setting for q8_0 files, and llama-cpp-python's
+OpenAI-compatible server with `repeat_penalty` 1.0, on test_serve.py's tiny chat model exported to
+f32 and q8_0. llama.cpp runs in .venv-llamacpp (marked `engine`).
 """
 
 import shlex
@@ -28,7 +29,8 @@ SERVE_COMMAND = "python -m llama_cpp.server"
 SERVED_MODEL = "out/tinytx.gguf"
 READY_TIMEOUT_S = 120
 MODEL = {
-    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32,
 }
 
 
@@ -38,7 +40,8 @@ def readme_block(language: str, containing: str) -> str:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A user's folder: out/tinytx (a tiny model that learnt to end its replies), its f32 and q8_0 GGUF exports."""
+    """A user's folder: out/tinytx (a tiny model that learnt to end its replies),
+    its f32 and q8_0 GGUF exports."""
     require_llama_cpp("llama.cpp is needed to check its recipes")
     root = tmp_path_factory.mktemp("llama_cpp_user")
     # vLLM's test's model (serve/test_vllm.py): its reply to the README's prompt is more than a full stop.
@@ -84,8 +87,8 @@ def test_python_snippet_prints_generates_text(workdir):
 
 
 def test_no_repack_snippet_turns_llama_cpps_extra_buffers_off_and_q8_0_runs(workdir):
-    """On Intel AMX CPUs llama.cpp 0.3.36 segfaults in its q8_0 repacking without it; checked: the snippet sets what
-    Llama() reads, and q8_0 runs."""
+    """On Intel AMX CPUs llama.cpp 0.3.36 segfaults in its q8_0 repacking without it; checked: the snippet
+    sets what Llama() reads, and q8_0 runs."""
     snippet = readme_block("python", "use_extra_bufts")
     check = (
         "\nfrom llama_cpp import Llama\n"
@@ -105,8 +108,11 @@ class LlamaCppServer(Server):
 @pytest.fixture(scope="module")
 def server(workdir):
     """The README's server command, run in the user's folder with .venv-llamacpp's python, on a free port."""
-    line = next(line for line in readme_block("bash", SERVE_COMMAND).splitlines() if line.startswith(SERVE_COMMAND))
-    # `env -C`: relative paths are the user's folder's; the server's argparse keeps Server's --host/--port (the last).
+    line = next(
+        line for line in readme_block("bash", SERVE_COMMAND).splitlines() if line.startswith(SERVE_COMMAND)
+    )
+    # `env -C`: relative paths are the user's folder's; the server's argparse keeps
+    # Server's --host/--port (the last).
     command = ["env", "-C", str(workdir), str(LLAMA_CPP_PYTHON), *shlex.split(line)[1:]]
     started = LlamaCppServer(command, workdir / "server.log", pretrain_env(workdir))
     try:
@@ -122,8 +128,10 @@ def test_readme_client_snippet_prints_generates_text(server, workdir):
     assert '"repeat_penalty": 1.0' in snippet, snippet
     path = workdir / "readme_llama_cpp_client.py"
     path.write_text(snippet.replace("localhost:8001", f"127.0.0.1:{server.port}"))
-    result = subprocess.run([sys.executable, str(path)], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(path)], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-5000:]
     assert result.stdout == prompt_text(workdir, README_PROMPT, README_MAX_TOKENS) + "\n"
 
@@ -139,6 +147,11 @@ def test_server_replies_with_generates_text(server, workdir, chat, stream):
 def test_the_servers_default_repeat_penalty_is_what_parts_it_from_generate(server, workdir):
     """Why the README asks for repeat_penalty 1.0: the server's default (1.1) changes the greedy text here."""
     client = server.client()
-    default = client.completions.create(model=SERVED_MODEL, prompt=README_PROMPT, max_tokens=README_MAX_TOKENS,
-                                        temperature=0).choices[0].text
+    default = (
+        client.completions.create(
+            model=SERVED_MODEL, prompt=README_PROMPT, max_tokens=README_MAX_TOKENS, temperature=0
+        )
+        .choices[0]
+        .text
+    )
     assert default != prompt_text(workdir, README_PROMPT, README_MAX_TOKENS)

@@ -1,6 +1,7 @@
-"""docs/serving.md's ONNX and `torch.export` recipe as a user runs it: the export block, then the onnxruntime loop,
-read from the page (not copied here) and run in one Python process in a user's folder that holds `out/tinytx`, a
-tiny model that learned a few sentences (serve/test_serve.py), so that greedy tokens are not near-ties."""
+"""docs/serving.md's ONNX and `torch.export` recipe as a user runs it: the export block, then the
+onnxruntime loop, read from the page (not copied here) and run in one Python process in a user's
+folder that holds `out/tinytx`, a tiny model that learned a few sentences (serve/test_serve.py), so
+that greedy tokens are not near-ties."""
 
 import subprocess
 import sys
@@ -17,14 +18,15 @@ pytest.importorskip("onnxruntime", reason="the onnx extra (pip install -e '.[tes
 
 PAGE, SECTION = "docs/serving.md", "ONNX and `torch.export`"
 
-# What the page promises, checked after its two blocks ran: `model`, `example` and `program` are the export block's,
-# `session` and `ids` the onnxruntime block's.
+# What the page promises, checked after its two blocks ran: `model`, `example` and `program` are the export
+# block's, `session` and `ids` the onnxruntime block's.
 CHECK = """
 import numpy as np
 expected = model.generate(example, max_new_tokens=20, do_sample=False, eos_token_id=None)
 assert ids.tolist() == expected.tolist(), (ids.tolist(), expected.tolist())
 for length in (2, 9, example.shape[1]):
-    x = torch.randint(3, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
+    generator = torch.Generator().manual_seed(length)
+    x = torch.randint(3, model.config.vocab_size, (1, length), generator=generator)
     with torch.no_grad():
         reference = model(x).logits
         assert torch.equal(program.module()(x), reference), length

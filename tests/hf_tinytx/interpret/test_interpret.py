@@ -58,11 +58,14 @@ def test_attention_maps_are_causal_distributions_and_restore_the_backend(tokeniz
     assert model.config._attn_implementation == "sdpa"  # the eager switch was undone
 
 
-def test_heatmaps_have_labelled_axes_the_promised_pixel_size_and_leave_the_backend(tokenizer, tmp_path, monkeypatch):
+def test_heatmaps_have_labelled_axes_the_promised_pixel_size_and_leave_the_backend(
+    tokenizer, tmp_path, monkeypatch
+):
     import matplotlib
     from PIL import Image
 
-    monkeypatch.setitem(matplotlib.rcParams, "backend", "svg")  # a user's own choice, which drawing must not change
+    # a user's own choice, which drawing must not change
+    monkeypatch.setitem(matplotlib.rcParams, "backend", "svg")
     model = build_tiny_model(vocab_size=len(tokenizer))
     maps = attention_maps(model, tokenizer, TEXT)
     fig = render_attention_map(maps.weights[1, 3], maps.tokens, "layer 1, head 3", size_inches=(5, 4), dpi=50)
@@ -74,7 +77,9 @@ def test_heatmaps_have_labelled_axes_the_promised_pixel_size_and_leave_the_backe
     assert Image.open(tmp_path / "one.png").size == (250, 200)
 
     paths = save_attention_maps(maps, tmp_path / "all", dpi=40)
-    assert sorted(p.name for p in paths) == sorted(f"layer{i}_head{h}.png" for i in range(2) for h in range(4))
+    assert sorted(p.name for p in paths) == sorted(
+        f"layer{i}_head{h}.png" for i in range(2) for h in range(4)
+    )
     width, height = default_size_inches(len(maps.tokens))
     assert Image.open(paths[0]).size == (round(width * 40), round(height * 40))
     assert matplotlib.rcParams["backend"] == "svg"
@@ -100,13 +105,18 @@ def test_positional_scores_on_hand_made_weights():
     first[:, 0] = 1
     even = torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]
     weights = torch.stack([previous, first, even])[None]  # (1 layer, 3 heads, n, n)
-    torch.testing.assert_close(previous_token_scores(weights), torch.tensor([[1.0, 1 / (n - 1), uniform_baseline(n)]]))
-    torch.testing.assert_close(first_token_scores(weights), torch.tensor([[1 / (n - 1), 1.0, uniform_baseline(n)]]))
+    torch.testing.assert_close(
+        previous_token_scores(weights), torch.tensor([[1.0, 1 / (n - 1), uniform_baseline(n)]])
+    )
+    torch.testing.assert_close(
+        first_token_scores(weights), torch.tensor([[1 / (n - 1), 1.0, uniform_baseline(n)]])
+    )
 
 
 def test_induction_targets_are_the_tokens_after_single_earlier_occurrences():
     queries, targets = induction_targets([5, 6, 7, 5, 6, 9, 5, 4, 4])
-    # 5 at 3 and 6 at 4 were each seen once before; 5 at 6 twice (ambiguous); 4 at 8 just before (nothing between).
+    # 5 at 3 and 6 at 4 were each seen once before; 5 at 6 twice (ambiguous); 4 at 8
+    # just before (nothing between).
     assert queries.tolist() == [3, 4] and targets.tolist() == [1, 2]
     assert induction_baseline([5, 6, 7, 5, 6, 9, 5, 4, 4]) == pytest.approx((1 / 4 + 1 / 5) / 2)
     with pytest.raises(ValueError, match="occurs exactly twice"):
@@ -114,8 +124,8 @@ def test_induction_targets_are_the_tokens_after_single_earlier_occurrences():
 
 
 class HandBuiltAttention(torch.nn.Module):
-    """A stand-in causal LM: 2 layers x 4 heads spreading evenly, except an induction head (layer 1 head 2) and a
-    previous-token head (layer 0 head 1)."""
+    """A stand-in causal LM: 2 layers x 4 heads spreading evenly, except an induction head (layer 1 head 2)
+    and a previous-token head (layer 0 head 1)."""
 
     def __init__(self):
         super().__init__()
@@ -140,7 +150,8 @@ def test_head_search_ranks_a_hand_built_induction_head_first_on_token_ids():
     assert set(found) == {"previous_token", "first_token", "induction"}
     best = found["induction"]
     assert (best[0].layer, best[0].head) == (1, 2) and best[0].score == pytest.approx(1.0)
-    assert max(h.score for h in best[1:]) < 2 * induction_baseline(sequences[0])  # the even heads stay near even
+    # the even heads stay near even
+    assert max(h.score for h in best[1:]) < 2 * induction_baseline(sequences[0])
     assert (found["previous_token"][0].layer, found["previous_token"][0].head) == (0, 1)
     no_repeats = find_heads(HandBuiltAttention(), None, [list(range(10))])
     assert "induction" not in no_repeats  # nothing to look up: the role is left out, not scored as zero
@@ -149,10 +160,10 @@ def test_head_search_ranks_a_hand_built_induction_head_first_on_token_ids():
 
 
 def plant_previous_token_head(model, layer: int, head: int, strength: float = 9.0) -> None:
-    """Makes `head` of `layer` attend to position i-1 through rotary positions alone: every embedding gets a large
-    constant in dimension 0 (about sqrt(width) after RMSNorm), which the head's query and key read; in pair j,
-    q = (A, 0) and k = A (cos t_j, sin t_j), so the score between positions m and n is sum_j A^2 cos((m - n - 1) t_j),
-    largest at n = m - 1. Layers below write nothing into the residual stream."""
+    """Makes `head` of `layer` attend to position i-1 through rotary positions alone: every embedding gets a
+    large constant in dimension 0 (about sqrt(width) after RMSNorm), which the head's query and key read; in
+    pair j, q = (A, 0) and k = A (cos t_j, sin t_j), so the score between positions m and n is sum_j A^2
+    cos((m - n - 1) t_j), largest at n = m - 1. Layers below write nothing into the residual stream."""
     config, inner = model.config, model.model
     head_dim = config.head_dim
     with torch.no_grad():
@@ -175,14 +186,17 @@ def plant_previous_token_head(model, layer: int, head: int, strength: float = 9.
 
 
 def test_head_search_finds_a_planted_previous_token_head(tokenizer):
-    model = build_tiny_model(vocab_size=len(tokenizer), hidden_size=64, num_attention_heads=4, num_key_value_heads=4)
+    model = build_tiny_model(
+        vocab_size=len(tokenizer), hidden_size=64, num_attention_heads=4, num_key_value_heads=4
+    )
     untouched = positional_head_scores(model, tokenizer, TEXTS)["previous_token"]
     plant_previous_token_head(model, layer=1, head=2)
 
     scores = positional_head_scores(model, tokenizer, TEXTS)
     best = find_heads(model, tokenizer, TEXTS, top=8)["previous_token"]
     assert (best[0].layer, best[0].head) == (1, 2) and best[0].score > 0.9
-    assert max(h.score for h in best[1:]) < 0.5 and untouched.max() < 0.5  # random heads stay far below the planted one
+    # random heads stay far below the planted one
+    assert max(h.score for h in best[1:]) < 0.5 and untouched.max() < 0.5
     assert scores["first_token"][1, 2] < 0.1  # it looks one step back, not at the start
 
 
@@ -194,7 +208,10 @@ def test_coref_probe_locations_point_at_it_and_the_two_nouns(tokenizer):
     located = locate_coref_probe(tokenizer, probe, "adjective")
     assert probe.prompt.split(".")[0].endswith(tokenizer.decode([located.input_ids[located.query]]).strip())
     assert tokenizer.decode([located.input_ids[i] for i in located.referent]).strip() == probe.answer.strip()
-    assert tokenizer.decode([located.input_ids[i] for i in located.other]).strip() == probe.distractors[0].strip()
+    assert (
+        tokenizer.decode([located.input_ids[i] for i in located.other]).strip()
+        == probe.distractors[0].strip()
+    )
 
 
 def test_coref_head_scores_are_per_head_and_consistent(tokenizer):
@@ -237,16 +254,23 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
     model = build_tiny_model(vocab_size=len(tokenizer))
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    argv = [str(tmp_path / "model"), TEXT, "--out", str(tmp_path / "maps"), "--layers", "1", "--coref_probes", "2"]
+    argv = [
+        str(tmp_path / "model"), TEXT, "--out", str(tmp_path / "maps"), "--layers", "1", "--coref_probes",
+        "2",
+    ]
     assert main(argv + (["--trust_remote_code"] if trust_remote_code else [])) == 0
-    assert sorted(p.name for p in (tmp_path / "maps").glob("*.png")) == [f"layer1_head{h}.png" for h in range(4)]
+    assert sorted(p.name for p in (tmp_path / "maps").glob("*.png")) == [
+        f"layer1_head{h}.png" for h in range(4)
+    ]
     report = json.loads((tmp_path / "maps" / "heads.json").read_text())
     roles = {"previous_token", "first_token", "induction", "coref@it", "coref@adjective", "coref@last"}
     assert set(report["heads"]) == roles  # induction too: TEXT's tokenization repeats a token
     assert 0 < report["induction_baseline"] < 1
-    # What it prints: the maps, both even-spread bars, then one line per role with its three best heads, as saved.
+    # What it prints: the maps, both even-spread bars, then one line per role with
+    # its three best heads, as saved.
     lines = capsys.readouterr().out.strip().splitlines()
-    # From the first line of its own: an import may have printed before it (deepspeed announces its CPU accelerator).
+    # From the first line of its own: an import may have printed before it (deepspeed
+    # announces its CPU accelerator).
     lines = lines[next(i for i, line in enumerate(lines) if " attention maps of " in line):]
     assert lines[0] == f"4 attention maps of {len(report['tokens'])} tokens written to {tmp_path / 'maps'}"
     assert lines[1].endswith(f"an even spread scores {report['uniform_baseline']:.3f}")
@@ -264,12 +288,17 @@ TYPOS = ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"]  # a space:
 REFUSALS = {
     "a folder that holds no model": ("{tmp}/empty", "{tmp}/maps", "save_pretrained", False),
     # Taken for a Hub id, such a path used to wait ~50 s on the network before failing.
-    **{f"mistyped {typo}": (typo, "{tmp}/maps",
-                            f"error: no such folder: {typo} (check the path; a Hub id looks like owner/name)", True)
-       for typo in TYPOS},
+    **{
+        f"mistyped {typo}": (
+            typo, "{tmp}/maps",
+            f"error: no such folder: {typo} (check the path; a Hub id looks like owner/name)", True,
+        )
+        for typo in TYPOS
+    },
     # The maps never land in (or around) the model they read (was a subprocess in test_destinations.py).
-    "--out inside the model": ("model", "model/maps",
-                               "error: interpret: --out 'model/maps' is inside MODEL 'model'", False),
+    "--out inside the model": (
+        "model", "model/maps", "error: interpret: --out 'model/maps' is inside MODEL 'model'", False,
+    ),
 }
 
 
@@ -289,7 +318,8 @@ def test_bad_input_is_refused_at_once_and_nothing_is_written(tokenizer, tmp_path
     start = time.perf_counter()
     with pytest.raises(SystemExit) as raised:
         main([model, TEXT, "--out", out])
-    assert time.perf_counter() - start < 5  # the check itself takes microseconds; 5 s leaves room for a busy CPU
+    # the check itself takes microseconds; 5 s leaves room for a busy CPU
+    assert time.perf_counter() - start < 5
     assert isinstance(raised.value.code, str)  # printed on stderr, exit status 1
     assert str(raised.value) == message if whole else message in str(raised.value), str(raised.value)
     assert snapshot(tmp_path) == before

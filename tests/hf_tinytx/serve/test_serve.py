@@ -1,6 +1,7 @@
-"""`python -m hf_tinytx.serve` (transformers' `transformers serve`) on a TinyTx folder or Hub id, in a subprocess on a
-loopback port, through the `openai` client: completions and chats, streamed or not, answer greedy `generate`'s text;
-a folder without a chat template gets a 400 naming the fix; plain `transformers serve` still stops at start-up."""
+"""`python -m hf_tinytx.serve` (transformers' `transformers serve`) on a TinyTx folder or Hub id, in a
+subprocess on a loopback port, through the `openai` client: completions and chats, streamed or not,
+answer greedy `generate`'s text; a folder without a chat template gets a 400 naming the fix; plain
+`transformers serve` still stops at start-up."""
 
 import functools
 import subprocess
@@ -38,13 +39,18 @@ HUB_REPO = "tester/tinytx-serve"
 def as_chat(sentence: str) -> list[dict]:
     """A sentence split into a user turn (its first four words) and the assistant's reply (the rest)."""
     words = sentence.split()
-    return [{"role": "user", "content": " ".join(words[:4])}, {"role": "assistant", "content": " ".join(words[4:])}]
+    return [
+        {"role": "user", "content": " ".join(words[:4])},
+        {"role": "assistant", "content": " ".join(words[4:])},
+    ]
 
 
-def train_tiny_chat_model(min_steps: int = 60, max_steps: int = 400, stopping=("completion", "chat"), **model_fields):
+def train_tiny_chat_model(
+    min_steps: int = 60, max_steps: int = 400, stopping=("completion", "chat"), **model_fields
+):
     """A tiny TinyTx (width 64 unless `model_fields` say otherwise) and byte-level BPE that learned three of
-    TINY_SENTENCES as text and as chats, trained until the greedy replies named in `stopping` end with EOS within
-    MAX_TOKENS (a fixed step count made the tests depend on the rounding of every kernel)."""
+    TINY_SENTENCES as text and as chats, trained until the greedy replies named in `stopping` end with EOS
+    within MAX_TOKENS (a fixed step count made the tests depend on the rounding of every kernel)."""
     tokenizer = build_byte_bpe_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     sentences = TINY_SENTENCES[:3]  # the prompts below start the first and the third
@@ -52,7 +58,9 @@ def train_tiny_chat_model(min_steps: int = 60, max_steps: int = 400, stopping=("
     texts += [tokenizer.apply_chat_template(as_chat(s), tokenize=False) for s in sentences]
     batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    model = build_tiny_model(vocab_size=len(tokenizer), **{"hidden_size": 64, "intermediate_size": 128, **model_fields})
+    model = build_tiny_model(
+        vocab_size=len(tokenizer), **{"hidden_size": 64, "intermediate_size": 128, **model_fields}
+    )
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -64,11 +72,17 @@ def train_tiny_chat_model(min_steps: int = 60, max_steps: int = 400, stopping=("
             model(**batch, labels=labels).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            if step >= min_steps and step % 20 == 0 and replies_end_with_eos(model.eval(), tokenizer, stopping):
+            if (
+                step >= min_steps
+                and step % 20 == 0
+                and replies_end_with_eos(model.eval(), tokenizer, stopping)
+            ):
                 return model, tokenizer
     finally:
         torch.set_num_threads(threads)
-    raise AssertionError(f"the tiny chat model did not learn to end its replies with EOS in {max_steps} steps")
+    raise AssertionError(
+        f"the tiny chat model did not learn to end its replies with EOS in {max_steps} steps"
+    )
 
 
 def replies_end_with_eos(model, tokenizer, which) -> bool:
@@ -174,8 +188,9 @@ TRANSFORMERS_CLI = str(Path(sys.executable).with_name("transformers"))
 
 @pytest.fixture(scope="module")
 def servers(folders, tmp_path_factory):
-    """"folder": the documented command on the chat folder; "any": no model, each request names its own (a folder or
-    a Hub id from a local Hub); "plain": `transformers serve --trust-remote-code`, started once the others are ready."""
+    """"folder": the documented command on the chat folder; "any": no model, each request names
+    its own (a folder or a Hub id from a local Hub); "plain": `transformers serve
+    --trust-remote-code`, started once the others are ready."""
     root = tmp_path_factory.mktemp("serve_run")
     env = pretrain_env(root, OMP_NUM_THREADS="1")  # offline, private caches; the servers share two cores
     with LocalHub() as hub:
@@ -190,8 +205,10 @@ def servers(folders, tmp_path_factory):
             deadline = time.monotonic() + READY_TIMEOUT_S
             started["folder"].wait_ready(deadline)
             started["any"].wait_ready(deadline)
-            started["plain"] = Server([TRANSFORMERS_CLI, "serve", str(folders["chat"]), "--trust-remote-code"],
-                                      root / "plain.log", env)
+            started["plain"] = Server(
+                [TRANSFORMERS_CLI, "serve", str(folders["chat"]), "--trust-remote-code"], root / "plain.log",
+                env,
+            )
             yield started
         finally:
             for server in started.values():
@@ -232,7 +249,11 @@ def test_chat_without_a_template_is_a_400_that_names_the_fix(servers, folders, s
         ask(client, model, chat=True, stream=stream)
     assert raised.value.status_code == 400
     message = str(raised.value)
-    assert f"{model} has no chat template" in message and "/v1/completions" in message and "chat_template" in message
+    assert (
+        f"{model} has no chat template" in message
+        and "/v1/completions" in message
+        and "chat_template" in message
+    )
     assert "Traceback" not in servers["any"].output()
     # the same folder still completes text
     assert ask(client, model, chat=False, stream=stream) == greedy_text(folders["plain"], chat=False)
@@ -244,8 +265,9 @@ def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
     flags = [f"max_new_tokens={MAX_TOKENS}", "do_sample=False", "eos_token_id=2", "pad_token_id=0"]
     env = pretrain_env(tmp_path, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_UPDATE_CHECK="1", NO_PROXY="127.0.0.1")
     result = subprocess.run(
-        [TRANSFORMERS_CLI, "chat", model, server.url, *flags], input=CHAT_MESSAGES[0]["content"] + "\n!exit\n",
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [TRANSFORMERS_CLI, "chat", model, server.url, *flags],
+        input=CHAT_MESSAGES[0]["content"] + "\n!exit\n", env=env, cwd=tmp_path, capture_output=True,
+        text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     reply = " ".join(greedy_text(folders["chat"], chat=True).split())
@@ -253,16 +275,19 @@ def test_transformers_chat_talks_to_the_server(servers, folders, tmp_path):
 
 
 def test_plain_transformers_serve_still_stops_at_start_up(servers, folders, tmp_path):
-    """The negative control. If this fails because it now starts, transformers serves remote-code models: update the
-    README."""
+    """The negative control. If this fails because it now starts, transformers serves
+    remote-code models: update the README."""
     server = servers["plain"]
-    assert server.wait(time.monotonic() + READY_TIMEOUT_S) == "exited", "plain `transformers serve` serves TinyTx now"
+    assert (
+        server.wait(time.monotonic() + READY_TIMEOUT_S) == "exited"
+    ), "plain `transformers serve` serves TinyTx now"
     assert server.process.returncode != 0
     assert "has no attribute TinyTxForCausalLM" in server.output(), server.output()[-3000:]
-    # Without the flag it stops earlier, at transformers' own remote-code check (no stdin: the prompt reads EOF).
+    # Without the flag it stops earlier, at transformers' own remote-code check
+    # (no stdin: the prompt reads EOF).
     without_flag = subprocess.run(
-        [TRANSFORMERS_CLI, "serve", str(folders["chat"])], env=pretrain_env(tmp_path), stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=READY_TIMEOUT_S,
+        [TRANSFORMERS_CLI, "serve", str(folders["chat"])], env=pretrain_env(tmp_path),
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=READY_TIMEOUT_S,
     )
     assert without_flag.returncode != 0
     assert "contains custom code which must be executed" in without_flag.stderr, without_flag.stderr[-3000:]
@@ -284,4 +309,6 @@ def test_the_launcher_imports_no_private_module_of_transformers_serve():
                 imported |= {alias.name for alias in node.names}
     transformers_names = {name for name in imported if name.startswith("transformers.")}
     assert "transformers.cli.serve.Serve" in transformers_names, sorted(transformers_names)
-    assert not [name for name in transformers_names if name.startswith("transformers.cli.serving")], transformers_names
+    assert not [
+        name for name in transformers_names if name.startswith("transformers.cli.serving")
+    ], transformers_names

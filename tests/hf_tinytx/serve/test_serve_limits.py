@@ -1,6 +1,7 @@
-"""`python -m hf_tinytx.serve` left running for others: bad requests, long requests, clients that leave, many clients,
-stop signals and a bad model argument, tried from outside on real servers (the `openai` client, raw HTTP, sockets).
-Clock-reading checks compare with a baseline taken on the same server in the same test, with wide margins."""
+"""`python -m hf_tinytx.serve` left running for others: bad requests, long requests, clients that
+leave, many clients, stop signals and a bad model argument, tried from outside on real servers (the
+`openai` client, raw HTTP, sockets). Clock-reading checks compare with a baseline taken on the same
+server in the same test, with wide margins."""
 
 import concurrent.futures
 import http.client
@@ -47,7 +48,8 @@ def chat_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def long_folder(chat_folder, tmp_path_factory):
-    """A model that never stops by itself: random weights, no EOS, a context of 65536, the chat folder's tokenizer."""
+    """A model that never stops by itself: random weights, no EOS, a context of
+    65536, the chat folder's tokenizer."""
     from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("serve_long") / "tinytx-long"
@@ -62,14 +64,19 @@ def long_folder(chat_folder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(long_folder, tmp_path_factory):
-    """"any": no model on the command line, a cap and a time limit; "long": the long model, a cap that lets it run."""
+    """"any": no model on the command line, a cap and a time limit; "long": the long
+    model, a cap that lets it run."""
     root = tmp_path_factory.mktemp("serve_limits_run")
     env = pretrain_env(root, OMP_NUM_THREADS="1")
     started = {}
     try:
-        started["any"] = Server([*LAUNCHER, "--max_tokens_cap", str(CAP), "--max_request_seconds", str(TIME_LIMIT_S)],
-                                root / "any.log", env)
-        started["long"] = Server([*LAUNCHER, str(long_folder), "--max_tokens_cap", "60000"], root / "long.log", env)
+        started["any"] = Server(
+            [*LAUNCHER, "--max_tokens_cap", str(CAP), "--max_request_seconds", str(TIME_LIMIT_S)],
+            root / "any.log", env,
+        )
+        started["long"] = Server(
+            [*LAUNCHER, str(long_folder), "--max_tokens_cap", "60000"], root / "long.log", env
+        )
         deadline = time.monotonic() + READY_TIMEOUT_S
         for server in started.values():
             server.wait_ready(deadline)
@@ -102,7 +109,8 @@ def short_request_seconds(server, model: str | None = None) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU-seconds used so far by `pid` and the processes below it (the model runs in a process the server spawns)."""
+    """CPU-seconds used so far by `pid` and the processes below it (the model runs
+    in a process the server spawns)."""
     total = 0.0
     for process in (pid, *descendants(pid)):
         try:
@@ -121,7 +129,8 @@ def cpu_rate(pid: int, seconds: float = 2.0) -> float:
 
 
 def open_long_request(server, stream: bool) -> socket.socket:
-    """A socket that sent a request for LONG_TOKENS tokens and waits; for a stream, the first bytes were read."""
+    """A socket that sent a request for LONG_TOKENS tokens and waits; for a
+    stream, the first bytes were read."""
     body = json.dumps({"prompt": COMPLETION_PROMPT, "max_tokens": LONG_TOKENS, "stream": stream}).encode()
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
     head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -155,13 +164,18 @@ BAD_COMPLETIONS = {
     "seed 'x'": ({"seed": "x"}, "seed"),
     "unknown field": ({"max_new_tokens": 5}, "max_new_tokens"),
     "generation_config not JSON": ({"generation_config": "{"}, "generation_config"),
-    "generation_config over the cap": ({"generation_config": json.dumps({"max_new_tokens": 10**9})},
-                                       "generation_config.max_new_tokens"),
+    "generation_config over the cap": (
+        {"generation_config": json.dumps({"max_new_tokens": 10**9})}, "generation_config.max_new_tokens",
+    ),
     # Issue 57: fields the server took and ignored, or answered with a 500 or transformers' {"detail": ...}.
     "suffix": ({"suffix": " THE END"}, "suffix"),
-    "generation_config num_return_sequences 3": ({"generation_config": json.dumps({"num_return_sequences": 3})},
-                                                 "generation_config.num_return_sequences"),
-    "generation_config top_k -1": ({"generation_config": json.dumps({"top_k": -1})}, "generation_config.top_k"),
+    "generation_config num_return_sequences 3": (
+        {"generation_config": json.dumps({"num_return_sequences": 3})},
+        "generation_config.num_return_sequences",
+    ),
+    "generation_config top_k -1": (
+        {"generation_config": json.dumps({"top_k": -1})}, "generation_config.top_k",
+    ),
     "frequency_penalty -1": ({"frequency_penalty": -1}, "frequency_penalty"),
     "seed 2**70": ({"seed": 2**70}, "seed"),
     "a lone surrogate in the prompt": ({"prompt": "Attention \ud800"}, "prompt"),
@@ -192,12 +206,16 @@ def test_a_bad_completion_request_is_a_400_naming_the_field(servers, chat_folder
 BAD_CHATS = {
     "no messages": ({"messages": []}, "messages"),
     "a message without a role": ({"messages": [{"content": "hi"}]}, "messages[0]"),
-    "an image part": ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-                      "messages[0]"),
+    "an image part": (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages[0]",
+    ),
     "max_completion_tokens 0": ({"max_completion_tokens": 0}, "max_completion_tokens"),
     "max_tokens over the context": ({"max_tokens": CONTEXT}, "max_tokens"),
     "tools that are not tools": ({"tools": [{"x": 1}]}, "tools[0]"),
-    "tools the template does not read": ({"tools": [{"type": "function", "function": {"name": "now"}}]}, "tools"),
+    "tools the template does not read": (
+        {"tools": [{"type": "function", "function": {"name": "now"}}]}, "tools",
+    ),
     "a lone surrogate in a message": ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
 }
 
@@ -212,9 +230,11 @@ def test_a_bad_chat_request_is_a_400_naming_the_field(servers, chat_folder, case
 def test_bodies_that_are_not_requests_and_unknown_models(servers, chat_folder, tmp_path):
     server = servers["any"]
     assert_openai_400(*post(server, "/v1/completions", b"{not json"), None)
-    deep = b'{"prompt": "a", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # before: a RecursionError, HTTP 500
-    assert "nests objects and lists more than 32 deep" in assert_openai_400(*post(server, "/v1/completions", deep),
-                                                                            None)
+    # before: a RecursionError, HTTP 500
+    deep = b'{"prompt": "a", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert "nests objects and lists more than 32 deep" in assert_openai_400(
+        *post(server, "/v1/completions", deep), None
+    )
     assert_openai_400(*post(server, "/v1/completions", [1, 2]), None)
     assert_openai_400(*post(server, "/v1/completions", {"prompt": COMPLETION_PROMPT}), "model")
     status, reply = post(server, "/v1/completions", {"model": str(tmp_path / "absent"), "prompt": "a"})
@@ -243,13 +263,15 @@ def test_max_request_seconds_ends_a_long_request(servers, long_folder):
     elapsed = time.monotonic() - start
     assert status == 200, reply
     assert 0 < reply["usage"]["completion_tokens"] < LONG_TOKENS
-    assert TIME_LIMIT_S * 0.9 <= elapsed < TIME_LIMIT_S + 30, elapsed  # 30 s: loading the model, a loaded machine
+    # 30 s: loading the model, a loaded machine
+    assert TIME_LIMIT_S * 0.9 <= elapsed < TIME_LIMIT_S + 30, elapsed
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_a_client_that_leaves_stops_its_generation(servers, stream):
-    """Raw socket: a request for LONG_TOKENS tokens, the socket closed mid-generation; the server's CPU use falls to
-    a fraction of what it was while generating, and the next request answers in about its normal time."""
+    """Raw socket: a request for LONG_TOKENS tokens, the socket closed mid-generation; the
+    server's CPU use falls to a fraction of what it was while generating, and the next request
+    answers in about its normal time."""
     server = servers["long"]
     pid = server.process.pid
     short_request_seconds(server)  # warm
@@ -258,21 +280,25 @@ def test_a_client_that_leaves_stops_its_generation(servers, stream):
     time.sleep(0.5)
     busy = cpu_rate(pid)
     # A busy machine gives the server a small share of a core; what counts is the fall once the client leaves.
-    assert busy > 0.05, f"the long request does not seem to generate ({busy:.2f} CPU-s/s): the test proves nothing"
+    assert (
+        busy > 0.05
+    ), f"the long request does not seem to generate ({busy:.2f} CPU-s/s): the test proves nothing"
     sock.close()
     time.sleep(1.0)
     after = cpu_rate(pid)
     assert after < busy / 3, f"still {after:.2f} CPU-s/s after the client left (generating: {busy:.2f})"
     # unbounded, the abandoned request would hold the model for up to the 60 s of --max_request_seconds
     next_request = short_request_seconds(server)
-    print(f"\n{'stream' if stream else 'json'}: generating {busy:.2f} CPU-s/s, after the client left {after:.2f}; "
-          f"next request {next_request:.2f} s (before: {baseline:.2f} s)")
+    print(
+        f"\n{'stream' if stream else 'json'}: generating {busy:.2f} CPU-s/s, after the client left "
+        f"{after:.2f}; next request {next_request:.2f} s (before: {baseline:.2f} s)"
+    )
     assert next_request < max(10 * baseline, baseline + 10), (next_request, baseline)
 
 
 def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder):
-    """16 clients at once (completions and chats, streamed or not): every answer is greedy `generate`'s text, and bad
-    requests among them are still 400s."""
+    """16 clients at once (completions and chats, streamed or not): every answer is greedy `generate`'s text,
+    and bad requests among them are still 400s."""
     client, model = servers["any"].client(), str(chat_folder)
 
     def one(index: int):
@@ -293,8 +319,8 @@ def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder, tmp_path, signum):
-    """Mid-generation: the request gets what was generated, the server exits 128 + the signal within seconds, with one
-    line and no traceback."""
+    """Mid-generation: the request gets what was generated, the server exits 128 + the signal within
+    seconds, with one line and no traceback."""
     server = Server([*LAUNCHER, str(long_folder), "--max_tokens_cap", "60000"], tmp_path / "server.log",
                     pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
     try:
@@ -303,8 +329,9 @@ def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder
             idle = cpu_seconds(server.process.pid)
             pending = pool.submit(post, server, "/v1/completions",
                                   {"prompt": COMPLETION_PROMPT, "max_tokens": LONG_TOKENS}, 60)
-            # Mid-generation is a second of CPU spent on the request (about a second idle): counted in CPU time,
-            # which a busy machine only stretches, rather than as a rate over a fixed window, which it lowers.
+            # Mid-generation is a second of CPU spent on the request (about a second idle):
+            # counted in CPU time, which a busy machine only stretches, rather than as a rate
+            # over a fixed window, which it lowers.
             deadline = time.monotonic() + 60
             while cpu_seconds(server.process.pid) - idle < 1.0 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -339,7 +366,9 @@ def test_a_model_argument_that_is_not_a_model_is_one_line_and_exit_2(tmp_path):
         "url": ("https://huggingface.co/org/model", "is a URL"),
         "missing": (str(tmp_path / "absent"), "no such folder"),
         "not a model": (str(tmp_path / "empty"), "is not a model folder (no config.json in it)"),
-        "integer weights": (str(tmp_path / "i32"), "as an integer type, but the weights of a model that is not"),
+        "integer weights": (
+            str(tmp_path / "i32"), "as an integer type, but the weights of a model that is not",
+        ),
     }
     env = pretrain_env(tmp_path)
     results = run_side_by_side({key: ([*LAUNCHER, model, "--port", "1"], tmp_path, env)
@@ -353,8 +382,8 @@ def test_a_model_argument_that_is_not_a_model_is_one_line_and_exit_2(tmp_path):
 
 
 def test_a_stream_cancelled_by_a_stop_signal_says_so(long_folder, tmp_path):
-    """A stream cut by SIGTERM ends with one finish_reason ("cancelled" broke the non-streamed answer: transformers'
-    response models take OpenAI's only), and the server's log says the request was cancelled."""
+    """A stream cut by SIGTERM ends with one finish_reason ("cancelled" broke the non-streamed answer:
+    transformers' response models take OpenAI's only), and the server's log says the request was cancelled."""
     server = Server([*LAUNCHER, str(long_folder), "--max_tokens_cap", "60000"], tmp_path / "server.log",
                     pretrain_env(tmp_path, OMP_NUM_THREADS="1"))
     try:

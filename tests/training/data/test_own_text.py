@@ -1,6 +1,6 @@
-"""Pre-training on one's own text (one paragraph, one page, many files) at pretrain's default sizes: what the
-run picks for a small text (training/data/sizing.py) and says, that it trains, and that its samples continue the
-user's text.
+"""Pre-training on one's own text (one paragraph, one page, many files) at pretrain's default
+sizes: what the run picks for a small text (training/data/sizing.py) and says, that it trains, and
+that its samples continue the user's text.
 """
 
 import json
@@ -16,12 +16,16 @@ from hf_tinytx_training.data.sizing import MIN_BLOCK, Asked, Text, fit_sizes, me
 from tests.helpers.tiny import REPO_ROOT, kill_after_call, pretrain_env
 
 
-WORDS = ("the miller kept his grain in the old mill by the river and sold bread to every village while the children "
-         "of the valley played on the bridge until the evening bell rang").split()
+WORDS = (
+    "the miller kept his grain in the old mill by the river and sold bread to every village while the "
+    "children of the valley played on the bridge until the evening bell rang"
+).split()
 # A tiny model, a short run, the sizes left to their defaults.
-FLAGS = ["--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
-         "--vocab_size", "320", "--max_train_steps", "20", "--num_warmup_steps", "2", "--num_samples", "2",
-         "--max_train_seconds", "0"]
+FLAGS = [
+    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads",
+    "4", "--vocab_size", "320", "--max_train_steps", "20", "--num_warmup_steps", "2", "--num_samples", "2",
+    "--max_train_seconds", "0",
+]
 
 
 def paragraphs(count: int, words: int, seed: int = 0) -> list[str]:
@@ -42,10 +46,14 @@ def samples(stdout: str) -> list[str]:
 def assert_trained_on_the_text(result, out, text: str):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
-    assert "probe accuracy" not in result.stdout and "No probes: they test what the built-in corpus" in result.stdout
+    assert (
+        "probe accuracy" not in result.stdout
+        and "No probes: they test what the built-in corpus" in result.stdout
+    )
     prompts = samples(result.stdout)
     assert prompts and all(prompt.strip() and prompt.strip() in text for prompt in prompts), prompts
-    assert "Token indices sequence length" not in result.stderr + result.stdout  # nothing a user cannot act on
+    # nothing a user cannot act on
+    assert "Token indices sequence length" not in result.stderr + result.stdout
     assert "didn't cross the street" not in result.stdout
 
 
@@ -55,14 +63,21 @@ def test_one_paragraph_trains_on_its_own_end_as_validation(tmp_path):
     result = pretrain(tmp_path, "--train_file", "one.txt", "--output_dir", "out")
     assert_trained_on_the_text(result, tmp_path / "out", text)
     said = result.stdout
-    assert re.search(r"^Validation: the last \d+ of the text's \d+ tokens \(a single document: none to hold out",
-                     said, re.M)
+    assert re.search(
+        r"^Validation: the last \d+ of the text's \d+ tokens \(a single document: none to hold out", said,
+        re.M,
+    )
     assert re.search(r"^--block_size (16|32|64) instead of 128: the text holds \d+ tokens", said, re.M)
     assert re.search(r"^--per_device_train_batch_size \d+ instead of 16", said, re.M)
-    assert re.search(r"^Warning: 20 steps of \d+ blocks read the \d+ training blocks \d+ times: the model will learn "
-                     r"them by heart", said, re.M)
+    assert re.search(
+        r"^Warning: 20 steps of \d+ blocks read the \d+ training blocks \d+ times: the model will learn "
+        r"them by heart",
+        said,
+        re.M,
+    )
     recorded = json.loads((tmp_path / "out" / "training_args.json").read_text())
-    assert recorded["block_size"] < 128 and recorded["per_device_train_batch_size"] < 16  # what it trained with
+    # what it trained with
+    assert recorded["block_size"] < 128 and recorded["per_device_train_batch_size"] < 16
 
 
 @pytest.mark.deep
@@ -74,8 +89,9 @@ def test_a_page_gets_a_shorter_block_and_batch_and_keeps_its_held_out_paragraph(
     result = pretrain(tmp_path, "--train_file", "page/*.txt", "--output_dir", "out")
     assert_trained_on_the_text(result, tmp_path / "out", "\n".join(texts))
     assert "Validation: the last" not in result.stdout  # a paragraph was held out, and one block fits in it
-    assert re.search(r"^--block_size (32|64) instead of 128: the validation text holds \d+ tokens", result.stdout,
-                     re.M)
+    assert re.search(
+        r"^--block_size (32|64) instead of 128: the validation text holds \d+ tokens", result.stdout, re.M
+    )
 
 
 @pytest.mark.deep
@@ -83,7 +99,9 @@ def test_many_files_keep_the_sizes_asked_and_say_nothing_of_them(tmp_path):
     texts = paragraphs(300, 60, seed=1)
     (tmp_path / "books").mkdir()
     for number in range(30):
-        (tmp_path / "books" / f"b{number:02d}.txt").write_text("\n\n".join(texts[number * 10 : number * 10 + 10]))
+        (tmp_path / "books" / f"b{number:02d}.txt").write_text(
+            "\n\n".join(texts[number * 10 : number * 10 + 10])
+        )
     result = pretrain(tmp_path, "--train_file", "books/*.txt", "--output_dir", "out")
     assert_trained_on_the_text(result, tmp_path / "out", "\n".join(texts))
     assert "instead of" not in result.stdout and "Validation: the last" not in result.stdout
@@ -96,8 +114,12 @@ def test_sizes_given_that_cannot_fit_are_refused_in_one_line_before_anything_is_
                       "--per_device_train_batch_size", "16", "--validation_split_percentage", "5")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("pretrain.py: error: Too little text for these sizes: the validation text holds 0 tokens")
-    assert re.search(r"run with --block_size \d+ --per_device_train_batch_size \d+ \(or leave the sizes out", line)
+    assert line.startswith(
+        "pretrain.py: error: Too little text for these sizes: the validation text holds 0 tokens"
+    )
+    assert re.search(
+        r"run with --block_size \d+ --per_device_train_batch_size \d+ \(or leave the sizes out", line
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -118,7 +140,9 @@ def test_a_start_killed_before_its_first_checkpoint_does_not_block_the_next(tmp_
 
 # ---- training/data/sizing.py in process
 
-DEFAULTS = dict(block_size=128, per_device_train_batch_size=16, gradient_accumulation_steps=1, num_processes=1)
+DEFAULTS = dict(
+    block_size=128, per_device_train_batch_size=16, gradient_accumulation_steps=1, num_processes=1
+)
 
 
 def asked(**changes) -> Asked:
@@ -140,14 +164,16 @@ def test_a_page_gets_a_shorter_block_and_a_smaller_batch_each_said_in_a_line():
     assert 1000 // 64 >= 8  # one optimizer step fits
     assert len(plan.notes) == 2
     assert plan.notes[0].startswith("--block_size 64 instead of 128: the validation text holds 89 tokens")
-    assert plan.notes[1].startswith("--per_device_train_batch_size 8 instead of 16: the text makes 15 training "
-                                    "block(s)")
+    assert plan.notes[1].startswith(
+        "--per_device_train_batch_size 8 instead of 16: the text makes 15 training " "block(s)"
+    )
 
 
 def test_one_paragraph_validates_on_the_end_of_its_own_text():
     plan = fit_sizes(Text(train_chunks=(100,), validation_tokens=0, held_out=True), asked(), share=0.05)
     assert plan.problem is None
-    # The largest block that leaves a validation block and one step: 32 (68 tokens left: 2 blocks, a batch of 2)
+    # The largest block that leaves a validation block and one step: 32 (68
+    # tokens left: 2 blocks, a batch of 2)
     assert plan.validation_from_end == plan.block_size == 2 * MIN_BLOCK
     assert plan.per_device_train_batch_size == 2
     assert plan.notes[0].startswith("Validation: the last 32 of the text's 100 tokens")
@@ -155,29 +181,40 @@ def test_one_paragraph_validates_on_the_end_of_its_own_text():
 
 def test_sizes_given_on_the_command_line_are_kept_or_refused_with_the_flags_that_fit():
     text = Text(train_chunks=(1000,), validation_tokens=89, held_out=True)
-    plan = fit_sizes(text, asked(explicit={"block_size"}), share=0.05)  # 128 kept: validation from the end instead
+    # 128 kept: validation from the end instead
+    plan = fit_sizes(text, asked(explicit={"block_size"}), share=0.05)
     assert plan.block_size == 128 and plan.validation_from_end == 128 and plan.problem is None
 
-    plan = fit_sizes(text, asked(explicit={"block_size", "per_device_train_batch_size", "validation_split_percentage"}),
-               share=0.05)
+    plan = fit_sizes(
+        text, asked(explicit={"block_size", "per_device_train_batch_size", "validation_split_percentage"}),
+        share=0.05,
+    )
     assert plan.problem == (
-        "Too little text for these sizes: the validation text holds 89 tokens, less than one block of 128; the "
-        "training text makes 7 blocks of 128 tokens, fewer than one optimizer step takes (16); run with --block_size "
-        "64 --per_device_train_batch_size 8 (or leave the sizes out: they are then fitted to the text).")
+        "Too little text for these sizes: the validation text holds 89 tokens, less than one block of 128; "
+        "the training text makes 7 blocks of 128 tokens, fewer than one optimizer step takes (16); run with "
+        "--block_size 64 --per_device_train_batch_size 8 (or leave the sizes out: they are then fitted to "
+        "the text)."
+    )
 
 
 def test_a_given_total_batch_size_is_named_again_in_the_fix():
     text = Text(train_chunks=(1000,), validation_tokens=500, held_out=False)
     plan = fit_sizes(text, asked(per_device_train_batch_size=4, gradient_accumulation_steps=4,
                            explicit={"total_batch_size", "block_size"}), share=0.05)
-    assert plan.problem.endswith("run with --block_size 128 --per_device_train_batch_size 1 --total_batch_size 4 "
-                                 "(or leave the sizes out: they are then fitted to the text).")
+    assert plan.problem.endswith(
+        "run with --block_size 128 --per_device_train_batch_size 1 --total_batch_size 4 (or leave the sizes "
+        "out: they are then fitted to the text)."
+    )
 
 
 def test_too_little_text_for_any_size_says_how_much_is_needed():
-    plan = fit_sizes(Text(train_chunks=(20,), validation_tokens=0, held_out=True), asked(num_processes=2), share=0.05)
-    assert plan.problem.endswith("give more text: at least 48 tokens for 2 process(es) (one block of 16 each, and "
-                                 "one to validate on).")
+    plan = fit_sizes(
+        Text(train_chunks=(20,), validation_tokens=0, held_out=True), asked(num_processes=2), share=0.05
+    )
+    assert plan.problem.endswith(
+        "give more text: at least 48 tokens for 2 process(es) (one block of 16 each, and one to validate "
+        "on)."
+    )
 
 
 def test_a_run_that_reads_its_blocks_too_often_is_warned_with_a_step_count_that_does_not():
@@ -212,6 +249,9 @@ def test_the_sizes_a_command_sets_are_read_from_its_flags_and_its_file(tmp_path)
     from hf_tinytx_training.pretrain_args import explicit_flags
 
     (tmp_path / "run.yaml").write_text("block_size: 64\nmax_train_steps: 10\n")
-    assert explicit_flags(["--per_device_train_batch_size", "4", "--seed=3"]) == {"per_device_train_batch_size",
-                                                                                 "seed"}
-    assert explicit_flags([str(tmp_path / "run.yaml"), "--seed", "1"]) == {"block_size", "max_train_steps", "seed"}
+    assert explicit_flags(["--per_device_train_batch_size", "4", "--seed=3"]) == {
+        "per_device_train_batch_size", "seed",
+    }
+    assert explicit_flags([str(tmp_path / "run.yaml"), "--seed", "1"]) == {
+        "block_size", "max_train_steps", "seed",
+    }

@@ -1,6 +1,7 @@
-"""pretrain's data: documents read from local files, the token store (issue 55: tokenized once, in parallel, into
-shards every process reads; resumed after a kill; kept up to date with its files) and the training blocks, each epoch
-cut elsewhere. Builds run in this process; runs of pretrain.py in subprocesses, faults from outside."""
+"""pretrain's data: documents read from local files, the token store (issue 55: tokenized once, in
+parallel, into shards every process reads; resumed after a kill; kept up to date with its files)
+and the training blocks, each epoch cut elsewhere. Builds run in this process; runs of pretrain.py
+in subprocesses, faults from outside."""
 
 import json
 import os
@@ -34,12 +35,16 @@ from tests.helpers.tiny import LAUNCH, REPO_ROOT, assert_same_weights, kill_afte
 
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
-WORDS = ("the miller kept his grain in the old mill by the river and sold bread to every village while the children "
-         "of the valley played on the bridge until the evening bell rang café").split()
+WORDS = (
+    "the miller kept his grain in the old mill by the river and sold bread to every village while the "
+    "children of the valley played on the bridge until the evening bell rang café"
+).split()
 # A tiny model and a short run; the data flags come with each test.
-FLAGS = ["--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads", "4",
-         "--vocab_size", "320", "--max_train_steps", "4", "--num_warmup_steps", "1", "--num_probes_per_kind", "0",
-         "--num_samples", "0", "--max_train_seconds", "0", "--per_device_train_batch_size", "8"]
+FLAGS = [
+    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads",
+    "4", "--vocab_size", "320", "--max_train_steps", "4", "--num_warmup_steps", "1", "--num_probes_per_kind",
+    "0", "--num_samples", "0", "--max_train_seconds", "0", "--per_device_train_batch_size", "8",
+]
 
 
 def write_text(path, megabytes: float, blank_lines: bool = True, seed: int = 0) -> str:
@@ -74,7 +79,8 @@ def tokenizer():
     return train_bpe_tokenizer([" ".join(WORDS)] * 50, 300)
 
 
-# ---------------------------------------------------------------------------------------------------- documents
+# ----------------------------------------------------------------------------------------------------
+# documents
 
 
 def test_a_file_read_in_pieces_makes_the_documents_of_one_reading(tmp_path):
@@ -103,7 +109,8 @@ def test_text_without_blank_lines_is_cut_into_bounded_documents(tmp_path):
     assert [len(d) for d in paragraphs(["x" * 100], limit=40)] == [40, 40, 20]  # a line longer than the bound
 
 
-# ---------------------------------------------------------------------------------------------------- the store
+# ----------------------------------------------------------------------------------------------------
+# the store
 
 
 def test_the_store_holds_the_tokenizers_ids_and_a_second_build_tokenizes_nothing(tmp_path, tokenizer):
@@ -116,7 +123,9 @@ def test_the_store_holds_the_tokenizers_ids_and_a_second_build_tokenizes_nothing
         said[0].endswith("with 2 process(es)..."), said
     ids = tokenizer(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
     expected = [token for document in ids for token in document + [tokenizer.eos_token_id]]
-    stored = np.concatenate([read_tokens(shard, 0, shard.tokens) for per_source in shards for shard in per_source])
+    stored = np.concatenate(
+        [read_tokens(shard, 0, shard.tokens) for per_source in shards for shard in per_source]
+    )
     assert stored.dtype == np.uint16 and stored.tolist() == expected
     assert not [name for name in os.listdir(tmp_path / "store") if name.startswith(".tmp-")]
 
@@ -144,11 +153,15 @@ def test_an_added_file_tokenizes_only_itself_and_a_changed_one_is_made_again(tmp
         f.write("One more paragraph at the end.\n")
     said.clear()
     token_store.build(str(store), tokenizer, None, file_sources(files(), "-", "text", "text"), 2, said.append)
-    assert said[0] == f"{tmp_path / 'part1.txt'} changed since it was tokenized (size or time): its shards are made " \
-                      f"again.", said
+    assert (
+        said[0]
+        == f"{tmp_path / 'part1.txt'} changed since it was tokenized (size or time): its shards are made "
+        f"again."
+    ), said
     assert said[1].startswith("Tokenizing 1 piece(s)")
     shards = sorted(name for name in os.listdir(store) if name.endswith(".bin"))
-    assert len(shards) == 4 and sorted(entry["file"] for entry in journal(store)) == shards  # the old one is gone
+    # the old one is gone
+    assert len(shards) == 4 and sorted(entry["file"] for entry in journal(store)) == shards
 
 
 def test_a_store_of_another_tokenizer_is_emptied_in_one_line_and_never_read(tmp_path, tokenizer):
@@ -159,10 +172,14 @@ def test_a_store_of_another_tokenizer_is_emptied_in_one_line_and_never_read(tmp_
     other = train_bpe_tokenizer([" ".join(reversed(WORDS))] * 50, 280)
     said = []
     (shards,) = token_store.build(str(store), other, None, sources, 1, said.append)
-    assert said[0] == (f"The token store {store} holds tokens made with another tokenizer: its 1 shard(s) are "
-                       f"removed and the data is tokenized again."), said
+    assert said[0] == (
+        f"The token store {store} holds tokens made with another tokenizer: its 1 shard(s) are removed and "
+        "the data is tokenized again."
+    ), said
     ids = other(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
-    assert read_tokens(shards[0], 0, shards[0].tokens).tolist() == [t for d in ids for t in d + [other.eos_token_id]]
+    assert read_tokens(shards[0], 0, shards[0].tokens).tolist() == [
+        t for d in ids for t in d + [other.eos_token_id]
+    ]
 
 
 def test_blocks_read_across_shards_the_training_documents_in_order(tmp_path, tokenizer):
@@ -176,7 +193,9 @@ def test_blocks_read_across_shards_the_training_documents_in_order(tmp_path, tok
     documents = list(documents_of(sources))
     ids = tokenizer(documents, add_special_tokens=False)["input_ids"]
     held = [number < -(-len(documents) // 5) for number in range(len(documents))]  # the first 20%, rounded up
-    kept = [token for document, out in zip(ids, held) if not out for token in document + [tokenizer.eos_token_id]]
+    kept = [
+        token for document, out in zip(ids, held) if not out for token in document + [tokenizer.eos_token_id]
+    ]
     blocks = Blocks(data.train, 16)
     assert len(shards) == 2 and len(blocks) == len(kept) // 16 > 100
     assert np.concatenate(list(blocks)).tolist() == kept[: len(blocks) * 16]
@@ -203,7 +222,8 @@ def test_progress_in_a_log_is_a_line_with_the_rate_and_the_time_left():
     from hf_tinytx_training.data.progress import Progress
 
     said = []
-    progress = Progress(200_000_000, "Tokenizing", said.append, stream=io.StringIO())  # not a terminal: no bar
+    # not a terminal: no bar
+    progress = Progress(200_000_000, "Tokenizing", said.append, stream=io.StringIO())
     progress.started -= 10  # as if it began 10 s ago, and its last line came 20 s ago
     progress.last_line -= 20
     progress.update(50_000_000)
@@ -218,12 +238,22 @@ def test_progress_in_a_log_is_a_line_with_the_rate_and_the_time_left():
 def test_the_default_evaluation_reads_a_bounded_number_of_tokens_said_in_the_card(tmp_path):
     write_text(tmp_path / "text.txt", 0.5)
     out = tmp_path / "out"
-    ok(pretrain(tmp_path, "--train_file", "text.txt", "--validation_split_percentage", 50, "--output_dir", out))
-    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"final"' in line][0]
-    assert final["eval_tokens"] == 65536 // 128 * 127  # --max_eval_tokens 65536: 512 blocks of 128 (127 targets)
+    ok(
+        pretrain(
+            tmp_path, "--train_file", "text.txt", "--validation_split_percentage", 50, "--output_dir", out
+        )
+    )
+    final = [
+        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"final"' in line
+    ][0]
+    # --max_eval_tokens 65536: 512 blocks of 128 (127 targets)
+    assert final["eval_tokens"] == 65536 // 128 * 127
     card = (out / "README.md").read_text()
-    assert re.search(r"On 65,024 held-out tokens: 512 blocks of 128, spread evenly over the [\d,]+ blocks of the "
-                     r"validation text \(an evaluation reads at most 65,536 tokens: `--max_eval_tokens`\):", card), card
+    assert re.search(
+        r"On 65,024 held-out tokens: 512 blocks of 128, spread evenly over the [\d,]+ blocks of the "
+        r"validation text \(an evaluation reads at most 65,536 tokens: `--max_eval_tokens`\):",
+        card,
+    ), card
 
 
 def test_local_files_stream_with_a_shuffle_buffer(tmp_path):
@@ -252,15 +282,18 @@ def test_a_streamed_run_resumes_bit_for_bit(tmp_path):
 def test_a_kill_during_tokenization_resumes_from_the_last_shard(tmp_path):
     write_text(tmp_path / "text.txt", 6)  # 6 pieces of 1 MiB
     flags = ["--train_file", "text.txt", "--preprocessing_num_workers", 1]
-    killed = pretrain(tmp_path, *flags, "--output_dir", "out",
-                      launcher=kill_after_call("hf_tinytx_training.data.token_store.TokenStore.record", nth=2))
+    killed = pretrain(
+        tmp_path, *flags, "--output_dir", "out",
+        launcher=kill_after_call("hf_tinytx_training.data.token_store.TokenStore.record", nth=2),
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     store = tmp_path / "out" / "token_store"
     assert len(journal(store)) == 2
     said = ok(pretrain(tmp_path, *flags, "--output_dir", "out"))
     assert "Reusing the tokenizer trained for this data" in said  # not trained again
     assert re.search(r"^Tokenizing 4 piece\(s\)", said, re.M), said  # 6 - the 2 finished
-    assert not [name for name in os.listdir(store) if name.startswith(".tmp-")]  # the killed worker's, removed
+    # the killed worker's, removed
+    assert not [name for name in os.listdir(store) if name.startswith(".tmp-")]
 
     ok(pretrain(tmp_path, *flags, "--output_dir", "straight"))  # the same text, tokenized without a kill
     straight = tmp_path / "straight" / "token_store"
@@ -272,8 +305,10 @@ def test_a_kill_during_tokenization_resumes_from_the_last_shard(tmp_path):
 @pytest.mark.deep
 def test_two_ranks_share_one_tokenization(tmp_path):
     write_text(tmp_path / "text.txt", 3)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
-                "--hash-weights", str(tmp_path / "weights")]
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
+        "--hash-weights", str(tmp_path / "weights"),
+    ]
     command = [*torchrun, PRETRAIN, *FLAGS, "--train_file", "text.txt", "--output_dir", "out"]
     result = subprocess.run(command, cwd=tmp_path, env=pretrain_env(tmp_path, OMP_NUM_THREADS="1"),
                             capture_output=True, text=True, timeout=600)
@@ -284,13 +319,15 @@ def test_two_ranks_share_one_tokenization(tmp_path):
     assert len(journal(store)) == len({entry["file"] for entry in journal(store)})  # each piece once
     ranks = [json.loads((tmp_path / f"weights.rank{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["sha256"] == ranks[1]["sha256"]
-    assert not [name for name in os.listdir(tmp_path / "out") if name.startswith(".data-")]  # the handoff, gone
+    # the handoff, gone
+    assert not [name for name in os.listdir(tmp_path / "out") if name.startswith(".data-")]
 
 
 @pytest.mark.deep
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_text_without_blank_lines_trains_in_bounded_memory(tmp_path):
-    """Before: one 20 MB document, +150 MiB a MB of text (issue 55). Now documents of at most 64K characters."""
+    """Before: one 20 MB document, +150 MiB a MB of text (issue 55). Now
+    documents of at most 64K characters."""
     write_text(tmp_path / "lines.txt", 20, blank_lines=False)
     command = [sys.executable, PRETRAIN, *FLAGS, "--train_file", "lines.txt", "--output_dir", "out"]
     process = subprocess.Popen(command, cwd=tmp_path, env=pretrain_env(tmp_path), stdout=subprocess.PIPE,
@@ -330,7 +367,9 @@ def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
 
     blocks.set_epoch(0)  # the first pass reads the blocks as packed, in its own order
     assert sorted(blocks.order.tolist()) == [0, 1, 2, 3, 4] and blocks.shift == 0
-    assert [blocks[i]["input_ids"].tolist() for i in range(5)] == [stream[b * 8 : b * 8 + 8] for b in blocks.order]
+    assert [blocks[i]["input_ids"].tolist() for i in range(5)] == [
+        stream[b * 8 : b * 8 + 8] for b in blocks.order
+    ]
 
     shifts, orders = set(), set()
     for epoch in range(1, 6):
@@ -339,7 +378,8 @@ def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
         assert 1 <= shift < 8 and sorted(order) == [0, 1, 2, 3, 4]
         shifts.add(shift)
         orders.add(tuple(order))
-        expected = [(stream + stream)[b * 8 + shift : b * 8 + shift + 8] for b in order]  # the last wraps around
+        # the last wraps around
+        expected = [(stream + stream)[b * 8 + shift : b * 8 + shift + 8] for b in order]
         batch = torch.utils.data.default_collate(blocks.__getitems__([3, 0, 4]))["input_ids"]
         assert batch.tolist() == [expected[3], expected[0], expected[4]]
         assert blocks[4]["input_ids"].tolist() == expected[4]
@@ -350,13 +390,16 @@ def test_each_epoch_cuts_the_token_stream_elsewhere_and_repeats_for_a_seed():
 
 
 def test_the_prepared_loaders_read_each_epoch_shifted_and_the_validation_spread_evenly():
-    """Wired as pretrain.py wires them: Accelerate's loaders, told the epoch; a whole number of steps an epoch."""
+    """Wired as pretrain.py wires them: Accelerate's loaders, told the epoch; a
+    whole number of steps an epoch."""
     stream = list(range(7 * 4))  # seven packed blocks of 4 tokens: one is left for the next epoch's order
     train = blocks_of(stream, 4)
     packed = PackedData(train=train, validation=blocks_of(list(range(100, 140)), 4), bytes_per_token=1.0)
     args = SimpleNamespace(per_device_train_batch_size=2, per_device_eval_batch_size=2, max_eval_batches=None,
                            max_eval_tokens=12)  # three blocks of the validation's ten
-    loader, evaluation = Accelerator(cpu=True).prepare(*make_dataloaders(packed, args, seed=3, global_batch=2))
+    loader, evaluation = Accelerator(cpu=True).prepare(
+        *make_dataloaders(packed, args, seed=3, global_batch=2)
+    )
     epochs = []
     for epoch in (0, 1, 2):
         loader.set_epoch(epoch)
@@ -374,7 +417,8 @@ def test_the_prepared_loaders_read_each_epoch_shifted_and_the_validation_spread_
 
 
 def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
-    """.txt (a document a paragraph), .json, .jsonl, .parquet and a glob, for --train_file and --validation_file."""
+    """.txt (a document a paragraph), .json, .jsonl, .parquet and a glob, for
+    --train_file and --validation_file."""
     from hf_tinytx_training.data.sources import run_sources
     from hf_tinytx_training.pretrain_args import DataArguments
 
@@ -391,8 +435,10 @@ def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
 
     for train_file in ("train.txt", "train.jsonl", "train.json", "train.parquet", "parts/part-*.jsonl"):
         validation_file = train_file.replace("parts/part-*", "validation")
-        data_args = DataArguments(train_file=str(tmp_path / train_file),
-                                  validation_file=str(tmp_path / validation_file.replace("train", "validation")))
+        data_args = DataArguments(
+            train_file=str(tmp_path / train_file),
+            validation_file=str(tmp_path / validation_file.replace("train", "validation")),
+        )
         sources = run_sources(data_args, seed=0)
         assert list(documents_of(sources.train)) == train, train_file
         assert list(documents_of(sources.validation)) == validation, train_file

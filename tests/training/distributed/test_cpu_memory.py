@@ -1,5 +1,5 @@
-"""distributed/cpu_memory.py: 32 MiB of logits page-fault back in every step under glibc's defaults, not once the
-process keeps freed memory. Each run is a child process: the settings are process-wide and one-way."""
+"""distributed/cpu_memory.py: 32 MiB of logits page-fault back in every step under glibc's defaults, not once
+the process keeps freed memory. Each run is a child process: the settings are process-wide and one-way."""
 
 import json
 import os
@@ -37,7 +37,8 @@ def step():
 for _ in range(10):  # the heap settles into its peak (with the settings) during the first steps
     step()
 faults = []
-for _ in range(9):  # the median step: the heap can still grow once after the warm-up (8,192 faults once: seen in CI)
+# the median step: the heap can still grow once after the warm-up (8,192 faults once: seen in CI)
+for _ in range(9):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -48,7 +49,8 @@ LOGITS_PAGES = 8 * 256 * 4096 * 4 // 4096  # 8,192 pages of 4 KiB
 
 
 def faults_per_step(mode: str, **env) -> dict:
-    chosen = ("LD_PRELOAD", "GLIBC_TUNABLES")  # what the child would take as the user's own allocator settings
+    # what the child would take as the user's own allocator settings
+    chosen = ("LD_PRELOAD", "GLIBC_TUNABLES")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in chosen}
     result = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True,
                             env=environment | env, cwd=REPO_ROOT)

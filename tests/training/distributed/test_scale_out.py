@@ -1,6 +1,6 @@
-"""Scaling out on 2 CPU ranks (gloo): FSDP2 and DeepSpeed ZeRO-2/3 pre-training against 1 process, sharded checkpoints
-and resuming, the export, tensor-parallel inference, and setups that must stop before the data. The model's embeddings
-are tied, so that sharding or the export would show a broken tie."""
+"""Scaling out on 2 CPU ranks (gloo): FSDP2 and DeepSpeed ZeRO-2/3 pre-training against 1 process, sharded
+checkpoints and resuming, the export, tensor-parallel inference, and setups that must stop before the data.
+The model's embeddings are tied, so that sharding or the export would show a broken tie."""
 
 import importlib.util
 import json
@@ -25,7 +25,8 @@ TOLERANCE = 1e-5  # sharded ranks reduce-scatter, one process sums the same 16 b
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 FSDP2_CONFIG = str(REPO_ROOT / "training" / "configs" / "accelerate-fsdp2.yaml")
-# What `accelerate launch` with that config puts in the environment, for runs started by torchrun (the kill wrapper).
+# What `accelerate launch` with that config puts in the environment, for runs
+# started by torchrun (the kill wrapper).
 FSDP2_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
 
 
@@ -33,11 +34,15 @@ def pretrain(folder, *flags, launcher, env=None, check=True):
     config = folder.parent / "tied.json"
     if not config.exists():
         config.write_text(json.dumps({"tie_word_embeddings": True, "num_key_value_heads": 2}))
-    command = [*launcher, str(REPO_ROOT / "training" / "pretrain.py"), *TINY_PRETRAIN_ARGS, "--model_config",
-               str(config), "--max_train_steps", str(STEPS), "--num_probes_per_kind", "0", "--num_samples", "0",
-               "--output_dir", str(folder), *map(str, flags)]
+    command = [
+        *launcher, str(REPO_ROOT / "training" / "pretrain.py"), *TINY_PRETRAIN_ARGS, "--model_config",
+        str(config), "--max_train_steps", str(STEPS), "--num_probes_per_kind", "0", "--num_samples", "0",
+        "--output_dir", str(folder), *map(str, flags),
+    ]
     run_env = pretrain_env(folder.parent, OMP_NUM_THREADS="1", **(env or {}))
-    result = subprocess.run(command, env=run_env, cwd=folder.parent, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, env=run_env, cwd=folder.parent, capture_output=True, text=True, timeout=300
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{command} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}")
@@ -54,7 +59,8 @@ def single(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp2(tmp_path_factory):
-    """The documented command: accelerate launch with the FSDP2 config, 2 processes x 8 blocks, checkpoints every 2."""
+    """The documented command: accelerate launch with the FSDP2 config, 2 processes x
+    8 blocks, checkpoints every 2."""
     folder = tmp_path_factory.mktemp("scale") / "fsdp2"
     result = pretrain(folder, "--per_device_train_batch_size", 8, "--checkpointing_steps", 2,
                       launcher=[*ACCELERATE, "--config_file", FSDP2_CONFIG, "--num_processes", "2"])
@@ -85,8 +91,11 @@ def test_fsdp2_checkpoints_are_sharded_and_checksummed(fsdp2):
     folder, _ = fsdp2
     step = folder / "checkpoints" / f"step_{STEPS}"
     listed = json.loads((step / "checksums.json").read_text())
-    assert {"sharded/__0_0.distcp", "sharded/__1_0.distcp", "sharded/.metadata", "scheduler.bin"} <= listed.keys()
-    assert not any(name.endswith((".safetensors", "optimizer.bin")) for name in listed)  # nothing gathered on rank 0
+    assert {
+        "sharded/__0_0.distcp", "sharded/__1_0.distcp", "sharded/.metadata", "scheduler.bin",
+    } <= listed.keys()
+    # nothing gathered on rank 0
+    assert not any(name.endswith((".safetensors", "optimizer.bin")) for name in listed)
 
 
 def test_fsdp2_export_loads_without_the_package(fsdp2, tmp_path):
@@ -96,17 +105,24 @@ def test_fsdp2_export_loads_without_the_package(fsdp2, tmp_path):
 
 
 def assert_loads_without_the_package(folder, tmp_path):
-    """The exported folder is an ordinary TinyTx model: it loads with transformers alone, its embeddings tied."""
+    """The exported folder is an ordinary TinyTx model: it loads with
+    transformers alone, its embeddings tied."""
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["TinyTxForCausalLM"] and config["tie_word_embeddings"]
     assert (folder / "modeling_tinytx.py").is_file()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = run_python(BLOCK_HF_TINYTX, f"""
+    result = run_python(
+        BLOCK_HF_TINYTX,
+        f"""
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
         tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         print("LOADED", type(model).__module__.split(".")[0], tied)
-        """, env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=120)
+        """,
+        env={**env, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"},
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert "LOADED transformers_modules True" in result.stdout
 
 
@@ -115,12 +131,15 @@ def test_fsdp2_killed_resumes_bit_for_bit_and_skips_a_damaged_shard(fsdp2, tmp_p
     resumed = tmp_path / "resumed"
     # SIGKILL right after the third save_state returns: step 6 is still under its temporary name.
     killer = [*TORCHRUN, LAUNCH, "--kill-at", "after:accelerate.Accelerator.save_state:3"]
-    crashed = pretrain(resumed, "--per_device_train_batch_size", 8, "--checkpointing_steps", 2, launcher=killer,
-                       env=FSDP2_ENV, check=False)
+    crashed = pretrain(
+        resumed, "--per_device_train_batch_size", 8, "--checkpointing_steps", 2, launcher=killer,
+        env=FSDP2_ENV, check=False,
+    )
     assert crashed.returncode != 0
     checkpoints = resumed / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == [".tmp_step_6", "step_2", "step_4", "tokenizer"]
-    # Rank 1's shard of step 4 damaged after it was written: `latest` must skip step 4 and continue from step 2.
+    # Rank 1's shard of step 4 damaged after it was written: `latest` must skip
+    # step 4 and continue from step 2.
     shard = checkpoints / "step_4" / "sharded" / "__1_0.distcp"
     data = shard.read_bytes()
     shard.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
@@ -140,7 +159,8 @@ EXPECTED_PLAN = {
     "model.layers.0.self_attn.q_proj": "S(0)", "model.layers.0.self_attn.k_proj": "S(0)",
     "model.layers.0.self_attn.v_proj": "S(0)", "model.layers.0.self_attn.o_proj": "S(1)",
     "model.layers.0.mlp.gate_proj": "S(0)", "model.layers.0.mlp.up_proj": "S(0)",
-    "model.layers.0.mlp.down_proj": "S(1)", "lm_head": "S(0)",  # colwise_gather_output: vocab split, logits gathered
+    # colwise_gather_output: vocab split, logits gathered
+    "model.layers.0.mlp.down_proj": "S(1)", "lm_head": "S(0)",
 }
 
 
@@ -152,11 +172,14 @@ def tp_run(folder, prefix, ranks: int, plan="auto"):
 
 
 def tp_matches_one_process(folder, tmp_path, plan="auto") -> tuple[dict, list[dict]]:
-    """One process, then 2 ranks with `plan`: each rank's logits within 1e-5 of one process's, the same tokens."""
+    """One process, then 2 ranks with `plan`: each rank's logits within 1e-5 of
+    one process's, the same tokens."""
     for ranks in (1, 2):
         result = tp_run(folder, tmp_path / f"tp{ranks}", ranks, plan if ranks == 2 else "auto")
         assert result.returncode == 0, result.stderr[-3000:]
-    one, ranks = torch.load(tmp_path / "tp1.rank0.pt"), [torch.load(tmp_path / f"tp2.rank{rank}.pt") for rank in (0, 1)]
+    one, ranks = torch.load(tmp_path / "tp1.rank0.pt"), [
+        torch.load(tmp_path / f"tp2.rank{rank}.pt") for rank in (0, 1)
+    ]
     for rank, sharded in enumerate(ranks):
         difference = (sharded["logits"] - one["logits"]).abs().max().item()
         print(f"{folder.name} rank {rank}: max |tp - one process| logits {difference:.2e}")
@@ -182,14 +205,18 @@ def test_tensor_parallel_refuses_key_value_heads_the_ranks_cannot_split(tiny_mod
     tiny_model(hidden_size=48, num_attention_heads=6, num_key_value_heads=3).save_pretrained(folder)
     result = tp_run(folder, tmp_path / "tp", 2)
     assert result.returncode != 0
-    assert ("ValueError: Tensor parallelism over 2 processes with the 'colwise' plan for k_proj needs "
-            "num_key_value_heads (3) to be divisible by 2; run on a process count that divides it (or 1 process), or "
-            "shard the attention with 'unit_colwise'/'unit_rowwise', which share heads.") in result.stderr
-    assert "is invalid for input of size" not in result.stderr  # refused while loading, not in the first forward
+    assert (
+        "ValueError: Tensor parallelism over 2 processes with the 'colwise' plan for k_proj needs "
+        "num_key_value_heads (3) to be divisible by 2; run on a process count that divides it (or 1 "
+        "process), or shard the attention with 'unit_colwise'/'unit_rowwise', which share heads."
+    ) in result.stderr
+    # refused while loading, not in the first forward
+    assert "is invalid for input of size" not in result.stderr
 
 
 def test_tensor_parallel_with_unit_styles_shares_the_heads_the_ranks_cannot_split(tiny_model, tmp_path):
-    """unit_colwise/unit_rowwise share heads that do not divide: 3 heads over 2 ranks compute what one process does."""
+    """unit_colwise/unit_rowwise share heads that do not divide: 3 heads over 2 ranks
+    compute what one process does."""
     folder = tmp_path / "model"
     tiny_model(hidden_size=48, num_attention_heads=3, num_key_value_heads=3).save_pretrained(folder)
     plan = {f"model.layers.*.self_attn.{name}": "unit_colwise" for name in ("q_proj", "k_proj", "v_proj")}
@@ -200,7 +227,8 @@ def test_tensor_parallel_with_unit_styles_shares_the_heads_the_ranks_cannot_spli
 # ---- setups this machine cannot run stop in one line, before any data is read
 
 def refusal(result, folder) -> str:
-    """The first `pretrain.py: error:` line of a run that stopped before reading data or creating its folder."""
+    """The first `pretrain.py: error:` line of a run that stopped before reading
+    data or creating its folder."""
     assert result.returncode != 0
     assert "Tokenizing" not in result.stderr + result.stdout and not folder.exists()
     errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
@@ -216,7 +244,9 @@ def test_a_gpu_config_on_a_cpu_only_machine_trains_on_its_cpus(tmp_path, single)
     config = str(REPO_ROOT / "training" / "configs" / "accelerate-ddp.yaml")
     result = pretrain(folder, "--per_device_train_batch_size", 8,
                       launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"])
-    assert "asks for GPUs, but this machine has none: the processes train on its CPUs over gloo" in result.stdout
+    assert (
+        "asks for GPUs, but this machine has none: the processes train on its CPUs over gloo" in result.stdout
+    )
     assert "2 process(es) on cpu" in result.stdout
     assert_matches_one_process(folder, single, "ddp config")
 
@@ -228,8 +258,10 @@ def test_a_total_batch_the_processes_cannot_share_stops_before_the_data(tmp_path
     result = pretrain(folder, "--per_device_train_batch_size", 4, "--total_batch_size", 12, launcher=TORCHRUN,
                       check=False)
     assert refusal(result, folder) == (
-        "pretrain.py: error: --total_batch_size 12 cannot be split over 2 process(es) x --per_device_train_batch_size "
-        "4: it must be a multiple of 8; change the total, the per-device batch or the process count.")
+        "pretrain.py: error: --total_batch_size 12 cannot be split over 2 process(es) x "
+        "--per_device_train_batch_size 4: it must be a multiple of 8; change the total, the per-device "
+        "batch or the process count."
+    )
 
 
 def test_muon_under_a_sharded_config_stops_before_the_data(tmp_path):
@@ -238,15 +270,19 @@ def test_muon_under_a_sharded_config_stops_before_the_data(tmp_path):
     result = pretrain(folder, "--optimizer", "muon", check=False,
                       launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"])
     assert refusal(result, folder) == (
-        "pretrain.py: error: --optimizer muon needs whole weight matrices on every process, which fsdp2 does not "
-        "keep; use --optimizer adamw, or Muon with one process or DDP.")
+        "pretrain.py: error: --optimizer muon needs whole weight matrices on every process, which fsdp2 "
+        "does not keep; use --optimizer adamw, or Muon with one process or DDP."
+    )
 
 
-# ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate, on DeepSpeed's CPU accelerator over gloo (nothing compiled)
+# ---- DeepSpeed ZeRO-2 and ZeRO-3 through Accelerate, on DeepSpeed's CPU
+# accelerator over gloo (nothing compiled)
 
 def deepspeed_run(folder, stage: int, *flags, check=True):
     """The documented command with the ZeRO config of that stage, 2 processes x 8 blocks."""
-    assert importlib.util.find_spec("deepspeed"), "deepspeed is part of the test extra: pip install -e '.[test]'"
+    assert importlib.util.find_spec(
+        "deepspeed"
+    ), "deepspeed is part of the test extra: pip install -e '.[test]'"
     config = str(REPO_ROOT / "training" / "configs" / f"accelerate-deepspeed-zero{stage}.yaml")
     return pretrain(folder, "--per_device_train_batch_size", 8, *flags,
                     launcher=[*ACCELERATE, "--config_file", config, "--num_processes", "2"], check=check)
@@ -263,16 +299,21 @@ def assert_holds(result, parameters: str, optimizer_state: str):
     """Each rank's own line: the share of the parameters and of AdamW's moments it holds."""
     for rank in (0, 1):
         line = next(line for line in result.stdout.splitlines() if line.startswith(f"rank {rank} of 2 holds"))
-        assert f"parameters ({parameters}," in line and f"optimizer-state values ({optimizer_state}," in line, line
+        assert (
+            f"parameters ({parameters}," in line and f"optimizer-state values ({optimizer_state}," in line
+        ), line
 
 
 def test_deepspeed_zero2_matches_one_process(single, tmp_path):
     folder = tmp_path / "zero2"
     result = deepspeed_run(folder, 2, "--checkpointing_steps", 4)
     assert "2 process(es) on cpu (DistributedType.DEEPSPEED)" in result.stdout
-    assert_holds(result, parameters="100.0%", optimizer_state="50.0%")  # ZeRO-2 shards the optimizer state only
+    # ZeRO-2 shards the optimizer state only
+    assert_holds(result, parameters="100.0%", optimizer_state="50.0%")
     listed = json.loads((folder / "checkpoints" / f"step_{STEPS}" / "checksums.json").read_text())
-    assert {f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)} <= listed.keys()
+    assert {
+        f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)
+    } <= listed.keys()
     assert_matches_one_process(folder, single, "zero2")
 
 
@@ -282,8 +323,9 @@ def test_deepspeed_zero3_matches_one_process_and_exports_a_full_model(zero3, sin
     assert_holds(result, parameters="50.0%", optimizer_state="50.0%")
     listed = json.loads((folder / "checkpoints" / f"step_{STEPS}" / "checksums.json").read_text())
     for rank in (0, 1):  # ZeRO-3: parameters and optimizer state each in one file per process
-        assert {f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt" for kind in ("model", "optim")} \
-            <= listed.keys()
+        assert {
+            f"pytorch_model/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt" for kind in ("model", "optim")
+        } <= listed.keys()
     assert_matches_one_process(folder, single, "zero3")
     assert_loads_without_the_package(folder, tmp_path)
 
@@ -291,7 +333,9 @@ def test_deepspeed_zero3_matches_one_process_and_exports_a_full_model(zero3, sin
 def test_a_deepspeed_config_that_disagrees_with_the_flags_stops_before_the_data(tmp_path):
     config = tmp_path / "zero3-accumulating.yaml"
     original = (REPO_ROOT / "training" / "configs" / "accelerate-deepspeed-zero3.yaml").read_text()
-    config.write_text(original.replace("  zero_stage: 3\n", "  zero_stage: 3\n  gradient_accumulation_steps: 2\n"))
+    config.write_text(
+        original.replace("  zero_stage: 3\n", "  zero_stage: 3\n  gradient_accumulation_steps: 2\n")
+    )
     folder = tmp_path / "run"
     result = pretrain(folder, launcher=[*ACCELERATE, "--config_file", str(config), "--num_processes", "1"],
                       check=False)
@@ -318,12 +362,14 @@ def test_a_deepspeed_clipping_that_disagrees_with_max_grad_norm_is_refused_and_a
     with pytest.raises(UserInputError) as refusal:
         apply_flags_to_deepspeed_config(accelerator({"gradient_clipping": 0.5}), flags)
     assert str(refusal.value) == (
-        "The DeepSpeed config sets gradient_clipping: 0.5 but this run has --max_grad_norm 1.0; remove it from the "
-        "Accelerate config (the flag decides) or pass --max_grad_norm 0.5.")
+        "The DeepSpeed config sets gradient_clipping: 0.5 but this run has --max_grad_norm 1.0; remove it "
+        "from the Accelerate config (the flag decides) or pass --max_grad_norm 0.5."
+    )
     settings = {"gradient_clipping": "auto"}  # and gradient_accumulation_steps left out
     apply_flags_to_deepspeed_config(accelerator(settings), flags)
     assert settings == {"gradient_clipping": 1.0, "gradient_accumulation_steps": 2}
-    apply_flags_to_deepspeed_config(accelerator({"gradient_clipping": 1}), flags)  # the same value as an int: accepted
+    # the same value as an int: accepted
+    apply_flags_to_deepspeed_config(accelerator({"gradient_clipping": 1}), flags)
 
 
 def test_deepspeed_zero3_resumes_bit_for_bit(zero3, tmp_path):
@@ -362,11 +408,14 @@ def test_a_planted_pickle_in_a_deepspeed_checkpoint_is_refused_and_never_runs(ze
     listed[str(states.relative_to(step))] = hashlib.sha256(states.read_bytes()).hexdigest()
     (step / "checksums.json").write_text(json.dumps(listed))
 
-    result = deepspeed_run(planted, 3, "--checkpointing_steps", 4, "--resume_from_checkpoint", "latest", check=False)
+    result = deepspeed_run(
+        planted, 3, "--checkpointing_steps", 4, "--resume_from_checkpoint", "latest", check=False
+    )
     assert result.returncode != 0 and not marker.exists(), "the planted pickle ran"
     errors = [line for line in result.stderr.splitlines() if line.startswith("pretrain.py: error:")]
     refusal = [line for line in errors if f"Refused to load {states}: it holds posix.system" in line]
     # The other process, waiting in a collective for the one that refused, says that it left: one line too.
-    assert refusal and all(line == refusal[0] or "Another process of the launch left" in line for line in errors), \
-        result.stderr[-3000:]
+    assert refusal and all(
+        line == refusal[0] or "Another process of the launch left" in line for line in errors
+    ), result.stderr[-3000:]
     assert not (planted / "model.safetensors").exists()

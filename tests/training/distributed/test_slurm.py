@@ -1,7 +1,7 @@
-"""The SLURM recipe (training/configs/slurm.sbatch) submitted with sbatch, as a user submits it, to a real SLURM: two
-nodes of one training process each on this host (tests/helpers/slurm_cluster.py), with tiny flags. Every stop and
-fault is made from outside, with scancel, scontrol and signals; each run that ends is compared with one process
-training straight through.
+"""The SLURM recipe (training/configs/slurm.sbatch) submitted with sbatch, as a user submits it, to a real
+SLURM: two nodes of one training process each on this host (tests/helpers/slurm_cluster.py), with tiny
+flags. Every stop and fault is made from outside, with scancel, scontrol and signals; each run that ends is
+compared with one process training straight through.
 
 SLURM holds a requeued job ~120 s before it may start again; the tests tell it to start 3 s after the requeue
 (`wait_job`). A stop is pinned to the middle of the run by freezing the training processes
@@ -37,9 +37,11 @@ from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 pytestmark = pytest.mark.slurm
 
 RECIPE = REPO_ROOT / "training" / "configs" / "slurm.sbatch"
-# The recipe's 8 CPUs a node and 4 hours do not fit the test's nodes (4 CPUs); one CPU each lets four jobs share them.
+# The recipe's 8 CPUs a node and 4 hours do not fit the test's nodes (4 CPUs); one
+# CPU each lets four jobs share them.
 FIT = ["--cpus-per-task=1", "--time=10"]
-TIMED = {}  # what each case measured, printed at the end of the module (pytest -s, or --durations for the totals)
+# what each case measured, printed at the end of the module (pytest -s, or --durations for the totals)
+TIMED = {}
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,17 @@ def straight(tmp_path_factory):
 
 
 def job_env(tmp_path, slurm):
-    """What sbatch exports to the job: offline, one thread a process, this interpreter's `python` first on PATH."""
+    """What sbatch exports to the job: offline, one thread a process, this
+    interpreter's `python` first on PATH."""
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])
     return pretrain_env(tmp_path, OMP_NUM_THREADS="1", PATH=path, SLURM_CONF=str(slurm.conf))
 
 
 def submit(slurm, tmp_path, folder, *flags, options=()) -> str:
-    return slurm.sbatch(RECIPE, *FLAGS, *flags, "--output_dir", folder, options=[*FIT, *options], cwd=tmp_path,
-                        env=job_env(tmp_path, slurm))
+    return slurm.sbatch(
+        RECIPE, *FLAGS, *flags, "--output_dir", folder, options=[*FIT, *options], cwd=tmp_path,
+        env=job_env(tmp_path, slurm),
+    )
 
 
 def log_of(slurm, tmp_path, job: str) -> str:
@@ -83,8 +88,8 @@ def job_processes(job: str) -> dict[str, list[int]]:
 
 
 def freeze_at_checkpoint(slurm, runs: dict, step: int = 20, timeout: float = 240) -> dict[str, list[int]]:
-    """{job: folder} -> {job: its two training processes}, each job's frozen (SIGSTOP) as soon as its checkpoint
-    step_N is written: whatever comes next lands mid-run, however fast or slow the machine."""
+    """{job: folder} -> {job: its two training processes}, each job's frozen (SIGSTOP) as soon as its
+    checkpoint step_N is written: whatever comes next lands mid-run, however fast or slow the machine."""
     deadline, frozen = time.monotonic() + timeout, {}
     while len(frozen) < len(runs):
         for job, folder in runs.items():
@@ -95,7 +100,9 @@ def freeze_at_checkpoint(slurm, runs: dict, step: int = 20, timeout: float = 240
                 frozen[job] = workers
             elif job not in frozen:
                 state = slurm.job(job)["JobState"]
-                assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} is {state} before step {step}"
+                assert state in (
+                    "PENDING", "RUNNING", "CONFIGURING",
+                ), f"job {job} is {state} before step {step}"
         assert time.monotonic() < deadline, f"no checkpoint step_{step} after {timeout} s"
         time.sleep(0.05)
     return frozen
@@ -107,8 +114,8 @@ def signal_all(pids_, signum):
 
 
 def wait_pending(workers, signum, timeout: float = 120) -> float:
-    """Waits until every frozen worker holds `signum`, or was woken by SLURM (a cancel sends SIGCONT, then the signal);
-    returns the seconds waited."""
+    """Waits until every frozen worker holds `signum`, or was woken by SLURM (a cancel sends SIGCONT, then
+    the signal); returns the seconds waited."""
     started = time.monotonic()
     while not all(signum in pending_signals(pid) or stat_fields(pid)[:1] != ["T"] for pid in workers):
         assert time.monotonic() - started < timeout, f"{signal.Signals(signum).name} never reached {workers}"
@@ -117,20 +124,25 @@ def wait_pending(workers, signum, timeout: float = 120) -> float:
 
 
 def stopped_at(log: str) -> int:
-    found = re.findall(r"pretrain\.py: stopped at step (\d+) of \d+ by SIGTERM; checkpoint step_\1 is saved", log)
+    found = re.findall(
+        r"pretrain\.py: stopped at step (\d+) of \d+ by SIGTERM; checkpoint step_\1 is saved", log
+    )
     assert len(found) == 1, log[-4000:]
     return int(found[0])
 
 
 def assert_one_voice(log: str):
-    """One line per event for the whole job: each run's main process (rank 0, on whichever node joined the rendezvous
-    first) prints, the other says nothing; a line every few steps, no progress bar; every line labelled."""
+    """One line per event for the whole job: each run's main process (rank 0, on whichever node
+    joined the rendezvous first) prints, the other says nothing; a line every few steps, no
+    progress bar; every line labelled."""
     runs = log.count("slurm.sbatch: job ")
     assert "\r" not in log and "it/s]" not in log, log[-2000:]
     for event in ("TinyTx with ", "Training for 120 steps", "Freed memory stays in the process"):
         assert log.count(event) == runs, (event, log[-4000:])
     assert len(re.findall(r"^\d: train: 100% \| 120/120 steps, loss \d", log, re.M)) == 1, log[-3000:]
-    unlabelled = [line for line in log.splitlines() if not re.match(r"(\d: |slurm\.sbatch: |srun: |slurmstepd-)", line)]
+    unlabelled = [
+        line for line in log.splitlines() if not re.match(r"(\d: |slurm\.sbatch: |srun: |slurmstepd-)", line)
+    ]
     assert not unlabelled, unlabelled
 
 
@@ -139,9 +151,9 @@ def assert_one_voice(log: str):
 
 def test_two_jobs_share_the_nodes_one_ends_equal_to_one_process_and_a_cancel_ends_only_the_other(
         slurm, tmp_path, straight):
-    """Two jobs at once on both nodes, each with its own rendezvous port. `scancel` of one: its processes save a
-    checkpoint within SLURM's KillWait and it stays cancelled (no requeue); the other runs on undisturbed and ends bit
-    for bit equal to one process."""
+    """Two jobs at once on both nodes, each with its own rendezvous port. `scancel` of one: its processes save
+    a checkpoint within SLURM's KillWait and it stays cancelled (no requeue); the other runs on undisturbed
+    and ends bit for bit equal to one process."""
     kept, cancelled = tmp_path / "kept", tmp_path / "cancelled"
     job, other = submit(slurm, tmp_path, kept), submit(slurm, tmp_path, cancelled)
     frozen = freeze_at_checkpoint(slurm, {job: kept, other: cancelled})  # both mid-run at the cancel
@@ -172,10 +184,10 @@ def test_two_jobs_share_the_nodes_one_ends_equal_to_one_process_and_a_cancel_end
 
 @pytest.mark.parametrize("how", [["--signal=TERM"], ["--full", "--signal=TERM"]], ids=["steps", "full"])
 def test_a_stop_signal_saves_requeues_and_the_job_ends_equal_to_one_process(slurm, tmp_path, straight, how):
-    """scancel --signal=TERM reaches the training processes; with --full it also reaches the batch shell (as --batch
-    and --signal=B:... do), which passes it on: srun, out of its reach, would otherwise end the step at once, without
-    the checkpoint. Either way: a checkpoint at the next step, exit 143, a requeue, a resume from that checkpoint, and
-    the run ends equal to one process."""
+    """scancel --signal=TERM reaches the training processes; with --full it also reaches the batch shell (as
+    --batch and --signal=B:... do), which passes it on: srun, out of its reach, would otherwise end the step
+    at once, without the checkpoint. Either way: a checkpoint at the next step, exit 143, a requeue, a resume
+    from that checkpoint, and the run ends equal to one process."""
     folder = tmp_path / "run"
     job = submit(slurm, tmp_path, folder)
     workers = freeze_at_checkpoint(slurm, {job: folder})[job]
@@ -185,16 +197,23 @@ def test_a_stop_signal_saves_requeues_and_the_job_ends_equal_to_one_process(slur
     assert_stopped_requeued_and_resumed(slurm, tmp_path, folder, job, straight, " ".join(how))
 
 
-def test_the_time_limit_signal_saves_requeues_and_the_job_ends_equal_to_one_process(slurm, tmp_path, straight):
-    """The recipe's --signal=TERM@120: once the job has a checkpoint, its time limit is cut to 2-3 minutes past its run
-    time (however long a busy machine took to get there), SLURM sends SIGTERM at its next look at the time left, and
-    the job stops, requeues and resumes (with its time limit raised again, or it would be stopped once more)."""
+def test_the_time_limit_signal_saves_requeues_and_the_job_ends_equal_to_one_process(
+    slurm, tmp_path, straight
+):
+    """The recipe's --signal=TERM@120: once the job has a checkpoint, its time limit is cut to 2-3
+    minutes past its run time (however long a busy machine took to get there), SLURM sends SIGTERM at its
+    next look at the time left, and the job stops, requeues and resumes (with its time limit raised
+    again, or it would be stopped once more)."""
     folder = tmp_path / "run"
     job = submit(slurm, tmp_path, folder)
     workers = freeze_at_checkpoint(slurm, {job: folder})[job]
-    run_seconds = sum(int(part) * 60 ** i for i, part in enumerate(reversed(slurm.job(job)["RunTime"].split(":"))))
+    run_seconds = sum(
+        int(part) * 60**i for i, part in enumerate(reversed(slurm.job(job)["RunTime"].split(":")))
+    )
     slurm.command("scontrol", "update", f"JobId={job}", f"TimeLimit={math.ceil((run_seconds + 120) / 60)}")
-    TIMED["--signal=TERM@120: time limit cut to the signal"] = wait_pending(workers, signal.SIGTERM, timeout=240)
+    TIMED["--signal=TERM@120: time limit cut to the signal"] = wait_pending(
+        workers, signal.SIGTERM, timeout=240
+    )
     signal_all(workers, signal.SIGCONT)
     thawed = time.monotonic()
     slurm.wait_job(job, {"PENDING"}, release=False)
@@ -232,12 +251,15 @@ def test_each_task_of_an_array_trains_in_its_own_folder_and_a_missing_output_dir
     for task in (0, 1):
         assert_equal_runs(tmp_path / "sweep" / f"task_{task}", straight)
 
-    refused = slurm.sbatch(RECIPE, *FLAGS, options=[*FIT, "--array=0-1"], cwd=tmp_path, env=job_env(tmp_path, slurm))
+    refused = slurm.sbatch(
+        RECIPE, *FLAGS, options=[*FIT, "--array=0-1"], cwd=tmp_path, env=job_env(tmp_path, slurm)
+    )
     info = slurm.wait_job(f"{refused}_0", {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["ExitCode"] == "2:0", info
     assert log_of(slurm, tmp_path, f"{refused}_0").strip() == (
-        "slurm.sbatch: error: an array job needs --output_dir DIR after the script's name (each task trains in "
-        "DIR/task_N); add it, or submit without --array.")
+        "slurm.sbatch: error: an array job needs --output_dir DIR after the script's name (each task trains "
+        "in DIR/task_N); add it, or submit without --array."
+    )
 
 
 # ---- frozen: the job ends within --ddp_timeout, without a requeue
@@ -246,11 +268,12 @@ def test_each_task_of_an_array_trains_in_its_own_folder_and_a_missing_output_dir
 @pytest.mark.parametrize("frozen", ["worker", "store host"])
 def test_a_frozen_node_ends_the_job_within_ddp_timeout_and_a_resubmission_resumes_exactly(
         slurm, tmp_path, straight, frozen):
-    """"worker": the training process of the node that does not host the rendezvous store, frozen (SIGSTOP): the other
-    stops at --ddp_timeout, its launcher exits 1 and srun ends the step. "store host": the whole node that hosts it,
-    launcher included: the survivor's launcher hangs on the frozen store (torchrun's agent asks it for news every
-    0.1 s and never gets an answer) until the watcher its failed worker left ends it, LAUNCHER_GRACE seconds later.
-    Either way the job fails without a requeue; submitted again, it resumes from the intact checkpoint exactly."""
+    """"worker": the training process of the node that does not host the rendezvous store, frozen (SIGSTOP):
+    the other stops at --ddp_timeout, its launcher exits 1 and srun ends the step. "store host": the whole
+    node that hosts it, launcher included: the survivor's launcher hangs on the frozen store (torchrun's
+    agent asks it for news every 0.1 s and never gets an answer) until the watcher its failed worker left
+    ends it, LAUNCHER_GRACE seconds later. Either way the job fails without a requeue; submitted again, it
+    resumes from the intact checkpoint exactly."""
     folder, timeout = tmp_path / "run", 10
     job = submit(slurm, tmp_path, folder, "--ddp_timeout", timeout)
     workers = freeze_at_checkpoint(slurm, {job: folder})[job]
@@ -271,11 +294,15 @@ def test_a_frozen_node_ends_the_job_within_ddp_timeout_and_a_resubmission_resume
     TIMED[f"frozen {frozen}: freeze to job ended"] = seconds
     log = log_of(slurm, tmp_path, job)
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", (info, log[-4000:])
-    bound = timeout + (LAUNCHER_GRACE if frozen == "store host" else 0) + 45  # start-up of the stop, srun, a busy CI
+    # start-up of the stop, srun, a busy CI
+    bound = timeout + (LAUNCHER_GRACE if frozen == "store host" else 0) + 45
     assert seconds < bound, (seconds, log[-4000:])
-    assert re.search(rf"^\d: pretrain\.py: error: Another process of the launch did not answer within --ddp_timeout "
-                     rf"{timeout} s \(frozen, or lost with its node\) during step \d+; checkpoint step_\d+ is intact",
-                     log, re.M), log[-4000:]
+    assert re.search(
+        rf"^\d: pretrain\.py: error: Another process of the launch did not answer within --ddp_timeout "
+        rf"{timeout} s \(frozen, or lost with its node\) during step \d+; checkpoint step_\d+ is intact",
+        log,
+        re.M,
+    ), log[-4000:]
     assert "slurm.sbatch: the job step failed (status" in log and "not requeued" in log
     assert not any(alive(pid) for pid in targets)  # srun ended the frozen processes with the step
 
@@ -293,8 +320,11 @@ def test_a_frozen_node_ends_the_job_within_ddp_timeout_and_a_resubmission_resume
 def test_srun_tasks_without_a_launcher_stop_in_one_line(slurm, tmp_path):
     folder = tmp_path / "never"
     command = " ".join(["srun", sys.executable, PRETRAIN, *TINY_PRETRAIN_ARGS, "--output_dir", str(folder)])
-    job = slurm.sbatch("--wrap", command, options=["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
-                                                   "--output=alone.out"], cwd=tmp_path, env=job_env(tmp_path, slurm))
+    job = slurm.sbatch(
+        "--wrap", command,
+        options=["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--output=alone.out"], cwd=tmp_path,
+        env=job_env(tmp_path, slurm),
+    )
     info = slurm.wait_job(job, {"COMPLETED", "FAILED", "CANCELLED"})
     output = (tmp_path / "alone.out").read_text()
     assert info["JobState"] == "FAILED", output

@@ -1,6 +1,6 @@
 """Pushing to the Hub (training/publish/hub.py, pretrain.py --push_to_hub) against a local Hub server
-(tests/helpers/hub_server.py). `huggingface_hub` reads `HF_ENDPOINT` when first imported, so everything that talks
-to the server runs in a subprocess whose environment points at it, with a fresh `HF_HOME`."""
+(tests/helpers/hub_server.py). `huggingface_hub` reads `HF_ENDPOINT` when first imported, so everything that
+talks to the server runs in a subprocess whose environment points at it, with a fresh `HF_HOME`."""
 
 import base64
 import json
@@ -68,7 +68,8 @@ def work(tmp_path):
 
 PUSHER_PRELUDE = """
 import json, logging, os, sys, time
-logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)  # as chatty as possible: logs must stay token-free
+# as chatty as possible: logs must stay token-free
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
 from hf_tinytx_training.publish.hub import HubPusher
 """
 
@@ -113,7 +114,8 @@ def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
     assert [c.message for c in local_hub.commits(repo_id)][:2] == ["final model", "checkpoint"]
     assert local_hub.repo_is_private(repo_id) is True
 
-    # A fresh process, cache and working folder, where hf_tinytx cannot be imported: only the Hub has the code.
+    # A fresh process, cache and working folder, where hf_tinytx cannot be
+    # imported: only the Hub has the code.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     load = run_python(
@@ -140,14 +142,17 @@ def test_pushed_model_loads_by_repo_id_without_the_package(local_hub, tmp_path):
     report = last_json_line(load.stdout)
     assert report["identical"] is True
     assert report["package_imported"] is False
-    assert report["class_module"].endswith("modeling_tinytx") and not report["class_module"].startswith("hf_tinytx")
+    assert report["class_module"].endswith("modeling_tinytx") and not report["class_module"].startswith(
+        "hf_tinytx"
+    )
     assert local_hub.recorded("HEAD", f"/{repo_id}/resolve/"), "the model was not fetched from the local Hub"
     assert_token_nowhere(local_hub.token, [tmp_path], [push.stdout, push.stderr, load.stdout, load.stderr])
 
 
 @pytest.mark.deep
 def test_failing_hub_never_blocks_or_breaks_training(local_hub, work):
-    local_hub.fail_commits(None, status=503, retry_after=0)  # every commit fails; Retry-After 0 keeps this short
+    # every commit fails; Retry-After 0 keeps this short
+    local_hub.fail_commits(None, status=503, retry_after=0)
     repo_id = f"{local_hub.user}/always-down"
     folder = work / "cwd" / "checkpoint-1"
 
@@ -248,7 +253,8 @@ def test_push_async_of_a_missing_folder_is_reported_not_raised(tmp_path, monkeyp
 
 
 def test_a_final_push_removes_the_snapshot_a_killed_push_left(tmp_path):
-    """A killed push's hard-linked snapshot (.hub-final-*) was once kept for good. This pusher records what it gets."""
+    """A killed push's hard-linked snapshot (.hub-final-*) was once kept for good.
+    This pusher records what it gets."""
     import threading
     from types import SimpleNamespace
 
@@ -266,8 +272,10 @@ def test_a_final_push_removes_the_snapshot_a_killed_push_left(tmp_path):
         done.set()
         return SimpleNamespace(done=done, ok=True)
 
-    pusher = SimpleNamespace(repo_id="tester/model", failures=[], wait=lambda timeout, stop: True, submit=submit,
-                             note_unfinished=lambda *args: None)
+    pusher = SimpleNamespace(
+        repo_id="tester/model", failures=[], wait=lambda timeout, stop: True, submit=submit,
+        note_unfinished=lambda *args: None,
+    )
     stop = SimpleNamespace(received=None, program="finetune.py")
     assert hub.push_final(pusher, str(folder), ["model.safetensors"], "final", "model", 60, (), stop,
                           say=lambda line: None) is None
@@ -275,7 +283,8 @@ def test_a_final_push_removes_the_snapshot_a_killed_push_left(tmp_path):
     assert sorted(os.listdir(folder)) == ["model.safetensors"]
 
 
-# ------------------------------------------------------------------------------------------- the server by itself
+# -------------------------------------------------------------------------------------------
+# the server by itself
 
 
 def _request(hub, method, path, body=None, token=None, headers=None):
@@ -291,8 +300,10 @@ def _request(hub, method, path, body=None, token=None, headers=None):
 
 def _commit_body(message, files=(), deleted=()):
     lines = [{"key": "header", "value": {"summary": message, "description": ""}}]
-    lines += [{"key": "file", "value": {"path": p, "content": base64.b64encode(c).decode(), "encoding": "base64"}}
-              for p, c in files]
+    lines += [
+        {"key": "file", "value": {"path": p, "content": base64.b64encode(c).decode(), "encoding": "base64"}}
+        for p, c in files
+    ]
     lines += [{"key": "deletedFile", "value": {"path": p}} for p in deleted]
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 
@@ -314,13 +325,17 @@ def test_server_history_auth_and_errors(local_hub):
     assert status == 200 and len(first) == 40 and int(first, 16) >= 0
     _request(local_hub, "POST", commit_path, _commit_body("remove", deleted=["a.bin"]), token=local_hub.token)
 
-    assert [c.message for c in local_hub.commits(f"{local_hub.user}/raw")] == ["remove", "add", "initial commit"]
+    assert [c.message for c in local_hub.commits(f"{local_hub.user}/raw")] == [
+        "remove", "add", "initial commit",
+    ]
     assert "a.bin" not in local_hub.repo_files(f"{local_hub.user}/raw")
     assert local_hub.repo_files(f"{local_hub.user}/raw", revision=first)["a.bin"] == content
 
     # Downloads pinned to the old commit still work and carry what the client checks.
     status, headers, _ = _request(local_hub, "HEAD", f"/{local_hub.user}/raw/resolve/{first}/a.bin")
-    assert status == 200 and headers["X-Repo-Commit"] == first and int(headers["Content-Length"]) == len(content)
+    assert (
+        status == 200 and headers["X-Repo-Commit"] == first and int(headers["Content-Length"]) == len(content)
+    )
     if shutil.which("git"):  # the ETag is git's own blob id for the content
         git_id = subprocess.run(["git", "hash-object", "--stdin"], input=content, capture_output=True).stdout
         assert headers["ETag"].strip('"') == git_id.decode().strip()
@@ -353,15 +368,17 @@ STEPS, EVERY = 4, 2  # checkpoints at steps 2 and 4
 FAST_RUN = ["--max_train_steps", STEPS, "--checkpointing_steps", EVERY, "--eval_steps", 100,
             "--num_probes_per_kind", 0, "--num_samples", 0]
 MODEL_REPO_FILES = {
-    "config.json", "model.safetensors", "generation_config.json", "configuration_tinytx.py", "modeling_tinytx.py",
-    "tokenizer.json", "tokenizer_config.json", "README.md",
+    "config.json", "model.safetensors", "generation_config.json", "configuration_tinytx.py",
+    "modeling_tinytx.py", "tokenizer.json", "tokenizer_config.json", "README.md",
 }
 PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth", ".ckpt")
 
 
 def pretrain_hub_env(local_hub, tmp_path, token="default"):
     """pretrain_env (offline datasets, own caches), but with the Hub pointed at the local server."""
-    env = {k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))}
+    env = {
+        k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))
+    }
     env.update(local_hub.client_env(tmp_path / "hf_home", token=token))
     return env
 
@@ -373,7 +390,9 @@ def test_checkpoints_and_final_model_reach_the_hub_and_load_by_repo_id(local_hub
     login = tmp_path / "hf_home" / "token"
     login.parent.mkdir(parents=True, exist_ok=True)
     login.write_text(local_hub.token)
-    result = run_pretrain("--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id, env=env)
+    result = run_pretrain(
+        "--output_dir", output_dir, *FAST_RUN, "--push_to_hub", "--hub_model_id", repo_id, env=env
+    )
     assert f"Pushed the final model to the Hub as {repo_id}" in result.stdout
     login.unlink()  # the user's own login file; no other file may hold the token (checked at the end)
 
@@ -415,7 +434,8 @@ def test_checkpoints_and_final_model_reach_the_hub_and_load_by_repo_id(local_hub
         checkpoint = AutoModelForCausalLM.from_pretrained(
             {repo_id!r}, subfolder="checkpoints/step_{EVERY}", trust_remote_code=True).eval()
         tokenizer = AutoTokenizer.from_pretrained({repo_id!r}, trust_remote_code=True)
-        input_ids = tokenizer("The dog didn't cross the street because it was too", return_tensors="pt").input_ids
+        text = "The dog didn't cross the street because it was too"
+        input_ids = tokenizer(text, return_tensors="pt").input_ids
         with torch.no_grad():
             logits = hub(input_ids).logits
             print(json.dumps({{
@@ -447,9 +467,15 @@ def test_failing_hub_does_not_fail_training_or_the_local_folder(local_hub, run_p
                           "--hub_token", local_hub.token, "--hub_private_repo", env=env, check=False)
 
     assert result.returncode == 1  # a push asked for that did not happen: as finetune.py
-    warnings = [line for line in result.stderr.splitlines() if "--hub_token puts the token on the command" in line]
-    assert len(warnings) == 1 and "HF_TOKEN" in warnings[0] and "hf auth login" in warnings[0], result.stderr[-3000:]
-    assert "pretrain.py: error: The final model was NOT pushed" in result.stderr and "hf upload" in result.stderr
+    warnings = [
+        line for line in result.stderr.splitlines() if "--hub_token puts the token on the command" in line
+    ]
+    assert len(warnings) == 1 and "HF_TOKEN" in warnings[0] and "hf auth login" in warnings[0], result.stderr[
+        -3000:
+    ]
+    assert (
+        "pretrain.py: error: The final model was NOT pushed" in result.stderr and "hf upload" in result.stderr
+    )
     for name in ("Checkpoint at step 2", f"TinyTx pre-trained for {STEPS} steps"):
         assert any(name in line and "422" in line for line in result.stdout.splitlines()), name
     assert set(local_hub.repo_files(repo_id)) == {".gitattributes"}  # created, but no commit went through
@@ -482,7 +508,8 @@ configs:
 
 
 def upload_text_dataset(local_hub, tmp_path, repo_id: str) -> Path:
-    """A dataset repo of two configurations, "tiny" (train.jsonl, validation.jsonl) and "other"; its local copy."""
+    """A dataset repo of two configurations, "tiny" (train.jsonl,
+    validation.jsonl) and "other"; its local copy."""
     from hf_tinytx.corpus import default_corpus
 
     folder = tmp_path / "dataset"
@@ -504,20 +531,26 @@ def test_a_hub_dataset_trains_the_same_model_as_its_files_read_locally(local_hub
     folder = upload_text_dataset(local_hub, tmp_path, repo_id)
     flags = ["--max_train_steps", 4, "--num_probes_per_kind", 0, "--num_samples", 0]
     env = {**pretrain_hub_env(local_hub, tmp_path), "HF_DATASETS_OFFLINE": "0"}
-    hub = run_pretrain("--output_dir", tmp_path / "hub", "--dataset_name", repo_id, "--dataset_config_name", "tiny",
-                       *flags, env=env)
+    hub = run_pretrain(
+        "--output_dir", tmp_path / "hub", "--dataset_name", repo_id, "--dataset_config_name", "tiny", *flags,
+        env=env,
+    )
     local = run_pretrain("--output_dir", tmp_path / "local", "--train_file", folder / "train.jsonl",
                          "--validation_file", folder / "validation.jsonl", *flags)
     assert local_hub.recorded("GET", f"/datasets/{repo_id}/resolve/"), "the run did not download the dataset"
-    blocks = lambda result: next(line for line in result.stdout.splitlines() if "training and" in line)  # noqa: E731
+    def blocks(result):
+        return next(line for line in result.stdout.splitlines() if "training and" in line)
+
     assert blocks(hub) == blocks(local)
     assert_same_weights(tmp_path / "hub", tmp_path / "local")
     assert f"the Hub dataset `{repo_id}`" in (tmp_path / "hub" / "README.md").read_text()
 
-    # --streaming reads the same repo as a stream; its validation split (streamed too) is read into memory for the
-    # evaluations (once failed: an IterableDataset has no set_format).
-    streamed = run_pretrain("--output_dir", tmp_path / "streamed", "--dataset_name", repo_id, "--dataset_config_name",
-                            "tiny", "--streaming", *flags, env=env)
+    # --streaming reads the same repo as a stream; its validation split (streamed too) is read into memory for
+    # the evaluations (once failed: an IterableDataset has no set_format).
+    streamed = run_pretrain(
+        "--output_dir", tmp_path / "streamed", "--dataset_name", repo_id, "--dataset_config_name", "tiny",
+        "--streaming", *flags, env=env,
+    )
     assert "Training for 4 steps" in streamed.stdout
     assert [r["step"] for r in rows(tmp_path / "streamed") if "loss" in r] == [1, 2, 3, 4]
     assert [r for r in rows(tmp_path / "streamed") if r.get("final") and "eval_loss" in r]

@@ -1,6 +1,7 @@
-"""A model of 2 layers published over one of 3 (issue 40: convert --overwrite, pretrain and finetune
---overwrite_output_dir, GGUF), SIGKILLed from outside before and after each move out of the staging folder: the folder
-loads as the old model or the new one, or refuses in one line, never a mix; the command run again completes."""
+"""A model of 2 layers published over one of 3 (issue 40: convert --overwrite, pretrain and
+finetune --overwrite_output_dir, GGUF), SIGKILLed from outside before and after each move out of
+the staging folder: the folder loads as the old model or the new one, or refuses in one line, never
+a mix; the command run again completes."""
 
 import shutil
 import subprocess
@@ -14,7 +15,13 @@ from transformers import AutoModelForCausalLM
 
 from hf_tinytx.convert.__main__ import main as convert_main
 from tests.helpers.faults import KILL_MARK, KILLED, run_killed_at
-from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, build_byte_bpe_tokenizer, build_tiny_model, pretrain_env
+from tests.helpers.tiny import (
+    REPO_ROOT,
+    TINY_PRETRAIN_ARGS,
+    build_byte_bpe_tokenizer,
+    build_tiny_model,
+    pretrain_env,
+)
 
 
 pytestmark = pytest.mark.deep
@@ -50,7 +57,8 @@ def assert_old_new_or_refused(folder: Path, old: dict, new: dict, where: str) ->
 
 
 def kill_copies(original: Path, tmp_path: Path, points, args, **how) -> list:
-    """[(point, copy, run)]: `args` (DEST: the copy) on a copy of `original` for each kill point, two at a time."""
+    """[(point, copy, run)]: `args` (DEST: the copy) on a copy of `original` for
+    each kill point, two at a time."""
     def one(point):
         copy = tmp_path / f"kill-{point[0]}-{point[1]}"
         shutil.copytree(original, copy, symlinks=True)
@@ -68,8 +76,9 @@ def walk_kills(original: Path, tmp_path: Path, args, script) -> dict:
     points = [("before", 1)] + [("after", nth) for nth in range(1, 100)]
     runs = {}
     for start in range(0, len(points), 2):
-        for point, copy, result in kill_copies(original, tmp_path, points[start:start + 2], args, script=script,
-                                               cwd=REPO_ROOT):
+        for point, copy, result in kill_copies(
+            original, tmp_path, points[start : start + 2], args, script=script, cwd=REPO_ROOT
+        ):
             runs[point] = (copy, result)
         if any(result.returncode != KILLED for _, result in runs.values()):
             break
@@ -80,12 +89,15 @@ def walk_kills(original: Path, tmp_path: Path, args, script) -> dict:
     assert result.returncode == 0, result.stderr[-3000:]
     for point, (_, result) in runs.items():
         if point != first_unkilled and point[1] < first_unkilled[1]:
-            assert result.returncode == KILLED and KILL_MARK in result.stderr, f"{point}: {result.stderr[-2000:]}"
+            assert (
+                result.returncode == KILLED and KILL_MARK in result.stderr
+            ), f"{point}: {result.stderr[-2000:]}"
     return {point: runs[point] for point in runs if point == first_unkilled or point[1] < first_unkilled[1]}
 
 
 def assert_every_kill_point(runs: dict, old: dict, new: dict, notes: str | None = NOTES) -> list[Path]:
-    """The killed copies, each the old or the new model or refused; at least one refused (its config taken out)."""
+    """The killed copies, each the old or the new model or refused; at least one
+    refused (its config taken out)."""
     killed, refused = [], 0
     for point, (copy, result) in runs.items():
         if result.returncode != KILLED:
@@ -184,31 +196,38 @@ def test_gguf_overwrite_with_fewer_layers_is_one_rename(tmp_path):
     assert sorted(path.name for path in (tmp_path / "before").iterdir()) == ["model.gguf"]
 
 
-# ---------------------------------------------------------------- pretrain and finetune --overwrite_output_dir
+# ---------------------------------------------------------------- pretrain and
+# finetune --overwrite_output_dir
 
 PRETRAIN = REPO_ROOT / "training" / "pretrain.py"
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
-SHORT_PRETRAIN = [*TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--block_size", "32", "--max_train_steps", "1",
-                  "--eval_steps", "100", "--max_eval_batches", "1", "--num_probes_per_kind", "0", "--num_samples", "0"]
+SHORT_PRETRAIN = [
+    *TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--block_size", "32", "--max_train_steps", "1",
+    "--eval_steps", "100", "--max_eval_batches", "1", "--num_probes_per_kind", "0", "--num_samples", "0",
+]
 
 
 def run(script: Path, args, tmp_path: Path, cwd: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, env=pretrain_env(tmp_path),
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script), *map(str, args)], cwd=cwd, env=pretrain_env(tmp_path),
+        capture_output=True, text=True, timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
 
 def check_training_walk(tmp_path, script, first_args, again_args, cwd) -> None:
-    """`again_args` over `first_args`' folder, killed before the first move and after the first two (convert walks
-    every move; a training run a kill point costs ~12 s); the copy left with no config is run again."""
+    """`again_args` over `first_args`' folder, killed before the first move and after the first two (convert
+    walks every move; a training run a kill point costs ~12 s); the copy left with no config is run again."""
     original = tmp_path / "original"
     run(script, [*first_args, "--output_dir", original], tmp_path, cwd)
     (original / "notes.txt").write_text(NOTES)
     old = weights_of(original)
 
-    kills = kill_copies(original, tmp_path, [("before", 1), ("after", 1), ("after", 2)],
-                        [*again_args, "--output_dir", "DEST"], env=pretrain_env(tmp_path), cwd=cwd, script=script)
+    kills = kill_copies(
+        original, tmp_path, [("before", 1), ("after", 1), ("after", 2)],
+        [*again_args, "--output_dir", "DEST"], env=pretrain_env(tmp_path), cwd=cwd, script=script,
+    )
     refused = 0
     for point, copy, result in kills:
         assert result.returncode == KILLED and KILL_MARK in result.stderr, f"{point}: {result.stderr[-2000:]}"

@@ -1,6 +1,7 @@
-"""training/finetune.py: end to end in subprocesses as a user runs it (full fine-tuning of a Hub base, LoRA + merge +
-push on chat records, model cards, bad input refused in one line before anything is written or uploaded; all runs
-start together in one module fixture), and its data in process (training/sft/data.py: rows, counts, templates)."""
+"""training/finetune.py: end to end in subprocesses as a user runs it (full fine-tuning of a Hub base,
+LoRA + merge + push on chat records, model cards, bad input refused in one line before anything is written
+or uploaded; all runs start together in one module fixture), and its data in process
+(training/sft/data.py: rows, counts, templates)."""
 
 import json
 import math
@@ -24,44 +25,73 @@ from tests.training.publish.test_hub import assert_token_nowhere
 
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
-QUICK = ["--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps", "2",
-         "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true"]
+QUICK = [
+    "--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps",
+    "2", "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",
+]
 
-GOOD_INPUTS = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl"]  # each bad input replaces one
-UPLOAD = (  # a base model on the (local) Hub, uploaded in a child because the client reads HF_ENDPOINT on import
+# each bad input replaces one
+GOOD_INPUTS = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl"]
+# a base model on the (local) Hub, uploaded in a child because the client reads HF_ENDPOINT on import
+UPLOAD = (
     "import sys; from huggingface_hub import HfApi; api = HfApi(); api.create_repo(sys.argv[1]); "
     "api.upload_folder(repo_id=sys.argv[1], folder_path=sys.argv[2])"
 )
 
-# Inputs refused by the real script: name -> (flags that replace GOOD_INPUTS' or add to them, words of the
-# one-line message, a text no Hub request may contain or None). Those refused before torch loads are a table
-# in test_finetune_args.py, run in process; two of them run here too, where a (local) Hub records every request.
+# Inputs refused by the real script: name -> (flags that replace GOOD_INPUTS' or add to them,
+# words of the one-line message, a text no Hub request may contain or None). Those refused before
+# torch loads are a table in test_finetune_args.py, run in process; two of them run here too,
+# where a (local) Hub records every request.
 PUSH = ["--push_to_hub", "--hub_model_id"]
 FAILURES = {
-    "typo_path": (["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup
-                  ["'bases/gatedd': no such folder (did you mean 'bases/gated'?)"], "gatedd"),
-    "link_out": ([*PUSH, "tester/linked", "--output_dir", "linked"],
-                 ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"], "tester/linked"),
+    "typo_path": (
+        ["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup
+        ["'bases/gatedd': no such folder (did you mean 'bases/gated'?)"],
+        "gatedd",
+    ),
+    "link_out": (
+        [*PUSH, "tester/linked", "--output_dir", "linked"],
+        ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"], "tester/linked",
+    ),
     # A mistyped flag may be one of Trainer's: it is named once TrainingArguments (torch) has loaded.
-    "typo": (["--learnig_rate", "1e-3"],
-             ["finetune.py: error: unknown flag --learnig_rate; did you mean --learning_rate?"], None),
-    "abbreviation": (["--max_step", "3"],
-                     ["finetune.py: error: unknown flag --max_step; did you mean --max_steps?"], None),
+    "typo": (
+        ["--learnig_rate", "1e-3"],
+        ["finetune.py: error: unknown flag --learnig_rate; did you mean --learning_rate?"], None,
+    ),
+    "abbreviation": (
+        ["--max_step", "3"], ["finetune.py: error: unknown flag --max_step; did you mean --max_steps?"], None,
+    ),
     # A chat template that does not parse, or raises on a record: found as the records render.
-    "unparsable": (["--model_name_or_path", "bases/unparsable", "--train_file", "chat.jsonl"],
-                   ["the tokenizer's chat template (", "unparsable/chat_template.jinja) does not parse (unexpected "
-                    "'}', template line 1); fix the template"], None),
-    "template": (["--model_name_or_path", "bases/templated", "--train_file", "chat.jsonl"],
-                 ["chat.jsonl, line 2: the tokenizer's chat template (", "templated/chat_template.jinja) failed on "
-                  "this conversation (TemplateError: Conversation roles must alternate); fix the template"], None),
+    "unparsable": (
+        ["--model_name_or_path", "bases/unparsable", "--train_file", "chat.jsonl"],
+        [
+            "the tokenizer's chat template (",
+            "unparsable/chat_template.jinja) does not parse (unexpected '}', template line 1); fix the "
+            "template",
+        ],
+        None,
+    ),
+    "template": (
+        ["--model_name_or_path", "bases/templated", "--train_file", "chat.jsonl"],
+        [
+            "chat.jsonl, line 2: the tokenizer's chat template (",
+            "templated/chat_template.jinja) failed on this conversation (TemplateError: Conversation roles "
+            "must alternate); fix the template",
+        ],
+        None,
+    ),
 }
 ROW, LONG = 32, "word " * 100  # max_seq_length of the data tests; ~300 tokens, three times a row and more
 BAD_TEMPLATES = {
-    "raises": ("{% if messages|length > 2 %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
-               "{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}",
-               "failed on this conversation (TemplateError: Conversation roles must alternate)"),
-    "does_not_parse": ("{% for m in messages %}\n{{ m['content'] }\n{% endfor %}",
-                       "does not parse (unexpected '}', template line 2)"),
+    "raises": (
+        "{% if messages|length > 2 %}{{ raise_exception('Conversation roles must alternate') }}{% endif "
+        "%}{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}",
+        "failed on this conversation (TemplateError: Conversation roles must alternate)",
+    ),
+    "does_not_parse": (
+        "{% for m in messages %}\n{{ m['content'] }\n{% endfor %}",
+        "does not parse (unexpected '}', template line 2)",
+    ),
 }
 def write_jsonl(path: Path, records) -> Path:
     path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
@@ -69,7 +99,10 @@ def write_jsonl(path: Path, records) -> Path:
 
 
 def prompt_records(n, offset=0):
-    return [{"prompt": f"Q: add {i} and {i + 1}\nA:", "response": f" {2 * i + 1}"} for i in range(offset, offset + n)]
+    return [
+        {"prompt": f"Q: add {i} and {i + 1}\nA:", "response": f" {2 * i + 1}"}
+        for i in range(offset, offset + n)
+    ]
 
 
 def chat_records(n):
@@ -114,7 +147,9 @@ def write_bad_inputs(root: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(root / "bases" / name)
         tokenizer.chat_template = template
         tokenizer.save_pretrained(root / "bases" / name)
-    long_reply, long_prompt = {"prompt": "Q: say word\nA:", "response": LONG}, {"prompt": LONG, "response": " 3"}
+    long_reply, long_prompt = {"prompt": "Q: say word\nA:", "response": LONG}, {
+        "prompt": LONG, "response": " 3",
+    }
     write_jsonl(root / "cut.jsonl", [*prompt_records(48), long_reply, long_reply, long_prompt])
 
 
@@ -132,28 +167,42 @@ def runs(tmp_path_factory):
     write_bad_inputs(root)
 
     commands = {  # cwd is root: relative paths are as a user would type them
-        "full": ["--model_name_or_path", "tester/tiny-base", "--train_file", "train.jsonl",  # a base on the Hub
-                 "--validation_file", "validation.jsonl", "--packing", "--max_seq_length", "48",
-                 "--output_dir", "full", "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
-                 "--save_strategy", "steps", "--save_steps", "4", "--bf16"],
+        # a base on the Hub
+        "full": [
+            "--model_name_or_path", "tester/tiny-base", "--train_file", "train.jsonl", "--validation_file",
+            "validation.jsonl", "--packing", "--max_seq_length", "48", "--output_dir", "full",
+            "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK, "--save_strategy", "steps",
+            "--save_steps", "4", "--bf16",
+        ],
         "lora": lora_args("lora"),
-        "cut": ["--model_name_or_path", "bases/gated", "--train_file", "cut.jsonl", "--max_seq_length", "32",
-                "--output_dir", "cut", *QUICK, "--max_steps", "2"],
-        **{name: [*GOOD_INPUTS, "--output_dir", f"never-{name}", *flags] for name, (flags, *_) in FAILURES.items()},
+        "cut": [
+            "--model_name_or_path", "bases/gated", "--train_file", "cut.jsonl", "--max_seq_length", "32",
+            "--output_dir", "cut", *QUICK, "--max_steps", "2",
+        ],
+        **{
+            name: [*GOOD_INPUTS, "--output_dir", f"never-{name}", *flags]
+            for name, (flags, *_) in FAILURES.items()
+        },
     }
     commands = {name: [sys.executable, str(FINETUNE), *args] for name, args in commands.items()}
     # LoRA on two processes (no --use_cpu: the script sets up CPU data parallelism itself), on a .txt file.
     ddp_args = [arg for arg in lora_args("lora_ddp") if arg != "--use_cpu"]
     ddp_args[ddp_args.index("chat.jsonl")] = "documents.txt"
     ddp_args += ["--lora_target_modules", "q_proj,v_proj", "--lora_dropout", "0.1"]
-    commands["lora_ddp"] = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                            LAUNCH, "--mark-at-exit", str(root / "shutdown"), str(FINETUNE), *ddp_args]
+    commands["lora_ddp"] = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", LAUNCH,
+        "--mark-at-exit", str(root / "shutdown"), str(FINETUNE), *ddp_args,
+    ]
     with LocalHub(user="tester") as hub:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))
+        }
         env.update(hub.client_env(root / "hf_home"))
         env["OMP_NUM_THREADS"] = "1"  # many processes on a small machine: no thread oversubscription
         subprocess.run([sys.executable, "-c", UPLOAD, "tester/tiny-base", str(gated)], env=env, check=True)
-        results = run_side_by_side({name: (command, root, env) for name, command in commands.items()}, timeout=600)
+        results = run_side_by_side(
+            {name: (command, root, env) for name, command in commands.items()}, timeout=600
+        )
         repos = ("tiny-sft", "tiny-chat-lora", "tiny-chat-lora_ddp")
         hub_files = {repo: hub.repo_files(f"tester/{repo}") for repo in repos}
         hub_commits = {repo: len(hub.commits(f"tester/{repo}")) for repo in repos}
@@ -177,12 +226,16 @@ def succeeded(result):
 def test_full_finetune_from_a_hub_base_on_prompt_response_data(runs):
     succeeded(runs["results"]["full"])
     out = runs["root"] / "full"
-    for name in ("model.safetensors", "config.json", "modeling_tinytx.py", "tokenizer.json", "finetune_args.json"):
+    for name in (
+        "model.safetensors", "config.json", "modeling_tinytx.py", "tokenizer.json", "finetune_args.json",
+    ):
         assert (out / name).is_file(), name
     assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
     assert (out / "checkpoints" / "checkpoint-8" / "model.safetensors").is_file()
     assert not (out / ".lock").exists()  # a finished run leaves no stale lock
-    assert_token_nowhere(runs["token"], [out], [runs["results"]["full"].stdout, runs["results"]["full"].stderr])
+    assert_token_nowhere(
+        runs["token"], [out], [runs["results"]["full"].stdout, runs["results"]["full"].stderr]
+    )
     # On a CPU under glibc the run keeps freed memory for the next step (test_cpu_memory.py: what that does).
     announced = "Freed memory stays in the process" in runs["results"]["full"].stdout
     assert announced == (platform.libc_ver()[0] == "glibc")
@@ -217,10 +270,14 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
     out = runs["root"] / "lora"
     assert (out / "adapter_model.safetensors").is_file()
     assert not list(out.rglob("*model*.bin")), "weights only as safetensors"
-    assert_token_nowhere(runs["token"], [out], [runs["results"]["lora"].stdout, runs["results"]["lora"].stderr])
+    assert_token_nowhere(
+        runs["token"], [out], [runs["results"]["lora"].stdout, runs["results"]["lora"].stderr]
+    )
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     # The default targets minus gate_proj, which a plain-MLP TinyTx does not have.
-    assert set(adapter_config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
+    assert set(adapter_config["target_modules"]) == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj",
+    }
     # Given as bases/plain from the run's folder, stored absolute: the adapter loads from anywhere.
     assert adapter_config["base_model_name_or_path"] == str(runs["plain"])
     monkeypatch.chdir(tmp_path)
@@ -228,7 +285,9 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template, "chat data should have given the tokenizer a chat template"
     messages = [{"role": "user", "content": "Repeat 3."}]
-    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
 
     adapted = AutoPeftModelForCausalLM.from_pretrained(out).eval()
     merged_dir = out / "merged"
@@ -251,7 +310,8 @@ def test_lora_finetune_on_chat_data_merges_and_pushes(runs, tmp_path, monkeypatc
 
 
 def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
-    """Neither process runs the interpreter's shutdown beside gloo's threads (training/cli.exit_launched_process)."""
+    """Neither process runs the interpreter's shutdown beside gloo's threads
+    (training/cli.exit_launched_process)."""
     from safetensors.torch import load_file
 
     result = runs["results"]["lora_ddp"]
@@ -264,9 +324,16 @@ def test_lora_on_two_data_parallel_processes_saves_and_pushes_once(runs):
     assert "x 2 device(s)" in card  # one data-parallel run, not two runs side by side
     assert "16 text records" in card
     adapter_config = json.loads((out / "adapter_config.json").read_text())
-    assert set(adapter_config["target_modules"]) == {"q_proj", "v_proj"} and adapter_config["lora_dropout"] == 0.1
-    lora_b = [tensor for name, tensor in load_file(out / "adapter_model.safetensors").items() if "lora_B" in name]
-    assert lora_b and all(tensor.abs().sum() > 0 for tensor in lora_b), "LoRA's B starts at zero: it never trained"
+    assert (
+        set(adapter_config["target_modules"]) == {"q_proj", "v_proj"}
+        and adapter_config["lora_dropout"] == 0.1
+    )
+    lora_b = [
+        tensor for name, tensor in load_file(out / "adapter_model.safetensors").items() if "lora_B" in name
+    ]
+    assert lora_b and all(
+        tensor.abs().sum() > 0 for tensor in lora_b
+    ), "LoRA's B starts at zero: it never trained"
     # One push, as from one process: the same number of commits as the single-process run's repo.
     assert runs["hub_commits"]["tiny-chat-lora_ddp"] == runs["hub_commits"]["tiny-chat-lora"]
     pushed = runs["hub_files"]["tiny-chat-lora_ddp"]
@@ -280,7 +347,8 @@ def test_bad_input_is_one_line_before_anything_is_written_or_uploaded(runs, case
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    if case == "template":  # found only as the records render, after the model loaded (its progress bar above)
+    # found only as the records render, after the model loaded (its progress bar above)
+    if case == "template":
         assert all(line.startswith("Loading weights") for line in lines[:-1]), lines
         lines = lines[-1:]
     assert len(lines) == 1 and lines[0].startswith("finetune.py: error: "), lines
@@ -289,7 +357,8 @@ def test_bad_input_is_one_line_before_anything_is_written_or_uploaded(runs, case
         assert lines[0] == words[0]
     assert not (runs["root"] / f"never-{case}").exists(), "nothing may be written"
     assert not (runs["root"] / "bases" / "gated" / "sft").exists()
-    assert [path.name for path in (runs["root"] / "linked").iterdir()] == ["notes.txt"]  # link_out's output_dir
+    # link_out's output_dir
+    assert [path.name for path in (runs["root"] / "linked").iterdir()] == ["notes.txt"]
     if hub_mark:
         assert not [path for path in runs["requested"] if hub_mark in path], "the Hub must not be asked"
 
@@ -348,7 +417,8 @@ def test_loss_covers_only_the_responses(byte_bpe_tokenizer):
     padded = build_examples(records, tokenizer, max_seq_length=64, packing=False)
     packed = build_examples(records, tokenizer, max_seq_length=8, packing=True)
     assert len(padded) == 6 and all(row["input_ids"][-1] == tokenizer.eos_token_id for row in padded)  # whole
-    # Packed rows are consecutive 8-token cuts of all examples end to end; cuts holding only prompt tokens are dropped.
+    # Packed rows are consecutive 8-token cuts of all examples end to end; cuts
+    # holding only prompt tokens are dropped.
     stream = [token for row in padded for token in row["input_ids"]]
     cuts = [stream[i : i + 8] for i in range(0, len(stream), 8)]
     assert packed and all(row["input_ids"] in cuts for row in packed)
@@ -392,19 +462,26 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
 
 
 def test_records_cut_or_dropped_by_max_seq_length_are_counted_on_the_console_and_in_the_card(runs):
-    """51 records, 50 rows: three longer than a row are cut, and one of them, whose prompt fills its row, dropped."""
+    """51 records, 50 rows: three longer than a row are cut, and one of them, whose
+    prompt fills its row, dropped."""
     result = runs["results"]["cut"]
     succeeded(result)
     lines = [line for line in result.stdout.splitlines() if line.startswith("cut.jsonl: ")]
     assert len(lines) == 1, result.stdout
-    assert lines[0].startswith("cut.jsonl: 3 of 51 records were cut to --max_seq_length 32 tokens (the longest has ")
-    assert lines[0].endswith("); 1 of them dropped because the prompt fills the row; raise --max_seq_length (up to "
-                             "the model's context) or shorten those records to train on all of them.")
+    assert lines[0].startswith(
+        "cut.jsonl: 3 of 51 records were cut to --max_seq_length 32 tokens (the longest has "
+    )
+    assert lines[0].endswith(
+        "); 1 of them dropped because the prompt fills the row; raise --max_seq_length (up to the model's "
+        "context) or shorten those records to train on all of them."
+    )
     assert "50 training rows of at most 32 tokens (padded)" in result.stdout
     card = (runs["root"] / "cut" / "README.md").read_text(encoding="utf-8")
     row = next(line for line in card.splitlines() if line.startswith("| Training data |"))
-    assert row.startswith("| Training data | `cut.jsonl`: 51 prompt/response records, 50 rows of at most 32 tokens "
-                          "(one example per row, padded); 3 records cut to 32 tokens (the longest has ")
+    assert row.startswith(
+        "| Training data | `cut.jsonl`: 51 prompt/response records, 50 rows of at most 32 tokens (one "
+        "example per row, padded); 3 records cut to 32 tokens (the longest has "
+    )
     assert row.endswith("), 1 of them dropped because the prompt fills the row |")
 
 
@@ -434,9 +511,9 @@ def test_padded_rows_count_what_is_cut_and_what_is_dropped(tmp_path, byte_bpe_to
     assert rows[49]["input_ids"] == whole[50]["input_ids"][:ROW]
     assert rows[:48]["input_ids"] == [example["input_ids"] for example in whole[:48]]
     assert counts.summary("train.jsonl", ROW, packing=False) == (
-        f"train.jsonl: 3 of 51 records were cut to --max_seq_length 32 tokens (the longest has {longest}); 1 of them "
-        "dropped because the prompt fills the row; raise --max_seq_length (up to the model's context) or shorten "
-        "those records to train on all of them."
+        f"train.jsonl: 3 of 51 records were cut to --max_seq_length 32 tokens (the longest has {longest}); 1 "
+        "of them dropped because the prompt fills the row; raise --max_seq_length (up to the model's "
+        "context) or shorten those records to train on all of them."
     )
     # Nothing cut: nothing to say.
     fitting = build_examples(records[:48], tokenizer, max_seq_length=ROW, packing=False)
@@ -451,7 +528,9 @@ def test_packed_rows_count_every_token_and_the_prompt_only_rows_dropped(byte_bpe
     ]
     whole = [tokenize_record(record, tokenizer) for record in records]
     stream = [token for example in whole for token in example["input_ids"]]
-    prompt_tokens = whole[0]["labels"].index(next(label for label in whole[0]["labels"] if label != IGNORE_INDEX))
+    prompt_tokens = whole[0]["labels"].index(
+        next(label for label in whole[0]["labels"] if label != IGNORE_INDEX)
+    )
     # The rows inside the first record's prompt learn nothing: those are the ones dropped.
     dropped = prompt_tokens // ROW
     rows = build_examples(records, tokenizer, max_seq_length=ROW, packing=True)
@@ -459,14 +538,16 @@ def test_packed_rows_count_every_token_and_the_prompt_only_rows_dropped(byte_bpe
     assert dropped >= 9 and (counts.records, counts.dropped, counts.cut) == (21, dropped, 0)
     assert counts.rows == len(rows) == math.ceil(len(stream) / ROW) - dropped
     assert counts.tokens == len(stream) and counts.kept_tokens == len(stream) - dropped * ROW
-    assert [token for row in rows["input_ids"] for token in row] == stream[dropped * ROW :]  # the rest, all of it
+    # the rest, all of it
+    assert [token for row in rows["input_ids"] for token in row] == stream[dropped * ROW :]
     assert counts.summary("train.jsonl", ROW, packing=True) == (
-        f"train.jsonl: packed 21 records ({len(stream)} tokens) into {counts.rows} rows of at most 32 tokens; "
-        f"{dropped} rows holding only prompt tokens ({dropped * ROW} tokens) were dropped."
+        f"train.jsonl: packed 21 records ({len(stream)} tokens) into {counts.rows} rows of at most 32 "
+        f"tokens; {dropped} rows holding only prompt tokens ({dropped * ROW} tokens) were dropped."
     )
     fitting = build_examples(records[1:], tokenizer, max_seq_length=ROW, packing=True)
-    assert fitting.counts.summary("t.jsonl", ROW, packing=True).endswith("rows of at most 32 tokens; no token was "
-                                                                          "dropped.")
+    assert fitting.counts.summary("t.jsonl", ROW, packing=True).endswith(
+        "rows of at most 32 tokens; no token was " "dropped."
+    )
 
 
 def test_finetune_refuses_data_of_which_every_record_would_be_dropped(byte_bpe_tokenizer):
@@ -482,21 +563,27 @@ def test_finetune_refuses_data_of_which_every_record_would_be_dropped(byte_bpe_t
     "record, what",
     [
         ({"prompt": "\ud800", "response": "A"}, '"prompt" holds a lone surrogate \\ud800 at character 1'),
-        ({"prompt": "Q", "response": "ok \udfff"}, '"response" holds a lone surrogate \\udfff at character 4'),
-        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x\ud83d"}]},
-         'message 1\'s "content" holds a lone surrogate \\ud83d at character 2'),
+        (
+            {"prompt": "Q", "response": "ok \udfff"},
+            '"response" holds a lone surrogate \\udfff at character 4',
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x\ud83d"}]},
+            'message 1\'s "content" holds a lone surrogate \\ud83d at character 2',
+        ),
     ],
     ids=["prompt", "response", "chat"],
 )
 def test_a_lone_surrogate_is_refused_with_its_file_and_line(tmp_path, record, what):
-    """json.dumps writes the surrogate as the escape a user's file would hold (ensure_ascii): valid JSON, not text."""
+    """json.dumps writes the surrogate as the escape a user's file would hold
+    (ensure_ascii): valid JSON, not text."""
     path = write_jsonl(tmp_path / "train.jsonl", [prompt_records(1)[0], record])
     assert "\\ud" in path.read_text()  # the file holds the escape, as ASCII
     with pytest.raises(UserInputError) as refused:
         read_records(str(path))
     assert str(refused.value) == (
-        f"{path}, line 2: {what} (half of a UTF-16 pair, written as a JSON escape), which is not text; write the "
-        "character itself, or both halves of its pair (e.g. \\ud83d\\ude00)."
+        f"{path}, line 2: {what} (half of a UTF-16 pair, written as a JSON escape), which is not text; write "
+        "the character itself, or both halves of its pair (e.g. \\ud83d\\ude00)."
     )
 
 
@@ -507,7 +594,8 @@ def test_a_whole_surrogate_pair_is_text(tmp_path):
 
 
 def templated_tokenizer(folder: Path, template: str, byte_bpe_tokenizer):
-    """Saved and loaded again, as finetune loads a model folder's tokenizer: the template in chat_template.jinja."""
+    """Saved and loaded again, as finetune loads a model folder's tokenizer: the
+    template in chat_template.jinja."""
     tokenizer = byte_bpe_tokenizer()
     tokenizer.chat_template = template
     tokenizer.save_pretrained(folder)
@@ -527,17 +615,19 @@ def test_a_chat_template_that_raises_names_its_file_and_the_record(tmp_path, byt
     with pytest.raises(UserInputError) as refused:
         build_examples(records, tokenizer, max_seq_length=ROW, packing=False)  # it raises on the longer one
     assert str(refused.value) == (
-        f"{path}, line 2: the tokenizer's chat template ({tmp_path / 'base' / 'chat_template.jinja'}) {problem}; fix "
-        "the template, or remove it to get the default one."
+        f"{path}, line 2: the tokenizer's chat template ({tmp_path / 'base' / 'chat_template.jinja'}) "
+        f"{problem}; fix the template, or remove it to get the default one."
     )
 
 
-def test_a_chat_template_that_does_not_parse_is_refused_before_any_record_renders(tmp_path, byte_bpe_tokenizer):
+def test_a_chat_template_that_does_not_parse_is_refused_before_any_record_renders(
+    tmp_path, byte_bpe_tokenizer
+):
     template, problem = BAD_TEMPLATES["does_not_parse"]
     tokenizer = templated_tokenizer(tmp_path / "base", template, byte_bpe_tokenizer)
     with pytest.raises(UserInputError) as refused:
         ensure_chat_template(tokenizer)
     assert str(refused.value) == (
-        f"the tokenizer's chat template ({tmp_path / 'base' / 'chat_template.jinja'}) {problem}; fix the template, "
-        "or remove it to get the default one."
+        f"the tokenizer's chat template ({tmp_path / 'base' / 'chat_template.jinja'}) {problem}; fix the "
+        "template, or remove it to get the default one."
     )

@@ -31,7 +31,8 @@ from tests.training.sft.test_finetune import (
 GOOD = ["--model_name_or_path", "bases/gated", "--train_file", "train.jsonl", *QUICK]  # a case's flags follow
 PUSH = ["--push_to_hub", "--hub_model_id"]
 MERGE = ["--use_peft", "--merge", "--output_dir", "mine/run", "--merged_output_dir"]
-RELABELED = {"i32-header": "I32", "f16-header": "F16"}  # the header's dtype for F32 data: same size, half the size
+# the header's dtype for F32 data: same size, half the size
+RELABELED = {"i32-header": "I32", "f16-header": "F16"}
 DAMAGED = [("truncated", "file not fully covered"), ("header-garbage", "invalid UTF-8 in header"),
            ("header-length", "header too large"), ("flipped-json", "missing field `dtype`"),
            ("f16-header", "invalid shape, data type, or offset")]
@@ -50,46 +51,83 @@ CASES = {
     "malformed": (["--train_file", "malformed.jsonl"], ["malformed.jsonl, line 3", "not valid JSON"]),
     "second line": (["--train_file", "second.jsonl"], ["second.jsonl, line 2: not valid JSON"]),
     "missing": (["--train_file", "missing.jsonl"], ["missing.jsonl, line 2", "needs either"]),
-    "latin1_txt": (["--train_file", "latin1.txt"], ["latin1.txt, line 2", "not UTF-8", "save the file as UTF-8"]),
+    "latin1_txt": (
+        ["--train_file", "latin1.txt"], ["latin1.txt, line 2", "not UTF-8", "save the file as UTF-8"],
+    ),
     "latin1_jsonl": (["--train_file", "latin1.jsonl"], ["latin1.jsonl, line 2", "not UTF-8", "as UTF-8"]),
     "binary": (["--train_file", "packed.jsonl"], ["packed.jsonl, line 1", "binary file"]),
-    "no_tokenizer": (["--model_name_or_path", "bases/no-tokenizer"], ["'bases/no-tokenizer' has no tokenizer"]),
+    "no_tokenizer": (
+        ["--model_name_or_path", "bases/no-tokenizer"], ["'bases/no-tokenizer' has no tokenizer"],
+    ),
     "no_config": (["--model_name_or_path", "bases/no-config"], ["'bases/no-config' has no config.json"]),
-    "typo_path": (["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup
-                  ["'bases/gatedd': no such folder (did you mean 'bases/gated'?)"]),
+    "typo_path": (
+        ["--model_name_or_path", "bases/gatedd"],  # at once, not after a Hub lookup
+        ["'bases/gatedd': no such folder (did you mean 'bases/gated'?)"],
+    ),
     "bad_hub_id": ([*PUSH, "tester/not a name"], ["'tester/not a name' is not a valid Hub repo id"]),
-    "hub_timeout": ([*PUSH, "tester/never", "--hub_timeout", "0"], ["--hub_timeout must be a positive number"]),
-    "link_out": ([*PUSH, "tester/linked", "--output_dir", "linked"],
-                 ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"]),
+    "hub_timeout": (
+        [*PUSH, "tester/never", "--hub_timeout", "0"], ["--hub_timeout must be a positive number"],
+    ),
+    "link_out": (
+        [*PUSH, "tester/linked", "--output_dir", "linked"],
+        ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"],
+    ),
     # The base model is read, never written: an output folder inside it (or it, or above it) is refused.
-    "output_in_base": (["--output_dir", "bases/gated/sft"],
-                       ["--output_dir", "is inside --model_name_or_path", "never writes where it reads"]),
-    "fsdp_launch": ([], ["saves the weights one process holds", "FSDP and DeepSpeed split up", "drop --fsdp"]),
+    "output_in_base": (
+        ["--output_dir", "bases/gated/sft"],
+        ["--output_dir", "is inside --model_name_or_path", "never writes where it reads"],
+    ),
+    "fsdp_launch": (
+        [], ["saves the weights one process holds", "FSDP and DeepSpeed split up", "drop --fsdp"],
+    ),
     "deepspeed_launch": ([], ["saves the weights one process holds", "drop --fsdp/--deepspeed"]),
     # A lone surrogate: data the tokenizer cannot take.
-    "surrogate": (["--train_file", "surrogate.jsonl"], ["surrogate.jsonl, line 3: \"prompt\" holds a lone surrogate "
-                                                        "\\ud800 at character 1", "both halves of its pair"]),
+    "surrogate": (
+        ["--train_file", "surrogate.jsonl"],
+        [
+            'surrogate.jsonl, line 3: "prompt" holds a lone surrogate ' "\\ud800 at character 1",
+            "both halves of its pair",
+        ],
+    ),
     # Damaged files (issue 40).
-    **{f"safetensors-{kind}": (["--model_name_or_path", f"base-{kind}"],
-                               [f"base-{kind}/model.safetensors is damaged or truncated", why, "copy or save it again"])
-       for kind, why in DAMAGED},
+    **{
+        f"safetensors-{kind}": (
+            ["--model_name_or_path", f"base-{kind}"],
+            [f"base-{kind}/model.safetensors is damaged or truncated", why, "copy or save it again"],
+        )
+        for kind, why in DAMAGED
+    },
     # Before: accepted, exit 0, a model trained from weights ~1e9 where they were 0.1 (issue 57).
-    "safetensors-i32-header": (["--model_name_or_path", "base-i32-header"],
-                               ["base-i32-header/model.safetensors stores", "(I32)", "as an integer type",
-                                "copy or save it again"]),
-    "deep-jsonl": (["--train_file", "deep.jsonl"], ["deep.jsonl, line 9: JSON nested too deeply", "one JSON object"]),
-    "both-formats": (["--train_file", "both.jsonl"], ['both.jsonl, line 2: the record has both "messages" and '
-                                                      '"prompt"/"response"', "keep one of the two formats"]),
-    "empty-reply": (["--train_file", "empty_reply.jsonl"],
-                    ['empty_reply.jsonl, line 1: message 1 (assistant) has an empty "content"', "write the reply"]),
-    "bad-utf8-past-64-kib": (["--train_file", "late.txt"], ["late.txt, line 2001", "is not UTF-8", "save the file"]),
+    "safetensors-i32-header": (
+        ["--model_name_or_path", "base-i32-header"],
+        ["base-i32-header/model.safetensors stores", "(I32)", "as an integer type", "copy or save it again"],
+    ),
+    "deep-jsonl": (
+        ["--train_file", "deep.jsonl"], ["deep.jsonl, line 9: JSON nested too deeply", "one JSON object"],
+    ),
+    "both-formats": (
+        ["--train_file", "both.jsonl"],
+        [
+            'both.jsonl, line 2: the record has both "messages" and ' '"prompt"/"response"',
+            "keep one of the two formats",
+        ],
+    ),
+    "empty-reply": (
+        ["--train_file", "empty_reply.jsonl"],
+        ['empty_reply.jsonl, line 1: message 1 (assistant) has an empty "content"', "write the reply"],
+    ),
+    "bad-utf8-past-64-kib": (
+        ["--train_file", "late.txt"], ["late.txt, line 2001", "is not UTF-8", "save the file"],
+    ),
     # Before: taken for a Hub id, four tracebacks from the lookup (issue 57).
     "link-loop": (["--model_name_or_path", "loop"], ["--model_name_or_path 'loop' is a loop of links"]),
-    # Before: the merge replaced another model, the adapter beside it, or the user's config.json above it. Refused
-    # even with --overwrite_output_dir, which replaces only a fine-tune's own files.
-    **{f"merged into {name}{again}": ([*MERGE, merged, *flags], ["--merged_output_dir", words])
-       for name, (merged, words) in MERGED_INTO.items()
-       for again, flags in (("", []), (", overwrite", ["--overwrite_output_dir"]))},
+    # Before: the merge replaced another model, the adapter beside it, or the user's config.json above it.
+    # Refused even with --overwrite_output_dir, which replaces only a fine-tune's own files.
+    **{
+        f"merged into {name}{again}": ([*MERGE, merged, *flags], ["--merged_output_dir", words])
+        for name, (merged, words) in MERGED_INTO.items()
+        for again, flags in (("", []), (", overwrite", ["--overwrite_output_dir"]))
+    },
 }
 # What `accelerate launch` with an FSDP or DeepSpeed config sets for the script (and Trainer) to read.
 LAUNCHED_WITH = {"fsdp_launch": "ACCELERATE_USE_FSDP", "deepspeed_launch": "ACCELERATE_USE_DEEPSPEED"}
@@ -126,7 +164,9 @@ def write_data(root: Path) -> None:
     (root / "second.jsonl").write_text(record + '{"prompt": "Q:"\n')
     write_jsonl(root / "missing.jsonl", [*prompt_records(1), {"question": "Q?", "answer": "A"}])
     (root / "latin1.txt").write_bytes("first document\ncaf\xe9 au lait\n".encode("latin-1"))
-    (root / "latin1.jsonl").write_bytes(b'{"prompt": "Q:", "response": "A"}\n{"prompt": "caf\xe9", "response": "A"}\n')
+    (root / "latin1.jsonl").write_bytes(
+        b'{"prompt": "Q:", "response": "A"}\n{"prompt": "caf\xe9", "response": "A"}\n'
+    )
     (root / "packed.jsonl").write_bytes(gzip.compress(record.encode() * 8))  # gzip, misnamed
     write_jsonl(root / "surrogate.jsonl", [*prompt_records(2), {"prompt": "\ud800", "response": "A"}])
     write_jsonl(root / "deep.jsonl", prompt_records(8))
@@ -179,7 +219,8 @@ def test_bad_input_is_one_line_before_anything_is_written_or_uploaded(root, monk
 
 
 def test_the_script_prints_the_line_before_torch_loads_and_writes_nothing(root, tmp_path):
-    """Refused in about a second, not after ~8 s of imports: Python's import log (-X importtime) names no torch."""
+    """Refused in about a second, not after ~8 s of imports: Python's import log
+    (-X importtime) names no torch."""
     before = snapshot(root)
     command = [sys.executable, "-X", "importtime", str(REPO_ROOT / "training" / "finetune.py"), *GOOD,
                "--output_dir", "never", *CASES["second line"][0]]
