@@ -38,7 +38,7 @@ class TinyTxConfig(PreTrainedConfig):
     ```python
     >>> from hf_tinytx import TinyTxConfig, TinyTxForCausalLM
     >>> config = TinyTxConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2)
+    ...                       num_key_value_heads=2)
     >>> model = TinyTxForCausalLM(config)
     ```"""
 

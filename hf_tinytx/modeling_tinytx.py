@@ -591,8 +591,8 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
         >>> from transformers import AutoModelForCausalLM, AutoTokenizer
         >>> model = AutoModelForCausalLM.from_pretrained("path/to/tinytx")
         >>> tokenizer = AutoTokenizer.from_pretrained("path/to/tinytx")
-        >>> inputs = tokenizer("The animal didn't cross the street because it was too tired.",
-            return_tensors="pt")
+        >>> text = "The animal didn't cross the street because it was too tired."
+        >>> inputs = tokenizer(text, return_tensors="pt")
         >>> output_ids = model.generate(**inputs, max_new_tokens=20)
         ```"""
         cache = _pop_cache(cache, kwargs)
