@@ -9,7 +9,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from transformers import HfArgumentParser
 
@@ -230,6 +230,7 @@ def _read_args_file(path: str, parser: HfArgumentParser) -> dict:
 
 def check_args(model_args: ModelArguments, data_args: DataArguments, train_args: PretrainArguments) -> None:
     """Catch impossible settings now, not after the data is tokenized."""
+    refuse_empty_values(model_args, data_args, train_args)
     given = {**vars(model_args), **vars(data_args), **vars(train_args)}
     for name in POSITIVE:
         if given[name] is not None and given[name] <= 0:
@@ -317,16 +318,13 @@ def apply_total_batch_size(train_args: PretrainArguments, num_processes: int) ->
 
 def check_optimizer_args(train_args: PretrainArguments) -> None:
     """Non-finite or out-of-range optimizer values would train on NaN (or silently not clip): refuse them."""
-    ranges = {
+    check_ranges({
         "learning_rate": (train_args.learning_rate, 0, False, "a small positive number such as 3e-3"),
         "weight_decay": (train_args.weight_decay, 0, True, "a number >= 0 such as 0.1"),
         "max_grad_norm": (
             train_args.max_grad_norm, 0, True, "a number > 0 such as 1.0, or 0 to turn clipping off",
         ),
-    }
-    for name, (value, low, low_ok, fix) in ranges.items():
-        if not (math.isfinite(value) and (value > low or (low_ok and value == low))):
-            raise UserInputError(f"--{name} must be {fix}, got {value}.")
+    })
     if train_args.optimizer not in ("auto", "adamw", "muon"):
         raise UserInputError(f"--optimizer must be auto, adamw or muon, got {train_args.optimizer!r}.")
     muon_lr = train_args.muon_learning_rate
@@ -338,6 +336,28 @@ def check_optimizer_args(train_args: PretrainArguments) -> None:
         raise UserInputError(f"--adam_beta2 must lie in [0, 1), such as 0.95; got {train_args.adam_beta2}.")
     if train_args.num_warmup_steps < 0:
         raise UserInputError(f"--num_warmup_steps must be >= 0, got {train_args.num_warmup_steps}.")
+
+
+def check_ranges(ranges: dict) -> None:
+    """{flag: (value, lowest, whether the lowest is allowed, what to give)}: a value that is not a finite
+    number in range is refused, naming the flag and a good value. None: the flag was not given."""
+    for name, (value, low, low_ok, fix) in ranges.items():
+        if value is not None and not (math.isfinite(value) and (value > low or (low_ok and value == low))):
+            raise UserInputError(f"--{name} must be {fix}, got {value}.")
+
+
+def refuse_empty_values(*parts) -> None:
+    """A flag given an empty text (`--train_file ""`, often an unset shell variable) would silently mean
+    its default (the built-in corpus, for --train_file): refused instead."""
+    for part in parts:
+        for spec in fields(part):
+            value = getattr(part, spec.name)
+            if isinstance(value, str) and not value.strip() and value != spec.default \
+                    and spec.default_factory is MISSING:
+                raise UserInputError(
+                    f"--{spec.name} is empty; give it a value or leave the flag out (an unset shell "
+                    "variable?)."
+                )
 
 
 def check_schedule(train_args: PretrainArguments) -> None:

@@ -46,6 +46,9 @@ OUT_FILES = {
 REFUSED_EARLY = {
     "empty_dataset_file": (["--train_file", "empty.jsonl"], ["empty", "--train_file"]),
     "missing_file": (["--train_file", "nope/*.jsonl"], ["matches no file", "Check the path"]),
+    # Before: trained on the built-in corpus, exit 0 (issue 69).
+    "empty_train_file": (["--train_file", ""], ["--train_file is empty", "leave the flag out"]),
+    "blank_output_dir": (["--output_dir", " "], ["--output_dir is empty", "an unset shell variable"]),
     # Root ignores permission bits: a path under a regular file cannot be created by anyone.
     "output_dir_under_a_file": (
         ["--output_dir", "a_file/model"], ["cannot be created", "not a folder", "--output_dir"],

@@ -23,8 +23,10 @@ from hf_tinytx_training.pretrain_args import (
     build_parser,
     check_hub_repo_id,
     check_hub_timeout,
+    check_ranges,
     env_flag,
     flag,
+    refuse_empty_values,
     warn_if_token_in_argv,
 )
 from hf_tinytx_training.publish.output_dir import check_output_dir, check_second_destination, refuse_overlap
@@ -89,6 +91,12 @@ class EarlyTrainerFlags:
     fsdp: str | None = None
     deepspeed: str | None = None
     resume_from_checkpoint: str | None = None
+    # Numbers Trainer would take and fail on (or train NaN with) once torch has loaded: None is not given.
+    learning_rate: float | None = None
+    weight_decay: float | None = None
+    num_train_epochs: float | None = None
+    per_device_train_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
 
 
 def preflight(argv: list[str] | None = None) -> None:
@@ -105,6 +113,8 @@ def preflight(argv: list[str] | None = None) -> None:
     args, trainer_flags, _ = parser.parse_args_into_dataclasses(
         args=argv, return_remaining_strings=True, look_for_args_file=False
     )  # the rest are Trainer's flags, or typos that parse_args names
+    refuse_empty_values(args, trainer_flags)
+    check_trainer_numbers(trainer_flags)
     check_args(args, trainer_flags)
     check_destinations(args, trainer_flags)
     model_source(args.model_name_or_path)
@@ -147,6 +157,17 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
         )
     if trainer_flags.push_to_hub:
         check_hub_repo_id(trainer_flags.hub_model_id, trainer_flags.output_dir)
+
+
+def check_trainer_numbers(trainer_flags) -> None:
+    """Trainer's numbers that preflight can check without loading torch (`EarlyTrainerFlags`)."""
+    check_ranges({
+        "learning_rate": (trainer_flags.learning_rate, 0, False, "a small positive number such as 1e-4"),
+        "weight_decay": (trainer_flags.weight_decay, 0, True, "a number >= 0 such as 0.01"),
+        "num_train_epochs": (trainer_flags.num_train_epochs, 0, False, "a positive number such as 3"),
+        "per_device_train_batch_size": (trainer_flags.per_device_train_batch_size, 0, False, "at least 1"),
+        "gradient_accumulation_steps": (trainer_flags.gradient_accumulation_steps, 0, False, "at least 1"),
+    })
 
 
 def check_destinations(args: FinetuneArguments, trainer_flags) -> tuple[str, str]:

@@ -121,6 +121,15 @@ CASES = {
     ),
     # Before: taken for a Hub id, four tracebacks from the lookup (issue 57).
     "link-loop": (["--model_name_or_path", "loop"], ["--model_name_or_path 'loop' is a loop of links"]),
+    # Before: "unexpected ... report it" once torch had loaded, with .lock and checkpoints/ left (issue 69).
+    "negative-learning-rate": (
+        ["--learning_rate", "-1"], ["--learning_rate must be a small positive number such as 1e-4, got -1.0"],
+    ),
+    "no-batch": (
+        ["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be at least 1"],
+    ),
+    # Before: an empty --train_file (an unset shell variable) was taken as no flag at all (issue 69).
+    "empty-train-file": (["--train_file", ""], ["--train_file is empty", "leave the flag out"]),
     # Before: the merge replaced another model, the adapter beside it, or the user's config.json above it.
     # Refused even with --overwrite_output_dir, which replaces only a fine-tune's own files.
     **{
