@@ -39,7 +39,7 @@ def parse_args(argv=None):
     parser.add_argument("--shape", default="10M", choices=list(SHAPES))
     parser.add_argument(
         "--config", default=None,
-        help="A TinyTxConfig .json (e.g. training/configs/model-base.json); " "replaces --shape.",
+        help="A TinyTxConfig .json (e.g. training/configs/model-base.json); replaces --shape.",
     )
     parser.add_argument("--vocab_size", type=int, default=50304, help="With --config: the vocabulary size.")
     parser.add_argument("--batch_size", type=int, default=None, help="Default: the shape's.")

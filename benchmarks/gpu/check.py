@@ -335,11 +335,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--model", default=None,
-        help="generate: a saved model folder (default: the ~124M shape, " "random weights)",
+        help="generate: a saved model folder (default: the ~124M shape, random weights)",
     )
     parser.add_argument(
         "--bandwidth_tb_s", type=float, default=4.8,
-        help="generate: the memory bandwidth that sets " "the floor (default: the H200's datasheet 4.8 TB/s)",
+        help="generate: the memory bandwidth that sets the floor (default: the H200's datasheet 4.8 TB/s)",
     )
     parser.add_argument(
         "--model_config", default=str(BASE_CONFIG), help="syncs: the model's shape (a config file)"

@@ -112,7 +112,7 @@ def parse_args():
     parser.add_argument("--ddp_trials", type=int, default=2, help="finetune: 2-process (torchrun) trials.")
     parser.add_argument(
         "--merge_trials", type=int, default=2,
-        help="finetune: --use_peft --merge trials, killed " "while the merged model is published.",
+        help="finetune: --use_peft --merge trials, killed while the merged model is published.",
     )
     parser.add_argument("--convert_trials", type=int, default=6)
     parser.add_argument(
@@ -139,7 +139,7 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick", action="store_true",
-        help="2 trials per command, no killed reruns, no 2-process " "trials; writes nothing.",
+        help="2 trials per command, no killed reruns, no 2-process trials; writes nothing.",
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     parser.add_argument(
@@ -313,7 +313,7 @@ def main():
                     rows[campaign.name].append(
                         row(
                             plan, moment=str(plan["kind"]),
-                            error=f"the trial itself failed: " f"{type(error).__name__}: {str(error)[:300]}",
+                            error=f"the trial itself failed: {type(error).__name__}: {str(error)[:300]}",
                         )
                     )
                 say("\n".join(table(rows[campaign.name][-1:]).splitlines()[2:]))

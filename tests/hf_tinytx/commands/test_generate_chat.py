@@ -285,7 +285,7 @@ REFUSALS = [
     # The words of pretrain and finetune (one OneLineParser): a flag called a flag, a stray word a value.
     (
         "generate", ("plain", PROMPT, "--max_new_token", "3"),
-        "unknown flag --max_new_token; did you mean " "--max_new_tokens?",
+        "unknown flag --max_new_token; did you mean --max_new_tokens?",
     ),
     ("generate", ("plain", "The", "cat"), "unexpected value 'cat': text with spaces goes in quotes"),
     ("chat", ("chat", "hello"), "unexpected value 'hello': every value follows its flag (--name value)"),
@@ -301,7 +301,7 @@ REFUSALS = [
     ("generate", ("rope-5", PROMPT), 'rope-5/config.json has "rope_parameters": 5, which must be an object'),
     (
         "generate", ("big-tokenizer", PROMPT),
-        "big-tokenizer's tokenizer has 300 tokens but the model's embedding only " "200 rows",
+        "big-tokenizer's tokenizer has 300 tokens but the model's embedding only 200 rows",
     ),
     ("generate", ("i32-header", PROMPT), "i32-header/model.safetensors stores lm_head.weight (I32), "),
     (

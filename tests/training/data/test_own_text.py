@@ -165,7 +165,7 @@ def test_a_page_gets_a_shorter_block_and_a_smaller_batch_each_said_in_a_line():
     assert len(plan.notes) == 2
     assert plan.notes[0].startswith("--block_size 64 instead of 128: the validation text holds 89 tokens")
     assert plan.notes[1].startswith(
-        "--per_device_train_batch_size 8 instead of 16: the text makes 15 training " "block(s)"
+        "--per_device_train_batch_size 8 instead of 16: the text makes 15 training block(s)"
     )
 
 

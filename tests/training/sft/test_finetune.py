@@ -546,7 +546,7 @@ def test_packed_rows_count_every_token_and_the_prompt_only_rows_dropped(byte_bpe
     )
     fitting = build_examples(records[1:], tokenizer, max_seq_length=ROW, packing=True)
     assert fitting.counts.summary("t.jsonl", ROW, packing=True).endswith(
-        "rows of at most 32 tokens; no token was " "dropped."
+        "rows of at most 32 tokens; no token was dropped."
     )
 
 

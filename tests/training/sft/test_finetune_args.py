@@ -85,7 +85,7 @@ CASES = {
     "surrogate": (
         ["--train_file", "surrogate.jsonl"],
         [
-            'surrogate.jsonl, line 3: "prompt" holds a lone surrogate ' "\\ud800 at character 1",
+            'surrogate.jsonl, line 3: "prompt" holds a lone surrogate \\ud800 at character 1',
             "both halves of its pair",
         ],
     ),
@@ -108,7 +108,7 @@ CASES = {
     "both-formats": (
         ["--train_file", "both.jsonl"],
         [
-            'both.jsonl, line 2: the record has both "messages" and ' '"prompt"/"response"',
+            'both.jsonl, line 2: the record has both "messages" and "prompt"/"response"',
             "keep one of the two formats",
         ],
     ),
