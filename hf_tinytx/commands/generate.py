@@ -162,9 +162,14 @@ def check_folder(folder: str) -> str:
             f"{folder} has a config but no weights (no model.safetensors): save the model into it again, or "
             "give the folder that holds them."
         )
+    if not stored_weights.has_safetensors(path):
+        raise UserInputError(
+            f"{folder} holds its weights only as a pickle (pytorch_model.bin), which tinytx never loads: "
+            "unpickling a file can run code. Save the model as safetensors (save_pretrained writes "
+            "model.safetensors) and give that folder."
+        )
     folder_config.check_vocabulary_fits(folder, config, None)
-    if stored_weights.has_safetensors(path):
-        stored_weights.stored_shapes(path, "FOLDER")
+    stored_weights.stored_shapes(path, "FOLDER")
     return path
 
 

@@ -95,6 +95,20 @@ def remove_tree(path: str | os.PathLike) -> None:
         shutil.rmtree(path)
 
 
+def uncreatable(folder: str | os.PathLike) -> str | None:
+    """Why `folder` cannot be written into ("is a file", or its nearest existing parent is a file or not
+    writable); None when it can."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return "is a file; choose a folder path"
+    ancestor = os.path.abspath(folder)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK):
+        why = "not a folder" if not os.path.isdir(ancestor) else "not writable"
+        return f"cannot be created: {ancestor} is {why}"
+    return None
+
+
 def folders_to_create(path: str | os.PathLike) -> list[Path]:
     """`path` and those of its parents that do not exist yet, deepest first: what
     `mkdir(parents=True)` creates."""

@@ -8,10 +8,13 @@ import os
 import sys
 from pathlib import Path
 
+from hf_tinytx.commands import exits
+from hf_tinytx.commands.exits import UserInputError
 from hf_tinytx.commands.flags import interpret_parser
+from hf_tinytx.commands.generate import check_folder, utf8_text
 from hf_tinytx.commands.quiet import quiet_notices
-from hf_tinytx.folders.location import local_folder_or_hub_id
-from hf_tinytx.folders.safe import OverlapError, open_new, refuse_overlap
+from hf_tinytx.folders.location import local_folder_or_hub_id, looks_local
+from hf_tinytx.folders.safe import OverlapError, open_new, refuse_overlap, uncreatable
 from hf_tinytx.interpret.attention_maps import attention_maps, save_attention_maps
 from hf_tinytx.interpret.head_roles import find_heads, induction_baseline, uniform_baseline
 
@@ -25,31 +28,48 @@ def load_model_and_tokenizer(name_or_path: str, trust_remote_code: bool = False)
     try:
         name_or_path = local_folder_or_hub_id(name_or_path)
     except FileNotFoundError as error:
-        raise SystemExit(f"error: {error}") from None
+        raise UserInputError(str(error)) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, attn_implementation="eager",
                                                      trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        raise SystemExit(
-            f"Could not load a model and tokenizer from {name_or_path!r}: {error}\nGive a folder written by "
-            "save_pretrained (e.g. training/pretrain.py's --output_dir) or a Hub id; add "
-            "--trust_remote_code if the checkpoint ships its own modeling code."
-        ) from error
+        reason = " ".join(str(error).split())[:300]
+        raise UserInputError(
+            f"could not load a model and tokenizer from {name_or_path!r} ({reason}); give a folder written "
+            "by save_pretrained (e.g. pretrain's --output_dir) or a Hub id, and add --trust_remote_code if "
+            "the checkpoint ships its own modeling code."
+        ) from None
     return model.eval(), tokenizer
+
+
+def check_input(args) -> None:
+    """The text, the model folder and --out, before torch loads and before anything is written."""
+    if not args.text.strip():
+        raise UserInputError('the text is empty: give a sentence to look at, in quotes ("The animal ...").')
+    utf8_text(args.text, "the text")
+    if (problem := uncreatable(args.out)) is not None:
+        raise UserInputError(f"--out {args.out} {problem}.")
+    if os.path.isdir(args.model) or looks_local(args.model):
+        try:
+            check_folder(args.model)
+        except ValueError as error:  # UserInputError, or a damaged weights file's line
+            raise UserInputError(str(error)) from None
+    if os.path.isdir(args.model):  # the PNGs and heads.json never land in (or around) the model they read
+        try:
+            refuse_overlap(args.model, args.out, ("MODEL", "--out"), reason="it never writes where it reads")
+        except OverlapError as error:
+            raise UserInputError(str(error)) from None
 
 
 def main(argv=None) -> int:
     args = interpret_parser().parse_args(argv)
-    quiet_notices()
-    if os.path.isdir(args.model):  # the PNGs and heads.json never land in (or around) the model they read
-        try:
-            refuse_overlap(
-                args.model, args.out, ("MODEL", "--out"), "interpret", "it never writes where it reads"
-            )
-        except OverlapError as error:
-            raise SystemExit(f"error: {error}") from None
+    return exits.exit_status("interpret:", lambda: interpret(args))
 
+
+def interpret(args) -> None:
+    quiet_notices()
+    check_input(args)
     model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code)
     maps = attention_maps(model, tokenizer, args.text)
     paths = save_attention_maps(maps, args.out, args.layers, args.heads, dpi=args.dpi)
@@ -76,7 +96,6 @@ def main(argv=None) -> int:
             print(f"{role:<16} " + ", ".join(f"{h.layer}.{h.head}: {h.score:.3f}" for h in heads))
     with open_new(Path(args.out, "heads.json")) as f:
         f.write(json.dumps(report, indent=2, ensure_ascii=False))
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,16 +25,9 @@ STARTED_ONLY = ("tokenizer", ".tmp_tokenizer", ".tmp_checkpoint")
 
 def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") -> None:
     """Refuses an output folder (named by `flag`) that cannot be written, is in use, or would lose a run."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise UserInputError(f"{flag} {output_dir} is a file; choose a folder path.")
-    ancestor = output_dir
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK):
-        raise UserInputError(
-            f"{flag} {output_dir} cannot be created: {ancestor} is "
-            f"{'not a folder' if not os.path.isdir(ancestor) else 'not writable'}. Choose another {flag}."
-        )
+    if (problem := folders.uncreatable(output_dir)) is not None:
+        fix = "." if problem.startswith("is a file") else f". Choose another {flag}."
+        raise UserInputError(f"{flag} {output_dir} {problem}{fix}")
     if not os.path.isdir(output_dir):
         return
     refuse_links_out(output_dir)  # a save or the lock would write through such a link, and a push read it

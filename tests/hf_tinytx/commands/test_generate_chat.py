@@ -272,6 +272,8 @@ REFUSALS = [
     ),
     ("generate", ("damaged", PROMPT), "damaged/model.safetensors is damaged or truncated"),
     ("chat", ("damaged",), "damaged/model.safetensors is damaged or truncated"),
+    # Before: torch's own advice to unpickle with weights_only=False (issue 69).
+    ("generate", ("pickled", PROMPT), "pickled holds its weights only as a pickle (pytorch_model.bin)"),
     ("generate", ("plain", PROMPT, "--max_new_tokens", "0"), "--max_new_tokens must be at least 1, got 0."),
     (
         "generate", ("plain", PROMPT, "--max_new_tokens", "many"),
@@ -342,6 +344,8 @@ def make_bad_folders(tiny) -> None:
     shutil.copytree(tiny["plain"], root / "no-tokenizer",
                     ignore=lambda folder, names: [n for n in names if n.startswith("tokenizer")])
     shutil.copytree(tiny["plain"], root / "damaged")
+    shutil.copytree(tiny["plain"], root / "pickled")
+    (root / "pickled" / "model.safetensors").rename(root / "pickled" / "pytorch_model.bin")
     data = bytearray((root / "damaged" / "model.safetensors").read_bytes())
     data[8:40] = b"\x00\xff" * 16  # the header's JSON garbled
     (root / "damaged" / "model.safetensors").write_bytes(data)

@@ -2,8 +2,9 @@
 
 import json
 import math
+import shutil
+import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +31,7 @@ from hf_tinytx.interpret import (
 )
 from hf_tinytx.interpret.attention_maps import default_size_inches
 from hf_tinytx.interpret.head_roles import locate_coref_probe
-from tests.helpers.refusals import snapshot
+from tests.helpers.refusals import refused_in_process, snapshot
 from tests.helpers.tiny import build_byte_bpe_tokenizer, build_tiny_model
 
 
@@ -284,45 +285,67 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
 # ---- bad input: one table, each case refused before the model loads, nothing written ----
 
 TYPOS = ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"]  # a space: no repo id
-# case: (MODEL, --out, the message, whether it is the whole message); {tmp} is the case's folder
+# case: (MODEL, the text, --out, words of the one line); {tmp} is the case's folder, the working folder
 REFUSALS = {
-    "a folder that holds no model": ("{tmp}/empty", "{tmp}/maps", "save_pretrained", False),
+    "a folder that holds no model": ("{tmp}/empty", TEXT, "{tmp}/maps", ["has no config.json"]),
     # Taken for a Hub id, such a path used to wait ~50 s on the network before failing.
     **{
         f"mistyped {typo}": (
-            typo, "{tmp}/maps",
-            f"error: no such folder: {typo} (check the path; a Hub id looks like owner/name)", True,
+            typo, TEXT, "{tmp}/maps",
+            [f"no such folder: {typo}", "give the folder pretrain or finetune wrote"],
         )
         for typo in TYPOS
     },
     # The maps never land in (or around) the model they read (was a subprocess in test_destinations.py).
-    "--out inside the model": (
-        "model", "model/maps", "error: interpret: --out 'model/maps' is inside MODEL 'model'", False,
+    "--out inside the model": ("model", TEXT, "model/maps", ["--out 'model/maps' is inside MODEL 'model'"]),
+    # Before (issue 69): tracebacks once the model had loaded, and exit 1 for every refusal.
+    "an empty text": ("model", " ", "maps", ["the text is empty", "in quotes"]),
+    "--out under a file": (
+        "model", TEXT, "notes.txt/maps", ["cannot be created", "notes.txt is not a folder"],
+    ),
+    "pickled weights only": (
+        "pickled", TEXT, "maps", ["only as a pickle (pytorch_model.bin)", "which tinytx never loads"],
     ),
 }
 
 
 @pytest.mark.parametrize("case", REFUSALS)
-def test_bad_input_is_refused_at_once_and_nothing_is_written(tokenizer, tmp_path, monkeypatch, case):
-    """SystemExit with the line: the process prints it and exits 1, no traceback."""
-    from hf_tinytx.interpret.__main__ import main
+def test_bad_input_is_refused_at_once_and_nothing_is_written(tokenizer, tmp_path, monkeypatch, capsys, case):
+    """One line, exit status 2, before the model loads; nothing written."""
+    from hf_tinytx.commands.flags import interpret_parser
+    from hf_tinytx.interpret.__main__ import check_input
 
-    model, out, message = (value.format(tmp=tmp_path) for value in REFUSALS[case][:3])
-    whole = REFUSALS[case][3]
+    model, text, out = (value.format(tmp=tmp_path) for value in REFUSALS[case][:3])
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()
     (tmp_path / "out").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
     build_tiny_model(vocab_size=len(tokenizer)).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
+    shutil.copytree(tmp_path / "model", tmp_path / "pickled")
+    (tmp_path / "pickled" / "model.safetensors").rename(tmp_path / "pickled" / "pytorch_model.bin")
     before = snapshot(tmp_path)
-    start = time.perf_counter()
-    with pytest.raises(SystemExit) as raised:
-        main([model, TEXT, "--out", out])
-    # the check itself takes microseconds; 5 s leaves room for a busy CPU
-    assert time.perf_counter() - start < 5
-    assert isinstance(raised.value.code, str)  # printed on stderr, exit status 1
-    assert str(raised.value) == message if whole else message in str(raised.value), str(raised.value)
+    line = refused_in_process(
+        capsys, monkeypatch, "interpret", lambda argv: check_input(interpret_parser().parse_args(argv)),
+        [model, text, "--out", out],
+    )
+    assert all(words in line for words in REFUSALS[case][3]), line
     assert snapshot(tmp_path) == before
+
+
+def test_the_command_line_refuses_with_the_same_line_and_status(tmp_path):
+    """The real process: interpret's refusals exit 2, like every command's (they were exit 1)."""
+    missing, out = tmp_path / "none", tmp_path / "o"
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_tinytx.interpret", str(missing), TEXT, "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"interpret: error: no such folder: {missing}; give the folder pretrain or finetune wrote "
+        "(e.g. out/tinytx).\n"
+    )
+    assert not (tmp_path / "o").exists()
 
 
 def test_hub_ids_and_existing_folders_pass_through(tmp_path, monkeypatch):
