@@ -1,6 +1,6 @@
 """How every command ends: one line on stderr at most, and a documented status. `Ending.status` runs a
-command; generate, chat and convert use it through `exit_status`, and a subclass adds a command's own endings
-(the training scripts': a stop with its checkpoint, a peer that left, a full disk).
+command; generate, chat, convert and interpret use it through `exit_status`, and a subclass adds a
+command's own endings (the training scripts': a stop with its checkpoint, a peer that left, a full disk).
 
     0      done
     2      bad input (UserInputError; for convert, each of its refusals)
