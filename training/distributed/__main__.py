@@ -8,6 +8,10 @@ kubernetes-job.yaml run it on every node.
                  may requeue it.
     1            anything else, with torchrun's own report: a crash, bad input, a lost or frozen peer.
 
+A training process still running --shutdown_timeout seconds (torchrun's flag; 30 by default) after the stop
+signal is killed (SIGKILL), and the node exits 128 + the signal all the same: a scheduler's grace period
+ends with the launcher gone, never with a worker left behind.
+
 torchrun exits 1 for a stop too, and a SIGTERM reaches it also when srun ends the step because another node
 failed: only the workers' statuses tell the two apart. So torchrun's agent runs in a thread, and this process
 takes the stop signals, passes them on to the node's training processes and reads how they ended.
@@ -16,9 +20,12 @@ takes the stop signals, passes them on to the node's training processes and read
 import logging
 import os
 import re
+import signal
 import sys
 import threading
+import time
 
+from hf_tinytx.commands.exits import say
 from hf_tinytx.commands.signals import STOP_SIGNALS, Forwarder
 from hf_tinytx_training.distributed.cluster import running_children
 
@@ -44,12 +51,37 @@ def stop_status(failures) -> int | None:
     return statuses.pop() if len(statuses) == 1 and statuses <= stops else None
 
 
+DEFAULT_SHUTDOWN_TIMEOUT = 30  # torchrun's own, when --shutdown_timeout is not given
+
+
+def kill_after_grace(passing: Forwarder, since: float | None, grace: float) -> tuple[float | None, bool]:
+    """(when the stop signal came, whether the workers were killed now): past `grace` seconds after it,
+    every training process still running gets SIGKILL."""
+    if passing.first is None:
+        return since, False
+    since = since if since is not None else time.monotonic()
+    if time.monotonic() - since < grace:
+        return since, False
+    left = running_children(os.getpid())
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    say(f"hf_tinytx_training.distributed: {len(left)} training process(es) still running {grace:g} s after "
+        f"{signal.Signals(passing.first).name} were killed (SIGKILL); raise --shutdown_timeout if a step "
+        "and a checkpoint take longer.")
+    return since, True
+
+
 def launch_node(argv: list[str]) -> int:
     """torchrun with `argv`; returns the exit status above, or raises torchrun's failure."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     outcome = {}
+    grace = parse_args(argv).shutdown_timeout
+    grace = DEFAULT_SHUTDOWN_TIMEOUT if grace is None else grace
 
     def agent():  # in a thread, torchrun installs no signal handlers of its own
         try:
@@ -61,9 +93,14 @@ def launch_node(argv: list[str]) -> int:
     passing = Forwarder(lambda: running_children(os.getpid())).install()  # the node's training processes
     thread = threading.Thread(target=agent, name="torchrun-agent", daemon=True)
     thread.start()
+    since, killed = None, False
     while thread.is_alive():
         thread.join(0.2)
         passing.forward()  # workers started after the signal get it too
+        if not killed:
+            since, killed = kill_after_grace(passing, since, grace)
+    if killed:
+        return 128 + passing.first
     error = outcome.get("error")
     if error is None:
         return 0

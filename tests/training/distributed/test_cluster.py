@@ -474,6 +474,37 @@ def test_a_launcher_is_ended_only_once_its_last_worker_has_ended_and_the_grace_h
     assert started(launcher.pid) == ""
 
 
+STUBBORN = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a worker that ignores the scheduler's stop
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_worker_that_ignores_the_stop_signal_is_killed_once_the_shutdown_timeout_passes(tmp_path):
+    """Before (issue 69): the node launcher waited for such a worker as long as it ran, then exited 0."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hf_tinytx_training.distributed", "--standalone", "--nproc_per_node", "1",
+         "--shutdown_timeout", "2", str(script)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert launcher.stdout.readline().strip() == "ready"
+        (worker,) = [pid for pid in descendants(launcher.pid) if "stubborn.py" in command_line(pid)]
+        launcher.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 143, err[-3000:]
+    assert time.monotonic() - stopped >= 2  # the grace was given
+    assert "1 training process(es) still running 2 s after SIGTERM were killed (SIGKILL)" in err, err[-3000:]
+    assert not alive(worker)
+
+
 @pytest.mark.parametrize("codes, status", [
     ([143, 143], 143), ([130], 130), ([-15, 143], 143),  # -15: ended by SIGTERM before its handler was set
     ([143, 1], None), ([1, 1], None), ([-9], None), ([143, 130], None),
