@@ -178,6 +178,19 @@ ONE_ANSWER = {"num_return_sequences": 1, "num_beams": 1, "num_beam_groups": 1, "
               "return_dict_in_generate": False}
 
 
+def check_stream_options(value, limits) -> None:
+    """OpenAI's one stream option, include_usage: true or false. "yes" was taken as true."""
+    typed("stream_options", lambda options: isinstance(options, dict), "a JSON object")(value, limits)
+    for key, setting in value.items():
+        name = f"stream_options.{key}"
+        if key != "include_usage":
+            raise RequestError(
+                f"{name} is not a stream option of this server: leave it out (include_usage is)", name,
+                code="unknown_field",
+            )
+        typed(name, lambda flag: isinstance(flag, bool), "true or false")(setting, limits)
+
+
 def check_generation_config(value, limits) -> None:
     """transformers' own field: a GenerationConfig as a JSON string (`transformers
     chat` sends its whole config)."""
@@ -259,7 +272,7 @@ COMMON = {
     "frequency_penalty": number("frequency_penalty", -1, 2, low_open=True),
     "presence_penalty": neutral("presence_penalty", 0),
     "stream": typed("stream", lambda value: isinstance(value, bool), "true or false"),
-    "stream_options": typed("stream_options", lambda value: isinstance(value, dict), "a JSON object"),
+    "stream_options": check_stream_options,
     "seed": typed("seed", lambda value: _integer(value) and SEED_RANGE[0] <= value <= SEED_RANGE[1],
                   f"a whole number in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]"),
     "stop": check_stop,

@@ -159,6 +159,11 @@ BAD_COMPLETIONS = {
     "temperature 'hot'": ({"temperature": "hot"}, "temperature"),
     "top_p 0": ({"top_p": 0}, "top_p"),
     "stream 'yes'": ({"stream": "yes"}, "stream"),
+    # Issue 69: taken as true.
+    "include_usage 'yes'": (
+        {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
+    ),
+    "an unknown stream option": ({"stream": True, "stream_options": {"chunk": 3}}, "stream_options.chunk"),
     "n 2": ({"n": 2}, "n"),
     "stop 5 strings": ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     "seed 'x'": ({"seed": "x"}, "seed"),
