@@ -6,9 +6,9 @@
 
 Two servers, through transformers' public interface only: transformers' own `Serve` (backend.py) on a
 loopback port, and, on --host and --port, our ASGI app in front of it (front.py), which checks every
-request (HTTP 400 in OpenAI's error shape) and forwards the good ones. The model argument is checked
-first (one line, exit 2). On SIGINT or SIGTERM the answers in flight end with the text they have and
-the process exits 128 + the signal's number.
+request (HTTP 400 in OpenAI's error shape) and forwards the good ones. The command line is checked
+first: a bad flag, port or model argument is one line, exit 2. On SIGINT or SIGTERM the answers in flight
+end with the text they have and the process exits 128 + the signal's number.
 """
 
 import asyncio
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 from hf_tinytx.commands.signals import Recorder, record
+from hf_tinytx.folders.location import local_folder_or_hub_id
+from hf_tinytx.serve.model_checks import split_model_name
 from hf_tinytx.serve.request_checks import REFUSED_PATHS
 
 
@@ -33,12 +35,11 @@ DEFAULT_MAX_TOKENS_CAP = 1024  # transformers serve's own default for a request 
 DEFAULT_MAX_REQUEST_SECONDS = 60.0
 SHUTDOWN_S = 3.0  # what a stop signal leaves the cut answers to go out
 BACKEND_STOP_S = 5.0  # then transformers' server's own graceful stop, before it is killed
-HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?(@[\w./-]+)?(:[\w.-]+\.gguf)?$")
 
 
 def model_argument_error(model: str | None) -> str | None:
     """Why `model` cannot be served, in one line; None for no model, a model folder
-    or a name shaped like a Hub id."""
+    or a Hub id (`repo[@revision][:file.gguf]`)."""
     if model is None:
         return None
     if "://" in model:
@@ -58,9 +59,18 @@ def model_argument_error(model: str | None) -> str | None:
         return (
             f"{model} is a file, not a model folder: pass the folder that holds config.json and the weights"
         )
-    if not HUB_ID.match(model) or model.startswith((".", "~")) or os.path.isabs(model):
-        return f"no such folder: {model} (pass a model folder, e.g. out/tinytx, or a Hub id such as org/name)"
+    try:  # the rule every command has for a path that is missing or a Hub id (models/typo is a path)
+        local_folder_or_hub_id(split_model_name(model)[0])
+    except FileNotFoundError as error:
+        return str(error)
     return None
+
+
+def port_error(port: int) -> str | None:
+    """uvicorn takes any number and says it runs there: 99999 listened on another port."""
+    if 1 <= port <= 65535:
+        return None
+    return f"--port {port} is not a port: give one from 1 to 65535, e.g. --port 8000"
 
 
 def folder_error(path: Path) -> str | None:
@@ -227,7 +237,7 @@ def with_limit_options(Serve, signals: Recorder):
     import typer
 
     def serve_command(max_tokens_cap: int, max_request_seconds: float, **serve_params):
-        error = model_argument_error(serve_params["force_model"])
+        error = port_error(serve_params["port"]) or model_argument_error(serve_params["force_model"])
         if error:
             usage_error(error)
         try:  # `--chat-template-kwargs` and `--reasoning`, as transformers reads them
@@ -317,7 +327,14 @@ def main(argv: list[str] | None = None) -> None:
     app = typer.Typer(add_completion=False)
     # the only command, so it is the program itself: no "serve" word
     app.command()(with_limit_options(Serve, signals))
-    app(args=sys.argv[1:] if argv is None else argv, prog_name=PROG)
+    # The parser's errors as ours, in one line, not typer's box of several. Its click is its own copy
+    # (typer >= 0.2x) or click itself: the class its BadParameter comes from.
+    click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    try:
+        status = app(args=sys.argv[1:] if argv is None else argv, prog_name=PROG, standalone_mode=False)
+    except click_error as error:
+        usage_error(f"{error.format_message().rstrip('.')}; {PROG} --help lists the options")
+    sys.exit(status)  # --help's 0; a served model ends the process itself
 
 
 if __name__ == "__main__":

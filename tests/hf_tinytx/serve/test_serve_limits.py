@@ -1,7 +1,7 @@
 """`python -m hf_tinytx.serve` left running for others: bad requests, long requests, clients that
-leave, many clients, stop signals and a bad model argument, tried from outside on real servers (the
-`openai` client, raw HTTP, sockets). Clock-reading checks compare with a baseline taken on the same
-server in the same test, with wide margins."""
+leave, many clients and stop signals, tried from outside on real servers (the `openai` client, raw HTTP,
+sockets). Clock-reading checks compare with a baseline taken on the same server in the same test, with wide
+margins. A bad command line is refused before a server starts: test_serve_args.py."""
 
 import concurrent.futures
 import http.client
@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.helpers.processes import alive, descendants
-from tests.helpers.tiny import build_tiny_model, pretrain_env, run_side_by_side
+from tests.helpers.tiny import build_tiny_model, pretrain_env
 from tests.hf_tinytx.serve.test_serve import (
     COMPLETION_PROMPT,
     LAUNCHER,
@@ -319,7 +319,7 @@ def test_16_concurrent_requests_all_answer_as_generate_does(servers, chat_folder
     assert [status for status, _ in bad] == [400] * 4
 
 
-# ---- stop signals and the model argument ----
+# ---- stop signals ----
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -359,31 +359,6 @@ def test_a_stop_signal_ends_the_server_within_seconds_mid_generation(long_folder
     assert stopped_in < 10, stopped_in  # measured: 0.6 s on an idle machine
     assert f"{signal.Signals(signum).name}: stopping (1 request(s) in flight cancelled)" in server.output()
     assert "Traceback" not in server.output() and "leaked" not in server.output(), server.output()[-3000:]
-
-
-def test_a_model_argument_that_is_not_a_model_is_one_line_and_exit_2(tmp_path):
-    from tests.helpers.faults import relabel_dtype
-
-    (tmp_path / "empty").mkdir()
-    build_tiny_model().save_pretrained(tmp_path / "i32")
-    relabel_dtype(tmp_path / "i32" / "model.safetensors", "F32", "I32")  # what generate and convert refuse
-    cases = {
-        "url": ("https://huggingface.co/org/model", "is a URL"),
-        "missing": (str(tmp_path / "absent"), "no such folder"),
-        "not a model": (str(tmp_path / "empty"), "is not a model folder (no config.json in it)"),
-        "integer weights": (
-            str(tmp_path / "i32"), "as an integer type, but the weights of a model that is not",
-        ),
-    }
-    env = pretrain_env(tmp_path)
-    results = run_side_by_side({key: ([*LAUNCHER, model, "--port", "1"], tmp_path, env)
-                                for key, (model, _) in cases.items()}, timeout=120)
-    for key, (model, words) in cases.items():
-        result = results[key]
-        assert result.returncode == 2, (key, result.stderr[-2000:])
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and words in lines[0] and model in lines[0], (key, result.stderr[-2000:])
-        assert "Traceback" not in result.stderr + result.stdout
 
 
 def test_a_stream_cancelled_by_a_stop_signal_says_so(long_folder, tmp_path):
