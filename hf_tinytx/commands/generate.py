@@ -31,8 +31,6 @@ DEFAULT_MAX_NEW_TOKENS = 64  # when neither the flag nor the folder's generation
 # passed to `generate` as given; None leaves the folder's value
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p")
 DEVICE_NAME = re.compile(r"^[a-z]+(:\d+)?$")  # cpu, cuda, cuda:1, mps, xpu, ...
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 CXX_COMPILERS = ("g++", "clang++", "c++")  # what inductor's C++ wrapper builds with on a CPU
 STRAY_WORD = 'text with spaces goes in quotes ("the cat sat").'  # a second word of an unquoted prompt
 
@@ -157,19 +155,8 @@ def check_folder(folder: str) -> str:
             f"{folder} has no tokenizer (no tokenizer.json or tokenizer_config.json): save the model's "
             "tokenizer into it, AutoTokenizer.from_pretrained(base).save_pretrained(folder)."
         )
-    if not names.intersection(WEIGHT_FILES):
-        raise UserInputError(
-            f"{folder} has a config but no weights (no model.safetensors): save the model into it again, or "
-            "give the folder that holds them."
-        )
-    if not stored_weights.has_safetensors(path):
-        raise UserInputError(
-            f"{folder} holds its weights only as a pickle (pytorch_model.bin), which tinytx never loads: "
-            "unpickling a file can run code. Save the model as safetensors (save_pretrained writes "
-            "model.safetensors) and give that folder."
-        )
     folder_config.check_vocabulary_fits(folder, config, None)
-    stored_weights.stored_shapes(path, "FOLDER")
+    stored_weights.check_weights(path, folder, "FOLDER")
     return path
 
 

@@ -13,10 +13,29 @@ from safetensors import safe_open
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 INTEGER_DTYPES = ("I", "U", "BOOL")  # safetensors' I8..I64, U8..U64 and BOOL; floats are F*, BF16
+PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def has_safetensors(folder: str | os.PathLike) -> bool:
     return (Path(folder) / SINGLE_FILE).is_file() or (Path(folder) / INDEX_FILE).is_file()
+
+
+def check_weights(folder: str | os.PathLike, shown: str, who: str) -> None:
+    """ValueError, one line, unless `folder` (named `shown`) holds safetensors weights whose headers read:
+    weights only as a pickle are never loaded, as unpickling a file can run code. `who`: the argument's
+    name in stored_shapes' lines."""
+    if not has_safetensors(folder):
+        if any((Path(folder) / name).is_file() for name in PICKLED):
+            raise ValueError(
+                f"{shown} holds its weights only as a pickle (pytorch_model.bin), which tinytx never loads: "
+                "unpickling a file can run code. Save the model as safetensors (save_pretrained writes "
+                "model.safetensors) and give that folder."
+            )
+        raise ValueError(
+            f"{shown} has a config but no weights (no model.safetensors): save the model into it again, or "
+            "give the folder that holds them."
+        )
+    stored_shapes(folder, who)
 
 
 def stored_shapes(folder: str | os.PathLike, who: str) -> dict[str, tuple[Path, tuple[int, ...]]]:

@@ -81,8 +81,7 @@ def folder_error(path: Path) -> str | None:
     try:
         config = folder_config.read_config_json(path, None)
         folder_config.check_vocabulary_fits(path, config, None)
-        if stored_weights.has_safetensors(path):
-            stored_weights.stored_shapes(path, "MODEL")
+        stored_weights.check_weights(path, str(path), "MODEL")
     except ValueError as error:
         return str(error)
     return None

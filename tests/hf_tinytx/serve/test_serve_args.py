@@ -85,6 +85,9 @@ REFUSED = {
     "integer weights": (
         ["{root}/i32"], ["{root}/i32", "as an integer type, but the weights of a model that is not"],
     ),
+    # Before: served, the pickle loaded by transformers (issue 69); and no weights: a backend traceback.
+    "pickled weights only": (["pickled"], ["pickled holds its weights only as a pickle (pytorch_model.bin)"]),
+    "no weights": (["no-weights"], ["no-weights has a config but no weights (no model.safetensors)"]),
 }
 IN_A_PROCESS = "a missing folder in one that exists"  # the real command: the same line, no torch imported
 
@@ -115,6 +118,10 @@ def root(tmp_path_factory):
     (root / "damaged" / "model.safetensors").write_bytes(b"\x40" + bytes(7) + b"{not a header")
     model_folder(root / "i32")
     relabel_dtype(root / "i32" / "model.safetensors", "F32", "I32")
+    model_folder(root / "pickled")
+    (root / "pickled" / "model.safetensors").rename(root / "pickled" / "pytorch_model.bin")
+    model_folder(root / "no-weights")
+    (root / "no-weights" / "model.safetensors").unlink()
     return root
 
 
