@@ -276,12 +276,7 @@ def run_block(step: Step, block: Block, workdir: Path, env: dict, number: int,
         script = f"{step.prefix}{script}\n{step.check}\n"  # for bash, prefix and check are shell commands
         command = ["bash", "-e", "-o", "pipefail", "-c", checkout_paths(script)]
     result = subprocess.run(
-        command,
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
+        command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         # no stdin: a prompt for input (e.g. to trust remote code) fails at once
         timeout=600,
     )

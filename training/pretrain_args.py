@@ -158,18 +158,10 @@ class PretrainArguments:
 
 ALL_ARGUMENTS = (ModelArguments, DataArguments, PretrainArguments)
 POSITIVE = (
-    "vocab_size",
-    "block_size",
-    "num_train_documents",
+    "vocab_size", "block_size", "num_train_documents",
     "preprocessing_num_workers",  # > 0 where given
-    "per_device_train_batch_size",
-    "per_device_eval_batch_size",
-    "gradient_accumulation_steps",
-    "eval_steps",
-    "max_train_steps",
-    "max_train_tokens",
-    "checkpointing_steps",
-    "checkpoints_total_limit",
+    "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "eval_steps",
+    "max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit",
     "total_batch_size",
 )
 

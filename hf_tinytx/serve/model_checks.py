@@ -145,8 +145,7 @@ def room(context: int | None, prompt_tokens: int, body: dict, limits: Limits) ->
     if room < 1:
         raise RequestError(
             f"the prompt is {prompt_tokens} tokens, and the model's context is {context}: shorten the prompt",
-            "prompt" if "prompt" in body else "messages",
-            code="context_length_exceeded",
+            "prompt" if "prompt" in body else "messages", code="context_length_exceeded",
         )
     asked = requested_tokens(body)
     if asked is not None and asked[1] > room:

@@ -181,27 +181,11 @@ def test_shakespeare(tmp_path):
     text = tmp_path / "play.txt"
     write_play(text)
     flags = [
-        "--text",
-        text,
-        "--max_train_seconds",
-        "5",
-        "--optimizer",
-        "muon",
+        "--text", text, "--max_train_seconds", "5", "--optimizer", "muon",
         # a tiny model, so the short budget still fits several steps (these flags go to pretrain.py unchanged)
-        "--hidden_size",
-        "64",
-        "--intermediate_size",
-        "128",
-        "--num_hidden_layers",
-        "2",
-        "--num_attention_heads",
-        "4",
-        "--vocab_size",
-        "300",
-        "--block_size",
-        "64",
-        "--per_device_train_batch_size",
-        "8",
+        "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",
+        "--num_attention_heads", "4", "--vocab_size", "300", "--block_size", "64",
+        "--per_device_train_batch_size", "8",
     ]
     summary = final_json(run_script(python("shakespeare.py", *flags), tmp_path, timeout=150).stdout)
     assert summary["benchmark"] == "shakespeare"

@@ -72,38 +72,14 @@ def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
 
 # A model and corpus small enough that a few dozen steps take seconds; a later flag overrides any of these.
 TINY_PRETRAIN_ARGS = [
-    "--hidden_size",
-    "64",
-    "--intermediate_size",
-    "128",
-    "--num_hidden_layers",
-    "2",
-    "--num_attention_heads",
-    "4",
-    "--num_train_documents",
-    "300",
-    "--vocab_size",
-    "320",
-    "--block_size",
-    "64",
-    "--per_device_train_batch_size",
-    "8",
-    "--per_device_eval_batch_size",
-    "16",
-    "--num_warmup_steps",
-    "2",
-    "--max_eval_batches",
-    "4",
-    "--num_probes_per_kind",
-    "4",
-    "--num_samples",
-    "1",
-    "--max_train_seconds",
-    "0",  # no wall-clock cut: a slow machine must not change what a test trains
+    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",
+    "--num_attention_heads", "4", "--num_train_documents", "300", "--vocab_size", "320", "--block_size", "64",
+    "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--num_warmup_steps", "2",
+    "--max_eval_batches", "4", "--num_probes_per_kind", "4", "--num_samples", "1",
+    "--max_train_seconds", "0",  # no wall-clock cut: a slow machine must not change what a test trains
     # One optimizer on every launch: `auto` takes Muon on one process and AdamW under FSDP or DeepSpeed, and
     # the tests compare those launches (and resume across them) weight for weight.
-    "--optimizer",
-    "adamw",
+    "--optimizer", "adamw",
 ]
 
 
