@@ -861,7 +861,7 @@ def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_o
         checkpoints.read_training_state(str(tmp_path))
 
 
-def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is_the_same(tmp_path):
+def test_the_data_fingerprint_names_each_change_and_data_of_the_same_bytes_is_the_same(tmp_path):
     """checkpoints.refuse_data_change without a run; a checkpoint from before the
     fingerprint has nothing to compare."""
     from types import SimpleNamespace
@@ -881,14 +881,18 @@ def test_the_data_fingerprint_names_each_change_and_data_moved_with_its_times_is
 
     (tmp_path / "moved").mkdir()
     moved = shutil.copy2(data, tmp_path / "moved" / "a.jsonl")
-    for same in ({}, {"train_file": moved}):
+    # Before (issue 69): a touch, or a copy without -p, was refused though no byte changed.
+    (tmp_path / "copied").mkdir()
+    copied = shutil.copy(data, tmp_path / "copied" / "a.jsonl")
+    os.utime(copied, ns=(time.time_ns(), time.time_ns() + 5 * 10**9))
+    for same in ({}, {"train_file": moved}, {"train_file": copied}):
         checkpoints.refuse_data_change(
             str(checkpoint), finetune_data(SimpleNamespace(**{**flags, **same})), how
         )
     write_jsonl(data, prompt_records(4, offset=1))  # the same size, other text
     os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
     for changed, words in [
-        ({}, "--train_file a.jsonl changed since (another size or modification time)"),
+        ({}, "--train_file a.jsonl changed since (other bytes)"),
         ({"train_file": str(other)}, "--train_file was a.jsonl, this run has b.jsonl"),
         ({"train_file": moved, "packing": True}, "--packing was False, this run has True"),
     ]:

@@ -1,27 +1,42 @@
 """What decides a run's data, recorded in each checkpoint (checkpoints.DATA_FILE) so that a resume reading
 other data is refused instead of training on it.
 
-Cheap on purpose, as the token store's key is: a data file counts by its name, size and modification time,
-never its bytes, so a resume reads no file. A file moved with its times kept (`cp -p`, `rsync -a`) is the same
-data; one written again is not. A Hub dataset counts by its name and configuration, the built-in corpus by its
-document count; the flags that choose which documents are read count too.
+A data file counts by its name, size and modification time, and, where a flag's files hold at most
+DIGEST_LIMIT bytes, by a hash of its bytes too: a file touched, or copied without its times (`cp` without
+`-p`), is then still the same data, and only a changed byte refuses the resume. Past the limit a start reads
+no file for this (hashing 10 GB takes ~15 s): a file moved with its times kept is the same data, one written
+again is not. A Hub dataset counts by its name and configuration, the built-in corpus by its document
+count; the flags that choose which documents are read count too.
 """
 
+import hashlib
 import os
 
 from hf_tinytx_training.data.files import matching_files
 
 
 SHOWN = 3  # file names a message lists before "and N more"
+DIGEST_LIMIT = 1 << 30  # bytes of a flag's files hashed at each start (~1 s here)
 
 
 def data_files(paths: list[str]) -> list[dict]:
-    """Each file as it counts: {"name", "size", "mtime_ns"}."""
+    """Each file as it counts: {"name", "size", "mtime_ns"}, and "blake2b" while the files are small."""
     found = []
     for path in paths:
         stat = os.stat(path)
         found.append({"name": os.path.basename(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    if sum(entry["size"] for entry in found) <= DIGEST_LIMIT:
+        for path, entry in zip(paths, found):
+            with open(path, "rb") as f:
+                entry["blake2b"] = hashlib.file_digest(f, "blake2b").hexdigest()
     return found
+
+
+def same_file(before: dict, now: dict) -> bool:
+    """The same data: the same bytes where both were hashed, else the same name, size and time."""
+    if "blake2b" in before and "blake2b" in now:
+        return (before["name"], before["blake2b"]) == (now["name"], now["blake2b"])
+    return all(before.get(key) == now.get(key) for key in ("name", "size", "mtime_ns"))
 
 
 def pretrain_data(data_args, builtin_documents: int) -> dict:
@@ -61,8 +76,11 @@ def data_changes(saved: dict, now: dict) -> list[str]:
     for flag in [flag for flag in now if flag in saved and saved[flag] != now[flag]]:
         was, new = saved[flag], now[flag]
         if isinstance(was, list) and isinstance(new, list) and names(was) == names(new):
-            rewritten = [entry["name"] for entry, before in zip(new, was) if entry != before]
-            changes.append(f"{flag} {listed(rewritten)} changed since (another size or modification time)")
+            rewritten = [entry["name"] for entry, before in zip(new, was) if not same_file(before, entry)]
+            if rewritten:
+                hashed = all("blake2b" in entry for entry in (*was, *new))
+                how = "other bytes" if hashed else "another size or modification time"
+                changes.append(f"{flag} {listed(rewritten)} changed since ({how})")
         else:
             changes.append(f"{flag} was {shown(was)}, this run has {shown(new)}")
     return changes
