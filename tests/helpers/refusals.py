@@ -15,11 +15,13 @@ from hf_tinytx.commands.exits import Ending
 HEAVY = ("torch", "transformers.training_args")
 
 
-def refused_in_process(capsys, monkeypatch, program: str, check, argv: list[str], heavy=HEAVY) -> str:
+def refused_in_process(capsys, monkeypatch, program: str, check, argv: list[str], heavy=HEAVY,
+                       start=None) -> str:
     """The one line `check(argv)` ends with, exit status 2, nothing on stdout: a parser's own
     (`PROGRAM: error: ...`), or the UserInputError the script's ending prints with the same start
     (hf_tinytx/commands/exits.py). A check that ends the process itself (a `main`) passes its SystemExit on.
-    `heavy`: the modules it may not import; () for a check that is known to load torch."""
+    `heavy`: the modules it may not import; () for a check that is known to load torch. `start`: what the
+    line may begin with (str.startswith's), for a command whose own lines begin otherwise (convert's)."""
     monkeypatch.setattr(sys, "argv", [program])  # argparse names itself after sys.argv[0], as in the script
     capsys.readouterr()
     with monkeypatch.context() as blocked, pytest.raises(SystemExit) as ended:
@@ -29,7 +31,8 @@ def refused_in_process(capsys, monkeypatch, program: str, check, argv: list[str]
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert ended.value.code == 2 and out == "", err[-3000:]
-    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith(f"{program}: error: "), lines
+    start = start or f"{program}: error: "
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith(start), lines
     return lines[0]
 
 

@@ -1,6 +1,7 @@
 """GGUF export (`python -m hf_tinytx.convert --to gguf`): llama.cpp itself tokenizes like our tokenizer and
-computes what the model computes; refused configs and tokenizers write nothing; the file says what the config
-says. llama.cpp runs in .venv-llamacpp (tests/helpers/engines.py), in a subprocess (tests marked `engine`)."""
+computes what the model computes; the file says what the config says. llama.cpp runs in .venv-llamacpp
+(tests/helpers/engines.py), in a subprocess (tests marked `engine`). What the export refuses (configs and
+tokenizers llama.cpp cannot take, damaged weights, destinations) is convert's table: test_convert_args.py."""
 
 import ast
 import contextlib
@@ -20,7 +21,6 @@ from hf_tinytx.convert.__main__ import main as convert_main
 from hf_tinytx.convert.gguf import rotate_half_to_interleaved, write_gguf
 from hf_tinytx.folders.safe import STAGING_NAME
 from tests.helpers.engines import LLAMA_CPP_PYTHON, require_llama_cpp
-from tests.helpers.faults import relabel_dtype
 from tests.helpers.tiny import REPO_ROOT, TINY_SENTENCES, build_byte_bpe_tokenizer, build_tiny_config
 
 
@@ -252,15 +252,6 @@ def folder(tmp_path, tokenizer):
     return lambda **overrides: save_model(tmp_path / "model", tokenizer, **overrides)
 
 
-def refused(capsys, source, destination) -> str:
-    """The one error line of `convert --to gguf`, which must exit 2 and write nothing."""
-    capsys.readouterr()
-    assert convert_main(["--to", "gguf", str(source), str(destination)]) == 2
-    message = capsys.readouterr().err.strip()
-    assert "\n" not in message and not destination.exists()
-    return message
-
-
 def read_fields(path) -> tuple[dict, dict]:
     reader = gguf.GGUFReader(path)
     fields = {name: field.contents() for name, field in reader.fields.items()}
@@ -359,76 +350,12 @@ def test_rope_scaling_is_written_the_way_llama_cpp_reads_it(folder, tmp_path):
     np.testing.assert_allclose(tensors["rope_freqs.weight"].data, expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "overrides, words",
-    [
-        ({"qk_norm": True}, "`qk_norm=True` has no Llama equivalent"),
-        ({"mlp_type": "plain", "hidden_act": "gelu"}, "`mlp_type='plain'` has no Llama equivalent"),
-        ({"hidden_act": "gelu"}, "`hidden_act='gelu'` has no llama.cpp equivalent"),
-        (
-            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
-            "RoPE type 'dynamic'",
-        ),
-        (
-            {
-                "rope_parameters": {
-                    "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
-                    "long_factor": [2.0] * 8, "original_max_position_embeddings": 32,
-                }
-            },
-            "RoPE type 'longrope'",
-        ),
-        (
-            {
-                "rope_parameters": {
-                    "rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
-                    "original_max_position_embeddings": 32, "attention_factor": 1.5,
-                }
-            },
-            "YaRN with ['attention_factor']",
-        ),
-    ],
-)
-def test_configs_llama_cpp_cannot_run_are_refused_in_one_line_and_nothing_is_written(
-    folder, tmp_path, capsys, overrides, words
-):
-    message = refused(capsys, folder(**overrides), tmp_path / "new" / "m.gguf")
-    assert message.startswith("error: gguf: ") and words in message
-    assert not (tmp_path / "new").exists()
-
-
-def test_a_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path, capsys):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "hello": 3}, unk_token="<pad>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    source = save_model(tmp_path / "model", tokenizer)
-    message = refused(capsys, source, tmp_path / "m.gguf")
-    assert "not a byte-level BPE" in message and "'WordLevel', not BPE" in message
-    (source / "tokenizer.json").unlink()
-    assert "has no tokenizer.json" in refused(capsys, source, tmp_path / "m.gguf")
-
-
-def test_destination_rules(folder, tmp_path, capsys):
-    source = folder()
+def test_overwrite_replaces_an_earlier_file(folder, tmp_path):
+    """Without --overwrite the file is refused (test_convert_args.py)."""
     old = tmp_path / "m.gguf"
     old.write_bytes(b"old")
-    assert convert_main(["--to", "gguf", str(source), str(old)]) == 2
-    assert "pass --overwrite" in capsys.readouterr().err and old.read_bytes() == b"old"
-    assert convert_main(["--to", "gguf", str(source), str(old), "--overwrite"]) == 0
+    assert convert_main(["--to", "gguf", str(folder()), str(old), "--overwrite"]) == 0
     assert old.read_bytes()[:4] == b"GGUF"
-
-    assert convert_main(["--to", "gguf", str(source), str(tmp_path / "out")]) == 2
-    assert "ending in .gguf" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        convert_main(["--to", "llama", str(source), str(tmp_path / "llama"), "--outtype", "f16"])
-    assert "--outtype applies to --to gguf only" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        convert_main(["--to", "gguf", str(source), str(tmp_path / "x.gguf"), "--outtype", "q4_0"])
 
 
 def test_failure_while_writing_keeps_the_old_file_and_leaves_no_staging_file(folder, tmp_path, monkeypatch):
@@ -457,25 +384,7 @@ def test_the_library_does_not_need_gguf():
         assert not [module for module in imported if "gguf" in module], name
 
 
-# ---------------------------------------------------------------- issue 31: no
-# silent wrong result, a full disk
-
-
-def test_weights_that_do_not_match_the_config_are_refused_and_nothing_is_written(folder, tmp_path, capsys):
-    source = folder()
-    config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
-    message = refused(capsys, source, tmp_path / "m.gguf")
-    assert message.startswith("error: gguf: ") and "missing: model.layers.2." in message
-
-
-def test_a_header_that_calls_f32_weights_i32_is_refused_and_nothing_is_written(folder, tmp_path, capsys):
-    """Before: exported, exit 0, with weights ~1.2e9 where they were 0.1 (the same bytes read as integers)."""
-    source = folder()
-    relabel_dtype(source / "model.safetensors", "F32", "I32")
-    message = refused(capsys, source, tmp_path / "m.gguf")
-    assert message.startswith(f"error: gguf: {source / 'model.safetensors'} stores ")
-    assert "as an integer type" in message
+# ---- issue 31: a full disk ----
 
 
 @pytest.mark.deep
