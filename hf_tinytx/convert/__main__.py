@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     refused = (ValueError, TypeError, OSError, ImportError)
     stopped = "; run the same command again (what it had half written is removed, or finished by the rerun)"
-    return exit_status("", command, refused=refused, failed=(DiskFullError,), stopped=stopped)
+    # Its lines begin as its parser's do: "python -m hf_tinytx.convert: error: ..."
+    return exit_status(f"{parser.prog}:", command, refused=refused, failed=(DiskFullError,), stopped=stopped)
 
 
 if __name__ == "__main__":

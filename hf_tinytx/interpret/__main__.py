@@ -63,8 +63,9 @@ def check_input(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = interpret_parser().parse_args(argv)
-    return exits.exit_status("interpret:", lambda: interpret(args))
+    parser = interpret_parser()
+    args = parser.parse_args(argv)
+    return exits.exit_status(f"{parser.prog}:", lambda: interpret(args))  # as its parser's lines begin
 
 
 def interpret(args) -> None:

@@ -112,7 +112,7 @@ def test_convert_and_gguf_on_a_full_disk_remove_the_folders_they_created(
         err = capsys.readouterr().err
         message = err.strip().splitlines()[-1]  # above it, only the progress bar of loading the weights
         assert "Traceback" not in err and message.startswith(
-            f"error: {'gguf' if to == 'gguf' else 'convert'}: "
+            f"python -m hf_tinytx.convert: error: {'gguf' if to == 'gguf' else 'convert'}: "
         )
         assert "the disk is full while writing" in message, message
         assert list(disk.iterdir()) == [], "the parent folders the command created were left behind"

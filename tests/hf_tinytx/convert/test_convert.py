@@ -332,7 +332,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     """The error line of a run (it may print progress bars before it); no traceback anywhere."""
     assert "Traceback" not in result.stderr, result.stderr
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith("error: "), result.stderr
+    assert message.startswith("python -m hf_tinytx.convert: error: "), result.stderr
     return message
 
 
@@ -501,8 +501,8 @@ def test_a_stop_signal_ends_convert_with_a_line_and_the_same_command_finishes(
              if line.strip() and not line.startswith("[launch]") and "%|" not in line]  # no progress bars
     assert stopped.returncode == 128 + signum and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     assert lines == [
-        f"stopped by {signal.Signals(signum).name}; run the same command again (what it had half written is "
-        "removed, or finished by the rerun)"
+        f"python -m hf_tinytx.convert: stopped by {signal.Signals(signum).name}; run the same command again "
+        "(what it had half written is removed, or finished by the rerun)"
     ], lines
     if signum == signal.SIGINT:
         assert names_in(tmp_path) == ["shim.py", "tinytx"]

@@ -29,8 +29,7 @@ from tests.hf_tinytx.convert.test_convert import (
 
 
 PROGRAM = "python -m hf_tinytx.convert"
-# The parser's lines begin with the program's name, convert's own refusals with "error: ".
-STARTS = ("error: ", f"{PROGRAM}: error: ")
+START = f"{PROGRAM}: error: "  # the parser's lines and convert's own refusals alike
 # A model llama.cpp can run: 320 rows hold the 300-token byte-level BPE; head_dim 16 (longrope's 8 factors).
 GGUF_MODEL = dict(vocab_size=320, num_attention_heads=2, max_position_embeddings=256)
 BOTH_WAYS = {"tinytx": "llama", "llama": "tinytx"}  # --to -> the model type the source holds
@@ -88,7 +87,7 @@ LINK_NOWHERE = {
 OVERLAP = "--to llama --overwrite runs/tinytx "  # a training run's folder converted where it lies
 OUTSIDE = "never writes where it reads, --overwrite included: choose a destination outside source"
 # case -> (the command line, run in the folders `root` makes; what the one line says: a string is the whole
-# line, a list the words it holds, a word beginning "error: " its start). {root}: that folder.
+# line, a list the words it holds, a word beginning START its start). {root}: that folder.
 CASES = {
     "a destination that is not empty": (
         "--to tinytx llama notes", ["'notes' is not empty", "pass --overwrite"],
@@ -148,9 +147,9 @@ CASES = {
     ]) for to in BOTH_WAYS},
     # Before: a loop passed for a missing folder or a Hub id (a traceback from the Hub lookup).
     **{f"a {kind} link as the source, to {to}": (
-        f"--to {to} {kind} {destination}", f"error: {kind} {words}: point the link at a real folder",
+        f"--to {to} {kind} {destination}", f"{START}{kind} {words}: point the link at a real folder",
     ) for kind, words in LINK_NOWHERE.items() for to, destination in (("llama", "out"), ("gguf", "m.gguf"))},
-    **{f"gguf: {name}": (f"--to gguf gguf-{name} new/m.gguf", ["error: gguf: ", problem, fix])
+    **{f"gguf: {name}": (f"--to gguf gguf-{name} new/m.gguf", [f"{START}gguf: ", problem, fix])
        for name, (_, problem, fix) in LLAMA_CPP_CANNOT.items()},
     "gguf: a tokenizer llama.cpp splits otherwise": (
         "--to gguf gguf-wordlevel m.gguf",
@@ -160,12 +159,12 @@ CASES = {
         "--to gguf gguf-no-tokenizer m.gguf", ["has no tokenizer.json", "save it into the folder first"],
     ),
     "gguf: one layer short": (
-        "--to gguf gguf-one-layer-short m.gguf", ["error: gguf: ", "missing: model.layers.2.", "fix config"],
+        "--to gguf gguf-one-layer-short m.gguf", [f"{START}gguf: ", "missing: model.layers.2.", "fix config"],
     ),
     # Before: exported, exit 0, with weights ~1.2e9 where they were 0.1 (the same bytes read as integers).
     "gguf: a header calling F32 weights I32": (
         "--to gguf gguf-i32-header m.gguf",
-        ["error: gguf: gguf-i32-header/model.safetensors stores ", "as an integer type", "copy or save it"],
+        [f"{START}gguf: gguf-i32-header/model.safetensors stores ", "as an integer type", "copy or save it"],
     ),
     "gguf: a file there already": (
         "--to gguf gguf-model old.gguf", ["destination 'old.gguf' exists", "pass --overwrite"],
@@ -314,7 +313,7 @@ def refusal(root: Path, case: str, capsys, monkeypatch) -> str:
     torch may load: convert imports it."""
     monkeypatch.chdir(root)
     return refused_in_process(capsys, monkeypatch, PROGRAM, lambda argv: sys.exit(main(argv)),
-                              argv_of(root, case), heavy=(), start=STARTS)
+                              argv_of(root, case), heavy=())
 
 
 def assert_says(line: str, root: Path, case: str) -> None:
@@ -324,7 +323,7 @@ def assert_says(line: str, root: Path, case: str) -> None:
         return
     for word in (word.format(root=root) for word in said):
         assert word in line, line
-        assert not word.startswith(STARTS) or line.startswith(word), line
+        assert not word.startswith(START) or line.startswith(word), line
 
 
 @pytest.mark.parametrize("case", [

@@ -405,6 +405,8 @@ def test_a_full_disk_is_one_line_and_the_old_file_stays(folder, tmp_path, mounte
         )
         message = result.stderr.strip().splitlines()[-1]
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-        assert message.startswith("error: gguf: the disk is full while writing " + str(destination))
+        assert message.startswith(
+            "python -m hf_tinytx.convert: error: gguf: the disk is full while writing " + str(destination)
+        )
         assert "nothing was changed" in message
         assert destination.read_bytes() == b"old" and [path.name for path in disk.iterdir()] == ["m.gguf"]

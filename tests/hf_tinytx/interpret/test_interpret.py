@@ -326,7 +326,8 @@ def test_bad_input_is_refused_at_once_and_nothing_is_written(tokenizer, tmp_path
     (tmp_path / "pickled" / "model.safetensors").rename(tmp_path / "pickled" / "pytorch_model.bin")
     before = snapshot(tmp_path)
     line = refused_in_process(
-        capsys, monkeypatch, "interpret", lambda argv: check_input(interpret_parser().parse_args(argv)),
+        capsys, monkeypatch, "python -m hf_tinytx.interpret",
+        lambda argv: check_input(interpret_parser().parse_args(argv)),
         [model, text, "--out", out],
     )
     assert all(words in line for words in REFUSALS[case][3]), line
@@ -342,8 +343,8 @@ def test_the_command_line_refuses_with_the_same_line_and_status(tmp_path):
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
-        f"interpret: error: no such folder: {missing}; give the folder pretrain or finetune wrote "
-        "(e.g. out/tinytx).\n"
+        f"python -m hf_tinytx.interpret: error: no such folder: {missing}; give the folder pretrain or "
+        "finetune wrote (e.g. out/tinytx).\n"
     )
     assert not (tmp_path / "o").exists()
 
