@@ -17,7 +17,7 @@ from hf_tinytx.commands.flags import OneLineParser
 from hf_tinytx.folders import location as sources
 from hf_tinytx_training.cli import program_name
 from hf_tinytx_training.data.files import local_data_files
-from hf_tinytx_training.data.token_store import store_folder, tokenized_files
+from hf_tinytx_training.data.token_store import check_folder, store_folder, tokenized_files
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.model.config_file import config_file_path, read_config_file
@@ -191,10 +191,11 @@ def preflight(argv: list[str] | None = None) -> None:
     check_output_dir(os.path.abspath(train_args.output_dir), train_args)
     if not model_args.init_from:
         read_config_file(config_file_path(model_args))
+    store = store_folder(data_args, train_args.output_dir)
+    if (data_args.train_file or data_args.dataset_name) and not data_args.streaming:
+        check_folder(store)  # a folder of other files is no store: refused before anything is written
     if data_args.train_file:  # a file already in the token store was checked when it was tokenized
-        local_data_files(
-            data_args, frozenset(tokenized_files(store_folder(data_args, train_args.output_dir)))
-        )
+        local_data_files(data_args, frozenset(tokenized_files(store)))
 
 
 def _read_args_file(path: str, parser: HfArgumentParser) -> dict:

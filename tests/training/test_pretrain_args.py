@@ -31,6 +31,7 @@ FILES = {  # written into every case's folder
     "binary.txt": bytes(range(256)) * 64,
     "deep_text.jsonl": b'{"text": "hello there"}\n' * 3 + b"[" * 100_000 + b"\n",
     "texts/one.txt": b"The quick brown fox jumps over the lazy dog.\n" * 50,
+    "nanogpt/train.bin": b"tokens of another program",
     # Before, the check read the first 64 KiB: NUL bytes after them trained, a bad
     # UTF-8 byte failed in `datasets`.
     "nul/data.txt": BAD_TEXT + b"the end of \x00\x00 it\n",
@@ -70,6 +71,12 @@ REFUSED_EARLY = {
     "a config that is a list": (["--model_config", "list.json"], ["list.json"]),
     "broken JSON": (["--model_config", "broken.json"], ["broken.json is not valid JSON/YAML"]),
     "a binary training file": (["--train_file", "binary.txt"], ["binary.txt"]),
+    # Before (issue 69): a folder that was no store was taken for one, and its train.bin deleted.
+    "a token store folder holding other files": (
+        ["--train_file", "texts/one.txt", "--token_store", "nanogpt"],
+        ["is not a token store (it has no store.json) and holds other files (train.bin)",
+         "give --token_store a new or empty folder"],
+    ),
     "an unknown optimizer": (["--optimizer", "sgd"], ["--optimizer must be auto, adamw or muon"]),
     "a negative muon rate": (["--optimizer", "muon", "--muon_learning_rate", "-1"], ["--muon_learning_rate"]),
     # Before: "matches no file", of a folder that is there (issue 57).
@@ -115,7 +122,8 @@ REFUSED_EARLY = {
     ),
 }
 # The real script too, with Python's import log (-X importtime): the same line, in a second, with no torch.
-IN_A_PROCESS = ("output_dir_holding_an_earlier_run", "missing_file")
+IN_A_PROCESS = ("output_dir_holding_an_earlier_run", "missing_file",
+                "a token store folder holding other files")
 # Refused by preflight, but after torch loads: check_report_to asks Accelerate which trackers are installed.
 LOADS_TORCH = {"a tracker's typo"}
 # Refused once torch has loaded (pretrain_run.py's setup); the deep ones are marked so.

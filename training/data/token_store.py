@@ -1,15 +1,20 @@
 """The token store: a corpus tokenized once, by every core, into compact shards that the run's processes read.
 
     STORE/store.json        what every shard's tokens depend on: the tokenizer (a hash of its tokenizer.json),
-                            the token type and the document rules (documents.RULES); a store of other tokens
-                            is emptied, in one line, never read
-    STORE/shards.jsonl      one line per finished shard, appended as it finishes: a killed build goes on from
-                            there
+                            the token type and the document rules (documents.RULES); a store of other tokens,
+                            or without this file, is emptied of its shards, in one line, never read
+    STORE/shards.jsonl      one line per finished shard, appended as it finishes, with its checksum: a killed
+                            build goes on from there, and a damaged shard is made again
     STORE/tokenizer/        the tokenizer of those tokens, with what it was trained from (data/tokenizer.py
                             reuses it)
     STORE/NAME-ID-NNNNN.bin a shard: its tokens, then for each document the token it ends at and its UTF-8
                             bytes
     STORE/.lock             held by the one process that builds
+    STORE/.in-use           held shared by every run that reads the store, from its build to its end: a build
+                            that finds it held removes nothing, and refuses to empty the store
+
+Only entries of these names (and their .tmp- temporaries) are ever removed: a folder holding others and no
+store.json is refused, and other files kept in a store are left alone.
 
 A shard holds one piece of one source (documents.py). Its ID hashes the source's key (a file's path,
 size and mtime), so a changed file gets new shards, and a shard is only ever read under the key it was
@@ -21,6 +26,7 @@ main process (distributed/preemption.py).
 packing.py reads the shards on every process.
 """
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -29,6 +35,7 @@ import multiprocessing
 import os
 import re
 import shutil
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -36,11 +43,13 @@ import numpy as np
 from hf_tinytx.folders.safe import is_disk_full, mib, open_new, read_json_or_none, remove_tree, replace_file
 from hf_tinytx_training.data.documents import RULES
 from hf_tinytx_training.data.progress import Progress
-from hf_tinytx_training.errors import RunError
+from hf_tinytx_training.errors import RunError, UserInputError
 
 
-FORMAT = 1
-HEADER, JOURNAL, TOKENIZER_DIR, LOCK = "store.json", "shards.jsonl", "tokenizer", ".lock"
+FORMAT = 2  # 2: a checksum in each journal entry
+HEADER, JOURNAL, TOKENIZER_DIR, LOCK, IN_USE = "store.json", "shards.jsonl", "tokenizer", ".lock", ".in-use"
+SHARD = re.compile(r"[A-Za-z0-9._-]{1,40}-[0-9a-f]{16}-[0-9]{5,}\.bin")  # shard_name's
+CHECKSUM = "sha256"  # the journal's key; hashlib's sha256 is the fastest of its hashes with SHA-NI
 # in tokenizer/, beside a tokenizer trained for the store: what it was trained on
 RECIPE = "tinytx_recipe.json"
 TEMPORARY = ".tmp-"
@@ -54,13 +63,45 @@ def token_dtype(vocabulary: int) -> np.dtype:
     return np.dtype("<u2") if vocabulary <= 1 << 16 else np.dtype("<u4")
 
 
-def tokenizer_hash(tokenizer_json: str) -> str:
-    """What decides the ids: the tokenizer's JSON without the truncation and padding settings a loaded
-    tokenizer may carry from its last call (the store's encoding turns them off)."""
-    with open(tokenizer_json, encoding="utf-8") as f:
-        spec = json.load(f)
-    spec.pop("truncation", None), spec.pop("padding", None)
+def tokenizer_hash(spec: dict) -> str:
+    """What decides the ids: a tokenizer's JSON (tokenizer.json's, or its backend's to_str) without the
+    truncation and padding settings a loaded tokenizer may carry from its last call (the store's encoding
+    turns them off)."""
+    spec = {key: value for key, value in spec.items() if key not in ("truncation", "padding")}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def file_hash(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def own_name(name: str) -> bool:
+    """Whether `name` is one the store writes (its temporaries included): the only entries it removes."""
+    name = name[len(TEMPORARY):] if name.startswith(TEMPORARY) else name
+    return name in (HEADER, JOURNAL, TOKENIZER_DIR, LOCK, IN_USE) or SHARD.fullmatch(name) is not None
+
+
+def read_header(folder: str) -> dict | None:
+    header = read_json_or_none(os.path.join(folder, HEADER))
+    return header if isinstance(header, dict) and "format" in header else None
+
+
+def check_folder(folder: str) -> None:
+    """Refuses a folder that is no store (no header) and holds entries the store did not write: they may be
+    another program's (a nanoGPT train.bin), and are neither the store's to remove nor to read."""
+    if not os.path.isdir(folder) or read_header(folder) is not None:
+        return
+    others = sorted(name for name in os.listdir(folder) if not own_name(name))
+    if others:
+        listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise UserInputError(
+            f"{folder} is not a token store (it has no {HEADER}) and holds other files ({listed}): give "
+            "--token_store a new or empty folder."
+        )
 
 
 def source_id(key: dict) -> str:
@@ -143,6 +184,9 @@ def memory_shard(parts: list, dtype: np.dtype) -> Shard:
     return Shard(None, len(tokens), len(ends), int(sizes.sum()), dtype.str, (tokens, ends, sizes))
 
 
+_IN_USE = {}  # store folder: the file this process holds shared (IN_USE) until it ends
+
+
 class TokenStore:
     """A store folder, as the one process that builds it sees it (`build` holds its lock)."""
 
@@ -154,7 +198,9 @@ class TokenStore:
 
     @contextlib.contextmanager
     def locked(self):
-        """The store's lock, waited for (saying so) while another run builds into the same folder."""
+        """The store's lock, waited for (saying so) while another run builds into the same folder. Yields
+        whether no other run reads the store; once built, this process holds IN_USE shared until it ends (a
+        kill lets go of it), so that a later build knows."""
         os.makedirs(self.folder, exist_ok=True)
         with open_new(self.path(LOCK), "a+") as handle:
             try:
@@ -162,7 +208,22 @@ class TokenStore:
             except BlockingIOError:
                 self.say(f"Waiting for another run that is writing the token store {self.folder}...")
                 fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+            with contextlib.suppress(KeyError):
+                _IN_USE.pop(self.folder).close()  # this process's earlier build of the store
+            in_use = open_new(self.path(IN_USE), "a+")
+            try:
+                fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = True
+            except BlockingIOError:
+                alone = False
+            try:
+                yield alone
+            except BaseException:
+                in_use.close()
+                raise
+            # never waits: an exclusive hold is only taken under .lock, which this process holds
+            fcntl.flock(in_use, fcntl.LOCK_SH)
+            _IN_USE[self.folder] = in_use
 
     def entries(self) -> dict[tuple[str, int], dict]:
         """{(source id, piece): journal entry} of the shards that are there, whole. A torn last
@@ -189,66 +250,78 @@ class TokenStore:
     def shard(self, entry: dict) -> Shard:
         return Shard(self.path(entry["file"]), entry["tokens"], entry["docs"], entry["bytes"], entry["dtype"])
 
-    def start(self, expected: dict) -> dict[tuple[str, int], dict]:
-        """Under the lock: a store of other tokens emptied (said in one line), a killed build's temporary
-        files removed; returns the shards that can be kept."""
-        header = read_json_or_none(self.path(HEADER))
-        if header is not None and header != expected:
-            shards = [name for name in os.listdir(self.folder) if name.endswith(SUFFIX)]
-            changed = sorted(WHAT[name] for name in expected if header.get(name) != expected[name])
-            self.say(
-                f"The token store {self.folder} holds tokens made with another {' and '.join(changed)}: its "
-                f"{len(shards)} shard(s) are removed and the data is tokenized again."
+    def damaged(self, entry: dict) -> bool:
+        """Whether the shard's bytes differ from those it was written with (bit rot, an overwrite)."""
+        return file_hash(self.path(entry["file"])) != entry.get(CHECKSUM)
+
+    def start(self, expected: dict, alone: bool) -> dict[tuple[str, int], dict]:
+        """Under the lock: a store of other tokens, or without a readable header (whose shards' tokens are
+        unknown), emptied of its shards (said in one line), unless another run reads it: that is refused.
+        Returns the shards that can be kept."""
+        header = read_header(self.folder)
+        if header == expected:
+            return self.entries()
+        if header is None:
+            why = f"has no readable {HEADER}"
+        else:
+            changed = sorted(WHAT.get(name, name) for name in {*header, *expected}
+                             if header.get(name) != expected.get(name))
+            why = f"holds tokens made with another {' and '.join(changed)}"
+        if not alone:
+            raise UserInputError(
+                f"The token store {self.folder} is in use by another run and {why}: give this run another "
+                "--token_store, or run it once the other has ended."
             )
-            for name in shards:
-                os.unlink(self.path(name))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(JOURNAL))
-        self.remove_temporaries()
-        if header != expected:
-            text = json.dumps(expected, indent=1, sort_keys=True)
-            replace_file(self.path(HEADER), text, self.path(TEMPORARY + HEADER))
-        return self.entries()
+        shards = [name for name in os.listdir(self.folder) if SHARD.fullmatch(name)]
+        if shards:
+            self.say(f"The token store {self.folder} {why}: its {len(shards)} shard(s) are removed and the "
+                     "data is tokenized again.")
+        for name in shards:
+            os.unlink(self.path(name))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(JOURNAL))
+        replace_file(self.path(HEADER), json.dumps(expected, indent=1, sort_keys=True),
+                     self.path(TEMPORARY + HEADER))
+        return {}
 
     def remove_temporaries(self) -> None:
+        """A killed build's: under the lock, no other process writes any."""
         for name in os.listdir(self.folder):
-            if name.startswith(TEMPORARY):
+            if name.startswith(TEMPORARY) and own_name(name):
                 path = self.path(name)
                 if os.path.isdir(path) and not os.path.islink(path):
                     remove_tree(path)
                 else:
                     os.unlink(path)
 
-    def keep_only(self, entries: dict, drop_paths: set[str]) -> dict:
+    def keep_only(self, entries: dict, drop_paths: set[str], alone: bool) -> dict:
         """The journal rewritten without the shards of the sources at `drop_paths` (changed since), whose
-        files go; so do shard files no entry names (a killed build's last, renamed but not recorded)."""
+        files go; so do shard files no entry names (a killed build's last, renamed but not recorded). While
+        another run reads the store, no file goes: it may be reading them (a later build removes them)."""
         kept = {key: entry for key, entry in entries.items() if entry.get("path") not in drop_paths}
         names = {entry["file"] for entry in kept.values()}
-        for name in os.listdir(self.folder):
-            if name.endswith(SUFFIX) and name not in names:
+        for name in os.listdir(self.folder) if alone else []:
+            if SHARD.fullmatch(name) and name not in names:
                 os.unlink(self.path(name))
         lines = [json.dumps(entry, sort_keys=True) + "\n" for entry in kept.values()]
         replace_file(self.path(JOURNAL), "".join(lines), self.path(TEMPORARY + JOURNAL))
         return kept
 
-    def place_tokenizer(self, tokenizer, recipe: dict | None) -> str:
-        """The store's tokenizer/ replaced by `tokenizer` (in one rename) unless it holds the same ids
-        already; returns its tokenizer.json."""
+    def place_tokenizer(self, tokenizer, recipe: dict | None, ids: str) -> str:
+        """The store's tokenizer/ replaced by `tokenizer` (in one rename) unless it holds the same ids (their
+        hash `ids`) already and no recipe is new; returns its tokenizer.json."""
         final, temporary = self.path(TOKENIZER_DIR), self.path(TEMPORARY + TOKENIZER_DIR)
+        tokenizer_json = os.path.join(final, "tokenizer.json")
+        if recipe is None and tokenizer_hash(read_json_or_none(tokenizer_json) or {}) == ids:
+            return tokenizer_json
         remove_tree(temporary)
         tokenizer.save_pretrained(temporary)
         if recipe is not None:
             with open(os.path.join(temporary, RECIPE), "w", encoding="utf-8") as f:
                 json.dump(recipe, f, sort_keys=True)
-        fresh = os.path.join(temporary, "tokenizer.json")
-        same = os.path.isfile(os.path.join(final, "tokenizer.json")) and \
-            tokenizer_hash(os.path.join(final, "tokenizer.json")) == tokenizer_hash(fresh)
-        if same and recipe is None:
-            remove_tree(temporary)
-        else:
-            remove_tree(final)
-            os.replace(temporary, final)
-        return os.path.join(final, "tokenizer.json")
+        remove_tree(final)
+        os.replace(temporary, final)
+        return tokenizer_json
 
     def record(self, journal, entry: dict) -> None:
         """One finished shard, appended (and flushed) once its file is in place."""
@@ -266,7 +339,7 @@ def tokenized_files(folder: str) -> set[str]:
     """The files the store holds every shard of, unchanged since (same size and mtime): their text was checked
     when they were tokenized (files.py need not read them again)."""
     pieces = {}
-    for entry in TokenStore(folder, print).entries().values() if os.path.isdir(folder) else []:
+    for entry in TokenStore(folder, print).entries().values() if read_header(folder) is not None else []:
         key = entry.get("key") or {}
         pieces.setdefault(entry["source"], [key, entry["pieces"], 0])[2] += 1
     complete = set()
@@ -322,21 +395,17 @@ def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: i
     store lacks, `workers` processes side by side. `tokenizer` (a fast transformers tokenizer) goes into the
     store first, with the `recipe` it was trained from (None: it was loaded, not trained)."""
     store = TokenStore(folder, say)
+    check_folder(store.folder)
     dtype, eos = token_dtype(len(tokenizer)), tokenizer.eos_token_id
-    with store.locked():
-        tokenizer_json = store.place_tokenizer(tokenizer, recipe)
-        expected = json.loads(json.dumps({"format": FORMAT, "tokenizer": tokenizer_hash(tokenizer_json),
-                                          "dtype": dtype.str, "eos": eos, "rules": RULES}))  # as read back
-        entries = store.start(expected)
-        ids = [source_id(source.key()) for source in sources]
-        done_ids = {sid for sid, _ in entries}
-        paths = {source.key().get("path") for source, sid in zip(sources, ids) if sid not in done_ids}
-        changed = sorted(
-            {entry["path"] for (sid, _), entry in entries.items() if entry.get("path") in paths} - {None}
-        )
-        for path in changed:
-            say(f"{path} changed since it was tokenized (size or time): its shards are made again.")
-        entries = store.keep_only(entries, set(changed))
+    ids_hash = tokenizer_hash(json.loads(tokenizer.backend_tokenizer.to_str()))
+    expected = json.loads(json.dumps({"format": FORMAT, "tokenizer": ids_hash, "dtype": dtype.str, "eos": eos,
+                                      "rules": RULES}))  # as read back
+    ids = [source_id(source.key()) for source in sources]
+    with store.locked() as alone:
+        store.remove_temporaries()
+        entries = store.start(expected, alone)
+        tokenizer_json = store.place_tokenizer(tokenizer, recipe, ids_hash)
+        entries = _reusable(store, entries, sources, ids, alone)
         tasks = []
         for number, (source, sid) in enumerate(zip(sources, ids)):
             have = [entry for (known, _), entry in entries.items() if known == sid]
@@ -354,10 +423,28 @@ def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: i
     return shards
 
 
+def _reusable(store: TokenStore, entries: dict, sources: list, ids: list[str], alone: bool) -> dict:
+    """The journal's `entries` less the shards of files changed since they were tokenized and the damaged
+    shards of this run's sources (each said in one line: they are made again)."""
+    done_ids = {sid for sid, _ in entries}
+    paths = {source.key().get("path") for source, sid in zip(sources, ids) if sid not in done_ids}
+    changed = sorted(
+        {entry["path"] for (sid, _), entry in entries.items() if entry.get("path") in paths} - {None}
+    )
+    for path in changed:
+        store.say(f"{path} changed since it was tokenized (size or time): its shards are made again.")
+    entries = store.keep_only(entries, set(changed), alone)
+    mine = set(ids)  # read once a run, by the process that builds: a checksum costs a read of the shard
+    for key in [key for key, entry in entries.items() if key[0] in mine and store.damaged(entry)]:
+        store.say(f"The shard {store.path(entries.pop(key)['file'])} of the token store is damaged (its "
+                  "checksum differs from the one recorded when it was written): it is made again.")
+    return entries
+
+
 def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype, sources: list, tasks: list,
               workers: int, say) -> dict:
-    """The shards of `tasks`, made by a pool of forked processes, each recorded as
-    it finishes; the progress shown."""
+    """The shards of `tasks`, made by a pool of forked processes, each recorded as it finishes; the progress
+    shown. A worker that dies (the out-of-memory killer) breaks the pool, and the build ends in one line."""
     unit = "B" if hasattr(sources[tasks[0][0]], "path") else "rows"
     total = sum(piece.stop - piece.start for *_, piece in tasks)
     context = multiprocessing.get_context("fork")
@@ -365,33 +452,30 @@ def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype,
     workers = max(1, min(workers, len(tasks)))
     say(f"Tokenizing {len(tasks)} piece(s) of the data into {store.folder} with {workers} process(es)...")
     progress = Progress(total, "Tokenizing", say, unit=unit)
-    with _without_tokenizer_threads():  # each worker encodes on one thread: the processes are the parallelism
-        pool = context.Pool(
-            workers, _start_worker, (tokenizer_json, eos, dtype.str, sources, store.folder, counter)
-        )
+    pool = concurrent.futures.ProcessPoolExecutor(
+        workers, context, _start_worker, (tokenizer_json, eos, dtype.str, sources, store.folder, counter)
+    )
     new = {}
     try:
+        with _without_tokenizer_threads():  # the workers are forked at the first submit
+            pending = {pool.submit(_tokenize_piece, task) for task in tasks}
         with open(store.path(JOURNAL), "a", encoding="utf-8") as journal:
-            results = pool.imap_unordered(_tokenize_piece, tasks)
-            for _ in tasks:
-                while True:
-                    try:
-                        entry = results.next(timeout=0.5)
-                        break
-                    except multiprocessing.TimeoutError:
-                        progress.update(counter.value)
-                store.record(journal, entry)
-                new[(entry["source"], entry["piece"])] = entry
+            while pending:
+                done, pending = concurrent.futures.wait(pending, 0.5, concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    entry = future.result()
+                    store.record(journal, entry)
+                    new[(entry["source"], entry["piece"])] = entry
                 progress.update(counter.value)
     except BaseException as error:
-        pool.terminate()
-        pool.join()
+        _stop(pool)
         store.remove_temporaries()  # what the workers were writing
+        if isinstance(error, BrokenProcessPool):
+            raise RunError(lost_worker(store.folder)) from None
         if isinstance(error, OSError) and is_disk_full(error, store.folder):  # the journal's line
             raise RunError(disk_full(store.folder)) from None
         raise
-    pool.close()
-    pool.join()
+    pool.shutdown()
     seconds = progress.close()
     tokens = sum(entry["tokens"] for entry in new.values())
     on_disk = sum(store.shard(entry).file_size() for entry in new.values())
@@ -401,6 +485,22 @@ def _tokenize(store: TokenStore, tokenizer_json: str, eos: int, dtype: np.dtype,
         f"tokens, {mib(on_disk)} on disk."
     )
     return new
+
+
+def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """The workers killed now, not after their pieces, so that none writes into the store once the build
+    has ended. ProcessPoolExecutor has no public way before Python 3.14 (terminate_workers)."""
+    for process in list((pool._processes or {}).values()):
+        process.kill()
+    pool.shutdown(cancel_futures=True)
+
+
+def lost_worker(folder: str) -> str:
+    return (
+        f"A process tokenizing the data into the token store {folder} ended abruptly (killed, as the "
+        "out-of-memory killer does when memory runs short); the shards finished are kept: run the same "
+        "command again to go on from them, with fewer --preprocessing_num_workers if memory is short."
+    )
 
 
 @contextlib.contextmanager
@@ -437,12 +537,12 @@ def _tokenize_piece(task) -> dict:
     source, folder, dtype = _WORKER["sources"][number], _WORKER["folder"], _WORKER["dtype"]
     name = shard_name(source, sid, index)
     temporary = os.path.join(folder, TEMPORARY + name)
-    tokens, ends, sizes = 0, [], []
+    tokens, ends, sizes, digest = 0, [], [], hashlib.sha256()
     try:
         with open_new(temporary, "wb") as f:
             for part, part_ends, part_sizes in encoded(_WORKER["tokenizer"], source.documents(piece, _count),
                                                        _WORKER["eos"], dtype):
-                f.write(part.tobytes())
+                _write(f, digest, part.tobytes())
                 ends.append(part_ends + tokens)
                 sizes.append(part_sizes)
                 tokens += len(part)
@@ -451,9 +551,9 @@ def _tokenize_piece(task) -> dict:
                     f"A piece of {source.name} holds {tokens:,} tokens, more than a shard can index; split "
                     "the file into smaller files."
                 )
-            f.write(bytes(-(-tokens * dtype.itemsize // 4) * 4 - tokens * dtype.itemsize))
+            _write(f, digest, bytes(-(-tokens * dtype.itemsize // 4) * 4 - tokens * dtype.itemsize))
             for parts in (ends, sizes):
-                f.write((np.concatenate(parts) if parts else np.zeros(0)).astype("<u4").tobytes())
+                _write(f, digest, (np.concatenate(parts) if parts else np.zeros(0)).astype("<u4").tobytes())
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, os.path.join(folder, name))
@@ -467,5 +567,10 @@ def _tokenize_piece(task) -> dict:
     return {
         "source": sid, "piece": index, "pieces": pieces, "file": name, "tokens": tokens, "docs": documents,
         "bytes": int(sum(int(part.sum()) for part in sizes)), "dtype": dtype.str, "path": key.get("path"),
-        "key": key,
+        "key": key, CHECKSUM: digest.hexdigest(),
     }
+
+
+def _write(f, digest, data: bytes) -> None:
+    f.write(data)
+    digest.update(data)

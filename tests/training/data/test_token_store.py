@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from datasets import Dataset
+from transformers import AutoTokenizer
 
 from hf_tinytx.tokenization import train_bpe_tokenizer
 from hf_tinytx_training.data import token_store
@@ -31,6 +33,9 @@ from hf_tinytx_training.data.packing import (
     read_tokens,
     split,
 )
+from hf_tinytx_training.errors import UserInputError
+from tests.helpers.processes import descendants
+from tests.helpers.reference import error_line
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, assert_same_weights, kill_after_call, pretrain_env
 
 
@@ -182,6 +187,77 @@ def test_a_store_of_another_tokenizer_is_emptied_in_one_line_and_never_read(tmp_
     ]
 
 
+def test_a_store_removes_only_files_of_its_own_names_and_refuses_a_folder_of_others(tmp_path, tokenizer):
+    """Before (issue 69): any folder was taken for a store, and every *.bin its journal did not list and every
+    .tmp-* entry went, with no word: a nanoGPT train.bin kept there was deleted."""
+    write_text(tmp_path / "a.txt", 0.2)
+    sources = file_sources([str(tmp_path / "a.txt")], "--train_file", "text", "text")
+    nanogpt = tmp_path / "nanogpt"
+    nanogpt.mkdir()
+    (nanogpt / "train.bin").write_bytes(b"x")
+    with pytest.raises(UserInputError) as refused:
+        token_store.build(str(nanogpt), tokenizer, None, sources, 1, print)
+    assert str(refused.value) == (
+        f"{nanogpt} is not a token store (it has no store.json) and holds other files (train.bin): give "
+        "--token_store a new or empty folder."
+    )
+    assert os.listdir(nanogpt) == ["train.bin"]
+
+    store = tmp_path / "store"
+    token_store.build(str(store), tokenizer, None, sources, 1, print)
+    (store / "train.bin").write_bytes(b"x")  # a user's files kept in a store
+    (store / ".tmp-notes").mkdir()
+    (store / ".tmp-notes" / "notes.txt").write_text("mine")
+    stray = store / f"a-{'0' * 16}-00000.bin"  # a killed build's shard, renamed but never recorded
+    stray.write_bytes(b"")
+    other = train_bpe_tokenizer([" ".join(reversed(WORDS))] * 50, 280)
+    token_store.build(str(store), other, None, sources, 1, print)  # another tokenizer: the store is emptied
+    assert (store / "train.bin").read_bytes() == b"x"
+    assert (store / ".tmp-notes" / "notes.txt").read_text() == "mine" and not stray.exists()
+
+
+@pytest.mark.parametrize("header", ["missing", "broken"])
+def test_a_store_without_its_header_is_made_again_never_relabelled(tmp_path, tokenizer, header):
+    """Before (issue 69): the old tokenizer's shards were kept and labelled with the new tokenizer."""
+    write_text(tmp_path / "a.txt", 0.2)
+    sources = file_sources([str(tmp_path / "a.txt")], "--train_file", "text", "text")
+    store = tmp_path / "store"
+    token_store.build(str(store), tokenizer, None, sources, 1, print)
+    if header == "missing":
+        (store / "store.json").unlink()
+    else:
+        (store / "store.json").write_text('{"format": ')
+    other = train_bpe_tokenizer([" ".join(reversed(WORDS))] * 50, 280)
+    said = []
+    (shards,) = token_store.build(str(store), other, None, sources, 1, said.append)
+    assert said[0] == (
+        f"The token store {store} has no readable store.json: its 1 shard(s) are removed and the data is "
+        "tokenized again."
+    ), said
+    ids = other(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
+    assert read_tokens(shards[0], 0, shards[0].tokens).tolist() == [
+        t for d in ids for t in d + [other.eos_token_id]
+    ]
+
+
+def test_a_damaged_shard_is_made_again_in_one_line(tmp_path, tokenizer):
+    """Before (issue 69): a shard overwritten with zeros at its size was read without notice."""
+    write_text(tmp_path / "a.txt", 0.2)
+    sources = file_sources([str(tmp_path / "a.txt")], "--train_file", "text", "text")
+    store = tmp_path / "store"
+    ((shard,),) = token_store.build(str(store), tokenizer, None, sources, 1, print)
+    written = open(shard.path, "rb").read()
+    with open(shard.path, "r+b") as f:
+        f.write(bytes(len(written)))
+    said = []
+    assert token_store.build(str(store), tokenizer, None, sources, 1, said.append) == [[shard]]
+    assert said[0] == (
+        f"The shard {shard.path} of the token store is damaged (its checksum differs from the one recorded "
+        "when it was written): it is made again."
+    ), said
+    assert said[1].startswith("Tokenizing 1 piece(s)") and open(shard.path, "rb").read() == written
+
+
 def test_blocks_read_across_shards_the_training_documents_in_order(tmp_path, tokenizer):
     """Which shard and which offset: blocks over two files' shards, the held-out documents skipped."""
     for number in range(2):
@@ -300,6 +376,80 @@ def test_a_kill_during_tokenization_resumes_from_the_last_shard(tmp_path):
     for entry in journal(store):
         assert (store / entry["file"]).read_bytes() == (straight / entry["file"]).read_bytes()
     assert_same_weights(tmp_path / "straight", tmp_path / "out")
+
+
+@pytest.mark.deep
+def test_a_store_in_use_is_never_emptied_by_a_run_of_another_tokenizer(tmp_path):
+    """Before (issue 69): the second run emptied the store and made its shards again under the same names,
+    while the first trained on them: the first read the other tokenizer's ids."""
+    write_text(tmp_path / "text.txt", 0.3)
+    train_bpe_tokenizer([" ".join(reversed(WORDS))] * 50, 280).save_pretrained(tmp_path / "other")
+    store, flags = tmp_path / "store", ["--train_file", "text.txt", "--token_store", "store"]
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen([sys.executable, PRETRAIN, *FLAGS, *flags, "--output_dir", "first"],
+                                 cwd=tmp_path, env=pretrain_env(tmp_path, PYTHONUNBUFFERED="1"), stdout=log,
+                                 stderr=subprocess.STDOUT)
+    try:
+        said = wait_for_line(first, tmp_path / "first.log", r"training and [\d,]+ validation blocks")
+        os.kill(first.pid, signal.SIGSTOP)  # the first run holds its data, as one that trains for days
+        shards = {path.name: path.read_bytes() for path in store.glob("*.bin")}
+        second = pretrain(tmp_path, *flags, "--tokenizer_name", "other", "--output_dir", "second")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert second.returncode == 2
+    assert error_line(second, "pretrain") == (
+        f"pretrain.py: error: The token store {store} is in use by another run and holds tokens made with "
+        "another tokenizer: give this run another --token_store, or run it once the other has ended."
+    )
+    assert shards and {path.name: path.read_bytes() for path in store.glob("*.bin")} == shards
+    assert first.wait(timeout=300) == 0, said + (tmp_path / "first.log").read_text()[-3000:]
+    assert not (tmp_path / "second").exists()
+
+
+@pytest.mark.deep
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_tokenizing_process_ends_the_run_in_one_line_and_the_rerun_goes_on(tmp_path):
+    """Before (issue 69): a worker killed (as the out-of-memory killer does) left the main process waiting
+    forever at "Tokenizing ... (100%)"."""
+    write_text(tmp_path / "text.txt", 8)  # 8 pieces of 1 MiB
+    flags = ["--train_file", "text.txt", "--preprocessing_num_workers", 2, "--output_dir", "out"]
+    command = [sys.executable, PRETRAIN, *FLAGS, *map(str, flags)]
+    with open(tmp_path / "killed.log", "w") as log, open(tmp_path / "killed.err", "w") as err:
+        run = subprocess.Popen(command, cwd=tmp_path, env=pretrain_env(tmp_path, PYTHONUNBUFFERED="1"),
+                               stdout=log, stderr=err)
+    try:
+        wait_for_line(run, tmp_path / "killed.log", r"^Tokenizing \d+ piece")
+        deadline = time.monotonic() + 30
+        while len(workers := descendants(run.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(workers[0], signal.SIGKILL)
+        started = time.monotonic()
+        run.wait(timeout=60)  # before: forever
+    finally:
+        run.kill()
+    print(f"the run ended {time.monotonic() - started:.1f} s after the kill")
+    killed = subprocess.CompletedProcess(command, run.returncode, "", (tmp_path / "killed.err").read_text())
+    assert run.returncode == 1
+    assert "ended abruptly" in error_line(killed, "pretrain", "run the same command again")
+
+    ok(pretrain(tmp_path, *flags))
+    store = tmp_path / "out" / "token_store"
+    tokenizer = AutoTokenizer.from_pretrained(store / token_store.TOKENIZER_DIR)
+    sources = file_sources([str(tmp_path / "text.txt")], "--train_file", "text", "text")
+    (clean,) = token_store.build(str(tmp_path / "clean"), tokenizer, None, sources, 1, print)
+    entries = sorted(journal(store), key=lambda entry: entry["piece"])
+    assert [(store / entry["file"]).read_bytes() for entry in entries] == [
+        open(shard.path, "rb").read() for shard in clean
+    ]
+
+
+def wait_for_line(process, log, pattern: str, timeout: float = 300) -> str:
+    """The log of `process` once a line matches `pattern`."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, said := log.read_text(), re.M):
+        assert process.poll() is None and time.monotonic() < deadline, said[-3000:]
+        time.sleep(0.05)
+    return said
 
 
 @pytest.mark.deep
