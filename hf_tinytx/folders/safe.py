@@ -99,7 +99,7 @@ def uncreatable(folder: str | os.PathLike) -> str | None:
     """Why `folder` cannot be written into ("is a file", or its nearest existing parent is a file or not
     writable); None when it can."""
     if os.path.exists(folder) and not os.path.isdir(folder):
-        return "is a file; choose a folder path"
+        return "is a file"
     ancestor = os.path.abspath(folder)
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)

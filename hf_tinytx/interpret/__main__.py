@@ -49,7 +49,7 @@ def check_input(args) -> None:
         raise UserInputError('the text is empty: give a sentence to look at, in quotes ("The animal ...").')
     utf8_text(args.text, "the text")
     if (problem := uncreatable(args.out)) is not None:
-        raise UserInputError(f"--out {args.out} {problem}.")
+        raise UserInputError(f"--out {args.out} {problem}: give --out a folder it can write.")
     if os.path.isdir(args.model) or looks_local(args.model):
         try:
             check_folder(args.model)

@@ -72,6 +72,15 @@ REFUSED_EARLY = {
     "broken JSON": (["--model_config", "broken.json"], ["broken.json is not valid JSON/YAML"]),
     "a binary training file": (["--train_file", "binary.txt"], ["binary.txt"]),
     # Before (issue 69): a folder that was no store was taken for one, and its train.bin deleted.
+    # Before (issue 69): "FileExistsError ... (unexpected ...)", after a tokenizer was trained.
+    "a token store that is a file": (
+        ["--train_file", "texts/one.txt", "--token_store", "a_file"],
+        ["--token_store", "a_file is a file: give --token_store a new or empty folder"],
+    ),
+    "a token store under a file": (
+        ["--train_file", "texts/one.txt", "--token_store", "a_file/store"],
+        ["a_file/store cannot be created", "a_file is not a folder"],
+    ),
     "a token store folder holding other files": (
         ["--train_file", "texts/one.txt", "--token_store", "nanogpt"],
         ["is not a token store (it has no store.json) and holds other files (train.bin)",

@@ -40,7 +40,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from hf_tinytx.folders.safe import is_disk_full, mib, open_new, read_json_or_none, remove_tree, replace_file
+from hf_tinytx.folders.safe import (
+    is_disk_full,
+    mib,
+    open_new,
+    read_json_or_none,
+    remove_tree,
+    replace_file,
+    uncreatable,
+)
 from hf_tinytx_training.data.documents import RULES
 from hf_tinytx_training.data.progress import Progress
 from hf_tinytx_training.errors import RunError, UserInputError
@@ -92,7 +100,10 @@ def read_header(folder: str) -> dict | None:
 
 def check_folder(folder: str) -> None:
     """Refuses a folder that is no store (no header) and holds entries the store did not write: they may be
-    another program's (a nanoGPT train.bin), and are neither the store's to remove nor to read."""
+    another program's (a nanoGPT train.bin), and are neither the store's to remove nor to read. A path that
+    cannot be a folder (a file, or under one) is refused too."""
+    if (problem := uncreatable(folder)) is not None:
+        raise UserInputError(f"--token_store {folder} {problem}: give --token_store a new or empty folder.")
     if not os.path.isdir(folder) or read_header(folder) is not None:
         return
     others = sorted(name for name in os.listdir(folder) if not own_name(name))

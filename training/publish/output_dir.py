@@ -26,7 +26,7 @@ STARTED_ONLY = ("tokenizer", ".tmp_tokenizer", ".tmp_checkpoint")
 def check_output_dir(output_dir: str, train_args, flag: str = "--output_dir") -> None:
     """Refuses an output folder (named by `flag`) that cannot be written, is in use, or would lose a run."""
     if (problem := folders.uncreatable(output_dir)) is not None:
-        fix = "." if problem.startswith("is a file") else f". Choose another {flag}."
+        fix = "; choose a folder path." if problem == "is a file" else f". Choose another {flag}."
         raise UserInputError(f"{flag} {output_dir} {problem}{fix}")
     if not os.path.isdir(output_dir):
         return
