@@ -48,6 +48,10 @@ def check_input(args) -> None:
     if not args.text.strip():
         raise UserInputError('the text is empty: give a sentence to look at, in quotes ("The animal ...").')
     utf8_text(args.text, "the text")
+    if args.dpi < 1:
+        raise UserInputError(f"--dpi must be at least 1, got {args.dpi} (the default is 100).")
+    if args.coref_probes < 0:
+        raise UserInputError(f"--coref_probes must be 0 or more, got {args.coref_probes}.")
     if (problem := uncreatable(args.out)) is not None:
         raise UserInputError(f"--out {args.out} {problem}: give --out a folder it can write.")
     if os.path.isdir(args.model) or looks_local(args.model):
@@ -68,10 +72,23 @@ def main(argv=None) -> int:
     return exits.exit_status(f"{parser.prog}:", lambda: interpret(args))  # as its parser's lines begin
 
 
+def check_layers_and_heads(args, config) -> None:
+    """--layers and --heads name ones the model has (its config is known once it loads)."""
+    for flag, chosen, count, what in (("--layers", args.layers, config.num_hidden_layers, "layers"),
+                                      ("--heads", args.heads, config.num_attention_heads, "heads a layer")):
+        wrong = [index for index in chosen or () if not 0 <= index < count]
+        if wrong:
+            raise UserInputError(
+                f"{flag} {' '.join(map(str, wrong))}: the model has {count} {what}, numbered 0 to "
+                f"{count - 1}."
+            )
+
+
 def interpret(args) -> None:
     quiet_notices()
     check_input(args)
     model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code)
+    check_layers_and_heads(args, model.config)
     maps = attention_maps(model, tokenizer, args.text)
     paths = save_attention_maps(maps, args.out, args.layers, args.heads, dpi=args.dpi)
     print(f"{len(paths)} attention maps of {len(maps.tokens)} tokens written to {args.out}")

@@ -285,7 +285,8 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
 # ---- bad input: one table, each case refused before the model loads, nothing written ----
 
 TYPOS = ["out/tinytxx", "./tinytxx", "out/run1/final", "tiny model"]  # a space: no repo id
-# case: (MODEL, the text, --out, words of the one line); {tmp} is the case's folder, the working folder
+# case: (MODEL, the text, --out, words of the one line[, more flags]); {tmp} is the case's folder, the working
+# folder
 REFUSALS = {
     "a folder that holds no model": ("{tmp}/empty", TEXT, "{tmp}/maps", ["has no config.json"]),
     # Taken for a Hub id, such a path used to wait ~50 s on the network before failing.
@@ -302,6 +303,10 @@ REFUSALS = {
     "an empty text": ("model", " ", "maps", ["the text is empty", "in quotes"]),
     "--out under a file": (
         "model", TEXT, "notes.txt/maps", ["cannot be created", "notes.txt is not a folder"],
+    ),
+    "--dpi 0": ("model", TEXT, "maps", ["--dpi must be at least 1, got 0"], ["--dpi", "0"]),
+    "--coref_probes -1": (
+        "model", TEXT, "maps", ["--coref_probes must be 0 or more, got -1"], ["--coref_probes", "-1"],
     ),
     "pickled weights only": (
         "pickled", TEXT, "maps", ["only as a pickle (pytorch_model.bin)", "which tinytx never loads"],
@@ -328,10 +333,26 @@ def test_bad_input_is_refused_at_once_and_nothing_is_written(tokenizer, tmp_path
     line = refused_in_process(
         capsys, monkeypatch, "python -m hf_tinytx.interpret",
         lambda argv: check_input(interpret_parser().parse_args(argv)),
-        [model, text, "--out", out],
+        [model, text, "--out", out, *(REFUSALS[case][4] if len(REFUSALS[case]) > 4 else [])],
     )
     assert all(words in line for words in REFUSALS[case][3]), line
     assert snapshot(tmp_path) == before
+
+
+def test_layers_and_heads_the_model_lacks_are_one_line_once_it_loads(tokenizer, tmp_path, capsys):
+    """Before (issue 69): "ValueError: No layer 7 head 0 ... (unexpected ...)", exit 1."""
+    from hf_tinytx.interpret.__main__ import main
+
+    build_tiny_model(vocab_size=len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    for flags, line in (
+        (["--layers", "1", "7"], "--layers 7: the model has 2 layers, numbered 0 to 1."),
+        (["--heads", "4"], "--heads 4: the model has 4 heads a layer, numbered 0 to 3."),
+    ):
+        assert main([str(tmp_path / "model"), TEXT, "--out", str(tmp_path / "maps"), *flags]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last == f"python -m hf_tinytx.interpret: error: {line}"
+    assert not (tmp_path / "maps").exists()
 
 
 def test_the_command_line_refuses_with_the_same_line_and_status(tmp_path):
