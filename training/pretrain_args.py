@@ -162,7 +162,7 @@ POSITIVE = (
     "preprocessing_num_workers",  # > 0 where given
     "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "eval_steps",
     "max_train_steps", "max_train_tokens", "checkpointing_steps", "checkpoints_total_limit",
-    "total_batch_size",
+    "total_batch_size", "max_eval_batches",
 )
 
 
@@ -254,6 +254,11 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
             "--streaming reads a Hub dataset (--dataset_name) or local files (--train_file); give one of "
             "them."
         )
+    if not 0 <= train_args.seed < 2**32:
+        raise UserInputError(f"--seed must be a whole number from 0 to 2**32 - 1, got {train_args.seed}.")
+    for name in ("num_probes_per_kind", "num_samples"):
+        if given[name] < 0:
+            raise UserInputError(f"--{name} must be 0 or more (0: none), got {given[name]}.")
     if train_args.max_eval_tokens < 0:
         raise UserInputError(f"--max_eval_tokens must be >= 0 (0: the whole validation text), got "
                              f"{train_args.max_eval_tokens}.")

@@ -47,6 +47,10 @@ OUT_FILES = {
 REFUSED_EARLY = {
     "empty_dataset_file": (["--train_file", "empty.jsonl"], ["empty", "--train_file"]),
     "missing_file": (["--train_file", "nope/*.jsonl"], ["matches no file", "Check the path"]),
+    # Before (issue 69): "ValueError ... (unexpected ...)" once torch had loaded, or taken as 0.
+    "negative_seed": (["--seed", "-1"], ["--seed must be a whole number from 0 to 2**32 - 1, got -1"]),
+    "no_eval_batches": (["--max_eval_batches", "-1"], ["--max_eval_batches must be a positive number"]),
+    "negative_samples": (["--num_samples", "-1"], ["--num_samples must be 0 or more (0: none), got -1"]),
     # Before: trained on the built-in corpus, exit 0 (issue 69).
     "empty_train_file": (["--train_file", ""], ["--train_file is empty", "leave the flag out"]),
     "blank_output_dir": (["--output_dir", " "], ["--output_dir is empty", "an unset shell variable"]),
