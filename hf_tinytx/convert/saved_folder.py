@@ -91,7 +91,10 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
     cannot (and a link leading out)."""
     local_folder_or_hub_id(str(source))  # the same words as every command for a mistyped path
     if not source.is_dir():
-        raise FileNotFoundError(f"convert: source folder {str(source)!r} does not exist.")
+        raise FileNotFoundError(
+            f"convert: source folder {str(source)!r} does not exist; pass the folder that `save_pretrained` "
+            "wrote (a Hub model: download it first, e.g. with `hf download`)."
+        )
     files = regular_files(source)
     config_file = source / "config.json"
     if not config_file.is_file() and interrupted_save(source):

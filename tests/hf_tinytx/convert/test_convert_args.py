@@ -95,6 +95,10 @@ CASES = {
     "a missing source": (
         "--to tinytx {root}/missing out", ["no such folder: {root}/missing", "check the path"],
     ),
+    # A bare name is taken for a Hub id first: the line said only "does not exist" (issue 69).
+    "a missing source named bare": (
+        "--to tinytx missing out", ["source folder 'missing' does not exist", "download it first"],
+    ),
     "a source with no config.json": (
         "--to tinytx empty out", ["'empty' has no config.json", "pass the folder that `save_pretrained`"],
     ),
