@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-import transformers.cli.serve  # noqa: F401  (loaded here, with torch allowed: the helper blocks it in a check)
+import transformers.cli.serve  # noqa: F401  (loaded with torch allowed; a check blocks it)
 from safetensors.numpy import save_file
 
 from hf_tinytx.commands.signals import STOP_SIGNALS, restore
