@@ -395,11 +395,8 @@ def _documents(rng: random.Random, num_documents: int, kinds: tuple[str, ...], m
 
 
 def generate_documents(
-    num_documents: int,
-    seed: int = 0,
-    kinds: tuple[str, ...] = ("coref", "recall", "copy"),
-    max_recall_distance: int = 200,
-    mix: Mix = DEFAULT_MIX,
+    num_documents: int, seed: int = 0, kinds: tuple[str, ...] = ("coref", "recall", "copy"),
+    max_recall_distance: int = 200, mix: Mix = DEFAULT_MIX,
 ) -> list[str]:
     """`num_documents` documents of the `kinds` (drawn with the odds of `mix`);
     the same seed gives the same list.
@@ -470,9 +467,7 @@ def _copy_probe(rng: random.Random, gap: int) -> Probe:
 
 
 def make_probes(
-    num_per_kind: int = 100,
-    seed: int = 12345,
-    recall_distances: tuple[int, ...] = (10, 50, 200, 400),
+    num_per_kind: int = 100, seed: int = 12345, recall_distances: tuple[int, ...] = (10, 50, 200, 400),
     copy_distances: tuple[int, ...] = (0,),
 ) -> list[Probe]:
     """Held-out test questions: `num_per_kind` each of coref and coref_new_nouns, and of recall and copy at

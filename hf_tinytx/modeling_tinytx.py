@@ -187,13 +187,8 @@ def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
     **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention step by step. Shapes: query (batch, heads, n_q, d), key/value (batch, kv_heads, n_k, d)."""
@@ -245,11 +240,8 @@ class TinyTxAttention(nn.Module):
             self.k_norm = TinyTxRMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None, cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
@@ -301,11 +293,8 @@ class TinyTxDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = TinyTxRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None, cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         # Mix across positions.
@@ -568,15 +557,10 @@ class TinyTxForCausalLM(TinyTxPreTrainedModel, GenerationMixin):
     @can_return_tuple
     @auto_docstring
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
+        self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None, labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""

@@ -95,13 +95,7 @@ class StoppedRuns:
         }
 
     def stopped_run(
-        self,
-        plan: dict,
-        reference: dict,
-        command: list,
-        env: dict,
-        cwd: Path,
-        launched: bool = False,
+        self, plan: dict, reference: dict, command: list, env: dict, cwd: Path, launched: bool = False,
         signal_timeout: float = 300,
     ):
         """The first run, stopped as the plan's kind says: SIGKILL at a time of the run ("time") or of

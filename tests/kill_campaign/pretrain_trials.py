@@ -72,17 +72,8 @@ class Pretrain(StoppedRuns):
     phase_line, training_line, finished_line = EXPORT_LINE, TRAINING_LINE, FINISHED_LINE
 
     def __init__(
-        self,
-        folder: Path,
-        env: dict,
-        quick: bool,
-        trials: int,
-        dropout_trials: int,
-        signal_trials: int,
-        steps: int,
-        seed: int,
-        shape_trials: int = 0,
-        link_trials: int = 0,
+        self, folder: Path, env: dict, quick: bool, trials: int, dropout_trials: int, signal_trials: int,
+        steps: int, seed: int, shape_trials: int = 0, link_trials: int = 0,
     ):
         self.folder, self.env, self.quick, self.steps = folder / "pretrain", env, quick, steps
         self.folder.mkdir()

@@ -18,14 +18,7 @@ from hf_tinytx_training.publish import cards
 
 
 def write_model_folder(
-    folder,
-    model,
-    state_dict,
-    tokenizer,
-    card: ModelCard,
-    history,
-    training_args,
-    max_shard_size,
+    folder, model, state_dict, tokenizer, card: ModelCard, history, training_args, max_shard_size,
     coref_head: dict | None = None,
 ):
     """Writes every file of the model repository into `folder` (created if needed)."""
@@ -43,14 +36,7 @@ def write_model_folder(
 
 
 def export_final(
-    output_dir: str,
-    checkpoints_dir: str,
-    model,
-    state_dict,
-    tokenizer,
-    card,
-    history,
-    training_args,
+    output_dir: str, checkpoints_dir: str, model, state_dict, tokenizer, card, history, training_args,
     coref_head: dict | None = None,
 ):
     """Writes the model folder's files into `output_dir` (see the module docstring); returns their names."""
