@@ -85,10 +85,11 @@ def run_mode(mode: str, args, workdir: Path) -> dict:
     gpu = gpu if args.device == "cuda" else []
     command = [
         *launcher(mode, args.device, args.ranks), __file__, "--rank", str(report),
-        str(ROOT / "training" / "pretrain.py"), "--model_preset", args.preset, "--block_size",
-        str(args.block_size), "--per_device_train_batch_size", str(args.batch_size), "--num_train_documents",
-        "2000", "--max_train_steps", str(args.steps), "--max_eval_batches", "1", "--num_probes_per_kind", "0",
-        "--num_samples", "0", "--max_train_seconds", "0", "--output_dir", str(workdir / mode), *gpu,
+        str(ROOT / "training" / "pretrain.py"), "--model_preset", args.preset,
+        "--block_size", str(args.block_size), "--per_device_train_batch_size", str(args.batch_size),
+        "--num_train_documents", "2000", "--max_train_steps", str(args.steps), "--max_eval_batches", "1",
+        "--num_probes_per_kind", "0", "--num_samples", "0", "--max_train_seconds", "0",
+        "--output_dir", str(workdir / mode), *gpu,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg",
            "HF_HOME": str(workdir / "hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

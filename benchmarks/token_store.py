@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PRETRAIN = str(ROOT / "training" / "pretrain.py")
 MODEL = [
-    "--hidden_size", "64", "--intermediate_size", "192", "--num_hidden_layers", "2", "--num_attention_heads",
-    "4", "--vocab_size", "2048", "--max_train_steps", "20", "--num_warmup_steps", "2",
-    "--num_probes_per_kind", "0", "--num_samples", "0", "--max_train_seconds", "0",
+    "--hidden_size", "64", "--intermediate_size", "192", "--num_hidden_layers", "2",
+    "--num_attention_heads", "4", "--vocab_size", "2048", "--max_train_steps", "20",
+    "--num_warmup_steps", "2", "--num_probes_per_kind", "0", "--num_samples", "0", "--max_train_seconds", "0",
 ]
 
 

@@ -165,8 +165,8 @@ def write_play(path: Path, num_bytes: int = 20_000) -> None:
 
 def test_recipe_step(tmp_path):
     flags = [
-        "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--vocab_size",
-        "300", "--batch_size", "2", "--seq_len", "32", "--repeats", "3",
+        "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",
+        "--vocab_size", "300", "--batch_size", "2", "--seq_len", "32", "--repeats", "3",
     ]
     summary = final_json(run_script(python("recipe_step.py", *flags), tmp_path).stdout)
     assert summary["benchmark"] == "recipe_step"

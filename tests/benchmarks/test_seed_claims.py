@@ -263,8 +263,8 @@ def test_rule_ablation_scores_seen_unseen_and_made_up_nouns_along_the_way(tmp_pa
     result = subprocess.run(
         [
             sys.executable, "-m", "benchmarks.seed_claims.rule_ablation", "--quick", "--steps", "6",
-            "--every", "4", "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0", "--layers",
-            "1", "--documents", "200", "--out", str(out),
+            "--every", "4", "--probes", "4", "--made_up", "1.0", "--kind_weights", "1", "0", "0",
+            "--layers", "1", "--documents", "200", "--out", str(out),
         ],
         env=pretrain_env(tmp_path),
         cwd=REPO_ROOT,

@@ -184,8 +184,8 @@ class Finetune(StoppedRuns):
             else:
                 first = run_process(
                     [
-                        *killed_at(TORCHRUN, call), str(FINETUNE), *flags(config), "--output_dir",
-                        str(output_dir),
+                        *killed_at(TORCHRUN, call), str(FINETUNE), *flags(config),
+                        "--output_dir", str(output_dir),
                     ],
                     env,
                     self.folder,

@@ -29,9 +29,9 @@ from tests.kill_campaign.common import (
 
 STEPS, EVERY = 40, 5
 FLAGS = [
-    *TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_size", "16", "--max_train_steps",
-    str(STEPS), "--checkpointing_steps", str(EVERY), "--eval_steps", "1000", "--num_probes_per_kind", "0",
-    "--num_samples", "0", "--ddp_timeout", "10",
+    *TINY_PRETRAIN_ARGS, "--num_train_documents", "100", "--total_batch_size", "16",
+    "--max_train_steps", str(STEPS), "--checkpointing_steps", str(EVERY), "--eval_steps", "1000",
+    "--num_probes_per_kind", "0", "--num_samples", "0", "--ddp_timeout", "10",
 ]
 FAULTS = ("kill worker", "kill agent", "freeze worker")
 # seconds from a fault to every process gone: --ddp_timeout, torchrun's restart and its join timeout
@@ -45,8 +45,8 @@ GROUP_LINE = re.compile(r"^(\d+) process\(es\) on", re.M)
 def torchrun(port: int, run_id: str, max_restarts: int) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
-        f"join_timeout={JOIN_TIMEOUT}", "--max-restarts", str(max_restarts),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
+        "--rdzv-conf", f"join_timeout={JOIN_TIMEOUT}", "--max-restarts", str(max_restarts),
     ]
 
 

@@ -175,8 +175,8 @@ class Pretrain(StoppedRuns):
         reference = self.references[plan["config"]]
         output_dir, extra = self.trial_folder(plan)
         args = [
-            *command_flags(self.steps, self.configs.get(plan["config"])), *extra, "--output_dir",
-            str(output_dir),
+            *command_flags(self.steps, self.configs.get(plan["config"])), *extra,
+            "--output_dir", str(output_dir),
         ]
         env, cwd, started = self.env, self.folder, time.monotonic()
         if plan["kind"] == "call":

@@ -84,8 +84,9 @@ def test_a_full_disk_in_the_merged_save_names_the_merged_folder_and_removes_it(r
     """Before: the line named OUT/.tinytx-staging, said "about 0.0 MiB needed", and
     left an empty merged/ behind."""
     command = [
-        sys.executable, str(FINETUNE), "--model_name_or_path", str(root / "base"), "--train_file",
-        str(root / "train.jsonl"), *QUICK, "--use_peft", "--merge", "--output_dir", str(tmp_path / "out"),
+        sys.executable, str(FINETUNE), "--model_name_or_path", str(root / "base"),
+        "--train_file", str(root / "train.jsonl"), *QUICK, "--use_peft", "--merge",
+        "--output_dir", str(tmp_path / "out"),
     ]
     with mounted(tmp_path / "disk", "100k") as disk:
         merged = disk / "a" / "merged"

@@ -981,8 +981,8 @@ def test_sigterm_during_a_pretrain_push_that_never_finishes_ends_it_at_once(tmp_
     with silent_server() as server:
         run = Running(
             [
-                sys.executable, PRETRAIN, *FAST, "--output_dir", str(out), "--push_to_hub", "--hub_model_id",
-                "me/tiny", "--hub_timeout", LONG_WAIT,
+                sys.executable, PRETRAIN, *FAST, "--output_dir", str(out), "--push_to_hub",
+                "--hub_model_id", "me/tiny", "--hub_timeout", LONG_WAIT,
             ],
             silent_hub_env(server, tmp_path),
             tmp_path,
@@ -1009,8 +1009,8 @@ def test_ctrl_c_three_times_during_a_finetune_push_that_never_finishes_ends_it_a
         run = Running(
             [
                 sys.executable, FINETUNE, "--model_name_or_path", "base", "--train_file", "train.jsonl",
-                "--output_dir", "tuned", "--push_to_hub", "--hub_model_id", "me/tuned", "--hub_timeout",
-                LONG_WAIT, *QUICK,
+                "--output_dir", "tuned", "--push_to_hub", "--hub_model_id", "me/tuned",
+                "--hub_timeout", LONG_WAIT, *QUICK,
             ],
             silent_hub_env(server, tmp_path),
             tmp_path,
@@ -1055,8 +1055,9 @@ def test_sigterm_to_the_main_process_alone_takes_its_tokenization_workers_along(
 def test_a_second_sigterm_while_a_stopped_run_exits_keeps_its_status(tmp_path):
     # Started as `tinytx pretrain` (its module form), so its lines name it so, not "pretrain.py".
     command = [
-        sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS, "--max_train_steps",
-        "60", "--num_probes_per_kind", "0", "--num_samples", "0", "--output_dir", str(tmp_path / "out"),
+        sys.executable, "-m", "hf_tinytx_training", "pretrain", *TINY_PRETRAIN_ARGS,
+        "--max_train_steps", "60", "--num_probes_per_kind", "0", "--num_samples", "0",
+        "--output_dir", str(tmp_path / "out"),
     ]
     run = Running(command, pretrain_env(tmp_path), tmp_path)
     run.wait_for(r"^train:.*\| *[1-9]\d*/")

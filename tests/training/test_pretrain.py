@@ -23,8 +23,8 @@ def trained_folder(tmp_path_factory):
     output_dir = tmp_path / "model"
     command = [
         sys.executable, os.path.join(REPO_ROOT, "training", "pretrain.py"), *TINY_PRETRAIN_ARGS,
-        "--output_dir", str(output_dir), "--max_train_steps", "40", "--eval_steps", "20", "--learning_rate",
-        "3e-3",
+        "--output_dir", str(output_dir), "--max_train_steps", "40", "--eval_steps", "20",
+        "--learning_rate", "3e-3",
     ]
     result = subprocess.run(command, env=pretrain_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
                             timeout=600)

@@ -256,8 +256,8 @@ def test_command_line_writes_maps_and_head_scores(tokenizer, tmp_path, trust_rem
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     argv = [
-        str(tmp_path / "model"), TEXT, "--out", str(tmp_path / "maps"), "--layers", "1", "--coref_probes",
-        "2",
+        str(tmp_path / "model"), TEXT, "--out", str(tmp_path / "maps"), "--layers", "1",
+        "--coref_probes", "2",
     ]
     assert main(argv + (["--trust_remote_code"] if trust_remote_code else [])) == 0
     assert sorted(p.name for p in (tmp_path / "maps").glob("*.png")) == [

@@ -22,9 +22,9 @@ WORDS = (
 ).split()
 # A tiny model, a short run, the sizes left to their defaults.
 FLAGS = [
-    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads",
-    "4", "--vocab_size", "320", "--max_train_steps", "20", "--num_warmup_steps", "2", "--num_samples", "2",
-    "--max_train_seconds", "0",
+    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",
+    "--num_attention_heads", "4", "--vocab_size", "320", "--max_train_steps", "20", "--num_warmup_steps", "2",
+    "--num_samples", "2", "--max_train_seconds", "0",
 ]
 
 

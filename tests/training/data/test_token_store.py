@@ -46,9 +46,10 @@ WORDS = (
 ).split()
 # A tiny model and a short run; the data flags come with each test.
 FLAGS = [
-    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2", "--num_attention_heads",
-    "4", "--vocab_size", "320", "--max_train_steps", "4", "--num_warmup_steps", "1", "--num_probes_per_kind",
-    "0", "--num_samples", "0", "--max_train_seconds", "0", "--per_device_train_batch_size", "8",
+    "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",
+    "--num_attention_heads", "4", "--vocab_size", "320", "--max_train_steps", "4", "--num_warmup_steps", "1",
+    "--num_probes_per_kind", "0", "--num_samples", "0", "--max_train_seconds", "0",
+    "--per_device_train_batch_size", "8",
 ]
 
 

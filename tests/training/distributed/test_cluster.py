@@ -143,9 +143,9 @@ def test_accelerate_launch_on_two_machines_without_gpus_trains_on_their_cpus(tmp
     machines = [
         start(
             [
-                *ACCELERATE, "--config_file", str(CONFIGS / "accelerate-multinode.yaml"), "--num_processes",
-                "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port",
-                port, PRETRAIN, *FLAGS, "--output_dir", str(folder),
+                *ACCELERATE, "--config_file", str(CONFIGS / "accelerate-multinode.yaml"),
+                "--num_processes", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+                "--main_process_port", port, PRETRAIN, *FLAGS, "--output_dir", str(folder),
             ],
             tmp_path,
         )
@@ -202,9 +202,9 @@ def test_a_frozen_rendezvous_host_ends_the_other_nodes_launcher_within_ddp_timeo
     frozen store even through SIGTERM, is ended by the watcher its worker left, LAUNCHER_GRACE later."""
     folder, port, timeout = tmp_path / "run", free_port(), 10
     command = [
-        *TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-        f"127.0.0.1:{port}", "--rdzv-id", "frozen", PRETRAIN, *FLAGS, "--ddp_timeout", str(timeout),
-        "--output_dir", str(folder),
+        *TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "frozen", PRETRAIN, *FLAGS,
+        "--ddp_timeout", str(timeout), "--output_dir", str(folder),
     ]
     host = start(command, tmp_path)
     deadline = time.monotonic() + 120
@@ -338,9 +338,9 @@ def test_launches_that_would_train_alone_stop_in_one_line(tmp_path):
         pdsh = run(
             [
                 *ACCELERATE, "--config_file", str(CONFIGS / "accelerate-deepspeed-zero3.yaml"),
-                "--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--main_process_ip",
-                "127.0.0.1", "--main_process_port", str(free_port()), PRETRAIN, *FLAGS, "--output_dir",
-                str(folder),
+                "--num_machines", "2", "--num_processes", "2", "--machine_rank", "0",
+                "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()), PRETRAIN, *FLAGS,
+                "--output_dir", str(folder),
             ],
             tmp_path,
         )
@@ -366,9 +366,10 @@ def finetune_on_two_nodes(tmp_path, folders, *flags):
         start(
             [
                 *TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "sft", FINETUNE, "--model_name_or_path",
-                "base", "--train_file", "train.jsonl", "--per_device_train_batch_size", "2",
-                "--logging_steps", "1", "--disable_tqdm", "true", "--output_dir", str(folder), *flags,
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "sft", FINETUNE,
+                "--model_name_or_path", "base", "--train_file", "train.jsonl",
+                "--per_device_train_batch_size", "2", "--logging_steps", "1", "--disable_tqdm", "true",
+                "--output_dir", str(folder), *flags,
             ],
             tmp_path,
             PYTHONUNBUFFERED="1",

@@ -35,9 +35,9 @@ def pretrain(folder, *flags, launcher, env=None, check=True):
     if not config.exists():
         config.write_text(json.dumps({"tie_word_embeddings": True, "num_key_value_heads": 2}))
     command = [
-        *launcher, str(REPO_ROOT / "training" / "pretrain.py"), *TINY_PRETRAIN_ARGS, "--model_config",
-        str(config), "--max_train_steps", str(STEPS), "--num_probes_per_kind", "0", "--num_samples", "0",
-        "--output_dir", str(folder), *map(str, flags),
+        *launcher, str(REPO_ROOT / "training" / "pretrain.py"), *TINY_PRETRAIN_ARGS,
+        "--model_config", str(config), "--max_train_steps", str(STEPS), "--num_probes_per_kind", "0",
+        "--num_samples", "0", "--output_dir", str(folder), *map(str, flags),
     ]
     run_env = pretrain_env(folder.parent, OMP_NUM_THREADS="1", **(env or {}))
     result = subprocess.run(

@@ -96,8 +96,8 @@ def assert_untouched(notes: Path, mine: Path, names, folder: Path) -> None:
 
 PRETRAIN = REPO_ROOT / "training" / "pretrain.py"
 TINY = [
-    "--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "1", "--num_attention_heads",
-    "2", "--num_train_documents", "60", "--vocab_size", "300", "--block_size", "32",
+    "--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "1",
+    "--num_attention_heads", "2", "--num_train_documents", "60", "--vocab_size", "300", "--block_size", "32",
     "--per_device_train_batch_size", "4", "--max_train_steps", "2", "--max_eval_batches", "1",
     "--num_probes_per_kind", "1", "--num_samples", "0", "--max_train_seconds", "0", "--report_to", "none",
 ]

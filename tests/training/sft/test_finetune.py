@@ -26,8 +26,8 @@ from tests.training.publish.test_hub import assert_token_nowhere
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
 QUICK = [
-    "--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3", "--logging_steps",
-    "2", "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",
+    "--max_steps", "8", "--per_device_train_batch_size", "4", "--learning_rate", "5e-3",
+    "--logging_steps", "2", "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",
 ]
 
 # each bad input replaces one
@@ -169,10 +169,10 @@ def runs(tmp_path_factory):
     commands = {  # cwd is root: relative paths are as a user would type them
         # a base on the Hub
         "full": [
-            "--model_name_or_path", "tester/tiny-base", "--train_file", "train.jsonl", "--validation_file",
-            "validation.jsonl", "--packing", "--max_seq_length", "48", "--output_dir", "full",
-            "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK, "--save_strategy", "steps",
-            "--save_steps", "4", "--bf16",
+            "--model_name_or_path", "tester/tiny-base", "--train_file", "train.jsonl",
+            "--validation_file", "validation.jsonl", "--packing", "--max_seq_length", "48",
+            "--output_dir", "full", "--push_to_hub", "--hub_model_id", "tester/tiny-sft", *QUICK,
+            "--save_strategy", "steps", "--save_steps", "4", "--bf16",
         ],
         "lora": lora_args("lora"),
         "cut": [
