@@ -70,6 +70,14 @@ def build_byte_bpe_tokenizer(vocab_size=300, sentences=TINY_SENTENCES):
     return train_bpe_tokenizer(sentences, vocab_size)
 
 
+
+def save_tiny_model_folder(folder, model=None):
+    """A saved model folder, as save_pretrained writes one: `model` (default: a tiny TinyTx of 320 rows)
+    and the byte-level BPE tokenizer of 300 tokens. Returns `folder`."""
+    (model if model is not None else build_tiny_model(vocab_size=320)).save_pretrained(folder)
+    build_byte_bpe_tokenizer().save_pretrained(folder)
+    return folder
+
 # A model and corpus small enough that a few dozen steps take seconds; a later flag overrides any of these.
 TINY_PRETRAIN_ARGS = [
     "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",

@@ -12,13 +12,7 @@ import pytest
 from hf_tinytx.convert.__main__ import main as convert_main
 from hf_tinytx.folders.safe import mib
 from tests.helpers.reference import error_line
-from tests.helpers.tiny import (
-    REPO_ROOT,
-    TINY_PRETRAIN_ARGS,
-    build_byte_bpe_tokenizer,
-    build_tiny_model,
-    pretrain_env,
-)
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env, save_tiny_model_folder
 
 
 pytestmark = pytest.mark.deep
@@ -38,8 +32,7 @@ def write_jsonl(path: Path, lines) -> Path:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("clear_messages")
-    build_tiny_model(vocab_size=320).save_pretrained(root / "base")
-    build_byte_bpe_tokenizer().save_pretrained(root / "base")
+    save_tiny_model_folder(root / "base")
     write_jsonl(root / "train.jsonl", PROMPTS)
     return root
 

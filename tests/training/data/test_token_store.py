@@ -37,13 +37,11 @@ from hf_tinytx_training.errors import UserInputError
 from tests.helpers.processes import descendants
 from tests.helpers.reference import error_line
 from tests.helpers.tiny import LAUNCH, REPO_ROOT, assert_same_weights, kill_after_call, pretrain_env
+from tests.training.data.test_own_text import WORDS as TEXT_WORDS
 
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
-WORDS = (
-    "the miller kept his grain in the old mill by the river and sold bread to every village while the "
-    "children of the valley played on the bridge until the evening bell rang café"
-).split()
+WORDS = [*TEXT_WORDS, "café"]  # one word beyond ASCII
 # A tiny model and a short run; the data flags come with each test.
 FLAGS = [
     "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",
@@ -170,18 +168,31 @@ def test_an_added_file_tokenizes_only_itself_and_a_changed_one_is_made_again(tmp
     assert len(shards) == 4 and sorted(entry["file"] for entry in journal(store)) == shards
 
 
-def test_a_store_of_another_tokenizer_is_emptied_in_one_line_and_never_read(tmp_path, tokenizer):
+AGAIN = "its 1 shard(s) are removed and the data is tokenized again."
+
+
+@pytest.mark.parametrize("change, line", [
+    ("another tokenizer", f"holds tokens made with another tokenizer: {AGAIN}"),
+    ("no header", f"has no readable store.json: {AGAIN}"),
+    ("a broken header", f"has no readable store.json: {AGAIN}"),
+])
+def test_a_store_of_other_tokens_or_without_its_header_is_made_again_never_read(
+    tmp_path, tokenizer, change, line,
+):
+    """Before (issue 69), a store without its header kept the old tokenizer's shards, labelled with the new
+    tokenizer; another tokenizer's store was (and is) emptied in one line."""
     write_text(tmp_path / "a.txt", 0.2)
     sources = file_sources([str(tmp_path / "a.txt")], "--train_file", "text", "text")
     store = tmp_path / "store"
     token_store.build(str(store), tokenizer, None, sources, 1, print)
+    if change == "no header":
+        (store / "store.json").unlink()
+    elif change == "a broken header":
+        (store / "store.json").write_text('{"format": ')
     other = train_bpe_tokenizer([" ".join(reversed(WORDS))] * 50, 280)
     said = []
     (shards,) = token_store.build(str(store), other, None, sources, 1, said.append)
-    assert said[0] == (
-        f"The token store {store} holds tokens made with another tokenizer: its 1 shard(s) are removed and "
-        "the data is tokenized again."
-    ), said
+    assert said[0] == f"The token store {store} {line}", said
     ids = other(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
     assert read_tokens(shards[0], 0, shards[0].tokens).tolist() == [
         t for d in ids for t in d + [other.eos_token_id]
@@ -215,30 +226,6 @@ def test_a_store_removes_only_files_of_its_own_names_and_refuses_a_folder_of_oth
     token_store.build(str(store), other, None, sources, 1, print)  # another tokenizer: the store is emptied
     assert (store / "train.bin").read_bytes() == b"x"
     assert (store / ".tmp-notes" / "notes.txt").read_text() == "mine" and not stray.exists()
-
-
-@pytest.mark.parametrize("header", ["missing", "broken"])
-def test_a_store_without_its_header_is_made_again_never_relabelled(tmp_path, tokenizer, header):
-    """Before (issue 69): the old tokenizer's shards were kept and labelled with the new tokenizer."""
-    write_text(tmp_path / "a.txt", 0.2)
-    sources = file_sources([str(tmp_path / "a.txt")], "--train_file", "text", "text")
-    store = tmp_path / "store"
-    token_store.build(str(store), tokenizer, None, sources, 1, print)
-    if header == "missing":
-        (store / "store.json").unlink()
-    else:
-        (store / "store.json").write_text('{"format": ')
-    other = train_bpe_tokenizer([" ".join(reversed(WORDS))] * 50, 280)
-    said = []
-    (shards,) = token_store.build(str(store), other, None, sources, 1, said.append)
-    assert said[0] == (
-        f"The token store {store} has no readable store.json: its 1 shard(s) are removed and the data is "
-        "tokenized again."
-    ), said
-    ids = other(list(documents_of(sources)), add_special_tokens=False)["input_ids"]
-    assert read_tokens(shards[0], 0, shards[0].tokens).tolist() == [
-        t for d in ids for t in d + [other.eos_token_id]
-    ]
 
 
 def test_a_damaged_shard_is_made_again_in_one_line(tmp_path, tokenizer):

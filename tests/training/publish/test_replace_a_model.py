@@ -18,9 +18,9 @@ from tests.helpers.faults import KILL_MARK, KILLED, run_killed_at
 from tests.helpers.tiny import (
     REPO_ROOT,
     TINY_PRETRAIN_ARGS,
-    build_byte_bpe_tokenizer,
     build_tiny_model,
     pretrain_env,
+    save_tiny_model_folder,
 )
 
 
@@ -126,9 +126,7 @@ def tiny_source(folder: Path, to: str, layers: int, seed: int) -> Path:
         from hf_tinytx.convert import tinytx_to_llama
 
         model = tinytx_to_llama(model)
-    model.save_pretrained(folder)
-    build_byte_bpe_tokenizer().save_pretrained(folder)
-    return folder
+    return save_tiny_model_folder(folder, model)
 
 
 @pytest.mark.parametrize("to", ["llama", "tinytx"])
