@@ -83,6 +83,8 @@ def test_model_card_parses_with_metadata(trained_folder):
     metric_types = {metric["type"] for result in results for metric in result["metrics"]}
     assert {"loss", "perplexity", "bits_per_byte", "accuracy"} <= metric_types
     assert "loss_curve.png" in card.text and "trust_remote_code=True" in card.text
+    # The optimizer the run used (TINY_PRETRAIN_ARGS: --optimizer adamw); a Muon run's: test_readme.py.
+    assert "- **Optimizer:** AdamW (lr 0.003, betas (0.9, 0.95)" in card.text
 
 
 def test_the_card_draws_the_head_the_head_search_finds_for_it(trained_folder):
