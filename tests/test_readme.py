@@ -368,8 +368,6 @@ def test_readme_runs_top_to_bottom(tmp_path):
     # The walkthrough's pre-trained model, fine-tuned in full and with LoRA
     # (adapter, merged): docs/finetuning.md.
     assert (out / "tinytx" / "model.safetensors").is_file()
-    # The default run trains with Muon, and its card says so (it said AdamW: issue 67).
-    assert "- **Optimizer:** Muon on the hidden weight matrices" in (out / "tinytx" / "README.md").read_text()
     assert (out / "sft" / "model.safetensors").is_file()
     assert (out / "chat-lora" / "adapter_model.safetensors").is_file()
     assert (out / "chat-lora" / "merged" / "model.safetensors").is_file()

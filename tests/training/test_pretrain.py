@@ -83,8 +83,27 @@ def test_model_card_parses_with_metadata(trained_folder):
     metric_types = {metric["type"] for result in results for metric in result["metrics"]}
     assert {"loss", "perplexity", "bits_per_byte", "accuracy"} <= metric_types
     assert "loss_curve.png" in card.text and "trust_remote_code=True" in card.text
-    # The optimizer the run used (TINY_PRETRAIN_ARGS: --optimizer adamw); a Muon run's: test_readme.py.
+    # The optimizer the run used (TINY_PRETRAIN_ARGS: --optimizer adamw); a Muon run's: the test below.
     assert "- **Optimizer:** AdamW (lr 0.003, betas (0.9, 0.95)" in card.text
+
+
+def test_the_cards_optimizer_line_names_muon_for_a_muon_run():
+    """It said AdamW whatever the run used (issue 67)."""
+    import jinja2
+
+    from tests.helpers.tiny import REPO_ROOT
+
+    template = (REPO_ROOT / "model_cards" / "tinytx_model_card.md").read_text()
+    line = next(line for line in template.splitlines() if line.startswith("- **Optimizer:**"))
+    settings = dict(learning_rate=0.005, muon_learning_rate=None, adam_beta2=0.95, weight_decay=0.1,
+                    lr_scheduler_type="cosine", num_warmup_steps=30, max_grad_norm=1.0)
+    muon = jinja2.Template(line).render(hyperparameters={**settings, "optimizer": "muon"})
+    assert muon.startswith(
+        "- **Optimizer:** Muon on the hidden weight matrices (lr 0.005, weight decay 0.1), AdamW on the rest "
+        "(lr 0.005, betas (0.9, 0.95)), cosine schedule"
+    ), muon
+    adamw = jinja2.Template(line).render(hyperparameters={**settings, "optimizer": "adamw"})
+    assert adamw.startswith("- **Optimizer:** AdamW (lr 0.005, betas (0.9, 0.95), weight decay 0.1"), adamw
 
 
 def test_the_card_draws_the_head_the_head_search_finds_for_it(trained_folder):

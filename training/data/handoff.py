@@ -3,10 +3,14 @@
 Tokenizing a corpus can take longer than --ddp_timeout lets a collective wait, so the other processes poll
 instead for the file the main process writes when it is done, in a folder of --output_dir named for this
 launch. They give up, in one line, when the main process has written nothing for --ddp_timeout seconds.
-The folder goes once every process has read it; a killed launch's is removed by the next.
+The folder goes once every process has read it; a killed launch's is removed by the next. The main process
+holds an flock on FOLDER.lock while the folder is in use, so that a second run started on the same
+--output_dir at the same moment (refused once it claims the folder) never removes the first one's.
 `prepare_as_main` and `receive_data` are the two sides.
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -21,6 +25,7 @@ from hf_tinytx_training.errors import RunError
 
 
 PREFIX = ".data-"
+LOCK_SUFFIX = ".lock"
 READY = "ready.json"
 POLL_SECONDS = 1.0
 
@@ -35,11 +40,11 @@ class Handoff:
         self.accelerator, self.timeout = accelerator, timeout
         self.published = False  # the main process wrote what it prepared
         self.folder = os.path.join(output_dir, PREFIX + token[0])
+        self.held = None  # the main process's flock on the folder's lock file
         if accelerator.is_main_process:
             if os.path.isdir(output_dir):
-                for name in os.listdir(output_dir):
-                    if name.startswith(PREFIX):
-                        remove_tree(os.path.join(output_dir, name))  # a killed launch's
+                remove_abandoned(output_dir)
+            self.held = hold(self.folder + LOCK_SUFFIX)
             os.makedirs(self.folder)
 
     @property
@@ -76,7 +81,47 @@ class Handoff:
         """Every process, once it has read what it needs: the folder goes."""
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            remove_tree(self.folder)
+            self.remove()
+
+    def remove(self) -> None:
+        """The folder, then its lock file, then the lock."""
+        remove_tree(self.folder)
+        if self.held is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.folder + LOCK_SUFFIX)
+            os.close(self.held)
+            self.held = None
+
+
+def hold(path: str) -> int:
+    """An exclusive flock on `path` (made if missing, never through a link), held until the descriptor
+    closes: the kernel drops it however the process ends."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def remove_abandoned(output_dir: str) -> None:
+    """The handoff folders of launches that ended without removing theirs (killed): their lock is free, or
+    they have none (an older version's). A folder whose lock a running launch holds is left alone."""
+    names = set(os.listdir(output_dir))
+    for name in sorted(names):
+        if not name.startswith(PREFIX) or name.endswith(LOCK_SUFFIX) and name[:-len(LOCK_SUFFIX)] in names:
+            continue  # not a handoff's; or a lock file, dealt with beside its folder
+        folder = os.path.join(output_dir, name.removesuffix(LOCK_SUFFIX))
+        try:
+            fd = os.open(folder + LOCK_SUFFIX, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            remove_tree(folder)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # in use: that run is refused when it claims the folder, or this one is
+            os.close(fd)
+            continue
+        remove_tree(folder)
+        os.unlink(folder + LOCK_SUFFIX)
+        os.close(fd)
 
 
 def _store_state(store_folder: str | None) -> tuple[int, int]:
@@ -121,7 +166,7 @@ def receive_data(data_args, train_args, handoff, store):
 def take_back(handoff, store: str, made: list, refused: bool) -> None:
     """After a failed start: the handoff folder, the token store made for refused input (unless it holds
     shards of files that passed, for the corrected rerun), and the folders left empty."""
-    remove_tree(handoff.folder)
+    handoff.remove()
     if (
         refused
         and made[0]

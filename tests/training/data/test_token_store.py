@@ -580,3 +580,24 @@ def test_every_local_file_format_and_a_glob_read_the_same_documents(tmp_path):
         sources = run_sources(data_args, seed=0)
         assert list(documents_of(sources.train)) == train, train_file
         assert list(documents_of(sources.validation)) == validation, train_file
+
+
+def test_a_handoff_folder_in_use_is_never_removed_by_another_start(tmp_path):
+    """Two runs started on one --output_dir at once: the second's start removed the first's handoff folder,
+    which then failed with FileNotFoundError (exit 1) instead of being refused when it claimed the folder."""
+    from hf_tinytx_training.data import handoff
+
+    running, killed, older = (tmp_path / f"{handoff.PREFIX}{name}" for name in ("running", "killed", "older"))
+    held = handoff.hold(str(running) + handoff.LOCK_SUFFIX)  # as a running launch holds it
+    running.mkdir()
+    os.close(handoff.hold(str(killed) + handoff.LOCK_SUFFIX))  # a killed launch's lock is free
+    killed.mkdir()
+    older.mkdir()  # an older version's, without a lock file
+    orphan = tmp_path / f"{handoff.PREFIX}gone{handoff.LOCK_SUFFIX}"  # killed between its two removals
+    os.close(handoff.hold(str(orphan)))
+    (tmp_path / "notes.txt").write_text("mine")
+    handoff.remove_abandoned(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [running.name, running.name + handoff.LOCK_SUFFIX, "notes.txt"]
+    os.close(held)
+    handoff.remove_abandoned(str(tmp_path))
+    assert os.listdir(tmp_path) == ["notes.txt"]
