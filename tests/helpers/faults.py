@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .launch import KILL_MARK  # noqa: F401  (re-exported: callers read it here)
+from .processes import in_group
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,12 +49,15 @@ def run_killed_at(args, env: dict | None = None, cwd=None, function: str | tuple
 
 
 def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, after=None, marks=None,
-                merged=False):
+                merged=False, target=None, grace=0.0):
     """Runs `command` (its own process group) and sends `signum` to it (the launcher, under torchrun) `at`
     seconds after it started, or `at` seconds after a line of its output matches the pattern `after`
-    (lines end at \\n or \\r). `marks`: {name: pattern}, the seconds at which a line first matched each.
-    On a timeout the whole group is killed and the result's returncode is "timeout". Returns a
-    CompletedProcess with .seconds, .sent (whether the signal went out to a live process), .marks and
+    (lines end at \\n or \\r); `target(pid)`, if given, names the process to signal instead (None: none).
+    `marks`: {name: pattern}, the seconds at which a line first matched each. `grace`: seconds the group's
+    other processes may take to follow the command out before they are killed. On a timeout the whole
+    group is killed and the result's returncode is "timeout". Returns a CompletedProcess with .seconds,
+    .sent (whether the signal went out to a live process), .sent_at (its second, or None), .left_running
+    (the processes of the group still there `grace` seconds after the command ended), .marks and
     .timed_out; with `merged`, stdout holds stderr too."""
     process = subprocess.Popen(
         command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
@@ -62,14 +66,23 @@ def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, 
     start, outputs, seen = time.monotonic(), {"stdout": [], "stderr": []}, {}
     patterns = {name: re.compile(pattern) for name, pattern in (marks or {}).items()}
     trigger = re.compile(after) if after else None
-    triggered, sent = threading.Event(), [False]
+    triggered, sent = threading.Event(), [None]
 
     def send_later(deadline):
         while process.poll() is None and time.monotonic() < deadline:
             time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
-        if process.poll() is None:
+        if process.poll() is not None:
+            return
+        if target is None:
             process.send_signal(signum)
-            sent[0] = True
+        elif (pid := target(process.pid)) is None:
+            return
+        else:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # it left between the choice and the signal
+                return
+        sent[0] = time.monotonic() - start
 
     def read(stream, name):
         pending = b""
@@ -103,6 +116,10 @@ def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, 
         timed_out = True
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    ended = time.monotonic() - start  # before the grace and the readers' last output
+    left_running = still_running(process.pid, grace)
+    if left_running:  # they hold the output's pipes, whose end the readers wait for
+        with_leftovers_killed(process.pid)
     for reader in readers:
         reader.join(timeout=30)
     with_leftovers_killed(process.pid)
@@ -112,10 +129,21 @@ def run_process(command, env, cwd, timeout=300, at=None, signum=signal.SIGKILL, 
     # a run that hung must not pass for one the trial killed: its status says so instead of -9
     result = subprocess.CompletedProcess(command, "timeout" if timed_out else process.returncode,
                                          b"".join(outputs["stdout"]).decode(errors="replace"), stderr)
-    result.seconds, result.sent, result.marks, result.timed_out = (
-        time.monotonic() - start, sent[0], seen, timed_out,
+    result.seconds, result.sent, result.sent_at, result.marks, result.timed_out = (
+        ended, sent[0] is not None, sent[0], seen, timed_out,
     )
+    result.left_running = left_running
     return result
+
+
+def still_running(group: int, grace: float) -> list[int]:
+    """The processes of `group` still there `grace` seconds after its leader ended ([] without a grace)."""
+    if not grace:
+        return []
+    deadline = time.monotonic() + grace
+    while (left := in_group(group)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def with_leftovers_killed(group: int) -> None:

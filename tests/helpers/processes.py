@@ -31,6 +31,11 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def in_group(group: int) -> list[int]:
+    """The live processes of the process group `group` (a zombie, exited but not yet reaped, is none)."""
+    return [pid for pid in pids() if (fields := stat_fields(pid))[2:3] == [str(group)] and fields[0] != "Z"]
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, exited but not yet reaped, does not)."""
     fields = stat_fields(pid)

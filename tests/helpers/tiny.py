@@ -1,6 +1,7 @@
 """Tiny models, tokenizers and training runs for the tests: small enough that each takes seconds on a CPU."""
 
 import os
+import random
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +90,26 @@ TINY_PRETRAIN_ARGS = [
     # the tests compare those launches (and resume across them) weight for weight.
     "--optimizer", "adamw",
 ]
+
+
+# the words of write_text's paragraphs (test_token_store.py trains its tokenizers on them)
+ASCII_WORDS = (
+    "the miller kept his grain in the old mill by the river and sold bread to every village while the "
+    "children of the valley played on the bridge until the evening bell rang"
+).split()
+WORDS = [*ASCII_WORDS, "café"]  # one word beyond ASCII
+
+
+def write_text(path, megabytes: float, blank_lines: bool = True, seed: int = 0) -> str:
+    """Paragraphs of 1-3 lines of words (separated by blank lines, or not at all), about `megabytes` MB."""
+    rng, size, lines = random.Random(seed), 0, []
+    while size < megabytes * 1e6:
+        line = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))).capitalize() + "."
+        lines.append(line + ("\n\n" if blank_lines and rng.random() < 0.4 else "\n"))
+        size += len(lines[-1])
+    text = "".join(lines)
+    path.write_text(text, encoding="utf-8")
+    return text
 
 
 def pretrain_env(tmp_path, **extra):

@@ -1,12 +1,14 @@
-"""Random kills and stop signals against every command that writes a user's files: training/pretrain.py,
-training/finetune.py and `python -m hf_tinytx.convert --to llama`. Does rerunning (`--resume_from_checkpoint
-latest`, or convert's same command) always end with exactly the result of a run never interrupted, does a file
-of the user's in the output folder always survive, and does the folder hold, at every moment seen after a
-kill, no model yet or one that loads (for convert: the old model or the new one, never neither)?
+"""Random kills and stop signals against every command that writes a user's files: training/pretrain.py
+(and its token store), training/finetune.py and `python -m hf_tinytx.convert --to llama`. Does rerunning
+(`--resume_from_checkpoint latest`, or convert's same command) always end with exactly the result of a run
+never interrupted, does a file of the user's in the output folder always survive, and does the folder hold,
+at every moment seen after a kill, no model yet or one that loads (for convert: the old model or the new one,
+never neither)?
 
-    python -m tests.kill_campaign                   # all four, 51 trials: about 20 minutes on 2 shared cores
+    python -m tests.kill_campaign                   # all five, 61 trials: about 23 minutes on 2 shared cores
     python -m tests.kill_campaign --quick           # 2 trials per command (convert 4), 3 minutes; writes
                                                     # nothing
+    python -m tests.kill_campaign --commands store --out benchmarks/results/kill_campaign_store
     python -m tests.kill_campaign --commands finetune --finetune_trials 12 --seed 1
     python -m tests.kill_campaign --commands nodes --out benchmarks/results/kill_campaign_nodes
 
@@ -39,6 +41,14 @@ c10d) and injects a node's fault: its worker or its agent killed (kill -9), or i
 measures how soon every other process is gone (0 may hang past the bound), then resumes on 1 process or on 2
 nodes until the run ends, bit for bit equal to one process with the same --total_batch_size.
 
+"store" (store_trials.py) runs pretrain with --train_file on a generated text of several shards (one a MB)
+and --token_store STORE, the user's notes in STORE's parent, and faults the build at a random moment of the
+reference's: SIGKILL of a tokenizing worker (exit 1 and one line), SIGKILL of the main process (-9), or
+SIGTERM (143 and one line). The run must end within a bound, no process of it left; the same command, rerun,
+must end with the clean build's store byte for byte (shards, journal lines, tokenizer) and the reference's
+weights. Its "foreign" trials (--store_foreign_trials) first give a STORE holding a user's train.bin: refused
+in one line, nothing written; the user moves the file beside the notes, where it must stay as it was.
+
 Finetune also runs (outside --quick) trials of a 2-process launch (torchrun --nproc_per_node 2): SIGTERM
 or SIGINT to the launcher, or SIGKILL of the rank that reaches a checkpoint's weights first; and "merge"
 trials (--use_peft --merge, --merge_trials), SIGKILLed at a move of the merged model into
@@ -67,6 +77,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -78,6 +89,7 @@ try:
     from tests.kill_campaign.finetune_trials import Finetune
     from tests.kill_campaign.nodes_trials import Nodes
     from tests.kill_campaign.pretrain_trials import Pretrain
+    from tests.kill_campaign.store_trials import Store
 except ModuleNotFoundError as error:
     if error.name not in ("tests", "benchmarks"):
         raise
@@ -85,7 +97,7 @@ except ModuleNotFoundError as error:
 
 
 # nodes: pretrain on two simulated nodes (not in --quick)
-COMMANDS = ("pretrain", "finetune", "convert", "nodes")
+COMMANDS = ("pretrain", "finetune", "convert", "store", "nodes")
 PRETRAIN_ALONE_TRIALS = 20  # the pretrain-only campaign's count, before finetune and convert joined it
 
 
@@ -136,6 +148,11 @@ def parse_args():
         help="nodes: two-node trials (kill -9 of a worker or an agent, SIGSTOP), half with --max-restarts "
         "1.",
     )
+    parser.add_argument("--store_trials", type=int, default=10, help="store: trials faulted in the build.")
+    parser.add_argument(
+        "--store_foreign_trials", type=int, default=2,
+        help="store: how many of --store_trials first give a STORE holding a user's file (refused).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick", action="store_true",
@@ -155,6 +172,7 @@ def parse_args():
         args.trials, args.dropout_trials, args.signal_trials, args.steps = 1, 0, 1, 4
         args.finetune_trials, args.ddp_trials, args.convert_trials, args.node_trials = 2, 0, 2, 2
         args.shape_trials, args.link_trials = 0, 0
+        args.store_trials, args.store_foreign_trials = 2, 1
     args.dropout_trials = min(args.dropout_trials, args.trials)
     return args
 
@@ -173,6 +191,9 @@ def campaigns(args, folder: Path, env: dict) -> list:
         "convert": lambda: Convert(
             folder, env, args.quick, args.convert_trials, args.seed, 1 if args.quick else args.shape_trials,
             1 if args.quick else args.link_trials,
+        ),
+        "store": lambda: Store(
+            folder, env, args.quick, args.store_trials, args.store_foreign_trials, args.seed
         ),
         "nodes": lambda: Nodes(folder, env, args.quick, args.node_trials, args.seed),
     }
@@ -197,6 +218,9 @@ def counts(rows: list[dict]) -> dict:
         ),
         "link_trials": sum(row["config"] == "links" for row in rows),
         "written_through_links": sum(bool(row.get("through_link")) for row in rows),
+        "left_running": sum(bool(row.get("left_running")) for row in rows),
+        "foreign_trials": sum(row["config"] == "foreign" for row in rows),
+        "foreign_refused": sum(row.get("refused") is True for row in rows),
         "signal_trials": len(signalled),
         "stop_promises_kept": sum(bool(row["promise"]) for row in signalled),
         "stops": {
@@ -225,6 +249,17 @@ def nodes_line(rows: list[dict], c: dict, summary: dict) -> str:
     )
 
 
+def store_line(rows: list[dict], c: dict, summary: dict) -> str:
+    ended = [r["seconds_to_end"] for r in rows if r.get("seconds_to_end") is not None]
+    spread = f"{min(ended):.1f}-{max(ended):.1f} s" if ended else "-"
+    endings = Counter(r.get("outcome", "?") for r in rows)
+    return (
+        f"after a fault in the build the run ended in {spread} (bound {summary['bound_seconds']} s); "
+        f"{c['hung']} hung; {c['left_running']} left a process running; endings: "
+        + ", ".join(f"{count} {name}" for name, count in sorted(endings.items()))
+    )
+
+
 def folders_line(c: dict) -> str:
     parts = (
         [
@@ -238,6 +273,9 @@ def folders_line(c: dict) -> str:
         parts.append(
             f"planted links: {c['link_trials']} trials, {c['written_through_links']} written through"
         )
+    if c["foreign_trials"]:
+        parts.append(f"a user's file in the store's folder: {c['foreign_trials']} trials, "
+                     f"{c['foreign_refused']} refused in one line with nothing written")
     return "; ".join(parts)
 
 
@@ -263,7 +301,8 @@ def section(name: str, summary: dict, rows: list[dict], c: dict) -> str:
         f"{c['killed']} of {c['tried']} first runs stopped; {c['rerun_kills']} reruns killed as well",
         *([stops_line(c)] if c["signal_trials"] else []),
         *([nodes_line(rows, c, summary)] if name == "nodes" else []),
-        *([folders_line(c)] if c["shape_trials"] or c["link_trials"] else []),
+        *([store_line(rows, c, summary)] if name == "store" else []),
+        *([folders_line(c)] if c["shape_trials"] or c["link_trials"] or c["foreign_trials"] else []),
         f"{name}: {counts_line(c)}",
     ]
     return "\n".join(lines)

@@ -203,9 +203,14 @@ def lost_reasons(states: list[str], notes_lost: bool, source_changed: bool = Fal
     return reasons
 
 
+def said_lines(result) -> list[str]:
+    """What a run said on stderr: its lines, less the kill helper's mark and progress bars."""
+    return [line.strip() for line in result.stderr.splitlines()
+            if line.strip() and not line.startswith(KILL_MARK) and "%|" not in line]
+
+
 def last_error(result) -> str | None:
-    lines = [line.strip() for line in result.stderr.splitlines()
-             if line.strip() and not line.startswith(KILL_MARK) and "%|" not in line]
+    lines = said_lines(result)
     return lines[-1][:200] if lines else None
 
 
@@ -271,12 +276,14 @@ def resume_and_judge(
     stop=None,
     source_changed=None,
     resumed=None,
+    files_lost=None,
     **extra,
 ) -> dict:
     """A trial's end: what the folder held after the first run (`observe()`), the reruns until one
     finishes (`rerun_until_done`), then its row. `compare()`: None when the final result is the
     reference's, else why ("" for no more than the verdict's own words); `resumed`: the row's "resumed
-    from" in place of the rerun's own line."""
+    from" in place of the rerun's own line; `files_lost()`: why other files of the user's went or changed
+    ([]: they did not)."""
     states = [observe()] if killed else []
     notes_lost = not notes_kept(output_dir)
     done = rerun_until_done(first, rerun, observe, plan["rerun_kills"], output_dir)
@@ -286,6 +293,7 @@ def resume_and_judge(
     through_link = not links_kept(output_dir)
     lost_because = lost_reasons(states, notes_lost or done["notes_lost"] or not notes_kept(output_dir),
                                 bool(source_changed and source_changed()), through_link)
+    lost_because += files_lost() if files_lost else []
     return row(
         plan,
         moment=moment,

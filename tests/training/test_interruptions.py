@@ -528,8 +528,7 @@ def test_pretrain_killed_with_attention_dropout_resumes_bit_for_bit_in_a_later_e
 @deep
 def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pretrain, finetune, tmp_path):
     """Once ignored (or a traceback mid-load), now refused before anything is written; moved data resumes."""
-    from tests.helpers.tiny import build_byte_bpe_tokenizer, run_side_by_side
-    from tests.training.data.test_token_store import write_text
+    from tests.helpers.tiny import build_byte_bpe_tokenizer, run_side_by_side, write_text
 
     build_byte_bpe_tokenizer().save_pretrained(tmp_path / "other-tokenizer")
     lora, on_file, sft = tmp_path / "lora", tmp_path / "on-file", tmp_path / "sft"
@@ -778,7 +777,8 @@ def test_finetune_killed_while_publishing_the_merged_model_is_never_stuck(finetu
 @deep
 def test_kill_campaign_quick(tmp_path):
     """tests/kill_campaign --quick: two trials per command, and convert's publish
-    over another shape and links."""
+    over another shape and links; the token store's build faulted (a worker killed, SIGTERM), and refused
+    over a user's file."""
     result = subprocess.run(
         [sys.executable, "-m", "tests.kill_campaign", "--quick", "--out", str(tmp_path / "results")],
         cwd=REPO_ROOT, env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=900,
@@ -786,7 +786,7 @@ def test_kill_campaign_quick(tmp_path):
     succeeded(result)
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["benchmark"] == "kill_campaign" and summary["mode"] == "quick"
-    assert summary["commands"] == ["pretrain", "finetune", "convert"], summary["commands"]
+    assert summary["commands"] == ["pretrain", "finetune", "convert", "store"], summary["commands"]
     for name, counts in summary["per_command"].items():
         tried = 4 if name == "convert" else 2  # convert: also a publish of another shape, and planted links
         assert counts["tried"] == tried and counts["lost"] == 0 and counts["bit_for_bit"] == tried, (
@@ -798,13 +798,18 @@ def test_kill_campaign_quick(tmp_path):
         convert["shape_trials"] == 1 and convert["link_trials"] == 1 and convert["written_through_links"] == 0
     )
     assert "planted links: 1 trials, 0 written through" in result.stdout
+    store = summary["per_command"]["store"]
+    assert store["foreign_refused"] == store["foreign_trials"] == 1 and store["left_running"] == 0, store
+    assert "a user's file in the store's folder: 1 trials, 1 refused in one line with nothing written" in \
+        result.stdout
+    assert "0 hung; 0 left a process running; endings: 1 one line, 1 stopped" in result.stdout
     assert (
-        "overall: 8 tried, 8 resumed bit for bit, 0 lost; 0 written through a planted link" in result.stdout
+        "overall: 10 tried, 10 resumed bit for bit, 0 lost; 0 written through a planted link" in result.stdout
     )
     failed = [trial for trial in summary["trials"] if not trial["equal"] or trial["lost"] or trial["error"]]
     assert not failed, json.dumps(failed, indent=1)
     assert all(trial["killed"] for trial in summary["trials"] if trial["stop"] is None), summary["trials"]
-    assert summary["signal_trials"] == 2 and summary["stop_promises_kept"] == 2, summary["stops"]
+    assert summary["signal_trials"] == 3 and summary["stop_promises_kept"] == 3, summary["stops"]
     assert not (tmp_path / "results").exists()  # --quick writes no results
 
 

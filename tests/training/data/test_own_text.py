@@ -13,13 +13,10 @@ import sys
 import pytest
 
 from hf_tinytx_training.data.sizing import MIN_BLOCK, Asked, Text, fit_sizes, memorising_warning, passes
+from tests.helpers.tiny import ASCII_WORDS as WORDS
 from tests.helpers.tiny import REPO_ROOT, kill_after_call, pretrain_env
 
 
-WORDS = (
-    "the miller kept his grain in the old mill by the river and sold bread to every village while the "
-    "children of the valley played on the bridge until the evening bell rang"
-).split()
 # A tiny model, a short run, the sizes left to their defaults.
 FLAGS = [
     "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",

@@ -5,7 +5,6 @@ in subprocesses, faults from outside."""
 
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -36,12 +35,18 @@ from hf_tinytx_training.data.packing import (
 from hf_tinytx_training.errors import UserInputError
 from tests.helpers.processes import descendants
 from tests.helpers.reference import error_line
-from tests.helpers.tiny import LAUNCH, REPO_ROOT, assert_same_weights, kill_after_call, pretrain_env
-from tests.training.data.test_own_text import WORDS as TEXT_WORDS
+from tests.helpers.tiny import (
+    LAUNCH,
+    REPO_ROOT,
+    WORDS,
+    assert_same_weights,
+    kill_after_call,
+    pretrain_env,
+    write_text,
+)
 
 
 PRETRAIN = str(REPO_ROOT / "training" / "pretrain.py")
-WORDS = [*TEXT_WORDS, "café"]  # one word beyond ASCII
 # A tiny model and a short run; the data flags come with each test.
 FLAGS = [
     "--hidden_size", "64", "--intermediate_size", "128", "--num_hidden_layers", "2",
@@ -49,18 +54,6 @@ FLAGS = [
     "--num_probes_per_kind", "0", "--num_samples", "0", "--max_train_seconds", "0",
     "--per_device_train_batch_size", "8",
 ]
-
-
-def write_text(path, megabytes: float, blank_lines: bool = True, seed: int = 0) -> str:
-    """Paragraphs of 1-3 lines of words (separated by blank lines, or not at all), about `megabytes` MB."""
-    rng, size, lines = random.Random(seed), 0, []
-    while size < megabytes * 1e6:
-        line = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))).capitalize() + "."
-        lines.append(line + ("\n\n" if blank_lines and rng.random() < 0.4 else "\n"))
-        size += len(lines[-1])
-    text = "".join(lines)
-    path.write_text(text, encoding="utf-8")
-    return text
 
 
 def pretrain(tmp_path, *flags, launcher=None, timeout=600):
