@@ -44,6 +44,7 @@ class Handoff:
         if accelerator.is_main_process:
             if os.path.isdir(output_dir):
                 remove_abandoned(output_dir)
+            os.makedirs(output_dir, exist_ok=True)  # as makedirs(self.folder) made it before
             self.held = hold(self.folder + LOCK_SUFFIX)
             os.makedirs(self.folder)
 
