@@ -11,7 +11,6 @@ earlier ones as they were. A resume takes the newest intact one; those it will n
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import pickle
@@ -22,6 +21,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 from hf_tinytx.folders.safe import (
     STAGING_NAME,
+    file_digest,
     fsync_dir,
     fsync_tree,
     is_disk_full,
@@ -455,11 +455,7 @@ def checksums(folder: str) -> dict:
     for directory, _, names in os.walk(folder):
         for name in names:
             path = os.path.join(directory, name)
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
-            digests[os.path.relpath(path, folder)] = digest.hexdigest()
+            digests[os.path.relpath(path, folder)] = file_digest(path)
     return digests
 
 

@@ -13,7 +13,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from hf_tinytx.folders.config import read_config_json
 from hf_tinytx.folders.location import local_folder_or_hub_id
 from hf_tinytx.folders.safe import STAGING_NAME, interrupted_save, regular_files
-from hf_tinytx.folders.weights import has_safetensors, stored_shapes
+from hf_tinytx.folders.weights import PICKLED, has_safetensors, stored_shapes
 
 
 # Buffers that older Llama checkpoints stored and that transformers now recomputes instead of loading.
@@ -109,7 +109,7 @@ def convertible_files(source: Path, expected_type: str) -> list[str]:
         )
     if not has_safetensors(source):
         pickled = [
-            name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (source / name).exists()
+            name for name in PICKLED if (source / name).exists()
         ]
         hint = (
             ""

@@ -7,6 +7,7 @@ wrote limits what a later `--overwrite` replaces.
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -93,6 +94,12 @@ def remove_tree(path: str | os.PathLike) -> None:
         os.unlink(path)
     elif os.path.exists(path):
         shutil.rmtree(path)
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
+    """The hex digest of a file's bytes, read 1 MiB at a time."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
 def uncreatable(folder: str | os.PathLike) -> str | None:

@@ -9,9 +9,9 @@ again is not. A Hub dataset counts by its name and configuration, the built-in c
 count; the flags that choose which documents are read count too.
 """
 
-import hashlib
 import os
 
+from hf_tinytx.folders.safe import file_digest
 from hf_tinytx_training.data.files import matching_files
 
 
@@ -27,8 +27,7 @@ def data_files(paths: list[str]) -> list[dict]:
         found.append({"name": os.path.basename(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
     if sum(entry["size"] for entry in found) <= DIGEST_LIMIT:
         for path, entry in zip(paths, found):
-            with open(path, "rb") as f:
-                entry["blake2b"] = hashlib.file_digest(f, "blake2b").hexdigest()
+            entry["blake2b"] = file_digest(path, "blake2b")
     return found
 
 

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from hf_tinytx.folders.safe import (
+    file_digest,
     is_disk_full,
     mib,
     open_new,
@@ -77,14 +78,6 @@ def tokenizer_hash(spec: dict) -> str:
     turns them off)."""
     spec = {key: value for key, value in spec.items() if key not in ("truncation", "padding")}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-
-
-def file_hash(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def own_name(name: str) -> bool:
@@ -263,7 +256,7 @@ class TokenStore:
 
     def damaged(self, entry: dict) -> bool:
         """Whether the shard's bytes differ from those it was written with (bit rot, an overwrite)."""
-        return file_hash(self.path(entry["file"])) != entry.get(CHECKSUM)
+        return file_digest(self.path(entry["file"]), CHECKSUM) != entry.get(CHECKSUM)
 
     def start(self, expected: dict, alone: bool) -> dict[tuple[str, int], dict]:
         """Under the lock: a store of other tokens, or without a readable header (whose shards' tokens are
