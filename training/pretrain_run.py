@@ -35,7 +35,7 @@ from hf_tinytx_training.data.sizing import memorising_warning
 from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
-from hf_tinytx_training.distributed.cpu_threads import BusyCores
+from hf_tinytx_training.distributed.cpu_threads import BusyCores, set_threads
 from hf_tinytx_training.distributed.preemption import Stopped, signal_of, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
 from hf_tinytx_training.evaluation import (
@@ -114,6 +114,7 @@ class Run:
     lock: TextIO | None  # on the main process: the output folder's lock, held until the export
     own_fsdp2: bool  # sharded by distributed/sharding.py, not by Accelerate (FSDP2 on CPUs)
     data_fingerprint: dict  # what decides the data (data/fingerprint.py), recorded in every checkpoint
+    threads: int | None  # torch's CPU threads (distributed/cpu_threads.py), recorded in every checkpoint
     progress: Progress = field(default_factory=Progress)
 
     @property
@@ -184,6 +185,10 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         train_args.resume_from_checkpoint, checkpoints.Layout(checkpoints_dir), accelerator.print))
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
+    threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
+    if accelerator.device.type == "cpu":
+        threads = set_threads(checkpoints.recorded_threads(resume_dir), accelerator.is_main_process,
+                              accelerator.print)
     data_fingerprint = cluster.decided_by_main(accelerator, lambda: checked_data(data_args, resume_dir))
     tokenizer, packed, lock = prepare_data(
         model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit
@@ -218,7 +223,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         lr_scheduler=lr_scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
         num_parameters=num_parameters, max_train_steps=max_train_steps, tokens_per_step=tokens_per_step,
         clock=clock, log=RunLog(output_dir, accelerator), pusher=pusher, lock=lock, own_fsdp2=own_fsdp2,
-        data_fingerprint=data_fingerprint,
+        data_fingerprint=data_fingerprint, threads=threads,
     )
     if resume_dir:
         try:
@@ -390,6 +395,7 @@ def training_state(run: Run) -> checkpoints.TrainingState:
         step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
         run_signature=run.signature, planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
         trained_seconds=progress.earlier_seconds + progress.train_seconds, launches=progress.launches,
+        torch_threads=run.threads,
     )
 
 
