@@ -31,7 +31,7 @@ from hf_tinytx_training.data import packing, token_store
 from hf_tinytx_training.data.fingerprint import pretrain_data
 from hf_tinytx_training.data.handoff import Handoff, prepare_as_main, receive_data, take_back
 from hf_tinytx_training.data.packing import PackedData, make_dataloaders
-from hf_tinytx_training.data.sizing import memorising_warning
+from hf_tinytx_training.data.sizing import passes
 from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
@@ -44,6 +44,7 @@ from hf_tinytx_training.evaluation import (
     run_probes_and_samples,
     validation_metrics,
 )
+from hf_tinytx_training.memorising import memorising_warning
 from hf_tinytx_training.model.build import make_model
 from hf_tinytx_training.model.config import check_model_builds, load_model_config
 from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
@@ -195,9 +196,6 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     )
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
     global_batch = tokens_per_step // data_args.block_size
-    if hasattr(packed.train, "__len__") and (warning := memorising_warning(
-            max_train_steps, global_batch, len(packed.train), train_args.num_warmup_steps)):
-        accelerator.print(warning)
     train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
     model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
     clock = Clock(train_args.max_train_seconds, accelerator)
@@ -541,8 +539,13 @@ def announce_plan(run: Run) -> None:
         )
     else:
         clock = f", at most {args.max_train_seconds:g} s" if args.max_train_seconds else ""
+        read = ""
+        if hasattr(run.packed.train, "__len__"):  # a fact, no advice: validation says when it is too many
+            global_batch = run.tokens_per_step // run.data_args.block_size
+            times = passes(run.max_train_steps, global_batch, len(run.packed.train))
+            read = f", {times:.1f} passes over the training text"
         run.accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
-                              f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
+                              f"({run.max_train_steps * run.tokens_per_step:,} tokens{read}){clock}")
 
 
 def training_done(run: Run) -> bool:
@@ -576,6 +579,18 @@ def log_evaluation(run: Run, bar) -> None:
     run.log.log({"step": run.progress.step, **metrics})
     bar.write(f"step {run.progress.step}: " + ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.4f}"
                                                         for k, v in metrics.items()))
+    if run.accelerator.is_main_process and (line := learning_by_heart(run)):
+        bar.write(line)
+
+
+def learning_by_heart(run: Run) -> str | None:
+    """memorising.py's warning when this evaluation is the first whose validation loss says so (the
+    evaluations of earlier launches count: metrics.jsonl keeps them)."""
+    evaluations = [(row["step"], row["eval_loss"]) for row in run.log.rows if "eval_loss" in row]
+    data = run.data_args
+    more = ("a larger --train_file" if data.train_file else "a larger dataset" if data.dataset_name
+            else "more documents (--num_train_documents)")
+    return memorising_warning(evaluations, run.train_args.num_warmup_steps, more)
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
@@ -633,6 +648,8 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
         f"{metrics['bits_per_byte']:.4f} bits/byte ({progress.train_seconds:.1f} s of training)"
         + (f"; peak GPU memory {memory['peak_gpu_memory_gib']:.2f} GiB" if memory else "")
     )
+    if accelerator.is_main_process and (line := learning_by_heart(run)):
+        accelerator.print(line)
     probe_results = ProbeReport()
     sharded = run.own_fsdp2 or sharding.zero_stage(accelerator) == 3
     if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process
