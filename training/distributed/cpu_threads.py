@@ -15,12 +15,13 @@ import time
 
 
 LOOK_SECONDS = 0.5  # long enough to see a busy process, short beside any run
-FREE_ENOUGH = 0.75  # a core idle at least this much of the look counts as free (rounding from 0.25 up)
+FREE_ENOUGH = 0.75  # a core counts as free when idle this much of the look: a thread there rarely waits
 LOCAL_SIZES = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                "MV2_COMM_WORLD_LOCAL_SIZE")  # torchrun, DeepSpeed's runner, the MPIs
 
 
 def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (a container's or taskset's share, not the host's)."""
     try:
         return os.sched_getaffinity(0)
     except AttributeError:  # not Linux
@@ -92,7 +93,7 @@ def decide(recorded: int | None, user: int | None, idle: float | None, cores: in
     if user is not None:
         return user, f"CPU threads: {user} (OMP_NUM_THREADS); a resume keeps them."
     threads = choose(idle, cores, processes)
-    seen = "idle" if idle is None else f"{idle:.1f} idle"
+    seen = "load unknown" if idle is None else f"{idle:.1f} idle"
     shared = f", shared by {processes} processes" if processes > 1 else ""
     return threads, (f"CPU threads: {threads} ({cores} cores, {seen} at the start{shared}; OMP_NUM_THREADS "
                      "sets them); a resume keeps them.")
