@@ -20,13 +20,15 @@ from tests.helpers.tiny import (
 
 
 def pytest_configure(config):
-    """Under pytest-xdist each worker, and each process a test starts, gets its share of the cores' threads: a
-    2-thread OpenMP kernel on a core another process is using waits on it and runs ~10x slower."""
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if workers:
-        threads = str(max(1, (os.cpu_count() or 1) // int(workers)))
-        os.environ.setdefault("OMP_NUM_THREADS", threads)
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    """Each test process, and each process a test starts, gets its share of the cores' threads: a 2-thread
+    OpenMP kernel on a core another process is using waits on it and runs ~10x slower. Set always, as the
+    user's choice: pretrain and finetune would otherwise choose it from the load at their start
+    (training/distributed/cpu_threads.py), and a reference and its resumed run must train with one count."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and getattr(config.option, "numprocesses", None):
+        return  # pytest-xdist's controller: each worker sets its own share
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture

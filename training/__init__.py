@@ -13,6 +13,7 @@ hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
     checkpoints.py       resumable checkpoints: save, verify, find, load, prune (output_dir/checkpoints/)
     evaluation.py        what a model learnt: the validation loss, every block counted once; probes and
                          samples
+    memorising.py        the "learns it by heart" warning, when the validation loss rises
 
     data/files.py        local data files found and checked before torch loads
     data/documents.py    a source's documents (bounded), in pieces that processes read side by side
@@ -25,7 +26,7 @@ hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
     data/streaming.py    a text tokenized as training reads it (--streaming), shuffled in a buffer
     data/progress.py     a long preparation's progress: a bar, or a line every 15 s in a log
     data/packing.py      how a batch is read from the store: shards, validation held out, blocks, loaders
-    data/sizing.py       sizes fitted to a small text (block, batch, validation), and the memorising warning
+    data/sizing.py       sizes fitted to a small text (block, batch, validation), and the passes they make
 
     model/config_file.py the model's config file (a --model_config or a preset's, configs/), read without
                          torch
@@ -43,8 +44,8 @@ hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
     distributed/preemption.py SIGTERM/SIGINT become a stop at the next step boundary: a checkpoint, exit 128 +
                               signal
     distributed/cpu_memory.py training on a CPU: freed memory kept in the process, and what is said about it
-    distributed/cpu_threads.py training on a busy CPU: one line when other work keeps the cores the threads
-                               need
+    distributed/cpu_threads.py training on a CPU: the thread count from the cores free at the start, kept
+                               on resume; one line when other work takes them later
 
     publish/output_dir.py the output folder: checked before anything is written, claimed (locked), what may go
     publish/run_log.py   metrics.jsonl, the run's record, kept across resumes

@@ -42,6 +42,7 @@ SCHEDULER_FILE = "scheduler.bin"
 CONFIG_FILE = "config.json"
 # what decided the data (data/fingerprint.py): a resume must read the same
 DATA_FILE = "data_fingerprint.json"
+THREADS_FILE = "cpu_threads.json"  # finetune's CPU threads (pretrain's are in trainer_state.json)
 # What a resume must keep: the data order (the process count and accumulation may change: every
 # step reads the same global batch), the values the optimizer's state holds, the tokenizer saved
 # in checkpoints/, the tensors' shapes.
@@ -92,6 +93,7 @@ class TrainingState:
     train_seconds: float = 0.0  # on the run's clock (schedules.Clock): a schedule in seconds goes on from it
     trained_seconds: float = 0.0  # time in training of every launch up to this checkpoint (the card's total)
     launches: int = 1
+    torch_threads: int | None = None  # CPU threads trained with (None: a GPU run, or an older checkpoint)
 
 
 def make_run_signature(
@@ -290,6 +292,17 @@ def set_random_state(states: dict | None) -> None:
     torch.set_rng_state(states["torch_manual_seed"])
     if torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
         torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+
+
+def recorded_threads(folder: str | None) -> int | None:
+    """The CPU threads the checkpoint in `folder` trained with (pretrain's trainer_state.json, finetune's
+    THREADS_FILE), or None: no checkpoint, a GPU run, or a checkpoint older than the record."""
+    for name in (THREADS_FILE, STATE_FILE) if folder else ():
+        path = os.path.join(folder, name)
+        value = read_json(path).get("torch_threads") if os.path.isfile(path) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def read_training_state(folder: str) -> TrainingState:

@@ -31,11 +31,11 @@ from hf_tinytx_training.data import packing, token_store
 from hf_tinytx_training.data.fingerprint import pretrain_data
 from hf_tinytx_training.data.handoff import Handoff, prepare_as_main, receive_data, take_back
 from hf_tinytx_training.data.packing import PackedData, make_dataloaders
-from hf_tinytx_training.data.sizing import memorising_warning
+from hf_tinytx_training.data.sizing import passes
 from hf_tinytx_training.data.sources import DEFAULT_CORPUS_DOCUMENTS
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
 from hf_tinytx_training.distributed.cluster import refuse_lone_process
-from hf_tinytx_training.distributed.cpu_threads import BusyCores
+from hf_tinytx_training.distributed.cpu_threads import BusyCores, set_threads
 from hf_tinytx_training.distributed.preemption import Stopped, signal_of, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
 from hf_tinytx_training.evaluation import (
@@ -44,6 +44,7 @@ from hf_tinytx_training.evaluation import (
     run_probes_and_samples,
     validation_metrics,
 )
+from hf_tinytx_training.memorising import memorising_warning
 from hf_tinytx_training.model.build import make_model
 from hf_tinytx_training.model.config import check_model_builds, load_model_config
 from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
@@ -114,6 +115,7 @@ class Run:
     lock: TextIO | None  # on the main process: the output folder's lock, held until the export
     own_fsdp2: bool  # sharded by distributed/sharding.py, not by Accelerate (FSDP2 on CPUs)
     data_fingerprint: dict  # what decides the data (data/fingerprint.py), recorded in every checkpoint
+    threads: int | None  # torch's CPU threads (distributed/cpu_threads.py), recorded in every checkpoint
     progress: Progress = field(default_factory=Progress)
 
     @property
@@ -184,15 +186,16 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         train_args.resume_from_checkpoint, checkpoints.Layout(checkpoints_dir), accelerator.print))
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
+    threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
+    if accelerator.device.type == "cpu":
+        threads = set_threads(checkpoints.recorded_threads(resume_dir), accelerator.is_main_process,
+                              accelerator.print)
     data_fingerprint = cluster.decided_by_main(accelerator, lambda: checked_data(data_args, resume_dir))
     tokenizer, packed, lock = prepare_data(
         model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit
     )
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
     global_batch = tokens_per_step // data_args.block_size
-    if hasattr(packed.train, "__len__") and (warning := memorising_warning(
-            max_train_steps, global_batch, len(packed.train), train_args.num_warmup_steps)):
-        accelerator.print(warning)
     train_dataloader, eval_dataloader = make_dataloaders(packed, train_args, train_args.seed, global_batch)
     model, num_parameters = make_model(model_args, model_config, tokenizer, accelerator, own_fsdp2)
     clock = Clock(train_args.max_train_seconds, accelerator)
@@ -218,7 +221,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         lr_scheduler=lr_scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
         num_parameters=num_parameters, max_train_steps=max_train_steps, tokens_per_step=tokens_per_step,
         clock=clock, log=RunLog(output_dir, accelerator), pusher=pusher, lock=lock, own_fsdp2=own_fsdp2,
-        data_fingerprint=data_fingerprint,
+        data_fingerprint=data_fingerprint, threads=threads,
     )
     if resume_dir:
         try:
@@ -390,6 +393,7 @@ def training_state(run: Run) -> checkpoints.TrainingState:
         step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
         run_signature=run.signature, planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
         trained_seconds=progress.earlier_seconds + progress.train_seconds, launches=progress.launches,
+        torch_threads=run.threads,
     )
 
 
@@ -535,8 +539,13 @@ def announce_plan(run: Run) -> None:
         )
     else:
         clock = f", at most {args.max_train_seconds:g} s" if args.max_train_seconds else ""
+        read = ""
+        if hasattr(run.packed.train, "__len__"):  # a fact, no advice: validation says when it is too many
+            global_batch = run.tokens_per_step // run.data_args.block_size
+            times = passes(run.max_train_steps, global_batch, len(run.packed.train))
+            read = f", {times:.1f} passes over the training text"
         run.accelerator.print(f"Training for {run.max_train_steps} steps of {run.tokens_per_step:,} tokens "
-                              f"({run.max_train_steps * run.tokens_per_step:,} tokens){clock}")
+                              f"({run.max_train_steps * run.tokens_per_step:,} tokens{read}){clock}")
 
 
 def training_done(run: Run) -> bool:
@@ -570,6 +579,18 @@ def log_evaluation(run: Run, bar) -> None:
     run.log.log({"step": run.progress.step, **metrics})
     bar.write(f"step {run.progress.step}: " + ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.4f}"
                                                         for k, v in metrics.items()))
+    if run.accelerator.is_main_process and (line := learning_by_heart(run)):
+        bar.write(line)
+
+
+def learning_by_heart(run: Run) -> str | None:
+    """memorising.py's warning when this evaluation is the first whose validation loss says so (the
+    evaluations of earlier launches count: metrics.jsonl keeps them)."""
+    evaluations = [(row["step"], row["eval_loss"]) for row in run.log.rows if "eval_loss" in row]
+    data = run.data_args
+    more = ("a larger --train_file" if data.train_file else "a larger dataset" if data.dataset_name
+            else "more documents (--num_train_documents)")
+    return memorising_warning(evaluations, run.train_args.num_warmup_steps, more)
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
@@ -627,6 +648,8 @@ def finish(run: Run) -> tuple[dict, "ProbeReport"]:
         f"{metrics['bits_per_byte']:.4f} bits/byte ({progress.train_seconds:.1f} s of training)"
         + (f"; peak GPU memory {memory['peak_gpu_memory_gib']:.2f} GiB" if memory else "")
     )
+    if accelerator.is_main_process and (line := learning_by_heart(run)):
+        accelerator.print(line)
     probe_results = ProbeReport()
     sharded = run.own_fsdp2 or sharding.zero_stage(accelerator) == 3
     if accelerator.is_main_process or sharded:  # a sharded model's forward needs every process

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 
 
 MIN_BLOCK = 16  # a shorter block leaves the model too little context to learn from
-MEMORISING_PASSES = 10  # more passes over the same blocks than this and the model learns the text by heart
 
 
 @dataclass(frozen=True)
@@ -149,24 +148,6 @@ def too_little(text: Text, asked: Asked, relaxed: Plan | None) -> str:
 
 
 def passes(max_train_steps: int | None, global_batch: int, train_blocks: int) -> float:
-    """How many times a run of this many steps reads its training blocks."""
+    """How many times a run of this many steps reads its training blocks: a fact for the plan line. Whether
+    that is too many, the validation loss says (memorising.py)."""
     return (max_train_steps or 0) * global_batch / max(train_blocks, 1)
-
-
-def memorising_warning(max_train_steps: int | None, global_batch: int, train_blocks: int,
-                       warmup_steps: int = 0) -> str | None:
-    """A line when the run will read its training text so often that it learns it by heart, or
-    None. The steps it advises come with a warm-up that ends before them: a run still warming
-    up has barely moved from its start."""
-    times = passes(max_train_steps, global_batch, train_blocks)
-    if times <= MEMORISING_PASSES:
-        return None
-    steps = max(1, MEMORISING_PASSES * train_blocks // (2 * global_batch))
-    flags = f"--max_train_steps {steps}"
-    if warmup_steps >= steps // 2:
-        flags += f" --num_warmup_steps {steps // 10}"
-    return (
-        f"Warning: {max_train_steps} steps of {global_batch} blocks read the {train_blocks} training blocks "
-        f"{times:.0f} times: the model will learn them by heart (the training loss falls toward 0 while the "
-        f"validation loss rises). Give more text, or set {flags} (about {MEMORISING_PASSES // 2} passes)."
-    )

@@ -106,7 +106,9 @@ def card_context(run, metrics: dict, probe_results) -> dict:
         "global_batch_size": run.tokens_per_step // data_args.block_size,
         "block_size": data_args.block_size,
         "hyperparameters": args_to_dict(train_args),
-        "hardware": hardware_description(run.accelerator.num_processes, run.accelerator.device.type),
+        "hardware": hardware_description(
+            run.accelerator.num_processes, run.accelerator.device.type, run.threads
+        ),
         "train_seconds": run.progress.earlier_seconds + run.progress.train_seconds,
         "launches": run.progress.launches,
         "launch_seconds": run.progress.train_seconds,
@@ -140,6 +142,7 @@ def training_record(run) -> dict:
     """training_args.json: every argument (never the Hub token) and the transformers version."""
     return {
         **args_to_dict(run.model_args, run.data_args, run.train_args),
+        "torch_threads": run.threads,  # None on a GPU; on a CPU another count trains other weights
         "transformers": transformers.__version__,
     }
 
@@ -149,10 +152,12 @@ def flat_scalars(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
 
 
-def hardware_description(num_processes: int, device_type: str) -> str:
+def hardware_description(num_processes: int, device_type: str, threads: int | None = None) -> str:
     cpu = platform.processor() or platform.machine()
     cores = os.cpu_count()
-    return f"{num_processes} x {device_type} process(es) on {cores} CPU cores ({cpu}, {platform.system()})"
+    each = f", {threads} torch thread(s) each" if threads else ""
+    return (f"{num_processes} x {device_type} process(es) on {cores} CPU cores ({cpu}, {platform.system()})"
+            f"{each}")
 
 
 def human_count(n: int) -> str:

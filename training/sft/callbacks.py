@@ -26,10 +26,10 @@ def optimizer_flags(training_args) -> dict:
 class CheckpointsAside(TrainerCallback):
     """Each checkpoint-N Trainer wrote into the staging folder is checksummed and renamed into
     checkpoints/ whole; then the oldest beyond --save_total_limit go. `where`:
-    finetune.Destinations; `data`: written into each."""
+    finetune.Destinations; `data` and the CPU `threads` (None on a GPU): written into each."""
 
-    def __init__(self, where, resumed: str | None, data: dict):
-        self.where, self.resumed, self.data = where, resumed, data
+    def __init__(self, where, resumed: str | None, data: dict, threads: int | None = None):
+        self.where, self.resumed, self.data, self.threads = where, resumed, data, threads
         # the newest checkpoint's (step, folder), the same on every process
         self.saved: tuple[int, str] | None = None
 
@@ -56,6 +56,9 @@ class CheckpointsAside(TrainerCallback):
             state.save_to_json(os.path.join(written, checkpoints.STATE_FILE))
         checkpoints.write_json(os.path.join(written, OPTIMIZER_FLAGS_FILE), optimizer_flags(args))
         checkpoints.write_json(os.path.join(written, checkpoints.DATA_FILE), self.data)
+        if self.threads is not None:  # a resume keeps them: another count trains other weights
+            threads = {"torch_threads": self.threads}
+            checkpoints.write_json(os.path.join(written, checkpoints.THREADS_FILE), threads)
         checkpoints.write_json(
             os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written)
         )

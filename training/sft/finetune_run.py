@@ -23,6 +23,7 @@ from hf_tinytx_training import checkpoints
 from hf_tinytx_training.cli import program_name
 from hf_tinytx_training.data.fingerprint import finetune_data
 from hf_tinytx_training.distributed import cluster, cpu_memory, sharding
+from hf_tinytx_training.distributed.cpu_threads import set_threads
 from hf_tinytx_training.distributed.preemption import Stopped, stop_message, stop_requests
 from hf_tinytx_training.errors import RunError, UserInputError
 from hf_tinytx_training.model.cpu_training import speed_up_cpu_training
@@ -69,8 +70,8 @@ def finetune(argv=None):
     tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
     lock = claim_output_dir(args, training_args, where)  # held until the model is saved
     try:
-        trainer, metrics = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where,
-                               finetune_data(args))
+        trainer, metrics, threads = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where,
+                                        finetune_data(args))
     except UserInputError:  # a refused resume leaves the folder as it found it
         release_lock(lock, where.output_dir)
         raise
@@ -84,7 +85,7 @@ def finetune(argv=None):
     if not trainer.is_world_process_zero():
         return  # under torchrun every process holds the same weights: one writes them, and pushes
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
-    facts.update(cards.training_facts(args, training_args, trainer, metrics))
+    facts.update(cards.training_facts(args, training_args, trainer, metrics), torch_threads=threads)
     save_folders(trainer.model, tokenizer, args, where, metrics, facts)
     try:
         not_pushed = (
@@ -127,12 +128,16 @@ def fit(
     model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations",
     data: dict,
 ):
-    """Trainer's run, resumed if asked, then the evaluation: (trainer, metrics). `data` (data/fingerprint.py)
-    goes into every checkpoint. A stop signal ends it at a step's end with a checkpoint, as `Stopped`."""
+    """Trainer's run, resumed if asked, then the evaluation: (trainer, metrics, CPU threads or None). `data`
+    (data/fingerprint.py) and the threads go into every checkpoint. A stop signal ends it at a step's end
+    with a checkpoint, as `Stopped`."""
     resume_dir = resume_point(training_args, where, model, data)
+    threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
+    if training_args.device.type == "cpu":
+        threads = set_threads(checkpoints.recorded_threads(resume_dir), training_args.process_index == 0)
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                       data_collator=pad_collator(tokenizer), processing_class=tokenizer,
-                      callbacks=[aside := callbacks.CheckpointsAside(where, resume_dir, data)])
+                      callbacks=[aside := callbacks.CheckpointsAside(where, resume_dir, data, threads)])
     trainer.add_callback(callbacks.StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
     with (
@@ -149,7 +154,7 @@ def fit(
         metrics.update(trainer.evaluate())
         # a signal during the evaluation: the final checkpoint is there, the save waits
         stop_if_asked(trainer, aside)
-    return trainer, metrics
+    return trainer, metrics, threads
 
 
 def stop_if_asked(trainer: Trainer, aside: callbacks.CheckpointsAside) -> None:
@@ -281,7 +286,8 @@ def save_folders(
     with saving_into(where.output_dir, model, where) as staged:
         model.save_pretrained(staged)  # PEFT writes a placeholder README.md, which write_card replaces
         tokenizer.save_pretrained(staged)
-        write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"]})
+        write_args_json(staged / "finetune_args.json", args, {"max_seq_length": facts["max_seq_length"],
+                                                              "torch_threads": facts["torch_threads"]})
         checkpoints.write_json(staged / "finetune_metrics.json", metrics, indent=2)
         cards.write_card(where.output_dir, staged, "adapter" if args.use_peft else "full", facts, where)
     print(f"{'LoRA adapter' if args.use_peft else 'Model'} saved to {where.output_dir}")
