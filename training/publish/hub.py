@@ -40,6 +40,8 @@ class _Job:
     commit_message: str
     path_in_repo: str | None
     snapshot: str | None = None  # our private copy, removed once uploaded
+    delete_patterns: tuple[str, ...] = ()  # the repo's files the commit removes (unless it uploads them)
+    newest_of: str | None = None  # a job queued later under this name supersedes this one
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
 
@@ -62,14 +64,19 @@ class HubPusher:
         # its unfinished_tasks counts the uploads not yet ended
         self._queue: queue.Queue[_Job] = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._newest: dict[str, _Job] = {}  # the newest job queued under each `newest_of` name
 
     def __repr__(self) -> str:  # the default one would show the token
         return f"HubPusher(repo_id={self.repo_id!r}, private={self.private})"
 
-    def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> None:
-        """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises."""
+    def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None,
+                   delete_patterns: tuple[str, ...] = (), newest_of: str | None = None) -> None:
+        """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises.
+        A job named `newest_of` is skipped when a newer one of that name waits behind it: a slow Hub
+        never gets a queue of stale checkpoints."""
         try:
-            job = _Job(str(folder), commit_message, path_in_repo, snapshot=_snapshot(str(folder)))
+            job = _Job(str(folder), commit_message, path_in_repo, snapshot=_snapshot(str(folder)),
+                       delete_patterns=tuple(delete_patterns), newest_of=newest_of)
             self._enqueue(job)
         except Exception as e:  # e.g. the folder vanished: report, don't stop training
             self._record_failure(commit_message, e)
@@ -122,13 +129,23 @@ class HubPusher:
                 # A daemon thread: an interpreter exiting without `wait()` must not hang on a dead Hub.
                 self._worker = threading.Thread(target=self._run, name="hub-pusher", daemon=True)
                 self._worker.start()
+        with self._lock:
+            if job.newest_of:
+                self._newest[job.newest_of] = job
         self._queue.put(job)
+
+    def _superseded(self, job: _Job) -> bool:
+        with self._lock:
+            return job.newest_of is not None and self._newest.get(job.newest_of) is not job
 
     def _run(self) -> None:
         while True:
             job = self._queue.get()
             try:
-                job.ok = self._upload_with_retries(job)
+                if self._superseded(job):
+                    logger.info("Skipped %r: a newer upload of it is queued.", job.commit_message)
+                else:
+                    job.ok = self._upload_with_retries(job)
             except BaseException as e:  # never let the worker die with jobs still queued
                 self._record_failure(job.commit_message, e)
             finally:
@@ -164,6 +181,7 @@ class HubPusher:
         upload_folder(
             repo_id=self.repo_id, folder_path=job.snapshot or job.folder, path_in_repo=job.path_in_repo,
             commit_message=job.commit_message, token=self._token,
+            delete_patterns=list(job.delete_patterns) or None,
         )
 
     def _record_failure(self, commit_message: str, error: BaseException) -> None:
@@ -173,10 +191,15 @@ class HubPusher:
             self._failures.append(message)
 
     def _scrub(self, text: str) -> str:
-        for token in {self._token, _token_from_client()} - {None, ""}:
-            text = text.replace(token, "***")
-        text = _TOKEN_PATTERNS[0].sub("***", text)
-        return _TOKEN_PATTERNS[1].sub(r"\1***", text)
+        return scrub(text, self._token)
+
+
+def scrub(text: str, token: str | None) -> str:
+    """`text` without `token`, the client's own token, or anything shaped like a token."""
+    for known in {token, _token_from_client()} - {None, ""}:
+        text = text.replace(known, "***")
+    text = _TOKEN_PATTERNS[0].sub("***", text)
+    return _TOKEN_PATTERNS[1].sub(r"\1***", text)
 
 
 def wait_until(done, sleep, deadline: float | None, stop=None) -> bool:

@@ -1,0 +1,236 @@
+"""A run's resumable checkpoint on the Hub. With --hub_strategy checkpoint (or all_checkpoints) the newest
+checkpoint goes up whole, the run's tokenizer in its tokenizer/ and both in its checksums.json, as one commit
+to last-checkpoint/ (and checkpoints/step_N/): a reader never sees half of one. `--resume_from_checkpoint hub`
+or `REPO_ID[@REVISION]` downloads that folder into huggingface_hub's cache (a killed download goes on) and
+checks every file before the run writes anything; `keep_locally` then copies it into checkpoints/step_N, from
+which the run resumes as from its own.
+"""
+
+import contextlib
+import os
+import shutil
+import sys
+from dataclasses import dataclass, replace
+
+from hf_tinytx.folders import location
+from hf_tinytx.folders.safe import link_or_copy, open_new, remove_tree
+from hf_tinytx.folders.weights import PICKLED, check_weights, has_safetensors
+from hf_tinytx_training import checkpoints
+from hf_tinytx_training.errors import RunError, UserInputError
+from hf_tinytx_training.publish.hub import scrub
+
+
+STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")  # Trainer's hub_strategy values
+WHOLE = ("checkpoint", "all_checkpoints")  # the strategies that push what resumes
+LAST = "last-checkpoint"
+OWN_REPO = "hub"  # --resume_from_checkpoint hub: the run's own --hub_model_id
+README = (
+    "# Resumable checkpoint\n\nThe newest checkpoint of a TinyTx pre-training run, whole: weights "
+    "(model.safetensors), optimizer, scheduler, random states, the place in the data (trainer_state.json), "
+    "what decided the data (data_fingerprint.json), the tokenizer (tokenizer/) and the sha256 of every file "
+    "(checksums.json). It is not a model folder: continue the run on any machine with the same command and "
+    "`--resume_from_checkpoint {repo_id}`.\n"
+)
+
+
+@dataclass(frozen=True)
+class HubCheckpoint:
+    """last-checkpoint/ of a repo at one commit; `folder`: where it was downloaded and checked."""
+
+    repo_id: str
+    revision: str  # the commit's id, so a push meanwhile changes nothing of what is read
+    step: int
+    folder: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.repo_id}@{self.revision[:8]} {LAST}/ (step {self.step})"
+
+    @property
+    def tokenizer(self) -> str:
+        return os.path.join(self.folder, checkpoints.TOKENIZER_DIR)
+
+
+# ------------------------------------------------------------------------------------------------ push
+
+
+def push_whole(pusher, checkpoint: str, checkpoints_dir: str, step: int, keep_each: bool) -> None:
+    """Queues `checkpoint` (step_N), with the run's tokenizer, for last-checkpoint/ (and, with `keep_each`,
+    checkpoints/step_N/) in one commit, which also removes what the previous last-checkpoint/ held beyond
+    it. A newer checkpoint queued behind it supersedes it. A failure here never stops training."""
+    staging = os.path.join(checkpoints_dir, f".hub_whole_{step}")  # hidden: never taken for a checkpoint
+    remove_tree(staging)  # left by a run killed while staging this step
+    try:
+        last = os.path.join(staging, LAST)
+        link_or_copy(checkpoint, last)
+        tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)
+        link_or_copy(tokenizer, os.path.join(last, checkpoints.TOKENIZER_DIR))
+        listed = checkpoints.read_json(os.path.join(last, checkpoints.CHECKSUM_FILE))
+        listed.update({os.path.join(checkpoints.TOKENIZER_DIR, name): digest
+                       for name, digest in checkpoints.checksums(tokenizer).items()})
+        # a new file, not the link to the checkpoint's
+        checkpoints.write_json(os.path.join(last, checkpoints.CHECKSUM_FILE), listed)
+        with open_new(os.path.join(last, "README.md")) as f:
+            f.write(README.format(repo_id=pusher.repo_id))
+        if keep_each:
+            link_or_copy(last, os.path.join(staging, "checkpoints", f"{checkpoints.STEP_PREFIX}{step}"))
+        pusher.push_async(staging, f"Resumable checkpoint at step {step}", delete_patterns=(f"{LAST}/*",),
+                          newest_of=LAST)
+    except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
+        print(f"Could not stage checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+def hub_reference(resume_from: str | None, own_repo: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) when --resume_from_checkpoint names the Hub: `hub`, or `owner/name[@rev]`
+    that is no local path; else None (a local resume)."""
+    if resume_from == OWN_REPO:
+        return own_repo, None
+    if not resume_from or resume_from == "latest" or os.path.exists(resume_from):
+        return None
+    repo_id, _, revision = resume_from.partition("@")
+    if repo_id.count("/") == 1 and location.is_repo_id(repo_id):
+        return repo_id, revision or None
+    return None
+
+
+def resume_point(resume_from: str | None, own_repo: str, layout, token: str | None, check, say):
+    """What the run resumes from: a local checkpoint folder (or None) as `checkpoints.find_resumable` says, or
+    for the Hub a `HubCheckpoint`, downloaded and checked (`check(folder)`: the run's own rules) unless an
+    intact local checkpoint is as new. `hub` on a repo without a checkpoint yet starts from scratch."""
+    reference = hub_reference(resume_from, own_repo)
+    if reference is None:
+        return checkpoints.find_resumable(resume_from, layout, say)
+    local = checkpoints.find_resumable("latest", layout, say)
+    found = newest_on_hub(*reference, token, resume_from, missing_ok=resume_from == OWN_REPO)
+    if found is None:
+        say(f"No checkpoint on the Hub in {reference[0]}/{LAST} yet: "
+            + (f"resuming from the local {local}." if local else "starting from scratch."))
+        return local
+    if local and checkpoints.read_training_state(local).step >= found.step:
+        say(f"Resuming from the local checkpoint {local}: the Hub's {found} is not newer.")
+        return local
+    found = replace(found, folder=download(found, token, resume_from))
+    with named(found):
+        check(found.folder)
+    newer = f"newer than the local {os.path.basename(local)}" if local else "no local checkpoint"
+    say(f"Resuming from the Hub's checkpoint {found} ({newer}).")
+    return found
+
+
+def newest_on_hub(repo_id: str, revision: str | None, token: str | None, flag: str,
+                  missing_ok: bool) -> HubCheckpoint | None:
+    """The repo's last-checkpoint/ at `revision` (its step read from trainer_state.json alone), or None when
+    `missing_ok` and the repo or folder does not exist."""
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    with hub_errors(flag, token):
+        try:
+            commit = HfApi().model_info(repo_id, revision=revision, token=token).sha
+            state = hf_hub_download(repo_id, f"{LAST}/{checkpoints.STATE_FILE}", revision=commit, token=token)
+        except LocalEntryNotFoundError:
+            raise
+        except (RepositoryNotFoundError, EntryNotFoundError):
+            if missing_ok and revision is None:
+                return None
+            raise
+    with named(HubCheckpoint(repo_id, commit, 0, os.path.dirname(state))):
+        step = checkpoints.read_training_state(os.path.dirname(state)).step
+    return HubCheckpoint(repo_id, commit, step)
+
+
+def download(found: HubCheckpoint, token: str | None, flag: str) -> str:
+    """last-checkpoint/ of `found`'s commit in the cache, every file checked against checksums.json, its
+    weights safetensors and its state files plain data; a refusal names the problem in one line."""
+    from huggingface_hub import snapshot_download
+
+    with hub_errors(flag, token):
+        root = snapshot_download(found.repo_id, revision=found.revision, allow_patterns=[f"{LAST}/*"],
+                                 token=token)
+    folder = os.path.join(root, LAST)
+    if problem := pickled_weights(folder) or checkpoints.problem_with(folder) or planted_pickle(folder):
+        raise UserInputError(
+            f"--resume_from_checkpoint {flag}: the Hub's {found} cannot be resumed from: {problem}. Push an "
+            "intact checkpoint there (--hub_strategy checkpoint), name another revision (REPO_ID@REVISION), "
+            "or start anew."
+        )
+    return folder
+
+
+def pickled_weights(folder: str) -> str | None:
+    """Why `folder`'s model weights are no readable safetensors (a pickle in their place), or None. A
+    checkpoint sharded by FSDP2 or DeepSpeed has none of either: its checksums decide."""
+    if has_safetensors(folder) or any(os.path.isfile(os.path.join(folder, name)) for name in PICKLED):
+        try:
+            check_weights(folder, "it", "--resume_from_checkpoint")
+        except ValueError as error:
+            return str(error).rstrip(".")
+    return None
+
+
+def planted_pickle(folder: str) -> str | None:
+    """The state file (optimizer, scheduler, random states) that holds more than plain data, or None."""
+    refused = checkpoints.refused_file(folder)
+    if refused:
+        return f"{os.path.relpath(refused, folder)} holds Python objects, which unpickling would run"
+    return None
+
+
+@contextlib.contextmanager
+def named(found: HubCheckpoint):
+    """A refusal about the downloaded folder names the repo first (the path stays for --init_from)."""
+    try:
+        yield
+    except UserInputError as error:
+        raise UserInputError(str(error).replace(found.folder, f"The Hub's {found} ({found.folder})", 1)) \
+            from None
+
+
+@contextlib.contextmanager
+def hub_errors(flag: str, token: str | None):
+    """The Hub's answers as one line: what is not there is refused (exit 2), a Hub out of reach is a
+    RunError; never with the token."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    def reason(error: Exception) -> str:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return scrub(lines[0] if lines else type(error).__name__, token)[:200]
+
+    try:
+        yield
+    except LocalEntryNotFoundError as error:  # no connection (or HF_HUB_OFFLINE=1)
+        raise RunError(f"--resume_from_checkpoint {flag}: the Hub cannot be reached ({reason(error)}); "
+                       "nothing was written: run again once it can (HF_HUB_OFFLINE must be unset).") from None
+    except RepositoryNotFoundError:
+        raise UserInputError(f"--resume_from_checkpoint {flag}: no such repo on the Hub, or the token may "
+                             "not read it (a private repo): check the repo id, and HF_TOKEN or `hf auth "
+                             "login`.") from None
+    except RevisionNotFoundError:
+        raise UserInputError(f"--resume_from_checkpoint {flag}: the repo has no such revision; give a "
+                             "branch, tag or commit id after '@', or none for the newest.") from None
+    except EntryNotFoundError:
+        raise UserInputError(f"--resume_from_checkpoint {flag}: the repo has no {LAST}/ folder: it was not "
+                             "pushed with --hub_strategy checkpoint or all_checkpoints.") from None
+    except (HfHubHTTPError, OSError) as error:
+        raise RunError(f"--resume_from_checkpoint {flag}: the download failed ({reason(error)}); nothing was "
+                       "written: run the same command again (a download goes on where it stopped).") from None
+
+
+def keep_locally(found: HubCheckpoint, final: str) -> None:
+    """Copies the checked download into the run's checkpoints/step_N (under a temporary name first): a later
+    `latest` finds it, and the cache may go."""
+    temporary = os.path.join(os.path.dirname(final), checkpoints.TEMPORARY_PREFIX + os.path.basename(final))
+    remove_tree(temporary)
+    with checkpoints.disk_space_guard(temporary, checkpoints.Layout(os.path.dirname(final))):
+        shutil.copytree(found.folder, temporary)  # the cache's links followed: files of its own
+        checkpoints.rename_into_place(temporary, final)
