@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hf_tinytx.folders.safe import link_or_copy, remove_tree
+from hf_tinytx.folders.safe import link_or_copy, regular_files, remove_tree
 from hf_tinytx_training.distributed.preemption import Stopped, StopRequests
 
 
@@ -40,7 +40,7 @@ class _Job:
     commit_message: str
     path_in_repo: str | None
     snapshot: str | None = None  # our private copy, removed once uploaded
-    delete_patterns: tuple[str, ...] = ()  # the repo's files the commit removes (unless it uploads them)
+    replacing: tuple[str, ...] = ()  # folders of the repo this upload replaces whole, in one commit
     newest_of: str | None = None  # a job queued later under this name supersedes this one
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
@@ -70,13 +70,14 @@ class HubPusher:
         return f"HubPusher(repo_id={self.repo_id!r}, private={self.private})"
 
     def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None,
-                   delete_patterns: tuple[str, ...] = (), newest_of: str | None = None) -> None:
+                   replacing: tuple[str, ...] = (), newest_of: str | None = None) -> None:
         """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises.
-        A job named `newest_of` is skipped when a newer one of that name waits behind it: a slow Hub
-        never gets a queue of stale checkpoints."""
+        `replacing`: the repo's folders this one replaces, in one commit (`commit_folder`). A job named
+        `newest_of` is skipped when a newer one of that name waits behind it: a slow Hub never gets a
+        queue of stale checkpoints."""
         try:
             job = _Job(str(folder), commit_message, path_in_repo, snapshot=_snapshot(str(folder)),
-                       delete_patterns=tuple(delete_patterns), newest_of=newest_of)
+                       replacing=tuple(replacing), newest_of=newest_of)
             self._enqueue(job)
         except Exception as e:  # e.g. the folder vanished: report, don't stop training
             self._record_failure(commit_message, e)
@@ -178,10 +179,13 @@ class HubPusher:
         if not self._repo_ready:
             create_repo(self.repo_id, token=self._token, private=self.private, exist_ok=True)
             self._repo_ready = True
+        if job.replacing:
+            commit_folder(self.repo_id, job.snapshot or job.folder, job.commit_message, self._token,
+                          job.replacing)
+            return
         upload_folder(
             repo_id=self.repo_id, folder_path=job.snapshot or job.folder, path_in_repo=job.path_in_repo,
             commit_message=job.commit_message, token=self._token,
-            delete_patterns=list(job.delete_patterns) or None,
         )
 
     def _record_failure(self, commit_message: str, error: BaseException) -> None:
@@ -192,6 +196,22 @@ class HubPusher:
 
     def _scrub(self, text: str) -> str:
         return scrub(text, self._token)
+
+
+def commit_folder(repo_id: str, folder: str, message: str, token: str | None, replacing: tuple[str, ...]):
+    """Every file of `folder` at the repo's root in ONE commit, which also removes what the repo holds under
+    the `replacing` folders and `folder` does not bring: a reader sees the old folder or the new one, never a
+    mix (upload_folder may split a large folder into several commits)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    api = HfApi(token=token)
+    names = regular_files(folder)
+    under = tuple(f"{name.rstrip('/')}/" for name in replacing)
+    stale = [path for path in api.list_repo_files(repo_id) if path.startswith(under) and path not in names]
+    added = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(folder, name))
+             for name in names]
+    removed = [CommitOperationDelete(path_in_repo=path) for path in stale]
+    api.create_commit(repo_id, operations=[*removed, *added], commit_message=message)
 
 
 def scrub(text: str, token: str | None) -> str:

@@ -73,8 +73,7 @@ def push_whole(pusher, checkpoint: str, checkpoints_dir: str, step: int, keep_ea
             f.write(README.format(repo_id=pusher.repo_id))
         if keep_each:
             link_or_copy(last, os.path.join(staging, "checkpoints", f"{checkpoints.STEP_PREFIX}{step}"))
-        pusher.push_async(staging, f"Resumable checkpoint at step {step}", delete_patterns=(f"{LAST}/*",),
-                          newest_of=LAST)
+        pusher.push_async(staging, f"Resumable checkpoint at step {step}", replacing=(LAST,), newest_of=LAST)
     except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
         print(f"Could not stage checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
     finally:
@@ -116,8 +115,8 @@ def resume_point(resume_from: str | None, own_repo: str, layout, token: str | No
     found = replace(found, folder=download(found, token, resume_from))
     with named(found):
         check(found.folder)
-    newer = f"newer than the local {os.path.basename(local)}" if local else "no local checkpoint"
-    say(f"Resuming from the Hub's checkpoint {found} ({newer}).")
+    newer = f"newer than the local {os.path.basename(local)}" if local else "there is no local one"
+    say(f"Resuming from the Hub's checkpoint {found}: {newer}.")
     return found
 
 
@@ -164,11 +163,16 @@ def download(found: HubCheckpoint, token: str | None, flag: str) -> str:
 def pickled_weights(folder: str) -> str | None:
     """Why `folder`'s model weights are no readable safetensors (a pickle in their place), or None. A
     checkpoint sharded by FSDP2 or DeepSpeed has none of either: its checksums decide."""
-    if has_safetensors(folder) or any(os.path.isfile(os.path.join(folder, name)) for name in PICKLED):
-        try:
-            check_weights(folder, "it", "--resume_from_checkpoint")
-        except ValueError as error:
-            return str(error).rstrip(".")
+    if not has_safetensors(folder):
+        for name in PICKLED:
+            if os.path.isfile(os.path.join(folder, name)):
+                return (f"its weights are a pickle ({name}) where model.safetensors belongs, and tinytx "
+                        "never unpickles weights (that could run code)")
+        return None
+    try:
+        check_weights(folder, "it", "its weights")
+    except ValueError as error:
+        return str(error).replace(folder + os.sep, "").rstrip(".")
     return None
 
 

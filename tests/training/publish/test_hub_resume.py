@@ -1,0 +1,172 @@
+"""pretrain --hub_strategy checkpoint and --resume_from_checkpoint hub|REPO_ID[@REVISION] against the local
+Hub server (tests/helpers/hub_server.py, the real huggingface_hub client): a run whose machine is gone
+resumes on an empty folder and ends with the uninterrupted run's weights, on 1 process and on 2; a Hub that
+fails keeps the previous last-checkpoint/ and the run training; a repo whose last-checkpoint/ is incomplete,
+tampered with, from another model or pickled is refused in one line before anything is written."""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.faults import KILL_MARK, KILLED, run_killed_at
+from tests.helpers.reference import describe, error_line, succeeded
+from tests.helpers.tiny import assert_same_weights, pretrain_env
+from tests.training.publish.test_hub import assert_token_nowhere, client_env, last_json_line, run_python
+
+
+LAST = "last-checkpoint"
+
+
+def hub_env(hub, cwd: Path) -> dict:
+    """pretrain's environment (its own caches), online against the local Hub with its token in HF_TOKEN."""
+    env = {k: v for k, v in pretrain_env(cwd).items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env.update(pretrain_env(cwd, **client_env(hub, cwd / "hf_home")))
+    return {k: v for k, v in env.items() if k != "PYTHONPATH"}
+
+
+def pushed_checkpoint(hub, repo: str, revision: str = "main") -> dict[str, bytes]:
+    """last-checkpoint/'s files at `revision`, by their path inside it."""
+    prefix = f"{LAST}/"
+    return {path[len(prefix):]: data for path, data in hub.repo_files(repo, revision).items()
+            if path.startswith(prefix)}
+
+
+def with_checksums(files: dict[str, bytes]) -> dict[str, bytes]:
+    """`files` with checksums.json recomputed: damage that only a reader of the contents finds."""
+    import hashlib
+
+    listed = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()
+              if name not in ("checksums.json", "README.md")}
+    return {**files, "checksums.json": json.dumps(listed).encode()}
+
+
+class Planted:
+    """Unpickling it would run a command."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def faulty_repos(hub, good: dict[str, bytes], marker: Path) -> dict[str, str]:
+    """{repo id: the words its refusal must hold}, each repo a copy of `good` (a last-checkpoint/) with one
+    fault, put on the server directly."""
+    import io
+
+    import torch
+
+    tampered = dict(good)
+    weights = bytearray(tampered["model.safetensors"])
+    weights[-3] ^= 0x01  # one bit of one weight
+    tampered["model.safetensors"] = bytes(weights)
+    pickled = io.BytesIO()
+    torch.save({"model.embed_tokens.weight": torch.zeros(2, 2)}, pickled)
+    bin_weights = {k: v for k, v in good.items() if k != "model.safetensors"}
+    cases = {
+        "incomplete": ({k: v for k, v in good.items() if k != "optimizer.bin"}, "optimizer.bin is missing"),
+        "tampered": (tampered, "model.safetensors does not match its checksum"),
+        "pickle-for-safetensors": (with_checksums({**good, "model.safetensors": pickled.getvalue()}),
+                                   "model.safetensors is damaged or truncated"),
+        "pytorch-model-bin": (with_checksums({**bin_weights, "pytorch_model.bin": pickled.getvalue()}),
+                              "its weights are a pickle (pytorch_model.bin) where model.safetensors belongs"),
+        "planted-pickle": (with_checksums({**good, "optimizer.bin": pickle.dumps(Planted(str(marker)), 2)}),
+                           "optimizer.bin holds Python objects"),
+    }
+    expected = {}
+    for name, (files, words) in cases.items():
+        hub.put_files(f"{hub.user}/{name}", {f"{LAST}/{path}": data for path, data in files.items()})
+        expected[f"{hub.user}/{name}"] = words
+    hub.put_files(f"{hub.user}/no-checkpoint", {"README.md": b"# a model, no checkpoint\n"})
+    expected[f"{hub.user}/no-checkpoint"] = f"the repo has no {LAST}/ folder"
+    expected[f"{hub.user}/nowhere"] = "no such repo on the Hub"
+    return expected
+
+
+CHECK_REPOS = """
+import json
+from hf_tinytx_training import checkpoints
+from hf_tinytx_training.errors import UserInputError
+from hf_tinytx_training.publish import hub_checkpoint
+
+answers = {}
+for repo in expected:
+    try:
+        found = hub_checkpoint.newest_on_hub(repo, None, None, repo, missing_ok=False)
+        hub_checkpoint.download(found, None, repo)
+        answers[repo] = "accepted"
+    except UserInputError as error:
+        answers[repo] = str(error)
+said = []
+layout = checkpoints.Layout(reference + "/checkpoints")
+newest = hub_checkpoint.resume_point("hub", own, layout, None, lambda folder: None, said.append)
+missing = hub_checkpoint.resume_point("hub", own + "-never-pushed", layout, None, None, said.append)
+print(json.dumps({"answers": answers, "newest": newest, "missing": missing, "said": said}))
+"""
+
+
+@pytest.mark.deep
+def test_a_run_that_lost_its_machine_resumes_from_the_hub_bit_for_bit(reference_pretrain, local_hub,
+                                                                      tmp_path):
+    """Killed right after its first upload (step 2), its folder deleted; the same command on an empty folder
+    with `--resume_from_checkpoint hub`, while the Hub fails every commit, ends with the reference's weights
+    and leaves last-checkpoint/ as it was. Then each bad repo is refused, in one line."""
+    pretrain, repo = reference_pretrain, f"{local_hub.user}/lost-machine"
+    env, out = hub_env(local_hub, tmp_path), tmp_path / "run"
+    flags = [*pretrain.flags, "--checkpointing_steps", 2, "--push_to_hub", "--hub_model_id", repo,
+             "--hub_strategy", "checkpoint", "--hub_timeout", 5]
+    killed = run_killed_at([*flags, "--output_dir", out], env=env, cwd=tmp_path, when="after", nth=1,
+                           function="huggingface_hub.HfApi.create_commit")
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    pushed = pushed_checkpoint(local_hub, repo)
+    assert json.loads(pushed["trainer_state.json"])["step"] == 2
+    listed = json.loads(pushed["checksums.json"])
+    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl",
+            "data_fingerprint.json", "tokenizer/tokenizer.json"} <= set(listed) and set(listed) <= set(pushed)
+    assert "--resume_from_checkpoint" in pushed["README.md"].decode()
+    assert local_hub.repo_is_private(repo) is True
+    commits = [c.message for c in local_hub.commits(repo)]
+    assert commits == ["Resumable checkpoint at step 2", "initial commit"], commits
+    shutil.rmtree(out)  # the machine is gone
+
+    local_hub.fail_commits(None, status=503, retry_after=0)
+    resumed = subprocess.run(list(map(str, [sys.executable, pretrain.script, *flags, "--output_dir", out,
+                                            "--resume_from_checkpoint", "hub"])),
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    local_hub.fail_commits(0)
+    assert resumed.returncode == 1 and "was NOT pushed" in resumed.stderr, describe(resumed)
+    assert f"Resuming from the Hub's checkpoint {repo}@" in resumed.stdout, describe(resumed)
+    assert f"Resumed from {out / 'checkpoints' / 'step_2'} at step 2" in resumed.stdout, describe(resumed)
+    assert_same_weights(pretrain.reference, out)
+    assert pushed_checkpoint(local_hub, repo) == pushed  # the failed uploads left it as it was
+    assert "last-checkpoint/" in (out / "README.md").read_text()
+
+    other = subprocess.run(list(map(str, [sys.executable, pretrain.script, *flags, "--hidden_size", 32,
+                                          "--output_dir", tmp_path / "other", "--resume_from_checkpoint",
+                                          repo])), env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert other.returncode == 2, describe(other)
+    error_line(other, "pretrain", "hidden_size 64", "hidden_size 32", repo)
+    assert not (tmp_path / "other").exists()
+
+    marker = tmp_path / "ran"
+    expected = faulty_repos(local_hub, pushed, marker)
+    given = f"expected, reference, own = {expected!r}, {str(pretrain.reference)!r}, {repo!r}"
+    checked = run_python(given, CHECK_REPOS, env=client_env(local_hub, tmp_path / "hf_home"), cwd=tmp_path)
+    found = last_json_line(checked.stdout)
+    for name, words in expected.items():
+        answer = found["answers"][name]
+        assert words in answer and "\n" not in answer, (name, answer)
+    assert not marker.exists(), "the planted pickle ran"
+    newest = str(pretrain.reference / "checkpoints" / "step_6")
+    assert found["newest"] == newest and found["missing"] == newest, found
+    assert f"Resuming from the local checkpoint {newest}: the Hub's {repo}@" in found["said"][0], found
+    assert_token_nowhere(local_hub.token, [tmp_path],
+                         [killed.stdout, killed.stderr, resumed.stdout, resumed.stderr, checked.stderr])
