@@ -56,7 +56,8 @@ class HubCheckpoint:
 def push_whole(pusher, checkpoint: str, checkpoints_dir: str, step: int, keep_each: bool) -> None:
     """Queues `checkpoint` (step_N), with the run's tokenizer, for last-checkpoint/ (and, with `keep_each`,
     checkpoints/step_N/) in one commit, which also removes what the previous last-checkpoint/ held beyond
-    it. A newer checkpoint queued behind it supersedes it. A failure here never stops training."""
+    it. Without `keep_each`, a newer checkpoint queued behind it supersedes it. A failure here never stops
+    training."""
     staging = os.path.join(checkpoints_dir, f".hub_whole_{step}")  # hidden: never taken for a checkpoint
     remove_tree(staging)  # left by a run killed while staging this step
     try:
@@ -73,7 +74,8 @@ def push_whole(pusher, checkpoint: str, checkpoints_dir: str, step: int, keep_ea
             f.write(README.format(repo_id=pusher.repo_id))
         if keep_each:
             link_or_copy(last, os.path.join(staging, "checkpoints", f"{checkpoints.STEP_PREFIX}{step}"))
-        pusher.push_async(staging, f"Resumable checkpoint at step {step}", replacing=(LAST,), newest_of=LAST)
+        pusher.push_async(staging, f"Resumable checkpoint at step {step}", replacing=(LAST,),
+                          newest_of=None if keep_each else LAST)
     except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
         print(f"Could not stage checkpoint {step} for the Hub ({error}); training goes on.", file=sys.stderr)
     finally:

@@ -145,6 +145,7 @@ def test_a_run_that_lost_its_machine_resumes_from_the_hub_bit_for_bit(reference_
     assert f"Resuming from the Hub's checkpoint {repo}@" in resumed.stdout, describe(resumed)
     assert f"Resumed from {out / 'checkpoints' / 'step_2'} at step 2" in resumed.stdout, describe(resumed)
     assert_same_weights(pretrain.reference, out)
+    assert pretrain.steps_logged(out) == [3, 4, 5, 6]  # not from scratch (the log went with the machine)
     assert pushed_checkpoint(local_hub, repo) == pushed  # the failed uploads left it as it was
     assert "last-checkpoint/" in (out / "README.md").read_text()
 
@@ -170,3 +171,33 @@ def test_a_run_that_lost_its_machine_resumes_from_the_hub_bit_for_bit(reference_
     assert f"Resuming from the local checkpoint {newest}: the Hub's {repo}@" in found["said"][0], found
     assert_token_nowhere(local_hub.token, [tmp_path],
                          [killed.stdout, killed.stderr, resumed.stdout, resumed.stderr, checked.stderr])
+
+
+@pytest.mark.deep
+def test_two_processes_resume_from_a_hub_revision_bit_for_bit(reference_pretrain, local_hub, tmp_path):
+    """torchrun, 2 processes on CPU (gloo): a run that pushes all_checkpoints, then the same command on an
+    empty folder from the revision whose last-checkpoint/ is step 2 ends with the same weights."""
+    repo = f"{local_hub.user}/two-processes"
+    env = {**hub_env(local_hub, tmp_path), "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    flags = [*reference_pretrain.flags, "--per_device_train_batch_size", 4, "--checkpointing_steps", 2,
+             "--push_to_hub", "--hub_model_id", repo, "--hub_strategy", "all_checkpoints"]
+
+    def run(output_dir, *more):
+        command = [*torchrun, reference_pretrain.script, *flags, "--output_dir", output_dir, *more]
+        return subprocess.run(list(map(str, command)), env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+
+    straight = run(tmp_path / "straight")
+    succeeded(straight)
+    files = local_hub.repo_files(repo)
+    assert {f"{LAST}/optimizer.bin", "checkpoints/step_2/random_states_1.pkl", "model.safetensors",
+            "checkpoints/step_4/tokenizer/tokenizer.json", "checkpoints/step_6/scheduler.bin"} <= set(files)
+    assert "last-checkpoint/" in files["README.md"].decode()  # the card says what the folder is
+    at_step_2 = next(c.oid for c in local_hub.commits(repo) if c.message == "Resumable checkpoint at step 2")
+    resumed = run(tmp_path / "resumed", "--resume_from_checkpoint", f"{repo}@{at_step_2}")
+    succeeded(resumed)
+    assert f"Resuming from the Hub's checkpoint {repo}@{at_step_2[:8]} {LAST}/ (step 2)" in resumed.stdout
+    assert f"Resumed from {tmp_path / 'resumed' / 'checkpoints' / 'step_2'} at step 2" in resumed.stdout
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    assert reference_pretrain.steps_logged(tmp_path / "resumed") == [3, 4, 5, 6]  # not trained from scratch
