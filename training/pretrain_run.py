@@ -609,8 +609,9 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
         return
     if strategy in hub_checkpoint.WHOLE:
         if run.pusher is not None:  # the checkpoint as saved, optimizer and all
-            hub_checkpoint.push_whole(run.pusher, run.layout.path(run.progress.step), run.checkpoints_dir,
-                                      run.progress.step, keep_each=strategy == "all_checkpoints")
+            step = run.progress.step
+            hub_checkpoint.push_whole(run.pusher, run.layout.path(step), step, strategy == "all_checkpoints",
+                                      os.path.join(run.checkpoints_dir, checkpoints.TOKENIZER_DIR))
         return
     to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
     if run.pusher is not None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from hf_tinytx.folders import location
-from hf_tinytx.folders.safe import link_or_copy, open_new, remove_tree
+from hf_tinytx.folders.safe import file_digest, link_or_copy, open_new, remove_tree
 from hf_tinytx.folders.weights import PICKLED, check_weights, has_safetensors
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.errors import RunError, UserInputError
@@ -25,10 +25,10 @@ WHOLE = ("checkpoint", "all_checkpoints")  # the strategies that push what resum
 LAST = "last-checkpoint"
 OWN_REPO = "hub"  # --resume_from_checkpoint hub: the run's own --hub_model_id
 README = (
-    "# Resumable checkpoint\n\nThe newest checkpoint of a TinyTx pre-training run, whole: weights "
-    "(model.safetensors), optimizer, scheduler, random states, the place in the data (trainer_state.json), "
-    "what decided the data (data_fingerprint.json), the tokenizer (tokenizer/) and the sha256 of every file "
-    "(checksums.json). It is not a model folder: continue the run on any machine with the same command and "
+    "# Resumable checkpoint\n\nThe newest checkpoint of a TinyTx training run (pretrain or finetune), whole: "
+    "the weights, optimizer, scheduler, random states, the place in the data (trainer_state.json), what "
+    "decided the data (data_fingerprint.json), the tokenizer and the sha256 of every file (checksums.json). "
+    "It is not a model folder: continue the run on any machine with the same command and "
     "`--resume_from_checkpoint {repo_id}`.\n"
 )
 
@@ -53,27 +53,30 @@ class HubCheckpoint:
 # ------------------------------------------------------------------------------------------------ push
 
 
-def push_whole(pusher, checkpoint: str, checkpoints_dir: str, step: int, keep_each: bool) -> None:
-    """Queues `checkpoint` (step_N), with the run's tokenizer, for last-checkpoint/ (and, with `keep_each`,
-    checkpoints/step_N/) in one commit, which also removes what the previous last-checkpoint/ held beyond
-    it. Without `keep_each`, a newer checkpoint queued behind it supersedes it. A failure here never stops
-    training."""
-    staging = os.path.join(checkpoints_dir, f".hub_whole_{step}")  # hidden: never taken for a checkpoint
+def push_whole(pusher, checkpoint: str, step: int, keep_each: bool, tokenizer: str | None = None) -> None:
+    """Queues `checkpoint` (pretrain's step_N with the run's `tokenizer` folder, or Trainer's checkpoint-N,
+    which holds its own) for last-checkpoint/ (and, with `keep_each`, checkpoints/<its name>/) in one commit,
+    which also removes what the previous last-checkpoint/ held beyond it. Without `keep_each`, a newer
+    checkpoint queued behind it supersedes it. A failure here never stops training."""
+    # hidden, beside the checkpoint: never taken for one
+    staging = os.path.join(os.path.dirname(checkpoint), f".hub_whole_{step}")
     remove_tree(staging)  # left by a run killed while staging this step
     try:
         last = os.path.join(staging, LAST)
         link_or_copy(checkpoint, last)
-        tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)
-        link_or_copy(tokenizer, os.path.join(last, checkpoints.TOKENIZER_DIR))
         listed = checkpoints.read_json(os.path.join(last, checkpoints.CHECKSUM_FILE))
-        listed.update({os.path.join(checkpoints.TOKENIZER_DIR, name): digest
-                       for name, digest in checkpoints.checksums(tokenizer).items()})
+        if tokenizer:
+            link_or_copy(tokenizer, os.path.join(last, checkpoints.TOKENIZER_DIR))
+            listed.update({os.path.join(checkpoints.TOKENIZER_DIR, name): digest
+                           for name, digest in checkpoints.checksums(tokenizer).items()})
+        with open_new(os.path.join(last, "README.md")) as f:  # a new file, not a link to PEFT's placeholder
+            f.write(README.format(repo_id=pusher.repo_id))
+        if "README.md" in listed:
+            listed["README.md"] = file_digest(os.path.join(last, "README.md"))
         # a new file, not the link to the checkpoint's
         checkpoints.write_json(os.path.join(last, checkpoints.CHECKSUM_FILE), listed)
-        with open_new(os.path.join(last, "README.md")) as f:
-            f.write(README.format(repo_id=pusher.repo_id))
         if keep_each:
-            link_or_copy(last, os.path.join(staging, "checkpoints", f"{checkpoints.STEP_PREFIX}{step}"))
+            link_or_copy(last, os.path.join(staging, "checkpoints", os.path.basename(checkpoint)))
         pusher.push_async(staging, f"Resumable checkpoint at step {step}", replacing=(LAST,),
                           newest_of=None if keep_each else LAST)
     except Exception as error:  # e.g. a full disk: the checkpoint itself is saved, so go on training
@@ -111,7 +114,7 @@ def resume_point(resume_from: str | None, own_repo: str, layout, token: str | No
         say(f"No checkpoint on the Hub in {reference[0]}/{LAST} yet: "
             + (f"resuming from the local {local}." if local else "starting from scratch."))
         return local
-    if local and checkpoints.read_training_state(local).step >= found.step:
+    if local and step_of(local) >= found.step:
         say(f"Resuming from the local checkpoint {local}: the Hub's {found} is not newer.")
         return local
     found = replace(found, folder=download(found, token, resume_from))
@@ -140,8 +143,18 @@ def newest_on_hub(repo_id: str, revision: str | None, token: str | None, flag: s
                 return None
             raise
     with named(HubCheckpoint(repo_id, commit, 0, os.path.dirname(state))):
-        step = checkpoints.read_training_state(os.path.dirname(state)).step
+        step = step_of(os.path.dirname(state))
     return HubCheckpoint(repo_id, commit, step)
+
+
+def step_of(folder: str) -> int:
+    """The step a checkpoint of pretrain (`step`) or of Trainer (`global_step`) was saved at."""
+    state = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))
+    step = state.get("step", state.get("global_step"))
+    if not isinstance(step, int):
+        raise UserInputError(f"{folder}/{checkpoints.STATE_FILE} names no step: it is no checkpoint of "
+                             "pretrain.py or finetune.py; resume from one of theirs, or start anew.")
+    return step
 
 
 def download(found: HubCheckpoint, token: str | None, flag: str) -> str:

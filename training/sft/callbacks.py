@@ -8,6 +8,7 @@ from transformers import TrainerCallback
 
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.distributed.preemption import StopRequests
+from hf_tinytx_training.publish.hub_checkpoint import push_whole
 
 
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
@@ -26,10 +27,10 @@ def optimizer_flags(training_args) -> dict:
 class CheckpointsAside(TrainerCallback):
     """Each checkpoint-N Trainer wrote into the staging folder is checksummed and renamed into
     checkpoints/ whole; then the oldest beyond --save_total_limit go. `where`:
-    finetune.Destinations; `data`: written into each."""
+    finetune.Destinations; `data`: written into each; `pusher`: takes each to the Hub whole."""
 
-    def __init__(self, where, resumed: str | None, data: dict):
-        self.where, self.resumed, self.data = where, resumed, data
+    def __init__(self, where, resumed: str | None, data: dict, pusher=None):
+        self.where, self.resumed, self.data, self.pusher = where, resumed, data, pusher
         # the newest checkpoint's (step, folder), the same on every process
         self.saved: tuple[int, str] | None = None
 
@@ -60,6 +61,8 @@ class CheckpointsAside(TrainerCallback):
             os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written)
         )
         checkpoints.rename_into_place(written, final)
+        if self.pusher is not None:  # before the prune: keeping one checkpoint must not lose this one
+            push_whole(self.pusher, final, state.global_step, self.where.hub_strategy == "all_checkpoints")
         checkpoints.prune(self.where.layout, self.where.keep_checkpoints)
 
 

@@ -201,3 +201,47 @@ def test_two_processes_resume_from_a_hub_revision_bit_for_bit(reference_pretrain
     assert f"Resumed from {tmp_path / 'resumed' / 'checkpoints' / 'step_2'} at step 2" in resumed.stdout
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
     assert reference_pretrain.steps_logged(tmp_path / "resumed") == [3, 4, 5, 6]  # not trained from scratch
+
+
+@pytest.mark.deep
+def test_finetune_full_and_lora_resume_from_the_hub_bit_for_bit(reference_finetune, local_hub, tmp_path):
+    """Full: killed right after its first upload (checkpoint-5), its folder deleted, `--resume_from_checkpoint
+    hub` on an empty folder ends with the reference's weights. LoRA: a run pushing all_checkpoints, then the
+    same command from the revision whose last-checkpoint/ is checkpoint-10 ends with the same adapter."""
+    from safetensors.torch import load_file
+
+    finetune, env = reference_finetune, hub_env(local_hub, tmp_path)
+    full, lora = f"{local_hub.user}/finetune-full", f"{local_hub.user}/finetune-lora"
+    out = tmp_path / "full"
+    hub = ["--save_steps", 5, "--push_to_hub", "--hub_strategy", "checkpoint", "--hub_model_id", full]
+    killed = run_killed_at([*finetune.flags, "--output_dir", out, *hub], env=env, cwd=finetune.cwd,
+                           when="after", nth=1, function="huggingface_hub.HfApi.create_commit",
+                           script=finetune.script)
+    assert killed.returncode == KILLED and KILL_MARK in killed.stderr, describe(killed)
+    pushed = pushed_checkpoint(local_hub, full)
+    assert json.loads(pushed["trainer_state.json"])["global_step"] == 5
+    assert {"optimizer.pt", "rng_state.pth", "tokenizer.json", "data_fingerprint.json"} <= set(
+        json.loads(pushed["checksums.json"]))
+    assert local_hub.repo_is_private(full) is True
+    shutil.rmtree(out)  # the machine is gone
+    resumed = finetune.run(out, *hub, "--resume_from_checkpoint", "hub", env=env)
+    succeeded(resumed)
+    assert f"Resuming from the Hub's checkpoint {full}@" in resumed.stdout, describe(resumed)
+    assert f"Resuming from {out / 'checkpoints' / 'checkpoint-5'} at step 5" in resumed.stdout
+    assert_same_weights(finetune.reference, out)
+
+    lora_flags = ["--use_peft", "--lora_r", 4, "--lora_alpha", 8, "--save_steps", 10, "--push_to_hub",
+                  "--hub_strategy", "all_checkpoints", "--hub_model_id", lora]
+    succeeded(finetune.run(tmp_path / "lora", *lora_flags, env=env))
+    at_10 = next(c.oid for c in local_hub.commits(lora) if c.message == "Resumable checkpoint at step 10")
+    assert "checkpoints/checkpoint-20/adapter_model.safetensors" in local_hub.repo_files(lora)
+    again = finetune.run(tmp_path / "lora-again", *lora_flags, "--resume_from_checkpoint", f"{lora}@{at_10}",
+                         env=env)
+    succeeded(again)
+    resumed_at = tmp_path / "lora-again" / "checkpoints" / "checkpoint-10"
+    assert f"Resuming from {resumed_at} at step 10" in again.stdout, describe(again)
+    adapters = [load_file(tmp_path / name / "adapter_model.safetensors") for name in ("lora", "lora-again")]
+    assert adapters[0].keys() == adapters[1].keys()
+    assert all((adapters[0][key] == adapters[1][key]).all() for key in adapters[0])
+    assert_token_nowhere(local_hub.token, [tmp_path], [killed.stdout, killed.stderr, resumed.stdout,
+                                                       resumed.stderr, again.stdout, again.stderr])
