@@ -108,6 +108,7 @@ def resume_point(resume_from: str | None, own_repo: str, layout, token: str | No
     reference = hub_reference(resume_from, own_repo)
     if reference is None:
         return checkpoints.find_resumable(resume_from, layout, say)
+    reference = (with_owner(reference[0], token, resume_from), reference[1])
     local = checkpoints.find_resumable("latest", layout, say)
     found = newest_on_hub(*reference, token, resume_from, missing_ok=resume_from == OWN_REPO)
     if found is None:
@@ -123,6 +124,17 @@ def resume_point(resume_from: str | None, own_repo: str, layout, token: str | No
     newer = f"newer than the local {os.path.basename(local)}" if local else "there is no local one"
     say(f"Resuming from the Hub's checkpoint {found}: {newer}.")
     return found
+
+
+def with_owner(repo_id: str, token: str | None, flag: str) -> str:
+    """`owner/name` for a --hub_model_id given as `name` (created in the token's namespace): looked up under
+    `name` alone, the run would find nothing, start anew and push over its own checkpoint."""
+    if "/" in repo_id:
+        return repo_id
+    from huggingface_hub import HfApi
+
+    with hub_errors(flag, token):
+        return f"{HfApi().whoami(token=token)['name']}/{repo_id}"
 
 
 def newest_on_hub(repo_id: str, revision: str | None, token: str | None, flag: str,

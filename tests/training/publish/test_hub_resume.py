@@ -106,7 +106,8 @@ for repo in expected:
         answers[repo] = str(error)
 said = []
 layout = checkpoints.Layout(reference + "/checkpoints")
-newest = hub_checkpoint.resume_point("hub", own, layout, None, lambda folder: None, said.append)
+# --hub_model_id NAME alone: the repo is the token's owner's
+newest = hub_checkpoint.resume_point("hub", own.split("/")[1], layout, None, lambda folder: None, said.append)
 missing = hub_checkpoint.resume_point("hub", own + "-never-pushed", layout, None, None, said.append)
 print(json.dumps({"answers": answers, "newest": newest, "missing": missing, "said": said}))
 """
