@@ -90,13 +90,14 @@ def push_whole(pusher, checkpoint: str, step: int, keep_each: bool, tokenizer: s
 
 def hub_reference(resume_from: str | None, own_repo: str) -> tuple[str, str | None] | None:
     """(repo id, revision or None) when --resume_from_checkpoint names the Hub: `hub`, or `owner/name[@rev]`
-    that is no local path; else None (a local resume)."""
+    that is no local path (nor one in a local folder `owner`: a typo there stays a local error); else None
+    (a local resume)."""
     if resume_from == OWN_REPO:
         return own_repo, None
     if not resume_from or resume_from == "latest" or os.path.exists(resume_from):
         return None
     repo_id, _, revision = resume_from.partition("@")
-    if repo_id.count("/") == 1 and location.is_repo_id(repo_id):
+    if repo_id.count("/") == 1 and location.is_repo_id(repo_id) and not os.path.isdir(repo_id.split("/")[0]):
         return repo_id, revision or None
     return None
 
@@ -243,9 +244,9 @@ def hub_errors(flag: str, token: str | None):
         raise RunError(f"--resume_from_checkpoint {flag}: the Hub cannot be reached ({reason(error)}); "
                        "nothing was written: run again once it can (HF_HUB_OFFLINE must be unset).") from None
     except RepositoryNotFoundError:
-        raise UserInputError(f"--resume_from_checkpoint {flag}: no such repo on the Hub, or the token may "
-                             "not read it (a private repo): check the repo id, and HF_TOKEN or `hf auth "
-                             "login`.") from None
+        raise UserInputError(f"--resume_from_checkpoint {flag}: no such local folder, nor a repo on the Hub "
+                             "that the token may read (a private repo): check the path or repo id, and "
+                             "HF_TOKEN or `hf auth login`.") from None
     except RevisionNotFoundError:
         raise UserInputError(f"--resume_from_checkpoint {flag}: the repo has no such revision; give a "
                              "branch, tag or commit id after '@', or none for the newest.") from None

@@ -86,7 +86,7 @@ def faulty_repos(hub, good: dict[str, bytes], marker: Path) -> dict[str, str]:
         expected[f"{hub.user}/{name}"] = words
     hub.put_files(f"{hub.user}/no-checkpoint", {"README.md": b"# a model, no checkpoint\n"})
     expected[f"{hub.user}/no-checkpoint"] = f"the repo has no {LAST}/ folder"
-    expected[f"{hub.user}/nowhere"] = "no such repo on the Hub"
+    expected[f"{hub.user}/nowhere"] = "nor a repo on the Hub that the token may read"
     return expected
 
 
@@ -111,6 +111,18 @@ newest = hub_checkpoint.resume_point("hub", own.split("/")[1], layout, None, lam
 missing = hub_checkpoint.resume_point("hub", own + "-never-pushed", layout, None, None, said.append)
 print(json.dumps({"answers": answers, "newest": newest, "missing": missing, "said": said}))
 """
+
+
+def test_what_names_the_hub_and_what_a_local_folder(tmp_path, monkeypatch):
+    from hf_tinytx_training.publish.hub_checkpoint import hub_reference
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out" / "step_2").mkdir(parents=True)
+    assert hub_reference("hub", "me/run") == ("me/run", None)
+    assert hub_reference("you/tinytx", "me/run") == ("you/tinytx", None)
+    assert hub_reference("you/tinytx@v1.0", "me/run") == ("you/tinytx", "v1.0")
+    for local in (None, "latest", "out/step_2", "out/step_9", str(tmp_path / "gone"), "tinytx", "a/b/c"):
+        assert hub_reference(local, "me/run") is None, local
 
 
 @pytest.mark.deep
