@@ -360,7 +360,7 @@ def prepare_data(
     if accelerator.is_main_process:  # every input check has passed
         lock = claim(output_dir, checkpoints_dir, replace=train_args.overwrite_output_dir and not resume_dir)
         if from_hub:
-            hub_checkpoint.keep_locally(from_hub, resume_dir)
+            hub_checkpoint.keep_locally(from_hub, resume_dir, os.path.join(output_dir, "metrics.jsonl"))
         if fresh or from_hub or not os.path.isdir(own_tokenizer):
             checkpoints.save_tokenizer(tokenizer, checkpoints_dir)
     accelerator.wait_for_everyone()
@@ -609,9 +609,9 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
         return
     if strategy in hub_checkpoint.WHOLE:
         if run.pusher is not None:  # the checkpoint as saved, optimizer and all
-            step = run.progress.step
+            step, tokenizer = run.progress.step, os.path.join(run.checkpoints_dir, checkpoints.TOKENIZER_DIR)
             hub_checkpoint.push_whole(run.pusher, run.layout.path(step), step, strategy == "all_checkpoints",
-                                      os.path.join(run.checkpoints_dir, checkpoints.TOKENIZER_DIR))
+                                      tokenizer, run.log.path)
         return
     to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
     if run.pusher is not None:

@@ -24,6 +24,7 @@ STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")  # Trainer's
 WHOLE = ("checkpoint", "all_checkpoints")  # the strategies that push what resumes
 LAST = "last-checkpoint"
 OWN_REPO = "hub"  # --resume_from_checkpoint hub: the run's own --hub_model_id
+LOG = "metrics.jsonl"  # the run's record up to the checkpoint: no part of the resume, so not checksummed
 README = (
     "# Resumable checkpoint\n\nThe newest checkpoint of a TinyTx training run (pretrain or finetune), whole: "
     "the weights, optimizer, scheduler, random states, the place in the data (trainer_state.json), what "
@@ -53,11 +54,13 @@ class HubCheckpoint:
 # ------------------------------------------------------------------------------------------------ push
 
 
-def push_whole(pusher, checkpoint: str, step: int, keep_each: bool, tokenizer: str | None = None) -> None:
+def push_whole(pusher, checkpoint: str, step: int, keep_each: bool, tokenizer: str | None = None,
+               log: str | None = None) -> None:
     """Queues `checkpoint` (pretrain's step_N with the run's `tokenizer` folder, or Trainer's checkpoint-N,
     which holds its own) for last-checkpoint/ (and, with `keep_each`, checkpoints/<its name>/) in one commit,
-    which also removes what the previous last-checkpoint/ held beyond it. Without `keep_each`, a newer
-    checkpoint queued behind it supersedes it. A failure here never stops training."""
+    which also removes what the previous last-checkpoint/ held beyond it. `log`: pretrain's metrics.jsonl,
+    so the loss curve survives the machine. Without `keep_each`, a newer checkpoint queued behind it
+    supersedes it. A failure here never stops training."""
     # hidden, beside the checkpoint: never taken for one
     staging = os.path.join(os.path.dirname(checkpoint), f".hub_whole_{step}")
     remove_tree(staging)  # left by a run killed while staging this step
@@ -73,6 +76,8 @@ def push_whole(pusher, checkpoint: str, step: int, keep_each: bool, tokenizer: s
             f.write(README.format(repo_id=pusher.repo_id))
         if "README.md" in listed:
             listed["README.md"] = file_digest(os.path.join(last, "README.md"))
+        if log and os.path.isfile(log):  # copied: the run appends to it in place
+            shutil.copyfile(log, os.path.join(last, LOG))
         # a new file, not the link to the checkpoint's
         checkpoints.write_json(os.path.join(last, checkpoints.CHECKSUM_FILE), listed)
         if keep_each:
@@ -258,11 +263,15 @@ def hub_errors(flag: str, token: str | None):
                        "written: run the same command again (a download goes on where it stopped).") from None
 
 
-def keep_locally(found: HubCheckpoint, final: str) -> None:
+def keep_locally(found: HubCheckpoint, final: str, log: str | None = None) -> None:
     """Copies the checked download into the run's checkpoints/step_N (under a temporary name first): a later
-    `latest` finds it, and the cache may go."""
+    `latest` finds it, and the cache may go. `log`: where the run keeps metrics.jsonl, taken from the
+    download when the folder has none (a new machine)."""
     temporary = os.path.join(os.path.dirname(final), checkpoints.TEMPORARY_PREFIX + os.path.basename(final))
     remove_tree(temporary)
     with checkpoints.disk_space_guard(temporary, checkpoints.Layout(os.path.dirname(final))):
         shutil.copytree(found.folder, temporary)  # the cache's links followed: files of its own
         checkpoints.rename_into_place(temporary, final)
+    if log and not os.path.exists(log) and os.path.isfile(os.path.join(found.folder, LOG)):
+        with open(os.path.join(found.folder, LOG), "rb") as source, open_new(log, "wb") as target:
+            shutil.copyfileobj(source, target)
