@@ -167,8 +167,11 @@ def newest_on_hub(repo_id: str, revision: str | None, token: str | None, flag: s
 
 def step_of(folder: str) -> int:
     """The step a checkpoint of pretrain (`step`) or of Trainer (`global_step`) was saved at."""
-    state = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))
-    step = state.get("step", state.get("global_step"))
+    try:
+        state = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))
+    except (OSError, ValueError):  # damaged: named below
+        state = None
+    step = state.get("step", state.get("global_step")) if isinstance(state, dict) else None
     if not isinstance(step, int):
         raise UserInputError(f"{folder}/{checkpoints.STATE_FILE} names no step: it is no checkpoint of "
                              "pretrain.py or finetune.py; resume from one of theirs, or start anew.")

@@ -24,10 +24,9 @@ LAST = "last-checkpoint"
 
 
 def hub_env(hub, cwd: Path) -> dict:
-    """pretrain's environment (its own caches), online against the local Hub with its token in HF_TOKEN."""
-    env = {k: v for k, v in pretrain_env(cwd).items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
-    env.update(pretrain_env(cwd, **client_env(hub, cwd / "hf_home")))
-    return {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    """pretrain's environment (caches of its own), but online against the local Hub, its token in HF_TOKEN."""
+    env = pretrain_env(cwd, **hub.client_env(cwd / "hf_home"))
+    return {k: v for k, v in env.items() if not k.startswith("HUGGING_FACE_") and k != "PYTHONPATH"}
 
 
 def pushed_checkpoint(hub, repo: str, revision: str = "main") -> dict[str, bytes]:
