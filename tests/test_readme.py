@@ -114,7 +114,10 @@ PAGES = [
             Step("Tests", "bash", skip="the three test stages, this test included"),
         ),
     ),
-    Page("docs/training.md"),
+    Page("docs/training.md", (
+        Step("A run that lost its machine: resuming from the Hub", "bash",
+             skip="it needs a Hub: tests/training/publish/test_hub_resume.py runs it against the local one"),
+    )),
     Page(
         "docs/finetuning.md",
         (

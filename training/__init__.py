@@ -53,6 +53,8 @@ hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
     publish/export.py    the finished model folder: weights, code, tokenizer, card, record (and each
                          checkpoint's)
     publish/hub.py       uploads to the Hugging Face Hub in the background, and the final push
+    publish/hub_checkpoint.py a resumable checkpoint on the Hub: pushed whole to last-checkpoint/, and
+                              downloaded and checked for --resume_from_checkpoint hub|REPO_ID[@REVISION]
 
     sft/finetune_args.py finetune's flags and the checks run before torch loads
     sft/finetune_run.py  supervised fine-tuning with Trainer, optionally LoRA: setup -> fit -> save_folders ->

@@ -182,6 +182,22 @@ def load_state(folder: str, accelerator, run_signature: dict, parts: tuple, shar
     return state
 
 
+def refuse_other_run(folder: str, run_signature: dict, config) -> None:
+    """The rules of `load_state` that hold before the data is prepared (sizes may yet be fitted to a small
+    text, so those wait for the load): the seed, the optimizer's values, the tokenizer, the model's shapes.
+    A download from the Hub is refused by them before the run writes anything."""
+    saved = read_training_state(folder).run_signature
+    way_on = f"start a new run from its weights with --init_from {folder}"
+    if changed := changed_values(saved, run_signature, ("seed",)):
+        raise UserInputError(f"{folder} was trained with {changed[0]}, but this run has {changed[1]}: the "
+                             f"seed decides the data order; resume with {changed[0]}, or {way_on}.")
+    refuse_optimizer_change(folder, saved, run_signature, OPTIMIZER_STATE, way_on)
+    refuse_tokenizer_change(folder, saved, run_signature)
+    # the vocabulary's size is the tokenizer's, which the tokenizer flags decide
+    refuse_architecture_change(folder, config, f"resume with the sizes it was trained with, or {way_on}",
+                               unknown_yet=("vocab_size",))
+
+
 def changed_values(saved: dict, now: dict, keys, dashes: str = "--") -> tuple[str, str] | None:
     """("--key old, ...", "--key new, ...") for the keys whose value changed, or None. A key `saved` lacks
     (recorded by an older checkpoint) has nothing to compare."""
@@ -226,13 +242,14 @@ def refuse_data_change(folder: str, now: dict, how: str) -> None:
         )
 
 
-def refuse_architecture_change(folder: str, config, how: str) -> None:
+def refuse_architecture_change(folder: str, config, how: str, unknown_yet=()) -> None:
     """The checkpoint's model (its config.json) and this run's differ in a field that fixes the tensors:
-    refused, naming each field; `how`: what to do instead."""
+    refused, naming each field; `how`: what to do instead; `unknown_yet`: fields not compared."""
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(path):
         return
-    if changed := changed_values(read_json(path), config.to_dict(), ARCHITECTURE, dashes=""):
+    compared = [key for key in ARCHITECTURE if key not in unknown_yet]
+    if changed := changed_values(read_json(path), config.to_dict(), compared, dashes=""):
         raise UserInputError(
             f"{folder} holds a model with {changed[0]}, but this run builds one with {changed[1]}: its "
             f"weights fit only their own shapes; {how}."

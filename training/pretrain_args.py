@@ -22,6 +22,7 @@ from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.model.config_file import config_file_path, read_config_file
 from hf_tinytx_training.optim.schedules import CLOCK_SHAPES
+from hf_tinytx_training.publish.hub_checkpoint import OWN_REPO, STRATEGIES, WHOLE
 from hf_tinytx_training.publish.output_dir import check_output_dir
 
 
@@ -135,7 +136,10 @@ class PretrainArguments:
         None, "Save a resumable checkpoint every N steps (one is always saved at the end).")
     checkpoints_total_limit: int | None = flag(2, "Keep only the last K checkpoints.")
     resume_from_checkpoint: str | None = flag(
-        None, "'latest' or a checkpoint folder to continue from exactly."
+        None,
+        "'latest' or a checkpoint folder to continue from exactly; or from the Hub: 'hub' (the "
+        "last-checkpoint/ of --hub_model_id) or REPO_ID[@REVISION]. An intact local checkpoint as new as "
+        "the Hub's wins.",
     )
     report_to: str = flag("none", "tensorboard, trackio, wandb (several joined by commas), all or none.")
     num_probes_per_kind: int = flag(100, "Probe prompts per kind after training (0: off).")
@@ -145,7 +149,18 @@ class PretrainArguments:
     )
     hub_model_id: str | None = flag(None, "Hub repo id; default: the output dir name.")
     hub_token: str | None = flag(None, "Hub token; default: HF_TOKEN / stored login.")
-    hub_private_repo: bool = flag(False, "Create the Hub repo as private.")
+    hub_strategy: str = flag(
+        "every_save",
+        "What goes to the Hub (Trainer's values): end (the final model only); every_save (also each "
+        "checkpoint as a model folder, checkpoints/step_N/); checkpoint (also the newest checkpoint whole, "
+        "optimizer and all, to last-checkpoint/, from which --resume_from_checkpoint hub continues); "
+        "all_checkpoints (as checkpoint, and each one whole to checkpoints/step_N/ too).",
+    )
+    hub_private_repo: bool | None = field(default=None, metadata={
+        "help": "Create the Hub repo as private (default: private with --hub_strategy checkpoint or "
+        "all_checkpoints, whose checkpoints hold the run's whole state; --hub_private_repo false: public).",
+        "nargs": "?", "const": True,  # the bare flag says yes, as before
+    })
     hub_timeout: float = flag(600.0, "At the end, wait at most this many seconds for the uploads to finish.")
     ddp_timeout: float = flag(
         1800.0,
@@ -178,6 +193,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     check_args(model_args, data_args, train_args)
     if train_args.push_to_hub:
         train_args.hub_model_id = hub_repo_id(train_args.hub_model_id, train_args.output_dir)
+    if train_args.hub_private_repo is None:  # a whole checkpoint holds the run's data position and RNG
+        train_args.hub_private_repo = train_args.hub_strategy in WHOLE
     return model_args, data_args, train_args
 
 
@@ -270,9 +287,12 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
         raise UserInputError("--vocab_size must be at least 260 (256 bytes + special tokens), got "
                              f"{model_args.vocab_size}.")
     check_report_to(train_args.report_to)
-    if train_args.push_to_hub:
+    if train_args.push_to_hub or train_args.resume_from_checkpoint == OWN_REPO:
         check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
         check_hub_timeout(train_args.hub_timeout)
+    if train_args.hub_strategy not in STRATEGIES:
+        raise UserInputError(f"--hub_strategy must be one of {', '.join(STRATEGIES)}, got "
+                             f"{train_args.hub_strategy!r}.")
     # The schedule is checked by pretrain_run.py's setup (check_schedule):
     # transformers' schedules are a heavy import.
 

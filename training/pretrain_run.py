@@ -57,10 +57,11 @@ from hf_tinytx_training.pretrain_args import (
     args_to_dict,
     check_schedule,
     explicit_flags,
+    hub_repo_id,
     parse_args,
     plan_steps,
 )
-from hf_tinytx_training.publish import cards, export
+from hf_tinytx_training.publish import cards, export, hub_checkpoint
 from hf_tinytx_training.publish.hub import HubPusher, push_final
 from hf_tinytx_training.publish.output_dir import (
     check_output_dir,
@@ -182,17 +183,22 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     set_seed(train_args.seed)
 
     # One process decides (they might not all see the same folder), every process gets its answer.
-    resume_dir = cluster.decided_by_main(accelerator, lambda: checkpoints.find_resumable(
-        train_args.resume_from_checkpoint, checkpoints.Layout(checkpoints_dir), accelerator.print))
+    found = cluster.decided_by_main(accelerator, lambda: find_resume_point(
+        model_args, data_args, train_args, accelerator, checkpoints_dir, model_config))
+    # a checkpoint from the Hub is copied into checkpoints/step_N once the folder is claimed
+    from_hub = found if isinstance(found, hub_checkpoint.HubCheckpoint) else None
+    resume_dir = checkpoints.Layout(checkpoints_dir).path(from_hub.step) if from_hub else found
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
+    read_from = from_hub.folder if from_hub else resume_dir  # the checkpoint's files, wherever they are now
     threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
     if accelerator.device.type == "cpu":
-        threads = set_threads(checkpoints.recorded_threads(resume_dir), accelerator.is_main_process,
+        threads = set_threads(checkpoints.recorded_threads(read_from), accelerator.is_main_process,
                               accelerator.print)
-    data_fingerprint = cluster.decided_by_main(accelerator, lambda: checked_data(data_args, resume_dir))
+    data_fingerprint = cluster.decided_by_main(accelerator, lambda: checked_data(data_args, read_from))
     tokenizer, packed, lock = prepare_data(
-        model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit
+        model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit,
+        from_hub,
     )
     max_train_steps, tokens_per_step = plan_steps(data_args, train_args, accelerator.num_processes)
     global_batch = tokens_per_step // data_args.block_size
@@ -260,6 +266,19 @@ def check_inputs(model_args, data_args, train_args, output_dir: str):
     return model_config, sharded_by
 
 
+def find_resume_point(model_args, data_args, train_args, accelerator, checkpoints_dir: str, model_config):
+    """The main process: the local checkpoint folder to resume from, a checked `HubCheckpoint`, or None."""
+    args, processes = train_args, accelerator.num_processes
+    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * processes
+    signature = checkpoints.make_run_signature(
+        args, data_args.block_size, global_batch, processes, model_args)
+    return hub_checkpoint.resume_point(
+        args.resume_from_checkpoint, hub_repo_id(args.hub_model_id, args.output_dir),
+        checkpoints.Layout(checkpoints_dir), args.hub_token,
+        lambda folder: checkpoints.refuse_other_run(folder, signature, model_config), accelerator.print,
+    )
+
+
 def checked_data(data_args, resume_dir: str | None) -> dict:
     """The data's fingerprint (names, sizes and times of its files), refused before the data is prepared when
     it is not what the checkpoint to resume was trained on."""
@@ -304,13 +323,16 @@ def start_accelerator(model_args, train_args, output_dir: str, model_config, sha
 
 
 def prepare_data(
-    model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit
+    model_args, data_args, train_args, accelerator, output_dir, resume_dir, model_config, explicit,
+    from_hub=None,
 ):
     """The tokenizer, the data prepared once by the main process for every process, and the
     output folder's lock, taken once every input has passed its checks. A start refused for its
-    input takes back the folders it made."""
+    input takes back the folders it made. `from_hub`: the checked download to resume from, copied
+    to `resume_dir` once the folder is claimed."""
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
-    saved_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)  # a resumed run reuses it
+    own_tokenizer = os.path.join(checkpoints_dir, checkpoints.TOKENIZER_DIR)
+    saved_tokenizer = from_hub.tokenizer if from_hub else own_tokenizer  # a resumed run reuses it
     store = token_store.store_folder(data_args, output_dir)
     made = [folders_to_create(folder) for folder in (store, output_dir)]
     fresh = accelerator.is_main_process and not resume_dir  # a fresh start makes (or finds) its own tokenizer
@@ -340,7 +362,9 @@ def prepare_data(
     lock = None
     if accelerator.is_main_process:  # every input check has passed
         lock = claim(output_dir, checkpoints_dir, replace=train_args.overwrite_output_dir and not resume_dir)
-        if fresh or not os.path.isdir(saved_tokenizer):
+        if from_hub:
+            hub_checkpoint.keep_locally(from_hub, resume_dir, os.path.join(output_dir, "metrics.jsonl"))
+        if fresh or from_hub or not os.path.isdir(own_tokenizer):
             checkpoints.save_tokenizer(tokenizer, checkpoints_dir)
     accelerator.wait_for_everyone()
     if hasattr(packed.train, "__len__"):
@@ -594,18 +618,26 @@ def learning_by_heart(run: Run) -> str | None:
 
 
 def save_checkpoint(run: Run, push: bool = True) -> None:
-    """checkpoints/step_N (every process takes part); with --push_to_hub also queued
-    for the Hub as a model folder."""
+    """checkpoints/step_N (every process takes part); with --push_to_hub also queued for the Hub as
+    --hub_strategy says: a model folder (every_save), the checkpoint whole (checkpoint, all_checkpoints)."""
     checkpoints.save_state(
         run.accelerator, run.checkpoints_dir, training_state(run), run.train_args.checkpoints_total_limit,
         run.sharded, model_config=run.accelerator.unwrap_model(run.model).config, data=run.data_fingerprint,
     )
     run.progress.saved_step = run.progress.step
-    if run.train_args.push_to_hub and push:
-        to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
-        if run.pusher is not None:
-            export.push_checkpoint(run.pusher, *to_save, run.tokenizer, run.log, run.checkpoints_dir,
-                                   run.progress.step, cards.training_record(run))
+    strategy = run.train_args.hub_strategy
+    if not (run.train_args.push_to_hub and push) or strategy == "end":
+        return
+    if strategy in hub_checkpoint.WHOLE:
+        if run.pusher is not None:  # the checkpoint as saved, optimizer and all
+            step, tokenizer = run.progress.step, os.path.join(run.checkpoints_dir, checkpoints.TOKENIZER_DIR)
+            hub_checkpoint.push_whole(run.pusher, run.layout.path(step), step, strategy == "all_checkpoints",
+                                      tokenizer, run.log.path)
+        return
+    to_save = sharding.gather_for_saving(run.accelerator, run.model, run.own_fsdp2)
+    if run.pusher is not None:
+        export.push_checkpoint(run.pusher, *to_save, run.tokenizer, run.log, run.checkpoints_dir,
+                               run.progress.step, cards.training_record(run))
 
 
 def stop_for_signal(run: Run, signum: int) -> None:

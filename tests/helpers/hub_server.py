@@ -168,6 +168,16 @@ class LocalHub:
             self._commit_failure_status = status
             self._commit_failure_retry_after = retry_after
 
+    def put_files(self, repo_id: str, files: dict[str, bytes], message: str = "put by a test",
+                  private: bool = False, repo_type: str = "model") -> str:
+        """Commits `files` (and the initial ones) as the whole tree of a repo, created if needed, on the
+        server's side (no client): a repo shaped as a test wants it. Returns the commit's id."""
+        with self._lock:
+            repo = self._repos.setdefault((repo_type, repo_id), Repo(repo_id, repo_type, private))
+            tree = {**INITIAL_FILES, **files}
+            return self._new_commit(repo, DEFAULT_BRANCH, message,
+                                    {path: self._store_blob(data) for path, data in tree.items()}).oid
+
     def repo_files(
         self, repo_id: str, revision: str = DEFAULT_BRANCH, repo_type: str = "model"
     ) -> dict[str, bytes]:

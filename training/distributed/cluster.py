@@ -148,11 +148,11 @@ def lost_peer_message(error: BaseException, ddp_timeout: float, where: str, newe
 
 
 def decided_by_main(accelerator, decide):
-    """`decide()` on the main process, its answer (or UserInputError) on all: they
-    might not see the same files."""
+    """`decide()` on the main process, its answer (or UserInputError, or RunError: a Hub out of reach) on all:
+    they might not see the same files, and must not wait for an answer that never comes."""
     import torch.distributed
 
-    from hf_tinytx_training.errors import UserInputError
+    from hf_tinytx_training.errors import RunError, UserInputError
 
     outcome = [None]
     if accelerator.is_main_process:
@@ -160,11 +160,13 @@ def decided_by_main(accelerator, decide):
             outcome = [("answer", decide())]
         except UserInputError as error:
             outcome = [("refused", str(error))]
+        except RunError as error:
+            outcome = [("failed", str(error))]
     if accelerator.num_processes > 1:
         torch.distributed.broadcast_object_list(outcome, src=0)
     kind, value = outcome[0]
-    if kind == "refused":
-        raise UserInputError(value)
+    if kind in ("refused", "failed"):
+        raise (UserInputError if kind == "refused" else RunError)(value)
     return value
 
 

@@ -87,6 +87,7 @@ def card_context(run, metrics: dict, probe_results) -> dict:
         "repo_id": train_args.hub_model_id or name,
         "local_path": run.output_dir,
         "hub_id": train_args.hub_model_id if train_args.push_to_hub else None,
+        "resumable": train_args.hub_strategy in ("checkpoint", "all_checkpoints"),
         "init_from": model_args.init_from,
         "config": run.accelerator.unwrap_model(run.model).config,
         "num_parameters": run.num_parameters,

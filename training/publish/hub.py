@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hf_tinytx.folders.safe import link_or_copy, remove_tree
+from hf_tinytx.folders.safe import link_or_copy, regular_files, remove_tree
 from hf_tinytx_training.distributed.preemption import Stopped, StopRequests
 
 
@@ -40,6 +40,8 @@ class _Job:
     commit_message: str
     path_in_repo: str | None
     snapshot: str | None = None  # our private copy, removed once uploaded
+    replacing: tuple[str, ...] = ()  # folders of the repo this upload replaces whole, in one commit
+    newest_of: str | None = None  # a job queued later under this name supersedes this one
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
 
@@ -62,14 +64,20 @@ class HubPusher:
         # its unfinished_tasks counts the uploads not yet ended
         self._queue: queue.Queue[_Job] = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._newest: dict[str, _Job] = {}  # the newest job queued under each `newest_of` name
 
     def __repr__(self) -> str:  # the default one would show the token
         return f"HubPusher(repo_id={self.repo_id!r}, private={self.private})"
 
-    def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None) -> None:
-        """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises."""
+    def push_async(self, folder: str, commit_message: str, path_in_repo: str | None = None,
+                   replacing: tuple[str, ...] = (), newest_of: str | None = None) -> None:
+        """Queue an upload of `folder` (a snapshot of it, taken now) and return immediately. Never raises.
+        `replacing`: the repo's folders this one replaces, in one commit (`commit_folder`). A job named
+        `newest_of` is skipped when a newer one of that name waits behind it: a slow Hub never gets a
+        queue of stale checkpoints."""
         try:
-            job = _Job(str(folder), commit_message, path_in_repo, snapshot=_snapshot(str(folder)))
+            job = _Job(str(folder), commit_message, path_in_repo, snapshot=_snapshot(str(folder)),
+                       replacing=tuple(replacing), newest_of=newest_of)
             self._enqueue(job)
         except Exception as e:  # e.g. the folder vanished: report, don't stop training
             self._record_failure(commit_message, e)
@@ -122,13 +130,23 @@ class HubPusher:
                 # A daemon thread: an interpreter exiting without `wait()` must not hang on a dead Hub.
                 self._worker = threading.Thread(target=self._run, name="hub-pusher", daemon=True)
                 self._worker.start()
+        with self._lock:
+            if job.newest_of:
+                self._newest[job.newest_of] = job
         self._queue.put(job)
+
+    def _superseded(self, job: _Job) -> bool:
+        with self._lock:
+            return job.newest_of is not None and self._newest.get(job.newest_of) is not job
 
     def _run(self) -> None:
         while True:
             job = self._queue.get()
             try:
-                job.ok = self._upload_with_retries(job)
+                if self._superseded(job):
+                    logger.info("Skipped %r: a newer upload of it is queued.", job.commit_message)
+                else:
+                    job.ok = self._upload_with_retries(job)
             except BaseException as e:  # never let the worker die with jobs still queued
                 self._record_failure(job.commit_message, e)
             finally:
@@ -161,6 +179,10 @@ class HubPusher:
         if not self._repo_ready:
             create_repo(self.repo_id, token=self._token, private=self.private, exist_ok=True)
             self._repo_ready = True
+        if job.replacing:
+            commit_folder(self.repo_id, job.snapshot or job.folder, job.commit_message, self._token,
+                          job.replacing)
+            return
         upload_folder(
             repo_id=self.repo_id, folder_path=job.snapshot or job.folder, path_in_repo=job.path_in_repo,
             commit_message=job.commit_message, token=self._token,
@@ -173,10 +195,31 @@ class HubPusher:
             self._failures.append(message)
 
     def _scrub(self, text: str) -> str:
-        for token in {self._token, _token_from_client()} - {None, ""}:
-            text = text.replace(token, "***")
-        text = _TOKEN_PATTERNS[0].sub("***", text)
-        return _TOKEN_PATTERNS[1].sub(r"\1***", text)
+        return scrub(text, self._token)
+
+
+def commit_folder(repo_id: str, folder: str, message: str, token: str | None, replacing: tuple[str, ...]):
+    """Every file of `folder` at the repo's root in ONE commit, which also removes what the repo holds under
+    the `replacing` folders and `folder` does not bring: a reader sees the old folder or the new one, never a
+    mix (upload_folder may split a large folder into several commits)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    api = HfApi(token=token)
+    names = regular_files(folder)
+    under = tuple(f"{name.rstrip('/')}/" for name in replacing)
+    stale = [path for path in api.list_repo_files(repo_id) if path.startswith(under) and path not in names]
+    added = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(folder, name))
+             for name in names]
+    removed = [CommitOperationDelete(path_in_repo=path) for path in stale]
+    api.create_commit(repo_id, operations=[*removed, *added], commit_message=message)
+
+
+def scrub(text: str, token: str | None) -> str:
+    """`text` without `token`, the client's own token, or anything shaped like a token."""
+    for known in {token, _token_from_client()} - {None, ""}:
+        text = text.replace(known, "***")
+    text = _TOKEN_PATTERNS[0].sub("***", text)
+    return _TOKEN_PATTERNS[1].sub(r"\1***", text)
 
 
 def wait_until(done, sleep, deadline: float | None, stop=None) -> bool:

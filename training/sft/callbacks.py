@@ -8,6 +8,7 @@ from transformers import TrainerCallback
 
 from hf_tinytx_training import checkpoints
 from hf_tinytx_training.distributed.preemption import StopRequests
+from hf_tinytx_training.publish.hub_checkpoint import push_whole
 
 
 CHECKPOINT = "checkpoint-"  # Trainer's names, checkpoints/checkpoint-N (pretrain's are step_N)
@@ -26,10 +27,11 @@ def optimizer_flags(training_args) -> dict:
 class CheckpointsAside(TrainerCallback):
     """Each checkpoint-N Trainer wrote into the staging folder is checksummed and renamed into
     checkpoints/ whole; then the oldest beyond --save_total_limit go. `where`:
-    finetune.Destinations; `data` and the CPU `threads` (None on a GPU): written into each."""
+    finetune.Destinations; `data` and the CPU `threads` (None on a GPU): written into each; `pusher`: takes
+    each to the Hub whole."""
 
-    def __init__(self, where, resumed: str | None, data: dict, threads: int | None = None):
-        self.where, self.resumed, self.data, self.threads = where, resumed, data, threads
+    def __init__(self, where, resumed: str | None, data: dict, threads: int | None = None, pusher=None):
+        self.where, self.resumed, self.data, self.threads, self.pusher = where, resumed, data, threads, pusher
         # the newest checkpoint's (step, folder), the same on every process
         self.saved: tuple[int, str] | None = None
 
@@ -63,6 +65,8 @@ class CheckpointsAside(TrainerCallback):
             os.path.join(written, checkpoints.CHECKSUM_FILE), checkpoints.checksums(written)
         )
         checkpoints.rename_into_place(written, final)
+        if self.pusher is not None:  # before the prune: keeping one checkpoint must not lose this one
+            push_whole(self.pusher, final, state.global_step, self.where.hub_strategy == "all_checkpoints")
         checkpoints.prune(self.where.layout, self.where.keep_checkpoints)
 
 

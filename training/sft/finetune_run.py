@@ -12,7 +12,9 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
+from accelerate import PartialState
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments, set_seed
 
@@ -28,7 +30,7 @@ from hf_tinytx_training.distributed.preemption import Stopped, stop_message, sto
 from hf_tinytx_training.errors import RunError, UserInputError
 from hf_tinytx_training.model.cpu_training import speed_up_cpu_training
 from hf_tinytx_training.pretrain_args import hub_repo_id, write_args_json
-from hf_tinytx_training.publish import cards
+from hf_tinytx_training.publish import cards, hub_checkpoint
 from hf_tinytx_training.publish.hub import HubPusher, push_final
 from hf_tinytx_training.publish.output_dir import (
     claim,
@@ -68,10 +70,14 @@ def finetune(argv=None):
         cpu_memory.train_on_cpu("--bf16" if training_args.bf16 else None)
     cluster.check_shared_folder(where.output_dir, training_args.world_size, training_args.process_index == 0)
     tokenizer, model, train_dataset, eval_dataset, facts = setup(args, training_args)
+    data = finetune_data(args)
+    found = hub_resume_point(training_args, where, model, data)  # checked before anything is written
     lock = claim_output_dir(args, training_args, where)  # held until the model is saved
+    pusher = hub_pusher(training_args, where)
     try:
+        take_resume_point(training_args, where, found)
         trainer, metrics, threads = fit(model, tokenizer, train_dataset, eval_dataset, training_args, where,
-                                        finetune_data(args))
+                                        data, pusher)
     except UserInputError:  # a refused resume leaves the folder as it found it
         release_lock(lock, where.output_dir)
         raise
@@ -89,7 +95,7 @@ def finetune(argv=None):
     save_folders(trainer.model, tokenizer, args, where, metrics, facts)
     try:
         not_pushed = (
-            push_result(args, training_args, where, trainer.state.global_step) if where.pushed_dir else None
+            push_result(args, where, trainer.state.global_step, pusher) if where.pushed_dir else None
         )
     finally:
         # no stale .lock in the finished folder, also when a signal ended the push
@@ -126,18 +132,19 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
 
 def fit(
     model, tokenizer, train_dataset, eval_dataset, training_args: TrainingArguments, where: "Destinations",
-    data: dict,
+    data: dict, pusher: HubPusher | None = None,
 ):
     """Trainer's run, resumed if asked, then the evaluation: (trainer, metrics, CPU threads or None). `data`
-    (data/fingerprint.py) and the threads go into every checkpoint. A stop signal ends it at a step's end
-    with a checkpoint, as `Stopped`."""
+    (data/fingerprint.py) and the threads go into every checkpoint; `pusher` takes each whole to the Hub
+    (--hub_strategy checkpoint). A stop signal ends it at a step's end with a checkpoint, as `Stopped`."""
     resume_dir = resume_point(training_args, where, model, data)
     threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
     if training_args.device.type == "cpu":
         threads = set_threads(checkpoints.recorded_threads(resume_dir), training_args.process_index == 0)
+    whole = pusher if where.hub_strategy in hub_checkpoint.WHOLE else None
+    aside = callbacks.CheckpointsAside(where, resume_dir, data, threads, whole)
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                      data_collator=pad_collator(tokenizer), processing_class=tokenizer,
-                      callbacks=[aside := callbacks.CheckpointsAside(where, resume_dir, data, threads)])
+                      data_collator=pad_collator(tokenizer), processing_class=tokenizer, callbacks=[aside])
     trainer.add_callback(callbacks.StopAtStepEnd(trainer.accelerator, STOP))
     STOP.training()  # a signal from now on is honoured at the end of the step under way, with a checkpoint
     with (
@@ -178,6 +185,8 @@ class Destinations:
     keep_checkpoints: int | None
     # for HubPusher only: never in TrainingArguments' pickle
     hub_token: str | None = field(default=None, repr=False)
+    hub_strategy: str = "every_save"  # Trainer's value; checkpoint, all_checkpoints: pushed whole as saved
+    hub_private: bool = False
 
     @property
     def layout(self) -> checkpoints.Layout:
@@ -196,8 +205,12 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
     keep, training_args.save_total_limit = training_args.save_total_limit, None
     training_args.enable_jit_checkpoint = False  # StopAtStepEnd saves at a step's end instead, always on
     pushed_dir = (merged_dir if args.merge else output_dir) if push_to_hub else None
+    strategy = getattr(training_args.hub_strategy, "value", training_args.hub_strategy)
+    # a whole checkpoint holds the run's state: private unless the user says otherwise
+    private = training_args.hub_private_repo
     return Destinations(output_dir, merged_dir, pushed_dir, hub_model_id, checkpoints_dir,
-                        training_args.output_dir, keep, hub_token)
+                        training_args.output_dir, keep, hub_token, strategy,
+                        strategy in hub_checkpoint.WHOLE if private is None else private)
 
 
 def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, where: Destinations):
@@ -210,6 +223,38 @@ def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, 
     # a killed save's partial checkpoint (never resumable), or a planted link
     remove_tree(where.checkpoint_staging)
     return lock
+
+
+def hub_resume_point(training_args: TrainingArguments, where: Destinations, model, data: dict):
+    """For --resume_from_checkpoint hub|REPO_ID[@REVISION]: what the main process found (a local folder, a
+    downloaded and checked `HubCheckpoint`, or None), on every process; "local" for a local resume."""
+    if hub_checkpoint.hub_reference(training_args.resume_from_checkpoint, where.hub_model_id) is None:
+        return "local"
+    main = SimpleNamespace(is_main_process=training_args.process_index == 0,
+                           num_processes=training_args.world_size)
+    return cluster.decided_by_main(main, lambda: hub_checkpoint.resume_point(
+        training_args.resume_from_checkpoint, where.hub_model_id, where.layout, where.hub_token,
+        lambda folder: check_resumable(folder, training_args, model, data), print))
+
+
+def take_resume_point(training_args: TrainingArguments, where: Destinations, found) -> None:
+    """Once the folder is claimed: a checkpoint from the Hub copied into checkpoints/checkpoint-N, and
+    --resume_from_checkpoint set to the folder the run resumes from (None: from scratch)."""
+    if found == "local":
+        return
+    if isinstance(found, hub_checkpoint.HubCheckpoint):
+        if training_args.process_index == 0:
+            hub_checkpoint.keep_locally(found, where.layout.path(found.step))
+        found = where.layout.path(found.step)
+    training_args.resume_from_checkpoint = found
+    PartialState().wait_for_everyone()
+
+
+def hub_pusher(training_args: TrainingArguments, where: Destinations) -> HubPusher | None:
+    """The main process's uploader, when the run pushes (None otherwise)."""
+    if not where.pushed_dir or training_args.process_index != 0:
+        return None
+    return HubPusher(where.hub_model_id, token=where.hub_token, private=where.hub_private)
 
 
 def resume_point(training_args: TrainingArguments, where: Destinations, model, data: dict) -> str | None:
@@ -225,19 +270,23 @@ def resume_point(training_args: TrainingArguments, where: Destinations, model, d
             say(f"No intact checkpoint in {where.checkpoints_dir} yet: starting from scratch.")
             return None
         step = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE))["global_step"]
-        path = os.path.join(folder, callbacks.OPTIMIZER_FLAGS_FILE)
-        if os.path.isfile(path):
-            checkpoints.refuse_optimizer_change(
-                folder, checkpoints.read_json(path), callbacks.optimizer_flags(training_args),
-                callbacks.OPTIMIZER_FLAGS,
-                "fine-tune its model anew with the new ones from --model_name_or_path",
-            )
-        refuse_model_change(folder, model)
-        checkpoints.refuse_data_change(folder, data, NEW_RUN)
+        check_resumable(folder, training_args, model, data)
         if main_process:
             checkpoints.set_aside_after(where.layout, step, say)
     say(f"Resuming from {folder} at step {step}")
     return folder
+
+
+def check_resumable(folder: str, training_args: TrainingArguments, model, data: dict) -> None:
+    """The rules a resume keeps: the optimizer flags, the kind and shapes of the model, the data."""
+    path = os.path.join(folder, callbacks.OPTIMIZER_FLAGS_FILE)
+    if os.path.isfile(path):
+        checkpoints.refuse_optimizer_change(
+            folder, checkpoints.read_json(path), callbacks.optimizer_flags(training_args),
+            callbacks.OPTIMIZER_FLAGS, "fine-tune its model anew with the new ones from --model_name_or_path",
+        )
+    refuse_model_change(folder, model)
+    checkpoints.refuse_data_change(folder, data, NEW_RUN)
 
 
 NEW_RUN = "or fine-tune anew (another --output_dir, or --overwrite_output_dir)"
@@ -357,12 +406,10 @@ def build_datasets(args, tokenizer, model, train_records, validation_records):
     return train_dataset, eval_dataset, max_seq_length
 
 
-def push_result(args, training_args, where: Destinations, steps: int) -> str | None:
-    """One upload at the end: the merged model with --merge, else output_dir's files without its sub-folders
-    and hidden files (the .lock). None once pushed, else the line to end the run with."""
-    pusher = HubPusher(
-        where.hub_model_id, token=where.hub_token, private=bool(training_args.hub_private_repo)
-    )
+def push_result(args, where: Destinations, steps: int, pusher: HubPusher) -> str | None:
+    """The upload at the end, after the checkpoints queued: the merged model with --merge, else output_dir's
+    files without its sub-folders and hidden files (the .lock). None once pushed, else the line to end the
+    run with."""
     what = "merged model" if args.merge else ("LoRA adapter" if args.use_peft else "model")
     names = [
         name for name in refuse_links_out(where.pushed_dir) if os.sep not in name and not name.startswith(".")
