@@ -162,6 +162,12 @@ class PretrainArguments:
         "nargs": "?", "const": True,  # the bare flag says yes, as before
     })
     hub_timeout: float = flag(600.0, "At the end, wait at most this many seconds for the uploads to finish.")
+    hub_stop_timeout: float = flag(
+        20.0,
+        "With --hub_strategy checkpoint or all_checkpoints: at a stop signal, wait at most this many seconds "
+        "for the stop's checkpoint to reach the Hub (0: keep it local). Keep it under the time your "
+        "scheduler leaves before SIGKILL (Kubernetes: terminationGracePeriodSeconds; SLURM: --signal).",
+    )
     ddp_timeout: float = flag(
         1800.0,
         "Seconds a process waits for the others at any collective (a step's all-reduce, a barrier) before "
@@ -290,6 +296,8 @@ def check_args(model_args: ModelArguments, data_args: DataArguments, train_args:
     if train_args.push_to_hub or train_args.resume_from_checkpoint == OWN_REPO:
         check_hub_repo_id(train_args.hub_model_id, train_args.output_dir)
         check_hub_timeout(train_args.hub_timeout)
+    check_ranges({"hub_stop_timeout": (train_args.hub_stop_timeout, 0, True, "a number of seconds >= 0 such "
+                                       "as 20 (0: the stop's checkpoint stays local)")})
     if train_args.hub_strategy not in STRATEGIES:
         raise UserInputError(f"--hub_strategy must be one of {', '.join(STRATEGIES)}, got "
                              f"{train_args.hub_strategy!r}.")

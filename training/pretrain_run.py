@@ -641,10 +641,16 @@ def save_checkpoint(run: Run, push: bool = True) -> None:
 
 
 def stop_for_signal(run: Run, signum: int) -> None:
-    """Every process, at the same step boundary: the checkpoint (not pushed: a preempted job has
-    seconds), then `Stopped`, exporting nothing."""
+    """Every process, at the same step boundary: the checkpoint, then `Stopped`, exporting nothing. Pushed
+    only whole (--hub_strategy checkpoint), within --hub_stop_timeout: a preempted job has seconds, and the
+    Hub is then all that is left of a machine that goes away."""
+    whole = run.train_args.hub_strategy in hub_checkpoint.WHOLE
     if run.progress.saved_step != run.progress.step:
-        save_checkpoint(run, push=False)
+        save_checkpoint(run, push=whole)
+    if whole and run.accelerator.is_main_process:
+        hub_checkpoint.wait_at_stop(run.pusher, run.train_args.hub_stop_timeout, STOP.received,
+                                    run.progress.step, run.accelerator.print)
+    run.accelerator.wait_for_everyone()  # none leaves first: the launcher would end the rest
     run.accelerator.end_training()  # the trackers' files closed
     raise Stopped(stop_message(PROGRAM, signum, run.progress.step, run.max_train_steps,
                                f"step_{run.progress.step}"), signum)

@@ -70,6 +70,7 @@ REFUSED_EARLY = {
     "infinite learning rate": (["--learning_rate", "inf"], ["--learning_rate"]),
     "nan weight decay": (["--weight_decay", "nan"], ["--weight_decay"]),
     "nan clipping": (["--max_grad_norm", "nan"], ["--max_grad_norm"]),
+    "nan stop push wait": (["--hub_stop_timeout", "nan"], ["--hub_stop_timeout must be a number of seconds"]),
     "beta2 above one": (["--adam_beta2", "2"], ["--adam_beta2"]),
     "invalid hub id": (["--push_to_hub", "--hub_model_id", "no spaces/in ids/here"], ["--hub_model_id"]),
     "a config that is a list": (["--model_config", "list.json"], ["list.json"]),

@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass, replace
 
 from hf_tinytx.folders import location
@@ -91,6 +92,23 @@ def push_whole(pusher, checkpoint: str, step: int, keep_each: bool, tokenizer: s
 
 
 # ------------------------------------------------------------------------------------------------ resume
+
+
+def wait_at_stop(pusher, timeout: float, received: list, step: int, say) -> None:
+    """At a stop signal: waits at most `timeout` s (--hub_stop_timeout) for the queued uploads, the stop's
+    checkpoint last, and says in one line where a new machine finds the run. A further signal (one more in
+    `received`) ends the wait: the previous last-checkpoint/ stays whole on the Hub either way."""
+    if pusher is None or timeout <= 0:
+        return
+    signals, failed, started = len(received), len(pusher.failures), time.monotonic()
+    done = pusher.wait(timeout=timeout, stop=lambda: len(received) > signals)
+    if done and len(pusher.failures) == failed:
+        say(f"Checkpoint step_{step} is on the Hub ({pusher.repo_id}, {LAST}/): on a new machine, the same "
+            f"command with --resume_from_checkpoint hub goes on from it.")
+        return
+    why = (f"did not reach the Hub within {time.monotonic() - started:.0f} s (--hub_stop_timeout {timeout:g})"
+           if not done else "could not be pushed")
+    say(f"Checkpoint step_{step} {why}: the Hub's {LAST}/ is as it was before this stop.")
 
 
 def hub_reference(resume_from: str | None, own_repo: str) -> tuple[str, str | None] | None:

@@ -73,6 +73,11 @@ class FinetuneArguments:
     merged_output_dir: str | None = flag(None, "Where --merge writes; default output_dir/merged.")
     attn_implementation: str | None = flag(None, "eager, sdpa, ...; default: the model's.")
     hub_timeout: float = flag(600.0, "With --push_to_hub: wait at most this many seconds for the upload.")
+    hub_stop_timeout: float = flag(
+        20.0,
+        "With --hub_strategy checkpoint or all_checkpoints: at a stop signal, wait at most this many seconds "
+        "for the stop's checkpoint to reach the Hub (0: keep it local).",
+    )
     trust_remote_code: bool = flag(
         False, "Allow a checkpoint's own code (models transformers does not know)."
     )
@@ -143,6 +148,8 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
     if args.max_seq_length is not None and args.max_seq_length < 2:
         raise UserInputError(f"--max_seq_length must be at least 2 tokens, got {args.max_seq_length}.")
     check_hub_timeout(args.hub_timeout)
+    check_ranges({"hub_stop_timeout": (args.hub_stop_timeout, 0, True, "a number of seconds >= 0 such as 20 "
+                                       "(0: the stop's checkpoint stays local)")})
     if args.lora_r <= 0:
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:

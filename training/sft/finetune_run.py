@@ -170,6 +170,10 @@ def stop_if_asked(trainer: Trainer, aside: callbacks.CheckpointsAside) -> None:
     signum = STOP.asked(trainer.accelerator)
     step = trainer.state.global_step
     if signum is not None and aside.saved is not None and aside.saved[0] == step:
+        if trainer.is_world_process_zero():  # its checkpoint, queued whole as it was moved in
+            hub_checkpoint.wait_at_stop(aside.pusher, aside.where.hub_stop_timeout, STOP.received, step,
+                                        print)
+        trainer.accelerator.wait_for_everyone()  # none leaves first: the launcher would end the rest
         raise Stopped(stop_message(PROGRAM, signum, step, trainer.state.max_steps, aside.saved[1]), signum)
 
 
@@ -187,6 +191,7 @@ class Destinations:
     hub_token: str | None = field(default=None, repr=False)
     hub_strategy: str = "every_save"  # Trainer's value; checkpoint, all_checkpoints: pushed whole as saved
     hub_private: bool = False
+    hub_stop_timeout: float = 0.0  # at a stop signal, the wait for the stop's checkpoint to reach the Hub
 
     @property
     def layout(self) -> checkpoints.Layout:
@@ -210,7 +215,8 @@ def destinations(args: FinetuneArguments, training_args: TrainingArguments) -> D
     private = training_args.hub_private_repo
     return Destinations(output_dir, merged_dir, pushed_dir, hub_model_id, checkpoints_dir,
                         training_args.output_dir, keep, hub_token, strategy,
-                        strategy in hub_checkpoint.WHOLE if private is None else private)
+                        strategy in hub_checkpoint.WHOLE if private is None else private,
+                        args.hub_stop_timeout)
 
 
 def claim_output_dir(args: FinetuneArguments, training_args: TrainingArguments, where: Destinations):

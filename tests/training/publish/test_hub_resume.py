@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -219,7 +220,8 @@ def test_two_processes_resume_from_a_hub_revision_bit_for_bit(reference_pretrain
 def test_finetune_full_and_lora_resume_from_the_hub_bit_for_bit(reference_finetune, local_hub, tmp_path):
     """Full: killed right after its first upload (checkpoint-5), its folder deleted, `--resume_from_checkpoint
     hub` on an empty folder ends with the reference's weights. LoRA: a run pushing all_checkpoints, then the
-    same command from the revision whose last-checkpoint/ is checkpoint-10 ends with the same adapter."""
+    same command from the revision whose last-checkpoint/ is checkpoint-10 ends with the same adapter. A full
+    run stopped by SIGTERM at step 3 pushes that step's checkpoint whole before it exits."""
     from safetensors.torch import load_file
 
     finetune, env = reference_finetune, hub_env(local_hub, tmp_path)
@@ -255,5 +257,55 @@ def test_finetune_full_and_lora_resume_from_the_hub_bit_for_bit(reference_finetu
     adapters = [load_file(tmp_path / name / "adapter_model.safetensors") for name in ("lora", "lora-again")]
     assert adapters[0].keys() == adapters[1].keys()
     assert all((adapters[0][key] == adapters[1][key]).all() for key in adapters[0])
+    stop_hub = ["--push_to_hub", "--hub_strategy", "checkpoint", "--hub_model_id", f"{full}-stop"]
+    stopped = run_killed_at([*finetune.flags, "--output_dir", tmp_path / "stopped", "--save_steps", 100,
+                             *stop_hub],
+                            env=env, cwd=finetune.cwd, when="after", nth=3, signum=signal.SIGTERM,
+                            function="accelerate.Accelerator.backward", script=finetune.script)
+    assert stopped.returncode == 128 + signal.SIGTERM, describe(stopped)
+    assert f"Checkpoint step_3 is on the Hub ({full}-stop, {LAST}/)" in stopped.stdout, describe(stopped)
+    assert json.loads(pushed_checkpoint(local_hub, f"{full}-stop")["trainer_state.json"])["global_step"] == 3
     assert_token_nowhere(local_hub.token, [tmp_path], [killed.stdout, killed.stderr, resumed.stdout,
-                                                       resumed.stderr, again.stdout, again.stderr])
+                                                       resumed.stderr, again.stdout, again.stderr,
+                                                       stopped.stdout, stopped.stderr])
+
+
+@pytest.mark.deep
+def test_a_preempted_run_pushes_its_stop_checkpoint_and_a_new_machine_goes_on_from_it(
+    reference_pretrain, local_hub, tmp_path
+):
+    """SIGTERM at step 3 with no checkpoint due before step 100: the stop's checkpoint goes up whole within
+    --hub_stop_timeout, and the same command on an empty folder goes on from it to the reference's weights.
+    On a Hub that fails every commit the stop waits no longer than --hub_stop_timeout and says so."""
+    pretrain, env = reference_pretrain, hub_env(local_hub, tmp_path)
+    repo, out = f"{local_hub.user}/preempted", tmp_path / "run"
+    flags = [*pretrain.flags, "--checkpointing_steps", 100, "--push_to_hub", "--hub_model_id", repo,
+             "--hub_strategy", "checkpoint"]
+    stopped = run_killed_at([*flags, "--output_dir", out], env=env, cwd=tmp_path, when="after", nth=3,
+                            function="accelerate.Accelerator.backward", signum=signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, describe(stopped)
+    assert pretrain.stop_line(stopped.stdout + stopped.stderr)[0] == 3
+    assert f"Checkpoint step_3 is on the Hub ({repo}, {LAST}/)" in stopped.stdout, describe(stopped)
+    assert json.loads(pushed_checkpoint(local_hub, repo)["trainer_state.json"])["step"] == 3
+    shutil.rmtree(out)  # the machine is gone
+
+    resumed = subprocess.run(list(map(str, [sys.executable, pretrain.script, *flags, "--output_dir", out,
+                                            "--resume_from_checkpoint", "hub"])),
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    succeeded(resumed)
+    assert f"Resumed from {out / 'checkpoints' / 'step_3'} at step 3" in resumed.stdout, describe(resumed)
+    assert_same_weights(pretrain.reference, out)
+
+    local_hub.fail_commits(None, status=503, retry_after=0)
+    try:
+        failing = run_killed_at([*flags, "--hub_model_id", f"{repo}-failing", "--hub_stop_timeout", 2,
+                                 "--output_dir", tmp_path / "failing"], env=env, cwd=tmp_path, when="after",
+                                nth=3, function="accelerate.Accelerator.backward", signum=signal.SIGTERM)
+    finally:
+        local_hub.fail_commits(0)
+    assert failing.returncode == 128 + signal.SIGTERM, describe(failing)
+    line = next((line for line in failing.stdout.splitlines() if line.startswith("Checkpoint step_3 ")), "")
+    assert "did not reach the Hub within" in line or "could not be pushed" in line, describe(failing)
+    assert line.endswith(f"the Hub's {LAST}/ is as it was before this stop."), line
+    assert_token_nowhere(local_hub.token, [tmp_path], [stopped.stdout, stopped.stderr, resumed.stdout,
+                                                       resumed.stderr, failing.stdout, failing.stderr])

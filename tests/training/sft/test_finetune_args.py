@@ -68,6 +68,9 @@ CASES = {
     "hub_timeout": (
         [*PUSH, "tester/never", "--hub_timeout", "0"], ["--hub_timeout must be a positive number"],
     ),
+    "hub_stop_timeout": (
+        ["--hub_stop_timeout", "-1"], ["--hub_stop_timeout must be a number of seconds >= 0 such as 20"],
+    ),
     "link_out": (
         [*PUSH, "tester/linked", "--output_dir", "linked"],
         ["linked/notes.txt is a link to", "secret.txt, outside", "never read or uploaded"],
