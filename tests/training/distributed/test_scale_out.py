@@ -151,6 +151,28 @@ def test_fsdp2_killed_resumes_bit_for_bit_and_skips_a_damaged_shard(fsdp2, tmp_p
     assert_same_weights(straight, resumed)
 
 
+def test_fsdp2_resumes_from_the_hub_on_an_empty_folder_bit_for_bit(fsdp2, local_hub, tmp_path):
+    """FSDP2's sharded checkpoint (each rank's .distcp) goes up whole with --hub_strategy checkpoint; killed
+    right after that upload, its folder gone with the machine, the same command on an empty folder resumes
+    from the Hub and ends with the straight run's weights."""
+    straight, _ = fsdp2
+    repo, lost, resumed = f"{local_hub.user}/fsdp2", tmp_path / "lost", tmp_path / "resumed"
+    env = {**FSDP2_ENV, **local_hub.client_env(tmp_path / "hf_home")}
+    flags = ["--per_device_train_batch_size", 8, "--checkpointing_steps", 2, "--push_to_hub",
+             "--hub_model_id", repo, "--hub_strategy", "checkpoint"]
+    killer = [*TORCHRUN, LAUNCH, "--kill-at", "after:huggingface_hub.HfApi.create_commit:1"]
+    crashed = pretrain(lost, *flags, launcher=killer, env=env, check=False)
+    assert crashed.returncode != 0, crashed.stdout[-2000:]
+    listed = json.loads(local_hub.repo_files(repo)["last-checkpoint/checksums.json"])
+    assert {"sharded/__0_0.distcp", "sharded/__1_0.distcp", "sharded/.metadata"} <= listed.keys()
+    shutil.rmtree(lost)  # the machine is gone
+
+    result = pretrain(resumed, *flags, "--resume_from_checkpoint", "hub", launcher=TORCHRUN, env=env)
+    assert f"Resuming from the Hub's checkpoint {repo}@" in result.stdout, result.stdout[-3000:]
+    assert "at step 2" in result.stdout
+    assert_same_weights(straight, resumed)
+
+
 # ---- tensor-parallel inference: transformers' tp_plan="auto" with the config's base_model_tp_plan
 
 TP_RUN = str(REPO_ROOT / "tests" / "helpers" / "tp_run.py")
