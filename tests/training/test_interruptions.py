@@ -578,6 +578,11 @@ def test_a_resume_that_changes_what_decides_the_model_is_refused_in_one_line(pre
             finetune, lora, ["--use_peft", "--lora_r", 4],
             ["holds a LoRA adapter trained with --lora_r 8, but this run has --lora_r 4"],
         ),
+        "lora_trainable_tokens": (
+            finetune, lora, ["--use_peft", "--lora_trainable_tokens", "0123"],
+            ["holds a LoRA adapter trained with the token ids of --lora_trainable_tokens None, but this run "
+             "has the token ids of --lora_trainable_tokens "],
+        ),
         "lora_without_peft": (
             finetune, lora, [], ["holds a LoRA adapter, but this run fine-tunes every weight"],
         ),

@@ -176,8 +176,11 @@ def training_facts(args, training_args, trainer, metrics) -> dict:
     if args.use_peft:
         config = model.peft_config["default"]
         targets = config.target_modules  # a set of names, or "all-linear"
+        tokens = config.trainable_token_indices or []  # --lora_trainable_tokens: ids, or {embedding: ids}
         lora = {"r": config.r, "alpha": config.lora_alpha, "dropout": config.lora_dropout,
-                "target_modules": targets if isinstance(targets, str) else ", ".join(sorted(targets))}
+                "target_modules": targets if isinstance(targets, str) else ", ".join(sorted(targets)),
+                "trainable_tokens": len(set().union(*tokens.values())) if isinstance(tokens, dict)
+                else len(tokens)}
     return {
         "base_model": args.model_name_or_path,
         "base_is_hub": not os.path.isdir(args.model_name_or_path),

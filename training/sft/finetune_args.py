@@ -69,6 +69,11 @@ class FinetuneArguments:
         LLAMA_LINEAR_NAMES,
         "Comma-separated module names to adapt (those the model lacks are skipped), or all-linear.",
     )
+    lora_trainable_tokens: str | None = flag(
+        None,
+        "With --use_peft: also train the embedding rows of the tokens this text encodes to (PEFT's "
+        "trainable_token_indices), for tokens the base model barely saw. Default: none.",
+    )
     merge: bool = flag(False, "With --use_peft: also save base + adapter merged into one model folder.")
     merged_output_dir: str | None = flag(None, "Where --merge writes; default output_dir/merged.")
     attn_implementation: str | None = flag(None, "eager, sdpa, ...; default: the model's.")
@@ -154,6 +159,9 @@ def check_args(args: FinetuneArguments, trainer_flags) -> None:
         raise UserInputError(f"--lora_r must be a positive rank, got {args.lora_r}.")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise UserInputError(f"--lora_dropout must lie in [0, 1), got {args.lora_dropout}.")
+    if args.lora_trainable_tokens and not args.use_peft:
+        raise UserInputError("--lora_trainable_tokens trains embedding rows beside a LoRA adapter: add "
+                             "--use_peft (without it every weight is trained).")
     # `accelerate launch` with an FSDP or DeepSpeed config tells Trainer so through the environment.
     launched_sharded = env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCELERATE_USE_DEEPSPEED")
     if trainer_flags.fsdp or trainer_flags.deepspeed or launched_sharded:

@@ -126,7 +126,7 @@ def setup(args: FinetuneArguments, training_args: TrainingArguments):
         "validation_counts": asdict(eval_dataset.counts) if eval_dataset is not None else None,
     }
     if args.use_peft:
-        model = add_lora(model, args, training_args)
+        model = add_lora(model, tokenizer, args, training_args)
     return tokenizer, model, train_dataset, eval_dataset, facts
 
 
@@ -297,7 +297,8 @@ def check_resumable(folder: str, training_args: TrainingArguments, model, data: 
 
 NEW_RUN = "or fine-tune anew (another --output_dir, or --overwrite_output_dir)"
 LORA_FLAGS = {"r": "--lora_r", "lora_alpha": "--lora_alpha", "lora_dropout": "--lora_dropout",
-              "target_modules": "--lora_target_modules", "base_model_name_or_path": "--model_name_or_path"}
+              "target_modules": "--lora_target_modules", "base_model_name_or_path": "--model_name_or_path",
+              "trainable_token_indices": "the token ids of --lora_trainable_tokens"}
 
 
 def refuse_model_change(folder: str, model) -> None:
@@ -329,8 +330,11 @@ def refuse_model_change(folder: str, model) -> None:
 
 
 def comparable(value):
-    """A PEFT config value as saved and as built alike: module names as one sorted, comma-separated string."""
-    return ",".join(sorted(value)) if isinstance(value, (list, set, tuple)) else value
+    """A PEFT config value as saved and as built alike: module names (or token ids) as one sorted,
+    comma-separated string."""
+    if isinstance(value, dict):  # trainable_token_indices by embedding name: {"embed_tokens": [ids]}
+        return "; ".join(f"{name} {comparable(ids)}" for name, ids in sorted(value.items()))
+    return ",".join(sorted(map(str, value))) if isinstance(value, (list, set, tuple)) else value
 
 
 def save_folders(

@@ -48,14 +48,16 @@ def check_vocabulary(model, tokenizer, name: str) -> None:
         )
 
 
-def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
+def add_lora(model, tokenizer, args: FinetuneArguments, training_args: TrainingArguments):
     from peft import LoraConfig, get_peft_model
 
     if training_args.gradient_checkpointing or training_args.activation_checkpointing:
         model.enable_input_require_grads()  # a frozen embedding gives checkpointed layers no grad to pass on
     targets = lora_targets(model, args.lora_target_modules)
+    tokens = trainable_tokens(tokenizer, args.lora_trainable_tokens)
     lora_config = LoraConfig(task_type="CAUSAL_LM", r=args.lora_r, lora_alpha=args.lora_alpha,
-                             lora_dropout=args.lora_dropout, target_modules=targets)
+                             lora_dropout=args.lora_dropout, target_modules=targets,
+                             trainable_token_indices=tokens)
     # PEFT records the model's name_or_path as the base: a Hub id, or an absolute
     # folder that loads from anywhere.
     with warnings.catch_warnings():
@@ -65,6 +67,19 @@ def add_lora(model, args: FinetuneArguments, training_args: TrainingArguments):
         model = get_peft_model(model, lora_config)
     model.print_trainable_parameters()
     return model
+
+
+def trainable_tokens(tokenizer, text: str | None) -> list[int] | None:
+    """The ids of the tokens --lora_trainable_tokens encodes to, whose embedding rows train beside the
+    adapter: a base that barely saw a token (digits, in a model pre-trained on words) gives it a row that an
+    adapter of its linear layers cannot tell from the others. With tied embeddings PEFT trains the output
+    rows with them."""
+    if not text:
+        return None
+    ids = sorted(set(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    pieces = " ".join(repr(tokenizer.decode([i])) for i in ids)
+    print(f"LoRA: also training the embedding rows of {len(ids)} tokens: {pieces}.")
+    return ids
 
 
 def lora_targets(model, requested: str):

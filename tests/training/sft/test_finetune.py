@@ -461,6 +461,46 @@ def test_lora_without_peft_installed_says_how_to_install_it(monkeypatch):
         check_args(args, TrainingArguments(output_dir="unused"))
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_lora_trainable_tokens_train_those_rows_and_merge_into_the_model(tied, capsys):
+    """--lora_trainable_tokens: the embedding rows of the text's tokens train beside the adapter (a base that
+    never saw digits gives them rows an adapter cannot tell apart: docs/finetuning.md's LoRA learnt nothing
+    without them), tied output rows with them, and the merged model answers as the adapter does."""
+    from transformers import TrainingArguments
+
+    from hf_tinytx_training.sft.finetune_args import FinetuneArguments
+    from hf_tinytx_training.sft.model import add_lora
+
+    tokenizer = build_byte_bpe_tokenizer()
+    base = build_tiny_model(seed=0, vocab_size=len(tokenizer), tie_word_embeddings=tied)
+    before = base.get_input_embeddings().weight.detach().clone()
+    args = FinetuneArguments(model_name_or_path="base", train_file="data.jsonl", use_peft=True,
+                             lora_trainable_tokens="0123456789")
+    model = add_lora(base, tokenizer, args, TrainingArguments(output_dir="unused", use_cpu=True))
+    digits = sorted(set(tokenizer("0123456789", add_special_tokens=False)["input_ids"]))
+    assert f"embedding rows of {len(digits)} tokens: '0' '1'" in capsys.readouterr().out
+    assert model.peft_config["default"].trainable_token_indices == digits
+
+    input_ids = torch.tensor([tokenizer("Q: 12 then 34\nA: 35", add_special_tokens=False)["input_ids"]])
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    model.train()
+    for _ in range(3):
+        model(input_ids=input_ids, labels=input_ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        adapted = model(input_ids=input_ids).logits
+        merged = model.merge_and_unload()
+        torch.testing.assert_close(merged(input_ids=input_ids).logits, adapted, rtol=0, atol=1e-5)
+    after = merged.get_input_embeddings().weight.detach()
+    others = [i for i in range(len(tokenizer)) if i not in digits]
+    assert not torch.equal(after[digits], before[digits]), "the digits' rows should have trained"
+    assert torch.equal(after[others], before[others]), "only the named tokens' rows train"
+    if tied:
+        assert torch.equal(merged.get_output_embeddings().weight, after)
+
+
 def test_records_cut_or_dropped_by_max_seq_length_are_counted_on_the_console_and_in_the_card(runs):
     """51 records, 50 rows: three longer than a row are cut, and one of them, whose
     prompt fills its row, dropped."""

@@ -131,6 +131,13 @@ CASES = {
     "no-batch": (
         ["--per_device_train_batch_size", "0"], ["--per_device_train_batch_size must be at least 1"],
     ),
+    # Embedding rows trained beside an adapter: without --use_peft every weight trains anyway.
+    "trainable-tokens-without-peft": (
+        ["--lora_trainable_tokens", "0123456789"], ["--lora_trainable_tokens", "add --use_peft"],
+    ),
+    "empty-trainable-tokens": (
+        ["--use_peft", "--lora_trainable_tokens", ""], ["--lora_trainable_tokens is empty"],
+    ),
     # Before: an empty --train_file (an unset shell variable) was taken as no flag at all (issue 69).
     "empty-train-file": (["--train_file", ""], ["--train_file is empty", "leave the flag out"]),
     # Before: the merge replaced another model, the adapter beside it, or the user's config.json above it.
