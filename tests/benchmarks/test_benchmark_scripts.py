@@ -291,3 +291,22 @@ def test_token_store_compares_the_store_with_the_nanogpt_style_baseline(tmp_path
     assert {"baseline", "store_1"} <= set(ways) and ways["baseline"]["tokens"] == ways["store_1"]["tokens"]
     assert row["cold"]["processes_that_tokenized"] == 1 and row["warm"]["processes_that_tokenized"] == 0
     assert "| 0.5 MB | cold |" in (tmp_path / "store.txt").read_text()
+
+
+def test_hub_checkpoint_times_training_with_and_without_pushing_checkpoints(tmp_path):
+    summary = final_json(run_script(python("hub_checkpoint.py", "--quick", "--output", tmp_path / "hub"),
+                                    tmp_path).stdout)
+    assert summary["benchmark"] == "hub_checkpoint" and summary["shared_machine"] is True
+    assert "load average" in summary["uptime_before"] and summary["command"].endswith(str(tmp_path / "hub"))
+    (pair,) = summary["pairs"]
+    assert pair["plain"]["steps"] == pair["pushed"]["steps"] == 6
+    assert pair["ratio"] == pair["pushed"]["steps_per_second"] / pair["plain"]["steps_per_second"] > 0
+    assert [u["message"] for u in pair["uploads"]][0] == "Resumable checkpoint at step 2"
+    # fp32 weights and at least one optimizer state each (Muon's momentum); base64 on the wire
+    assert all(u["file_bytes"] > 2 * 4 * pair["plain"]["parameters"] for u in pair["uploads"])
+    assert all(u["wire_bytes"] > u["file_bytes"] and u["seconds"] > 0 for u in pair["uploads"])
+    s = summary["summary"]
+    assert {"median_paired_ratio", "upload_seconds", "checkpoint_file_bytes", "checkpoint_wire_bytes",
+            "plain_steps_per_second", "pushed_steps_per_second"} <= set(s)
+    assert "| 1 | plain |" in (tmp_path / "hub.txt").read_text()
+    assert json.loads((tmp_path / "hub.json").read_text())["summary"] == s

@@ -3,8 +3,10 @@ for the real `huggingface_hub` client to create repos, commit files, list trees 
 (so `from_pretrained(repo_id)` works).
 
 Repos keep a git-like history: each commit a 40-hex id, a parent and a full snapshot (path -> git blob id);
-blobs live in a temporary folder. Writes need the server's token; every request is recorded so tests can check
-what the client sent. The client reads `HF_ENDPOINT` once, on import: talk to this server from a subprocess
+blobs live in a temporary folder. Writes need the server's token; every request is recorded (when, the bytes
+each way) so tests can check what the client sent. Files travel inline in the commit, or from `lfs_from` bytes
+by LFS as on the Hub; `throttle` serves file bodies slowly, so a client can be killed mid-download.
+The client reads `HF_ENDPOINT` once, on import: talk to this server from a subprocess
 whose environment comes from `LocalHub.client_env`.
 """
 
@@ -70,6 +72,10 @@ class RecordedRequest:
     path: str  # with the query string
     headers: dict[str, str]  # names lowercased
     status: int | None = None  # filled in once answered
+    started: float = 0.0  # time.monotonic() when it arrived
+    finished: float | None = None  # ... when its answer was sent whole (None: cut off, or not yet)
+    received: int = 0  # bytes of its body
+    served: int = 0  # bytes of the answer's body written (a client killed mid-file leaves fewer)
 
 
 class HubError(Exception):
@@ -98,7 +104,9 @@ class Request:
 class LocalHub:
     """The server and its state. Use as a context manager, or call `start()` and `stop()`."""
 
-    def __init__(self, token: str | None = None, user: str = "tester"):
+    def __init__(self, token: str | None = None, user: str = "tester", lfs_from: int | None = None):
+        """`lfs_from`: files of at least this many bytes go up as the Hub takes large files, by LFS (the
+        client's batch request, then the raw bytes PUT); None: every file inline in the commit, base64."""
         # Looks like a real token (prefix `hf_`) so that token-scrubbing code treats it as one.
         self.token = token or "hf_test" + secrets.token_hex(16)
         self.user = user
@@ -109,6 +117,9 @@ class LocalHub:
         self._commit_failures_left: int | None = 0  # None: fail every commit
         self._commit_failure_status = 503
         self._commit_failure_retry_after: float | None = None
+        self.lfs_from = lfs_from
+        self._lfs: dict[str, str] = {}  # LFS objects uploaded: sha256 -> blob id
+        self._bytes_per_second: float | None = None  # None: file bodies as fast as the socket takes them
         self._counter = 0
         self._blob_dir: Path | None = None
         self._server: ThreadingHTTPServer | None = None
@@ -150,6 +161,7 @@ class LocalHub:
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "HF_HUB_OFFLINE": "0",
             "TRANSFORMERS_OFFLINE": "0",
+            "HF_HUB_DISABLE_XET": "1",  # large files by LFS's basic transfer: this server speaks no Xet
             # a proxy set for the machine must not swallow loopback traffic
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
@@ -167,6 +179,12 @@ class LocalHub:
             self._commit_failures_left = n
             self._commit_failure_status = status
             self._commit_failure_retry_after = retry_after
+
+    def throttle(self, bytes_per_second: float | None) -> None:
+        """Serve file bodies at about `bytes_per_second` per download (None: at full speed), read at each
+        chunk, so a download under way speeds up as soon as it is lifted: a client can be killed mid-file."""
+        with self._lock:
+            self._bytes_per_second = bytes_per_second
 
     def put_files(self, repo_id: str, files: dict[str, bytes], message: str = "put by a test",
                   private: bool = False, repo_type: str = "model") -> str:
@@ -288,15 +306,16 @@ class LocalHub:
 
     def preupload(self, request: Request):
         commit = self._commit_of(self._repo(request, write=True), request.parts["rev"])
-        # Every file "regular": its bytes travel inline in the commit (no LFS, no Xet); the oid
-        # lets the client skip unchanged files.
+        # A file "regular" travels inline in the commit, an "lfs" one by the LFS routes (no Xet);
+        # the oid lets the client skip unchanged files.
+        lfs = self.lfs_from
         return (
             200,
             {
                 "files": [
                     {
-                        "path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                        "oid": commit.files.get(f["path"]),
+                        "path": f["path"], "shouldIgnore": False, "oid": commit.files.get(f["path"]),
+                        "uploadMode": "lfs" if lfs is not None and f.get("size", 0) >= lfs else "regular",
                     }
                     for f in request.json().get("files", [])
                 ]
@@ -333,11 +352,40 @@ class LocalHub:
                 elif key == "deletedFolder":
                     prefix = _clean_path(value["path"]).rstrip("/") + "/"
                     files = {path: blob for path, blob in files.items() if not path.startswith(prefix)}
-                else:  # lfsFile and copies are never asked for: preupload says "regular" for every file
+                elif key == "lfsFile":
+                    if value.get("oid") not in self._lfs:
+                        raise HubError(400, f"LFS object {value.get('oid')} was never uploaded.")
+                    files[_clean_path(value["path"])] = self._lfs[value["oid"]]
+                else:  # copies are never asked for
                     raise HubError(400, f"This test Hub does not support {key!r} operations.")
             commit = self._new_commit(repo, branch, message, files)
         return 200, {"success": True, "commitOid": commit.oid, "pullRequestUrl": None,
                      "commitUrl": f"{self._repo_url(repo.repo_type, repo.repo_id)}/commit/{commit.oid}"}, {}
+
+    def lfs_batch(self, request: Request):
+        """Where to PUT each object not stored yet (basic transfer), and where to verify it."""
+        self._repo(request, write=True)
+        objects = []
+        for item in request.json().get("objects", []):
+            oid, size = item["oid"], item["size"]
+            actions = {} if oid in self._lfs else {"actions": {
+                "upload": {"href": f"{self.url}/lfs-objects/{oid}"},
+                "verify": {"href": f"{self.url}/lfs-objects/{oid}/verify"}}}
+            objects.append({"oid": oid, "size": size, **actions})
+        return 200, {"transfer": "basic", "objects": objects}, {}
+
+    def lfs_put(self, request: Request):
+        """The raw bytes; a presigned storage URL on the Hub, so no token is asked for."""
+        if hashlib.sha256(request.body).hexdigest() != request.parts["oid"]:
+            raise HubError(400, "The body does not match its sha256.")
+        with self._lock:
+            self._lfs[request.parts["oid"]] = self._store_blob(request.body)
+        return 200, {}, {}
+
+    def lfs_verify(self, request: Request):
+        if request.parts["oid"] not in self._lfs:
+            raise HubError(404, "LFS object not found")
+        return 200, {}, {}
 
     def repo_info(self, request: Request):
         repo = self._repo(request)
@@ -419,6 +467,12 @@ ROUTES = [  # (methods, path, the LocalHub method that answers), the first answe
     ({"GET"}, r"/api/whoami-v2", LocalHub.whoami),
     ({"POST"}, r"/api/repos/create", LocalHub.create_repo),
     ({"POST"}, r"/api/validate-yaml", LocalHub.validate_yaml),
+    (
+        {"POST"}, r"/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch",
+        LocalHub.lfs_batch,
+    ),
+    ({"PUT"}, r"/lfs-objects/(?P<oid>[0-9a-f]{64})", LocalHub.lfs_put),
+    ({"POST"}, r"/lfs-objects/(?P<oid>[0-9a-f]{64})/verify", LocalHub.lfs_verify),
     ({"POST"}, _API + r"/preupload/(?P<rev>[^/]+)", LocalHub.preupload),
     ({"POST"}, _API + r"/commit/(?P<rev>[^/]+)", LocalHub.commit),
     ({"GET"}, _API + r"(?:/revision/(?P<rev>[^/]+))?", LocalHub.repo_info),
@@ -442,10 +496,12 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _handle(self):
-            record = RecordedRequest(self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
+            record = RecordedRequest(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
+                                     started=time.monotonic())
             with hub._lock:
                 hub.requests.append(record)
             body = self._read_body()  # always drained, so a keep-alive connection stays in step
+            record.received = len(body)
             try:
                 status, payload, headers = self._route(body)
             except HubError as e:
@@ -461,7 +517,12 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             except Exception as e:  # a bug in this server: answer 500 rather than hang the client
                 status, payload, headers = 500, {"error": f"local hub error: {e!r}"}, {}
             record.status = status
-            self._send(status, payload, headers)
+            try:
+                self._send(status, payload, headers, record)
+            except (BrokenPipeError, ConnectionResetError):  # a client killed mid-answer: not our error
+                self.close_connection = True
+                return
+            record.finished = time.monotonic()
 
         do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _handle
 
@@ -503,7 +564,7 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             return self.rfile.read(length) if length else b""
 
-        def _send(self, status: int, payload: object, headers: dict) -> None:
+        def _send(self, status: int, payload: object, headers: dict, record: RecordedRequest) -> None:
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             start, end = 0, len(data)
             range_header = self.headers.get("Range")
@@ -523,6 +584,17 @@ def _make_handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(end - start))
             self.end_headers()
             if self.command != "HEAD":
-                self.wfile.write(data[start:end])
+                self._write_body(data[start:end], isinstance(payload, bytes), record)
+
+        def _write_body(self, body: bytes, is_file: bool, record: RecordedRequest) -> None:
+            """In chunks of 16 KiB; a file's at the throttled rate, if one is set."""
+            chunk = 16 * 1024
+            for at in range(0, len(body), chunk):
+                with hub._lock:
+                    rate = hub._bytes_per_second if is_file else None
+                if rate:
+                    time.sleep(min(chunk, len(body) - at) / rate)
+                self.wfile.write(body[at:at + chunk])
+                record.served += min(chunk, len(body) - at)
 
     return Handler

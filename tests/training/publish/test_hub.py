@@ -362,6 +362,39 @@ def test_server_history_auth_and_errors(local_hub):
     assert all(r.status is not None for r in local_hub.requests)
 
 
+
+LFS_ROUND_TRIP = """
+from huggingface_hub import CommitOperationAdd, HfApi, hf_hub_download
+api = HfApi()
+api.create_repo("tester/lfs", private=True)
+adds = [CommitOperationAdd("big.bin", big), CommitOperationAdd("s.txt", b"s")]
+api.create_commit("tester/lfs", operations=adds, commit_message="one of each")
+print(open(hf_hub_download("tester/lfs", "big.bin"), "rb").read() == open(big, "rb").read())
+"""
+
+
+def test_large_files_go_up_by_lfs_and_a_throttled_server_serves_them_slowly(tmp_path):
+    """From `lfs_from` bytes a file goes up as the Hub takes it (LFS batch, then its raw bytes PUT, then
+    verify) and comes back whole; a throttled server takes its time over a file's body."""
+    from tests.helpers.hub_server import LocalHub
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(60_000))
+    with LocalHub(lfs_from=1000) as hub:
+        hub.throttle(200_000)
+        done = run_python(f"big = {str(big)!r}", LFS_ROUND_TRIP, env=client_env(hub, tmp_path / "hf_home"),
+                          cwd=tmp_path)
+        assert done.stdout.split()[-1] == "True", done.stdout
+        assert hub.repo_files("tester/lfs")["big.bin"] == big.read_bytes()
+        put = hub.recorded("PUT", "/lfs-objects/")
+        assert len(put) == 1 and put[0].received == 60_000 and put[0].status == 200
+        (commit,) = hub.recorded("POST", "/commit/")
+        assert commit.status == 200 and commit.received < 1000  # the small file inline, the large one by name
+        assert hub.recorded("POST", "/info/lfs/objects/batch")[0].status == 200
+        (got,) = [r for r in hub.recorded("GET", "/resolve/") if r.path.endswith("/big.bin")]
+        assert got.served == 60_000 and got.finished - got.started > 0.25  # 0.3 s at 200 kB/s
+
+
 # ------------------------------------------------------------------------------ pretrain.py --push_to_hub
 
 STEPS, EVERY = 4, 2  # checkpoints at steps 2 and 4
