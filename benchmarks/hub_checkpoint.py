@@ -55,7 +55,7 @@ def client_env(hub: LocalHub, home: Path) -> dict:
     """os.environ without the machine's Hub settings, plus the local server's (both sides get the same)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "TRANSFORMERS_"))}
     env.pop("PYTHONPATH", None)
-    return {**env, "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", **hub.client_env(home)}
+    return {**env, "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", **hub.client_env(home, lfs=True)}
 
 
 def steps_per_second(metrics: Path) -> tuple[float, int]:

@@ -151,23 +151,27 @@ class LocalHub:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def client_env(self, hf_home: str | Path, token: str | None = "default") -> dict[str, str]:
+    def client_env(self, hf_home: str | Path, token: str | None = "default",
+                   lfs: bool = False) -> dict[str, str]:
         """Environment variables (merge into a copy of os.environ) that point a subprocess's client
         at this server. `token="default"`: the server's token as HF_TOKEN; None: no HF_TOKEN
-        (remove an inherited one); else as is."""
+        (remove an inherited one); else as is. `lfs`: for files of `lfs_from` bytes or more, which go up by
+        LFS's basic transfer: this server speaks no Xet, so the client's Xet path is turned off (and with it
+        upload_folder's streamed pipeline and its retries: a smaller file goes inline either way)."""
         env = {
             "HF_ENDPOINT": self.url,
             "HF_HOME": str(hf_home),  # a fresh cache: no user token, no cached files leak in
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "HF_HUB_OFFLINE": "0",
             "TRANSFORMERS_OFFLINE": "0",
-            "HF_HUB_DISABLE_XET": "1",  # large files by LFS's basic transfer: this server speaks no Xet
             # a proxy set for the machine must not swallow loopback traffic
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
         }
         if token is not None:
             env["HF_TOKEN"] = self.token if token == "default" else token
+        if lfs:
+            env["HF_HUB_DISABLE_XET"] = "1"
         return env
 
     # ---- test controls

@@ -382,8 +382,8 @@ def test_large_files_go_up_by_lfs_and_a_throttled_server_serves_them_slowly(tmp_
     big.write_bytes(os.urandom(60_000))
     with LocalHub(lfs_from=1000) as hub:
         hub.throttle(200_000)
-        done = run_python(f"big = {str(big)!r}", LFS_ROUND_TRIP, env=client_env(hub, tmp_path / "hf_home"),
-                          cwd=tmp_path)
+        env = {**client_env(hub, tmp_path / "hf_home"), **hub.client_env(tmp_path / "hf_home", lfs=True)}
+        done = run_python(f"big = {str(big)!r}", LFS_ROUND_TRIP, env=env, cwd=tmp_path)
         assert done.stdout.split()[-1] == "True", done.stdout
         assert hub.repo_files("tester/lfs")["big.bin"] == big.read_bytes()
         put = hub.recorded("PUT", "/lfs-objects/")
