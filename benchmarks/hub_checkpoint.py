@@ -4,6 +4,7 @@
     python -m benchmarks.hub_checkpoint                      # small preset, 20 steps, a checkpoint every 5,
                                                              # 3 pairs: benchmarks/results/hub_checkpoint.*
     python -m benchmarks.hub_checkpoint --quick --output /tmp/h   # a tiny model, 1 pair (the smoke test's)
+    python -m benchmarks.hub_checkpoint --pairs 5 --pin_server     # the server on a core of its own
 
 Each pair runs training/pretrain.py twice, the same command: once plain, once with `--push_to_hub
 --hub_strategy checkpoint` to a local Hub-compatible server (tests/helpers/hub_server.py, the real
@@ -15,6 +16,10 @@ covers every checkpoint but the final one (the first step pays for warm-up, the 
 time is the server's: from the first request of an upload to its commit answered whole. Bytes are the files
 of last-checkpoint/ and the request bodies the client sent: as on the Hub, files from 10 MiB go by LFS (raw
 bytes PUT; the server speaks no Xet, so the client's Xet path is off), smaller ones inline in the commit.
+
+The server runs in this process, on this machine's cores: on the Hub its work is remote. --pin_server keeps
+it on the last core and the training runs (their upload thread included) on the others, so the pushed run
+pays for the client's side alone.
 """
 
 import argparse
@@ -44,6 +49,7 @@ TINY = [  # tests/helpers/tiny.py's TINY_PRETRAIN_ARGS model, seconds a run
     "--per_device_train_batch_size", "8", "--max_eval_batches", "2",
 ]
 CHECKPOINT = "Resumable checkpoint at step"
+TRAIN_CPUS: set[int] | None = None  # --pin_server: the cores the training runs may use
 LFS_FROM = 10 * 2**20  # the Hub takes larger files (and *.safetensors, *.bin) by LFS or Xet, never inline
 
 
@@ -73,8 +79,9 @@ def run(model: list[str], steps: int, every: int, work: Path, hub: LocalHub, pus
     if push:
         command += ["--push_to_hub", "--hub_strategy", "checkpoint", "--hub_model_id", push]
     before = load()
+    pin = (lambda: os.sched_setaffinity(0, TRAIN_CPUS)) if TRAIN_CPUS else None
     done = subprocess.run(command, env=client_env(hub, work / "hf_home"), cwd=work, capture_output=True,
-                          text=True, timeout=1800)
+                          text=True, timeout=1800, preexec_fn=pin)
     if done.returncode != 0:
         raise SystemExit(f"pretrain failed ({done.returncode}):\n{done.stdout[-2000:]}\n"
                          f"{done.stderr[-3000:]}")
@@ -152,6 +159,9 @@ def table(result: dict) -> list[str]:
         f"Command: {result['command']}",
         f"Machine: {result['cores']} cores SHARED with other work (the load average moved during the runs); "
         f"uptime before: {result['uptime_before']}; after: {result['uptime_after']}.",
+        *([f"Pinned: training on CPUs {result['pinned']['training']}, the Hub server on "
+           f"{result['pinned']['server']}: the pushed run pays for the client's side alone."]
+          if result.get("pinned") else []),
         "",
         "| pair | first | plain steps/s | pushed steps/s | pushed / plain | load before (plain, pushed) |",
         "|---|---|---|---|---|---|",
@@ -177,6 +187,17 @@ def table(result: dict) -> list[str]:
     return lines
 
 
+def pin_server() -> dict:
+    """This process (and the server threads it starts) on the last core, the training runs on the others."""
+    global TRAIN_CPUS
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin_server needs 2 cores or more: one for the server, the rest for training.")
+    TRAIN_CPUS = set(cpus[:-1])
+    os.sched_setaffinity(0, {cpus[-1]})
+    return {"training": cpus[:-1], "server": cpus[-1:]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3,
@@ -185,6 +206,8 @@ def main() -> None:
     parser.add_argument("--checkpointing_steps", type=int, default=5, help="steps between checkpoints")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny model, 1 pair, 6 steps; writes nothing unless --output")
+    parser.add_argument("--pin_server", action="store_true",
+                        help="the server on the last core, the training runs on the others")
     parser.add_argument("--output", default=None,
                         help="writes OUTPUT.txt and .json (default: benchmarks/results/hub_checkpoint)")
     args = parser.parse_args()
@@ -192,6 +215,7 @@ def main() -> None:
         args.pairs, args.steps, args.checkpointing_steps = 1, 6, 2
     output = args.output or (None if args.quick else str(RESULTS / "hub_checkpoint"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    pinned = pin_server() if args.pin_server else None
     rows = pairs(TINY if args.quick else SMALL, args.steps, args.checkpointing_steps, args.pairs)
     result = {
         "benchmark": "hub_checkpoint",
@@ -201,7 +225,7 @@ def main() -> None:
         "uptime_after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         "plan": {"model": "a tiny model (--quick)" if args.quick else "the small preset", "steps": args.steps,
                  "every": args.checkpointing_steps},
-        "summary": summary(rows), "pairs": rows,
+        "summary": summary(rows), "pairs": rows, "pinned": pinned,
     }
     lines = table(result)
     if output:
