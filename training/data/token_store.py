@@ -52,6 +52,7 @@ from hf_tinytx.folders.safe import (
 )
 from hf_tinytx_training.data.documents import RULES
 from hf_tinytx_training.data.progress import Progress
+from hf_tinytx_training.distributed.cpu_threads import usable_cpus
 from hf_tinytx_training.errors import RunError, UserInputError
 
 
@@ -391,7 +392,7 @@ def workers(data_args) -> int:
     """--preprocessing_num_workers, else every core this process may run on."""
     if data_args.preprocessing_num_workers:
         return data_args.preprocessing_num_workers
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(usable_cpus())
 
 
 def build(folder: str, tokenizer, recipe: dict | None, sources: list, workers: int, say) -> list:
