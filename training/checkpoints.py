@@ -94,6 +94,7 @@ class TrainingState:
     trained_seconds: float = 0.0  # time in training of every launch up to this checkpoint (the card's total)
     launches: int = 1
     torch_threads: int | None = None  # CPU threads trained with (None: a GPU run, or an older checkpoint)
+    plan: dict | None = None  # plan/choose.py's Plan of a run that planned itself (a resume keeps it)
 
 
 def make_run_signature(

@@ -111,14 +111,21 @@ class PretrainArguments:
     max_grad_norm: float = flag(1.0, "Clip the gradient norm to this (0 disables).")
     lr_scheduler_type: str = flag("cosine", "Any transformers.get_scheduler name.")
     num_warmup_steps: int = flag(30, "Linear warmup steps.")
-    max_train_steps: int | None = flag(None, "Optimizer steps. Default: from --max_train_tokens, else 3000.")
+    max_train_steps: int | None = flag(
+        None, "Optimizer steps. Default: from --max_train_tokens; else a run on your data (--train_file or "
+        "--dataset_name, no size flag) is planned on the clock (--max_train_seconds, default 300); else 3000.")
     max_train_tokens: int | None = flag(None, "Token budget; sets --max_train_steps.")
     max_train_seconds: float = flag(
         0.0,
         "Seconds of training. Alone, it plans the run: the learning-rate schedule runs on the clock and "
-        "ends at this second. With --max_train_steps or --max_train_tokens it only cuts the run short (the "
-        "run then says so; --resume_from_checkpoint latest continues it for as long again). 0: no clock.",
+        "ends at this second; on your data with no size flag, the model's size is chosen for it too (300 s "
+        "when neither this nor a step count is given). With --max_train_steps or --max_train_tokens it only "
+        "cuts the run short (the run then says so; --resume_from_checkpoint latest continues it for as long "
+        "again). 0: no clock.",
     )
+    plan_only: bool = flag(
+        False, "Print the plan of a run on your data (the model size, vocabulary, tokens and schedule chosen "
+        "for the text, the budget and this machine) and stop before anything is written.")
     seed: int = flag(0, "Seed for initialisation, data order and splits.")
     mixed_precision: str = flag("no", "no or bf16.")
     eval_steps: int = flag(200, "Evaluate every N optimizer steps (and at the end).")

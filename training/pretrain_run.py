@@ -49,6 +49,7 @@ from hf_tinytx_training.model.build import make_model
 from hf_tinytx_training.model.config import check_model_builds, load_model_config
 from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
 from hf_tinytx_training.optim.schedules import Clock
+from hf_tinytx_training.plan import choose as planning
 from hf_tinytx_training.pretrain_args import (
     DataArguments,
     ModelArguments,
@@ -117,6 +118,7 @@ class Run:
     own_fsdp2: bool  # sharded by distributed/sharding.py, not by Accelerate (FSDP2 on CPUs)
     data_fingerprint: dict  # what decides the data (data/fingerprint.py), recorded in every checkpoint
     threads: int | None  # torch's CPU threads (distributed/cpu_threads.py), recorded in every checkpoint
+    plan: "planning.Plan | None"  # the run planned itself (plan/choose.py), recorded in every checkpoint
     progress: Progress = field(default_factory=Progress)
 
     @property
@@ -148,6 +150,8 @@ def pretrain(argv=None) -> None:
     run = None
     try:
         run = setup(model_args, data_args, train_args, explicit)
+        if run is None:  # --plan_only
+            return
         fit(run)
         final_metrics, probe_results = finish(run)
         not_pushed = export_and_push(run, final_metrics, probe_results)
@@ -172,9 +176,9 @@ def lost_peer_message(run: "Run | None", train_args, error: RuntimeError) -> str
 # ---------------------------------------------------------------------------------------------------- setup
 
 
-def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) -> Run:
-    """Every input checked, then the accelerator, the data, the model, its optimizer
-    and schedule, and the resume."""
+def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) -> Run | None:
+    """Every input checked, then the accelerator, the plan, the data, the model, its optimizer
+    and schedule, and the resume (None: --plan_only, the plan printed)."""
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     model_config, sharded_by = check_inputs(model_args, data_args, train_args, output_dir)
@@ -182,6 +186,13 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     cluster.check_shared_folder(output_dir, accelerator.num_processes, accelerator.is_main_process)
     set_seed(train_args.seed)
 
+    threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
+    plan = None
+    if planning.wanted(data_args, explicit):
+        plan, threads = make_plan(model_args, data_args, train_args, explicit, accelerator, checkpoints_dir)
+        model_config = load_model_config(model_args)
+        if train_args.plan_only:
+            return None
     # One process decides (they might not all see the same folder), every process gets its answer.
     found = cluster.decided_by_main(accelerator, lambda: find_resume_point(
         model_args, data_args, train_args, accelerator, checkpoints_dir, model_config))
@@ -191,8 +202,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     if train_args.resume_from_checkpoint and resume_dir is None:
         accelerator.print(f"No intact checkpoint in {checkpoints_dir} yet: starting from scratch.")
     read_from = from_hub.folder if from_hub else resume_dir  # the checkpoint's files, wherever they are now
-    threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
-    if accelerator.device.type == "cpu":
+    if accelerator.device.type == "cpu" and (threads is None or from_hub or resume_dir):
         threads = set_threads(checkpoints.recorded_threads(read_from), accelerator.is_main_process,
                               accelerator.print)
     data_fingerprint = cluster.decided_by_main(accelerator, lambda: checked_data(data_args, read_from))
@@ -227,7 +237,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
         lr_scheduler=lr_scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
         num_parameters=num_parameters, max_train_steps=max_train_steps, tokens_per_step=tokens_per_step,
         clock=clock, log=RunLog(output_dir, accelerator), pusher=pusher, lock=lock, own_fsdp2=own_fsdp2,
-        data_fingerprint=data_fingerprint, threads=threads,
+        data_fingerprint=data_fingerprint, threads=threads, plan=plan,
     )
     if resume_dir:
         try:
@@ -239,6 +249,24 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     config = cards.flat_scalars(args_to_dict(model_args, data_args, train_args))
     accelerator.init_trackers("tinytx-pretrain", config=config)
     return run
+
+
+def make_plan(model_args, data_args, train_args, explicit, accelerator, checkpoints_dir: str):
+    """(the plan, the CPU threads set to measure with): a resume's recorded plan, else one made for this text,
+    budget and machine; its flags applied, its line printed."""
+    threads = None
+    repo = hub_repo_id(train_args.hub_model_id, train_args.output_dir)
+    plan = cluster.decided_by_main(accelerator, lambda: planning.recorded(
+        train_args.resume_from_checkpoint, checkpoints_dir, repo, train_args.hub_token,
+    )) if train_args.resume_from_checkpoint else None
+    if plan is None:
+        if accelerator.device.type == "cpu":  # measured with the threads the run trains with
+            threads = set_threads(None, accelerator.is_main_process, accelerator.print)
+        plan = cluster.decided_by_main(accelerator, lambda: planning.plan_run(
+            model_args, data_args, train_args, explicit, accelerator.num_processes, accelerator.device))
+    planning.apply(plan, model_args, data_args, train_args)
+    accelerator.print(plan.line())
+    return plan, threads
 
 
 def check_inputs(model_args, data_args, train_args, output_dir: str):
@@ -417,7 +445,7 @@ def training_state(run: Run) -> checkpoints.TrainingState:
         step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
         run_signature=run.signature, planned_steps=run.max_train_steps, train_seconds=run.clock.seconds,
         trained_seconds=progress.earlier_seconds + progress.train_seconds, launches=progress.launches,
-        torch_threads=run.threads,
+        torch_threads=run.threads, plan=run.plan and run.plan.to_dict(),
     )
 
 

@@ -107,6 +107,7 @@ def card_context(run, metrics: dict, probe_results) -> dict:
         "global_batch_size": run.tokens_per_step // data_args.block_size,
         "block_size": data_args.block_size,
         "hyperparameters": args_to_dict(train_args),
+        "plan": run.plan and run.plan.line().split(" --plan_only")[0],
         "hardware": hardware_description(
             run.accelerator.num_processes, run.accelerator.device.type, run.threads
         ),
@@ -144,6 +145,7 @@ def training_record(run) -> dict:
     return {
         **args_to_dict(run.model_args, run.data_args, run.train_args),
         "torch_threads": run.threads,  # None on a GPU; on a CPU another count trains other weights
+        "plan": run.plan and run.plan.to_dict(),  # what the run chose for its text, budget and machine
         "transformers": transformers.__version__,
     }
 

@@ -150,6 +150,23 @@ def resume_point(resume_from: str | None, own_repo: str, layout, token: str | No
     return found
 
 
+def state_on_hub(resume_from: str | None, own_repo: str, token: str | None) -> dict | None:
+    """trainer_state.json of the Hub's last-checkpoint/ that --resume_from_checkpoint names (None: it names no
+    repo, or the repo has no checkpoint yet)."""
+    reference = hub_reference(resume_from, own_repo)
+    if reference is None:
+        return None
+    repo_id = with_owner(reference[0], token, resume_from)
+    found = newest_on_hub(repo_id, reference[1], token, resume_from, missing_ok=True)
+    if found is None:
+        return None
+    from huggingface_hub import hf_hub_download
+
+    with hub_errors(resume_from, token):
+        path = hf_hub_download(repo_id, f"{LAST}/{checkpoints.STATE_FILE}", revision=found.revision, token=token)
+    return checkpoints.read_json(path)
+
+
 def with_owner(repo_id: str, token: str | None, flag: str) -> str:
     """`owner/name` for a --hub_model_id given as `name` (created in the token's namespace): looked up under
     `name` alone, the run would find nothing, start anew and push over its own checkpoint."""
