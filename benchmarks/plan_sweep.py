@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.report import print_report
+from hf_tinytx_training.plan import law
 from hf_tinytx_training.plan.ladder import BATCH, BLOCK, LADDER, RECIPE, VOCAB
 
 
@@ -88,7 +89,9 @@ def main() -> None:
         done += list(pool.map(point, todo))
     rows = [(f"{LADDER[row['rung']].name} at {row['tokens'] / 1e6:g}M tokens", f"{row['bits_per_byte']:.4f}")
             for row in sorted(done, key=lambda row: (row["rung"], row["tokens"]))]
-    print_report(rows, {"benchmark": "plan_sweep", "points": done})
+    fitted = law.fit([(row["parameters"], row["tokens"], row["eval_loss"]) for row in done], law.SWEEP_UNIQUE)
+    rows.append(("law (training/plan/law.py's FITTED)", json.dumps({k: round(v, 4) for k, v in fitted.items()})))
+    print_report(rows, {"benchmark": "plan_sweep", "points": done, "law": fitted})
 
 
 if __name__ == "__main__":

@@ -48,6 +48,14 @@ WRITE_MY_TEXTS = (
     "'\\n\\n'.join(f'Paragraph {i} of part {p}: the cat sat on the mat, and the dog sat on the log.' "
     "for i in range(150))) for p in (1, 2)]\"\n"
 )
+# The README's Tiny Shakespeare download, offline: `curl` writes a made-up play instead.
+OFFLINE_SHAKESPEARE = (
+    "curl() { python -c \"import pathlib, random; r = random.Random(0); pathlib.Path('input.txt').write_text("
+    "'\\n\\n'.join('ROMEO:\\n' + ' '.join(r.choice(['love', 'night', 'fair', 'moon', 'swear', 'thou', "
+    "'art', 'my', 'lady']) for _ in range(40)) for _ in range(400)))\"; }\n"
+)
+# The plan still measures this machine and plans; the clock is short, so the run is too.
+PLANNED_SHORT = ["--max_train_seconds", "3", "--eval_steps", "1000"]
 # Tiny sizes for the README's pre-training command; the rest of the walkthrough uses the model it writes.
 TINY_PRETRAIN = [*TINY_PRETRAIN_ARGS, "--max_train_steps", "30", "--eval_steps", "30"]
 FEW_FINETUNE_STEPS = ["--max_steps", "4"]
@@ -107,6 +115,13 @@ PAGES = [
             # prints what the Python prints (checked below)
             Step("Generating text with the model you trained", "bash"),
             Step(
+                "Training on your own text", "bash", prefix=OFFLINE_SHAKESPEARE,
+                append={"python training/pretrain.py": PLANNED_SHORT},
+                check="grep -q '\"plan\": {' out/shakespeare/training_args.json && grep -q 'Planned for the "
+                "text' out/shakespeare/README.md",
+            ),
+            Step("Training on your own text", "text", skip="the plan line the command above prints"),
+            Step(
                 "Training on your own text", "bash", prefix=WRITE_MY_TEXTS,
                 append={"python training/pretrain.py": [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4"]},
                 check="test -f out/mine/model.safetensors && grep -q my_texts out/mine/training_args.json",
@@ -115,6 +130,7 @@ PAGES = [
         ),
     ),
     Page("docs/training.md", (
+        Step("The run plans itself", "text", skip="a plan line, as a run prints it"),
         Step("A run that lost its machine: resuming from the Hub", "bash",
              skip="it needs a Hub: tests/training/publish/test_hub_resume.py runs it against the local one"),
     )),

@@ -11,6 +11,7 @@ the size's pull and the repetition's cost. A text larger than the tokens read re
 
 import math
 
+
 REPEATS = 15.4  # Muennighoff et al.'s R*_D: the passes after which repeating stops paying
 BYTES_PER_TOKEN = 2.26  # a 1,024-token BPE on Tiny Shakespeare (the sweep's eval loss / bits per byte)
 SWEEP_UNIQUE = 1_003_855 / BYTES_PER_TOKEN  # the sweep's training text, in tokens
@@ -34,32 +35,22 @@ def predicted_loss(parameters: float, tokens: float, unique: float | None, law: 
 
 
 def fit(points: list[tuple[float, float, float]], unique: float) -> dict:
-    """The law's constants by least squares on (parameters, tokens, loss) of one text of `unique` tokens:
-    L-BFGS from a few starts, the exponents kept positive through their logarithms."""
+    """The law's constants by least squares on (parameters, tokens, loss) of one text of `unique` tokens: for
+    each pair of exponents on a grid, E, A and B are a linear fit; the pair of least error whose E, A and B
+    are all positive wins (a negative floor fits a few points and predicts nonsense past them)."""
     import torch
 
-    params = torch.tensor([p for p, _, _ in points], dtype=torch.float64)
-    seen = torch.tensor([effective_tokens(t, unique) for _, t, _ in points], dtype=torch.float64)
-    loss = torch.tensor([l for _, _, l in points], dtype=torch.float64)
+    columns = list(zip(*points))
+    params, loss = (torch.tensor(column, dtype=torch.float64) for column in (columns[0], columns[2]))
+    seen = torch.tensor([effective_tokens(tokens, unique) for tokens in columns[1]], dtype=torch.float64)
+    grid = [step / 100 for step in range(5, 101)]
     best = None
-    for alpha0 in (0.2, 0.4, 0.7):
-        for beta0 in (0.2, 0.4, 0.7):
-            # E free; A and B through their logarithms
-            x = torch.tensor([1.0, math.log(alpha0), math.log(beta0), 5.0, 5.0], dtype=torch.float64,
-                             requires_grad=True)
-            optimizer = torch.optim.LBFGS([x], max_iter=500, line_search_fn="strong_wolfe")
-
-            def error():
-                optimizer.zero_grad()
-                e, alpha, beta, log_a, log_b = x[0], x[1].exp(), x[2].exp(), x[3], x[4]
-                guess = e + torch.exp(log_a - alpha * params.log()) + torch.exp(log_b - beta * seen.log())
-                value = ((guess - loss) ** 2).mean()
-                value.backward()
-                return value
-
-            value = optimizer.step(error).item()
-            if math.isfinite(value) and (best is None or value < best[0]):
-                best = (value, x.detach().clone())
-    value, x = best
-    return {"E": x[0].item(), "A": math.exp(x[3].item()), "alpha": math.exp(x[1].item()),
-            "B": math.exp(x[4].item()), "beta": math.exp(x[2].item()), "rms": math.sqrt(value)}
+    for alpha in grid:
+        for beta in grid:
+            design = torch.stack([torch.ones_like(params), params ** -alpha, seen ** -beta], dim=1)
+            solution = torch.linalg.lstsq(design, loss[:, None]).solution[:, 0]
+            error = ((design @ solution - loss) ** 2).mean().item()
+            if (solution > 0).all() and (best is None or error < best[0]):
+                best = (error, alpha, beta, solution.tolist())
+    error, alpha, beta, (e, a, b) = best
+    return {"E": e, "A": a, "alpha": alpha, "B": b, "beta": beta, "rms": math.sqrt(error)}

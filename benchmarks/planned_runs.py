@@ -1,0 +1,104 @@
+"""Does the run's plan (training/plan/) pay? Held-out bits per byte, side by side in one sitting, of:
+
+    (a) planned   --train_file and --max_train_seconds alone: the run plans itself
+    (b) defaults  the run before plans existed: the micro model and its recipe, on the same clock
+    (t) tuned     benchmarks/shakespeare.py's recipe (2.2M parameters, tuned on Tiny Shakespeare at 160 s)
+    (c) grid      a few sizes of the ladder with the planner's recipe, the best of them
+
+    python -m benchmarks.planned_runs                              # Tiny Shakespeare, 160 s
+    python -m benchmarks.planned_runs --budgets 160 600 --text my.txt
+
+Each arm is the real training/pretrain.py on the same split (benchmarks/shakespeare.py: the last 10% held
+out), one run at a time on the idle machine, every arm once per budget in turn. Prints a table and one JSON
+line; --out keeps the JSON.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.report import print_report
+from benchmarks.shakespeare import DEFAULT_TEXT, default_flags, read_metrics, split_text
+from hf_tinytx_training.plan.ladder import by_name
+
+
+REPO = Path(__file__).resolve().parents[1]
+PRETRAIN = REPO / "training" / "pretrain.py"
+QUIET = ["--num_probes_per_kind", "0", "--num_samples", "0", "--eval_steps", str(10**9)]
+GRID = ("128x4", "192x4", "256x5")
+
+
+def arms() -> dict[str, list[str]]:
+    """Each arm's flags (before the data, the budget and the output folder)."""
+    grid = {}
+    for name in GRID:
+        size = by_name(name)
+        grid[f"grid {name}"] = [part for flag, value in size.flags().items()
+                                for part in (f"--{flag}", str(value))]
+    return {"planned": [], "defaults": ["--model_preset", "micro"], "tuned": default_flags(), **grid}
+
+
+def run_arm(flags: list[str], train: Path, validation: Path, seconds: float, work: Path) -> dict:
+    output = work / "model"
+    command = [sys.executable, str(PRETRAIN), *flags, *QUIET, "--train_file", str(train),
+               "--validation_file", str(validation), "--max_train_seconds", str(seconds),
+               "--output_dir", str(output), "--overwrite_output_dir"]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(work / "datasets_cache"))
+    start = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"planned_runs.py: error: pretrain.py failed:\n{result.stdout[-2000:]}"
+                         f"{result.stderr[-3000:]}")
+    metrics = read_metrics(output / "metrics.jsonl")
+    plan = next((line for line in result.stdout.splitlines() if line.startswith("Plan: ")), None)
+    args = json.loads((output / "training_args.json").read_text())
+    return {"bits_per_byte": metrics["last_eval"]["bits_per_byte"], "steps": metrics["last_train"]["step"],
+            "tokens": metrics["last_train"]["tokens"], "train_seconds": metrics["last_train"]["elapsed_seconds"],
+            "hidden_size": args["hidden_size"], "num_hidden_layers": args["num_hidden_layers"],
+            "wall_seconds": time.perf_counter() - start, "plan": plan}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--text", default=str(DEFAULT_TEXT), help="A plain-text file (default: Tiny Shakespeare).")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[160.0], help="Training seconds per run.")
+    parser.add_argument("--arms", nargs="+", default=None, help="Only these arms (names as in the table).")
+    parser.add_argument("--out", default=None, help="Also write the JSON here.")
+    args = parser.parse_args()
+    train_text, validation_text = split_text(Path(args.text).read_text(encoding="utf-8"), 0.1)
+    chosen = {name: flags for name, flags in arms().items() if not args.arms or name in args.arms}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="planned_runs_") as tmp:
+        work = Path(tmp)
+        (work / "train.txt").write_text(train_text, encoding="utf-8")
+        (work / "validation.txt").write_text(validation_text, encoding="utf-8")
+        for seconds in args.budgets:
+            for name, flags in chosen.items():
+                row = {"arm": name, "budget_seconds": seconds,
+                       **run_arm(flags, work / "train.txt", work / "validation.txt", seconds, work)}
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    rows = []
+    for seconds in args.budgets:
+        mine = [row for row in results if row["budget_seconds"] == seconds]
+        grid = [row for row in mine if row["arm"].startswith("grid")]
+        best = min(grid, key=lambda row: row["bits_per_byte"]) if grid else None
+        for row in mine:
+            rows.append((f"{seconds:g} s | {row['arm']} ({row['hidden_size']}x{row['num_hidden_layers']})",
+                         f"{row['bits_per_byte']:.4f} bits/byte, {row['steps']} steps, {row['tokens']:,} tokens"))
+        if best:
+            rows.append((f"{seconds:g} s | (c) best of the grid", f"{best['arm']}: {best['bits_per_byte']:.4f}"))
+    summary = {"benchmark": "planned_runs", "text": args.text, "runs": results,
+               "command": "python -m benchmarks.planned_runs " + " ".join(sys.argv[1:])}
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    print_report(rows, summary)
+
+
+if __name__ == "__main__":
+    main()
