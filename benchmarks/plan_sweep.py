@@ -1,7 +1,7 @@
 """The sweep the run's planner learns from (training/planning.py): held-out bits per byte of each model of
 the planner's ladder after a fixed number of training tokens.
 
-    python -m benchmarks.plan_sweep                       # the grid below on ../shared/data/tinyshakespeare.txt
+    python -m benchmarks.plan_sweep               # the grid below on ../shared/data/tinyshakespeare.txt
     python -m benchmarks.plan_sweep --jobs 1 --out F.jsonl
 
 Each point is one `python -m benchmarks.shakespeare` run planned in steps (not seconds) on one thread, so
@@ -61,15 +61,18 @@ def run_point(rung: int, tokens: float, text: str | None) -> dict:
         raise SystemExit(f"plan_sweep.py: error: rung {rung} at {tokens:g} tokens failed:\n"
                          + result.stdout[-2000:] + result.stderr[-3000:])
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    return {"rung": rung, "tokens": int(tokens), "size": LADDER[rung].name, "parameters": LADDER[rung].parameters(VOCAB),
+    return {"rung": rung, "tokens": int(tokens), "size": LADDER[rung].name,
+            "parameters": LADDER[rung].parameters(VOCAB),
             **{key: summary[key] for key in ("bits_per_byte", "eval_loss", "steps", "tokens_per_second",
                                                  "wall_seconds")}}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--text", default=None, help="A plain-text file (default: Tiny Shakespeare).")
-    parser.add_argument("--out", default=str(OUT), help="JSON lines, one per point; points in it are skipped.")
+    parser.add_argument("--out", default=str(OUT),
+                        help="JSON lines, one per point; points in it are skipped.")
     parser.add_argument("--jobs", type=int, default=2, help="Points run side by side (one thread each).")
     args = parser.parse_args()
     out = Path(args.out)
@@ -90,7 +93,8 @@ def main() -> None:
     rows = [(f"{LADDER[row['rung']].name} at {row['tokens'] / 1e6:g}M tokens", f"{row['bits_per_byte']:.4f}")
             for row in sorted(done, key=lambda row: (row["rung"], row["tokens"]))]
     fitted = law.fit([(row["parameters"], row["tokens"], row["eval_loss"]) for row in done], law.SWEEP_UNIQUE)
-    rows.append(("law (training/plan/law.py's FITTED)", json.dumps({k: round(v, 4) for k, v in fitted.items()})))
+    constants = json.dumps({name: round(value, 4) for name, value in fitted.items()})
+    rows.append(("law (training/plan/law.py's FITTED)", constants))
     print_report(rows, {"benchmark": "plan_sweep", "points": done, "law": fitted})
 
 

@@ -58,14 +58,17 @@ def run_arm(flags: list[str], train: Path, validation: Path, seconds: float, wor
     plan = next((line for line in result.stdout.splitlines() if line.startswith("Plan: ")), None)
     args = json.loads((output / "training_args.json").read_text())
     return {"bits_per_byte": metrics["last_eval"]["bits_per_byte"], "steps": metrics["last_train"]["step"],
-            "tokens": metrics["last_train"]["tokens"], "train_seconds": metrics["last_train"]["elapsed_seconds"],
+            "tokens": metrics["last_train"]["tokens"],
+            "train_seconds": metrics["last_train"]["elapsed_seconds"],
             "hidden_size": args["hidden_size"], "num_hidden_layers": args["num_hidden_layers"],
             "wall_seconds": time.perf_counter() - start, "plan": plan}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--text", default=str(DEFAULT_TEXT), help="A plain-text file (default: Tiny Shakespeare).")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--text", default=str(DEFAULT_TEXT),
+                        help="A plain-text file (default: Tiny Shakespeare).")
     parser.add_argument("--budgets", type=float, nargs="+", default=[160.0], help="Training seconds per run.")
     parser.add_argument("--arms", nargs="+", default=None, help="Only these arms (names as in the table).")
     parser.add_argument("--out", default=None, help="Also write the JSON here.")
@@ -90,9 +93,11 @@ def main() -> None:
         best = min(grid, key=lambda row: row["bits_per_byte"]) if grid else None
         for row in mine:
             rows.append((f"{seconds:g} s | {row['arm']} ({row['hidden_size']}x{row['num_hidden_layers']})",
-                         f"{row['bits_per_byte']:.4f} bits/byte, {row['steps']} steps, {row['tokens']:,} tokens"))
+                         f"{row['bits_per_byte']:.4f} bits/byte, {row['steps']} steps, "
+                         f"{row['tokens']:,} tokens"))
         if best:
-            rows.append((f"{seconds:g} s | (c) best of the grid", f"{best['arm']}: {best['bits_per_byte']:.4f}"))
+            rows.append((f"{seconds:g} s | (c) best of the grid",
+                         f"{best['arm']}: {best['bits_per_byte']:.4f}"))
     summary = {"benchmark": "planned_runs", "text": args.text, "runs": results,
                "command": "python -m benchmarks.planned_runs " + " ".join(sys.argv[1:])}
     if args.out:

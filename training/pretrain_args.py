@@ -113,7 +113,8 @@ class PretrainArguments:
     num_warmup_steps: int = flag(30, "Linear warmup steps.")
     max_train_steps: int | None = flag(
         None, "Optimizer steps. Default: from --max_train_tokens; else a run on your data (--train_file or "
-        "--dataset_name, no size flag) is planned on the clock (--max_train_seconds, default 300); else 3000.")
+        "--dataset_name, no size flag) is planned on the clock (--max_train_seconds, default 300); else "
+        "3000.")
     max_train_tokens: int | None = flag(None, "Token budget; sets --max_train_steps.")
     max_train_seconds: float = flag(
         0.0,

@@ -182,6 +182,8 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     model_config, sharded_by = check_inputs(model_args, data_args, train_args, output_dir)
+    if planning.wanted(data_args, explicit) and "mixed_precision" not in explicit:
+        train_args.mixed_precision = planning.precision()  # before the accelerator, which fixes it
     accelerator, own_fsdp2 = start_accelerator(model_args, train_args, output_dir, model_config, sharded_by)
     cluster.check_shared_folder(output_dir, accelerator.num_processes, accelerator.is_main_process)
     set_seed(train_args.seed)

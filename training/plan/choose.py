@@ -32,6 +32,7 @@ class Plan:
     tokens_per_second: float | None  # measured (or extrapolated) for this size on this machine
     predicted_loss: float  # nats per token, on a text like the sweep's
     settings: dict  # the flags the plan set (never one the user gave)
+    mixed_precision: str = "no"  # this machine's choice (`precision`): a resume elsewhere may differ
 
     def line(self) -> str:
         text = (f"{self.tokens / self.text_tokens:.1f} passes over ~{self.text_tokens / 1e6:.2f}M tokens"
@@ -39,7 +40,9 @@ class Plan:
         speed = (f" in {self.seconds:g} s at {self.tokens_per_second:,.0f} tokens/s measured"
                  if self.seconds else "")
         bits = self.predicted_loss / 0.6931471805599453 / law.BYTES_PER_TOKEN
-        return (f"Plan: {self.size} ({self.parameters / 1e6:.2f}M parameters), vocabulary {self.vocab:,}; "
+        bf16 = ", bf16" if self.mixed_precision == "bf16" else ""
+        return (f"Plan: {self.size} ({self.parameters / 1e6:.2f}M parameters{bf16}), "
+                f"vocabulary {self.vocab:,}; "
                 f"{self.tokens / 1e6:.2f}M tokens{speed} ({text}); predicted validation loss "
                 f"{self.predicted_loss:.2f} ({bits:.2f} bits/byte on text like Tiny Shakespeare). "
                 "--plan_only prints this and stops; a size flag replaces it.")
@@ -51,6 +54,18 @@ class Plan:
 def wanted(data_args, explicit: frozenset) -> bool:
     """A run on the user's data with no size of the user's."""
     return bool(data_args.train_file or data_args.dataset_name) and not (SIZE_FLAGS & explicit)
+
+
+def precision() -> str:
+    """bf16 where its matmuls are fast (a GPU that has it, a CPU with AVX-512 or AMX: ~1.3x the steps of fp32
+    on Tiny Shakespeare at the same loss per step), else fp32. Decided before the accelerator starts."""
+    import torch
+
+    from hf_tinytx_training.distributed import sharding
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    return "bf16" if not sharding.has_gpu() and sharding.cpu_runs_bf16_fast() else "no"
 
 
 def text_tokens(data_args) -> float | None:
@@ -75,7 +90,7 @@ def best_size(unique: float | None, tokens_of) -> tuple:
 
 
 def make_plan(unique: float | None, seconds: float | None, fixed_tokens: float | None, speeds: dict | None,
-              processes: int, explicit: frozenset) -> Plan:
+              processes: int, explicit: frozenset, mixed_precision: str = "no") -> Plan:
     """The plan for a text of `unique` tokens and a budget of `seconds` (at `speeds` tokens/s a process) or
     of `fixed_tokens` (the user's steps)."""
     if fixed_tokens is not None:
@@ -88,9 +103,9 @@ def make_plan(unique: float | None, seconds: float | None, fixed_tokens: float |
     if fixed_tokens is None and "max_train_seconds" not in explicit:
         settings["max_train_seconds"] = seconds
     settings = {name: value for name, value in settings.items() if name not in explicit}
-    return Plan(size.name, size.parameters(settings.get("vocab_size", VOCAB)), settings.get("vocab_size", VOCAB),
-                unique, seconds if fixed_tokens is None else None, tokens,
-                speeds[size.name] * processes if speeds else None, loss, settings)
+    vocab = settings.get("vocab_size", VOCAB)
+    return Plan(size.name, size.parameters(vocab), vocab, unique,
+                seconds if fixed_tokens is None else None, tokens, speeds[size.name] * processes if speeds else None, loss, settings, mixed_precision)
 
 
 def budget(train_args, data_args, processes: int) -> tuple[float | None, float | None]:
@@ -110,9 +125,11 @@ def plan_run(model_args, data_args, train_args, explicit: frozenset, processes: 
     if fixed is None:
         from hf_tinytx_training.plan.speed import measure
 
-        speeds = measure(VOCAB, train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps,
-                         data_args.block_size or BLOCK, RECIPE, device, train_args.mixed_precision == "bf16")
-    return make_plan(text_tokens(data_args), seconds, fixed, speeds, processes, explicit)
+        batch = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
+        speeds = measure(VOCAB, batch, data_args.block_size or BLOCK, RECIPE, device,
+                         train_args.mixed_precision == "bf16")
+    return make_plan(text_tokens(data_args), seconds, fixed, speeds, processes, explicit,
+                     train_args.mixed_precision)
 
 
 def apply(plan: Plan, *parts) -> None:
@@ -131,8 +148,8 @@ def from_dict(values: dict) -> Plan:
         by_name(plan.size)
     except (TypeError, KeyError):
         raise UserInputError(
-            "The checkpoint's plan was made by another version of hf_tinytx; resume with that version, or give "
-            "the sizes it recorded (training_args.json) as flags."
+            "The checkpoint's plan was made by another version of hf_tinytx; resume with that version, or "
+            "give the sizes it recorded (training_args.json) as flags."
         ) from None
     return plan
 

@@ -26,9 +26,9 @@ class Size:
 
     def flags(self) -> dict:
         """pretrain.py's flags that build this size."""
-        return {"model_preset": self.preset, "hidden_size": self.hidden, "intermediate_size": self.intermediate,
-                "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
-                "num_key_value_heads": self.heads}
+        return {"model_preset": self.preset, "hidden_size": self.hidden,
+                "intermediate_size": self.intermediate, "num_hidden_layers": self.layers,
+                "num_attention_heads": self.heads, "num_key_value_heads": self.heads}
 
 
 LADDER = (

@@ -1,5 +1,6 @@
 """How many tokens a second this machine trains each size at: a few real steps (forward, backward, the
-run's optimizer) of the smallest sizes, then the larger ones by their arithmetic from the two largest measured.
+run's optimizer) of the smallest sizes, then the larger ones by their arithmetic from the two largest
+measured.
 Measuring stops once it has taken MEASURE_SECONDS, so a slow machine spends seconds here, not minutes."""
 
 import time
@@ -56,12 +57,14 @@ def measure(vocab: int, batch: int, block: int, recipe: dict, device, bf16: bool
     for size in LADDER:
         if len(measured) >= 2 and time.perf_counter() - started > MEASURE_SECONDS:
             break
-        measured[size.name] = batch * block / step_seconds(size, vocab, batch, block, train_args, device, bf16)
+        seconds = step_seconds(size, vocab, batch, block, train_args, device, bf16)
+        measured[size.name] = batch * block / seconds
     (low, low_speed), (high, high_speed) = [(size, measured[size.name]) for size in LADDER
                                             if size.name in measured][-2:]
     low_flops, high_flops = (flops_per_token(size, vocab, block) for size in (low, high))
     per_flop = max((1 / high_speed - 1 / low_speed) / (high_flops - low_flops), 1e-18)
     speeds = dict(measured)
     for size in LADDER[len(measured):]:
-        speeds[size.name] = 1 / (1 / high_speed + per_flop * (flops_per_token(size, vocab, block) - high_flops))
+        more_flops = flops_per_token(size, vocab, block) - high_flops
+        speeds[size.name] = 1 / (1 / high_speed + per_flop * more_flops)
     return speeds

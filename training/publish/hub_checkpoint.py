@@ -163,7 +163,8 @@ def state_on_hub(resume_from: str | None, own_repo: str, token: str | None) -> d
     from huggingface_hub import hf_hub_download
 
     with hub_errors(resume_from, token):
-        path = hf_hub_download(repo_id, f"{LAST}/{checkpoints.STATE_FILE}", revision=found.revision, token=token)
+        path = hf_hub_download(repo_id, f"{LAST}/{checkpoints.STATE_FILE}", revision=found.revision,
+                               token=token)
     return checkpoints.read_json(path)
 
 

@@ -72,7 +72,8 @@ def test_repeated_text_counts_less():
     assert law.effective_tokens(1e5, 2e5) == 1e5
     assert law.effective_tokens(1e5, None) == 1e5
     assert 2e5 < law.effective_tokens(4e5, 2e5) < 4e5
-    assert law.effective_tokens(1e9, 2e5) == pytest.approx(2e5 * (1 + law.REPEATS))  # reading more adds nothing
+    # past many passes, reading more adds nothing
+    assert law.effective_tokens(1e9, 2e5) == pytest.approx(2e5 * (1 + law.REPEATS))
 
 
 def test_a_plan_from_another_version_is_refused_in_one_line():
@@ -83,8 +84,8 @@ def test_a_plan_from_another_version_is_refused_in_one_line():
 
 
 def run(args, tmp_path, **kwargs):
-    return subprocess.run([sys.executable, PRETRAIN, *map(str, args)], cwd=tmp_path, env=pretrain_env(tmp_path),
-                          capture_output=True, text=True, timeout=600, **kwargs)
+    return subprocess.run([sys.executable, PRETRAIN, *map(str, args)], cwd=tmp_path,
+                          env=pretrain_env(tmp_path), capture_output=True, text=True, timeout=600, **kwargs)
 
 
 def plan_line(output: str) -> str:
