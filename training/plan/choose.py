@@ -105,7 +105,8 @@ def make_plan(unique: float | None, seconds: float | None, fixed_tokens: float |
     settings = {name: value for name, value in settings.items() if name not in explicit}
     vocab = settings.get("vocab_size", VOCAB)
     return Plan(size.name, size.parameters(vocab), vocab, unique,
-                seconds if fixed_tokens is None else None, tokens, speeds[size.name] * processes if speeds else None, loss, settings, mixed_precision)
+                seconds if fixed_tokens is None else None, tokens,
+                speeds[size.name] * processes if speeds else None, loss, settings, mixed_precision)
 
 
 def budget(train_args, data_args, processes: int) -> tuple[float | None, float | None]:
