@@ -854,13 +854,14 @@ def test_the_checkpoint_state_reads_back_and_one_without_a_field_is_refused_in_o
         "seed": 42, "block_size": 64, "global_batch": 8, "gradient_accumulation_steps": 1, "num_processes": 1,
     }
     written = {"step": 6, "epoch": 1, "batch_in_epoch": 3, "run_signature": signature, "planned_steps": 8,
-               "train_seconds": 2.5, "trained_seconds": 4.0, "launches": 2, "torch_threads": 2}
+               "train_seconds": 2.5, "trained_seconds": 4.0, "launches": 2, "torch_threads": 2,
+               "plan": {"size": "micro"}}
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
     state = checkpoints.read_training_state(str(tmp_path))
     assert dataclasses.asdict(state) == written
 
     # a checkpoint of before they were recorded: one launch
-    del written["trained_seconds"], written["launches"], written["torch_threads"]
+    del written["trained_seconds"], written["launches"], written["torch_threads"], written["plan"]
     (tmp_path / checkpoints.STATE_FILE).write_text(json.dumps(written))
     assert (checkpoints.read_training_state(str(tmp_path)).launches, state.launches) == (1, 2)
 
