@@ -3,7 +3,8 @@
     (a) planned   --train_file and --max_train_seconds alone: the run plans itself
     (b) defaults  the run before plans existed: the micro model and its recipe, on the same clock
     (t) tuned     benchmarks/shakespeare.py's recipe (2.2M parameters, tuned on Tiny Shakespeare at 160 s)
-    (c) grid      a few sizes of the ladder with the planner's recipe, the best of them
+    (c) grid      the best of: sizes of the ladder with the planner's recipe, the tuned recipe, and the
+                  planned size at two other Muon learning rates
 
     python -m benchmarks.planned_runs                              # Tiny Shakespeare, 160 s
     python -m benchmarks.planned_runs --budgets 160 600 --text my.txt
@@ -30,17 +31,22 @@ from hf_tinytx_training.plan.ladder import by_name
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "training" / "pretrain.py"
 QUIET = ["--num_probes_per_kind", "0", "--num_samples", "0", "--eval_steps", str(10**9)]
-GRID = ("128x4", "192x4", "256x5")
+GRID = ("96x3", "128x4", "256x5")  # with the planner's recipe; 192x4 with it is the tuned recipe
+RATES = ("1e-2", "3e-2")  # Muon's rate tried on the size the plan chose (the recipe's: 2e-2)
 
 
-def arms() -> dict[str, list[str]]:
-    """Each arm's flags (before the data, the budget and the output folder)."""
-    grid = {}
-    for name in GRID:
-        size = by_name(name)
-        grid[f"grid {name}"] = [part for flag, value in size.flags().items()
-                                for part in (f"--{flag}", str(value))]
-    return {"planned": [], "defaults": ["--model_preset", "micro"], "tuned": default_flags(), **grid}
+def size_flags(name: str) -> list[str]:
+    return [part for flag, value in by_name(name).flags().items() for part in (f"--{flag}", str(value))]
+
+
+def arms(planned_size: str | None = None) -> dict[str, list[str]]:
+    """Each arm's flags (before the data, the budget and the output folder); the learning-rate arms once the
+    planned run has said its size."""
+    if planned_size is None:
+        return {"planned": [], "defaults": ["--model_preset", "micro"], "tuned": default_flags(),
+                **{f"grid {name}": size_flags(name) for name in GRID}}
+    return {f"grid {planned_size} muon {rate}": [*size_flags(planned_size), "--muon_learning_rate", rate]
+            for rate in RATES}
 
 
 def run_arm(flags: list[str], train: Path, validation: Path, seconds: float, work: Path) -> dict:
@@ -57,10 +63,12 @@ def run_arm(flags: list[str], train: Path, validation: Path, seconds: float, wor
     metrics = read_metrics(output / "metrics.jsonl")
     plan = next((line for line in result.stdout.splitlines() if line.startswith("Plan: ")), None)
     args = json.loads((output / "training_args.json").read_text())
+    size = args["plan"]["size"] if args.get("plan") else None
     return {"bits_per_byte": metrics["last_eval"]["bits_per_byte"], "steps": metrics["last_train"]["step"],
             "tokens": metrics["last_train"]["tokens"],
             "train_seconds": metrics["last_train"]["elapsed_seconds"],
-            "hidden_size": args["hidden_size"], "num_hidden_layers": args["num_hidden_layers"],
+            "hidden_size": args["hidden_size"], "num_hidden_layers": args["num_hidden_layers"], "size": size,
+            "mixed_precision": args["mixed_precision"],
             "wall_seconds": time.perf_counter() - start, "plan": plan}
 
 
@@ -74,22 +82,28 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="Also write the JSON here.")
     args = parser.parse_args()
     train_text, validation_text = split_text(Path(args.text).read_text(encoding="utf-8"), 0.1)
-    chosen = {name: flags for name, flags in arms().items() if not args.arms or name in args.arms}
     results = []
     with tempfile.TemporaryDirectory(prefix="planned_runs_") as tmp:
         work = Path(tmp)
         (work / "train.txt").write_text(train_text, encoding="utf-8")
         (work / "validation.txt").write_text(validation_text, encoding="utf-8")
         for seconds in args.budgets:
-            for name, flags in chosen.items():
+            todo = arms()
+            while todo:
+                name, flags = next(iter(todo.items()))
+                del todo[name]
+                if args.arms and not any(name.startswith(arm) for arm in args.arms):
+                    continue
                 row = {"arm": name, "budget_seconds": seconds,
                        **run_arm(flags, work / "train.txt", work / "validation.txt", seconds, work)}
                 print(json.dumps(row), flush=True)
                 results.append(row)
+                if name == "planned":
+                    todo.update(arms(row["size"]))
     rows = []
     for seconds in args.budgets:
         mine = [row for row in results if row["budget_seconds"] == seconds]
-        grid = [row for row in mine if row["arm"].startswith("grid")]
+        grid = [row for row in mine if row["arm"].startswith(("grid", "tuned"))]
         best = min(grid, key=lambda row: row["bits_per_byte"]) if grid else None
         for row in mine:
             rows.append((f"{seconds:g} s | {row['arm']} ({row['hidden_size']}x{row['num_hidden_layers']})",
