@@ -38,7 +38,8 @@ hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
     plan/ladder.py       the model sizes a run on the user's data chooses between, and their recipe
     plan/law.py          the held-out loss a size reaches after so many tokens, fitted to the sweep
     plan/speed.py        tokens per second of each size on this machine, measured in a few seconds
-    plan/choose.py       the plan: the size the law predicts best in the budget; its line; a resume's read back
+    plan/choose.py       the plan: the size the law predicts best in the budget; its line; read back on
+                         resume
 
     optim/schedules.py   the run's clock (--max_train_seconds) and the learning-rate shapes over it
     optim/optimizers.py  the optimizer (AdamW, or Muon with AdamW) and the learning-rate schedule
