@@ -49,8 +49,9 @@ def arms(planned_size: str | None = None) -> dict[str, list[str]]:
             for rate in RATES}
 
 
-def run_arm(flags: list[str], train: Path, validation: Path, seconds: float, work: Path) -> dict:
-    output = work / "model"
+def run_arm(flags: list[str], train: Path, validation: Path, seconds: float, work: Path,
+            output: Path | None = None) -> dict:
+    output = output or work / "model"
     command = [sys.executable, str(PRETRAIN), *flags, *QUIET, "--train_file", str(train),
                "--validation_file", str(validation), "--max_train_seconds", str(seconds),
                "--output_dir", str(output), "--overwrite_output_dir"]
@@ -80,6 +81,8 @@ def main() -> None:
     parser.add_argument("--budgets", type=float, nargs="+", default=[160.0], help="Training seconds per run.")
     parser.add_argument("--arms", nargs="+", default=None, help="Only these arms (names as in the table).")
     parser.add_argument("--out", default=None, help="Also write the JSON here.")
+    parser.add_argument("--keep_planned", default=None,
+                        help="Keep each planned run's model folder here (DIR/160s, ...), to sample from.")
     args = parser.parse_args()
     train_text, validation_text = split_text(Path(args.text).read_text(encoding="utf-8"), 0.1)
     results = []
@@ -94,8 +97,10 @@ def main() -> None:
                 del todo[name]
                 if args.arms and not any(name.startswith(arm) for arm in args.arms):
                     continue
+                keep = Path(args.keep_planned) / f"{seconds:g}s" if args.keep_planned and name == "planned" \
+                    else None
                 row = {"arm": name, "budget_seconds": seconds,
-                       **run_arm(flags, work / "train.txt", work / "validation.txt", seconds, work)}
+                       **run_arm(flags, work / "train.txt", work / "validation.txt", seconds, work, keep)}
                 print(json.dumps(row), flush=True)
                 results.append(row)
                 if name == "planned":
