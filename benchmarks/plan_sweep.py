@@ -74,10 +74,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT),
                         help="JSON lines, one per point; points in it are skipped.")
     parser.add_argument("--jobs", type=int, default=2, help="Points run side by side (one thread each).")
+    parser.add_argument("--points", nargs="+", default=None, metavar="RUNG:TOKENS",
+                        help="These points instead of the grid, e.g. 0:250000 3:1e6 (rung 0 is micro).")
     args = parser.parse_args()
+    grid = [(int(rung), float(tokens)) for rung, tokens in (point.split(":") for point in args.points)] \
+        if args.points else GRID
     out = Path(args.out)
     done = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
-    todo = [(rung, tokens) for rung, tokens in GRID
+    todo = [(rung, tokens) for rung, tokens in grid
             if not any(row["rung"] == rung and row["tokens"] == int(tokens) for row in done)]
     todo.sort(key=lambda item: item[1] * LADDER[item[0]].parameters(1024))  # cheapest first
 
@@ -93,7 +97,8 @@ def main() -> None:
     rows = [(f"{LADDER[row['rung']].name} at {row['tokens'] / 1e6:g}M tokens", f"{row['bits_per_byte']:.4f}")
             for row in sorted(done, key=lambda row: (row["rung"], row["tokens"]))]
     fitted = law.fit([(row["parameters"], row["tokens"], row["eval_loss"]) for row in done], law.SWEEP_UNIQUE)
-    constants = json.dumps({name: round(value, 4) for name, value in fitted.items()})
+    constants = json.dumps({name: round(value, 4) for name, value in fitted.items()}) if fitted \
+        else "too few points to fit"
     rows.append(("law (training/plan/law.py's FITTED)", constants))
     print_report(rows, {"benchmark": "plan_sweep", "points": done, "law": fitted})
 

@@ -65,10 +65,12 @@ def run_arm(flags: list[str], train: Path, validation: Path, seconds: float, wor
     plan = next((line for line in result.stdout.splitlines() if line.startswith("Plan: ")), None)
     args = json.loads((output / "training_args.json").read_text())
     size = args["plan"]["size"] if args.get("plan") else None
+    config = json.loads((output / "config.json").read_text())  # the model as built (a preset's sizes too)
     return {"bits_per_byte": metrics["last_eval"]["bits_per_byte"], "steps": metrics["last_train"]["step"],
             "tokens": metrics["last_train"]["tokens"],
             "train_seconds": metrics["last_train"]["elapsed_seconds"],
-            "hidden_size": args["hidden_size"], "num_hidden_layers": args["num_hidden_layers"], "size": size,
+            "hidden_size": config["hidden_size"], "num_hidden_layers": config["num_hidden_layers"],
+            "size": size,
             "mixed_precision": args["mixed_precision"],
             "wall_seconds": time.perf_counter() - start, "plan": plan}
 

@@ -316,3 +316,29 @@ def test_hub_checkpoint_times_training_with_and_without_pushing_checkpoints(tmp_
             "plain_steps_per_second", "pushed_steps_per_second"} <= set(s)
     assert "| 1 | plain |" in (tmp_path / "hub.txt").read_text()
     assert json.loads((tmp_path / "hub.json").read_text())["summary"] == s
+
+
+def test_plan_sweep_trains_each_point_in_fixed_tokens_and_fits_the_law(tmp_path):
+    text, out = tmp_path / "play.txt", tmp_path / "sweep.jsonl"
+    write_play(text)
+    points = ["0:4096", "0:8192", "1:4096", "1:8192"]
+    command = python("plan_sweep.py", "--text", text, "--out", out, "--jobs", "1", "--points", *points)
+    result = run_script(command, tmp_path, timeout=300)
+    summary = final_json(result.stdout)
+    assert summary["benchmark"] == "plan_sweep" and len(summary["points"]) == 4
+    assert [row["steps"] for row in summary["points"]] == [2, 4, 2, 4]  # 2,048 tokens a step
+    assert len(out.read_text().splitlines()) == 4  # kept, so a stopped sweep goes on
+    assert "law (training/plan/law.py's FITTED)" in result.stdout
+
+
+def test_planned_runs_compares_the_planned_run_with_the_defaults(tmp_path):
+    text = tmp_path / "play.txt"
+    write_play(text)
+    result = run_script(python("planned_runs.py", "--text", text, "--budgets", "3", "--arms", "planned",
+                               "defaults", "--keep_planned", tmp_path / "kept"), tmp_path, timeout=300)
+    summary = final_json(result.stdout)
+    runs = {row["arm"]: row for row in summary["runs"]}
+    assert set(runs) == {"planned", "defaults"}
+    assert runs["planned"]["plan"].startswith("Plan: ") and runs["defaults"]["plan"] is None
+    assert runs["defaults"]["hidden_size"] == 64  # the micro model
+    assert (tmp_path / "kept" / "3s" / "model.safetensors").is_file()

@@ -34,7 +34,7 @@ def predicted_loss(parameters: float, tokens: float, unique: float | None, law: 
     return law["E"] + law["A"] / parameters ** law["alpha"] + law["B"] / seen ** law["beta"]
 
 
-def fit(points: list[tuple[float, float, float]], unique: float) -> dict:
+def fit(points: list[tuple[float, float, float]], unique: float) -> dict | None:
     """The law's constants by least squares on (parameters, tokens, loss) of one text of `unique` tokens: for
     each pair of exponents on a grid, E, A and B are a linear fit; the pair of least error whose E, A and B
     are all positive wins (a negative floor fits a few points and predicts nonsense past them)."""
@@ -52,5 +52,7 @@ def fit(points: list[tuple[float, float, float]], unique: float) -> dict:
             error = ((design @ solution - loss) ** 2).mean().item()
             if (solution > 0).all() and (best is None or error < best[0]):
                 best = (error, alpha, beta, solution.tolist())
+    if best is None:  # too few points, or none that a positive law fits
+        return None
     error, alpha, beta, (e, a, b) = best
     return {"E": e, "A": a, "alpha": alpha, "B": b, "beta": beta, "rms": math.sqrt(error)}
