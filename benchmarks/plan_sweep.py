@@ -100,7 +100,11 @@ def main() -> None:
     constants = json.dumps({name: round(value, 4) for name, value in fitted.items()}) if fitted \
         else "too few points to fit"
     rows.append(("law (training/plan/law.py's FITTED)", constants))
-    print_report(rows, {"benchmark": "plan_sweep", "points": done, "law": fitted})
+    measured = {}
+    for row in sorted(done, key=lambda row: (row["rung"], row["tokens"])):
+        measured.setdefault(LADDER[row["rung"]].name, []).append((row["tokens"], round(row["eval_loss"], 4)))
+    rows.append(("measured (law.py's MEASURED)", json.dumps(measured)))
+    print_report(rows, {"benchmark": "plan_sweep", "points": done, "law": fitted, "measured": measured})
 
 
 if __name__ == "__main__":

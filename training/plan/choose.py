@@ -85,7 +85,8 @@ def best_size(unique: float | None, tokens_of) -> tuple:
     budget buys it. Sizes too large for the text are left out, the smallest never."""
     allowed = [size for size in LADDER
                if unique is None or size.parameters(VOCAB) <= PARAMETERS_PER_TOKEN * unique] or [LADDER[0]]
-    scored = [(law.predicted_loss(size.parameters(VOCAB), tokens_of(size), unique), size) for size in allowed]
+    scored = [(law.predicted_loss(size.name, size.parameters(VOCAB), tokens_of(size), unique), size)
+              for size in allowed]
     loss, size = min(scored, key=lambda pair: pair[0])
     return size, tokens_of(size), loss
 

@@ -1,12 +1,16 @@
 """The held-out loss a size reaches after `tokens` of training on a text of `unique` tokens, as the sweep
 (benchmarks/plan_sweep.py) measured it on Tiny Shakespeare:
 
-    loss = E + A / N**alpha + B / D**beta
+    loss = E + A / N**alpha + B / D**beta   (+ the sweep's own error at this size, where it measured it)
 
 N is the model's parameters, D the tokens it trained on, counted as Muennighoff et al. (2023, "Scaling
 data-constrained language models") count repeated text: each pass after the first is worth less, and past
 ~REPEATS passes more reading adds next to nothing. The sweep reads 1 MB up to 12 times, so it measures both
 the size's pull and the repetition's cost. A text larger than the tokens read repeats nothing.
+
+The law misses single points by ~0.04 nats. So where the sweep measured a size, the prediction adds the law's
+error there (interpolated in log tokens, held past the ends): at a measured point it is the measurement, and
+the law only carries it to other token counts and texts.
 """
 
 import math
@@ -18,6 +22,8 @@ SWEEP_UNIQUE = 1_003_855 / BYTES_PER_TOKEN  # the sweep's training text, in toke
 
 # Fitted by `python -m benchmarks.plan_sweep` (its "law" line) to results/plan_sweep.jsonl.
 FITTED = {"E": 0.0, "A": 0.0, "alpha": 1.0, "B": 0.0, "beta": 1.0}
+# The sweep's points, size -> ((tokens, validation loss), ...): its "measured" line.
+MEASURED: dict[str, tuple] = {}
 
 
 def effective_tokens(tokens: float, unique: float | None) -> float:
@@ -28,10 +34,30 @@ def effective_tokens(tokens: float, unique: float | None) -> float:
     return unique + unique * REPEATS * (1 - math.exp(-repeats / REPEATS))
 
 
-def predicted_loss(parameters: float, tokens: float, unique: float | None, law: dict = FITTED) -> float:
-    """Validation loss in nats per token (on a text like the sweep's)."""
+def law_loss(parameters: float, tokens: float, unique: float | None, law: dict = FITTED) -> float:
+    """The law alone, in nats per token."""
     seen = effective_tokens(tokens, unique)
     return law["E"] + law["A"] / parameters ** law["alpha"] + law["B"] / seen ** law["beta"]
+
+
+def predicted_loss(name: str, parameters: float, tokens: float, unique: float | None, law: dict = FITTED,
+                   measured: dict | None = None) -> float:
+    """Validation loss in nats per token of the size `name` (on a text like the sweep's): the law, plus its
+    error where the sweep measured this size."""
+    points = sorted((measured if measured is not None else MEASURED).get(name, ()))
+    base = law_loss(parameters, tokens, unique, law)
+    if not points:
+        return base
+    logs = [math.log(count) for count, _ in points]
+    errors = [loss - law_loss(parameters, count, SWEEP_UNIQUE, law) for count, loss in points]
+    at = math.log(tokens)
+    if at <= logs[0] or len(points) == 1:
+        return base + errors[0]
+    if at >= logs[-1]:
+        return base + errors[-1]
+    right = next(i for i, log in enumerate(logs) if log >= at)
+    share = (at - logs[right - 1]) / (logs[right] - logs[right - 1])
+    return base + errors[right - 1] + share * (errors[right] - errors[right - 1])
 
 
 def fit(points: list[tuple[float, float, float]], unique: float) -> dict | None:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_tinytx_training.plan import choose, law
+from hf_tinytx_training.plan import choose
 from hf_tinytx_training.plan.ladder import LADDER, VOCAB
 from tests.helpers.faults import KILL_MARK, run_killed_at
 from tests.helpers.tiny import REPO_ROOT, pretrain_env
@@ -66,14 +66,6 @@ def test_a_size_flag_or_no_data_means_no_plan():
     assert not choose.wanted(data, frozenset({"hidden_size"}))
     assert not choose.wanted(data, frozenset({"model_preset"}))
     assert not choose.wanted(SimpleNamespace(train_file=None, dataset_name=None), frozenset())
-
-
-def test_repeated_text_counts_less():
-    assert law.effective_tokens(1e5, 2e5) == 1e5
-    assert law.effective_tokens(1e5, None) == 1e5
-    assert 2e5 < law.effective_tokens(4e5, 2e5) < 4e5
-    # past many passes, reading more adds nothing
-    assert law.effective_tokens(1e9, 2e5) == pytest.approx(2e5 * (1 + law.REPEATS))
 
 
 def test_a_plan_from_another_version_is_refused_in_one_line():
