@@ -21,9 +21,20 @@ BYTES_PER_TOKEN = 2.26  # a 1,024-token BPE on Tiny Shakespeare (the sweep's eva
 SWEEP_UNIQUE = 1_003_855 / BYTES_PER_TOKEN  # the sweep's training text, in tokens
 
 # Fitted by `python -m benchmarks.plan_sweep` (its "law" line) to results/plan_sweep.jsonl.
-FITTED = {"E": 0.0, "A": 0.0, "alpha": 1.0, "B": 0.0, "beta": 1.0}
+FITTED = {"E": 1.4121, "A": 44.1942, "alpha": 0.34, "B": 37.2725, "beta": 0.22}  # rms error 0.045 nats
 # The sweep's points, size -> ((tokens, validation loss), ...): its "measured" line.
-MEASURED: dict[str, tuple] = {}
+MEASURED: dict[str, tuple] = {
+    "micro": ((250_000, 4.6302), (500_000, 4.2438), (1_000_000, 3.9007), (2_000_000, 3.6374),
+        (4_000_000, 3.5272)),
+    "96x3": ((250_000, 4.3173), (500_000, 4.0111), (1_000_000, 3.6889), (2_000_000, 3.4469),
+        (4_000_000, 3.3382)),
+    "128x4": ((250_000, 4.2234), (500_000, 3.9596), (1_000_000, 3.5765), (2_000_000, 3.3567),
+        (4_000_000, 3.2561)),
+    "192x4": ((250_000, 4.0909), (500_000, 3.851), (1_000_000, 3.4396), (2_000_000, 3.2727)),
+    "256x5": ((250_000, 4.0266), (500_000, 3.7559), (1_000_000, 3.3871)),
+    "320x6": ((250_000, 3.9945), (500_000, 3.7558)),
+    "384x8": ((250_000, 3.9728), (500_000, 3.7096)),
+}
 
 
 def effective_tokens(tokens: float, unique: float | None) -> float:
