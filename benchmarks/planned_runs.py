@@ -25,7 +25,8 @@ from pathlib import Path
 
 from benchmarks.report import print_report
 from benchmarks.shakespeare import DEFAULT_TEXT, default_flags, read_metrics, split_text
-from hf_tinytx_training.plan.ladder import by_name
+from hf_tinytx_training.plan.choose import precision
+from hf_tinytx_training.plan.ladder import RECIPE, VOCAB, by_name
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +37,11 @@ RATES = ("1e-2", "3e-2")  # Muon's rate tried on the size the plan chose (the re
 
 
 def size_flags(name: str) -> list[str]:
-    return [part for flag, value in by_name(name).flags().items() for part in (f"--{flag}", str(value))]
+    """A size of the ladder with the planner's recipe, as flags (a size flag turns the plan off)."""
+    recipe = {**by_name(name).flags(), "vocab_size": VOCAB, "weight_decay": 1.0,
+              "mixed_precision": precision(),
+              **{flag: value for flag, value in RECIPE.items() if flag != "optimizer"}}
+    return [part for flag, value in recipe.items() for part in (f"--{flag}", str(value))]
 
 
 def arms(planned_size: str | None = None) -> dict[str, list[str]]:
@@ -83,6 +88,8 @@ def main() -> None:
     parser.add_argument("--budgets", type=float, nargs="+", default=[160.0], help="Training seconds per run.")
     parser.add_argument("--arms", nargs="+", default=None, help="Only these arms (names as in the table).")
     parser.add_argument("--out", default=None, help="Also write the JSON here.")
+    parser.add_argument("--planned_size", default=None,
+                        help="With --arms and no planned arm: the size whose learning rates the grid tries.")
     parser.add_argument("--keep_planned", default=None,
                         help="Keep each planned run's model folder here (DIR/160s, ...), to sample from.")
     args = parser.parse_args()
@@ -93,7 +100,7 @@ def main() -> None:
         (work / "train.txt").write_text(train_text, encoding="utf-8")
         (work / "validation.txt").write_text(validation_text, encoding="utf-8")
         for seconds in args.budgets:
-            todo = arms()
+            todo = {**arms(), **(arms(args.planned_size) if args.planned_size else {})}
             while todo:
                 name, flags = next(iter(todo.items()))
                 del todo[name]

@@ -121,6 +121,7 @@ PAGES = [
                 "text' out/shakespeare/README.md",
             ),
             Step("Training on your own text", "text", skip="the plan line the command above prints"),
+            Step("Training on your own text", "text", skip="a sample the trained model wrote"),
             Step(
                 "Training on your own text", "bash", prefix=WRITE_MY_TEXTS,
                 append={"python training/pretrain.py": [*TINY_PRETRAIN_ARGS, "--max_train_steps", "4"]},
