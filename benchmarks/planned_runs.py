@@ -102,8 +102,8 @@ def main() -> None:
         for seconds in args.budgets:
             todo = {**arms(), **(arms(args.planned_size) if args.planned_size else {})}
             while todo:
-                name, flags = next(iter(todo.items()))
-                del todo[name]
+                name = next(iter(todo))  # in order; the planned run adds the learning-rate arms
+                flags = todo.pop(name)
                 if args.arms and not any(name.startswith(arm) for arm in args.arms):
                     continue
                 keep = Path(args.keep_planned) / f"{seconds:g}s" if args.keep_planned and name == "planned" \

@@ -266,7 +266,7 @@ def make_plan(model_args, data_args, train_args, explicit, accelerator, checkpoi
             threads = set_threads(None, accelerator.is_main_process, accelerator.print)
         plan = cluster.decided_by_main(accelerator, lambda: planning.plan_run(
             model_args, data_args, train_args, explicit, accelerator.num_processes, accelerator.device))
-    planning.apply(plan, model_args, data_args, train_args)
+    planning.apply(plan, explicit, model_args, data_args, train_args)
     accelerator.print(plan.line())
     return plan, threads
 

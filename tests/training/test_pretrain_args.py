@@ -46,6 +46,8 @@ OUT_FILES = {
 # case's folder, the run's working folder. Refused by `preflight`, before torch loads:
 REFUSED_EARLY = {
     "empty_dataset_file": (["--train_file", "empty.jsonl"], ["empty", "--train_file"]),
+    # Before: --plan_only on a run that plans nothing trained it in full.
+    "plan_only_without_a_plan": (["--plan_only"], ["--plan_only prints the plan", "--train_file"]),
     "missing_file": (["--train_file", "nope/*.jsonl"], ["matches no file", "Check the path"]),
     # Before (issue 69): "ValueError ... (unexpected ...)" once torch had loaded, or taken as 0.
     "negative_seed": (["--seed", "-1"], ["--seed must be a whole number from 0 to 2**32 - 1, got -1"]),

@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from hf_tinytx_training.data.files import matching_files
+from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.plan import law
 from hf_tinytx_training.plan.ladder import BLOCK, LADDER, RECIPE, VOCAB, by_name
 
@@ -14,7 +15,6 @@ from hf_tinytx_training.plan.ladder import BLOCK, LADDER, RECIPE, VOCAB, by_name
 # Any of these means the user sized the model: no plan.
 SIZE_FLAGS = frozenset({"model_preset", "model_config", "init_from", "hidden_size", "intermediate_size",
                         "num_hidden_layers", "num_attention_heads", "num_key_value_heads"})
-STEP_FLAGS = ("max_train_steps", "max_train_tokens")
 DEFAULT_SECONDS = 300.0  # the budget of a planned run given neither seconds nor steps
 # No size above this many parameters per token of text: the most the sweep measured (320x6 on 1 MB), past
 # which the law would extrapolate blind (on a paragraph it would pick the largest size: all read it as often).
@@ -35,7 +35,8 @@ class Plan:
     settings: dict  # the flags the plan set (never one the user gave)
     mixed_precision: str = "no"  # this machine's choice (`precision`): a resume elsewhere may differ
 
-    def line(self) -> str:
+    def summary(self) -> str:
+        """What the plan chose and expects, in one sentence (the card's line)."""
         text = (f"{self.tokens / self.text_tokens:.1f} passes over ~{self.text_tokens / 1e6:.2f}M tokens"
                 if self.text_tokens else "a text of unknown size")
         speed = (f" in {self.seconds:g} s at {self.tokens_per_second:,.0f} tokens/s measured"
@@ -45,8 +46,11 @@ class Plan:
         return (f"Plan: {self.size} ({self.parameters / 1e6:.2f}M parameters{bf16}), "
                 f"vocabulary {self.vocab:,}; "
                 f"{self.tokens / 1e6:.2f}M tokens{speed} ({text}); predicted validation loss "
-                f"{self.predicted_loss:.2f} ({bits:.2f} bits/byte on text like Tiny Shakespeare). "
-                "--plan_only prints this and stops; a size flag replaces it.")
+                f"{self.predicted_loss:.2f} ({bits:.2f} bits/byte on text like Tiny Shakespeare).")
+
+    def line(self) -> str:
+        """The summary as the run prints it, with what the user can do about it."""
+        return f"{self.summary()} --plan_only prints this and stops; a size flag replaces it."
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +59,16 @@ class Plan:
 def wanted(data_args, explicit: frozenset) -> bool:
     """A run on the user's data with no size of the user's."""
     return bool(data_args.train_file or data_args.dataset_name) and not (SIZE_FLAGS & explicit)
+
+
+def refuse_plan_only_without_a_plan(data_args, train_args, explicit: frozenset) -> None:
+    """--plan_only on a run that makes no plan would train instead of printing one."""
+    if train_args.plan_only and not wanted(data_args, explicit):
+        raise UserInputError(
+            "--plan_only prints the plan of a run on your own data, and this run makes none; give "
+            "--train_file or --dataset_name and leave out the size flags (--model_preset, --hidden_size, "
+            "...)."
+        )
 
 
 def precision() -> str:
@@ -135,25 +149,36 @@ def plan_run(model_args, data_args, train_args, explicit: frozenset, processes: 
                      train_args.mixed_precision)
 
 
-def apply(plan: Plan, *parts) -> None:
-    """Sets each of the plan's flags on the dataclass that has it."""
+def apply(plan: Plan, explicit: frozenset, *parts) -> None:
+    """Sets each of the plan's flags on the dataclass that has it, unless the user gave it (a resume whose
+    flags differ from the recorded plan's is then refused by the checkpoint's own checks, in one line)."""
     for name, value in plan.settings.items():
+        if name in explicit:
+            continue
         owner = next(part for part in parts if hasattr(part, name))
         setattr(owner, name, value)
 
 
-def from_dict(values: dict) -> Plan:
-    """A recorded plan, refused in one line when this version cannot read it."""
-    from hf_tinytx_training.errors import UserInputError
+# What a recorded plan may set: a checkpoint from the Hub is not trusted to set any other flag.
+PLANNED_FLAGS = frozenset({*LADDER[0].flags(), "vocab_size", "weight_decay", "max_train_seconds",
+                           *(name for name in RECIPE if name != "optimizer")})
 
+
+def from_dict(values: dict) -> Plan:
+    """A recorded plan, refused in one line when this version cannot read it or it sets other flags."""
     try:
         plan = Plan(**values)
         by_name(plan.size)
+        values_ok = all(isinstance(value, (int, float, str)) and not isinstance(value, bool)
+                        for value in plan.settings.values())
+        settings_ok = set(plan.settings) <= PLANNED_FLAGS and values_ok
     except (TypeError, KeyError):
+        settings_ok = False
+    if not settings_ok:
         raise UserInputError(
-            "The checkpoint's plan was made by another version of hf_tinytx; resume with that version, or "
-            "give the sizes it recorded (training_args.json) as flags."
-        ) from None
+            "The checkpoint's plan was made by another version of hf_tinytx, or sets flags no plan sets; "
+            "resume with that version, or give the sizes it recorded (training_args.json) as flags."
+        )
     return plan
 
 
@@ -163,15 +188,12 @@ def recorded(resume_from: str | None, checkpoints_dir: str, own_repo: str, token
     from hf_tinytx_training import checkpoints
     from hf_tinytx_training.publish import hub_checkpoint
 
-    folders = [checkpoints.Layout(checkpoints_dir).path(step)
-               for step in reversed(checkpoints.Layout(checkpoints_dir).steps())]
-    if resume_from and os.path.isdir(resume_from):
-        folders.insert(0, resume_from)
-    for folder in folders:
-        try:
-            saved = checkpoints.read_json(os.path.join(folder, checkpoints.STATE_FILE)).get("plan")
-        except (OSError, ValueError, AttributeError):
-            continue  # a damaged checkpoint: find_resumable names it
+    # the checkpoint a local resume would pick (checksums verified), quietly: the resume says what it skips
+    local = None if hub_checkpoint.hub_reference(resume_from, own_repo) else resume_from
+    layout = checkpoints.Layout(checkpoints_dir)
+    folder = checkpoints.find_resumable(local or "latest", layout, lambda _: None)
+    if folder:
+        saved = checkpoints.read_training_state(folder).plan
         if saved:
             return from_dict(saved)
     state = hub_checkpoint.state_on_hub(resume_from, own_repo, token)

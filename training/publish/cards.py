@@ -107,7 +107,7 @@ def card_context(run, metrics: dict, probe_results) -> dict:
         "global_batch_size": run.tokens_per_step // data_args.block_size,
         "block_size": data_args.block_size,
         "hyperparameters": args_to_dict(train_args),
-        "plan": run.plan and run.plan.line().split(" --plan_only")[0],
+        "plan": run.plan and run.plan.summary(),
         "hardware": hardware_description(
             run.accelerator.num_processes, run.accelerator.device.type, run.threads
         ),

@@ -55,9 +55,23 @@ def test_the_users_flags_win():
                             num_hidden_layers=None, num_attention_heads=None, num_key_value_heads=None)
     train = SimpleNamespace(weight_decay=0.3, learning_rate=1e-3, muon_learning_rate=None, num_warmup_steps=5,
                             max_train_seconds=60.0)
-    choose.apply(plan, model, SimpleNamespace(), train)
+    choose.apply(plan, explicit, model, SimpleNamespace(), train)
     assert (model.vocab_size, train.weight_decay, train.learning_rate) == (4096, 0.3, 1e-3)
     assert model.hidden_size is not None and train.num_warmup_steps == 30
+    # a recorded plan (a resume) sets every flag it holds but those the user gives now
+    recorded = choose.make_plan(4e5, 60.0, None, SPEEDS, 1, frozenset())
+    train.learning_rate = 1e-3
+    choose.apply(recorded, frozenset({"learning_rate"}), model, SimpleNamespace(), train)
+    assert (train.learning_rate, train.weight_decay) == (1e-3, recorded.settings["weight_decay"])
+
+
+def test_without_seconds_or_steps_a_planned_run_takes_the_default_budget():
+    train = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=1,
+                            max_train_steps=None, max_train_tokens=None, max_train_seconds=0.0)
+    data = SimpleNamespace(block_size=128)
+    assert choose.budget(train, data, 1) == (choose.DEFAULT_SECONDS, None) == (300.0, None)
+    train.max_train_steps = 10
+    assert choose.budget(train, data, 2) == (None, 10 * 16 * 2 * 128)
 
 
 def test_a_size_flag_or_no_data_means_no_plan():
@@ -73,6 +87,12 @@ def test_a_plan_from_another_version_is_refused_in_one_line():
 
     with pytest.raises(UserInputError, match="another version of hf_tinytx"):
         choose.from_dict({"size": "huge", "unknown_field": 1})
+    # a checkpoint (from the Hub, say) whose plan would set a flag no plan sets
+    planted = choose.make_plan(4e5, 60.0, None, SPEEDS, 1, frozenset()).to_dict()
+    assert choose.from_dict(planted).settings == planted["settings"]
+    planted["settings"] = {**planted["settings"], "output_dir": "/somewhere/else"}
+    with pytest.raises(UserInputError, match="sets flags no plan sets"):
+        choose.from_dict(planted)
 
 
 def run(args, tmp_path, **kwargs):
