@@ -35,6 +35,7 @@ hf_tinytx_training.pretrain` or `python training/pretrain.py`. By job:
     model/cpu_training.py two speed paths on a CPU: RMSNorm with its backward written out, bf16 attention in
                           fp32
 
+    plan/flags.py        which runs plan themselves (your data, no size flag), and --plan_only's check
     plan/ladder.py       the model sizes a run on the user's data chooses between, and their recipe
     plan/law.py          the held-out loss a size reaches after so many tokens, fitted to the sweep
     plan/speed.py        tokens per second of each size on this machine, measured in a few seconds

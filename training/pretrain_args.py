@@ -22,7 +22,7 @@ from hf_tinytx_training.distributed.cluster import refuse_lone_process
 from hf_tinytx_training.errors import UserInputError
 from hf_tinytx_training.model.config_file import config_file_path, read_config_file
 from hf_tinytx_training.optim.schedules import CLOCK_SHAPES
-from hf_tinytx_training.plan import choose as planning
+from hf_tinytx_training.plan.flags import refuse_plan_only_without_a_plan
 from hf_tinytx_training.publish.hub_checkpoint import OWN_REPO, STRATEGIES, WHOLE
 from hf_tinytx_training.publish.output_dir import check_output_dir
 
@@ -207,7 +207,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         args=argv, look_for_args_file=False
     )
     check_args(model_args, data_args, train_args)
-    planning.refuse_plan_only_without_a_plan(data_args, train_args, explicit)
+    refuse_plan_only_without_a_plan(data_args, train_args, explicit)
     if train_args.push_to_hub:
         train_args.hub_model_id = hub_repo_id(train_args.hub_model_id, train_args.output_dir)
     if train_args.hub_private_repo is None:  # a whole checkpoint holds the run's data position and RNG

@@ -50,6 +50,7 @@ from hf_tinytx_training.model.config import check_model_builds, load_model_confi
 from hf_tinytx_training.optim.optimizers import chosen_optimizer, make_optimizer, make_schedule
 from hf_tinytx_training.optim.schedules import Clock
 from hf_tinytx_training.plan import choose as planning
+from hf_tinytx_training.plan import flags as plan_flags
 from hf_tinytx_training.pretrain_args import (
     DataArguments,
     ModelArguments,
@@ -182,7 +183,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
     output_dir = os.path.abspath(train_args.output_dir)
     checkpoints_dir = os.path.join(output_dir, "checkpoints")
     model_config, sharded_by = check_inputs(model_args, data_args, train_args, output_dir)
-    if planning.wanted(data_args, explicit) and "mixed_precision" not in explicit:
+    if plan_flags.wanted(data_args, explicit) and "mixed_precision" not in explicit:
         train_args.mixed_precision = planning.precision()  # before the accelerator, which fixes it
     accelerator, own_fsdp2 = start_accelerator(model_args, train_args, output_dir, model_config, sharded_by)
     cluster.check_shared_folder(output_dir, accelerator.num_processes, accelerator.is_main_process)
@@ -190,7 +191,7 @@ def setup(model_args, data_args, train_args, explicit: frozenset = frozenset()) 
 
     threads = None  # a GPU run keeps torch's count: its threads only feed the GPU
     plan = None
-    if planning.wanted(data_args, explicit):
+    if plan_flags.wanted(data_args, explicit):
         plan, threads = make_plan(model_args, data_args, train_args, explicit, accelerator, checkpoints_dir)
         model_config = load_model_config(model_args)
         if train_args.plan_only:

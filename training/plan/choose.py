@@ -12,9 +12,6 @@ from hf_tinytx_training.plan import law
 from hf_tinytx_training.plan.ladder import BLOCK, LADDER, RECIPE, VOCAB, by_name
 
 
-# Any of these means the user sized the model: no plan.
-SIZE_FLAGS = frozenset({"model_preset", "model_config", "init_from", "hidden_size", "intermediate_size",
-                        "num_hidden_layers", "num_attention_heads", "num_key_value_heads"})
 DEFAULT_SECONDS = 300.0  # the budget of a planned run given neither seconds nor steps
 # No size above this many parameters per token of text: the most the sweep measured (320x6 on 1 MB), past
 # which the law would extrapolate blind (on a paragraph it would pick the largest size: all read it as often).
@@ -54,21 +51,6 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def wanted(data_args, explicit: frozenset) -> bool:
-    """A run on the user's data with no size of the user's."""
-    return bool(data_args.train_file or data_args.dataset_name) and not (SIZE_FLAGS & explicit)
-
-
-def refuse_plan_only_without_a_plan(data_args, train_args, explicit: frozenset) -> None:
-    """--plan_only on a run that makes no plan would train instead of printing one."""
-    if train_args.plan_only and not wanted(data_args, explicit):
-        raise UserInputError(
-            "--plan_only prints the plan of a run on your own data, and this run makes none; give "
-            "--train_file or --dataset_name and leave out the size flags (--model_preset, --hidden_size, "
-            "...)."
-        )
 
 
 def precision() -> str:

@@ -74,14 +74,6 @@ def test_without_seconds_or_steps_a_planned_run_takes_the_default_budget():
     assert choose.budget(train, data, 2) == (None, 10 * 16 * 2 * 128)
 
 
-def test_a_size_flag_or_no_data_means_no_plan():
-    data = SimpleNamespace(train_file="a.txt", dataset_name=None)
-    assert choose.wanted(data, frozenset({"max_train_seconds"}))
-    assert not choose.wanted(data, frozenset({"hidden_size"}))
-    assert not choose.wanted(data, frozenset({"model_preset"}))
-    assert not choose.wanted(SimpleNamespace(train_file=None, dataset_name=None), frozenset())
-
-
 def test_a_plan_from_another_version_is_refused_in_one_line():
     from hf_tinytx_training.errors import UserInputError
 
