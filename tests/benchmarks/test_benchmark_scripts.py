@@ -19,7 +19,7 @@ from hf_tinytx import modeling_tinytx
 from hf_tinytx.modeling_tinytx import TinyTxRMSNorm
 from hf_tinytx_training.distributed.sharding import cpu_runs_bf16_fast
 from tests.helpers.engines import require_llama_cpp
-from tests.helpers.tiny import REPO_ROOT, pretrain_env
+from tests.helpers.tiny import REPO_ROOT, TINY_PRETRAIN_ARGS, pretrain_env
 
 
 pytestmark = pytest.mark.deep
@@ -342,3 +342,15 @@ def test_planned_runs_compares_the_planned_run_with_the_defaults(tmp_path):
     assert runs["planned"]["plan"].startswith("Plan: ") and runs["defaults"]["plan"] is None
     assert runs["defaults"]["hidden_size"] == 64  # the micro model
     assert (tmp_path / "kept" / "3s" / "model.safetensors").is_file()
+
+
+def test_busy_machine_runs_the_quick_start_idle_and_beside_busy_loops(tmp_path):
+    flags = ["--loops", "1", "--", *TINY_PRETRAIN_ARGS, "--max_train_steps", "6",
+             "--num_probes_per_kind", "0", "--num_samples", "0"]
+    result = run_script(python("busy_machine.py", *flags), tmp_path, timeout=300)
+    summary = final_json(result.stdout)
+    assert [(row["loops"], row["steps"]) for row in summary["runs"]] == [(0, 6), (1, 6)]
+    assert all(isinstance(row["threads"], int) and row["threads"] >= 1 for row in summary["runs"])
+    assert set(summary["wall_ratio"]) == {"1"} and summary["wall_ratio"]["1"] > 0
+    ratio_row = r"^beside 1 busy loops / idle *\| x\d+\.\d\d wall"
+    assert re.search(ratio_row, result.stdout, re.MULTILINE), result.stdout

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .launch import KILL_MARK  # noqa: F401  (re-exported: callers read it here)
 from .processes import in_group
+from .tiny import pretrain_env
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -248,6 +249,17 @@ def silent_server() -> SilentServer:
     """`with silent_server() as server:` point a client at `server.url`; it
     connects, sends, and waits forever."""
     return SilentServer()
+
+
+def silent_hub_env(server: SilentServer, tmp_path) -> dict:
+    """A run's environment with `server` as its Hub and a fresh token (none of the host's)."""
+    env = {
+        k: v for k, v in pretrain_env(tmp_path).items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB"))
+    }
+    env.update(HF_ENDPOINT=server.url, HF_TOKEN="hf_silent" + os.urandom(16).hex(), HF_HUB_OFFLINE="0",
+               TRANSFORMERS_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost",
+               no_proxy="127.0.0.1,localhost")
+    return env
 
 
 def relabel_dtype(path, old: str = "F32", new: str = "I32") -> None:

@@ -23,6 +23,8 @@ from tests.helpers.tiny import (
 
 
 FINETUNE = REPO_ROOT / "training" / "finetune.py"
+# called once a step by both scripts: a signal after call N lands in step N
+STEP = "accelerate.Accelerator.backward"
 
 
 @dataclasses.dataclass
