@@ -1,4 +1,4 @@
-"""The sweep the run's planner learns from (training/planning.py): held-out bits per byte of each model of
+"""The sweep the run's planner learns from (training/plan/): held-out bits per byte of each model of
 the planner's ladder after a fixed number of training tokens.
 
     python -m benchmarks.plan_sweep               # the grid below on ../shared/data/tinyshakespeare.txt
