@@ -90,9 +90,7 @@ def main() -> None:
     summary = {"benchmark": "busy_machine", "cores": len(os.sched_getaffinity(0)), "runs": runs,
                "wall_ratio": {str(loops): round(ratio, 3) for loops, ratio in ratios.items()},
                "command": "python -m benchmarks.busy_machine " + " ".join(sys.argv[1:])}
-    if args.out:
-        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
-    print_report(rows, summary)
+    print_report(rows, summary, args.out)
 
 
 if __name__ == "__main__":

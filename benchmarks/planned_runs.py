@@ -128,9 +128,7 @@ def main() -> None:
                          f"{best['arm']}: {best['bits_per_byte']:.4f}"))
     summary = {"benchmark": "planned_runs", "text": args.text, "runs": results,
                "command": "python -m benchmarks.planned_runs " + " ".join(sys.argv[1:])}
-    if args.out:
-        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
-    print_report(rows, summary)
+    print_report(rows, summary, args.out)
 
 
 if __name__ == "__main__":
