@@ -6,9 +6,9 @@
     python -m benchmarks.busy_machine --loops 1 2 --repeats 3 -- --max_train_steps 500
 
 Each run is the real script in its own folder. Per run: the wall time to the saved model, the training's
-tokens/s, and the CPU threads the run chose (its checkpoint records them). The ratio of each busy run to the
-idle run of its round; the median of those ratios. Flags after `--` go to training/pretrain.py. Prints a
-table and one JSON line; --out keeps the JSON.
+tokens/s, and the CPU threads the run chose (its training_args.json records them). The ratio of each busy
+run to the idle run of its round; the median of those ratios. Flags after `--` go to training/pretrain.py.
+Prints a table and one JSON line; --out keeps the JSON.
 """
 
 import argparse
@@ -44,9 +44,7 @@ def run_once(flags: list[str], output: Path) -> dict:
         raise SystemExit(f"busy_machine.py: error: pretrain.py failed:\n{result.stdout[-2000:]}"
                          f"{result.stderr[-3000:]}")
     train = read_metrics(output / "metrics.jsonl")["last_train"]
-    states = sorted((output / "checkpoints").glob("step_*/trainer_state.json"),
-                    key=lambda path: int(path.parent.name[5:]))
-    threads = json.loads(states[-1].read_text()).get("torch_threads") if states else None
+    threads = json.loads((output / "training_args.json").read_text()).get("torch_threads")
     return {"wall_seconds": round(wall, 2), "train_seconds": train["elapsed_seconds"],
             "steps": train["step"], "tokens_per_second": round(train["tokens"] / train["elapsed_seconds"]),
             "threads": threads}
