@@ -31,6 +31,34 @@ def pytest_configure(config):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The deep stage's longest files, longest first (seconds in CI's --durations, 2026-12-07). With
+# --dist loadfile a file runs whole on one worker; handed out last, a long one leaves the other worker idle
+# at the end. pyproject.toml's --no-loadscope-reorder keeps this order (xdist would sort by test count).
+LONGEST_FIRST = (
+    "tests/benchmarks/test_benchmark_scripts.py",  # 291
+    "tests/training/test_interruptions.py",  # 236
+    "tests/training/distributed/test_cluster.py",  # 228
+    "tests/training/distributed/test_scale_out.py",  # 208
+    "tests/kill_campaign/test_kill_campaign.py",  # 162
+    "tests/training/test_checkpoints.py",  # 159
+    "tests/training/distributed/test_preemption.py",  # 155
+    "tests/training/publish/test_hub_resume.py",  # 143
+    "tests/test_readme.py",  # 133
+    "tests/training/test_pretrain_recipe.py",  # 132
+    "tests/training/publish/test_replace_a_model.py",  # 125
+    "tests/training/data/test_token_store.py",  # 113
+)
+
+
+def pytest_collection_modifyitems(items):
+    """The files above first, in that order; then the rest by number of tests, as xdist would."""
+    files = [item.nodeid.split("::")[0] for item in items]
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    count = {name: files.count(name) for name in set(files)}
+    order = {item.nodeid: (rank.get(name, len(rank)), -count[name], name) for item, name in zip(items, files)}
+    items.sort(key=lambda item: order[item.nodeid])
+
+
 @pytest.fixture
 def mounted():
     """`with mounted(path, size):` a small tmpfs on `path`, unmounted afterwards;

@@ -6,7 +6,7 @@ at every moment seen after a kill, no model yet or one that loads (for convert: 
 never neither)?
 
     python -m tests.kill_campaign                   # all five, 61 trials: about 23 minutes on 2 shared cores
-    python -m tests.kill_campaign --quick           # 2 trials per command (convert 4), 3 minutes; writes
+    python -m tests.kill_campaign --quick           # 2 trials per command (convert 3), 3 minutes; writes
                                                     # nothing
     python -m tests.kill_campaign --commands store --out benchmarks/results/kill_campaign_store
     python -m tests.kill_campaign --commands finetune --finetune_trials 12 --seed 1
@@ -156,7 +156,8 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick", action="store_true",
-        help="2 trials per command, no killed reruns, no 2-process trials; writes nothing.",
+        help="2 trials per command (convert: 1, a shape and a links trial), no killed reruns, no 2-process "
+        "trials; writes nothing.",
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     parser.add_argument(
@@ -170,7 +171,7 @@ def parse_args():
         parser.error(f"--commands: unknown {unknown}; choose from {', '.join(COMMANDS)}")
     if args.quick:
         args.trials, args.dropout_trials, args.signal_trials, args.steps = 1, 0, 1, 4
-        args.finetune_trials, args.ddp_trials, args.convert_trials, args.node_trials = 2, 0, 2, 2
+        args.finetune_trials, args.ddp_trials, args.convert_trials, args.node_trials = 2, 0, 1, 2
         args.shape_trials, args.link_trials = 0, 0
         args.store_trials, args.store_foreign_trials = 2, 1
     args.dropout_trials = min(args.dropout_trials, args.trials)

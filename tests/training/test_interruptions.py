@@ -49,12 +49,15 @@ def tmpfs_bytes(folder: Path) -> int:
 
 @deep
 @pytest.mark.parametrize(
-    "function, nth", [("os.mkdir", 1), (MOVES, 2)], ids=["staging-created", "second-file-moved"]
+    "name, function, nth", [("pretrain", "os.mkdir", 1), ("finetune", MOVES, 2)],
+    ids=["pretrain-staging-created", "finetune-second-file-moved"],
 )
 def test_a_kill_during_the_export_keeps_user_files_and_the_resume_ends_bit_for_bit(
-    command, tmp_path, function, nth
+    request, tmp_path, name, function, nth
 ):
-    """Killed once the staging folder exists, or after two files moved in: the resume finishes the export."""
+    """Killed once the staging folder exists, or after two files moved in: the resume finishes the export.
+    One moment per command: both publish through hf_tinytx/folders/safe.py's `publish`."""
+    command = request.getfixturevalue(f"reference_{name}")
     out = with_notes(tmp_path / "run")
     killed = command.at_call(out, *command.every(), function=function, match=STAGING, nth=nth)
     assert (

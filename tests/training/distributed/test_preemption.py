@@ -28,12 +28,18 @@ deep = pytest.mark.deep
 
 
 @deep
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bit(command, tmp_path, signum):
-    """A scheduler's SIGTERM or a user's Ctrl-C: a checkpoint, no export, exit 128
-    + signal, a line on resuming."""
+@pytest.mark.parametrize(
+    "which, signum", [("pretrain", signal.SIGTERM), ("finetune", signal.SIGINT)],
+    ids=["pretrain-SIGTERM", "finetune-SIGINT"],
+)
+def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bit(
+    request, tmp_path, which, signum
+):
+    """A scheduler's SIGTERM or a user's Ctrl-C: a checkpoint, no export, exit 128 + signal, a line on
+    resuming. One signal per command: both signals reach one handler (training/distributed/preemption.py)."""
+    command = request.getfixturevalue(f"reference_{which}")
     out = tmp_path / "run"
-    flags = ["--enable_jit_checkpoint"] if command.name == "finetune" and signum == signal.SIGINT else []
+    flags = ["--enable_jit_checkpoint"] if command.name == "finetune" else []
     stopped = command.at_call(out, *flags, function=STEP, nth=3, signum=signum)
     assert stopped.returncode == 128 + signum, describe(stopped)
     assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, describe(stopped)
@@ -46,15 +52,15 @@ def test_a_stop_signal_mid_run_saves_a_checkpoint_and_the_resume_ends_bit_for_bi
     resume = [
         "--resume_from_checkpoint", "latest" if signum == signal.SIGTERM else command.checkpoint(out, step),
     ]
-    if signum == signal.SIGTERM:  # the checkpoint's optimizer state would undo a changed rate: refused
-        refused = command.run(out, *flags, *resume, "--learning_rate", "1e-3")
-        line = error_line(
-            refused, command.name, "resume with --learning_rate", "but this run has --learning_rate"
-        )
-        assert refused.returncode == 2 and re.search(
-            r"was trained with --learning_rate 0\.00[35],", line
-        ), line
-        assert not (out / "model.safetensors").exists()
+    # the checkpoint's optimizer state would undo a changed rate: refused
+    refused = command.run(out, *flags, *resume, "--learning_rate", "1e-3")
+    line = error_line(
+        refused, command.name, "resume with --learning_rate", "but this run has --learning_rate"
+    )
+    assert refused.returncode == 2 and re.search(
+        r"was trained with --learning_rate 0\.00[35],", line
+    ), line
+    assert not (out / "model.safetensors").exists()
     if command.name == "pretrain":
         assert command.steps_logged(out, final=False) == list(range(1, step + 1))
         # a full disk mid-append tears the last line: the resume drops it and says so
