@@ -147,9 +147,10 @@ def test_a_second_run_on_one_folder_is_refused_while_the_first_trains_and_after_
     try:
         for log in logs:
             with open(log, "w") as f:
-                processes.append(
-                    subprocess.Popen(command.command(out), env=env, cwd=command.cwd, stdout=f, stderr=f)
-                )
+                # Each in its own session: a stopped process in an orphaned process group (pytest started
+                # in the background) is sent SIGHUP by the kernel when another member of the group exits.
+                processes.append(subprocess.Popen(command.command(out), env=env, cwd=command.cwd, stdout=f,
+                                                  stderr=f, start_new_session=True))
         winner = wait_for_line(logs, processes, r"^Training for|'loss'")
         processes[winner].send_signal(signal.SIGSTOP)
         loser = processes[1 - winner]
