@@ -1,5 +1,6 @@
 """Fixtures shared by the test files; the builders behind them live in tests/helpers/tiny.py."""
 
+import collections
 import contextlib
 import os
 import subprocess
@@ -52,11 +53,14 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(items):
     """The files above first, in that order; then the rest by number of tests, as xdist would."""
-    files = [item.nodeid.split("::")[0] for item in items]
     rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
-    count = {name: files.count(name) for name in set(files)}
-    order = {item.nodeid: (rank.get(name, len(rank)), -count[name], name) for item, name in zip(items, files)}
-    items.sort(key=lambda item: order[item.nodeid])
+    count = collections.Counter(item.nodeid.split("::")[0] for item in items)
+
+    def key(item):
+        name = item.nodeid.split("::")[0]
+        return rank.get(name, len(rank)), -count[name], name
+
+    items.sort(key=key)
 
 
 @pytest.fixture
