@@ -345,12 +345,16 @@ def test_planned_runs_compares_the_planned_run_with_the_defaults(tmp_path):
 
 
 def test_busy_machine_runs_the_quick_start_idle_and_beside_busy_loops(tmp_path):
-    flags = ["--loops", "1", "--", *TINY_PRETRAIN_ARGS, "--max_train_steps", "6",
+    flags = ["--loops", "1", "--one_thread", "--", *TINY_PRETRAIN_ARGS, "--max_train_steps", "6",
              "--num_probes_per_kind", "0", "--num_samples", "0"]
     result = run_script(python("busy_machine.py", *flags), tmp_path, timeout=300)
     summary = final_json(result.stdout)
-    assert [(row["loops"], row["steps"]) for row in summary["runs"]] == [(0, 6), (1, 6)]
+    assert [(row["loops"], row["steps"]) for row in summary["runs"]] == [(0, 6), (0, 6), (1, 6)]
     assert all(isinstance(row["threads"], int) and row["threads"] >= 1 for row in summary["runs"])
+    assert summary["runs"][1]["one_thread"] and summary["runs"][1]["threads"] == 1
     assert set(summary["wall_ratio"]) == {"1"} and summary["wall_ratio"]["1"] > 0
+    assert summary["fair_share_bound"]["1"] > 0 and summary["tokens_per_second_ratio"]["1"] > 0
     ratio_row = r"^beside 1 busy loops / idle *\| x\d+\.\d\d wall"
     assert re.search(ratio_row, result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^beside 1 busy loops / idle, tokens/s *\| x\d+\.\d\d \(the fair share's bound: x",
+                     result.stdout, re.MULTILINE), result.stdout
