@@ -127,27 +127,14 @@ def parse_args():
         help="finetune: --use_peft --merge trials, killed while the merged model is published.",
     )
     parser.add_argument("--convert_trials", type=int, default=6)
-    parser.add_argument(
-        "--shape_trials",
-        type=int,
-        default=3,
-        help="pretrain and convert: trials that publish a 2-layer model over a 3-layer one "
-        "(--overwrite_output_dir, --overwrite), killed in the publish.",
-    )
-    parser.add_argument(
-        "--link_trials",
-        type=int,
-        default=2,
-        help="pretrain, finetune and convert: trials with links planted at the names the command writes, "
-        "leading to a user's file and folder.",
-    )
-    parser.add_argument(
-        "--node_trials",
-        type=int,
-        default=6,
-        help="nodes: two-node trials (kill -9 of a worker or an agent, SIGSTOP), half with --max-restarts "
-        "1.",
-    )
+    parser.add_argument("--shape_trials", type=int, default=3, help=(
+        "pretrain and convert: trials that publish a 2-layer model over a 3-layer one "
+        "(--overwrite_output_dir, --overwrite), killed in the publish."))
+    parser.add_argument("--link_trials", type=int, default=2, help=(
+        "pretrain, finetune and convert: trials with links planted at the names the command writes, leading "
+        "to a user's file and folder."))
+    parser.add_argument("--node_trials", type=int, default=6, help=(
+        "nodes: two-node trials (kill -9 of a worker or an agent, SIGSTOP), half with --max-restarts 1."))
     parser.add_argument("--store_trials", type=int, default=10, help="store: trials faulted in the build.")
     parser.add_argument(
         "--store_foreign_trials", type=int, default=2,
