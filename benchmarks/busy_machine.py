@@ -75,10 +75,10 @@ def main() -> None:
     args, flags = parser.parse_known_args()
     flags = [flag for flag in flags if flag != "--"]
     runs = []
+    one_thread = [(0, 1)] if args.one_thread else []
+    arms = [(0, None), *one_thread, *((loops, None) for loops in args.loops)]  # (loops, forced threads)
     with tempfile.TemporaryDirectory(prefix="busy_machine_") as tmp:
         for repeat in range(args.repeats):
-            one_thread = [(0, 1)] if args.one_thread else []
-            arms = [(0, None), *one_thread, *((loops, None) for loops in args.loops)]
             for loops, threads in arms:
                 started = busy_loops(loops)
                 try:
@@ -117,10 +117,10 @@ def fair_share_bounds(runs: list[dict], idle: dict, cores: int) -> dict[int, tup
     one = {row["round"]: row for row in runs if row.get("one_thread")}
     bounds = {}
     for loops in sorted({row["loops"] for row in runs if row["loops"]}):
+        share = min(1.0, cores / (loops + 1))
         measured, bound = [], []
         for row in (row for row in runs if row["loops"] == loops):
             fastest = idle[row["round"]]["tokens_per_second"]
-            share = min(1.0, cores / (loops + 1))
             measured.append(fastest / row["tokens_per_second"])
             bound.append(fastest / (one[row["round"]]["tokens_per_second"] * share))
         bounds[loops] = (statistics.median(measured), statistics.median(bound))
